@@ -1,0 +1,110 @@
+//! The config file as written: plain serde structs that reject unknown keys. Nothing here is
+//! checked beyond its YAML type; `config.rs` turns these into a typed, validated [`super::Config`].
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub admin_listen: Option<String>,
+    #[serde(default)]
+    pub tls: Option<TlsFile>,
+    #[serde(default)]
+    pub storage: StorageFile,
+    #[serde(default)]
+    pub identity: IdentityFile,
+    #[serde(default)]
+    pub timeouts: TimeoutsFile,
+    #[serde(default)]
+    pub routes: Vec<RouteFile>,
+}
+
+/// `tls:` — terminate TLS on the proxy listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub cert: String,
+    pub key: String,
+}
+
+/// `storage:` — where limiter state lives.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageFile {
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub on_error: Option<String>,
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    /// Memory store: the most identities tracked at once.
+    #[serde(default)]
+    pub max_keys: Option<u64>,
+}
+
+/// `identity:` — whose budget a request spends.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityFile {
+    #[serde(default)]
+    pub api_key_header: Option<String>,
+    #[serde(default)]
+    pub user_id_header: Option<String>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+}
+
+/// `timeouts:` — how long floodgate waits on clients and upstreams.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsFile {
+    #[serde(default)]
+    pub header_read: Option<String>,
+    #[serde(default)]
+    pub upstream_connect: Option<String>,
+    #[serde(default)]
+    pub upstream_response: Option<String>,
+    #[serde(default)]
+    pub drain: Option<String>,
+}
+
+/// One entry of `routes:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    pub name: String,
+    pub path_prefix: String,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    pub upstream: String,
+    #[serde(default)]
+    pub limits: Vec<LimitFile>,
+}
+
+/// One entry of a route's `limits:`. Which parameters apply depends on `algorithm`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitFile {
+    pub algorithm: String,
+    #[serde(default)]
+    pub capacity: Option<i64>,
+    #[serde(default)]
+    pub refill_rate: Option<f64>,
+    #[serde(default)]
+    pub leak_rate: Option<f64>,
+    #[serde(default)]
+    pub limit: Option<i64>,
+    #[serde(default)]
+    pub window: Option<String>,
+    #[serde(default)]
+    pub cost: Option<i64>,
+}

@@ -1,0 +1,285 @@
+//! The five rate-limiting algorithms as pure functions of (state, now, parameters).
+//!
+//! Every algorithm works in two steps, so that several limits on one route can be decided
+//! all-or-nothing:
+//!
+//! 1. [`State::check`] normalises the state to `now` (a step that changes no outcome: refilling,
+//!    rolling a window, dropping expired log entries) and says what *would* happen if the request
+//!    were admitted;
+//! 2. [`State::commit`] records the admission, and is called only when every limit allowed.
+//!
+//! Time is an integer count of microseconds since the Unix epoch. All arithmetic is on integers
+//! except the sliding window counter's weighted estimate, which uses `f64` with exactly the
+//! operations, in exactly the order, of `src/limiter/lua/sliding_window_counter.lua`, so the
+//! in-process store and the Redis scripts reach the same decisions bit for bit.
+
+use std::collections::VecDeque;
+
+use super::{Algorithm, Decision, Limit};
+
+/// The state one limit keeps for one identity.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// Token and leaky bucket (GCRA): the theoretical arrival time, the instant at which the
+    /// bucket is full again (token bucket) or the queue is empty (leaky bucket).
+    Gcra { tat: u64 },
+    /// Fixed window: the start of the current aligned window and how much it has spent.
+    Window { start: u64, count: u64 },
+    /// Sliding window log: one timestamp per admitted unit of cost, oldest first.
+    Log { entries: VecDeque<u64> },
+    /// Sliding window counter: the current aligned window and the counts of it and the one before.
+    Counter { start: u64, curr: u64, prev: u64 },
+}
+
+impl State {
+    /// The empty state for an algorithm: a full bucket, an unused window, an empty log.
+    pub fn new(algorithm: &Algorithm) -> Self {
+        match algorithm {
+            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => State::Gcra { tat: 0 },
+            Algorithm::FixedWindow { .. } => State::Window { start: 0, count: 0 },
+            Algorithm::SlidingWindowLog { .. } => State::Log {
+                entries: VecDeque::new(),
+            },
+            Algorithm::SlidingWindowCounter { .. } => State::Counter {
+                start: 0,
+                curr: 0,
+                prev: 0,
+            },
+        }
+    }
+
+    /// Brings the state up to `now` and decides whether `limit` admits one more request.
+    /// Does not record the request: call [`State::commit`] for that.
+    pub fn check(&mut self, limit: &Limit, now: u64) -> Decision {
+        let cost = u64::from(limit.cost);
+        match (self, &limit.algorithm) {
+            (
+                State::Gcra { tat },
+                Algorithm::TokenBucket {
+                    capacity,
+                    interval_us,
+                },
+            ) => {
+                let d = gcra_check(tat, u64::from(capacity.get()), *interval_us, cost, now);
+                Decision { delay_us: 0, ..d }
+            }
+            (
+                State::Gcra { tat },
+                Algorithm::LeakyBucket {
+                    capacity,
+                    interval_us,
+                },
+            ) => gcra_check(tat, u64::from(capacity.get()), *interval_us, cost, now),
+            (
+                State::Window { start, count },
+                Algorithm::FixedWindow {
+                    limit: l,
+                    window_us,
+                },
+            ) => fixed_window_check(start, count, u64::from(l.get()), *window_us, cost, now),
+            (
+                State::Log { entries },
+                Algorithm::SlidingWindowLog {
+                    limit: l,
+                    window_us,
+                },
+            ) => sliding_log_check(entries, u64::from(l.get()), *window_us, cost, now),
+            (
+                State::Counter { start, curr, prev },
+                Algorithm::SlidingWindowCounter {
+                    limit: l,
+                    window_us,
+                },
+            ) => {
+                sliding_counter_check(start, curr, prev, u64::from(l.get()), *window_us, cost, now)
+            }
+            (state, algorithm) => {
+                // The limit changed algorithm under a live key: start it afresh.
+                *state = State::new(algorithm);
+                state.check(limit, now)
+            }
+        }
+    }
+
+    /// Records an admitted request. Must follow a [`State::check`] at the same `now` that allowed.
+    pub fn commit(&mut self, limit: &Limit, now: u64) {
+        let cost = u64::from(limit.cost);
+        match (self, &limit.algorithm) {
+            (
+                State::Gcra { tat },
+                Algorithm::TokenBucket { interval_us, .. }
+                | Algorithm::LeakyBucket { interval_us, .. },
+            ) => *tat += cost * interval_us,
+            (State::Window { count, .. }, _) | (State::Counter { curr: count, .. }, _) => {
+                *count += cost
+            }
+            (State::Log { entries }, _) => entries.extend(std::iter::repeat_n(now, cost as usize)),
+            _ => {}
+        }
+    }
+
+    /// The instant (µs) after which this state says nothing a fresh state would not: the key
+    /// can then be forgotten. This is the TTL the Redis scripts set too.
+    pub fn expires_at(&self, limit: &Limit) -> u64 {
+        match (self, &limit.algorithm) {
+            (State::Gcra { tat }, _) => *tat,
+            (State::Window { start, .. }, Algorithm::FixedWindow { window_us, .. }) => {
+                start + window_us
+            }
+            (State::Log { entries }, Algorithm::SlidingWindowLog { window_us, .. }) => {
+                entries.back().map_or(0, |newest| newest + window_us)
+            }
+            (State::Counter { start, .. }, Algorithm::SlidingWindowCounter { window_us, .. }) => {
+                start + 2 * window_us
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Token bucket and leaky bucket share the generic cell rate algorithm: `tat` is when the bucket
+/// will be full again (equivalently, when the leaky bucket's queue will have drained). One unit of
+/// cost is worth `interval` microseconds; the bucket holds `capacity × interval` of them.
+fn gcra_check(tat: &mut u64, capacity: u64, interval: u64, cost: u64, now: u64) -> Decision {
+    *tat = (*tat).max(now);
+    let burst = capacity * interval;
+    let new_tat = *tat + cost * interval;
+    if new_tat - now <= burst {
+        Decision {
+            allowed: true,
+            limit: capacity,
+            remaining: (burst - (new_tat - now)) / interval,
+            reset_after_us: new_tat - now,
+            retry_after_us: 0,
+            delay_us: *tat - now,
+        }
+    } else {
+        Decision {
+            allowed: false,
+            limit: capacity,
+            remaining: (burst - (*tat - now)) / interval,
+            reset_after_us: *tat - now,
+            retry_after_us: new_tat - now - burst,
+            delay_us: 0,
+        }
+    }
+}
+
+fn fixed_window_check(
+    start: &mut u64,
+    count: &mut u64,
+    limit: u64,
+    window: u64,
+    cost: u64,
+    now: u64,
+) -> Decision {
+    let current = now - now % window;
+    if *start != current {
+        *start = current;
+        *count = 0;
+    }
+    let reset_after_us = current + window - now;
+    let allowed = *count + cost <= limit;
+    Decision {
+        allowed,
+        limit,
+        remaining: limit - *count - if allowed { cost } else { 0 },
+        reset_after_us,
+        retry_after_us: if allowed { 0 } else { reset_after_us },
+        delay_us: 0,
+    }
+}
+
+fn sliding_log_check(
+    entries: &mut VecDeque<u64>,
+    limit: u64,
+    window: u64,
+    cost: u64,
+    now: u64,
+) -> Decision {
+    // An entry stamped `ts` stops counting at `ts + window`.
+    while entries.front().is_some_and(|&ts| ts + window <= now) {
+        entries.pop_front();
+    }
+    let count = entries.len() as u64;
+    if count + cost <= limit {
+        Decision {
+            allowed: true,
+            limit,
+            remaining: limit - count - cost,
+            reset_after_us: window,
+            retry_after_us: 0,
+            delay_us: 0,
+        }
+    } else {
+        // The retry passes once the oldest `count + cost - limit` entries have expired.
+        let needed = (count + cost - limit) as usize;
+        let freeing = entries.get(needed - 1).copied().unwrap_or(now);
+        let newest = entries.back().copied().unwrap_or(now);
+        Decision {
+            allowed: false,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_us: (newest + window).saturating_sub(now),
+            retry_after_us: (freeing + window).saturating_sub(now).max(1),
+            delay_us: 0,
+        }
+    }
+}
+
+/// Cloudflare's approximation: the previous window's count weighted by the share of it that
+/// still overlaps the sliding window, plus the current window's count. It assumes the previous
+/// window's requests were spread evenly, so it may admit slightly more or fewer than an exact log.
+fn sliding_counter_check(
+    start: &mut u64,
+    curr: &mut u64,
+    prev: &mut u64,
+    limit: u64,
+    window: u64,
+    cost: u64,
+    now: u64,
+) -> Decision {
+    let current = now - now % window;
+    if *start != current {
+        *prev = if *start + window == current { *curr } else { 0 };
+        *curr = 0;
+        *start = current;
+    }
+    let elapsed = now - current;
+    let w = window as f64;
+    let estimate = (*prev as f64) * ((window - elapsed) as f64) / w + (*curr as f64);
+    let allowed = estimate + (cost as f64) <= limit as f64;
+    let spent = if allowed {
+        estimate + cost as f64
+    } else {
+        estimate
+    };
+    let reset_after_us = if *curr + if allowed { cost } else { 0 } > 0 {
+        current + 2 * window - now
+    } else if *prev > 0 {
+        current + window - now
+    } else {
+        0
+    };
+    let retry_after_us = if allowed {
+        0
+    } else if *curr + cost <= limit {
+        // Wait, in this window, until the previous window's weight has fallen far enough.
+        let t = (w - ((limit - *curr - cost) as f64) * w / (*prev as f64)).ceil() as u64;
+        t.saturating_sub(elapsed).max(1)
+    } else {
+        // Wait for the next window, where this window's count becomes the weighted one.
+        let t = (w - ((limit - cost) as f64) * w / (*curr as f64))
+            .ceil()
+            .max(0.0) as u64;
+        window - elapsed + t
+    };
+    Decision {
+        allowed,
+        limit,
+        remaining: (limit as f64 - spent).floor().max(0.0) as u64,
+        reset_after_us,
+        retry_after_us,
+        delay_us: 0,
+    }
+}

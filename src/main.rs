@@ -1,0 +1,144 @@
+//! The floodgate binary: command line, logging, config loading, signals. The only place that
+//! uses `anyhow`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use floodgate::config::{Backend, Config};
+use floodgate::limiter::{Limiter, MemoryStore, SystemClock};
+use floodgate::proxy::Proxy;
+use floodgate::server::Server;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// A rate-limiting HTTP reverse proxy: says "no" early, so a surge never reaches your API.
+#[derive(Parser)]
+#[command(name = "floodgate", version, about)]
+struct Cli {
+    /// The config file (YAML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format: human (default) or json. `RUST_LOG` sets the filter.
+    #[arg(long, value_name = "FORMAT", default_value = "human")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a config file: exit 0, or non-zero with each problem named by its field path.
+    Check {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check { config }) => check(&config),
+        None => {
+            let Some(path) = cli.config else {
+                eprintln!("floodgate: --config FILE is required (see floodgate --help)");
+                return ExitCode::from(2);
+            };
+            init_logging(&cli.log_format);
+            match run(&path) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("floodgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!("{}: ok ({} routes)", path.display(), config.routes.len());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            for problem in &e.problems {
+                eprintln!("{}: {problem}", path.display());
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn run(path: &Path) -> anyhow::Result<()> {
+    let config = Config::load(path)
+        .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(path.to_path_buf(), config))
+}
+
+async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
+    let limiter = match &config.storage.backend {
+        Backend::Memory => Limiter::Memory(Arc::new(MemoryStore::new(
+            SystemClock::default(),
+            config.storage.max_keys,
+        ))),
+        other => anyhow::bail!("storage.backend {other:?} is not supported by this build"),
+    };
+    let proxy = Arc::new(Proxy::new(&config, limiter));
+    let server = Server::bind(&config, proxy.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = server.local_addr()?;
+    // Scripts and tests that ask for port 0 read the real address from this line.
+    println!("floodgate listening on http://{addr}");
+    if let Some(admin) = server.admin_addr() {
+        println!("floodgate admin listening on http://{admin}");
+    }
+    tracing::info!(%addr, routes = config.routes.len(), "floodgate started");
+
+    let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let reload_proxy = proxy.clone();
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match Config::load(&path) {
+                Ok(new) => {
+                    reload_proxy.reload(&new);
+                    tracing::info!(routes = new.routes.len(), "config reloaded");
+                }
+                Err(e) => {
+                    tracing::error!(problems = %e, "config reload rejected; keeping the running config")
+                }
+            }
+        }
+    });
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    };
+    server.run(shutdown).await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! Forwarding to the upstream: one pooled HTTP/1.1 client for the process, hop-by-hop headers
+//! stripped both ways, `X-Forwarded-*` set, bodies streamed both ways, WebSocket upgrades spliced.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{CONNECTION, HOST, UPGRADE};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use super::response::{Body, Rejection};
+use crate::config::Upstream;
+use crate::identity::X_FORWARDED_FOR;
+
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), plus the non-standard ones proxies also drop.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+];
+
+/// Sends requests to upstreams over pooled keep-alive connections.
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Incoming>,
+    response_timeout: Duration,
+}
+
+impl Forwarder {
+    /// A forwarder with its own connection pool.
+    pub fn new(connect_timeout: Duration, response_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Forwarder {
+            client,
+            response_timeout,
+        }
+    }
+
+    /// Forwards `req` to `upstream` and returns its response, or the rejection that replaces it.
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        upstream: &Upstream,
+        client_ip: IpAddr,
+        client_tls: bool,
+    ) -> Result<Response<Body>, Rejection> {
+        let upgrade = is_websocket_upgrade(&req);
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+
+        let (mut parts, body) = req.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let original_host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        parts.uri = Uri::builder()
+            .scheme(upstream.scheme.clone())
+            .authority(upstream.authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| Rejection::BadRequest(format!("cannot build upstream URI: {e}")))?;
+        // Upstreams are spoken to in HTTP/1.1 whatever the client used.
+        parts.version = Version::HTTP_11;
+
+        let upgrade_value = if upgrade {
+            parts.headers.get(UPGRADE).cloned()
+        } else {
+            None
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(value) = upgrade_value {
+            parts
+                .headers
+                .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(UPGRADE, value);
+        }
+        append_forwarded_for(&mut parts.headers, client_ip);
+        parts.headers.insert(
+            X_FORWARDED_PROTO,
+            HeaderValue::from_static(if client_tls { "https" } else { "http" }),
+        );
+        if let Some(host) = original_host {
+            parts.headers.insert(X_FORWARDED_HOST, host);
+        }
+        if let Ok(host) = HeaderValue::from_str(upstream.authority.as_str()) {
+            parts.headers.insert(HOST, host);
+        }
+
+        let request = Request::from_parts(parts, body);
+        let mut response = match tokio::time::timeout(
+            self.response_timeout,
+            self.client.request(request),
+        )
+        .await
+        {
+            Err(_) => return Err(Rejection::GatewayTimeout),
+            Ok(Err(e)) => {
+                let detail = if e.is_connect() {
+                    "cannot connect to the upstream".to_string()
+                } else {
+                    "the upstream connection failed".to_string()
+                };
+                tracing::debug!(error = %e, upstream = %upstream.authority, "upstream request failed");
+                return Err(Rejection::BadGateway(detail));
+            }
+            Ok(Ok(response)) => response,
+        };
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_upgrade) = client_upgrade {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                tokio::spawn(async move {
+                    match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                        Ok((client, upstream)) => {
+                            let mut client = TokioIo::new(client);
+                            let mut upstream = TokioIo::new(upstream);
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+                    }
+                });
+                let upgrade_value = response.headers().get(UPGRADE).cloned();
+                strip_hop_by_hop(response.headers_mut());
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+                if let Some(value) = upgrade_value {
+                    response.headers_mut().insert(UPGRADE, value);
+                }
+                return Ok(response.map(|b| b.boxed_unsync()));
+            }
+            // The client asked for no upgrade: a 101 cannot be relayed.
+            return Err(Rejection::BadGateway(
+                "unexpected 101 from the upstream".to_string(),
+            ));
+        }
+        strip_hop_by_hop(response.headers_mut());
+        Ok(response.map(|b| b.boxed_unsync()))
+    }
+}
+
+/// True for an HTTP/1.1 `Connection: upgrade` + `Upgrade: websocket` request.
+fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && header_has_token(req.headers(), &CONNECTION, "upgrade")
+        && header_has_token(req.headers(), &UPGRADE, "websocket")
+}
+
+fn header_has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
+}
+
+/// Removes the hop-by-hop headers and every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(UPGRADE);
+}
+
+/// Appends the client's address to `X-Forwarded-For`, keeping earlier hops in one header line.
+fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
+    let mut value = Vec::new();
+    for line in headers.get_all(X_FORWARDED_FOR) {
+        if !value.is_empty() {
+            value.extend_from_slice(b", ");
+        }
+        value.extend_from_slice(line.as_bytes());
+    }
+    if !value.is_empty() {
+        value.extend_from_slice(b", ");
+    }
+    value.extend_from_slice(client_ip.to_string().as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&value) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+}

@@ -1,0 +1,33 @@
+//! The route table: the first route, in file order, whose path prefix and methods match.
+
+use http::Method;
+
+use crate::config::RouteConfig;
+
+/// Routes in file order.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    routes: Vec<RouteConfig>,
+}
+
+impl RouteTable {
+    pub fn new(routes: Vec<RouteConfig>) -> Self {
+        RouteTable { routes }
+    }
+
+    /// The first route whose `path_prefix` starts `path` (a plain string prefix, as nginx's
+    /// `location /prefix` and Kong's paths) and whose methods, if any, include `method`.
+    pub fn find(&self, method: &Method, path: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| {
+            path.starts_with(r.path_prefix.as_str())
+                && r.methods
+                    .as_ref()
+                    .is_none_or(|methods| methods.contains(method))
+        })
+    }
+
+    /// All routes, in order.
+    pub fn routes(&self) -> &[RouteConfig] {
+        &self.routes
+    }
+}
