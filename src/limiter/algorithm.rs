@@ -157,7 +157,7 @@ fn gcra_check(tat: &mut u64, capacity: u64, interval: u64, cost: u64, now: u64) 
         Decision {
             allowed: false,
             limit: capacity,
-            remaining: (burst - (*tat - now)) / interval,
+            remaining: burst.saturating_sub(*tat - now) / interval,
             reset_after_us: *tat - now,
             retry_after_us: new_tat - now - burst,
             delay_us: 0,
@@ -283,3 +283,6 @@ fn sliding_counter_check(
         delay_us: 0,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -225,3 +225,149 @@ impl Verdict {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limiter::{Algorithm, ManualClock};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn key(value: &[u8]) -> BudgetKey<'_> {
+        BudgetKey {
+            route: "r#0",
+            kind: "api_key",
+            value,
+        }
+    }
+
+    fn token_bucket(capacity: u32, interval_us: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::TokenBucket {
+                capacity: NonZeroU32::new(capacity).unwrap(),
+                interval_us,
+            },
+            cost: 1,
+        }
+    }
+
+    fn fixed_window(limit: u32, window_us: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow {
+                limit: NonZeroU32::new(limit).unwrap(),
+                window_us,
+            },
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn a_denying_limit_spends_nothing_from_the_others() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        // A generous bucket and a tight window: once the window denies, the bucket must stay put.
+        let limits = [token_bucket(10, 1_000_000), fixed_window(2, 3_600_000_000)];
+        let remaining: Vec<_> = (0..5)
+            .map(|_| store.decide(&key(b"k"), &limits).unwrap())
+            .map(|v| (v.allowed, v.headline.remaining))
+            .collect();
+        assert_eq!(
+            remaining,
+            vec![(true, 1), (true, 0), (false, 0), (false, 0), (false, 0)]
+        );
+        // The bucket was spent twice, not five times: its theoretical arrival time moved 2 s.
+        let hash = store.hash(&key(b"k"));
+        let map = store.shards[(hash >> 58) as usize % SHARDS].lock().unwrap();
+        assert_eq!(
+            map[&hash].states[0],
+            State::Gcra {
+                tat: T0 + 2_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn the_headline_is_the_limit_with_the_fewest_remaining() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let limits = [token_bucket(10, 1_000_000), fixed_window(3, 60_000_000)];
+        let v = store.decide(&key(b"k"), &limits).unwrap();
+        assert_eq!((v.headline.limit, v.headline.remaining), (3, 2));
+    }
+
+    #[test]
+    fn identities_and_routes_have_separate_budgets() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let limits = [token_bucket(1, 1_000_000)];
+        assert!(store.decide(&key(b"a"), &limits).unwrap().allowed);
+        assert!(!store.decide(&key(b"a"), &limits).unwrap().allowed);
+        assert!(store.decide(&key(b"b"), &limits).unwrap().allowed);
+        let other_kind = BudgetKey {
+            kind: "user_id",
+            ..key(b"a")
+        };
+        assert!(store.decide(&other_kind, &limits).unwrap().allowed);
+        let other_route = BudgetKey {
+            route: "r#1",
+            ..key(b"a")
+        };
+        assert!(store.decide(&other_route, &limits).unwrap().allowed);
+    }
+
+    #[test]
+    fn sweeping_forgets_full_budgets_only() {
+        let clock = Arc::new(ManualClock::new_for_test(T0));
+        let store = MemoryStore::new(clock.clone(), 100);
+        store.decide(&key(b"short"), &[token_bucket(5, 1_000_000)]);
+        store.decide(&key(b"long"), &[token_bucket(5, 60_000_000)]);
+        assert_eq!(store.len(), 2);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(
+            store.sweep(),
+            1,
+            "the one-second refill is complete, the minute one is not"
+        );
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_full_store_admits_new_identities_untracked_and_counts_them() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
+        let limits = [token_bucket(1, 1_000_000)];
+        store.decide(&key(b"a"), &limits);
+        store.decide(&key(b"b"), &limits);
+        for _ in 0..3 {
+            assert!(store.decide(&key(b"c"), &limits).unwrap().allowed);
+        }
+        assert_eq!(store.untracked_total(), 3);
+        assert!(
+            !store.decide(&key(b"a"), &limits).unwrap().allowed,
+            "tracked identities keep their state"
+        );
+    }
+
+    #[test]
+    fn concurrent_requests_never_overspend_one_key() {
+        let store = Arc::new(MemoryStore::new(ManualClock::new_for_test(T0), 100));
+        let limits = [token_bucket(50, 1_000_000)];
+        let admitted: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let store = store.clone();
+                    s.spawn(move || {
+                        (0..100)
+                            .filter(|_| store.decide(&key(b"hot"), &limits).unwrap().allowed)
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(
+            admitted, 50,
+            "the clock stands still: exactly the capacity passes"
+        );
+    }
+}

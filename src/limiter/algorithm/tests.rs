@@ -1,0 +1,486 @@
+//! Unit and property tests of the algorithms, on an injected clock (plain `now` values): no sleeps.
+
+use std::num::NonZeroU32;
+
+use proptest::prelude::*;
+
+use super::State;
+use crate::limiter::{Algorithm, Decision, Limit};
+
+const SEC: u64 = 1_000_000;
+/// A start time well inside an aligned window of any size used here.
+const T0: u64 = 1_700_000_000 * SEC;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("test parameters are positive")
+}
+
+fn limit(algorithm: Algorithm) -> Limit {
+    Limit { algorithm, cost: 1 }
+}
+
+fn token_bucket(capacity: u32, per_sec: f64) -> Limit {
+    let interval_us = Algorithm::interval_for_rate(per_sec).expect("valid rate");
+    limit(Algorithm::TokenBucket {
+        capacity: nz(capacity),
+        interval_us,
+    })
+}
+
+fn leaky_bucket(capacity: u32, per_sec: f64) -> Limit {
+    let interval_us = Algorithm::interval_for_rate(per_sec).expect("valid rate");
+    limit(Algorithm::LeakyBucket {
+        capacity: nz(capacity),
+        interval_us,
+    })
+}
+
+fn fixed_window(l: u32, window_us: u64) -> Limit {
+    limit(Algorithm::FixedWindow {
+        limit: nz(l),
+        window_us,
+    })
+}
+
+fn sliding_log(l: u32, window_us: u64) -> Limit {
+    limit(Algorithm::SlidingWindowLog {
+        limit: nz(l),
+        window_us,
+    })
+}
+
+fn sliding_counter(l: u32, window_us: u64) -> Limit {
+    limit(Algorithm::SlidingWindowCounter {
+        limit: nz(l),
+        window_us,
+    })
+}
+
+/// Runs one request at `now` through check and (if allowed) commit, as a store does.
+fn request(state: &mut State, limit: &Limit, now: u64) -> Decision {
+    let d = state.check(limit, now);
+    if d.allowed {
+        state.commit(limit, now);
+    }
+    d
+}
+
+/// The allowed flags of requests at the given times.
+fn pattern(limit: &Limit, times: &[u64]) -> Vec<bool> {
+    let mut state = State::new(&limit.algorithm);
+    times
+        .iter()
+        .map(|&t| request(&mut state, limit, t).allowed)
+        .collect()
+}
+
+#[test]
+fn token_bucket_allows_a_burst_of_capacity_then_the_refill_rate() {
+    let l = token_bucket(3, 1.0);
+    let mut s = State::new(&l.algorithm);
+    let remaining: Vec<_> = (0..4).map(|_| request(&mut s, &l, T0)).collect();
+    assert_eq!(
+        remaining
+            .iter()
+            .map(|d| (d.allowed, d.remaining))
+            .collect::<Vec<_>>(),
+        vec![(true, 2), (true, 1), (true, 0), (false, 0)]
+    );
+    assert_eq!(
+        remaining[3].retry_after_us, SEC,
+        "one token takes a second to come back"
+    );
+    assert_eq!(
+        remaining[2].reset_after_us,
+        3 * SEC,
+        "three tokens to refill"
+    );
+    // Just before the token is back: still denied. At the instant: allowed.
+    assert!(!request(&mut s, &l, T0 + SEC - 1).allowed);
+    let d = request(&mut s, &l, T0 + SEC);
+    assert!(d.allowed && d.remaining == 0);
+    assert_eq!(d.delay_us, 0, "a token bucket never delays");
+}
+
+#[test]
+fn token_bucket_refills_only_up_to_capacity() {
+    let l = token_bucket(2, 10.0);
+    // An hour idle still buys a burst of only 2.
+    assert_eq!(
+        pattern(&l, &[T0, T0 + 3600 * SEC, T0 + 3600 * SEC, T0 + 3600 * SEC]),
+        vec![true, true, true, false]
+    );
+}
+
+#[test]
+fn token_bucket_fractional_rates_round_the_interval_up() {
+    let l = token_bucket(1, 0.5);
+    assert_eq!(
+        pattern(&l, &[T0, T0 + 2 * SEC - 1, T0 + 2 * SEC]),
+        vec![true, false, true]
+    );
+    assert_eq!(Algorithm::interval_for_rate(3.0), Some(333_334));
+    assert_eq!(Algorithm::interval_for_rate(0.0), None);
+    assert_eq!(Algorithm::interval_for_rate(f64::NAN), None);
+    assert_eq!(Algorithm::interval_for_rate(2e6), None);
+}
+
+#[test]
+fn token_bucket_cost_spends_several_tokens() {
+    let l = Limit {
+        cost: 2,
+        ..token_bucket(5, 1.0)
+    };
+    let mut s = State::new(&l.algorithm);
+    let d: Vec<_> = (0..3).map(|_| request(&mut s, &l, T0)).collect();
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.allowed, d.remaining))
+            .collect::<Vec<_>>(),
+        vec![(true, 3), (true, 1), (false, 1)]
+    );
+    assert_eq!(d[2].retry_after_us, SEC, "one more token is needed");
+}
+
+#[test]
+fn clock_going_backwards_mints_no_tokens() {
+    let l = token_bucket(1, 1.0);
+    // 1000 s, then 990 s, then 1000 s again: the second and third are not new budget.
+    assert_eq!(
+        pattern(&l, &[T0 + 1000 * SEC, T0 + 990 * SEC, T0 + 1000 * SEC]),
+        vec![true, false, false]
+    );
+}
+
+#[test]
+fn leaky_bucket_delays_admitted_requests_to_the_leak_rate() {
+    let l = leaky_bucket(3, 10.0);
+    let mut s = State::new(&l.algorithm);
+    let d: Vec<_> = (0..4).map(|_| request(&mut s, &l, T0)).collect();
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.allowed, d.delay_us, d.remaining))
+            .collect::<Vec<_>>(),
+        vec![
+            (true, 0, 2),
+            (true, 100_000, 1),
+            (true, 200_000, 0),
+            (false, 0, 0)
+        ]
+    );
+    assert_eq!(
+        d[3].retry_after_us, 100_000,
+        "the queue has room again after one leak"
+    );
+    // 150 ms later the first two have left: one queued (leaving at 200 ms), room for two more.
+    let later = request(&mut s, &l, T0 + 150_000);
+    assert!(later.allowed);
+    assert_eq!(
+        later.delay_us, 150_000,
+        "queued behind the request leaving at 200 ms"
+    );
+}
+
+#[test]
+fn fixed_window_counts_per_aligned_window() {
+    let w = 60 * SEC;
+    let start = T0 - T0 % w;
+    let l = fixed_window(2, w);
+    let mut s = State::new(&l.algorithm);
+    let d: Vec<_> = [start + 10, start + 20, start + 30]
+        .iter()
+        .map(|&t| request(&mut s, &l, t))
+        .collect();
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.allowed, d.remaining))
+            .collect::<Vec<_>>(),
+        vec![(true, 1), (true, 0), (false, 0)]
+    );
+    assert_eq!(
+        d[2].retry_after_us,
+        w - 30,
+        "retry at the end of the window"
+    );
+    assert_eq!(d[2].reset_after_us, w - 30);
+    assert!(
+        request(&mut s, &l, start + w).allowed,
+        "a new window starts afresh"
+    );
+}
+
+#[test]
+fn fixed_window_allows_twice_the_limit_across_a_boundary() {
+    // The documented weakness: `limit` at the end of one window and `limit` at the start of the
+    // next. Asserted so that the test fails if someone "fixes" it silently.
+    let w = 10 * SEC;
+    let start = T0 - T0 % w;
+    let l = fixed_window(3, w);
+    let times: Vec<u64> = (0..3)
+        .map(|i| start + w - 100 + i)
+        .chain((0..3).map(|i| start + w + i))
+        .collect();
+    assert_eq!(pattern(&l, &times), vec![true; 6]);
+}
+
+#[test]
+fn sliding_log_is_exact_over_any_span() {
+    let w = 10 * SEC;
+    let l = sliding_log(3, w);
+    let mut s = State::new(&l.algorithm);
+    for t in [T0, T0 + SEC, T0 + 2 * SEC] {
+        assert!(request(&mut s, &l, t).allowed);
+    }
+    let denied = request(&mut s, &l, T0 + 9 * SEC);
+    assert!(!denied.allowed);
+    assert_eq!(
+        denied.retry_after_us, SEC,
+        "the oldest entry leaves at T0 + 10 s"
+    );
+    assert_eq!(
+        denied.reset_after_us,
+        3 * SEC,
+        "the newest entry leaves at T0 + 12 s"
+    );
+    assert!(!request(&mut s, &l, T0 + w - 1).allowed);
+    assert!(request(&mut s, &l, T0 + w).allowed);
+    // No boundary burst: the pattern that doubles a fixed window is held to the limit.
+    let start = T0 - T0 % w;
+    let times: Vec<u64> = (0..3)
+        .map(|i| start + w - 100 + i)
+        .chain((0..3).map(|i| start + w + i))
+        .collect();
+    assert_eq!(
+        pattern(&l, &times),
+        vec![true, true, true, false, false, false]
+    );
+}
+
+#[test]
+fn sliding_log_keeps_no_denied_requests() {
+    let l = sliding_log(2, SEC);
+    let mut s = State::new(&l.algorithm);
+    for _ in 0..100 {
+        request(&mut s, &l, T0);
+    }
+    let State::Log { entries } = &s else {
+        panic!("log state")
+    };
+    assert_eq!(entries.len(), 2, "memory is bounded by the limit");
+}
+
+#[test]
+fn sliding_counter_weights_the_previous_window() {
+    let w = 10 * SEC;
+    let start = T0 - T0 % w;
+    let l = sliding_counter(10, w);
+    let mut s = State::new(&l.algorithm);
+    for i in 0..10 {
+        assert!(request(&mut s, &l, start + i).allowed);
+    }
+    // 40% into the next window the previous 10 weigh 6: four more pass, the fifth does not.
+    let at = start + w + 4 * SEC;
+    let d: Vec<_> = (0..5).map(|_| request(&mut s, &l, at)).collect();
+    assert_eq!(
+        d.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        vec![true, true, true, true, false]
+    );
+    assert_eq!(d[3].remaining, 0);
+    // Estimate 6 + 4 = 10: room for one more once the old weight drops below 5, i.e. at 50%.
+    assert_eq!(d[4].retry_after_us, SEC);
+    assert!(!request(&mut s, &l, at + SEC - 1).allowed);
+    assert!(request(&mut s, &l, at + SEC).allowed);
+}
+
+#[test]
+fn sliding_counter_forgets_windows_older_than_the_previous_one() {
+    let w = SEC;
+    let start = T0 - T0 % w;
+    let l = sliding_counter(2, w);
+    assert_eq!(
+        pattern(&l, &[start, start + 1, start + 2 * w, start + 2 * w + 1]),
+        vec![true, true, true, true]
+    );
+}
+
+#[test]
+fn state_expires_when_the_budget_is_full_again() {
+    let l = token_bucket(5, 1.0);
+    let mut s = State::new(&l.algorithm);
+    request(&mut s, &l, T0);
+    assert_eq!(s.expires_at(&l), T0 + SEC);
+    let w = 60 * SEC;
+    let l = sliding_log(5, w);
+    let mut s = State::new(&l.algorithm);
+    request(&mut s, &l, T0);
+    assert_eq!(s.expires_at(&l), T0 + w);
+}
+
+// ---- properties ----------------------------------------------------------------------------
+
+/// Arrival times: bursts (many requests at one instant) mixed with gaps, over a few seconds.
+fn arrivals() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec((0u64..5, 0u64..400_000), 1..200).prop_map(|steps| {
+        let mut t = T0;
+        steps
+            .into_iter()
+            .map(|(burst, gap)| {
+                // One step in five is a gap; the rest arrive at the same instant.
+                if burst == 0 {
+                    t += gap;
+                }
+                t
+            })
+            .collect()
+    })
+}
+
+fn any_limit() -> impl Strategy<Value = Limit> {
+    let rate = prop_oneof![
+        Just(0.5),
+        Just(1.0),
+        Just(3.0),
+        Just(10.0),
+        Just(7.3),
+        Just(100.0)
+    ];
+    let window = prop_oneof![Just(SEC / 10), Just(SEC), Just(3 * SEC), Just(1_234_567u64)];
+    (0usize..5, 1u32..20, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
+        let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
+        let algorithm = match kind {
+            0 => Algorithm::TokenBucket {
+                capacity: nz(n),
+                interval_us,
+            },
+            1 => Algorithm::LeakyBucket {
+                capacity: nz(n),
+                interval_us,
+            },
+            2 => Algorithm::FixedWindow {
+                limit: nz(n),
+                window_us: window,
+            },
+            3 => Algorithm::SlidingWindowLog {
+                limit: nz(n),
+                window_us: window,
+            },
+            _ => Algorithm::SlidingWindowCounter {
+                limit: nz(n),
+                window_us: window,
+            },
+        };
+        Limit {
+            algorithm,
+            cost: cost.min(n),
+        }
+    })
+}
+
+proptest! {
+    #[test]
+    fn token_bucket_never_admits_more_than_capacity_plus_refill(
+        capacity in 1u32..30, rate in prop_oneof![Just(1.0), Just(3.0), Just(10.0), Just(0.7)], times in arrivals()
+    ) {
+        let l = token_bucket(capacity, rate);
+        let interval = Algorithm::interval_for_rate(rate).unwrap();
+        let allowed: Vec<u64> = times.iter().zip(pattern(&l, &times)).filter(|(_, a)| *a).map(|(t, _)| *t).collect();
+        for (i, &from) in allowed.iter().enumerate() {
+            for (j, &to) in allowed.iter().enumerate().skip(i) {
+                // Requests i..=j were admitted within [from, to].
+                let admitted = (j - i + 1) as u64;
+                prop_assert!(admitted <= u64::from(capacity) + (to - from) / interval,
+                    "{admitted} admitted in {} µs with capacity {capacity}", to - from);
+            }
+        }
+    }
+
+    #[test]
+    fn leaky_bucket_releases_at_most_the_leak_rate(
+        capacity in 1u32..30, rate in prop_oneof![Just(1.0), Just(3.0), Just(10.0)], times in arrivals()
+    ) {
+        let l = leaky_bucket(capacity, rate);
+        let interval = Algorithm::interval_for_rate(rate).unwrap();
+        let mut s = State::new(&l.algorithm);
+        let mut releases = Vec::new();
+        for &t in &times {
+            let d = request(&mut s, &l, t);
+            if d.allowed {
+                prop_assert!(d.delay_us < u64::from(capacity) * interval, "waits at most a full queue");
+                releases.push(t + d.delay_us);
+            }
+        }
+        for pair in releases.windows(2) {
+            prop_assert!(pair[1] >= pair[0] + interval, "released {} µs apart", pair[1] - pair[0]);
+        }
+    }
+
+    #[test]
+    fn fixed_window_never_exceeds_the_limit_inside_one_window(l in 1u32..20, times in arrivals()) {
+        let w = SEC;
+        let lim = fixed_window(l, w);
+        let mut per_window = std::collections::HashMap::new();
+        for (t, allowed) in times.iter().zip(pattern(&lim, &times)) {
+            if allowed {
+                *per_window.entry(t / w).or_insert(0u32) += 1;
+            }
+        }
+        prop_assert!(per_window.values().all(|&n| n <= l));
+    }
+
+    #[test]
+    fn sliding_log_never_exceeds_the_limit_in_any_window_long_span(l in 1u32..20, times in arrivals()) {
+        let w = SEC;
+        let lim = sliding_log(l, w);
+        let allowed: Vec<u64> = times.iter().zip(pattern(&lim, &times)).filter(|(_, a)| *a).map(|(t, _)| *t).collect();
+        for &end in &allowed {
+            let in_span = allowed.iter().filter(|&&t| t + w > end && t <= end).count();
+            prop_assert!(in_span <= l as usize, "{in_span} in the window ending at {end}");
+        }
+    }
+
+    #[test]
+    fn sliding_counter_never_exceeds_the_limit_inside_one_aligned_window(l in 1u32..20, times in arrivals()) {
+        let w = SEC;
+        let lim = sliding_counter(l, w);
+        let mut per_window = std::collections::HashMap::new();
+        for (t, allowed) in times.iter().zip(pattern(&lim, &times)) {
+            if allowed {
+                *per_window.entry(t / w).or_insert(0u32) += 1;
+            }
+        }
+        prop_assert!(per_window.values().all(|&n| n <= l));
+    }
+
+    #[test]
+    fn remaining_is_how_many_more_pass_right_now(lim in any_limit(), times in arrivals()) {
+        let mut s = State::new(&lim.algorithm);
+        for &t in &times {
+            let d = request(&mut s, &lim, t);
+            prop_assert!(d.remaining <= d.limit);
+            if d.allowed {
+                // Exactly `remaining / cost` more requests pass at this instant.
+                let mut probe = s.clone();
+                let expected = d.remaining / u64::from(lim.cost);
+                for k in 0..expected {
+                    prop_assert!(request(&mut probe, &lim, t).allowed, "request {k} of {expected} denied");
+                }
+                prop_assert!(!request(&mut probe, &lim, t).allowed, "more than {expected} passed");
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_is_the_earliest_moment_a_retry_passes(lim in any_limit(), times in arrivals()) {
+        let mut s = State::new(&lim.algorithm);
+        for &t in &times {
+            let d = request(&mut s, &lim, t);
+            if !d.allowed {
+                prop_assert!(d.retry_after_us > 0);
+                let mut at_retry = s.clone();
+                prop_assert!(at_retry.check(&lim, t + d.retry_after_us).allowed, "denied at the retry instant");
+                let mut just_before = s.clone();
+                prop_assert!(!just_before.check(&lim, t + d.retry_after_us - 1).allowed, "retry_after is not the earliest");
+            }
+        }
+    }
+}
