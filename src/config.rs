@@ -402,8 +402,16 @@ impl Validator {
 
     fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
         let before = self.problems.len();
-        if r.name.trim().is_empty() {
-            self.problem(format!("{path}.name"), "must not be empty");
+        if r.name.is_empty()
+            || !r
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        {
+            self.problem(
+                format!("{path}.name"),
+                format!("{:?} must be letters, digits, '_', '.' or '-' (it names metrics and store keys)", r.name),
+            );
         }
         if !r.path_prefix.starts_with('/') {
             self.problem(
@@ -607,6 +615,31 @@ impl Validator {
                 return None;
             }
         };
+        // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
+        let (units, span) = match algorithm {
+            Algorithm::TokenBucket {
+                capacity,
+                interval_us,
+            }
+            | Algorithm::LeakyBucket {
+                capacity,
+                interval_us,
+            } => (u64::from(capacity.get()), interval_us),
+            Algorithm::FixedWindow { limit, window_us }
+            | Algorithm::SlidingWindowLog { limit, window_us }
+            | Algorithm::SlidingWindowCounter { limit, window_us } => {
+                (u64::from(limit.get()), window_us)
+            }
+        };
+        if units
+            .checked_mul(span)
+            .is_none_or(|product| product >= 1 << 53)
+        {
+            self.problem(
+                path.to_string(),
+                "the budget spans too long (more than about 285 years of microseconds)",
+            );
+        }
         (self.problems.len() == before).then_some(Limit { algorithm, cost })
     }
 
@@ -667,3 +700,6 @@ fn limits_fingerprint(limits: &[Limit]) -> String {
     let digest = Sha256::digest(spec.as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,9 @@
 //! says what time it is. Nothing here knows about hyper or the config file.
 
 pub mod algorithm;
+pub mod guard;
 pub mod memory;
+pub mod redis;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -223,13 +225,6 @@ impl<C: Clock> Clock for std::sync::Arc<C> {
     }
 }
 
-/// What the proxy asks: a store, and what to do when it fails.
-#[derive(Clone)]
-pub enum Limiter {
-    /// State in this process: never fails.
-    Memory(Arc<MemoryStore>),
-}
-
 /// What a request gets when the limiter store cannot decide (`storage.on_error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnError {
@@ -241,6 +236,15 @@ pub enum OnError {
     Local,
 }
 
+/// What the proxy asks: a store, and what to do when it fails.
+#[derive(Clone)]
+pub enum Limiter {
+    /// State in this process: never fails.
+    Memory(Arc<MemoryStore>),
+    /// State in Redis, behind the timeout, breaker and deny cache of [`guard::Guarded`].
+    Redis(Arc<guard::Guarded>),
+}
+
 impl Limiter {
     /// Decides one request against all `limits`, all-or-nothing. `Ok(None)` means "admit without
     /// limiting" (no limits, or the store failed and `on_error` is `allow`); `Err` means the store
@@ -249,10 +253,11 @@ impl Limiter {
         &self,
         key: &BudgetKey<'_>,
         limits: &[Limit],
-        _on_error: OnError,
+        on_error: OnError,
     ) -> Result<Option<Verdict>, LimiterError> {
         match self {
             Limiter::Memory(store) => Ok(store.decide(key, limits)),
+            Limiter::Redis(guarded) => guarded.decide(key, limits, on_error).await,
         }
     }
 
@@ -260,13 +265,15 @@ impl Limiter {
     pub async fn is_ready(&self) -> bool {
         match self {
             Limiter::Memory(_) => true,
+            Limiter::Redis(guarded) => guarded.is_ready().await,
         }
     }
 
-    /// The in-process store, when there is one to sweep.
+    /// The in-process store (the fallback, for Redis), to sweep.
     pub fn memory(&self) -> Option<&Arc<MemoryStore>> {
         match self {
             Limiter::Memory(store) => Some(store),
+            Limiter::Redis(guarded) => Some(guarded.local()),
         }
     }
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use floodgate::config::{Backend, Config};
+use floodgate::limiter::guard::Guarded;
+use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{Limiter, MemoryStore, SystemClock};
 use floodgate::proxy::Proxy;
 use floodgate::server::Server;
@@ -95,13 +97,30 @@ fn run(path: &Path) -> anyhow::Result<()> {
     runtime.block_on(serve(path.to_path_buf(), config))
 }
 
+fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter> {
+    let store = RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
+        .context("invalid storage.url")?;
+    let local = Arc::new(MemoryStore::new(
+        SystemClock::default(),
+        config.storage.max_keys,
+    ));
+    Ok(Limiter::Redis(Arc::new(Guarded::new(
+        store,
+        config.storage.timeout,
+        local,
+    ))))
+}
+
 async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let limiter = match &config.storage.backend {
         Backend::Memory => Limiter::Memory(Arc::new(MemoryStore::new(
             SystemClock::default(),
             config.storage.max_keys,
         ))),
-        other => anyhow::bail!("storage.backend {other:?} is not supported by this build"),
+        Backend::Redis { url } => redis_limiter(&config, RedisTarget::Single(url.clone()))?,
+        Backend::RedisCluster { urls } => {
+            redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
+        }
     };
     let proxy = Arc::new(Proxy::new(&config, limiter));
     let server = Server::bind(&config, proxy.clone())

@@ -1,0 +1,21 @@
+-- floodgate limiter script, part 1 of 7: shared helpers.
+--
+-- The script Redis runs is the concatenation of prelude.lua, the five algorithm files and
+-- main.lua (see src/limiter/redis.rs). Each algorithm file mirrors, operation for operation, the
+-- Rust function of the same name in src/limiter/algorithm.rs, so both stores decide alike.
+--
+-- Time is an integer count of microseconds since the Unix epoch, held in a Lua number (a double:
+-- exact up to 2^53, about 285 years of microseconds). Lua turns numbers into strings with "%.14g",
+-- which would round such times, so every number written to Redis goes through fmt().
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- Milliseconds for PEXPIRE: the time until `expires_at`, rounded up, at least 1.
+local function ttl_ms(expires_at, now)
+  return math.max(math.ceil((expires_at - now) / 1000), 1)
+end
+
+-- A decision is a list: allowed (0/1), limit, remaining, reset_after_us, retry_after_us, delay_us.
+local ALGORITHMS = {}

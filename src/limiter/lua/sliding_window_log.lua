@@ -1,0 +1,27 @@
+-- floodgate limiter script, part 5 of 7: sliding window log; mirrors sliding_log_check in
+-- src/limiter/algorithm.rs. The key is a sorted set: one member per admitted unit of cost,
+-- scored by its timestamp. Denied requests are not added, so it never holds more than `limit`.
+
+ALGORITHMS['sliding_window_log'] = {
+  check = function(key, now, limit, window, cost)
+    -- An entry stamped ts stops counting at ts + window.
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+    local count = redis.call('ZCARD', key)
+    if count + cost <= limit then
+      return { 1, limit, limit - count - cost, window, 0, 0 }, count
+    end
+    -- The retry passes once the oldest count + cost - limit entries have expired.
+    local needed = count + cost - limit
+    local freeing = tonumber(redis.call('ZRANGE', key, needed - 1, needed - 1, 'WITHSCORES')[2]) or now
+    local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) or now
+    return { 0, limit, math.max(limit - count, 0), math.max(newest + window - now, 0),
+      math.max(freeing + window - now, 1), 0 }, nil
+  end,
+  commit = function(key, now, count, window, cost)
+    -- Members must be unique: within one microsecond the count after trimming only grows.
+    for i = 1, cost do
+      redis.call('ZADD', key, fmt(now), fmt(now) .. '-' .. (count + i))
+    end
+    redis.call('PEXPIRE', key, ttl_ms(now + window, now))
+  end,
+}
