@@ -1,10 +1,11 @@
 //! The admin listener: `/healthz` (the process serves), `/readyz` (the limiter store answers and
-//! the proxy is not draining).
+//! the proxy is not draining), `/metrics` (Prometheus text).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode};
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -37,6 +38,14 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, health: Arc<Health>
 }
 
 async fn handle(req: Request<Incoming>, proxy: &Proxy, health: &Health) -> Response<Body> {
+    if req.uri().path() == "/metrics" {
+        let mut response = Response::new(response::full(proxy.metrics().render(proxy.limiter())));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        return response;
+    }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),

@@ -30,6 +30,28 @@ pub struct Config {
     pub identity: IdentityConfig,
     pub timeouts: Timeouts,
     pub routes: Vec<RouteConfig>,
+    /// Global shadow mode: every limit decides and counts, none denies.
+    pub shadow: bool,
+    pub rate_limit_headers: HeaderProfile,
+    pub log_format: LogFormat,
+}
+
+/// Which rate-limit fields responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderProfile {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix seconds), as GitHub and most gateways.
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` of draft-ietf-httpapi-ratelimit-headers-09.
+    Ietf,
+    /// No rate-limit fields (429s still carry `Retry-After`).
+    None,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
 }
 
 /// Certificate and key files for TLS termination.
@@ -91,10 +113,17 @@ pub struct RouteConfig {
     /// `None` matches every method.
     pub methods: Option<Vec<Method>>,
     pub upstream: Upstream,
+    /// The enforced limits: a request must pass all of them.
     pub limits: Vec<Limit>,
     /// The route's name plus a fingerprint of its limits: limiter state is kept per budget id, so
     /// a reload that changes a route's limits starts it afresh and one that does not keeps it.
     pub budget_id: String,
+    /// Limits in shadow mode: decided and counted, never denying. A budget of their own.
+    pub shadow_limits: Vec<Limit>,
+    pub shadow_budget_id: String,
+    /// Policy names for the IETF headers (`{route}-{position in the file}`), enforced then shadow.
+    pub limit_names: Vec<String>,
+    pub shadow_limit_names: Vec<String>,
 }
 
 /// An upstream origin: scheme and authority (the request's path is forwarded unchanged).
@@ -203,6 +232,26 @@ impl Config {
                 routes.push(route);
             }
         }
+        let rate_limit_headers = match file.rate_limit_headers.as_deref().unwrap_or("x_ratelimit") {
+            "x_ratelimit" => HeaderProfile::XRateLimit,
+            "ietf" => HeaderProfile::Ietf,
+            "none" => HeaderProfile::None,
+            other => {
+                v.problem(
+                    "rate_limit_headers",
+                    format!("{other:?} is not one of x_ratelimit, ietf, none"),
+                );
+                HeaderProfile::XRateLimit
+            }
+        };
+        let log_format = match file.log_format.as_deref().unwrap_or("human") {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            other => {
+                v.problem("log_format", format!("{other:?} is not one of human, json"));
+                LogFormat::Human
+            }
+        };
         match (listen, storage, identity, v.problems.is_empty()) {
             (Some(listen), Some(storage), Some(identity), true) => Ok(Config {
                 listen,
@@ -212,6 +261,9 @@ impl Config {
                 identity,
                 timeouts,
                 routes,
+                shadow: file.shadow.unwrap_or(false),
+                rate_limit_headers,
+                log_format,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,
@@ -436,16 +488,27 @@ impl Validator {
                 .collect::<Vec<_>>()
         });
         let upstream = self.upstream(&format!("{path}.upstream"), &r.upstream);
-        let limits: Vec<Limit> = r
-            .limits
-            .iter()
-            .enumerate()
-            .filter_map(|(n, l)| self.limit(&format!("{path}.limits[{n}]"), l))
-            .collect();
+        let mut limits = Vec::new();
+        let mut shadow_limits = Vec::new();
+        let mut limit_names = Vec::new();
+        let mut shadow_limit_names = Vec::new();
+        for (n, l) in r.limits.iter().enumerate() {
+            if let Some(limit) = self.limit(&format!("{path}.limits[{n}]"), l) {
+                let name = format!("{}-{n}", r.name);
+                if l.shadow.unwrap_or(false) {
+                    shadow_limits.push(limit);
+                    shadow_limit_names.push(name);
+                } else {
+                    limits.push(limit);
+                    limit_names.push(name);
+                }
+            }
+        }
         if self.problems.len() > before {
             return None;
         }
         let budget_id = format!("{}#{}", r.name, limits_fingerprint(&limits));
+        let shadow_budget_id = format!("{}~shadow#{}", r.name, limits_fingerprint(&shadow_limits));
         Some(RouteConfig {
             name: r.name,
             path_prefix: r.path_prefix,
@@ -453,6 +516,10 @@ impl Validator {
             upstream: upstream?,
             limits,
             budget_id,
+            shadow_limits,
+            shadow_budget_id,
+            limit_names,
+            shadow_limit_names,
         })
     }
 

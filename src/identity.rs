@@ -164,3 +164,6 @@ fn single_value<'a>(
     }
     Ok((!first.is_empty()).then_some(first))
 }
+
+#[cfg(test)]
+mod tests;

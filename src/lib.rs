@@ -17,6 +17,7 @@ pub mod admin;
 pub mod config;
 pub mod identity;
 pub mod limiter;
+pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod server;

@@ -113,6 +113,8 @@ pub struct Verdict {
     pub now_us: u64,
     /// The limit with the fewest remaining: the one whose figures go in the headers.
     pub headline: Decision,
+    /// That limit's position in the route's list.
+    pub headline_index: usize,
     pub allowed: bool,
     /// When denied, the longest wait among the limits that denied.
     pub retry_after_us: u64,
@@ -124,12 +126,14 @@ impl Verdict {
     /// Folds per-limit decisions (in route order) into one verdict. `decisions` must not be empty.
     pub fn from_decisions(now_us: u64, decisions: &[Decision]) -> Option<Verdict> {
         let mut headline = *decisions.first()?;
+        let mut headline_index = 0;
         let mut allowed = true;
         let mut retry_after_us = 0;
         let mut delay_us = 0;
-        for d in decisions {
+        for (i, d) in decisions.iter().enumerate() {
             if d.remaining < headline.remaining {
                 headline = *d;
+                headline_index = i;
             }
             allowed &= d.allowed;
             retry_after_us = retry_after_us.max(d.retry_after_us);
@@ -138,6 +142,7 @@ impl Verdict {
         Some(Verdict {
             now_us,
             headline,
+            headline_index,
             allowed,
             retry_after_us: if allowed { 0 } else { retry_after_us },
             delay_us: if allowed { delay_us } else { 0 },
@@ -236,6 +241,15 @@ pub enum OnError {
     Local,
 }
 
+/// A decision, or what `on_error` made of a store failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    /// `None`: admit without limiting (no limits, or the store failed and `on_error` is `allow`).
+    pub verdict: Option<Verdict>,
+    /// The store failed and `on_error` decided (`allow`, or `local` with the in-process store).
+    pub store_failed: bool,
+}
+
 /// What the proxy asks: a store, and what to do when it fails.
 #[derive(Clone)]
 pub enum Limiter {
@@ -246,17 +260,19 @@ pub enum Limiter {
 }
 
 impl Limiter {
-    /// Decides one request against all `limits`, all-or-nothing. `Ok(None)` means "admit without
-    /// limiting" (no limits, or the store failed and `on_error` is `allow`); `Err` means the store
-    /// failed and `on_error` is `deny`.
+    /// Decides one request against all `limits`, all-or-nothing. `Err` means the store failed and
+    /// `on_error` is `deny`; otherwise see [`Decided`].
     pub async fn decide(
         &self,
         key: &BudgetKey<'_>,
         limits: &[Limit],
         on_error: OnError,
-    ) -> Result<Option<Verdict>, LimiterError> {
+    ) -> Result<Decided, LimiterError> {
         match self {
-            Limiter::Memory(store) => Ok(store.decide(key, limits)),
+            Limiter::Memory(store) => Ok(Decided {
+                verdict: store.decide(key, limits),
+                store_failed: false,
+            }),
             Limiter::Redis(guarded) => guarded.decide(key, limits, on_error).await,
         }
     }

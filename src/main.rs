@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use floodgate::config::{Backend, Config};
+use floodgate::config::{Backend, Config, LogFormat};
 use floodgate::limiter::guard::Guarded;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{Limiter, MemoryStore, SystemClock};
+use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
 use floodgate::server::Server;
 use tokio::signal::unix::{SignalKind, signal};
@@ -22,9 +23,10 @@ struct Cli {
     /// The config file (YAML).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Log format: human (default) or json. `RUST_LOG` sets the filter.
-    #[arg(long, value_name = "FORMAT", default_value = "human")]
-    log_format: String,
+    /// Log format: human or json (default: the config's log_format, else human). `RUST_LOG`
+    /// sets the filter; per-request access logs are target floodgate::access at info level.
+    #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"])]
+    log_format: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -47,8 +49,7 @@ fn main() -> ExitCode {
                 eprintln!("floodgate: --config FILE is required (see floodgate --help)");
                 return ExitCode::from(2);
             };
-            init_logging(&cli.log_format);
-            match run(&path) {
+            match run(&path, cli.log_format.as_deref()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("floodgate: {e:#}");
@@ -75,8 +76,9 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn init_logging(format: &str) {
+    // Access logs (one line per request) are off unless RUST_LOG asks for floodgate::access=info.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,floodgate::access=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -87,9 +89,15 @@ fn init_logging(format: &str) {
     }
 }
 
-fn run(path: &Path) -> anyhow::Result<()> {
+fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
     let config = Config::load(path)
         .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
+    let format = match (log_format, config.log_format) {
+        (Some(flag), _) => flag,
+        (None, LogFormat::Json) => "json",
+        (None, LogFormat::Human) => "human",
+    };
+    init_logging(format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -122,7 +130,8 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
             redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
         }
     };
-    let proxy = Arc::new(Proxy::new(&config, limiter));
+    let metrics = Arc::new(Metrics::new());
+    let proxy = Arc::new(Proxy::new(&config, limiter, metrics.clone()));
     let server = Server::bind(&config, proxy.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -2,9 +2,11 @@
 //!
 //! 1. [`Proxy::route`]: find the first matching route, or reject with 404;
 //! 2. [`Proxy::identify`]: work out whose budget the request spends (only on limited routes);
-//! 3. [`Proxy::limit`]: ask the route's limits, all-or-nothing, or apply `on_error`;
+//! 3. [`Proxy::limit`]: ask the route's enforced limits, all-or-nothing (or apply `on_error`),
+//!    then its shadow limits, which count but never deny;
 //! 4. [`Proxy::forward`]: hold the request for a leaky bucket's delay, send it upstream and add
-//!    the rate-limit headers to the response.
+//!    the rate-limit headers to the response;
+//! 5. [`Proxy::log`]: count the outcome and record it on the request's span.
 //!
 //! An early exit is a typed [`Rejection`], turned into a response in `response.rs`.
 
@@ -13,33 +15,54 @@ pub mod response;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use tracing::field::Empty;
 
 use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{Identity, IdentityConfig};
-use crate::limiter::{BudgetKey, Limiter, Verdict};
+use crate::limiter::{BudgetKey, Limit, Limiter, Verdict};
+use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::route::RouteTable;
 pub use forward::Forwarder;
-pub use response::{Body, Rejection};
+pub use response::{Body, RateLimitHeaders, Rejection};
 
-/// What a config reload can change without a restart: routes, identity rules, the error policy.
-#[derive(Debug)]
+/// What a config reload can change without a restart: routes, identity rules, the error policy,
+/// shadow mode and the header profile. Everything derived from them is built here, once.
 pub struct Runtime {
     pub routes: RouteTable,
+    /// Per route, by position: metric handles and prebuilt header writers.
+    extras: Vec<RouteExtras>,
     pub identity: IdentityConfig,
     pub on_error: OnError,
+    pub shadow: bool,
+    no_limit_headers: RateLimitHeaders,
+}
+
+struct RouteExtras {
+    metrics: RouteMetrics,
+    headers: RateLimitHeaders,
 }
 
 impl Runtime {
-    pub fn from_config(config: &Config) -> Self {
+    pub fn from_config(config: &Config, metrics: &Metrics) -> Self {
         Runtime {
+            extras: config
+                .routes
+                .iter()
+                .map(|r| RouteExtras {
+                    metrics: metrics.route(&r.name),
+                    headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
+                })
+                .collect(),
             routes: RouteTable::new(config.routes.clone()),
             identity: config.identity.clone(),
             on_error: config.storage.on_error,
+            shadow: config.shadow,
+            no_limit_headers: RateLimitHeaders::none(),
         }
     }
 }
@@ -49,32 +72,44 @@ pub struct Proxy {
     runtime: ArcSwap<Runtime>,
     limiter: Limiter,
     forwarder: Forwarder,
+    metrics: Arc<Metrics>,
     tls: bool,
 }
 
-/// What the limit phase decided.
-enum Admission {
-    /// The route has no limits, or the store failed and `on_error` let the request through.
-    Unlimited,
-    Allowed(Verdict),
+/// What the limit phase decided for a request that goes on to the upstream.
+struct Admission {
+    /// The verdict whose figures go in the response headers, if any, and whether it came from the
+    /// shadow limits.
+    verdict: Option<(Verdict, bool)>,
+    label: DecisionLabel,
+}
+
+/// A matched route with its prebuilt extras.
+struct Matched<'r> {
+    config: &'r RouteConfig,
+    extras: &'r RouteExtras,
 }
 
 impl Proxy {
-    pub fn new(config: &Config, limiter: Limiter) -> Self {
+    pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
         Proxy {
-            runtime: ArcSwap::from_pointee(Runtime::from_config(config)),
+            runtime: ArcSwap::from_pointee(Runtime::from_config(config, &metrics)),
             limiter,
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,
             ),
+            metrics,
             tls: config.tls.is_some(),
         }
     }
 
-    /// Swaps in a new runtime for requests that start from now on.
+    /// Swaps in a new runtime for requests that start from now on. In-flight requests finish
+    /// with the runtime they started with; limiter state of unchanged routes carries over
+    /// because it is keyed by the route's budget id.
     pub fn reload(&self, config: &Config) {
-        self.runtime.store(Arc::new(Runtime::from_config(config)));
+        self.runtime
+            .store(Arc::new(Runtime::from_config(config, &self.metrics)));
     }
 
     /// The limiter this proxy asks.
@@ -82,37 +117,77 @@ impl Proxy {
         &self.limiter
     }
 
+    /// The metrics this proxy records.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Runs the pipeline for one request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            target: "floodgate::access",
+            "request",
+            method = %req.method(),
+            path = req.uri().path(),
+            route = Empty,
+            identity = Empty,
+            decision = Empty,
+            status = Empty,
+            latency_ms = Empty,
+        );
         let runtime = self.runtime.load_full();
         let route = match Self::route(&runtime, &req) {
             Ok(route) => route,
-            Err(rejection) => return rejection.into_response(),
-        };
-        let admission = if route.limits.is_empty() {
-            Admission::Unlimited
-        } else {
-            let identity = match Self::identify(&runtime, &req, peer) {
-                Ok(identity) => identity,
-                Err(rejection) => return rejection.into_response(),
-            };
-            match self.limit(&runtime, route, &identity).await {
-                Ok(admission) => admission,
-                Err(rejection) => return rejection.into_response(),
+            Err(rejection) => {
+                self.metrics.no_route();
+                let response = rejection.into_response(&runtime.no_limit_headers);
+                Self::log(&span, None, None, &response, started);
+                return response;
             }
         };
-        self.forward(req, route, admission, peer).await
+        span.record("route", route.config.name.as_str());
+        let admission = if route.config.limits.is_empty() && route.config.shadow_limits.is_empty() {
+            Ok(Admission {
+                verdict: None,
+                label: DecisionLabel::Unlimited,
+            })
+        } else {
+            match Self::identify(&runtime, &req, peer) {
+                Ok(identity) => {
+                    span.record("identity", identity.kind().as_str());
+                    self.limit(&runtime, &route, &identity).await
+                }
+                Err(rejection) => Err((rejection, None)),
+            }
+        };
+        let (response, label) = match admission {
+            Ok(admission) => {
+                let label = admission.label;
+                (
+                    self.forward(req, &route, admission, peer).await,
+                    Some(label),
+                )
+            }
+            Err((rejection, label)) => (rejection.into_response(&route.extras.headers), label),
+        };
+        if let Some(label) = label {
+            route.extras.metrics.decision(label);
+        }
+        Self::log(&span, Some(&route), label, &response, started);
+        response
     }
 
     /// Phase 1: the first route that matches the method and path.
-    fn route<'r>(
-        runtime: &'r Runtime,
-        req: &Request<Incoming>,
-    ) -> Result<&'r RouteConfig, Rejection> {
-        runtime
+    fn route<'r>(runtime: &'r Runtime, req: &Request<Incoming>) -> Result<Matched<'r>, Rejection> {
+        let i = runtime
             .routes
-            .find(req.method(), req.uri().path())
-            .ok_or(Rejection::NoRoute)
+            .position(req.method(), req.uri().path())
+            .ok_or(Rejection::NoRoute)?;
+        Ok(Matched {
+            config: &runtime.routes.routes()[i],
+            extras: &runtime.extras[i],
+        })
     }
 
     /// Phase 2: whose budget the request spends.
@@ -127,58 +202,151 @@ impl Proxy {
             .map_err(|e| Rejection::BadRequest(e.to_string()))
     }
 
-    /// Phase 3: ask the route's limits. A store failure follows `on_error`: never a 429 or 500.
+    /// Phase 3: the enforced limits (all-or-nothing), then the shadow limits. A store failure
+    /// follows `on_error`: never a 429 or a 500.
     async fn limit(
         &self,
         runtime: &Runtime,
-        route: &RouteConfig,
+        route: &Matched<'_>,
         identity: &Identity<'_>,
-    ) -> Result<Admission, Rejection> {
+    ) -> Result<Admission, (Rejection, Option<DecisionLabel>)> {
+        let config = route.config;
+        let mut admission = Admission {
+            verdict: None,
+            label: DecisionLabel::Allowed,
+        };
+        if !config.limits.is_empty() {
+            match self
+                .ask(runtime, &config.budget_id, &config.limits, identity)
+                .await
+            {
+                Err(()) => {
+                    return Err((
+                        Rejection::LimiterUnavailable,
+                        Some(DecisionLabel::StoreError),
+                    ));
+                }
+                Ok((verdict, store_failed)) => {
+                    if store_failed {
+                        admission.label = DecisionLabel::StoreError;
+                    }
+                    match verdict {
+                        Some(v) if !v.allowed && !runtime.shadow => {
+                            return Err((Rejection::RateLimited(v), Some(DecisionLabel::Denied)));
+                        }
+                        Some(v) if !v.allowed => {
+                            admission.label = DecisionLabel::ShadowDenied;
+                            admission.verdict = Some((v, false));
+                        }
+                        Some(v) => admission.verdict = Some((v, false)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        if !config.shadow_limits.is_empty()
+            && let Ok((Some(shadow), _)) = self
+                .ask(
+                    runtime,
+                    &config.shadow_budget_id,
+                    &config.shadow_limits,
+                    identity,
+                )
+                .await
+        {
+            if !shadow.allowed {
+                admission.label = DecisionLabel::ShadowDenied;
+            }
+            // The headers speak for whichever budget has the fewest remaining.
+            let fewer = admission
+                .verdict
+                .is_none_or(|(v, _)| shadow.headline.remaining < v.headline.remaining);
+            if fewer {
+                admission.verdict = Some((shadow, true));
+            }
+        }
+        Ok(admission)
+    }
+
+    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`.
+    async fn ask(
+        &self,
+        runtime: &Runtime,
+        budget_id: &str,
+        limits: &[Limit],
+        identity: &Identity<'_>,
+    ) -> Result<(Option<Verdict>, bool), ()> {
         let mut buf = [0u8; 16];
         let key = BudgetKey {
-            route: &route.budget_id,
+            route: budget_id,
             kind: identity.kind().as_str(),
             value: identity.key_bytes(&mut buf),
         };
-        match self
-            .limiter
-            .decide(&key, &route.limits, runtime.on_error)
-            .await
-        {
-            Ok(Some(verdict)) if verdict.allowed => Ok(Admission::Allowed(verdict)),
-            Ok(Some(verdict)) => {
-                tracing::debug!(route = %route.name, identity = identity.kind().as_str(), "rate limited");
-                Err(Rejection::RateLimited(verdict))
-            }
-            Ok(None) => Ok(Admission::Unlimited),
-            Err(_) => Err(Rejection::LimiterUnavailable),
-        }
+        let started = Instant::now();
+        let decided = self.limiter.decide(&key, limits, runtime.on_error).await;
+        self.metrics
+            .observe_limiter(started.elapsed().as_secs_f64());
+        decided.map(|d| (d.verdict, d.store_failed)).map_err(|_| ())
     }
 
     /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
     async fn forward(
         &self,
         req: Request<Incoming>,
-        route: &RouteConfig,
+        route: &Matched<'_>,
         admission: Admission,
         peer: SocketAddr,
     ) -> Response<Body> {
-        if let Admission::Allowed(verdict) = &admission
+        if let Some((verdict, _)) = &admission.verdict
             && verdict.delay_us > 0
         {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us)).await;
         }
+        let started = Instant::now();
         let mut response = match self
             .forwarder
-            .forward(req, &route.upstream, peer.ip(), self.tls)
+            .forward(req, &route.config.upstream, peer.ip(), self.tls)
             .await
         {
             Ok(response) => response,
-            Err(rejection) => rejection.into_response(),
+            Err(rejection) => rejection.into_response(&route.extras.headers),
         };
-        if let Admission::Allowed(verdict) = &admission {
-            response::set_rate_limit_headers(response.headers_mut(), verdict);
+        route
+            .extras
+            .metrics
+            .upstream(response.status().as_u16(), started.elapsed().as_secs_f64());
+        if let Some((verdict, shadow)) = &admission.verdict {
+            route
+                .extras
+                .headers
+                .write(response.headers_mut(), verdict, *shadow);
         }
         response
+    }
+
+    /// Phase 5: the request's outcome on its span (the access log, target `floodgate::access`).
+    fn log(
+        span: &tracing::Span,
+        route: Option<&Matched<'_>>,
+        label: Option<DecisionLabel>,
+        response: &Response<Body>,
+        started: Instant,
+    ) {
+        if span.is_disabled() {
+            return;
+        }
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        span.record("status", response.status().as_u16());
+        span.record("latency_ms", latency_ms);
+        if let Some(label) = label {
+            span.record("decision", tracing::field::debug(label));
+        }
+        let _entered = span.enter();
+        tracing::info!(
+            target: "floodgate::access",
+            route = route.map(|r| r.config.name.as_str()),
+            status = response.status().as_u16(),
+            "request done"
+        );
     }
 }

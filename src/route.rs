@@ -18,7 +18,12 @@ impl RouteTable {
     /// The first route whose `path_prefix` starts `path` (a plain string prefix, as nginx's
     /// `location /prefix` and Kong's paths) and whose methods, if any, include `method`.
     pub fn find(&self, method: &Method, path: &str) -> Option<&RouteConfig> {
-        self.routes.iter().find(|r| {
+        self.position(method, path).map(|i| &self.routes[i])
+    }
+
+    /// The position of the route [`RouteTable::find`] would return.
+    pub fn position(&self, method: &Method, path: &str) -> Option<usize> {
+        self.routes.iter().position(|r| {
             path.starts_with(r.path_prefix.as_str())
                 && r.methods
                     .as_ref()

@@ -128,10 +128,13 @@ impl Server {
             });
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let conn = graceful.watch(conn.into_owned());
+            let open = self.proxy.metrics().open_connections().clone();
+            open.inc();
             tokio::spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
+                open.dec();
             });
         }
 

@@ -20,6 +20,15 @@ pub struct FileConfig {
     pub timeouts: TimeoutsFile,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
+    /// Global shadow mode: decide and count every limit, never deny.
+    #[serde(default)]
+    pub shadow: Option<bool>,
+    /// Which rate-limit response headers to send: `x_ratelimit`, `ietf` or `none`.
+    #[serde(default)]
+    pub rate_limit_headers: Option<String>,
+    /// Log format: `human` or `json` (the `--log-format` flag wins).
+    #[serde(default)]
+    pub log_format: Option<String>,
 }
 
 /// `tls:` — terminate TLS on the proxy listener.
@@ -107,4 +116,7 @@ pub struct LimitFile {
     pub window: Option<String>,
     #[serde(default)]
     pub cost: Option<i64>,
+    /// Shadow mode for this limit: decide and count, never deny.
+    #[serde(default)]
+    pub shadow: Option<bool>,
 }

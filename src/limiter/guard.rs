@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::redis::RedisStore;
 use super::{
-    BudgetKey, Clock, Decision, Limit, LimiterError, MemoryStore, OnError, SystemClock, Verdict,
+    BudgetKey, Clock, Decided, Decision, Limit, LimiterError, MemoryStore, OnError, SystemClock,
+    Verdict,
 };
 
 /// Failures in a row that open the breaker.
@@ -93,12 +94,15 @@ impl Guarded {
         key: &BudgetKey<'_>,
         limits: &[Limit],
         on_error: OnError,
-    ) -> Result<Option<Verdict>, LimiterError> {
+    ) -> Result<Decided, LimiterError> {
         let local_now = self.breaker.clock.now_us();
         let cache_key = self.deny_cache.key(key);
         if let Some(verdict) = self.deny_cache.get(cache_key, local_now) {
             self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some(verdict));
+            return Ok(Decided {
+                verdict: Some(verdict),
+                store_failed: false,
+            });
         }
         if !self.breaker.allow(local_now) {
             self.stats.breaker_skips.fetch_add(1, Ordering::Relaxed);
@@ -118,7 +122,10 @@ impl Guarded {
                     self.deny_cache
                         .insert(cache_key, &v, self.breaker.clock.now_us());
                 }
-                return Ok(verdict);
+                return Ok(Decided {
+                    verdict,
+                    store_failed: false,
+                });
             }
             Ok(Err(e)) => e,
             Err(_) => LimiterError::Timeout(self.timeout),
@@ -136,13 +143,17 @@ impl Guarded {
         limits: &[Limit],
         on_error: OnError,
         error: LimiterError,
-    ) -> Result<Option<Verdict>, LimiterError> {
+    ) -> Result<Decided, LimiterError> {
         self.warn(&error, on_error);
-        match on_error {
-            OnError::Allow => Ok(None),
-            OnError::Deny => Err(error),
-            OnError::Local => Ok(self.local.decide(key, limits)),
-        }
+        let verdict = match on_error {
+            OnError::Allow => None,
+            OnError::Deny => return Err(error),
+            OnError::Local => self.local.decide(key, limits),
+        };
+        Ok(Decided {
+            verdict,
+            store_failed: true,
+        })
     }
 
     /// Logs a store failure at most once a second.
@@ -236,6 +247,7 @@ struct CachedDenial {
     /// Local time (µs) by which the budget is fully restored.
     reset_at: u64,
     headline: Decision,
+    headline_index: usize,
 }
 
 impl DenyCache {
@@ -279,6 +291,7 @@ impl DenyCache {
                 retry_after_us: cached.retry_at - now,
                 ..cached.headline
             },
+            headline_index: cached.headline_index,
             allowed: false,
             retry_after_us: cached.retry_at - now,
             delay_us: 0,
@@ -300,6 +313,7 @@ impl DenyCache {
                 retry_at: now + verdict.retry_after_us,
                 reset_at: now + verdict.headline.reset_after_us,
                 headline: verdict.headline,
+                headline_index: verdict.headline_index,
             },
         );
     }

@@ -219,6 +219,7 @@ impl Verdict {
         Verdict {
             now_us,
             headline,
+            headline_index: 0,
             allowed: true,
             retry_after_us: 0,
             delay_us: 0,

@@ -59,10 +59,10 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(mut c) = self.connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
-                }
+            if let Ok(mut c) = self.connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }

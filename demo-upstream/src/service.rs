@@ -1,0 +1,232 @@
+//! The demo API itself: a fixed worker pool in front of a fake "matching service".
+//!
+//! Every request except `GET /__stats` must take one of `workers` permits (a FIFO tokio
+//! [`Semaphore`], so waiting requests form a queue), holds it for `service_time`, and is answered
+//! 200. A request that cannot get a permit within `queue_timeout` is answered 503: this is how the
+//! service fails under overload, like a saturated thread pool. Capacity is therefore
+//! `workers / service_time` requests per second; anything above that queues, then fails.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Body;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::Semaphore;
+
+/// Path of the statistics endpoint, which bypasses the worker pool.
+pub const STATS_PATH: &str = "/__stats";
+
+/// How the demo API behaves; fixed at start-up.
+#[derive(Debug, Clone, Copy)]
+pub struct Capacity {
+    /// Size of the worker pool.
+    pub workers: usize,
+    /// How long one request holds a worker.
+    pub service_time: Duration,
+    /// How long a request may wait for a worker before it is answered 503.
+    pub queue_timeout: Duration,
+}
+
+/// Shared state: the worker pool and the counters reported by `/__stats`.
+#[derive(Debug)]
+pub struct DemoApi {
+    capacity: Capacity,
+    workers: Semaphore,
+    served: AtomicU64,
+    rejected: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// Decrements `in_flight` when a request ends, including when its client goes away mid-wait
+/// and hyper drops the handler future.
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl DemoApi {
+    /// Builds the API with an idle worker pool and zeroed counters.
+    pub fn new(capacity: Capacity) -> Arc<Self> {
+        Arc::new(DemoApi {
+            capacity,
+            workers: Semaphore::new(capacity.workers),
+            served: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+        })
+    }
+
+    /// Answers one request. Never fails: every outcome is an HTTP response.
+    ///
+    /// Generic over the body so unit tests can call it without a socket; the server passes
+    /// hyper's `Incoming`.
+    pub async fn handle<B: Body>(
+        self: Arc<Self>,
+        req: Request<B>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        if req.method() == Method::GET && req.uri().path() == STATS_PATH {
+            return Ok(self.stats());
+        }
+        let _in_flight = InFlight::enter(&self.in_flight);
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+
+        // Read and discard the body, as a real API would before doing its work. A client that
+        // breaks off mid-body gets no answer worth sending; 400 is the honest one.
+        if req.into_body().collect().await.is_err() {
+            return Ok(json_response(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": "bad_request_body"}),
+            ));
+        }
+
+        let permit =
+            match tokio::time::timeout(self.capacity.queue_timeout, self.workers.acquire()).await {
+                Ok(Ok(permit)) => permit,
+                // Timed out in the queue, or (never, since it is not closed) the pool was closed.
+                Ok(Err(_)) | Err(_) => {
+                    self.rejected.fetch_add(1, Ordering::Relaxed);
+                    return Ok(json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        serde_json::json!({
+                            "error": "overloaded",
+                            "detail": format!(
+                                "no worker free within {} ms",
+                                self.capacity.queue_timeout.as_millis()
+                            ),
+                        }),
+                    ));
+                }
+            };
+        tokio::time::sleep(self.capacity.service_time).await;
+        drop(permit);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        Ok(json_response(
+            StatusCode::OK,
+            serde_json::json!({"ok": true, "path": path, "method": method}),
+        ))
+    }
+
+    /// The `/__stats` answer: `{"served": N, "rejected": N, "in_flight": N}`.
+    ///
+    /// `served` counts 200s from a worker, `rejected` counts 503s from the queue timeout, and
+    /// `in_flight` counts requests that are queued for or holding a worker right now.
+    fn stats(&self) -> Response<Full<Bytes>> {
+        json_response(
+            StatusCode::OK,
+            serde_json::json!({
+                "served": self.served.load(Ordering::Relaxed),
+                "rejected": self.rejected.load(Ordering::Relaxed),
+                "in_flight": self.in_flight.load(Ordering::Relaxed),
+            }),
+        )
+    }
+}
+
+/// A response with a JSON body and `Content-Type: application/json`.
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Empty;
+
+    fn api(workers: usize) -> Arc<DemoApi> {
+        DemoApi::new(Capacity {
+            workers,
+            service_time: Duration::from_millis(20),
+            queue_timeout: Duration::from_secs(2),
+        })
+    }
+
+    fn request(method: Method, path: &str) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(Bytes::from_static(b"{\"rider_id\":\"r1\"}")));
+        *req.method_mut() = method;
+        *req.uri_mut() = path.parse().expect("test uri");
+        req
+    }
+
+    async fn body_json(response: Response<Full<Bytes>>) -> serde_json::Value {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("full body")
+            .to_bytes();
+        serde_json::from_slice(&bytes).expect("json body")
+    }
+
+    async fn stats(api: &Arc<DemoApi>) -> serde_json::Value {
+        let mut req = Request::new(Empty::<Bytes>::new());
+        *req.uri_mut() = STATS_PATH.parse().expect("test uri");
+        let response = api.clone().handle(req).await.expect("infallible");
+        body_json(response).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_any_path_after_holding_a_worker() {
+        let api = api(1);
+        let started = tokio::time::Instant::now();
+        let response = api
+            .clone()
+            .handle(request(Method::POST, "/api/rides/request"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert_eq!(
+            body_json(response).await,
+            serde_json::json!({"ok": true, "path": "/api/rides/request", "method": "POST"})
+        );
+        assert_eq!(
+            stats(&api).await,
+            serde_json::json!({"served": 1, "rejected": 0, "in_flight": 0})
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sheds_load_with_503_when_no_worker_frees_up_in_time() {
+        let api = DemoApi::new(Capacity {
+            workers: 1,
+            service_time: Duration::from_secs(10),
+            queue_timeout: Duration::from_secs(1),
+        });
+        let busy = tokio::spawn(api.clone().handle(request(Method::POST, "/a")));
+        tokio::task::yield_now().await;
+        let response = api
+            .clone()
+            .handle(request(Method::POST, "/b"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body_json(response).await["error"], "overloaded");
+        assert_eq!(
+            stats(&api).await,
+            serde_json::json!({"served": 0, "rejected": 1, "in_flight": 1})
+        );
+        let first = busy.await.expect("task").expect("infallible");
+        assert_eq!(first.status(), StatusCode::OK);
+    }
+}

@@ -1,0 +1,665 @@
+//! Unit tests for the config: every error names its field by path, durations parse, defaults
+//! hold, and the example config is valid.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+/// A valid config whose one route has the limit `limit` (YAML after `- `, on one line in flow
+/// style, e.g. `{algorithm: token_bucket, capacity: 3, refill_rate: 1}`).
+fn with_limit(limit: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:8080
+routes:
+  - name: r
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {limit}
+"
+    )
+}
+
+/// A valid config with `extra` inserted at the top level.
+fn with_top(extra: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:8080
+{extra}
+routes:
+  - name: r
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+"
+    )
+}
+
+/// A valid config whose one route has `field: value` set or replaced.
+fn with_route_field(field: &str, value: &str) -> String {
+    let mut route = vec![
+        ("name", "r".to_string()),
+        ("path_prefix", "/".to_string()),
+        ("upstream", "http://127.0.0.1:9000".to_string()),
+    ];
+    match route.iter_mut().find(|(f, _)| *f == field) {
+        Some(slot) => slot.1 = value.to_string(),
+        None => route.push((field, value.to_string())),
+    }
+    let mut yaml = "listen: 127.0.0.1:8080\nroutes:\n".to_string();
+    for (n, (f, v)) in route.iter().enumerate() {
+        yaml.push_str(if n == 0 { "  - " } else { "    " });
+        yaml.push_str(&format!("{f}: {v}\n"));
+    }
+    yaml
+}
+
+/// The problems of a config that must not validate, as `path: message` lines.
+fn problems(yaml: &str) -> Vec<String> {
+    match Config::from_yaml(yaml) {
+        Ok(_) => panic!("accepted:\n{yaml}"),
+        Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// Asserts that `yaml` is rejected with a problem at exactly `path` whose message contains
+/// `message`.
+#[track_caller]
+fn rejects(yaml: &str, path: &str, message: &str) {
+    let err = Config::from_yaml(yaml).expect_err(yaml);
+    assert!(
+        err.problems
+            .iter()
+            .any(|p| p.path == path && p.message.contains(message)),
+        "expected `{path}: …{message}…` in {:?}\nfor\n{yaml}",
+        err.problems
+    );
+}
+
+fn valid(yaml: &str) -> Config {
+    Config::from_yaml(yaml).unwrap_or_else(|e| panic!("rejected ({e}):\n{yaml}"))
+}
+
+const L: &str = "routes[0].limits[0]";
+
+#[test]
+fn token_bucket_parameters_are_checked_by_name() {
+    let tb = "algorithm: token_bucket";
+    rejects(
+        &with_limit(&format!("{{{tb}, refill_rate: 1}}")),
+        &format!("{L}.capacity"),
+        "required",
+    );
+    rejects(
+        &with_limit(&format!("{{{tb}, capacity: 0, refill_rate: 1}}")),
+        &format!("{L}.capacity"),
+        "must be > 0",
+    );
+    rejects(
+        &with_limit(&format!("{{{tb}, capacity: -3, refill_rate: 1}}")),
+        &format!("{L}.capacity"),
+        "must be > 0",
+    );
+    rejects(
+        &with_limit(&format!("{{{tb}, capacity: 3}}")),
+        &format!("{L}.refill_rate"),
+        "required for token_bucket",
+    );
+    for bad in ["0", "-1", "0.0", "-0.5"] {
+        rejects(
+            &with_limit(&format!("{{{tb}, capacity: 3, refill_rate: {bad}}}")),
+            &format!("{L}.refill_rate"),
+            "must be > 0",
+        );
+    }
+    rejects(
+        &with_limit(&format!("{{{tb}, capacity: 3, refill_rate: 2000000}}")),
+        &format!("{L}.refill_rate"),
+        "at most 1000000",
+    );
+    // The YAML parser itself refuses non-finite floats (with a line and column, not a path).
+    problems(&with_limit(&format!(
+        "{{{tb}, capacity: 3, refill_rate: .inf}}"
+    )));
+}
+
+#[test]
+fn leaky_bucket_parameters_are_checked_by_name() {
+    let lb = "algorithm: leaky_bucket";
+    rejects(
+        &with_limit(&format!("{{{lb}, leak_rate: 1}}")),
+        &format!("{L}.capacity"),
+        "required",
+    );
+    rejects(
+        &with_limit(&format!("{{{lb}, capacity: 3}}")),
+        &format!("{L}.leak_rate"),
+        "required for leaky_bucket",
+    );
+    rejects(
+        &with_limit(&format!("{{{lb}, capacity: 3, leak_rate: 0}}")),
+        &format!("{L}.leak_rate"),
+        "must be > 0",
+    );
+    // A token bucket's rate is not a leaky bucket's.
+    rejects(
+        &with_limit(&format!("{{{lb}, capacity: 3, refill_rate: 1}}")),
+        &format!("{L}.refill_rate"),
+        "is not a parameter of leaky_bucket",
+    );
+}
+
+#[test]
+fn bucket_algorithms_reject_window_parameters() {
+    for (algorithm, rate) in [
+        ("token_bucket", "refill_rate"),
+        ("leaky_bucket", "leak_rate"),
+    ] {
+        let base = format!("algorithm: {algorithm}, capacity: 3, {rate}: 1");
+        rejects(
+            &with_limit(&format!("{{{base}, limit: 5}}")),
+            &format!("{L}.limit"),
+            &format!("is not a parameter of {algorithm}"),
+        );
+        rejects(
+            &with_limit(&format!("{{{base}, window: 1s}}")),
+            &format!("{L}.window"),
+            &format!("is not a parameter of {algorithm}"),
+        );
+    }
+    rejects(
+        &with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: 1, leak_rate: 1}"),
+        &format!("{L}.leak_rate"),
+        "is not a parameter of token_bucket",
+    );
+}
+
+#[test]
+fn window_algorithm_parameters_are_checked_by_name() {
+    for algorithm in [
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+    ] {
+        let a = format!("algorithm: {algorithm}");
+        rejects(
+            &with_limit(&format!("{{{a}, window: 1s}}")),
+            &format!("{L}.limit"),
+            "required",
+        );
+        rejects(
+            &with_limit(&format!("{{{a}, limit: 0, window: 1s}}")),
+            &format!("{L}.limit"),
+            "must be > 0",
+        );
+        rejects(
+            &with_limit(&format!("{{{a}, limit: 5}}")),
+            &format!("{L}.window"),
+            &format!("required for {algorithm}"),
+        );
+        rejects(
+            &with_limit(&format!("{{{a}, limit: 5, window: soon}}")),
+            &format!("{L}.window"),
+            "is not a duration",
+        );
+        for too_short in ["0s", "500us"] {
+            rejects(
+                &with_limit(&format!("{{{a}, limit: 5, window: {too_short}}}")),
+                &format!("{L}.window"),
+                "at least 1ms",
+            );
+        }
+        for foreign in ["capacity: 3", "refill_rate: 1", "leak_rate: 1"] {
+            let name = foreign.split(':').next().expect("name");
+            rejects(
+                &with_limit(&format!("{{{a}, limit: 5, window: 1s, {foreign}}}")),
+                &format!("{L}.{name}"),
+                &format!("is not a parameter of {algorithm}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_algorithm_is_named() {
+    rejects(
+        &with_limit("{algorithm: gcra, capacity: 3}"),
+        &format!("{L}.algorithm"),
+        "\"gcra\" is not one of",
+    );
+}
+
+#[test]
+fn a_cost_above_what_the_limit_can_ever_hold_is_rejected() {
+    rejects(
+        &with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: 1, cost: 4}"),
+        &format!("{L}.cost"),
+        "must be between 1 and 3",
+    );
+    rejects(
+        &with_limit("{algorithm: fixed_window, limit: 10, window: 1m, cost: 11}"),
+        &format!("{L}.cost"),
+        "must be between 1 and 10",
+    );
+    rejects(
+        &with_limit("{algorithm: fixed_window, limit: 10, window: 1m, cost: 0}"),
+        &format!("{L}.cost"),
+        "must be between 1 and 10",
+    );
+    let config = valid(&with_limit(
+        "{algorithm: token_bucket, capacity: 3, refill_rate: 1, cost: 3}",
+    ));
+    assert_eq!(config.routes[0].limits[0].cost, 3);
+}
+
+#[test]
+fn a_budget_too_long_for_the_stores_arithmetic_is_rejected() {
+    rejects(
+        &with_limit("{algorithm: fixed_window, limit: 10000000, window: 1h}"),
+        L,
+        "the budget spans too long",
+    );
+    valid(&with_limit(
+        "{algorithm: fixed_window, limit: 1000000, window: 1h}",
+    ));
+}
+
+#[test]
+fn a_type_error_names_its_field() {
+    rejects(
+        &with_limit("{algorithm: token_bucket, capacity: ten, refill_rate: 1}"),
+        &format!("{L}.capacity"),
+        "invalid type",
+    );
+    rejects(
+        &with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: fast}"),
+        &format!("{L}.refill_rate"),
+        "invalid type",
+    );
+    rejects(
+        &with_top("identity:\n  trusted_proxies: 10.0.0.0/8"),
+        "identity.trusted_proxies",
+        "invalid type",
+    );
+}
+
+#[test]
+fn bad_upstream_urls_are_named() {
+    for (url, message) in [
+        ("not a url", "is not a URL"),
+        ("127.0.0.1:9000", "must be an absolute URL"),
+        ("/just/a/path", "must be an absolute URL"),
+        ("https://127.0.0.1:9000", "is not supported"),
+        ("ftp://127.0.0.1:9000", "is not supported"),
+        ("http://127.0.0.1:9000/api", "without a path"),
+        ("http://127.0.0.1:9000/?q=1", "without a path"),
+    ] {
+        rejects(
+            &with_route_field("upstream", &format!("{url:?}")),
+            "routes[0].upstream",
+            message,
+        );
+    }
+    let config = valid(&with_route_field(
+        "upstream",
+        "http://backend.internal:8081/",
+    ));
+    assert_eq!(config.routes[0].upstream.authority, "backend.internal:8081");
+}
+
+#[test]
+fn bad_methods_are_named_by_index() {
+    rejects(
+        &with_route_field("methods", "[GET, \"PO ST\"]"),
+        "routes[0].methods[1]",
+        "is not an HTTP method",
+    );
+    rejects(
+        &with_route_field("methods", "[\"\"]"),
+        "routes[0].methods[0]",
+        "is not an HTTP method",
+    );
+    let config = valid(&with_route_field("methods", "[get, Post]"));
+    assert_eq!(
+        config.routes[0].methods,
+        Some(vec![Method::GET, Method::POST])
+    );
+}
+
+#[test]
+fn bad_route_names_and_prefixes_are_named() {
+    for bad in ["\"\"", "\" \"", "\"a b\"", "\"r/1\"", "\"rïdes\""] {
+        rejects(
+            &with_route_field("name", bad),
+            "routes[0].name",
+            "must be letters, digits, '_', '.' or '-'",
+        );
+    }
+    valid(&with_route_field("name", "rides_v2.api-x"));
+    rejects(
+        &with_route_field("path_prefix", "api"),
+        "routes[0].path_prefix",
+        "must start with /",
+    );
+}
+
+#[test]
+fn duplicate_route_names_are_rejected() {
+    let yaml = "listen: 127.0.0.1:8080
+routes:
+  - name: same
+    path_prefix: /a
+    upstream: http://127.0.0.1:9000
+  - name: other
+    path_prefix: /b
+    upstream: http://127.0.0.1:9000
+  - name: same
+    path_prefix: /c
+    upstream: http://127.0.0.1:9000
+";
+    rejects(yaml, "routes[2].name", "duplicate route name \"same\"");
+}
+
+#[test]
+fn bad_trusted_proxies_are_named_by_index() {
+    let yaml = with_top("identity:\n  trusted_proxies: [10.0.0.0/8, 10.0.0.0/33, nope, \"::1\"]");
+    rejects(&yaml, "identity.trusted_proxies[1]", "is not a CIDR");
+    rejects(&yaml, "identity.trusted_proxies[2]", "is not a CIDR");
+    assert_eq!(problems(&yaml).len(), 2, "{:?}", problems(&yaml));
+
+    // A bare address is that one host; host bits in a CIDR are dropped.
+    let config = valid(&with_top(
+        "identity:\n  trusted_proxies: [10.1.2.3, 192.168.7.9/16, \"fd00::/8\"]",
+    ));
+    let nets: Vec<String> = config
+        .identity
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(nets, ["10.1.2.3/32", "192.168.0.0/16", "fd00::/8"]);
+}
+
+#[test]
+fn bad_identity_header_names_are_named() {
+    rejects(
+        &with_top("identity:\n  api_key_header: \"X API Key\""),
+        "identity.api_key_header",
+        "is not a valid header name",
+    );
+    rejects(
+        &with_top("identity:\n  user_id_header: \"\""),
+        "identity.user_id_header",
+        "is not a valid header name",
+    );
+}
+
+#[test]
+fn unknown_keys_are_named_at_every_depth() {
+    for (yaml, path) in [
+        (with_top("extra: 1"), "extra"),
+        (with_top("storage:\n  backendd: memory"), "storage.backendd"),
+        (
+            with_top("identity:\n  trusted_proxy: [10.0.0.0/8]"),
+            "identity.trusted_proxy",
+        ),
+        (
+            with_top("timeouts:\n  upstream_timeout: 1s"),
+            "timeouts.upstream_timeout",
+        ),
+        (
+            with_top("tls:\n  cert: c.pem\n  key: k.pem\n  ca: ca.pem"),
+            "tls.ca",
+        ),
+        (with_route_field("upstreams", "[]"), "routes[0].upstreams"),
+        (
+            with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: 1, burst: 5}"),
+            "routes[0].limits[0].burst",
+        ),
+    ] {
+        let name = path.rsplit('.').next().expect("name");
+        rejects(&yaml, path, &format!("unknown field `{name}`"));
+    }
+}
+
+#[test]
+fn missing_required_keys_are_named() {
+    let missing_listen = "routes: []\n";
+    let shown = problems(missing_listen).join("\n");
+    assert!(shown.contains("missing field `listen`"), "{shown}");
+    rejects(
+        "listen: 127.0.0.1:8080\nroutes:\n  - name: r\n    path_prefix: /\n",
+        "routes[0]",
+        "missing field `upstream`",
+    );
+}
+
+#[test]
+fn bad_durations_are_named() {
+    rejects(
+        &with_top("storage:\n  timeout: fast"),
+        "storage.timeout",
+        "is not a duration like 500ms, 1s, 1m or 1h",
+    );
+    rejects(
+        &with_top("timeouts:\n  upstream_response: 0s"),
+        "timeouts.upstream_response",
+        "must be longer than 0",
+    );
+    for field in [
+        "header_read",
+        "upstream_connect",
+        "upstream_response",
+        "drain",
+    ] {
+        rejects(
+            &with_top(&format!("timeouts:\n  {field}: 10 parsecs")),
+            &format!("timeouts.{field}"),
+            "is not a duration",
+        );
+    }
+}
+
+#[test]
+fn bad_addresses_are_named() {
+    rejects(
+        "listen: localhost\nroutes: []\n",
+        "listen",
+        "is not an address",
+    );
+    rejects(
+        &with_top("admin_listen: \"127.0.0.1\""),
+        "admin_listen",
+        "is not an address",
+    );
+}
+
+#[test]
+fn bad_storage_settings_are_named() {
+    rejects(
+        &with_top("storage:\n  backend: etcd"),
+        "storage.backend",
+        "is not one of memory, redis, redis_cluster",
+    );
+    rejects(
+        &with_top("storage:\n  on_error: maybe"),
+        "storage.on_error",
+        "is not one of allow, deny, local",
+    );
+    rejects(
+        &with_top("storage:\n  max_keys: 0"),
+        "storage.max_keys",
+        "must be > 0",
+    );
+    rejects(
+        &with_top("storage:\n  backend: redis_cluster"),
+        "storage.urls",
+        "required",
+    );
+    // These two read FLOODGATE_REDIS_URL, which the test environment does not set.
+    if std::env::var_os("FLOODGATE_REDIS_URL").is_none() {
+        rejects(
+            &with_top("storage:\n  backend: redis"),
+            "storage.url",
+            "required when backend is redis",
+        );
+        rejects(
+            &with_top("storage:\n  backend: redis\n  url: http://127.0.0.1:6379"),
+            "storage.url",
+            "must start with redis://",
+        );
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let yaml = "listen: nowhere
+storage:
+  on_error: maybe
+routes:
+  - name: a
+    path_prefix: a
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {algorithm: token_bucket, capacity: 0, refill_rate: 0}
+  - name: b
+    path_prefix: /b
+    upstream: ftp://x
+";
+    let found = problems(yaml);
+    for expected in [
+        "listen: ",
+        "storage.on_error: ",
+        "routes[0].path_prefix: ",
+        "routes[0].limits[0].capacity: must be > 0",
+        "routes[0].limits[0].refill_rate: must be > 0",
+        "routes[1].upstream: ",
+    ] {
+        assert!(
+            found.iter().any(|p| p.starts_with(expected)),
+            "{expected} not in {found:?}"
+        );
+    }
+    // And they print one per line, each led by its path.
+    let err = Config::from_yaml(yaml).expect_err("invalid");
+    assert_eq!(err.to_string().lines().count(), found.len());
+}
+
+#[test]
+fn invalid_yaml_is_reported_not_panicked_on() {
+    let found = problems("listen: [unclosed\n");
+    assert!(found[0].starts_with("invalid YAML"), "{found:?}");
+    let found = problems("");
+    assert!(!found.is_empty());
+}
+
+#[test]
+fn durations_parse_in_the_documented_units() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+    assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+    assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+    assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
+    assert!(parse_duration("1").is_err(), "a bare number has no unit");
+    assert!(parse_duration("soon").is_err());
+}
+
+#[test]
+fn limits_are_stored_in_the_units_the_algorithms_use() {
+    let config = valid(&with_limit(
+        "{algorithm: fixed_window, limit: 7, window: 500ms}",
+    ));
+    assert_eq!(
+        config.routes[0].limits[0].algorithm,
+        Algorithm::FixedWindow {
+            limit: NonZeroU32::new(7).expect("non-zero"),
+            window_us: 500_000,
+        }
+    );
+    let config = valid(&with_limit(
+        "{algorithm: sliding_window_log, limit: 2, window: 1m}",
+    ));
+    assert_eq!(
+        config.routes[0].limits[0].algorithm,
+        Algorithm::SlidingWindowLog {
+            limit: NonZeroU32::new(2).expect("non-zero"),
+            window_us: 60_000_000,
+        }
+    );
+    let config = valid(&with_limit(
+        "{algorithm: sliding_window_counter, limit: 2, window: 1h}",
+    ));
+    assert_eq!(
+        config.routes[0].limits[0].algorithm,
+        Algorithm::SlidingWindowCounter {
+            limit: NonZeroU32::new(2).expect("non-zero"),
+            window_us: 3_600_000_000,
+        }
+    );
+    let config = valid(&with_limit(
+        "{algorithm: token_bucket, capacity: 20, refill_rate: 0.5}",
+    ));
+    assert_eq!(
+        config.routes[0].limits[0].algorithm,
+        Algorithm::TokenBucket {
+            capacity: NonZeroU32::new(20).expect("non-zero"),
+            interval_us: 2_000_000,
+        }
+    );
+    let config = valid(&with_limit(
+        "{algorithm: leaky_bucket, capacity: 5, leak_rate: 10}",
+    ));
+    assert_eq!(
+        config.routes[0].limits[0].algorithm,
+        Algorithm::LeakyBucket {
+            capacity: NonZeroU32::new(5).expect("non-zero"),
+            interval_us: 100_000,
+        }
+    );
+    assert_eq!(config.routes[0].limits[0].cost, 1, "cost defaults to 1");
+}
+
+#[test]
+fn unset_sections_take_their_defaults() {
+    let config = valid("listen: 127.0.0.1:8080\n");
+    assert_eq!(config.admin_listen, None);
+    assert!(config.tls.is_none());
+    assert!(config.routes.is_empty());
+    assert_eq!(config.storage.backend, Backend::Memory);
+    assert_eq!(config.storage.on_error, OnError::Allow);
+    assert_eq!(config.storage.timeout, Duration::from_millis(50));
+    assert_eq!(config.storage.key_prefix, "fg:");
+    assert_eq!(config.identity.api_key_header, "x-api-key");
+    assert_eq!(config.identity.user_id_header, "x-user-id");
+    assert!(config.identity.trusted_proxies.is_empty());
+    assert_eq!(config.timeouts, Timeouts::default());
+}
+
+#[test]
+fn the_budget_id_changes_with_the_limits_and_only_with_them() {
+    let a = valid(&with_limit(
+        "{algorithm: token_bucket, capacity: 3, refill_rate: 1}",
+    ));
+    let same = valid(&with_limit(
+        "{algorithm: token_bucket, capacity: 3, refill_rate: 1}",
+    ));
+    let other = valid(&with_limit(
+        "{algorithm: token_bucket, capacity: 4, refill_rate: 1}",
+    ));
+    assert_eq!(a.routes[0].budget_id, same.routes[0].budget_id);
+    assert_ne!(a.routes[0].budget_id, other.routes[0].budget_id);
+    assert!(a.routes[0].budget_id.starts_with("r#"));
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/floodgate.yaml");
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(!config.routes.is_empty());
+}
+
+#[test]
+fn an_unreadable_file_is_a_problem_not_a_panic() {
+    let err = Config::load(Path::new("/nonexistent/floodgate.yaml")).expect_err("missing file");
+    assert!(err.to_string().contains("cannot read"), "{err}");
+}

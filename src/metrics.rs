@@ -1,0 +1,328 @@
+//! Prometheus metrics (`prometheus-client`), served on the admin listener's `/metrics`.
+//!
+//! Per-route handles are resolved once per config load ([`RouteMetrics`]), so the request path
+//! only bumps atomics: no label hashing, no allocation. Counters live in the registry, outside the
+//! swappable config, so a reload never resets them.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::limiter::Limiter;
+
+/// What happened to a request, as the `decision` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionLabel {
+    /// Every enforced limit allowed.
+    Allowed,
+    /// A limit denied: 429.
+    Denied,
+    /// The store failed; `on_error` answered (forwarded unlimited, or 503).
+    StoreError,
+    /// A shadow limit (or any limit, in global shadow mode) would have denied; forwarded.
+    ShadowDenied,
+    /// The route has no limits.
+    Unlimited,
+}
+
+impl DecisionLabel {
+    const ALL: [DecisionLabel; 5] = [
+        DecisionLabel::Allowed,
+        DecisionLabel::Denied,
+        DecisionLabel::StoreError,
+        DecisionLabel::ShadowDenied,
+        DecisionLabel::Unlimited,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            DecisionLabel::Allowed => "allowed",
+            DecisionLabel::Denied => "denied",
+            DecisionLabel::StoreError => "store_error",
+            DecisionLabel::ShadowDenied => "shadow_denied",
+            DecisionLabel::Unlimited => "unlimited",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    route: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric floodgate exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    upstream_responses: Family<StatusLabels, Counter>,
+    upstream_latency: HistogramFamily<RouteLabel>,
+    limiter_latency: Histogram,
+    reloads: Family<ResultLabel, Counter>,
+    open_connections: Gauge,
+    no_route: Counter,
+    store_errors: Counter,
+    breaker_skips: Counter,
+    breaker_opened: Counter,
+    breaker_state: Family<StateLabel, Gauge>,
+    deny_cache_hits: Counter,
+    untracked: Counter,
+    tracked_keys: Gauge,
+}
+
+/// One route's metric handles, resolved when the config is loaded.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    decisions: [Counter; 5],
+    status_classes: [Counter; 5],
+    upstream_latency: Histogram,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 20))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("floodgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests by route and limiter decision",
+            requests.clone(),
+        );
+        let upstream_responses = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "upstream_responses",
+            "Responses to forwarded requests by status class (502/504 are floodgate's own)",
+            upstream_responses.clone(),
+        );
+        let upstream_latency: HistogramFamily<RouteLabel> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "upstream_latency_seconds",
+            "Time from forwarding a request to the upstream's response headers",
+            upstream_latency.clone(),
+        );
+        let limiter_latency = latency_histogram();
+        registry.register(
+            "limiter_decision_seconds",
+            "Time to take one limiter decision (store round trip included)",
+            limiter_latency.clone(),
+        );
+        let reloads = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Config reloads by result (success, failure)",
+            reloads.clone(),
+        );
+        let open_connections = Gauge::default();
+        registry.register(
+            "open_connections",
+            "Client connections open now",
+            open_connections.clone(),
+        );
+        let no_route = Counter::default();
+        registry.register(
+            "no_route_requests",
+            "Requests that matched no route (404)",
+            no_route.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Limiter store failures (errors and timeouts)",
+            store_errors.clone(),
+        );
+        let breaker_skips = Counter::default();
+        registry.register(
+            "store_breaker_skips",
+            "Decisions that skipped the store because the circuit breaker was open",
+            breaker_skips.clone(),
+        );
+        let breaker_opened = Counter::default();
+        registry.register(
+            "store_breaker_opened",
+            "Times the circuit breaker opened",
+            breaker_opened.clone(),
+        );
+        let breaker_state = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "store_breaker_state",
+            "Circuit breaker state (1 for the current one of closed, open, half_open)",
+            breaker_state.clone(),
+        );
+        let deny_cache_hits = Counter::default();
+        registry.register(
+            "deny_cache_hits",
+            "Denials answered from the local deny cache without asking the store",
+            deny_cache_hits.clone(),
+        );
+        let untracked = Counter::default();
+        registry.register(
+            "memory_untracked_admissions",
+            "Requests admitted untracked because the in-process store was full (storage.max_keys)",
+            untracked.clone(),
+        );
+        let tracked_keys = Gauge::default();
+        registry.register(
+            "memory_tracked_keys",
+            "Identities the in-process store tracks now",
+            tracked_keys.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_responses,
+            upstream_latency,
+            limiter_latency,
+            reloads,
+            open_connections,
+            no_route,
+            store_errors,
+            breaker_skips,
+            breaker_opened,
+            breaker_state,
+            deny_cache_hits,
+            untracked,
+            tracked_keys,
+        }
+    }
+
+    /// The handles of one route.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        let decisions = DecisionLabel::ALL.map(|d| {
+            self.requests.get_or_create_owned(&RequestLabels {
+                route: route.to_string(),
+                decision: d.as_str(),
+            })
+        });
+        let status_classes = ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
+            self.upstream_responses.get_or_create_owned(&StatusLabels {
+                route: route.to_string(),
+                class,
+            })
+        });
+        RouteMetrics {
+            decisions,
+            status_classes,
+            upstream_latency: self.upstream_latency.get_or_create_owned(&RouteLabel {
+                route: route.to_string(),
+            }),
+        }
+    }
+
+    /// Records a limiter decision's duration.
+    pub fn observe_limiter(&self, seconds: f64) {
+        self.limiter_latency.observe(seconds);
+    }
+
+    /// Counts a request that matched no route.
+    pub fn no_route(&self) {
+        self.no_route.inc();
+    }
+
+    /// Counts a config reload.
+    pub fn reload(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// The open-connections gauge.
+    pub fn open_connections(&self) -> &Gauge {
+        &self.open_connections
+    }
+
+    /// Renders every metric in the OpenMetrics text format, after copying in the limiter's
+    /// own counters.
+    pub fn render(&self, limiter: &Limiter) -> String {
+        if let Some(memory) = limiter.memory() {
+            self.untracked
+                .inner()
+                .store(memory.untracked_total(), Ordering::Relaxed);
+            self.tracked_keys.set(memory.len() as i64);
+        }
+        if let Limiter::Redis(guarded) = limiter {
+            let stats = guarded.stats();
+            self.store_errors.inner().store(
+                stats.store_errors.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            self.breaker_skips.inner().store(
+                stats.breaker_skips.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            self.breaker_opened.inner().store(
+                stats.breaker_opened.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            self.deny_cache_hits.inner().store(
+                stats.deny_cache_hits.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            let current = guarded.breaker_state();
+            for state in ["closed", "open", "half_open"] {
+                self.breaker_state
+                    .get_or_create(&StateLabel { state })
+                    .set(i64::from(state == current));
+            }
+        }
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+impl RouteMetrics {
+    /// Counts a request's decision.
+    pub fn decision(&self, decision: DecisionLabel) {
+        let i = DecisionLabel::ALL
+            .iter()
+            .position(|d| *d == decision)
+            .unwrap_or(0);
+        self.decisions[i].inc();
+    }
+
+    /// Counts a forwarded request's response and how long the upstream took.
+    pub fn upstream(&self, status: u16, seconds: f64) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.status_classes[class].inc();
+        self.upstream_latency.observe(seconds);
+    }
+}

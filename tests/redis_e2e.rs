@@ -1,0 +1,381 @@
+//! floodgate on the Redis store, end to end: real redis-server processes, real floodgate
+//! processes, a real upstream. Exactness across instances, key hygiene, and every Redis fault the
+//! `on_error` policy must absorb.
+
+mod common;
+mod redis_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Floodgate, Upstream, client};
+use redis_support::RedisServer;
+
+/// A config with one limited route on the Redis store.
+fn redis_config(redis: &RedisServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
+    redis_config_with_timeout(redis, upstream, on_error, limits, "50ms")
+}
+
+fn redis_config_with_timeout(
+    redis: &RedisServer,
+    upstream: &Upstream,
+    on_error: &str,
+    limits: &str,
+    timeout: &str,
+) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\n  timeout: {timeout}\n  on_error: {on_error}\n\
+         routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n{limits}",
+        redis.url(),
+        upstream.url()
+    )
+}
+
+const BUCKET_10_PER_SEC: &str =
+    "      - algorithm: token_bucket\n        capacity: 10\n        refill_rate: 10\n";
+
+/// Sends `n` requests one after another with `key`; returns the statuses and the slowest latency.
+async fn sequential(url: &str, key: &str, n: usize) -> (Vec<u16>, Duration) {
+    let client = client();
+    let mut statuses = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..n {
+        let started = Instant::now();
+        let response = client
+            .get(url)
+            .header("x-api-key", key)
+            .send()
+            .await
+            .expect("floodgate answers");
+        slowest = slowest.max(started.elapsed());
+        statuses.push(response.status().as_u16());
+    }
+    (statuses, slowest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_never_over_grant() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // This test is about exactness, not faults: a debug build of two proxies, Redis and 64
+    // clients share 2 cores here, so a decision can exceed the default 50 ms budget; give it 1 s
+    // so that every request is decided by Redis, and `deny` so that any store error would show.
+    let config = redis_config_with_timeout(&redis, &upstream, "deny", BUCKET_10_PER_SEC, "1s");
+    let a = Floodgate::start(&config);
+    let b = Floodgate::start(&config);
+    let urls = Arc::new([a.url("/api/rides/request"), b.url("/api/rides/request")]);
+
+    // The seeds' over-grant test: 64 clients hammer one key for 3 s, half through each instance.
+    let run_for = Duration::from_secs(3);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let urls = urls.clone();
+            tokio::spawn(async move {
+                let client = client();
+                let mut statuses = HashMap::<u16, u32>::new();
+                while started.elapsed() < run_for {
+                    let status = match client
+                        .post(&urls[i % 2])
+                        .header("x-api-key", "rider-1")
+                        .send()
+                        .await
+                    {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    *statuses.entry(status).or_default() += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut totals = HashMap::<u16, u32>::new();
+    for task in tasks {
+        for (status, n) in task.await.expect("client task") {
+            *totals.entry(status).or_default() += n;
+        }
+    }
+    let received = upstream.count() as u32;
+    assert!(
+        totals.keys().all(|s| *s == 200 || *s == 429),
+        "only 200 and 429: {totals:?}"
+    );
+    assert_eq!(
+        totals.get(&200).copied().unwrap_or(0),
+        received,
+        "every 200 reached the upstream"
+    );
+    // The budget is 10 at once plus 10 a second: 40 over 3 s. One more may land at the edge of
+    // the measuring window (requests still in flight when the 3 s end, decided up to one token
+    // later on Redis' clock). Fewer than 36 would mean lost refills or over-denial.
+    assert!(
+        received <= 41,
+        "over-granted: {received} admitted, at most 41 allowed ({totals:?})"
+    );
+    assert!(
+        received >= 36,
+        "under-granted: {received} admitted ({totals:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_has_a_ttl_and_no_raw_api_key() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - algorithm: token_bucket\n        capacity: 5\n        refill_rate: 0.1\n\
+                  \x20     - algorithm: leaky_bucket\n        capacity: 50\n        leak_rate: 1\n\
+                  \x20     - algorithm: fixed_window\n        limit: 50\n        window: 1m\n\
+                  \x20     - algorithm: sliding_window_log\n        limit: 50\n        window: 1m\n\
+                  \x20     - algorithm: sliding_window_counter\n        limit: 50\n        window: 1m\n";
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
+    let secret = "sk-live-DO-NOT-LEAK-1234";
+    // The leaky bucket spaces the five admitted requests a second apart (about 4 s in all), and
+    // its key then lives until its queue has drained: a second.
+    let (statuses, _) = sequential(&floodgate.url("/x"), secret, 7).await;
+    assert_eq!(statuses, vec![200, 200, 200, 200, 200, 429, 429]);
+
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys.len(), 5, "one key per limit: {keys:?}");
+    let tags: std::collections::HashSet<&str> = keys
+        .iter()
+        .map(|k| {
+            k.split('{')
+                .nth(1)
+                .and_then(|t| t.split('}').next())
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        tags.len(),
+        1,
+        "all keys of one decision share one hash tag: {keys:?}"
+    );
+    for key in &keys {
+        assert!(
+            !key.contains(secret) && !key.contains("DO-NOT-LEAK"),
+            "raw API key in {key}"
+        );
+        assert!(
+            key.starts_with("fg:api#"),
+            "prefix and route name lead the key: {key}"
+        );
+        let ttl: i64 = redis.cmd(&["PTTL", key]);
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        assert!(
+            ttl <= 120_000,
+            "{key} lives longer than its budget needs ({ttl} ms)"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_redis_restart_cause_no_5xx_and_limiting_resumes() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - algorithm: token_bucket\n        capacity: 5\n        refill_rate: 2\n";
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "allow", limits));
+    let url = floodgate.url("/x");
+
+    // Background traffic on several keys while Redis loses its scripts, then its whole state.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic: Vec<_> = (0..4)
+        .map(|i| {
+            let url = url.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = client();
+                let mut statuses = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(r) = client
+                        .get(&url)
+                        .header("x-api-key", format!("k{i}"))
+                        .send()
+                        .await
+                    {
+                        statuses.push(r.status().as_u16());
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _: String = redis.cmd(&["SCRIPT", "FLUSH"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.restart();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in traffic {
+        all.extend(t.await.expect("traffic task"));
+    }
+    assert!(!all.is_empty());
+    assert!(
+        all.iter().all(|s| *s == 200 || *s == 429),
+        "a 5xx during the faults: {all:?}"
+    );
+
+    // Limiting resumes within seconds: the breaker's cool-down is 0.5 s and the connection
+    // manager reconnects on the next command. Poll for up to 5 s for a fresh key to be limited.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (statuses, _) = sequential(&url, &format!("fresh-{attempt}"), 6).await;
+        if statuses == vec![200, 200, 200, 200, 200, 429] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "limiting did not resume: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert!(
+        !keys.is_empty(),
+        "the restarted Redis holds the state again"
+    );
+}
+
+/// Kills Redis under a floodgate with the given policy and returns what 8 requests get, and the
+/// slowest of them.
+async fn after_redis_dies(on_error: &str) -> (Vec<u16>, Duration, Vec<String>) {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits =
+        "      - algorithm: token_bucket\n        capacity: 3\n        refill_rate: 0.01\n";
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, on_error, limits));
+    let url = floodgate.url("/x");
+    let (before, _) = sequential(&url, "k", 1).await;
+    assert_eq!(before, vec![200]);
+    redis.kill();
+    let client = client();
+    let mut statuses = Vec::new();
+    let mut bodies = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..8 {
+        let started = Instant::now();
+        let response = client
+            .get(&url)
+            .header("x-api-key", "k2")
+            .send()
+            .await
+            .expect("floodgate answers");
+        slowest = slowest.max(started.elapsed());
+        statuses.push(response.status().as_u16());
+        bodies.push(response.text().await.unwrap_or_default());
+    }
+    (statuses, slowest, bodies)
+}
+
+// The timing bound in the three tests below: the decision budget is 50 ms; we allow 450 ms more
+// for a debug build on a loaded 2-core CI machine. The failure this guards against is a client
+// waiting on a dead Redis for connect retries or the OS connect timeout, which is seconds.
+const DEAD_REDIS_BOUND: Duration = Duration::from_millis(500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_with_on_error_allow_forwards_without_waiting() {
+    let (statuses, slowest, _) = after_redis_dies("allow").await;
+    assert_eq!(statuses, vec![200; 8], "fail-open forwards everything");
+    assert!(
+        slowest < DEAD_REDIS_BOUND,
+        "a request waited {slowest:?} on a dead Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_with_on_error_deny_answers_503() {
+    let (statuses, slowest, bodies) = after_redis_dies("deny").await;
+    assert_eq!(statuses, vec![503; 8], "fail-closed: never 429 or 500");
+    for body in bodies {
+        let json: serde_json::Value = serde_json::from_str(&body).expect("problem+json");
+        assert_eq!(json["error"], "rate_limiter_unavailable");
+    }
+    assert!(
+        slowest < DEAD_REDIS_BOUND,
+        "a request waited {slowest:?} on a dead Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_with_on_error_local_keeps_limiting() {
+    let (statuses, slowest, _) = after_redis_dies("local").await;
+    // A fresh key on the local limiter: capacity 3, then denied.
+    assert_eq!(statuses, vec![200, 200, 200, 429, 429, 429, 429, 429]);
+    assert!(
+        slowest < DEAD_REDIS_BOUND,
+        "a request waited {slowest:?} on a dead Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redis_decisions_are_bounded_by_the_timeout() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "allow", BUCKET_10_PER_SEC));
+    let url = floodgate.url("/x");
+    assert_eq!(
+        sequential(&url, "k", 1).await.0,
+        vec![200],
+        "connected and limiting"
+    );
+    // Redis accepts connections but answers nothing for 3 s.
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let (statuses, slowest) = sequential(&url, "k", 10).await;
+    let _: String = redis.cmd(&["CLIENT", "UNPAUSE"]);
+    assert_eq!(statuses, vec![200; 10], "fail-open while Redis hangs");
+    assert!(
+        slowest < DEAD_REDIS_BOUND,
+        "a request waited {slowest:?} on a paused Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_identity_is_answered_from_the_deny_cache() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - algorithm: token_bucket\n        capacity: 2\n        refill_rate: 0.1\n";
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
+    let url = floodgate.url("/x");
+    let (statuses, _) = sequential(&url, "flooder", 3).await;
+    assert_eq!(statuses, vec![200, 200, 429]);
+    let calls_before: u64 = script_calls(&redis);
+    let client = client();
+    for _ in 0..50 {
+        let r = client
+            .get(&url)
+            .header("x-api-key", "flooder")
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(r.status().as_u16(), 429);
+        assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=10).contains(&retry), "retry-after {retry}");
+    }
+    assert_eq!(
+        script_calls(&redis),
+        calls_before,
+        "the flood cost Redis nothing"
+    );
+}
+
+/// How many EVALSHA calls Redis has served.
+fn script_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
