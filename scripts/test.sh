@@ -5,10 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=
+apt_install() {
+  [ -n "$apt_updated" ] || { apt-get update -qq && apt_updated=1; }
+  apt-get install -y -qq "$@" >/dev/null
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "== installing redis-server"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
 fi
 # The tests start their own redis-server processes; the one Debian's package may start is not used.
 
@@ -26,7 +32,16 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
-if [ -f scripts/check_deploy.py ]; then
-  echo "== deployment checks"
-  python3 scripts/check_deploy.py
+echo "== deployment checks (locustfile imports, docker-compose.yml validates offline)"
+if ! command -v docker-compose >/dev/null 2>&1; then
+  apt_install docker-compose 2>/dev/null \
+    || echo "docker-compose could not be installed; its check will be skipped"
 fi
+venv=loadtest/.venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import locust' 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q -r loadtest/requirements.txt \
+    || echo "locust could not be installed; the locustfile check will be skipped"
+fi
+py=python3
+[ -x "$venv/bin/python" ] && py="$venv/bin/python"
+"$py" scripts/check_deploy.py

@@ -3,11 +3,13 @@
 //! (`routes[1].limits[0].refill_rate: must be > 0`). A `Config` that exists is valid.
 
 pub mod file;
+pub mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
@@ -26,6 +28,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: Option<SocketAddr>,
     pub tls: Option<TlsConfig>,
+    /// Roots for verifying HTTPS upstreams instead of the system's.
+    pub upstream_ca: Option<UpstreamCa>,
     pub storage: StorageConfig,
     pub identity: IdentityConfig,
     pub timeouts: Timeouts,
@@ -54,11 +58,21 @@ pub enum LogFormat {
     Json,
 }
 
-/// Certificate and key files for TLS termination.
+/// Certificate and key files for TLS termination, read and checked at load.
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// The listener's rustls config built from `cert` and `key`, with ALPN `h2`, `http/1.1`.
+    pub server_config: Arc<rustls::ServerConfig>,
+}
+
+/// `upstream_ca:`: a PEM bundle of CA certificates trusted for HTTPS upstreams in place of the
+/// system's roots.
+#[derive(Debug, Clone)]
+pub struct UpstreamCa {
+    pub path: PathBuf,
+    pub roots: Arc<rustls::RootCertStore>,
 }
 
 /// Where limiter state lives and what to do when that store fails.
@@ -193,7 +207,10 @@ impl Config {
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
         // YAML → a generic value → the file structs, so that serde_path_to_error can name the
         // field of a type error or unknown key whatever the YAML parser reports.
-        let value: serde_json::Value = serde_saphyr::from_str(text)
+        // `.inf` and `.nan` come through as strings, so the field they are in gets named below.
+        let mut options = serde_saphyr::Options::default();
+        options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::AsString;
+        let value: serde_json::Value = serde_saphyr::from_str_with_options(text, options)
             .map_err(|e| ConfigError::one("", format!("invalid YAML: {e}")))?;
         let file: FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
@@ -213,10 +230,8 @@ impl Config {
             .admin_listen
             .as_deref()
             .and_then(|a| v.socket_addr("admin_listen", a));
-        let tls = file.tls.map(|t| TlsConfig {
-            cert: PathBuf::from(t.cert),
-            key: PathBuf::from(t.key),
-        });
+        let tls = file.tls.and_then(|t| v.tls(t));
+        let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let storage = v.storage(file.storage);
         let identity = v.identity(file.identity);
         let timeouts = v.timeouts(file.timeouts);
@@ -257,6 +272,7 @@ impl Config {
                 listen,
                 admin_listen,
                 tls,
+                upstream_ca,
                 storage,
                 identity,
                 timeouts,
@@ -295,6 +311,37 @@ impl Validator {
                 )
             })
             .ok()
+    }
+
+    fn tls(&mut self, t: file::TlsFile) -> Option<TlsConfig> {
+        let (cert, key) = (PathBuf::from(t.cert), PathBuf::from(t.key));
+        match tls::server_config(&cert, &key) {
+            Ok(server_config) => Some(TlsConfig {
+                cert,
+                key,
+                server_config,
+            }),
+            Err(problems) => {
+                for p in problems {
+                    self.problem(format!("tls.{}", p.field), p.message);
+                }
+                None
+            }
+        }
+    }
+
+    fn upstream_ca(&mut self, path: String) -> Option<UpstreamCa> {
+        let path = PathBuf::from(path);
+        match tls::root_store(&path) {
+            Ok(roots) => Some(UpstreamCa {
+                path,
+                roots: Arc::new(roots),
+            }),
+            Err(message) => {
+                self.problem("upstream_ca", message);
+                None
+            }
+        }
     }
 
     fn duration(&mut self, path: &str, text: Option<&str>, default: Duration) -> Duration {
@@ -541,10 +588,10 @@ impl Validator {
             );
             return None;
         };
-        if *scheme != Scheme::HTTP {
+        if *scheme != Scheme::HTTP && *scheme != Scheme::HTTPS {
             self.problem(
                 path,
-                format!("scheme {scheme:?} is not supported (use http://)"),
+                format!("scheme {scheme:?} is not supported (use http:// or https://)"),
             );
             return None;
         }

@@ -137,7 +137,12 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = server.local_addr()?;
     // Scripts and tests that ask for port 0 read the real address from this line.
-    println!("floodgate listening on http://{addr}");
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("floodgate listening on {scheme}://{addr}");
     if let Some(admin) = server.admin_addr() {
         println!("floodgate admin listening on http://{admin}");
     }
@@ -147,17 +152,10 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let reload_proxy = proxy.clone();
+    let running = config.clone();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            match Config::load(&path) {
-                Ok(new) => {
-                    reload_proxy.reload(&new);
-                    tracing::info!(routes = new.routes.len(), "config reloaded");
-                }
-                Err(e) => {
-                    tracing::error!(problems = %e, "config reload rejected; keeping the running config")
-                }
-            }
+            reload_proxy.reload_file(&path, &running);
         }
     });
     let shutdown = async move {

@@ -146,6 +146,10 @@ impl Metrics {
             limiter_latency.clone(),
         );
         let reloads = Family::<ResultLabel, Counter>::default();
+        for result in ["success", "failure"] {
+            // Exported at 0 from the start, so that rate() and alerts see the series.
+            let _ = reloads.get_or_create_owned(&ResultLabel { result });
+        }
         registry.register(
             "config_reloads",
             "Config reloads by result (success, failure)",

@@ -98,6 +98,7 @@ impl Proxy {
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,
+                config.upstream_ca.as_ref(),
             ),
             metrics,
             tls: config.tls.is_some(),
@@ -110,6 +111,35 @@ impl Proxy {
     pub fn reload(&self, config: &Config) {
         self.runtime
             .store(Arc::new(Runtime::from_config(config, &self.metrics)));
+    }
+
+    /// SIGHUP: re-reads and validates `path`. A valid file is swapped in (and counted); an
+    /// invalid one is logged with its field paths (and counted), and the running config stays.
+    /// `running` is the config the process started with, to warn about restart-only changes.
+    pub fn reload_file(&self, path: &std::path::Path, running: &Config) {
+        match Config::load(path) {
+            Ok(new) => {
+                self.reload(&new);
+                self.metrics.reload(true);
+                let restart_only = new.listen != running.listen
+                    || new.admin_listen != running.admin_listen
+                    || new.storage.backend != running.storage.backend
+                    || new.tls.as_ref().map(|t| (&t.cert, &t.key))
+                        != running.tls.as_ref().map(|t| (&t.cert, &t.key))
+                    || new.upstream_ca.as_ref().map(|c| &c.path)
+                        != running.upstream_ca.as_ref().map(|c| &c.path);
+                if restart_only {
+                    tracing::warn!(
+                        "listen, admin_listen, tls, upstream_ca and storage.backend changes take effect on restart only"
+                    );
+                }
+                tracing::info!(routes = new.routes.len(), "config reloaded");
+            }
+            Err(e) => {
+                self.metrics.reload(false);
+                tracing::error!(problems = %e, "config reload rejected; keeping the running config");
+            }
+        }
     }
 
     /// The limiter this proxy asks.

@@ -1,5 +1,6 @@
-//! The listeners: accepting connections, serving HTTP/1.1 and HTTP/2 (cleartext h2 by prior
-//! knowledge) with upgrades, the slowloris guard, and graceful shutdown.
+//! The listeners: accepting connections, TLS termination (rustls; ALPN picks h2 or HTTP/1.1),
+//! serving HTTP/1.1 and HTTP/2 (cleartext h2 by prior knowledge) with upgrades, the slowloris
+//! guard, and graceful shutdown. The admin listener is always plain HTTP.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,8 +12,9 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
@@ -39,6 +41,8 @@ pub struct Server {
     health: Arc<Health>,
     listener: TcpListener,
     admin: Option<TcpListener>,
+    /// Set when the proxy listener terminates TLS.
+    tls: Option<TlsAcceptor>,
     header_read_timeout: Duration,
     drain_timeout: Duration,
 }
@@ -56,6 +60,10 @@ impl Server {
             health: Arc::new(Health::default()),
             listener,
             admin,
+            tls: config
+                .tls
+                .as_ref()
+                .map(|tls| TlsAcceptor::from(tls.server_config.clone())),
             header_read_timeout: config.timeouts.header_read,
             drain_timeout: config.timeouts.drain,
         })
@@ -90,6 +98,7 @@ impl Server {
             .timer(TokioTimer::new())
             .max_concurrent_streams(256)
             .max_header_list_size(64 * 1024);
+        let builder = Arc::new(builder);
         let graceful = GracefulShutdown::new();
 
         if let Some(admin) = self.admin {
@@ -122,17 +131,30 @@ impl Server {
             };
             let _ = stream.set_nodelay(true);
             let proxy = self.proxy.clone();
-            let service = service_fn(move |req| {
-                let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
-            });
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            let conn = graceful.watch(conn.into_owned());
+            let builder = builder.clone();
+            // Taken now, so that a drain also waits for connections still in their handshake.
+            let watcher = graceful.watcher();
+            let tls = self.tls.clone();
+            let handshake_timeout = self.header_read_timeout;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, %peer, "connection ended with an error");
+                match tls {
+                    None => serve_connection(&builder, watcher, stream, proxy, peer).await,
+                    // The handshake runs here, not in the accept loop, so a slow client cannot
+                    // hold up others; the header-read timeout bounds it like a slow request head.
+                    Some(acceptor) => {
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        {
+                            Ok(Ok(stream)) => {
+                                serve_connection(&builder, watcher, stream, proxy, peer).await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, %peer, "TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        }
+                    }
                 }
                 open.dec();
             });
@@ -147,5 +169,26 @@ impl Server {
         {
             tracing::warn!("drain timeout reached; closing remaining connections");
         }
+    }
+}
+
+/// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
+/// TLS, until it closes or a drain ends it.
+async fn serve_connection<S>(
+    builder: &auto::Builder<TokioExecutor>,
+    watcher: Watcher,
+    stream: S,
+    proxy: Arc<Proxy>,
+    peer: SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let proxy = proxy.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+    });
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    if let Err(e) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }

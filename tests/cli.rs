@@ -90,10 +90,18 @@ fn check_accepts_a_good_config() {
 }
 
 #[test]
-fn check_accepts_the_example_config() {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/floodgate.yaml");
-    let output = check(&example);
-    assert!(output.status.success(), "{output:?}");
+fn check_accepts_the_example_configs() {
+    for name in [
+        "floodgate.yaml",
+        "ride-hailing.yaml",
+        "floodgate.docker.yaml",
+    ] {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config")
+            .join(name);
+        let output = check(&example);
+        assert!(output.status.success(), "{name}: {output:?}");
+    }
 }
 
 #[test]

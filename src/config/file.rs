@@ -12,6 +12,9 @@ pub struct FileConfig {
     pub admin_listen: Option<String>,
     #[serde(default)]
     pub tls: Option<TlsFile>,
+    /// A PEM bundle of CA certificates for verifying HTTPS upstreams (default: the system's).
+    #[serde(default)]
+    pub upstream_ca: Option<String>,
     #[serde(default)]
     pub storage: StorageFile,
     #[serde(default)]

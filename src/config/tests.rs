@@ -288,7 +288,6 @@ fn bad_upstream_urls_are_named() {
         ("not a url", "is not a URL"),
         ("127.0.0.1:9000", "must be an absolute URL"),
         ("/just/a/path", "must be an absolute URL"),
-        ("https://127.0.0.1:9000", "is not supported"),
         ("ftp://127.0.0.1:9000", "is not supported"),
         ("http://127.0.0.1:9000/api", "without a path"),
         ("http://127.0.0.1:9000/?q=1", "without a path"),
@@ -304,6 +303,9 @@ fn bad_upstream_urls_are_named() {
         "http://backend.internal:8081/",
     ));
     assert_eq!(config.routes[0].upstream.authority, "backend.internal:8081");
+    let config = valid(&with_route_field("upstream", "https://api.example.com"));
+    assert_eq!(config.routes[0].upstream.scheme, http::uri::Scheme::HTTPS);
+    assert_eq!(config.routes[0].upstream.authority, "api.example.com");
 }
 
 #[test]
@@ -624,6 +626,7 @@ fn unset_sections_take_their_defaults() {
     let config = valid("listen: 127.0.0.1:8080\n");
     assert_eq!(config.admin_listen, None);
     assert!(config.tls.is_none());
+    assert!(config.upstream_ca.is_none());
     assert!(config.routes.is_empty());
     assert_eq!(config.storage.backend, Backend::Memory);
     assert_eq!(config.storage.on_error, OnError::Allow);

@@ -1,5 +1,6 @@
-//! Forwarding to the upstream: one pooled HTTP/1.1 client for the process, hop-by-hop headers
-//! stripped both ways, `X-Forwarded-*` set, bodies streamed both ways, WebSocket upgrades spliced.
+//! Forwarding to the upstream: one pooled HTTP/1.1 client for the process (plain or TLS by the
+//! upstream's scheme), hop-by-hop headers stripped both ways, `X-Forwarded-*` set, bodies
+//! streamed both ways, WebSocket upgrades spliced.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -9,12 +10,14 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::response::{Body, Rejection};
-use crate::config::Upstream;
+use crate::config::tls::crypto_provider;
+use crate::config::{Upstream, UpstreamCa};
 use crate::identity::X_FORWARDED_FOR;
 
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -35,17 +38,29 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Sends requests to upstreams over pooled keep-alive connections.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
     response_timeout: Duration,
 }
 
 impl Forwarder {
-    /// A forwarder with its own connection pool.
-    pub fn new(connect_timeout: Duration, response_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_keepalive(Some(Duration::from_secs(60)));
+    /// A forwarder with its own connection pool. `https://` upstreams are verified against
+    /// `upstream_ca` when given, else against the system's roots; the server name checked (and
+    /// sent as SNI) is the upstream's host.
+    pub fn new(
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        upstream_ca: Option<&UpstreamCa>,
+    ) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(upstream_tls_config(upstream_ca))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
@@ -123,7 +138,9 @@ impl Forwarder {
         {
             Err(_) => return Err(Rejection::GatewayTimeout),
             Ok(Err(e)) => {
-                let detail = if e.is_connect() {
+                let detail = if is_tls_error(&e) {
+                    "the TLS handshake with the upstream failed".to_string()
+                } else if e.is_connect() {
                     "cannot connect to the upstream".to_string()
                 } else {
                     "the upstream connection failed".to_string()
@@ -165,6 +182,48 @@ impl Forwarder {
         strip_hop_by_hop(response.headers_mut());
         Ok(response.map(|b| b.boxed_unsync()))
     }
+}
+
+/// The rustls client config for `https://` upstreams. Without `upstream_ca` it trusts the
+/// system's roots; if there are none, it trusts nothing (every HTTPS upstream then fails with
+/// 502) and says so once in the log.
+fn upstream_tls_config(upstream_ca: Option<&UpstreamCa>) -> rustls::ClientConfig {
+    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .expect("the aws-lc-rs provider supports the default TLS versions");
+    match upstream_ca {
+        Some(ca) => builder
+            .with_root_certificates(ca.roots.clone())
+            .with_no_client_auth(),
+        None => match builder.clone().with_native_roots() {
+            Ok(builder) => builder.with_no_client_auth(),
+            Err(e) => {
+                tracing::warn!(error = %e, "no system root certificates: https:// upstreams will fail (set upstream_ca)");
+                builder
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth()
+            }
+        },
+    }
+}
+
+/// True when a failed upstream request failed in the TLS handshake (an untrusted certificate,
+/// a name mismatch, no common protocol version).
+fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        next = match e.downcast_ref::<std::io::Error>() {
+            // An io::Error's `source()` skips the error it wraps: look at that one itself.
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
 }
 
 /// True for an HTTP/1.1 `Connection: upgrade` + `Upgrade: websocket` request.

@@ -31,6 +31,10 @@ pub const UPSTREAM_BODY: &str = "hello from upstream";
 /// `timeouts.upstream_response`, so floodgate must give up first.
 pub const HANG: Duration = Duration::from_secs(10);
 
+/// How long the upstream takes on a `/slow…` request: long enough to reload or shut floodgate
+/// down while it is in flight, shorter than the default `timeouts.upstream_response`.
+pub const SLOW: Duration = Duration::from_millis(1500);
+
 // ---------------------------------------------------------------------------------------------
 // Temp files
 // ---------------------------------------------------------------------------------------------
@@ -70,13 +74,14 @@ impl Drop for TempFile {
 pub struct Floodgate {
     child: Child,
     addr: SocketAddr,
+    admin: Arc<Mutex<Option<SocketAddr>>>,
     stderr: Arc<Mutex<String>>,
     _config: TempFile,
 }
 
 impl Floodgate {
     /// Starts floodgate with `yaml` (everything but `listen:`, which is set to 127.0.0.1:0) and
-    /// waits for its `floodgate listening on http://IP:PORT` line.
+    /// waits for its `floodgate listening on http://IP:PORT` line (`https://` with `tls:`).
     pub fn start(yaml: &str) -> Floodgate {
         let config = TempFile::new(&format!("listen: 127.0.0.1:0\n{yaml}"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
@@ -108,10 +113,20 @@ impl Floodgate {
 
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel();
+        // floodgate prints its admin address (if any) before the proxy's.
+        let admin = Arc::new(Mutex::new(None));
+        let admin_sink = admin.clone();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
-                if let Some(addr) = line.strip_prefix("floodgate listening on http://") {
+                if let Some(addr) = line.strip_prefix("floodgate admin listening on http://") {
+                    if let Ok(addr) = addr.trim().parse::<SocketAddr>() {
+                        *admin_sink.lock().unwrap() = Some(addr);
+                    }
+                } else if let Some(addr) = line
+                    .strip_prefix("floodgate listening on http://")
+                    .or_else(|| line.strip_prefix("floodgate listening on https://"))
+                {
                     let _ = tx.send(addr.trim().parse::<SocketAddr>());
                 }
             }
@@ -120,6 +135,7 @@ impl Floodgate {
         let mut floodgate = Floodgate {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin,
             stderr,
             _config: config,
         };
@@ -142,6 +158,48 @@ impl Floodgate {
     /// `http://IP:PORT{path}` on the proxy listener.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The admin listener's address (the config must set `admin_listen: 127.0.0.1:0`).
+    pub fn admin_url(&self, path: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(addr) = *self.admin.lock().unwrap() {
+                return format!("http://{addr}{path}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "floodgate reported no admin address"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The config file floodgate was started with (rewrite it, then [`Floodgate::signal`] HUP).
+    pub fn config_path(&self) -> &Path {
+        self._config.path()
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, `INT`) to the process.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit on its own, for at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     /// What floodgate has logged so far.
@@ -266,7 +324,10 @@ async fn handle(
         at: Instant::now(),
     });
     let path = req.uri().path().to_string();
-    let response = if path.starts_with("/hang") {
+    let response = if path.starts_with("/slow") {
+        tokio::time::sleep(SLOW).await;
+        Response::new(Full::new(Bytes::from_static(b"slow but done")))
+    } else if path.starts_with("/hang") {
         tokio::time::sleep(HANG).await;
         Response::new(Full::new(Bytes::from_static(b"too late")))
     } else if path.starts_with("/ws") {
@@ -512,4 +573,42 @@ pub fn assert_rate_limited(reply: &Reply, limit: u64) -> u64 {
     assert_eq!(reply.header_u64("x-ratelimit-remaining"), 0, "{reply:?}");
     assert_reset_in_future(reply);
     retry_after
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+// ---------------------------------------------------------------------------------------------
+
+impl Upstream {
+    /// Like [`Upstream::start`], but speaking HTTP/1.1 over TLS with `tls` (for `https://`
+    /// upstreams). A failed handshake is simply dropped, as a real server would.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let log = log.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let service = service_fn(move |req| handle(req, log.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, seen, task }
+    }
 }

@@ -1,0 +1,176 @@
+//! The cost of one limiter decision.
+//!
+//! - `algorithm/*`: [`State::check`] + [`State::commit`] on the pure functions, one identity, the
+//!   clock advanced by hand between calls. `allow` keeps every request inside the limit (the
+//!   sliding log then holds ~1000 timestamps and drops one per call); `deny` saturates the limit
+//!   after the first call.
+//! - `memory_store/*`: [`MemoryStore::decide`] with the system clock, the way the proxy calls it,
+//!   rotating over 1000 API keys (all pre-inserted), on a token bucket that admits everything and
+//!   on one that denies everything.
+//!
+//! Run: `cargo bench --bench limiter` (short: `-- --warm-up-time 1 --measurement-time 2`).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use floodgate::limiter::algorithm::State;
+use floodgate::limiter::{Algorithm, BudgetKey, Limit, MemoryStore, SystemClock};
+
+const T0: u64 = 1_700_000_000_000_000;
+const SECOND: u64 = 1_000_000;
+const HOUR: u64 = 3_600 * SECOND;
+
+fn n(v: u32) -> NonZeroU32 {
+    NonZeroU32::new(v).unwrap()
+}
+
+fn limit(algorithm: Algorithm) -> Limit {
+    Limit { algorithm, cost: 1 }
+}
+
+/// (name, limit that admits every call at `step_us` apart, limit that denies after the first).
+fn cases() -> Vec<(&'static str, Limit, Limit)> {
+    vec![
+        (
+            "token_bucket",
+            // 10 000/s refill, calls 1 ms apart: always a full bucket.
+            limit(Algorithm::TokenBucket {
+                capacity: n(100),
+                interval_us: 100,
+            }),
+            limit(Algorithm::TokenBucket {
+                capacity: n(1),
+                interval_us: HOUR,
+            }),
+        ),
+        (
+            "leaky_bucket",
+            limit(Algorithm::LeakyBucket {
+                capacity: n(100),
+                interval_us: 100,
+            }),
+            limit(Algorithm::LeakyBucket {
+                capacity: n(1),
+                interval_us: HOUR,
+            }),
+        ),
+        (
+            "fixed_window",
+            limit(Algorithm::FixedWindow {
+                limit: n(10_000),
+                window_us: SECOND,
+            }),
+            limit(Algorithm::FixedWindow {
+                limit: n(1),
+                window_us: HOUR,
+            }),
+        ),
+        (
+            "sliding_window_log",
+            // ~1000 entries live in the window; each call pushes one and expires one.
+            limit(Algorithm::SlidingWindowLog {
+                limit: n(2_000),
+                window_us: SECOND,
+            }),
+            limit(Algorithm::SlidingWindowLog {
+                limit: n(1),
+                window_us: HOUR,
+            }),
+        ),
+        (
+            "sliding_window_counter",
+            limit(Algorithm::SlidingWindowCounter {
+                limit: n(10_000),
+                window_us: SECOND,
+            }),
+            limit(Algorithm::SlidingWindowCounter {
+                limit: n(1),
+                window_us: HOUR,
+            }),
+        ),
+    ]
+}
+
+/// One decision as the memory store takes it: check, then commit if allowed.
+fn decide(state: &mut State, limit: &Limit, now: u64) -> bool {
+    let d = state.check(limit, now);
+    if d.allowed {
+        state.commit(limit, now);
+    }
+    d.allowed
+}
+
+fn algorithms(c: &mut Criterion) {
+    let mut group = c.benchmark_group("algorithm");
+    group.throughput(Throughput::Elements(1));
+    for (name, allow, deny) in cases() {
+        for (outcome, limit, step_us) in [("allow", allow, 1_000), ("deny", deny, 1)] {
+            let mut state = State::new(&limit.algorithm);
+            let mut now = T0;
+            // Reach the steady state first (a full log, a saturated limit).
+            for _ in 0..5_000 {
+                now += step_us;
+                decide(&mut state, &limit, now);
+            }
+            let expected = outcome == "allow";
+            assert_eq!(
+                decide(&mut state, &limit, now + step_us),
+                expected,
+                "{name}/{outcome}"
+            );
+            now += step_us;
+            group.bench_function(format!("{name}/{outcome}"), |b| {
+                b.iter(|| {
+                    now += step_us;
+                    black_box(decide(&mut state, black_box(&limit), now))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn memory_store(c: &mut Criterion) {
+    const KEYS: usize = 1_000;
+    let keys: Vec<Vec<u8>> = (0..KEYS)
+        .map(|i| format!("bench-key-{i:04}").into_bytes())
+        .collect();
+    let allow = [limit(Algorithm::TokenBucket {
+        capacity: n(1_000_000_000),
+        interval_us: 1,
+    })];
+    let deny = [limit(Algorithm::TokenBucket {
+        capacity: n(1),
+        interval_us: 1_000 * SECOND,
+    })];
+    let mut group = c.benchmark_group("memory_store");
+    group.throughput(Throughput::Elements(1));
+    for (outcome, limits) in [("allow", &allow), ("deny", &deny)] {
+        let store = MemoryStore::new(SystemClock::default(), 1_000_000);
+        let key = |i: usize| BudgetKey {
+            route: "bench#0a1b2c3d",
+            kind: "api_key",
+            value: &keys[i],
+        };
+        // Every key is tracked before measuring; the deny store has spent each key's one token.
+        for i in 0..KEYS {
+            store.decide(&key(i), limits.as_slice());
+        }
+        assert_eq!(
+            store.decide(&key(0), limits.as_slice()).unwrap().allowed,
+            outcome == "allow"
+        );
+        let mut i = 0;
+        group.bench_function(format!("decide_1000_keys/{outcome}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % KEYS;
+                black_box(store.decide(&key(i), black_box(limits.as_slice())))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, algorithms, memory_store);
+criterion_main!(benches);

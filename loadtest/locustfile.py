@@ -1,0 +1,131 @@
+"""Locust scenario for floodgate: the ride-hailing surge (riders at 10x their normal request rate).
+
+Riders hammer POST /api/rides/request (weight 3) and POST /api/fares/estimate (weight 1), waiting only
+0.1-0.5 s between requests. Each simulated rider sends an ``X-API-Key`` from a small pool of identities
+(``rider-0`` .. ``rider-{N-1}``, N = $LOADTEST_API_KEYS, default 5), so several users share one budget,
+like several app instances of one account, and floodgate's per-identity token buckets bite.
+
+How responses are counted:
+- 2xx: success, under the endpoint's name.
+- 429: an expected rejection, not a failure. It is reported under its own name, e.g.
+  ``/api/rides/request (429)``, so the stats CSVs have separate rows for rejections. A 429 without a
+  ``Retry-After`` header breaks floodgate's contract and is counted as a failure instead.
+- anything else (503 from an overloaded upstream, 502/504, connection errors): failure.
+
+When Locust runs with ``--csv PREFIX``, the master (or the local runner) also writes
+``PREFIX_histograms.json`` on exit: every stats entry with its raw response-time histogram, so that
+loadtest/summarize.py can compute exact percentiles over any combination of rows (e.g. "all requests that
+were not 429"), which the CSVs alone cannot give.
+
+Importing this module has no side effects beyond registering an event listener, so tests can import it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+from locust import between, events, tag, task
+from locust.contrib.fasthttp import FastHttpUser
+from locust.runners import WorkerRunner
+
+#: Suffix appended to a request name for its 429 rows.
+REJECTED_SUFFIX = " (429)"
+
+RIDES = "/api/rides/request"
+FARES = "/api/fares/estimate"
+
+#: Midtown Manhattan, as in the surge scenario.
+TRIP = {
+    "pickup_lat": 40.7505,
+    "pickup_lng": -73.9934,
+    "dropoff_lat": 40.7580,
+    "dropoff_lng": -73.9855,
+}
+
+
+def api_key_pool() -> list[str]:
+    """The identities riders share: rider-0 .. rider-{N-1}, N from $LOADTEST_API_KEYS (default 5)."""
+    try:
+        size = int(os.environ.get("LOADTEST_API_KEYS", "5"))
+    except ValueError:
+        size = 5
+    return [f"rider-{n}" for n in range(max(1, size))]
+
+
+API_KEYS = api_key_pool()
+# Hands identities out round-robin as users spawn, so every key is shared by about USERS/N users.
+_next_user = itertools.count()
+
+
+class SurgeRider(FastHttpUser):
+    """A rider's app during the surge: requests a ride three times as often as it re-estimates the fare."""
+
+    wait_time = between(0.1, 0.5)  # 10x the normal request rate
+
+    def on_start(self) -> None:
+        self.api_key = API_KEYS[next(_next_user) % len(API_KEYS)]
+        self.headers = {"X-API-Key": self.api_key}
+
+    def post(self, path: str, body: dict) -> None:
+        """POSTs ``body`` to ``path`` and classifies the answer (see the module docstring)."""
+        with self.client.post(path, json=body, headers=self.headers, name=path, catch_response=True) as response:
+            status = response.status_code
+            if 200 <= status < 300:
+                response.success()
+            elif status == 429:
+                # Report the rejection under its own row. request_meta is what Locust fires on exit.
+                response.request_meta["name"] = path + REJECTED_SUFFIX
+                if response.headers.get("Retry-After"):
+                    response.success()
+                else:
+                    response.failure("429 without Retry-After")
+            elif status == 0:
+                response.failure(f"connection error: {response.error}")
+            else:
+                response.failure(f"HTTP {status}")
+
+    @tag("surge")
+    @task(3)
+    def request_ride(self) -> None:
+        self.post(RIDES, {"rider_id": self.api_key, **TRIP})
+
+    @tag("surge")
+    @task(1)
+    def fare_estimate(self) -> None:
+        self.post(FARES, dict(TRIP))
+
+
+@events.quitting.add_listener
+def write_histograms(environment, **_kwargs) -> None:
+    """On exit, next to the --csv files, store every entry's response-time histogram as JSON."""
+    options = environment.parsed_options
+    prefix = getattr(options, "csv_prefix", None) if options is not None else None
+    if not prefix or isinstance(environment.runner, WorkerRunner):
+        return
+    entries = []
+    for entry in environment.stats.entries.values():
+        entries.append(
+            {
+                "name": entry.name,
+                "method": entry.method,
+                "num_requests": entry.num_requests,
+                "num_failures": entry.num_failures,
+                "total_response_time": entry.total_response_time,
+                "min_response_time": entry.min_response_time,
+                "max_response_time": entry.max_response_time,
+                "start_time": entry.start_time,
+                "last_request_timestamp": entry.last_request_timestamp,
+                # JSON object keys are strings; summarize.py turns them back into ints.
+                "response_times": {str(ms): n for ms, n in entry.response_times.items()},
+            }
+        )
+    total = environment.stats.total
+    document = {
+        "start_time": total.start_time,
+        "last_request_timestamp": total.last_request_timestamp,
+        "entries": entries,
+    }
+    with open(f"{prefix}_histograms.json", "w", encoding="utf-8") as file:
+        json.dump(document, file, indent=1)

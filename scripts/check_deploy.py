@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""scripts/check_deploy.py: offline checks of floodgate's deployment and load-test files, for CI.
+
+1. loadtest/locustfile.py imports and defines the surge scenario (skipped if locust is not installed).
+2. docker-compose.yml passes `docker-compose config -q` (skipped if docker-compose is not installed).
+   docker-compose 1.29 validates offline: `config` never contacts a Docker engine.
+3. config/floodgate.docker.yaml passes `floodgate check --config` (skipped if no floodgate binary is
+   found in target/release or target/debug, or given with --floodgate PATH).
+
+Exits 0 when every check that ran passed, 1 otherwise. A skip prints why and does not fail.
+Run it with the load test's virtualenv to cover check 1: loadtest/.venv/bin/python scripts/check_deploy.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_locustfile() -> bool | None:
+    """Imports the locustfile as a module and checks the scenario's shape. None = skipped."""
+    if importlib.util.find_spec("locust") is None:
+        print("SKIP locustfile: locust is not importable (pip install -r loadtest/requirements.txt)")
+        return None
+    path = ROOT / "loadtest" / "locustfile.py"
+    spec = importlib.util.spec_from_file_location("floodgate_locustfile", path)
+    if spec is None or spec.loader is None:
+        print(f"FAIL locustfile: cannot load {path}")
+        return False
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - any import-time error is a failed check, not a crash
+        print(f"FAIL locustfile: importing {path} raised {type(error).__name__}: {error}")
+        return False
+    user = getattr(module, "SurgeRider", None)
+    problems = []
+    if user is None:
+        problems.append("no SurgeRider user class")
+    else:
+        weights = {task.__name__: user.tasks.count(task) for task in set(user.tasks)}
+        if weights != {"request_ride": 3, "fare_estimate": 1}:
+            problems.append(f"task weights are {weights}, expected request_ride 3, fare_estimate 1")
+    if len(getattr(module, "API_KEYS", [])) < 2:
+        problems.append("fewer than two API keys in the identity pool")
+    if problems:
+        print("FAIL locustfile: " + "; ".join(problems))
+        return False
+    print(f"ok   locustfile: {path.relative_to(ROOT)} imports; SurgeRider, {len(module.API_KEYS)} API keys")
+    return True
+
+
+def check_compose() -> bool | None:
+    """`docker-compose -f docker-compose.yml config -q`. None = skipped."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        print("SKIP docker-compose.yml: docker-compose is not installed (apt-get install docker-compose)")
+        return None
+    compose = ROOT / "docker-compose.yml"
+    result = subprocess.run(
+        [binary, "-f", str(compose), "config", "-q"],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        print(f"FAIL docker-compose.yml: docker-compose config -q exited {result.returncode}")
+        print((result.stderr or result.stdout).rstrip())
+        return False
+    print("ok   docker-compose.yml: docker-compose config -q")
+    return True
+
+
+def check_floodgate_config(floodgate: Path | None) -> bool | None:
+    """`floodgate check --config config/floodgate.docker.yaml`. None = skipped."""
+    candidates = [floodgate] if floodgate else [ROOT / "target" / p / "floodgate" for p in ("release", "debug")]
+    binary = next((c for c in candidates if c is not None and c.is_file()), None)
+    if binary is None:
+        print("SKIP config/floodgate.docker.yaml: no floodgate binary (cargo build, or pass --floodgate PATH)")
+        return None
+    config = ROOT / "config" / "floodgate.docker.yaml"
+    result = subprocess.run(
+        [str(binary), "check", "--config", str(config)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        print(f"FAIL config/floodgate.docker.yaml: floodgate check exited {result.returncode}")
+        print((result.stderr or result.stdout).rstrip())
+        return False
+    shown = binary.relative_to(ROOT) if binary.is_relative_to(ROOT) else binary
+    print(f"ok   config/floodgate.docker.yaml: {shown} check")
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--floodgate", type=Path, help="floodgate binary for check 3 (default: target/*/floodgate)")
+    args = parser.parse_args()
+    results = [check_locustfile(), check_compose(), check_floodgate_config(args.floodgate)]
+    return 1 if any(result is False for result in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+//! TLS material named in the config: the proxy listener's certificate and key (`tls:`) and the
+//! roots trusted for HTTPS upstreams (`upstream_ca:`). Files are read and checked when the config
+//! is loaded, so `floodgate check` names a bad file by its field and the server and forwarder get
+//! ready-built rustls objects. Relative paths are relative to the working directory.
+//!
+//! PEM is parsed with `rustls::pki_types::pem::PemObject` (rustls-pemfile is unmaintained).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{RootCertStore, ServerConfig};
+
+/// ALPN protocols the proxy listener offers, in order of preference.
+const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// The crypto provider of every rustls config floodgate builds: aws-lc-rs, named explicitly so
+/// that no process-wide default has to be installed or guessed.
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// One problem with a TLS file: which field (`cert`, `key`) and what is wrong.
+#[derive(Debug)]
+pub(super) struct TlsProblem {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl TlsProblem {
+    fn new(field: &'static str, message: String) -> Self {
+        TlsProblem { field, message }
+    }
+}
+
+/// Reads the certificate chain and private key and builds the listener's rustls config
+/// (ALPN `h2`, `http/1.1`). Reports every problem found, each with its field.
+pub(super) fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
+    let certs = certificates(cert).map_err(|m| TlsProblem::new("cert", m));
+    let key_der = private_key(key).map_err(|m| TlsProblem::new("key", m));
+    let (certs, key_der) = match (certs, key_der) {
+        (Ok(certs), Ok(key_der)) => (certs, key_der),
+        (certs, key_der) => {
+            return Err([certs.err(), key_der.err()].into_iter().flatten().collect());
+        }
+    };
+    let builder = ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| {
+            vec![TlsProblem::new(
+                "cert",
+                format!("no usable TLS version: {e}"),
+            )]
+        })?;
+    let mut config = builder
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| {
+            vec![match e {
+                rustls::Error::InconsistentKeys(_) => TlsProblem::new(
+                    "key",
+                    format!(
+                        "{} does not match the certificate in {}",
+                        key.display(),
+                        cert.display()
+                    ),
+                ),
+                rustls::Error::InvalidCertificate(e) => TlsProblem::new(
+                    "cert",
+                    format!("{}: invalid certificate: {e}", cert.display()),
+                ),
+                e => TlsProblem::new(
+                    "key",
+                    format!("{}: unusable private key: {e}", key.display()),
+                ),
+            }]
+        })?;
+    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// Reads a PEM bundle of CA certificates into a root store for verifying upstreams.
+pub(super) fn root_store(path: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for (n, cert) in certificates(path)?.into_iter().enumerate() {
+        roots.add(cert).map_err(|e| {
+            format!(
+                "certificate #{} in {} is not a usable CA certificate: {e}",
+                n + 1,
+                path.display()
+            )
+        })?;
+    }
+    Ok(roots)
+}
+
+/// Every `CERTIFICATE` block of a PEM file; at least one.
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| pem_problem(path, e))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "no certificate found in {} (expected PEM \"BEGIN CERTIFICATE\" blocks)",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The first private key (PKCS#8, PKCS#1 or SEC1) of a PEM file.
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        pem::Error::NoItemsFound => format!(
+            "no private key found in {} (expected a PEM PKCS#8, PKCS#1 or SEC1 key)",
+            path.display()
+        ),
+        e => pem_problem(path, e),
+    })
+}
+
+fn pem_problem(path: &Path, e: pem::Error) -> String {
+    match e {
+        pem::Error::Io(e) => format!("cannot read {}: {e}", path.display()),
+        e => format!("{} is not valid PEM: {e}", path.display()),
+    }
+}
