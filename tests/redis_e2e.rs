@@ -384,3 +384,25 @@ fn script_calls(redis: &RedisServer) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgate_redis_url_overrides_storage_url() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // The file points at a port where nothing listens; the environment at the real Redis.
+    let dead = common::closed_port_addr();
+    let config = format!(
+        "storage:\n  backend: redis\n  url: redis://{dead}\n  on_error: deny\n\
+         routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n{BUCKET_10_PER_SEC}",
+        upstream.url()
+    );
+    let floodgate = Floodgate::start_with_env(&config, &[("FLOODGATE_REDIS_URL", &redis.url())]);
+    let (statuses, _) = sequential(&floodgate.url("/x"), "k", 1).await;
+    assert_eq!(
+        statuses,
+        vec![200],
+        "decided by the Redis the environment names, not a 503"
+    );
+    let keys: Vec<String> = redis.cmd(&["KEYS", "fg:*"]);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}

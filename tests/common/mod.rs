@@ -83,12 +83,21 @@ impl Floodgate {
     /// Starts floodgate with `yaml` (everything but `listen:`, which is set to 127.0.0.1:0) and
     /// waits for its `floodgate listening on http://IP:PORT` line (`https://` with `tls:`).
     pub fn start(yaml: &str) -> Floodgate {
+        Floodgate::start_with_env(yaml, &[])
+    }
+
+    /// [`Floodgate::start`] with extra environment variables (`FLOODGATE_REDIS_URL`, say).
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Floodgate {
         let config = TempFile::new(&format!("listen: 127.0.0.1:0\n{yaml}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command.env_remove("FLOODGATE_REDIS_URL");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command
             .arg("--config")
             .arg(config.path())
             .env("RUST_LOG", "warn")
-            .env_remove("FLOODGATE_REDIS_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
