@@ -730,21 +730,7 @@ impl Validator {
             }
         };
         // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
-        let (units, span) = match algorithm {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            }
-            | Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => (u64::from(capacity.get()), interval_us),
-            Algorithm::FixedWindow { limit, window_us }
-            | Algorithm::SlidingWindowLog { limit, window_us }
-            | Algorithm::SlidingWindowCounter { limit, window_us } => {
-                (u64::from(limit.get()), window_us)
-            }
-        };
+        let (units, span) = algorithm.parameters();
         if units
             .checked_mul(span)
             .is_none_or(|product| product >= 1 << 53)
@@ -794,21 +780,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 fn limits_fingerprint(limits: &[Limit]) -> String {
     let mut spec = String::new();
     for l in limits {
-        let (a, b) = match l.algorithm {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            }
-            | Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => (u64::from(capacity.get()), interval_us),
-            Algorithm::FixedWindow { limit, window_us }
-            | Algorithm::SlidingWindowLog { limit, window_us }
-            | Algorithm::SlidingWindowCounter { limit, window_us } => {
-                (u64::from(limit.get()), window_us)
-            }
-        };
+        let (a, b) = l.algorithm.parameters();
         spec.push_str(&format!("{}:{a}:{b}:{};", l.algorithm.name(), l.cost));
     }
     let digest = Sha256::digest(spec.as_bytes());

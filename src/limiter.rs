@@ -69,6 +69,34 @@ impl Algorithm {
         }
     }
 
+    /// The algorithm's two numbers: (capacity, interval µs) for the buckets, (limit, window µs)
+    /// for the windows. A budget of `units` spans `units × span` µs (buckets) or `span` (windows).
+    pub fn parameters(&self) -> (u64, u64) {
+        match *self {
+            Algorithm::TokenBucket {
+                capacity,
+                interval_us,
+            }
+            | Algorithm::LeakyBucket {
+                capacity,
+                interval_us,
+            } => (u64::from(capacity.get()), interval_us),
+            Algorithm::FixedWindow { limit, window_us }
+            | Algorithm::SlidingWindowLog { limit, window_us }
+            | Algorithm::SlidingWindowCounter { limit, window_us } => {
+                (u64::from(limit.get()), window_us)
+            }
+        }
+    }
+
+    /// True for the token and leaky buckets.
+    pub fn is_bucket(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. }
+        )
+    }
+
     /// The most one request may cost: a request costing more could never pass.
     pub fn max_cost(&self) -> u32 {
         match self {

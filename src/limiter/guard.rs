@@ -11,7 +11,7 @@
 //!   (Another instance's budget changes cannot shorten the wait; they can only lengthen it.)
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -261,13 +261,7 @@ impl DenyCache {
     }
 
     fn key(&self, key: &BudgetKey<'_>) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write(key.route.as_bytes());
-        h.write_u8(0xff);
-        h.write(key.kind.as_bytes());
-        h.write_u8(0xff);
-        h.write(key.value);
-        h.finish()
+        key.hash_with(&self.hasher)
     }
 
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial>> {

@@ -31,6 +31,20 @@ pub struct BudgetKey<'a> {
     pub value: &'a [u8],
 }
 
+impl BudgetKey<'_> {
+    /// A 64-bit hash of the key under `hasher` (a per-process random seed, so clients cannot
+    /// aim collisions). Separators keep `("ab", "c")` and `("a", "bc")` apart.
+    pub fn hash_with(&self, hasher: &RandomState) -> u64 {
+        let mut h = hasher.build_hasher();
+        h.write(self.route.as_bytes());
+        h.write_u8(0xff);
+        h.write(self.kind.as_bytes());
+        h.write_u8(0xff);
+        h.write(self.value);
+        h.finish()
+    }
+}
+
 /// The in-process limiter store.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
@@ -80,13 +94,7 @@ impl MemoryStore {
     }
 
     fn hash(&self, key: &BudgetKey<'_>) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write(key.route.as_bytes());
-        h.write_u8(0xff);
-        h.write(key.kind.as_bytes());
-        h.write_u8(0xff);
-        h.write(key.value);
-        h.finish()
+        key.hash_with(&self.hasher)
     }
 
     /// Decides one request against all `limits`, all-or-nothing: if any limit denies, nothing is

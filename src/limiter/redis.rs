@@ -25,7 +25,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Algorithm, BudgetKey, Decision, Limit, LimiterError, Verdict};
+use super::{BudgetKey, Decision, Limit, LimiterError, Verdict};
 
 /// The limiter script, assembled from one file per algorithm.
 pub const SCRIPT_SOURCE: &str = concat!(
@@ -153,7 +153,7 @@ impl RedisStore {
             None => invocation.arg("-"),
         };
         for limit in limits {
-            let (a, b) = parameters(&limit.algorithm);
+            let (a, b) = limit.algorithm.parameters();
             invocation
                 .arg(limit.algorithm.name())
                 .arg(a)
@@ -216,25 +216,6 @@ impl RedisStore {
         result
             .map(|_| ())
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
-    }
-}
-
-/// The two numbers the script takes for an algorithm: (capacity, interval) or (limit, window).
-fn parameters(algorithm: &Algorithm) -> (u64, u64) {
-    match *algorithm {
-        Algorithm::TokenBucket {
-            capacity,
-            interval_us,
-        }
-        | Algorithm::LeakyBucket {
-            capacity,
-            interval_us,
-        } => (u64::from(capacity.get()), interval_us),
-        Algorithm::FixedWindow { limit, window_us }
-        | Algorithm::SlidingWindowLog { limit, window_us }
-        | Algorithm::SlidingWindowCounter { limit, window_us } => {
-            (u64::from(limit.get()), window_us)
-        }
     }
 }
 

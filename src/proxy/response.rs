@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::config::{HeaderProfile, RouteConfig};
-use crate::limiter::{Algorithm, Limit, Verdict};
+use crate::limiter::{Limit, Verdict};
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
 pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -131,27 +131,13 @@ impl RateLimitHeaders {
 /// The IETF policy's quota and window (seconds) of a limit: a bucket's window is the time it
 /// takes to refill from empty.
 fn quota_and_window(limit: &Limit) -> (u64, u64) {
-    match limit.algorithm {
-        Algorithm::TokenBucket {
-            capacity,
-            interval_us,
-        }
-        | Algorithm::LeakyBucket {
-            capacity,
-            interval_us,
-        } => {
-            let capacity = u64::from(capacity.get());
-            (
-                capacity,
-                (capacity * interval_us).div_ceil(1_000_000).max(1),
-            )
-        }
-        Algorithm::FixedWindow { limit, window_us }
-        | Algorithm::SlidingWindowLog { limit, window_us }
-        | Algorithm::SlidingWindowCounter { limit, window_us } => {
-            (u64::from(limit.get()), window_us.div_ceil(1_000_000).max(1))
-        }
-    }
+    let (units, span) = limit.algorithm.parameters();
+    let window_us = if limit.algorithm.is_bucket() {
+        units * span
+    } else {
+        span
+    };
+    (units, window_us.div_ceil(1_000_000).max(1))
 }
 
 /// A body from bytes floodgate made itself.
