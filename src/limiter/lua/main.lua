@@ -15,6 +15,7 @@ if ARGV[1] == '-' then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
   now = tonumber(ARGV[1])
+  ttl_slack_ms = 3600000
 end
 
 local n = #KEYS
