@@ -9,8 +9,12 @@
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
-# Figures are medians across rounds. Results: $RESULTS_DIR/bench.md (markdown table) and
-# $RESULTS_DIR/raw/*.txt (wrk's own output, one file per target and round).
+# Figures are medians across rounds; each run also charges the CPU time (from /proc) of the target,
+# its upstream and redis-server to the requests it served. It checks that the allow targets answered
+# only 2xx and the deny target ~100% non-2xx (wrk's "Non-2xx or 3xx responses"; a probe first checks
+# that those are 429 rate_limit_exceeded with Retry-After), and exits 1 if not.
+# Results: $RESULTS_DIR/bench.md (markdown tables) and $RESULTS_DIR/raw/*.txt (wrk's own output plus
+# a BENCH line of exact figures and a CPU line, one file per target and round).
 #
 # Knobs (environment):
 #   ROUNDS=3  DURATION=5s  WARMUP=2s  CONNECTIONS=64  THREADS=1  KEYS=1000
@@ -18,9 +22,9 @@
 #   PIN=1      pin wrk to CPU 1 and every server to CPU 0 with taskset (needs 2+ CPUs)
 #   BUILD=1    run `cargo build --release` first (a no-op when the binary is fresh)
 #   FLOODGATE=target/release/floodgate
-#   PERF=0     1: also record `perf record $PERF_ARGS` of floodgate for one extra DURATION on the memory allow
-#              and the Redis deny paths, into $RESULTS_DIR/perf-*.txt (needs perf; PERF_DATA_DIR=dir
-#              keeps the perf.data files)
+#   PERF=0     1: also `perf record $PERF_ARGS` floodgate for one extra DURATION on the memory allow
+#              and Redis deny paths, reports in $RESULTS_DIR/perf-*.txt (PERF_DATA_DIR=dir keeps the
+#              perf.data files; default PERF_ARGS="-F 997 --call-graph dwarf,16384")
 # All load goes to 127.0.0.1. Every process started here is stopped on exit.
 
 set -euo pipefail
@@ -151,6 +155,7 @@ http {
     }
 }
 EOF
+UPSTREAM_PID=$NGINX_PID
 UPSTREAM_URL="http://127.0.0.1:$UPSTREAM_PORT"
 wait_http "$UPSTREAM_URL/"
 
@@ -192,7 +197,8 @@ NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 REDIS_PORT="$(free_port)"
 "${SERVER_PIN[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --dir "$WORK" >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -p "$REDIS_PORT" ping >/dev/null || die "redis-server did not start"
 
@@ -237,9 +243,31 @@ REDIS_STORAGE="  backend: redis
 start_floodgate fg_memory_allow "  backend: memory" 1000000000 1000000
 FG_MEMORY_URL=$FG_URL FG_MEMORY_PID=$FG_PID
 start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
-FG_REDIS_ALLOW_URL=$FG_URL
+FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
 FG_REDIS_DENY_URL=$FG_URL FG_REDIS_DENY_PID=$FG_PID
+
+# The processes whose CPU time a run of each target is charged: (itself, its upstream, redis).
+pids_of() {
+    case $1 in
+        upstream) echo "$UPSTREAM_PID - -" ;;
+        nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
+        fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
+        fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
+    esac
+}
+
+# CPU time (user + system, in clock ticks) of a process and its children (nginx's workers).
+cpu_ticks() { # pid or -
+    [ "$1" = - ] && { echo 0; return; }
+    local total=0 p
+    for p in "$1" $(pgrep -P "$1" || true); do
+        # Fields after "pid (comm) ": state is 1st, utime 12th, stime 13th.
+        total=$((total + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$total"
+}
 
 url_of() {
     case $1 in
@@ -292,10 +320,16 @@ function done(summary, latency, _)
 end
 EOF
 
+CLK_TCK="$(getconf CLK_TCK)"
 run_wrk() { # target duration outfile
+    local pids before after i
+    read -r -a pids <<<"$(pids_of "$1")"
+    before=(); for i in 0 1 2; do before+=("$(cpu_ticks "${pids[$i]}")"); done
     BENCH_KEYS="$KEYS" "${CLIENT_PIN[@]}" wrk -t "$THREADS" -c "$CONNECTIONS" -d "$2" --latency \
         -s "$LUA" "$(url_of "$1")" >"$3" 2>&1 || true
+    after=(); for i in 0 1 2; do after+=("$(cpu_ticks "${pids[$i]}")"); done
     grep -q '^BENCH ' "$3" || { cat "$3" >&2; die "wrk against $1 printed no figures"; }
+    echo "CPU target_ticks=$((after[0] - before[0])) upstream_ticks=$((after[1] - before[1])) redis_ticks=$((after[2] - before[2])) clk_tck=$CLK_TCK" >>"$3"
 }
 
 mkdir -p "$RESULTS_DIR/raw"
@@ -333,10 +367,14 @@ fi
 
 # --- summary -----------------------------------------------------------------------------------
 COMMIT="$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-DIRTY="$(cd "$ROOT" && git status --porcelain -- src Cargo.toml 2>/dev/null | grep -q . && echo ' (src/ has uncommitted changes)' || true)"
+DIRTY=""
+if [ -n "$(cd "$ROOT" && git status --porcelain -- src Cargo.toml 2>/dev/null || true)" ]; then
+    DIRTY=" (src/ has uncommitted changes)"
+fi
 export ROUNDS DURATION CONNECTIONS THREADS KEYS PINNING BASELINE NGINX_WORKERS COMMIT DIRTY RESULTS_DIR
 export TARGETS_LIST="${TARGETS[*]}"
-export MACHINE="$(nproc) CPUs, $(uname -sr), $(nginx -v 2>&1 | sed 's/.*: //'), redis $(redis-server --version | awk '{print $3}' | sed 's/^v=//'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}')"
+MACHINE="$(nproc) CPUs, $(uname -sr), $(nginx -v 2>&1 | sed 's/.*: //'), redis $(redis-server --version | awk '{print $3}' | sed 's/^v=//'), wrk $({ wrk -v 2>&1 || true; } | head -1 | awk '{print $2}')"
+export MACHINE
 python3 - <<'EOF'
 import os, re, statistics, datetime, glob
 
@@ -352,10 +390,15 @@ def parse(path):
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     f["non2xx_line"] = int(non2xx.group(1)) if non2xx else 0
     f["rps"] = f["requests"] / (f["duration_us"] / 1e6)
+    cpu = re.search(r"^CPU (.*)$", text, re.M)
+    c = {k: int(v) for k, v in (kv.split("=") for kv in cpu.group(1).split())}
+    for part in ("target", "upstream", "redis"):
+        f[f"cpu_{part}_us"] = c[f"{part}_ticks"] * 1e6 / c["clk_tck"] / f["requests"]
     return f
 
 runs = {t: [parse(f"{results}/raw/{t}-round{r}.txt") for r in range(1, rounds + 1)] for t in targets}
-med = {t: {k: statistics.median(run[k] for run in runs[t]) for k in ("rps", "p50_us", "p99_us")} for t in targets}
+keys = ("rps", "p50_us", "p99_us", "cpu_target_us", "cpu_upstream_us", "cpu_redis_us")
+med = {t: {k: statistics.median(run[k] for run in runs[t]) for k in keys} for t in targets}
 total = {t: sum(run["requests"] for run in runs[t]) for t in targets}
 non2xx = {t: sum(run["non2xx_line"] for run in runs[t]) for t in targets}
 errors = {t: sum(run["socket_errors"] for run in runs[t]) for t in targets}
@@ -370,13 +413,17 @@ def check(t):
 
 b = med[base]
 ms = lambda us: f"{us / 1000:.3f} ms"
-header = ["target", "req/s", "p50", "p99", "req/s vs nginx", "p50 vs nginx", "p99 vs nginx", "responses"]
+header = ["target", "req/s", "p50", "p99", "req/s vs nginx", "p50 vs nginx", "p99 vs nginx",
+          "CPU µs/req: self+upstream+redis", "responses"]
+cpu = lambda m: "{:.0f} + {} + {}".format(m["cpu_target_us"],
+    f"{m['cpu_upstream_us']:.0f}" if m["cpu_upstream_us"] else "-",
+    f"{m['cpu_redis_us']:.0f}" if m["cpu_redis_us"] else "-")
 rows = []
 for t in targets:
     m = med[t]
     rows.append([t, f"{m['rps']:,.0f}", ms(m["p50_us"]), ms(m["p99_us"]),
                  f"{m['rps'] / b['rps']:.2f}x", f"{m['p50_us'] / b['p50_us']:.2f}x",
-                 f"{m['p99_us'] / b['p99_us']:.2f}x", check(t)[1] + (f"; {errors[t]} socket errors" if errors[t] else "")])
+                 f"{m['p99_us'] / b['p99_us']:.2f}x", cpu(m), check(t)[1] + (f"; {errors[t]} socket errors" if errors[t] else "")])
 
 now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
 env = os.environ
@@ -387,6 +434,9 @@ intro = [
     f"{rounds} interleaved rounds of {env['DURATION']}; figures are medians across rounds",
     f"pinning: {env['PINNING']}",
     f"nginx_proxy workers: {env['NGINX_WORKERS']}; upstream: nginx return 200, 1 worker",
+    "CPU µs/req: CPU time (user+system, from /proc) of the target process(es), its upstream and "
+    "redis-server during the run, per request (with every server pinned to one busy core, "
+    "req/s is about 1e6 / their sum)",
 ]
 
 widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
@@ -395,16 +445,20 @@ for line in intro:
     print(line)
 print()
 for r in [header] + rows:
-    print("  ".join(str(c).ljust(w) if i in (0, 7) else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print("  ".join(str(c).ljust(w) if i in (0, 8) else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 print()
 
 md = ["# floodgate vs nginx", ""] + [f"- {l}" for l in intro] + ["",
-      "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 6 + ["---"]) + "|"]
+      "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 7 + ["---"]) + "|"]
 md += ["| " + " | ".join(r) + " |" for r in rows]
-md += ["", "Per round (req/s, p50, p99):", "", "| target | " + " | ".join(f"round {r}" for r in range(1, rounds + 1)) + " |",
-       "|---|" + "---:|" * rounds]
+md += ["", "Per round: req/s (its ratio to nginx_proxy in the same round), p50, p99:", "",
+       "| target | " + " | ".join(f"round {r}" for r in range(1, rounds + 1)) + " | median of the round ratios |",
+       "|---|" + "---:|" * (rounds + 1)]
 for t in targets:
-    md.append(f"| {t} | " + " | ".join(f"{run['rps']:,.0f}, {ms(run['p50_us'])}, {ms(run['p99_us'])}" for run in runs[t]) + " |")
+    ratios = [run["rps"] / base_run["rps"] for run, base_run in zip(runs[t], runs[base])]
+    md.append(f"| {t} | " + " | ".join(
+        f"{run['rps']:,.0f} ({ratio:.2f}x), {ms(run['p50_us'])}, {ms(run['p99_us'])}"
+        for run, ratio in zip(runs[t], ratios)) + f" | {statistics.median(ratios):.2f}x |")
 md += ["", "Raw wrk output: `raw/<target>-round<N>.txt`.", ""]
 open(f"{results}/bench.md", "w").write("\n".join(md))
 print(f"written: {results}/bench.md and {results}/raw/")

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::memory::Prehashed;
 use super::redis::RedisStore;
 use super::{
     BudgetKey, Clock, Decided, Decision, Limit, LimiterError, MemoryStore, OnError, SystemClock,
@@ -236,7 +237,7 @@ impl Breaker {
 
 /// Denials remembered until their retry instant, by budget key.
 struct DenyCache {
-    shards: Box<[Mutex<HashMap<u64, CachedDenial>>]>,
+    shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
     hasher: RandomState,
 }
 
@@ -254,7 +255,7 @@ impl DenyCache {
     fn new() -> Self {
         DenyCache {
             shards: (0..DENY_CACHE_SHARDS)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
             hasher: RandomState::new(),
         }
@@ -264,7 +265,7 @@ impl DenyCache {
         key.hash_with(&self.hasher)
     }
 
-    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial>> {
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
         self.shards[(key >> 60) as usize % DENY_CACHE_SHARDS]
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -55,7 +55,10 @@ pub struct MemoryStore {
     untracked: AtomicU64,
 }
 
-type Shard = HashMap<u64, Entry, BuildHasherDefault<PrehashedKey>>;
+type Shard = HashMap<u64, Entry, Prehashed>;
+
+/// A map hasher for keys that are already [`BudgetKey::hash_with`] outputs.
+pub(crate) type Prehashed = BuildHasherDefault<PrehashedKey>;
 
 struct Entry {
     states: Vec<State>,
@@ -64,7 +67,7 @@ struct Entry {
 
 /// Keys are already SipHash outputs under a per-process random seed: hash them no further.
 #[derive(Default)]
-struct PrehashedKey(u64);
+pub(crate) struct PrehashedKey(u64);
 
 impl Hasher for PrehashedKey {
     fn finish(&self) -> u64 {

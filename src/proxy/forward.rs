@@ -2,9 +2,11 @@
 //! upstream's scheme), hop-by-hop headers stripped both ways, `X-Forwarded-*` set, bodies
 //! streamed both ways, WebSocket upgrades spliced.
 
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{CONNECTION, HOST, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
@@ -242,15 +244,18 @@ fn header_has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool
 
 /// Removes the hop-by-hop headers and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // The `Connection` lines are copied out (a reference count each, no bytes) so that the names
+    // in them can be removed as they are read, looked up by `&str` without building `HeaderName`s.
+    let mut lines = headers.get_all(CONNECTION).iter();
+    if let Some(first) = lines.next().cloned() {
+        let more: Vec<HeaderValue> = lines.cloned().collect();
+        for line in std::iter::once(&first).chain(&more) {
+            let Ok(line) = line.to_str() else { continue };
+            for token in line.split(',') {
+                // A token that is no header name (empty, spaces) matches nothing.
+                headers.remove(token.trim());
+            }
+        }
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
@@ -260,7 +265,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends the client's address to `X-Forwarded-For`, keeping earlier hops in one header line.
 fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
-    let mut value = Vec::new();
+    // One buffer, formatted into directly, that becomes the header value without a copy.
+    let mut value = Vec::with_capacity(48);
     for line in headers.get_all(X_FORWARDED_FOR) {
         if !value.is_empty() {
             value.extend_from_slice(b", ");
@@ -270,8 +276,43 @@ fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
     if !value.is_empty() {
         value.extend_from_slice(b", ");
     }
-    value.extend_from_slice(client_ip.to_string().as_bytes());
-    if let Ok(v) = HeaderValue::from_bytes(&value) {
+    let _ = write!(value, "{client_ip}");
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            CONNECTION,
+            HeaderValue::from_static("Keep-Alive, X-Trace ,,"),
+        );
+        headers.append(CONNECTION, HeaderValue::from_static("x-other"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-trace", HeaderValue::from_static("1"));
+        headers.insert("x-other", HeaderValue::from_static("2"));
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(UPGRADE, HeaderValue::from_static("h2c"));
+        headers.insert("x-kept", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn the_client_is_appended_to_forwarded_for_in_one_line() {
+        let mut headers = HeaderMap::new();
+        append_forwarded_for(&mut headers, "192.0.2.1".parse().unwrap());
+        assert_eq!(headers[X_FORWARDED_FOR], "192.0.2.1");
+        headers.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.2"));
+        append_forwarded_for(&mut headers, "2001:db8::1".parse().unwrap());
+        let lines: Vec<_> = headers.get_all(X_FORWARDED_FOR).iter().collect();
+        assert_eq!(lines, ["192.0.2.1, 198.51.100.2, 2001:db8::1"]);
     }
 }

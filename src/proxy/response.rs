@@ -2,6 +2,9 @@
 //! `application/problem+json` responses (RFC 9457), and admitted responses get the rate-limit
 //! headers of the configured profile.
 
+use std::io::Write as _;
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -97,11 +100,8 @@ impl RateLimitHeaders {
         match self.profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
-                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(v.headline.limit));
-                headers.insert(
-                    X_RATELIMIT_REMAINING,
-                    HeaderValue::from(v.headline.remaining),
-                );
+                headers.insert(X_RATELIMIT_LIMIT, int_value(v.headline.limit));
+                headers.insert(X_RATELIMIT_REMAINING, int_value(v.headline.remaining));
                 headers.insert(X_RATELIMIT_RESET, HeaderValue::from(v.reset_unix_secs()));
             }
             HeaderProfile::Ietf => {
@@ -120,7 +120,8 @@ impl RateLimitHeaders {
                     v.retry_after_secs()
                 };
                 let value = format!("\"{name}\";r={};t={t}", v.headline.remaining);
-                if let Ok(value) = HeaderValue::from_str(&value) {
+                // The string's buffer becomes the value's: no second copy.
+                if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
                     headers.insert(RATELIMIT, value);
                 }
             }
@@ -154,62 +155,247 @@ pub fn empty() -> Body {
         .boxed_unsync()
 }
 
+const RATE_LIMITED_DETAIL: &str =
+    "rate limit exceeded; retry after the number of seconds in Retry-After";
+const NO_ROUTE_DETAIL: &str = "no route matches this request";
+const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now";
+const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
+
 impl Rejection {
     /// The response for this rejection; `headers` writes a 429's rate-limit fields.
+    ///
+    /// The bodies that never change (404, 503, 504) are built once; a 429's is built once around
+    /// its one variable, `retry_after`, so a denial costs one allocation for its body instead of a
+    /// JSON tree. Both come from [`problem_json`], so they are the very bytes it would write.
     pub fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
-        let (status, error, detail, verdict) = match self {
-            Rejection::NoRoute => (
-                StatusCode::NOT_FOUND,
-                "no_route",
-                "no route matches this request".to_string(),
-                None,
-            ),
-            Rejection::BadRequest(detail) => (StatusCode::BAD_REQUEST, "bad_request", detail, None),
-            Rejection::RateLimited(v) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
-                "rate limit exceeded; retry after the number of seconds in Retry-After".to_string(),
-                Some(v),
-            ),
+        let (status, body) = match self {
+            Rejection::RateLimited(v) => {
+                let retry_after = v.retry_after_secs();
+                let mut response = Response::new(full(rate_limited_body(retry_after)));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                let h = response.headers_mut();
+                h.insert(RETRY_AFTER, int_value(retry_after));
+                headers.write(h, &v, false);
+                h.insert(CONTENT_TYPE, PROBLEM_JSON);
+                return response;
+            }
+            Rejection::NoRoute => (StatusCode::NOT_FOUND, static_body(&NO_ROUTE_BODY)),
             Rejection::LimiterUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "rate_limiter_unavailable",
-                "the rate limiter cannot decide right now".to_string(),
-                None,
-            ),
-            Rejection::BadGateway(detail) => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
-                detail,
-                None,
+                static_body(&LIMITER_UNAVAILABLE_BODY),
             ),
             Rejection::GatewayTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                "the upstream did not answer in time".to_string(),
-                None,
+                static_body(&GATEWAY_TIMEOUT_BODY),
+            ),
+            Rejection::BadRequest(detail) => (
+                StatusCode::BAD_REQUEST,
+                Bytes::from(problem_json(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    &detail,
+                    None,
+                )),
+            ),
+            Rejection::BadGateway(detail) => (
+                StatusCode::BAD_GATEWAY,
+                Bytes::from(problem_json(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    &detail,
+                    None,
+                )),
             ),
         };
-        let title = status.canonical_reason().unwrap_or("Error");
-        let mut body = serde_json::json!({
-            "type": format!("urn:floodgate:problem:{error}"),
-            "title": title,
-            "status": status.as_u16(),
-            "error": error,
-            "detail": detail,
-        });
-        let mut response = Response::new(empty());
-        if let Some(v) = verdict {
-            let retry_after = v.retry_after_secs();
-            body["retry_after"] = retry_after.into();
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(retry_after));
-            headers.write(response.headers_mut(), &v, false);
-        }
+        let mut response = Response::new(full(body));
         *response.status_mut() = status;
         response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-        *response.body_mut() = full(body.to_string());
         response
+    }
+}
+
+/// A problem+json body (RFC 9457) with floodgate's `error` code and, for a 429, `retry_after`.
+fn problem_json(status: StatusCode, error: &str, detail: &str, retry_after: Option<u64>) -> String {
+    let title = status.canonical_reason().unwrap_or("Error");
+    let mut body = serde_json::json!({
+        "type": format!("urn:floodgate:problem:{error}"),
+        "title": title,
+        "status": status.as_u16(),
+        "error": error,
+        "detail": detail,
+    });
+    if let Some(retry_after) = retry_after {
+        body["retry_after"] = retry_after.into();
+    }
+    body.to_string()
+}
+
+static NO_ROUTE_BODY: LazyLock<&'static str> =
+    LazyLock::new(|| problem_json(StatusCode::NOT_FOUND, "no_route", NO_ROUTE_DETAIL, None).leak());
+static LIMITER_UNAVAILABLE_BODY: LazyLock<&'static str> = LazyLock::new(|| {
+    problem_json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "rate_limiter_unavailable",
+        LIMITER_UNAVAILABLE_DETAIL,
+        None,
+    )
+    .leak()
+});
+static GATEWAY_TIMEOUT_BODY: LazyLock<&'static str> = LazyLock::new(|| {
+    problem_json(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream_timeout",
+        GATEWAY_TIMEOUT_DETAIL,
+        None,
+    )
+    .leak()
+});
+
+/// A body built once for the process: cloning it copies nothing.
+fn static_body(body: &LazyLock<&'static str>) -> Bytes {
+    Bytes::from_static(body.as_bytes())
+}
+
+/// The 429 body before and after the `retry_after` number: the full body written once with a
+/// number that appears nowhere else, and split there.
+static RATE_LIMITED_PARTS: LazyLock<(&'static str, &'static str)> = LazyLock::new(|| {
+    let sentinel = u64::MAX.to_string();
+    let body = problem_json(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_exceeded",
+        RATE_LIMITED_DETAIL,
+        Some(u64::MAX),
+    );
+    let (head, tail) = body
+        .split_once(&sentinel)
+        .expect("the 429 body holds its retry_after");
+    (head.to_string().leak(), tail.to_string().leak())
+});
+
+/// The 429 body for `retry_after`: what [`problem_json`] writes, in one allocation.
+fn rate_limited_body(retry_after: u64) -> Bytes {
+    let (head, tail) = *RATE_LIMITED_PARTS;
+    let mut body = Vec::with_capacity(head.len() + 20 + tail.len());
+    body.extend_from_slice(head.as_bytes());
+    let _ = write!(body, "{retry_after}");
+    body.extend_from_slice(tail.as_bytes());
+    Bytes::from(body)
+}
+
+/// Header values for the integers below this are made once (most `Retry-After`s, limits and
+/// remaining counts are small); larger ones are formatted per response.
+const SMALL_INTS: usize = 1024;
+
+static SMALL_INT_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
+    (0..SMALL_INTS)
+        .map(|n| HeaderValue::from_static(n.to_string().leak()))
+        .collect()
+});
+
+/// The decimal header value of `n`, without an allocation when `n` is small.
+fn int_value(n: u64) -> HeaderValue {
+    match usize::try_from(n)
+        .ok()
+        .and_then(|i| SMALL_INT_VALUES.get(i))
+    {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Decision;
+
+    /// The whole body of a response floodgate made itself.
+    fn body_of(response: Response<Body>) -> String {
+        let bytes = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async { response.into_body().collect().await.unwrap().to_bytes() });
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_prebuilt_429_body_is_what_serde_json_writes() {
+        for retry_after in [0, 1, 9, 10, 59, 1_000, 123_456_789, u64::MAX] {
+            assert_eq!(
+                std::str::from_utf8(&rate_limited_body(retry_after)).unwrap(),
+                problem_json(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_exceeded",
+                    RATE_LIMITED_DETAIL,
+                    Some(retry_after)
+                )
+            );
+        }
+        let body: serde_json::Value = serde_json::from_slice(&rate_limited_body(7)).unwrap();
+        assert_eq!(body["error"], "rate_limit_exceeded");
+        assert_eq!(body["retry_after"], 7);
+        assert_eq!(body["status"], 429);
+    }
+
+    #[test]
+    fn a_429_carries_retry_after_content_type_and_the_same_number_in_its_body() {
+        let headline = Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            reset_after_us: 4_000_000,
+            retry_after_us: 2_500_000,
+            delay_us: 0,
+        };
+        let verdict = Verdict {
+            now_us: 1_700_000_000_000_000,
+            headline,
+            headline_index: 0,
+            allowed: false,
+            retry_after_us: 2_500_000,
+            delay_us: 0,
+        };
+        let response = Rejection::RateLimited(verdict).into_response(&RateLimitHeaders::none());
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[RETRY_AFTER], "3");
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let body: serde_json::Value = serde_json::from_str(&body_of(response)).unwrap();
+        assert_eq!(body["retry_after"], 3);
+    }
+
+    #[test]
+    fn the_prebuilt_bodies_are_what_serde_json_writes() {
+        let cases = [
+            (
+                Rejection::NoRoute,
+                StatusCode::NOT_FOUND,
+                "no_route",
+                NO_ROUTE_DETAIL,
+            ),
+            (
+                Rejection::LimiterUnavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rate_limiter_unavailable",
+                LIMITER_UNAVAILABLE_DETAIL,
+            ),
+            (
+                Rejection::GatewayTimeout,
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                GATEWAY_TIMEOUT_DETAIL,
+            ),
+        ];
+        for (rejection, status, error, detail) in cases {
+            let response = rejection.into_response(&RateLimitHeaders::none());
+            assert_eq!(response.status(), status);
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+            assert_eq!(body_of(response), problem_json(status, error, detail, None));
+        }
+    }
+
+    #[test]
+    fn small_and_large_integers_make_the_same_header_values() {
+        for n in [0, 1, 42, 1_023, 1_024, 1_700_000_000, u64::MAX] {
+            assert_eq!(int_value(n), HeaderValue::from(n), "{n}");
+        }
     }
 }
