@@ -258,7 +258,7 @@ fn static_body(body: &LazyLock<&'static str>) -> Bytes {
 
 /// The 429 body before and after the `retry_after` number: the full body written once with a
 /// number that appears nowhere else, and split there.
-static RATE_LIMITED_PARTS: LazyLock<(&'static str, &'static str)> = LazyLock::new(|| {
+static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = LazyLock::new(|| {
     let sentinel = u64::MAX.to_string();
     let body = problem_json(
         StatusCode::TOO_MANY_REQUESTS,
@@ -266,15 +266,21 @@ static RATE_LIMITED_PARTS: LazyLock<(&'static str, &'static str)> = LazyLock::ne
         RATE_LIMITED_DETAIL,
         Some(u64::MAX),
     );
-    let (head, tail) = body
-        .split_once(&sentinel)
-        .expect("the 429 body holds its retry_after");
-    (head.to_string().leak(), tail.to_string().leak())
+    body.split_once(&sentinel)
+        .map(|(head, tail)| (&*head.to_string().leak(), &*tail.to_string().leak()))
 });
 
 /// The 429 body for `retry_after`: what [`problem_json`] writes, in one allocation.
 fn rate_limited_body(retry_after: u64) -> Bytes {
-    let (head, tail) = *RATE_LIMITED_PARTS;
+    let Some((head, tail)) = *RATE_LIMITED_PARTS else {
+        // Cannot happen (the body always holds its number), but never panic on a request.
+        return Bytes::from(problem_json(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            RATE_LIMITED_DETAIL,
+            Some(retry_after),
+        ));
+    };
     let mut body = Vec::with_capacity(head.len() + 20 + tail.len());
     body.extend_from_slice(head.as_bytes());
     let _ = write!(body, "{retry_after}");
