@@ -26,8 +26,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
+  cargo test --workspace --doc   # nextest does not run doctests
   cargo nextest run --workspace --no-fail-fast
-  cargo test --workspace --doc
 else
   cargo test --workspace --no-fail-fast
 fi
