@@ -145,6 +145,8 @@ pub struct RouteConfig {
 pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
+    /// The `Host` header forwarded requests carry, built once.
+    pub host_header: http::HeaderValue,
 }
 
 /// Every problem found in a config file, each naming its field.
@@ -602,9 +604,17 @@ impl Validator {
             );
             return None;
         }
+        let Ok(host_header) = http::HeaderValue::from_str(authority.as_str()) else {
+            self.problem(
+                path,
+                format!("{text:?} has a host that cannot be a Host header"),
+            );
+            return None;
+        };
         Some(Upstream {
             scheme: scheme.clone(),
             authority: authority.clone(),
+            host_header,
         })
     }
 

@@ -127,9 +127,7 @@ impl Forwarder {
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
-        if let Ok(host) = HeaderValue::from_str(upstream.authority.as_str()) {
-            parts.headers.insert(HOST, host);
-        }
+        parts.headers.insert(HOST, upstream.host_header.clone());
 
         let request = Request::from_parts(parts, body);
         let mut response = match tokio::time::timeout(
