@@ -24,7 +24,7 @@ use tracing::field::Empty;
 
 use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{Identity, IdentityConfig};
-use crate::limiter::{BudgetKey, Limit, Limiter, Verdict};
+use crate::limiter::{BudgetKey, Decided, Limit, Limiter, LimiterError, Verdict};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::route::RouteTable;
 pub use forward::Forwarder;
@@ -250,13 +250,16 @@ impl Proxy {
                 .ask(runtime, &config.budget_id, &config.limits, identity)
                 .await
             {
-                Err(()) => {
+                Err(_) => {
                     return Err((
                         Rejection::LimiterUnavailable,
                         Some(DecisionLabel::StoreError),
                     ));
                 }
-                Ok((verdict, store_failed)) => {
+                Ok(Decided {
+                    verdict,
+                    store_failed,
+                }) => {
                     if store_failed {
                         admission.label = DecisionLabel::StoreError;
                     }
@@ -275,7 +278,10 @@ impl Proxy {
             }
         }
         if !config.shadow_limits.is_empty()
-            && let Ok((Some(shadow), _)) = self
+            && let Ok(Decided {
+                verdict: Some(shadow),
+                ..
+            }) = self
                 .ask(
                     runtime,
                     &config.shadow_budget_id,
@@ -298,14 +304,15 @@ impl Proxy {
         Ok(admission)
     }
 
-    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`.
+    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
+    /// limits go through here too, but their errors only mean "no shadow verdict".
     async fn ask(
         &self,
         runtime: &Runtime,
         budget_id: &str,
         limits: &[Limit],
         identity: &Identity<'_>,
-    ) -> Result<(Option<Verdict>, bool), ()> {
+    ) -> Result<Decided, LimiterError> {
         let mut buf = [0u8; 16];
         let key = BudgetKey {
             route: budget_id,
@@ -316,7 +323,7 @@ impl Proxy {
         let decided = self.limiter.decide(&key, limits, runtime.on_error).await;
         self.metrics
             .observe_limiter(started.elapsed().as_secs_f64());
-        decided.map(|d| (d.verdict, d.store_failed)).map_err(|_| ())
+        decided
     }
 
     /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
