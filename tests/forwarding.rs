@@ -212,3 +212,36 @@ async fn websocket_upgrades_pass_through_and_echo() {
         assert_eq!(echoed, message);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "timeouts:\n  header_read: 300ms\nroutes:\n  - name: all\n    path_prefix: /\n    upstream: {}\n",
+        upstream.url()
+    ));
+    // Slowloris: a partial request head, then one more header byte now and then.
+    let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .expect("write");
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = loop {
+        // Trickle a byte every 100 ms; floodgate must give up on the head at ~300 ms anyway.
+        let _ = stream.write_all(b"a").await;
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(_)) => {} // a 408 may come before the close; keep reading until it closes
+            Err(_) => {}
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+    };
+    // 300 ms configured; 5 s is far past it (debug build, loaded CI) yet far short of the 10 s
+    // default, so the configured value is what closed the connection.
+    assert!(closed, "the connection was still open after 5 s");
+    assert_eq!(upstream.count(), 0, "nothing reached the upstream");
+}
