@@ -11,22 +11,19 @@
 //! Run: `cargo bench --bench limiter` (short: `-- --warm-up-time 1 --measurement-time 2`).
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use floodgate::limiter::algorithm::State;
-use floodgate::limiter::{Algorithm, BudgetKey, Limit, MemoryStore, SystemClock};
+use floodgate::limiter::{
+    Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, MemoryStore, SystemClock,
+};
 
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
 const HOUR: u64 = 3_600 * SECOND;
 
-fn n(v: u32) -> NonZeroU32 {
-    NonZeroU32::new(v).unwrap()
-}
-
-fn limit(algorithm: Algorithm) -> Limit {
-    Limit { algorithm, cost: 1 }
+fn limit(kind: AlgorithmKind, units: u64, span_us: u64) -> Limit {
+    Limit::of(Algorithm::from_parts(kind, units, span_us).unwrap())
 }
 
 /// (name, limit that admits every call at `step_us` apart, limit that denies after the first).
@@ -35,59 +32,29 @@ fn cases() -> Vec<(&'static str, Limit, Limit)> {
         (
             "token_bucket",
             // 10 000/s refill, calls 1 ms apart: always a full bucket.
-            limit(Algorithm::TokenBucket {
-                capacity: n(100),
-                interval_us: 100,
-            }),
-            limit(Algorithm::TokenBucket {
-                capacity: n(1),
-                interval_us: HOUR,
-            }),
+            limit(AlgorithmKind::TokenBucket, 100, 100),
+            limit(AlgorithmKind::TokenBucket, 1, HOUR),
         ),
         (
             "leaky_bucket",
-            limit(Algorithm::LeakyBucket {
-                capacity: n(100),
-                interval_us: 100,
-            }),
-            limit(Algorithm::LeakyBucket {
-                capacity: n(1),
-                interval_us: HOUR,
-            }),
+            limit(AlgorithmKind::LeakyBucket, 100, 100),
+            limit(AlgorithmKind::LeakyBucket, 1, HOUR),
         ),
         (
             "fixed_window",
-            limit(Algorithm::FixedWindow {
-                limit: n(10_000),
-                window_us: SECOND,
-            }),
-            limit(Algorithm::FixedWindow {
-                limit: n(1),
-                window_us: HOUR,
-            }),
+            limit(AlgorithmKind::FixedWindow, 10_000, SECOND),
+            limit(AlgorithmKind::FixedWindow, 1, HOUR),
         ),
         (
             "sliding_window_log",
             // ~1000 entries live in the window; each call pushes one and expires one.
-            limit(Algorithm::SlidingWindowLog {
-                limit: n(2_000),
-                window_us: SECOND,
-            }),
-            limit(Algorithm::SlidingWindowLog {
-                limit: n(1),
-                window_us: HOUR,
-            }),
+            limit(AlgorithmKind::SlidingWindowLog, 2_000, SECOND),
+            limit(AlgorithmKind::SlidingWindowLog, 1, HOUR),
         ),
         (
             "sliding_window_counter",
-            limit(Algorithm::SlidingWindowCounter {
-                limit: n(10_000),
-                window_us: SECOND,
-            }),
-            limit(Algorithm::SlidingWindowCounter {
-                limit: n(1),
-                window_us: HOUR,
-            }),
+            limit(AlgorithmKind::SlidingWindowCounter, 10_000, SECOND),
+            limit(AlgorithmKind::SlidingWindowCounter, 1, HOUR),
         ),
     ]
 }
@@ -106,7 +73,7 @@ fn algorithms(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for (name, allow, deny) in cases() {
         for (outcome, limit, step_us) in [("allow", allow, 1_000), ("deny", deny, 1)] {
-            let mut state = State::new(&limit.algorithm);
+            let mut state = State::new(limit.algorithm().kind());
             let mut now = T0;
             // Reach the steady state first (a full log, a saturated limit).
             for _ in 0..5_000 {
@@ -136,36 +103,33 @@ fn memory_store(c: &mut Criterion) {
     let keys: Vec<Vec<u8>> = (0..KEYS)
         .map(|i| format!("bench-key-{i:04}").into_bytes())
         .collect();
-    let allow = [limit(Algorithm::TokenBucket {
-        capacity: n(1_000_000_000),
-        interval_us: 1,
-    })];
-    let deny = [limit(Algorithm::TokenBucket {
-        capacity: n(1),
-        interval_us: 1_000 * SECOND,
-    })];
+    let allow = [limit(AlgorithmKind::TokenBucket, 1_000_000_000, 1)];
+    let deny = [limit(AlgorithmKind::TokenBucket, 1, 1_000 * SECOND)];
     let mut group = c.benchmark_group("memory_store");
     group.throughput(Throughput::Elements(1));
     for (outcome, limits) in [("allow", &allow), ("deny", &deny)] {
         let store = MemoryStore::new(SystemClock::default(), 1_000_000);
-        let key = |i: usize| BudgetKey {
-            route: "bench#0a1b2c3d",
-            kind: "api_key",
-            value: &keys[i],
+        let limit = &limits[0];
+        let key = |i: usize| {
+            [Ask {
+                limit,
+                key: BudgetKey {
+                    budget: "bench#0#0a1b2c3d",
+                    kind: KeyKind::ApiKey,
+                    value: &keys[i],
+                },
+            }]
         };
         // Every key is tracked before measuring; the deny store has spent each key's one token.
         for i in 0..KEYS {
-            store.decide(&key(i), limits.as_slice());
+            store.decide(&key(i));
         }
-        assert_eq!(
-            store.decide(&key(0), limits.as_slice()).unwrap().allowed,
-            outcome == "allow"
-        );
+        assert_eq!(store.decide(&key(0)).unwrap().allowed, outcome == "allow");
         let mut i = 0;
         group.bench_function(format!("decide_1000_keys/{outcome}"), |b| {
             b.iter(|| {
                 i = (i + 1) % KEYS;
-                black_box(store.decide(&key(i), black_box(limits.as_slice())))
+                black_box(store.decide(black_box(&key(i))))
             })
         });
     }

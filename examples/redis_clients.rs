@@ -8,13 +8,12 @@
 //! Usage: `cargo run --release --example redis_clients -- redis://127.0.0.1:6379 [tasks] [seconds] [rounds]`
 //! (`scripts/bench-redis-clients.sh` starts a redis-server and runs this).
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::{Config, Runtime};
 use floodgate::limiter::redis::{RedisStore, RedisTarget, SCRIPT_SOURCE};
-use floodgate::limiter::{Algorithm, BudgetKey, Limit};
+use floodgate::limiter::{Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Client {
@@ -47,13 +46,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.pool = Some(deadpool_redis::PoolConfig::new(tasks.min(64)));
     let pool = cfg.create_pool(Some(Runtime::Tokio1))?;
     let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
-    let limits = Arc::new([Limit {
-        algorithm: Algorithm::TokenBucket {
-            capacity: NonZeroU32::new(1_000_000).expect("positive"),
-            interval_us: 1,
-        },
-        cost: 1,
-    }]);
+    let limits = Arc::new([Limit::of(Algorithm::from_parts(
+        AlgorithmKind::TokenBucket,
+        1_000_000,
+        1,
+    )?)]);
 
     println!("{tasks} tasks, {seconds} s per run, {rounds} interleaved rounds, 1000 identities");
     println!(
@@ -119,19 +116,20 @@ async fn measure(
                 while started.elapsed() < duration {
                     n = n.wrapping_add(7919);
                     let identity = (n % 1000).to_be_bytes();
-                    let key = BudgetKey {
-                        route: "bench",
-                        kind: "api_key",
-                        value: &identity,
-                    };
+                    let asks = [Ask {
+                        limit: &limits[0],
+                        key: BudgetKey {
+                            budget: "bench",
+                            kind: KeyKind::ApiKey,
+                            value: &identity,
+                        },
+                    }];
                     let begin = Instant::now();
                     let ok = match client {
-                        Client::ConnectionManager => store.decide(&key, &limits[..]).await.is_ok(),
+                        Client::ConnectionManager => store.decide(&asks).await.is_ok(),
                         Client::Deadpool => {
                             let mut invocation = script.prepare_invoke();
-                            for name in store.key_names(&key, &limits[..]) {
-                                invocation.key(name);
-                            }
+                            invocation.key(store.key_name(&asks[0]));
                             invocation
                                 .arg("-")
                                 .arg("token_bucket")

@@ -1,43 +1,94 @@
 //! The admin listener: `/healthz` (the process serves), `/readyz` (the limiter store answers and
-//! the proxy is not draining), `/metrics` (Prometheus text).
+//! the proxy is not draining), `/metrics` (Prometheus text). It runs with the same header-read
+//! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
+//! 503 to the load balancer), and stops when told.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::proxy::{Body, Proxy, response};
-use crate::server::Health;
 
-/// Serves the admin endpoints until the process exits.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, health: Arc<Health>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+/// Process-wide health: whether the proxy is draining (then `/readyz` answers 503).
+#[derive(Debug, Default)]
+pub struct Health {
+    draining: AtomicBool,
+}
+
+impl Health {
+    /// From now on `/readyz` answers 503.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// True once draining has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// What the admin endpoints read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub proxy: Arc<Proxy>,
+    pub health: Arc<Health>,
+}
+
+/// Serves the admin endpoints until `shutdown` completes, then lets open requests finish for
+/// at most `drain`.
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    header_read_timeout: Duration,
+    drain: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
         };
-        let proxy = proxy.clone();
-        let health = health.clone();
+        let state = state.clone();
         let service = service_fn(move |req| {
-            let proxy = proxy.clone();
-            let health = health.clone();
-            async move { Ok::<_, Infallible>(handle(req, &proxy, &health).await) }
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(req, &state).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        tokio::spawn(conn);
+        tokio::spawn(graceful.watch(conn));
     }
+    drop(listener);
+    let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
 }
 
-async fn handle(req: Request<Incoming>, proxy: &Proxy, health: &Health) -> Response<Body> {
+async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
+    let proxy = &state.proxy;
     if req.uri().path() == "/metrics" {
         let mut response = Response::new(response::full(proxy.metrics().render(proxy.limiter())));
         response.headers_mut().insert(
@@ -48,7 +99,7 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy, health: &Health) -> Respo
     }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
-        "/readyz" if health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" if state.health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         "/readyz" if proxy.limiter().is_ready().await => (StatusCode::OK, "ready\n"),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -1,13 +1,17 @@
 //! The typed, validated configuration. `file.rs` holds the YAML as written; [`Config::from_yaml`]
 //! parses it and checks every field, naming each problem by its path
 //! (`routes[1].limits[0].refill_rate: must be > 0`). A `Config` that exists is valid.
+//!
+//! Closed choices (`storage.backend`, `on_error`, `algorithm`, `per`, ...) are serde enums, so
+//! the parser itself names the allowed values. Limits are built through the limiter's checked
+//! constructors; this module only attaches the field path to their errors. Environment
+//! overrides (`FLOODGATE_REDIS_URL`) are read by the binary and passed in as [`Overrides`].
 
 pub mod file;
 pub mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +23,16 @@ use sha2::{Digest, Sha256};
 
 use crate::identity::IdentityConfig;
 pub use crate::limiter::OnError;
-use crate::limiter::{Algorithm, Limit};
-use file::{FileConfig, LimitFile, RouteFile};
+use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS};
+use file::{BackendKind, Choice, FileConfig, LimitFile, RouteFile};
+
+/// Values from outside the file that replace what it says: the binary reads them from the
+/// environment (`FLOODGATE_REDIS_URL`).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Replaces `storage.url` for the `redis` backend.
+    pub redis_url: Option<String>,
+}
 
 /// A valid floodgate configuration.
 #[derive(Debug, Clone)]
@@ -41,9 +53,11 @@ pub struct Config {
 }
 
 /// Which rate-limit fields responses carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum HeaderProfile {
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix seconds), as GitHub and most gateways.
+    #[serde(rename = "x_ratelimit")]
     XRateLimit,
     /// `RateLimit-Policy` and `RateLimit` of draft-ietf-httpapi-ratelimit-headers-09.
     Ietf,
@@ -52,7 +66,8 @@ pub enum HeaderProfile {
 }
 
 /// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     Human,
     Json,
@@ -127,17 +142,71 @@ pub struct RouteConfig {
     /// `None` matches every method.
     pub methods: Option<Vec<Method>>,
     pub upstream: Upstream,
-    /// The enforced limits: a request must pass all of them.
-    pub limits: Vec<Limit>,
-    /// The route's name plus a fingerprint of its limits: limiter state is kept per budget id, so
-    /// a reload that changes a route's limits starts it afresh and one that does not keeps it.
+    /// The enforced limits: a request must pass every one that applies to it.
+    pub enforced: Budget,
+    /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
+    pub shadow: Budget,
+}
+
+/// A list of limits decided together, all-or-nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Budget {
+    pub limits: Vec<RouteLimit>,
+}
+
+impl Budget {
+    /// True when there is no limit.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+}
+
+/// Whose budget a limit spends (`per:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Per {
+    /// The request's identity: consumer or API key, user id, or IP, in that order.
+    #[default]
+    Identity,
+    /// The client IP from the trusted-proxy walk, whatever key or user id is sent.
+    Ip,
+    /// One budget shared by every client of the route.
+    Route,
+}
+
+impl Per {
+    /// The name used in the config file and `/budgets`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Per::Identity => "identity",
+            Per::Ip => "ip",
+            Per::Route => "route",
+        }
+    }
+}
+
+/// One limit of a route, with whose budget it spends and the store id of that budget.
+#[derive(Debug, Clone)]
+pub struct RouteLimit {
+    pub limit: Limit,
+    pub per: Per,
+    /// The consumer tiers it applies to; `None`: every request.
+    pub tiers: Option<Vec<String>>,
+    /// The store's id for this limit's budgets: the route's name, `~shadow` for shadow limits,
+    /// the limit's position in the file and a fingerprint of its parameters. A reload that
+    /// changes the limit starts it afresh; one that does not keeps its state.
     pub budget_id: String,
-    /// Limits in shadow mode: decided and counted, never denying. A budget of their own.
-    pub shadow_limits: Vec<Limit>,
-    pub shadow_budget_id: String,
-    /// Policy names for the IETF headers (`{route}-{position in the file}`), enforced then shadow.
-    pub limit_names: Vec<String>,
-    pub shadow_limit_names: Vec<String>,
+    /// The policy name for the IETF headers: `{route}-{position in the file}`.
+    pub name: String,
+}
+
+impl RouteLimit {
+    /// True when the limit applies to a request of consumer tier `tier`.
+    pub fn applies_to(&self, tier: &str) -> bool {
+        self.tiers
+            .as_ref()
+            .is_none_or(|tiers| tiers.iter().any(|t| t == tier))
+    }
 }
 
 /// An upstream origin: scheme and authority (the request's path is forwarded unchanged).
@@ -198,15 +267,20 @@ impl ConfigError {
 }
 
 impl Config {
-    /// Reads and validates a config file.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    /// Reads and validates a config file. Blocking: call it from a blocking thread on a runtime.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
-        Config::from_yaml(&text)
+        Config::from_yaml_with(&text, overrides)
     }
 
-    /// Parses and validates YAML text.
+    /// Parses and validates YAML text, with no overrides.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml_with(text, &Overrides::default())
+    }
+
+    /// Parses and validates YAML text, applying `overrides`.
+    pub fn from_yaml_with(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
         // YAML → a generic value → the file structs, so that serde_path_to_error can name the
         // field of a type error or unknown key whatever the YAML parser reports.
         // `.inf` and `.nan` come through as strings, so the field they are in gets named below.
@@ -221,11 +295,14 @@ impl Config {
                 e.into_inner().to_string(),
             )
         })?;
-        Config::from_file(file)
+        Config::from_file(file, overrides)
     }
 
     /// Validates the file structs.
-    pub fn from_file(file: FileConfig) -> Result<Config, ConfigError> {
+    pub fn from_file(mut file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigError> {
+        if let Some(url) = &overrides.redis_url {
+            file.storage.url = Some(url.clone());
+        }
         let mut v = Validator::default();
         let listen = v.socket_addr("listen", &file.listen);
         let admin_listen = file
@@ -249,26 +326,17 @@ impl Config {
                 routes.push(route);
             }
         }
-        let rate_limit_headers = match file.rate_limit_headers.as_deref().unwrap_or("x_ratelimit") {
-            "x_ratelimit" => HeaderProfile::XRateLimit,
-            "ietf" => HeaderProfile::Ietf,
-            "none" => HeaderProfile::None,
-            other => {
-                v.problem(
-                    "rate_limit_headers",
-                    format!("{other:?} is not one of x_ratelimit, ietf, none"),
-                );
-                HeaderProfile::XRateLimit
-            }
-        };
-        let log_format = match file.log_format.as_deref().unwrap_or("human") {
-            "human" => LogFormat::Human,
-            "json" => LogFormat::Json,
-            other => {
-                v.problem("log_format", format!("{other:?} is not one of human, json"));
-                LogFormat::Human
-            }
-        };
+        if let Some(storage) = &storage
+            && matches!(storage.backend, Backend::RedisCluster { .. })
+        {
+            v.single_slot_routes(&routes);
+        }
+        let rate_limit_headers = v.choice(
+            "rate_limit_headers",
+            file.rate_limit_headers,
+            HeaderProfile::XRateLimit,
+        );
+        let log_format = v.choice("log_format", file.log_format, LogFormat::Human);
         match (listen, storage, identity, v.problems.is_empty()) {
             (Some(listen), Some(storage), Some(identity), true) => Ok(Config {
                 listen,
@@ -302,6 +370,19 @@ impl Validator {
             path: path.into(),
             message: message.into(),
         });
+    }
+
+    /// The value of a closed choice, or `default` when it is absent; an invalid one is a
+    /// problem at `path` (and `default` stands in, so validation goes on).
+    fn choice<T>(&mut self, path: &str, choice: Option<Choice<T>>, default: T) -> T {
+        match choice {
+            None => default,
+            Some(Choice::Known(value)) => value,
+            Some(Choice::Invalid(message)) => {
+                self.problem(path, message);
+                default
+            }
+        }
     }
 
     fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
@@ -362,10 +443,10 @@ impl Validator {
     }
 
     fn storage(&mut self, s: file::StorageFile) -> Option<StorageConfig> {
-        let url = std::env::var("FLOODGATE_REDIS_URL").ok().or(s.url);
-        let backend = match s.backend.as_deref().unwrap_or("memory") {
-            "memory" => Backend::Memory,
-            "redis" => match url {
+        let on_error = self.choice("storage.on_error", s.on_error, OnError::Allow);
+        let backend = match self.choice("storage.backend", s.backend, BackendKind::Memory) {
+            BackendKind::Memory => Backend::Memory,
+            BackendKind::Redis => match s.url {
                 Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                     Backend::Redis { url }
                 }
@@ -384,7 +465,7 @@ impl Validator {
                     return None;
                 }
             },
-            "redis_cluster" => match s.urls {
+            BackendKind::RedisCluster => match s.urls {
                 Some(urls) if !urls.is_empty() => Backend::RedisCluster { urls },
                 _ => {
                     self.problem(
@@ -394,25 +475,6 @@ impl Validator {
                     return None;
                 }
             },
-            other => {
-                self.problem(
-                    "storage.backend",
-                    format!("{other:?} is not one of memory, redis, redis_cluster"),
-                );
-                return None;
-            }
-        };
-        let on_error = match s.on_error.as_deref().unwrap_or("allow") {
-            "allow" => OnError::Allow,
-            "deny" => OnError::Deny,
-            "local" => OnError::Local,
-            other => {
-                self.problem(
-                    "storage.on_error",
-                    format!("{other:?} is not one of allow, deny, local"),
-                );
-                OnError::Allow
-            }
         };
         let max_keys = match s.max_keys {
             None => 1_000_000,
@@ -503,12 +565,7 @@ impl Validator {
 
     fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
         let before = self.problems.len();
-        if r.name.is_empty()
-            || !r
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-        {
+        if !is_name(&r.name) {
             self.problem(
                 format!("{path}.name"),
                 format!("{:?} must be letters, digits, '_', '.' or '-' (it names metrics and store keys)", r.name),
@@ -537,39 +594,83 @@ impl Validator {
                 .collect::<Vec<_>>()
         });
         let upstream = self.upstream(&format!("{path}.upstream"), &r.upstream);
-        let mut limits = Vec::new();
-        let mut shadow_limits = Vec::new();
-        let mut limit_names = Vec::new();
-        let mut shadow_limit_names = Vec::new();
+        let mut enforced = Budget::default();
+        let mut shadow = Budget::default();
+        if r.limits.len() > MAX_LIMITS {
+            self.problem(
+                format!("{path}.limits"),
+                format!("at most {MAX_LIMITS} limits per route"),
+            );
+        }
         for (n, l) in r.limits.iter().enumerate() {
-            if let Some(limit) = self.limit(&format!("{path}.limits[{n}]"), l) {
-                let name = format!("{}-{n}", r.name);
-                if l.shadow.unwrap_or(false) {
-                    shadow_limits.push(limit);
-                    shadow_limit_names.push(name);
-                } else {
-                    limits.push(limit);
-                    limit_names.push(name);
+            let limit_path = format!("{path}.limits[{n}]");
+            let Some(limit) = self.limit(&limit_path, l) else {
+                continue;
+            };
+            let tiers = l.tiers.as_ref().map(|tiers| {
+                for (t, tier) in tiers.iter().enumerate() {
+                    if !is_name(tier) {
+                        self.problem(
+                            format!("{limit_path}.tiers[{t}]"),
+                            format!("{tier:?} must be letters, digits, '_', '.' or '-'"),
+                        );
+                    }
                 }
+                tiers.clone()
+            });
+            let is_shadow = l.shadow.unwrap_or(false);
+            let budget_id = format!(
+                "{}{}#{n}#{}",
+                r.name,
+                if is_shadow { "~shadow" } else { "" },
+                limit_fingerprint(&limit)
+            );
+            let route_limit = RouteLimit {
+                limit,
+                per: self.choice(&format!("{limit_path}.per"), l.per.clone(), Per::Identity),
+                tiers,
+                budget_id,
+                name: format!("{}-{n}", r.name),
+            };
+            if is_shadow {
+                shadow.limits.push(route_limit);
+            } else {
+                enforced.limits.push(route_limit);
             }
         }
         if self.problems.len() > before {
             return None;
         }
-        let budget_id = format!("{}#{}", r.name, limits_fingerprint(&limits));
-        let shadow_budget_id = format!("{}~shadow#{}", r.name, limits_fingerprint(&shadow_limits));
         Some(RouteConfig {
             name: r.name,
             path_prefix: r.path_prefix,
             methods,
             upstream: upstream?,
-            limits,
-            budget_id,
-            shadow_limits,
-            shadow_budget_id,
-            limit_names,
-            shadow_limit_names,
+            enforced,
+            shadow,
         })
+    }
+
+    /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
+    /// budgets of one client value share a slot (its hash is the hash tag), but a route mixing
+    /// `per:` scopes spends budgets of different values at once, which no one slot holds.
+    fn single_slot_routes(&mut self, routes: &[RouteConfig]) {
+        for (i, route) in routes.iter().enumerate() {
+            for (budget, label) in [(&route.enforced, "enforced"), (&route.shadow, "shadow")] {
+                let mut scopes = budget.limits.iter().map(|l| l.per);
+                if let Some(first) = scopes.next()
+                    && scopes.any(|per| per != first)
+                {
+                    self.problem(
+                        format!("routes[{i}].limits"),
+                        format!(
+                            "the {label} limits mix per: scopes, which redis_cluster cannot decide \
+                             in one atomic step; use one scope per route there"
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     fn upstream(&mut self, path: &str, text: &str) -> Option<Upstream> {
@@ -619,138 +720,125 @@ impl Validator {
     }
 
     fn limit(&mut self, path: &str, l: &LimitFile) -> Option<Limit> {
+        let kind = match &l.algorithm {
+            Choice::Known(kind) => *kind,
+            Choice::Invalid(message) => {
+                self.problem(format!("{path}.algorithm"), message.clone());
+                return None;
+            }
+        };
+        let name = kind.name();
+        let (rate_name, rate) = match kind {
+            AlgorithmKind::LeakyBucket => ("leak_rate", l.leak_rate),
+            _ => ("refill_rate", l.refill_rate),
+        };
+        let units_name = if kind.is_bucket() {
+            "capacity"
+        } else {
+            "limit"
+        };
         let before = self.problems.len();
-        let algorithm = match l.algorithm.as_str() {
-            "token_bucket" | "leaky_bucket" => {
-                let leaky = l.algorithm == "leaky_bucket";
-                let (rate_name, rate) = if leaky {
-                    ("leak_rate", l.leak_rate)
-                } else {
-                    ("refill_rate", l.refill_rate)
-                };
-                let wrong: &[(&str, bool)] = &[
-                    (
-                        if leaky { "refill_rate" } else { "leak_rate" },
-                        if leaky {
-                            l.refill_rate.is_some()
-                        } else {
-                            l.leak_rate.is_some()
-                        },
-                    ),
+        if kind.is_bucket() {
+            let wrong_rate = match kind {
+                AlgorithmKind::LeakyBucket => ("refill_rate", l.refill_rate.is_some()),
+                _ => ("leak_rate", l.leak_rate.is_some()),
+            };
+            self.not_parameters(
+                path,
+                name,
+                &[
+                    wrong_rate,
                     ("limit", l.limit.is_some()),
                     ("window", l.window.is_some()),
-                ];
-                self.not_parameters(path, &l.algorithm, wrong);
-                let capacity = self.count(&format!("{path}.capacity"), l.capacity);
-                let interval_us = match rate {
-                    None => {
-                        self.problem(
-                            format!("{path}.{rate_name}"),
-                            format!("required for {}", l.algorithm),
-                        );
-                        None
-                    }
-                    Some(r) if r.is_nan() || r <= 0.0 || !r.is_finite() => {
-                        self.problem(format!("{path}.{rate_name}"), "must be > 0");
-                        None
-                    }
-                    Some(r) => Algorithm::interval_for_rate(r).or_else(|| {
-                        self.problem(
-                            format!("{path}.{rate_name}"),
-                            "must be at most 1000000 per second",
-                        );
-                        None
-                    }),
-                };
-                match (capacity, interval_us) {
-                    (Some(capacity), Some(interval_us)) if leaky => Algorithm::LeakyBucket {
-                        capacity,
-                        interval_us,
-                    },
-                    (Some(capacity), Some(interval_us)) => Algorithm::TokenBucket {
-                        capacity,
-                        interval_us,
-                    },
-                    _ => return None,
+                ],
+            );
+        } else {
+            self.not_parameters(
+                path,
+                name,
+                &[
+                    ("capacity", l.capacity.is_some()),
+                    ("refill_rate", l.refill_rate.is_some()),
+                    ("leak_rate", l.leak_rate.is_some()),
+                ],
+            );
+        }
+        let units = if kind.is_bucket() {
+            l.capacity
+        } else {
+            l.limit
+        };
+        let units = self.count(&format!("{path}.{units_name}"), units);
+        let built = if kind.is_bucket() {
+            let rate = match rate {
+                None => {
+                    self.problem(
+                        format!("{path}.{rate_name}"),
+                        format!("required for {name}"),
+                    );
+                    None
                 }
-            }
-            "fixed_window" | "sliding_window_log" | "sliding_window_counter" => {
-                self.not_parameters(
-                    path,
-                    &l.algorithm,
-                    &[
-                        ("capacity", l.capacity.is_some()),
-                        ("refill_rate", l.refill_rate.is_some()),
-                        ("leak_rate", l.leak_rate.is_some()),
-                    ],
-                );
-                let limit = self.count(&format!("{path}.limit"), l.limit);
-                let window_us = match l.window.as_deref() {
-                    None => {
-                        self.problem(
-                            format!("{path}.window"),
-                            format!("required for {}", l.algorithm),
-                        );
+                // Checked on its own, so a bad capacity and a bad rate are both named.
+                Some(rate) => match Algorithm::interval_for_rate(rate) {
+                    Ok(_) => Some(rate),
+                    Err(e) => {
+                        self.limit_problem(format!("{path}.{rate_name}"), e);
                         None
                     }
-                    Some(text) => match parse_duration(text) {
-                        Ok(d) if d >= Duration::from_millis(1) => Some(d.as_micros() as u64),
-                        Ok(_) => {
-                            self.problem(format!("{path}.window"), "must be at least 1ms");
-                            None
-                        }
-                        Err(message) => {
-                            self.problem(format!("{path}.window"), message);
-                            None
-                        }
-                    },
-                };
-                let (Some(limit), Some(window_us)) = (limit, window_us) else {
-                    return None;
-                };
-                match l.algorithm.as_str() {
-                    "fixed_window" => Algorithm::FixedWindow { limit, window_us },
-                    "sliding_window_log" => Algorithm::SlidingWindowLog { limit, window_us },
-                    _ => Algorithm::SlidingWindowCounter { limit, window_us },
-                }
-            }
-            other => {
-                self.problem(
-                    format!("{path}.algorithm"),
-                    format!(
-                        "{other:?} is not one of token_bucket, leaky_bucket, fixed_window, \
-                         sliding_window_log, sliding_window_counter"
-                    ),
-                );
+                },
+            };
+            let (Some(units), Some(rate)) = (units, rate) else {
                 return None;
+            };
+            match kind {
+                AlgorithmKind::LeakyBucket => Algorithm::leaky_bucket(units, rate),
+                _ => Algorithm::token_bucket(units, rate),
+            }
+        } else {
+            let window = match l.window.as_deref().map(parse_duration) {
+                None => {
+                    self.problem(format!("{path}.window"), format!("required for {name}"));
+                    None
+                }
+                Some(Ok(window)) => Some(window),
+                Some(Err(message)) => {
+                    self.problem(format!("{path}.window"), message);
+                    None
+                }
+            };
+            let (Some(units), Some(window)) = (units, window) else {
+                return None;
+            };
+            match kind {
+                AlgorithmKind::FixedWindow => Algorithm::fixed_window(units, window),
+                AlgorithmKind::SlidingWindowLog => Algorithm::sliding_window_log(units, window),
+                _ => Algorithm::sliding_window_counter(units, window),
             }
         };
         let cost = match l.cost {
-            None => 1,
-            Some(c) if c >= 1 && c <= i64::from(algorithm.max_cost()) => c as u32,
-            Some(_) => {
-                self.problem(
-                    format!("{path}.cost"),
-                    format!(
-                        "must be between 1 and {} (a request costing more could never pass)",
-                        algorithm.max_cost()
-                    ),
-                );
-                return None;
-            }
+            None => Some(1),
+            Some(c) => u32::try_from(c).ok().or(Some(0)),
         };
-        // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
-        let (units, span) = algorithm.parameters();
-        if units
-            .checked_mul(span)
-            .is_none_or(|product| product >= 1 << 53)
-        {
-            self.problem(
-                path.to_string(),
-                "the budget spans too long (more than about 285 years of microseconds)",
-            );
+        let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
+        match limit {
+            Ok(limit) if self.problems.len() == before => Some(limit),
+            Ok(_) => None,
+            Err(e) => {
+                let field = match e.field() {
+                    LimitField::Units => format!("{path}.{units_name}"),
+                    LimitField::Rate => format!("{path}.{rate_name}"),
+                    LimitField::Window => format!("{path}.window"),
+                    LimitField::Cost => format!("{path}.cost"),
+                    LimitField::Whole => path.to_string(),
+                };
+                self.limit_problem(field, e);
+                None
+            }
         }
-        (self.problems.len() == before).then_some(Limit { algorithm, cost })
+    }
+
+    fn limit_problem(&mut self, path: String, error: LimitError) {
+        self.problem(path, error.to_string());
     }
 
     fn not_parameters(&mut self, path: &str, algorithm: &str, present: &[(&str, bool)]) {
@@ -764,13 +852,17 @@ impl Validator {
         }
     }
 
-    fn count(&mut self, path: &str, value: Option<i64>) -> Option<NonZeroU32> {
+    fn count(&mut self, path: &str, value: Option<i64>) -> Option<u32> {
         match value {
             None => {
                 self.problem(path, "required");
                 None
             }
-            Some(n) if n >= 1 && n <= i64::from(u32::MAX) => NonZeroU32::new(n as u32),
+            Some(n) if n >= 1 && n <= i64::from(u32::MAX) => Some(n as u32),
+            Some(n) if n >= 1 => {
+                self.problem(path, format!("must be at most {}", u32::MAX));
+                None
+            }
             Some(_) => {
                 self.problem(path, "must be > 0");
                 None
@@ -785,14 +877,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{text:?} is not a duration like 500ms, 1s, 1m or 1h ({e})"))
 }
 
-/// A short, stable fingerprint of a route's limits: the same limits give the same fingerprint on
-/// every instance and across restarts.
-fn limits_fingerprint(limits: &[Limit]) -> String {
-    let mut spec = String::new();
-    for l in limits {
-        let (a, b) = l.algorithm.parameters();
-        spec.push_str(&format!("{}:{a}:{b}:{};", l.algorithm.name(), l.cost));
-    }
+/// True for names that can go into metric labels and store keys.
+fn is_name(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// A short, stable fingerprint of a limit: the same limit gives the same fingerprint on every
+/// instance and across restarts.
+fn limit_fingerprint(limit: &Limit) -> String {
+    let (a, b) = limit.algorithm().parameters();
+    let spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
     let digest = Sha256::digest(spec.as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -14,6 +14,8 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
+use crate::limiter::KeyKind;
+
 /// Which of the three sources the identity came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IdentityKind {
@@ -29,6 +31,16 @@ impl IdentityKind {
             IdentityKind::ApiKey => "api_key",
             IdentityKind::UserId => "user_id",
             IdentityKind::Ip => "ip",
+        }
+    }
+}
+
+impl From<IdentityKind> for KeyKind {
+    fn from(kind: IdentityKind) -> KeyKind {
+        match kind {
+            IdentityKind::ApiKey => KeyKind::ApiKey,
+            IdentityKind::UserId => KeyKind::UserId,
+            IdentityKind::Ip => KeyKind::Ip,
         }
     }
 }
@@ -55,14 +67,21 @@ impl Identity<'_> {
     pub fn key_bytes<'b>(&'b self, buf: &'b mut [u8; 16]) -> &'b [u8] {
         match self {
             Identity::ApiKey(v) | Identity::UserId(v) => v,
-            Identity::Ip(IpAddr::V4(ip)) => {
-                buf[..4].copy_from_slice(&ip.octets());
-                &buf[..4]
-            }
-            Identity::Ip(IpAddr::V6(ip)) => {
-                *buf = ip.octets();
-                &buf[..]
-            }
+            Identity::Ip(ip) => ip_octets(*ip, buf),
+        }
+    }
+}
+
+/// An address's octets, in `buf`: 4 for IPv4, 16 for IPv6.
+pub fn ip_octets(ip: IpAddr, buf: &mut [u8; 16]) -> &[u8] {
+    match ip {
+        IpAddr::V4(ip) => {
+            buf[..4].copy_from_slice(&ip.octets());
+            &buf[..4]
+        }
+        IpAddr::V6(ip) => {
+            *buf = ip.octets();
+            &buf[..]
         }
     }
 }
@@ -105,11 +124,18 @@ impl IdentityConfig {
         if trusted_peer && let Some(user) = single_value(headers, &self.user_id_header)? {
             return Ok(Identity::UserId(user));
         }
-        Ok(Identity::Ip(if trusted_peer {
+        Ok(Identity::Ip(self.client_addr(headers, peer)))
+    }
+
+    /// The client's address: the peer, or behind a trusted peer the `X-Forwarded-For` walk's
+    /// answer ([`IdentityConfig::client_ip`]). What `per: ip` limits spend.
+    pub fn client_addr(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        let peer = peer.to_canonical();
+        if self.is_trusted(peer) {
             self.client_ip(headers, peer)
         } else {
             peer
-        }))
+        }
     }
 
     /// The client address behind a trusted peer: the rightmost `X-Forwarded-For` entry that is not

@@ -2,120 +2,365 @@
 //! stores that keep their state.
 //!
 //! The pieces are independent, as in `governor`: a [`Limit`] (algorithm × parameters × cost) says
-//! what is allowed; [`algorithm::State`] holds one identity's state for one limit and decides as a
-//! pure function of (state, now, parameters); a store keeps states per budget key; a [`Clock`]
+//! what is allowed; [`algorithm::State`] holds one budget's state for one limit and decides as a
+//! pure function of (state, now, parameters); a store keeps states per [`BudgetKey`]; a [`Clock`]
 //! says what time it is. Nothing here knows about hyper or the config file.
+//!
+//! A request is decided by a list of [`Ask`]s, one per limit that applies to it, each naming the
+//! budget that limit spends (the caller's identity, its IP, or the whole route). The stores
+//! decide the list all-or-nothing: when one limit denies, nothing is spent from any of them.
+//!
+//! [`Algorithm`] and [`Limit`] cannot be built invalid: their fields are private and their
+//! constructors check every bound the algorithms and the Redis scripts rely on (no zero
+//! interval or window, no budget past 2^53 µs, no cost above what the budget holds).
 
 pub mod algorithm;
 pub mod guard;
 pub mod memory;
 pub mod redis;
 
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use memory::{BudgetKey, MemoryStore};
+pub use memory::MemoryStore;
 
-/// A rate-limiting algorithm with its parameters, in the units the algorithms compute in.
-///
-/// Rates are stored as the interval between two units of cost, rounded up to whole microseconds,
-/// so that every algorithm runs on integers (and the Lua scripts mirror them exactly). Rounding up
-/// means a configured rate is never exceeded; the rate actually enforced is
-/// `1e6 / ceil(1e6 / rate)` per second, e.g. 2 999 991/s for 3 000 000/s, and exact for every
-/// rate that divides a million.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Bursts up to `capacity`, refilled by one token every `interval_us`.
-    TokenBucket {
-        capacity: NonZeroU32,
-        interval_us: u64,
-    },
-    /// A queue of `capacity` requests drained one every `interval_us`: admitted requests are
-    /// delayed so they leave evenly spaced; one that would not fit in the queue is rejected.
-    LeakyBucket {
-        capacity: NonZeroU32,
-        interval_us: u64,
-    },
+/// The most limits one request may be decided against (the config checks it per route), so the
+/// stores can keep one request's working set on the stack.
+pub const MAX_LIMITS: usize = 16;
+
+/// The rate-limiting algorithms, without their parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmKind {
+    /// Bursts up to a capacity, refilled at a steady rate (GCRA).
+    TokenBucket,
+    /// A queue drained at a steady rate: admitted requests are delayed so they leave evenly
+    /// spaced; one that would not fit in the queue is rejected (GCRA, keeping the delay).
+    LeakyBucket,
     /// At most `limit` per window aligned to the Unix epoch.
-    FixedWindow { limit: NonZeroU32, window_us: u64 },
-    /// At most `limit` in any span `window_us` long (one timestamp kept per admitted request).
-    SlidingWindowLog { limit: NonZeroU32, window_us: u64 },
+    FixedWindow,
+    /// At most `limit` in any span one window long (one timestamp kept per admitted unit).
+    SlidingWindowLog,
     /// The current aligned window's count plus the previous one's, weighted by how much of the
     /// previous window still overlaps the sliding window.
-    SlidingWindowCounter { limit: NonZeroU32, window_us: u64 },
+    SlidingWindowCounter,
+}
+
+impl AlgorithmKind {
+    /// Every algorithm, in the order the docs list them.
+    pub const ALL: [AlgorithmKind; 5] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::LeakyBucket,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindowLog,
+        AlgorithmKind::SlidingWindowCounter,
+    ];
+
+    /// The name used in the config file, logs and store keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgorithmKind::TokenBucket => "token_bucket",
+            AlgorithmKind::LeakyBucket => "leaky_bucket",
+            AlgorithmKind::FixedWindow => "fixed_window",
+            AlgorithmKind::SlidingWindowLog => "sliding_window_log",
+            AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
+        }
+    }
+
+    /// True for the token and leaky buckets, whose span is a per-unit interval rather than a
+    /// window.
+    pub fn is_bucket(self) -> bool {
+        matches!(
+            self,
+            AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket
+        )
+    }
+}
+
+/// Why a limit's parameters cannot be used. [`LimitError::field`] says which parameter is wrong,
+/// so the config can name it by path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("must be > 0")]
+    ZeroUnits,
+    #[error("must be > 0")]
+    RateNotPositive,
+    #[error("must be at most 1000000 per second")]
+    RateTooHigh,
+    #[error("must be at least 1ms")]
+    WindowTooShort,
+    #[error("the budget spans too long (more than about 285 years of microseconds)")]
+    SpanTooLong,
+    #[error("must be between 1 and {max} (a request costing more could never pass)")]
+    Cost { max: u32 },
+}
+
+/// Which parameter a [`LimitError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitField {
+    /// `capacity` (buckets) or `limit` (windows).
+    Units,
+    /// `refill_rate` or `leak_rate`.
+    Rate,
+    /// `window`.
+    Window,
+    /// `cost`.
+    Cost,
+    /// The limit as a whole.
+    Whole,
+}
+
+impl LimitError {
+    /// The parameter this error is about.
+    pub fn field(&self) -> LimitField {
+        match self {
+            LimitError::ZeroUnits => LimitField::Units,
+            LimitError::RateNotPositive | LimitError::RateTooHigh => LimitField::Rate,
+            LimitError::WindowTooShort => LimitField::Window,
+            LimitError::SpanTooLong => LimitField::Whole,
+            LimitError::Cost { .. } => LimitField::Cost,
+        }
+    }
+}
+
+/// A rate-limiting algorithm with its parameters, in the units the algorithms compute in: a
+/// count of units (capacity or limit) and a span in microseconds (the interval between two units
+/// of a bucket's rate, or a window's length).
+///
+/// Rates are stored as that interval rounded up to whole microseconds, so every algorithm runs
+/// on integers (and the Lua scripts mirror them exactly). Rounding up means a configured rate is
+/// never exceeded; the rate actually enforced is `1e6 / ceil(1e6 / rate)` per second, e.g.
+/// 2 999 991/s for 3 000 000/s, and exact for every rate that divides a million.
+///
+/// ```
+/// use floodgate::limiter::{Algorithm, LimitError};
+/// let bucket = Algorithm::token_bucket(20, 10.0).unwrap();
+/// assert_eq!(bucket.parameters(), (20, 100_000));
+/// assert_eq!(Algorithm::token_bucket(0, 10.0), Err(LimitError::ZeroUnits));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Algorithm {
+    kind: AlgorithmKind,
+    units: NonZeroU32,
+    span_us: NonZeroU64,
 }
 
 impl Algorithm {
+    /// A token bucket of `capacity` tokens refilled at `refill_per_second`.
+    pub fn token_bucket(capacity: u32, refill_per_second: f64) -> Result<Self, LimitError> {
+        Self::bucket(AlgorithmKind::TokenBucket, capacity, refill_per_second)
+    }
+
+    /// A leaky bucket queueing up to `capacity` requests, drained at `leak_per_second`.
+    pub fn leaky_bucket(capacity: u32, leak_per_second: f64) -> Result<Self, LimitError> {
+        Self::bucket(AlgorithmKind::LeakyBucket, capacity, leak_per_second)
+    }
+
+    /// At most `limit` per aligned `window`.
+    pub fn fixed_window(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::FixedWindow, limit, window)
+    }
+
+    /// At most `limit` in any span `window` long, exactly.
+    pub fn sliding_window_log(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::SlidingWindowLog, limit, window)
+    }
+
+    /// At most about `limit` in any span `window` long, estimated from two counters.
+    pub fn sliding_window_counter(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::SlidingWindowCounter, limit, window)
+    }
+
+    fn bucket(kind: AlgorithmKind, capacity: u32, per_second: f64) -> Result<Self, LimitError> {
+        let interval = Self::interval_for_rate(per_second)?;
+        Self::from_parts(kind, u64::from(capacity), interval)
+    }
+
+    fn window(kind: AlgorithmKind, limit: u32, window: Duration) -> Result<Self, LimitError> {
+        if window < Duration::from_millis(1) {
+            return Err(LimitError::WindowTooShort);
+        }
+        let window_us = u64::try_from(window.as_micros()).map_err(|_| LimitError::SpanTooLong)?;
+        Self::from_parts(kind, u64::from(limit), window_us)
+    }
+
+    /// The algorithm from its integer form: (capacity, interval µs) for the buckets, (limit,
+    /// window µs) for the windows. Checks what every constructor checks, except the windows'
+    /// 1 ms minimum (a config bound, not an arithmetic one): for tests and replay.
+    pub fn from_parts(kind: AlgorithmKind, units: u64, span_us: u64) -> Result<Self, LimitError> {
+        let units = u32::try_from(units)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or(LimitError::ZeroUnits)?;
+        let span_us = NonZeroU64::new(span_us).ok_or(if kind.is_bucket() {
+            LimitError::RateTooHigh
+        } else {
+            LimitError::WindowTooShort
+        })?;
+        // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
+        // The windows' sliding counter keeps two windows, so their bound is on twice the span.
+        let reach = u64::from(units.get()).max(2).checked_mul(span_us.get());
+        if reach.is_none_or(|r| r >= 1 << 53) {
+            return Err(LimitError::SpanTooLong);
+        }
+        Ok(Algorithm {
+            kind,
+            units,
+            span_us,
+        })
+    }
+
     /// The interval between two units of a `per_second` rate, in microseconds, rounded up.
-    /// `None` when the rate is not a positive finite number or is above one per microsecond.
-    pub fn interval_for_rate(per_second: f64) -> Option<u64> {
-        if !(per_second.is_finite() && per_second > 0.0 && per_second <= 1e6) {
-            return None;
+    pub fn interval_for_rate(per_second: f64) -> Result<u64, LimitError> {
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(LimitError::RateNotPositive);
+        }
+        if per_second > 1e6 {
+            return Err(LimitError::RateTooHigh);
         }
         let interval = (1e6 / per_second).ceil();
-        (1.0..1e15).contains(&interval).then_some(interval as u64)
+        if interval >= 1e15 {
+            return Err(LimitError::SpanTooLong);
+        }
+        Ok(interval as u64)
+    }
+
+    /// Which algorithm.
+    pub fn kind(&self) -> AlgorithmKind {
+        self.kind
     }
 
     /// The name used in the config file, logs and store keys.
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "token_bucket",
-            Algorithm::LeakyBucket { .. } => "leaky_bucket",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::SlidingWindowLog { .. } => "sliding_window_log",
-            Algorithm::SlidingWindowCounter { .. } => "sliding_window_counter",
-        }
+        self.kind.name()
+    }
+
+    /// Capacity (buckets) or limit (windows): what `X-RateLimit-Limit` says.
+    pub fn units(&self) -> u32 {
+        self.units.get()
+    }
+
+    /// The interval between two units (buckets) or the window's length (windows), in µs.
+    pub fn span_us(&self) -> u64 {
+        self.span_us.get()
     }
 
     /// The algorithm's two numbers: (capacity, interval µs) for the buckets, (limit, window µs)
     /// for the windows. A budget of `units` spans `units × span` µs (buckets) or `span` (windows).
     pub fn parameters(&self) -> (u64, u64) {
-        match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            }
-            | Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => (u64::from(capacity.get()), interval_us),
-            Algorithm::FixedWindow { limit, window_us }
-            | Algorithm::SlidingWindowLog { limit, window_us }
-            | Algorithm::SlidingWindowCounter { limit, window_us } => {
-                (u64::from(limit.get()), window_us)
-            }
-        }
+        (u64::from(self.units.get()), self.span_us.get())
     }
 
     /// True for the token and leaky buckets.
     pub fn is_bucket(&self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. }
-        )
+        self.kind.is_bucket()
     }
 
     /// The most one request may cost: a request costing more could never pass.
     pub fn max_cost(&self) -> u32 {
+        self.units.get()
+    }
+}
+
+/// One limit: an algorithm and what one request costs. Cannot be built with a cost the budget
+/// could never pay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    cost: NonZeroU32,
+}
+
+impl Limit {
+    /// A limit whose requests each cost `cost` units, between 1 and [`Algorithm::max_cost`].
+    pub fn new(algorithm: Algorithm, cost: u32) -> Result<Self, LimitError> {
+        match NonZeroU32::new(cost) {
+            Some(cost) if cost.get() <= algorithm.max_cost() => Ok(Limit { algorithm, cost }),
+            _ => Err(LimitError::Cost {
+                max: algorithm.max_cost(),
+            }),
+        }
+    }
+
+    /// A limit costing one unit per request.
+    pub fn of(algorithm: Algorithm) -> Self {
+        Limit {
+            algorithm,
+            cost: NonZeroU32::MIN,
+        }
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// Units one request spends.
+    pub fn cost(&self) -> u32 {
+        self.cost.get()
+    }
+}
+
+/// What a budget is keyed by, besides its route and limit: which kind of client value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// A raw API key (no `consumers:` section): hashed before it reaches any store.
+    ApiKey,
+    /// A known consumer, by name: all its keys share its budget.
+    Consumer,
+    /// A user id set by a trusted proxy.
+    UserId,
+    /// A client IP address (its octets).
+    Ip,
+    /// The whole route: one budget for every client (the value is empty).
+    Route,
+}
+
+impl KeyKind {
+    /// The name used in store keys, logs and metrics.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
-                capacity.get()
-            }
-            Algorithm::FixedWindow { limit, .. }
-            | Algorithm::SlidingWindowLog { limit, .. }
-            | Algorithm::SlidingWindowCounter { limit, .. } => limit.get(),
+            KeyKind::ApiKey => "api_key",
+            KeyKind::Consumer => "consumer",
+            KeyKind::UserId => "user_id",
+            KeyKind::Ip => "ip",
+            KeyKind::Route => "route",
         }
     }
 }
 
-/// One limit on a route: an algorithm and what one request costs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Limit {
-    pub algorithm: Algorithm,
-    /// Units one request spends; between 1 and [`Algorithm::max_cost`] (the config checks).
-    pub cost: u32,
+/// Whose budget one limit spends, as the stores see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetKey<'a> {
+    /// The limit's budget id: the route's name, the limit's position and a fingerprint of its
+    /// parameters, so that a reload that changes a limit starts it afresh while unchanged limits
+    /// keep their state.
+    pub budget: &'a str,
+    pub kind: KeyKind,
+    /// The client value's bytes (IP addresses as their octets; empty for [`KeyKind::Route`]).
+    pub value: &'a [u8],
+}
+
+impl BudgetKey<'_> {
+    /// A 64-bit hash of the key under `hasher` (a per-process random seed, so clients cannot
+    /// aim collisions). Separators keep `("ab", "c")` and `("a", "bc")` apart.
+    pub fn hash_with(&self, hasher: &std::hash::RandomState) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = hasher.build_hasher();
+        h.write(self.budget.as_bytes());
+        h.write_u8(0xff);
+        h.write_u8(self.kind as u8);
+        h.write(self.value);
+        h.finish()
+    }
+}
+
+/// One limit asked about one request: the limit and the budget it spends.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub limit: &'a Limit,
+    pub key: BudgetKey<'a>,
 }
 
 /// What one limit says about one request.
@@ -134,14 +379,36 @@ pub struct Decision {
     pub delay_us: u64,
 }
 
-/// The decision of all the limits of a route for one request, taken all-or-nothing.
+impl Decision {
+    /// An allowing decision with nothing in it: a placeholder for fixed-size buffers.
+    pub(crate) const EMPTY: Decision = Decision {
+        allowed: true,
+        limit: 0,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+    };
+
+    /// A full budget that was not charged: what a store answers for a budget it cannot track.
+    pub(crate) fn untracked(limit: &Limit) -> Decision {
+        let units = u64::from(limit.algorithm().units());
+        Decision {
+            limit: units,
+            remaining: units,
+            ..Decision::EMPTY
+        }
+    }
+}
+
+/// The decision of all the limits asked about one request, taken all-or-nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     /// The time the decision was taken at (µs since the Unix epoch), by the store's clock.
     pub now_us: u64,
     /// The limit with the fewest remaining: the one whose figures go in the headers.
     pub headline: Decision,
-    /// That limit's position in the route's list.
+    /// That limit's position in the list asked.
     pub headline_index: usize,
     pub allowed: bool,
     /// When denied, the longest wait among the limits that denied.
@@ -151,7 +418,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// Folds per-limit decisions (in route order) into one verdict. `decisions` must not be empty.
+    /// Folds per-limit decisions (in the order asked) into one verdict. `None` when empty.
     pub fn from_decisions(now_us: u64, decisions: &[Decision]) -> Option<Verdict> {
         let mut headline = *decisions.first()?;
         let mut headline_index = 0;
@@ -199,13 +466,14 @@ pub enum LimiterError {
     Protocol(String),
 }
 
-/// A source of wall-clock time in microseconds since the Unix epoch.
+/// A source of time in microseconds. The stores read wall time (µs since the Unix epoch, to agree
+/// with Redis and with logs); the guard's intervals read a monotonic clock.
 pub trait Clock: Send + Sync + 'static {
     fn now_us(&self) -> u64;
 }
 
-/// The system clock, made monotonic: if the wall clock steps back, time stands still until it
-/// catches up, so no state ever sees time move backwards.
+/// The system's wall clock, made non-decreasing: if it steps back, time stands still until it
+/// catches up, so no limiter state ever sees time move backwards.
 #[derive(Debug, Default)]
 pub struct SystemClock {
     last: AtomicU64,
@@ -218,6 +486,28 @@ impl Clock for SystemClock {
             .map_or(0, |d| d.as_micros() as u64);
         let previous = self.last.fetch_max(wall, Ordering::Relaxed);
         previous.max(wall)
+    }
+}
+
+/// Microseconds since this clock was made, from [`Instant`]: unaffected by wall-clock steps.
+/// For intervals (breaker cool-down, deny-cache expiry), never for limiter state.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_us(&self) -> u64 {
+        // Starts at 1 s, so that 0 can mean "never" in the structures that read it.
+        self.origin.elapsed().as_micros() as u64 + 1_000_000
     }
 }
 
@@ -252,14 +542,15 @@ impl Clock for ManualClock {
     }
 }
 
-impl<C: Clock> Clock for std::sync::Arc<C> {
+impl<C: Clock> Clock for Arc<C> {
     fn now_us(&self) -> u64 {
         (**self).now_us()
     }
 }
 
 /// What a request gets when the limiter store cannot decide (`storage.on_error`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Fail open: forward the request.
     Allow,
@@ -269,13 +560,47 @@ pub enum OnError {
     Local,
 }
 
-/// A decision, or what `on_error` made of a store failure.
+/// What the limiter answered for one request. A store failure under `on_error: deny` is not an
+/// admission: [`Limiter::decide`] returns the error instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decided {
-    /// `None`: admit without limiting (no limits, or the store failed and `on_error` is `allow`).
-    pub verdict: Option<Verdict>,
-    /// The store failed and `on_error` decided (`allow`, or `local` with the in-process store).
-    pub store_failed: bool,
+pub enum Admission {
+    /// Nothing was asked: no limits apply.
+    Unlimited,
+    /// A store decided (allowed or denied).
+    Limited { verdict: Verdict, source: Source },
+    /// The store failed and `on_error: allow` let the request through unlimited.
+    FailedOpen,
+}
+
+/// Which store a [`Admission::Limited`] verdict came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The configured store.
+    Store,
+    /// The in-process fallback, because the store failed and `on_error` is `local`.
+    Fallback,
+}
+
+impl Admission {
+    /// The verdict, if a store decided.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        match self {
+            Admission::Limited { verdict, .. } => Some(verdict),
+            _ => None,
+        }
+    }
+
+    /// True when the configured store failed and `on_error` answered.
+    pub fn store_failed(&self) -> bool {
+        matches!(
+            self,
+            Admission::FailedOpen
+                | Admission::Limited {
+                    source: Source::Fallback,
+                    ..
+                }
+        )
+    }
 }
 
 /// What the proxy asks: a store, and what to do when it fails.
@@ -284,24 +609,26 @@ pub enum Limiter {
     /// State in this process: never fails.
     Memory(Arc<MemoryStore>),
     /// State in Redis, behind the timeout, breaker and deny cache of [`guard::Guarded`].
-    Redis(Arc<guard::Guarded>),
+    Redis(Arc<guard::Guarded<redis::RedisStore>>),
 }
 
 impl Limiter {
-    /// Decides one request against all `limits`, all-or-nothing. `Err` means the store failed and
-    /// `on_error` is `deny`; otherwise see [`Decided`].
+    /// Decides one request against all `asks`, all-or-nothing. `Err` means the store failed and
+    /// `on_error` is `deny`.
     pub async fn decide(
         &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
+        asks: &[Ask<'_>],
         on_error: OnError,
-    ) -> Result<Decided, LimiterError> {
+    ) -> Result<Admission, LimiterError> {
         match self {
-            Limiter::Memory(store) => Ok(Decided {
-                verdict: store.decide(key, limits),
-                store_failed: false,
+            Limiter::Memory(store) => Ok(match store.decide(asks) {
+                Some(verdict) => Admission::Limited {
+                    verdict,
+                    source: Source::Store,
+                },
+                None => Admission::Unlimited,
             }),
-            Limiter::Redis(guarded) => guarded.decide(key, limits, on_error).await,
+            Limiter::Redis(guarded) => guarded.decide(asks, on_error).await,
         }
     }
 
@@ -313,11 +640,27 @@ impl Limiter {
         }
     }
 
-    /// The in-process store (the fallback, for Redis), to sweep.
-    pub fn memory(&self) -> Option<&Arc<MemoryStore>> {
+    /// The in-process store (the fallback, for Redis).
+    pub fn memory(&self) -> &Arc<MemoryStore> {
         match self {
-            Limiter::Memory(store) => Some(store),
-            Limiter::Redis(guarded) => Some(guarded.local()),
+            Limiter::Memory(store) => store,
+            Limiter::Redis(guarded) => guarded.local(),
+        }
+    }
+
+    /// The guard's counters, when there is a remote store.
+    pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
+        match self {
+            Limiter::Memory(_) => None,
+            Limiter::Redis(guarded) => Some(guarded.stats()),
+        }
+    }
+
+    /// The breaker's state, when there is a remote store.
+    pub fn breaker_state(&self) -> Option<guard::BreakerState> {
+        match self {
+            Limiter::Memory(_) => None,
+            Limiter::Redis(guarded) => Some(guarded.breaker_now()),
         }
     }
 }

@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use floodgate::config::{Backend, Config, LogFormat};
+use floodgate::config::{Backend, Config, LogFormat, Overrides};
 use floodgate::limiter::guard::Guarded;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{Limiter, MemoryStore, SystemClock};
@@ -60,8 +61,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The environment's overrides of the config file.
+fn overrides() -> Overrides {
+    Overrides {
+        redis_url: std::env::var("FLOODGATE_REDIS_URL").ok(),
+    }
+}
+
 fn check(path: &Path) -> ExitCode {
-    match Config::load(path) {
+    match Config::load(path, &overrides()) {
         Ok(config) => {
             println!("{}: ok ({} routes)", path.display(), config.routes.len());
             ExitCode::SUCCESS
@@ -90,7 +98,7 @@ fn init_logging(format: &str) {
 }
 
 fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
-    let config = Config::load(path)
+    let config = Config::load(path, &overrides())
         .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
     let format = match (log_format, config.log_format) {
         (Some(flag), _) => flag,
@@ -130,7 +138,9 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
             redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
         }
     };
-    let metrics = Arc::new(Metrics::new());
+    // Sweeps the in-process store (the `local` fallback, for Redis) of full budgets.
+    limiter.memory().spawn_sweeper(Duration::from_secs(5));
+    let metrics = Arc::new(Metrics::with_limiter(&limiter));
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics.clone()));
     let server = Server::bind(&config, proxy.clone())
         .await
@@ -155,7 +165,7 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let running = config.clone();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            reload_proxy.reload_file(&path, &running);
+            reload(&reload_proxy, &path, &running).await;
         }
     });
     let shutdown = async move {
@@ -167,4 +177,40 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     server.run(shutdown).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP: re-reads and validates `path` on a blocking thread (a large file must not stall a
+/// runtime worker). A valid file is swapped in (and counted); an invalid one is logged with its
+/// field paths (and counted), and the running config stays. `running` is the config the process
+/// started with, to warn about changes that need a restart.
+async fn reload(proxy: &Proxy, path: &Path, running: &Config) {
+    let file = path.to_path_buf();
+    let loaded = tokio::task::spawn_blocking(move || Config::load(&file, &overrides())).await;
+    match loaded {
+        Ok(Ok(new)) => {
+            proxy.reload(&new);
+            proxy.metrics().reload(true);
+            let restart_only = new.listen != running.listen
+                || new.admin_listen != running.admin_listen
+                || new.storage.backend != running.storage.backend
+                || new.tls.as_ref().map(|t| (&t.cert, &t.key))
+                    != running.tls.as_ref().map(|t| (&t.cert, &t.key))
+                || new.upstream_ca.as_ref().map(|c| &c.path)
+                    != running.upstream_ca.as_ref().map(|c| &c.path);
+            if restart_only {
+                tracing::warn!(
+                    "listen, admin_listen, tls, upstream_ca and storage.backend changes take effect on restart only"
+                );
+            }
+            tracing::info!(routes = new.routes.len(), "config reloaded");
+        }
+        Ok(Err(e)) => {
+            proxy.metrics().reload(false);
+            tracing::error!(problems = %e, "config reload rejected; keeping the running config");
+        }
+        Err(e) => {
+            proxy.metrics().reload(false);
+            tracing::error!(error = %e, "config reload failed; keeping the running config");
+        }
+    }
 }

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::limiter::Limiter;
+use crate::limiter::guard::{BreakerState, GuardStats};
 
 /// What happened to a request, as the `decision` label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,11 +90,7 @@ pub struct Metrics {
     reloads: Family<ResultLabel, Counter>,
     open_connections: Gauge,
     no_route: Counter,
-    store_errors: Counter,
-    breaker_skips: Counter,
-    breaker_opened: Counter,
     breaker_state: Family<StateLabel, Gauge>,
-    deny_cache_hits: Counter,
     untracked: Counter,
     tracked_keys: Gauge,
 }
@@ -118,6 +115,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered in a new registry. The store guard's counters are added by
+    /// [`Metrics::with_limiter`].
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("floodgate");
         let requests = Family::<RequestLabels, Counter>::default();
@@ -167,35 +166,11 @@ impl Metrics {
             "Requests that matched no route (404)",
             no_route.clone(),
         );
-        let store_errors = Counter::default();
-        registry.register(
-            "store_errors",
-            "Limiter store failures (errors and timeouts)",
-            store_errors.clone(),
-        );
-        let breaker_skips = Counter::default();
-        registry.register(
-            "store_breaker_skips",
-            "Decisions that skipped the store because the circuit breaker was open",
-            breaker_skips.clone(),
-        );
-        let breaker_opened = Counter::default();
-        registry.register(
-            "store_breaker_opened",
-            "Times the circuit breaker opened",
-            breaker_opened.clone(),
-        );
         let breaker_state = Family::<StateLabel, Gauge>::default();
         registry.register(
             "store_breaker_state",
             "Circuit breaker state (1 for the current one of closed, open, half_open)",
             breaker_state.clone(),
-        );
-        let deny_cache_hits = Counter::default();
-        registry.register(
-            "deny_cache_hits",
-            "Denials answered from the local deny cache without asking the store",
-            deny_cache_hits.clone(),
         );
         let untracked = Counter::default();
         registry.register(
@@ -218,14 +193,43 @@ impl Metrics {
             reloads,
             open_connections,
             no_route,
-            store_errors,
-            breaker_skips,
-            breaker_opened,
             breaker_state,
-            deny_cache_hits,
             untracked,
             tracked_keys,
         }
+    }
+
+    /// The metrics, with the limiter's guard counters (a remote store's) registered as they are.
+    pub fn with_limiter(limiter: &Limiter) -> Self {
+        let mut metrics = Metrics::new();
+        if let Some(stats) = limiter.guard_stats() {
+            metrics.register_guard(stats);
+        }
+        metrics
+    }
+
+    fn register_guard(&mut self, stats: &GuardStats) {
+        let r = &mut self.registry;
+        r.register(
+            "store_errors",
+            "Limiter store failures (errors and timeouts)",
+            stats.store_errors.clone(),
+        );
+        r.register(
+            "store_breaker_skips",
+            "Decisions that skipped the store because the circuit breaker was open",
+            stats.breaker_skips.clone(),
+        );
+        r.register(
+            "store_breaker_opened",
+            "Times the circuit breaker opened",
+            stats.breaker_opened.clone(),
+        );
+        r.register(
+            "deny_cache_hits",
+            "Denials answered from the local deny cache without asking the store",
+            stats.deny_cache_hits.clone(),
+        );
     }
 
     /// The handles of one route.
@@ -272,37 +276,20 @@ impl Metrics {
         &self.open_connections
     }
 
-    /// Renders every metric in the OpenMetrics text format, after copying in the limiter's
-    /// own counters.
+    /// Renders every metric in the OpenMetrics text format, after reading the gauges that are
+    /// computed on demand (the in-process store's size, the breaker's state).
     pub fn render(&self, limiter: &Limiter) -> String {
-        if let Some(memory) = limiter.memory() {
-            self.untracked
-                .inner()
-                .store(memory.untracked_total(), Ordering::Relaxed);
-            self.tracked_keys.set(memory.len() as i64);
-        }
-        if let Limiter::Redis(guarded) = limiter {
-            let stats = guarded.stats();
-            self.store_errors.inner().store(
-                stats.store_errors.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            self.breaker_skips.inner().store(
-                stats.breaker_skips.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            self.breaker_opened.inner().store(
-                stats.breaker_opened.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            self.deny_cache_hits.inner().store(
-                stats.deny_cache_hits.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            let current = guarded.breaker_state();
-            for state in ["closed", "open", "half_open"] {
+        let memory = limiter.memory();
+        self.untracked
+            .inner()
+            .store(memory.untracked_total(), Ordering::Relaxed);
+        self.tracked_keys.set(memory.len() as i64);
+        if let Some(current) = limiter.breaker_state() {
+            for state in BreakerState::ALL {
                 self.breaker_state
-                    .get_or_create(&StateLabel { state })
+                    .get_or_create(&StateLabel {
+                        state: state.as_str(),
+                    })
                     .set(i64::from(state == current));
             }
         }

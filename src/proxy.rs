@@ -2,8 +2,9 @@
 //!
 //! 1. [`Proxy::route`]: find the first matching route, or reject with 404;
 //! 2. [`Proxy::identify`]: work out whose budget the request spends (only on limited routes);
-//! 3. [`Proxy::limit`]: ask the route's enforced limits, all-or-nothing (or apply `on_error`),
-//!    then its shadow limits, which count but never deny;
+//! 3. [`Proxy::limit`]: ask the route's enforced limits that apply to the request,
+//!    all-or-nothing whatever budget each spends (or apply `on_error`), then its shadow limits,
+//!    which count but never deny;
 //! 4. [`Proxy::forward`]: hold the request for a leaky bucket's delay, send it upstream and add
 //!    the rate-limit headers to the response;
 //! 5. [`Proxy::log`]: count the outcome and record it on the request's span.
@@ -13,7 +14,7 @@
 pub mod forward;
 pub mod response;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,17 +23,20 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::field::Empty;
 
-use crate::config::{Config, OnError, RouteConfig};
-use crate::identity::{Identity, IdentityConfig};
-use crate::limiter::{BudgetKey, Decided, Limit, Limiter, LimiterError, Verdict};
+use crate::config::{Budget, Config, OnError, Per, RouteConfig};
+use crate::identity::{Identity, IdentityConfig, ip_octets};
+use crate::limiter::{
+    Admission, Ask, BudgetKey, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
+};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::route::RouteTable;
 pub use forward::Forwarder;
 pub use response::{Body, RateLimitHeaders, Rejection};
 
 /// What a config reload can change without a restart: routes, identity rules, the error policy,
-/// shadow mode and the header profile. Everything derived from them is built here, once.
-pub struct Runtime {
+/// shadow mode and the header profile. Everything derived from them is built here, once, and
+/// swapped whole on reload.
+pub struct Snapshot {
     pub routes: RouteTable,
     /// Per route, by position: metric handles and prebuilt header writers.
     extras: Vec<RouteExtras>,
@@ -47,9 +51,10 @@ struct RouteExtras {
     headers: RateLimitHeaders,
 }
 
-impl Runtime {
+impl Snapshot {
+    /// Builds everything the request path needs from `config`.
     pub fn from_config(config: &Config, metrics: &Metrics) -> Self {
-        Runtime {
+        Snapshot {
             extras: config
                 .routes
                 .iter()
@@ -69,7 +74,7 @@ impl Runtime {
 
 /// The proxy: shared by every connection.
 pub struct Proxy {
-    runtime: ArcSwap<Runtime>,
+    snapshot: ArcSwap<Snapshot>,
     limiter: Limiter,
     forwarder: Forwarder,
     metrics: Arc<Metrics>,
@@ -77,11 +82,53 @@ pub struct Proxy {
 }
 
 /// What the limit phase decided for a request that goes on to the upstream.
-struct Admission {
-    /// The verdict whose figures go in the response headers, if any, and whether it came from the
-    /// shadow limits.
-    verdict: Option<(Verdict, bool)>,
+struct Pass {
+    /// The verdict whose figures go in the response headers, if any, and the route's policy
+    /// index of its headline limit (enforced limits, then shadow limits).
+    headline: Option<(Verdict, usize)>,
     label: DecisionLabel,
+}
+
+/// The client values a request's limits may spend, found once per request.
+struct Whose<'a> {
+    identity: Identity<'a>,
+    /// The client address (`per: ip`).
+    ip: IpAddr,
+}
+
+/// One request's asks, on the stack: the limits of a budget that apply to the request, each with
+/// the budget it spends, and each one's position in the route's list.
+struct Asks<'a> {
+    asks: Vec<Ask<'a>>,
+    positions: [usize; MAX_LIMITS],
+}
+
+impl<'a> Whose<'a> {
+    /// The asks of `budget`'s limits for this request. `id` and `ip` are the octet buffers the
+    /// keys borrow.
+    fn asks(&self, budget: &'a Budget, id: &'a [u8], ip: &'a [u8]) -> Asks<'a> {
+        let mut out = Asks {
+            asks: Vec::with_capacity(budget.limits.len()),
+            positions: [0; MAX_LIMITS],
+        };
+        for (position, limit) in budget.limits.iter().enumerate().take(MAX_LIMITS) {
+            let (kind, value) = match limit.per {
+                Per::Identity => (KeyKind::from(self.identity.kind()), id),
+                Per::Ip => (KeyKind::Ip, ip),
+                Per::Route => (KeyKind::Route, &[][..]),
+            };
+            out.positions[out.asks.len()] = position;
+            out.asks.push(Ask {
+                limit: &limit.limit,
+                key: BudgetKey {
+                    budget: &limit.budget_id,
+                    kind,
+                    value,
+                },
+            });
+        }
+        out
+    }
 }
 
 /// A matched route with its prebuilt extras.
@@ -93,7 +140,7 @@ struct Matched<'r> {
 impl Proxy {
     pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
         Proxy {
-            runtime: ArcSwap::from_pointee(Runtime::from_config(config, &metrics)),
+            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics)),
             limiter,
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
@@ -109,37 +156,8 @@ impl Proxy {
     /// with the runtime they started with; limiter state of unchanged routes carries over
     /// because it is keyed by the route's budget id.
     pub fn reload(&self, config: &Config) {
-        self.runtime
-            .store(Arc::new(Runtime::from_config(config, &self.metrics)));
-    }
-
-    /// SIGHUP: re-reads and validates `path`. A valid file is swapped in (and counted); an
-    /// invalid one is logged with its field paths (and counted), and the running config stays.
-    /// `running` is the config the process started with, to warn about restart-only changes.
-    pub fn reload_file(&self, path: &std::path::Path, running: &Config) {
-        match Config::load(path) {
-            Ok(new) => {
-                self.reload(&new);
-                self.metrics.reload(true);
-                let restart_only = new.listen != running.listen
-                    || new.admin_listen != running.admin_listen
-                    || new.storage.backend != running.storage.backend
-                    || new.tls.as_ref().map(|t| (&t.cert, &t.key))
-                        != running.tls.as_ref().map(|t| (&t.cert, &t.key))
-                    || new.upstream_ca.as_ref().map(|c| &c.path)
-                        != running.upstream_ca.as_ref().map(|c| &c.path);
-                if restart_only {
-                    tracing::warn!(
-                        "listen, admin_listen, tls, upstream_ca and storage.backend changes take effect on restart only"
-                    );
-                }
-                tracing::info!(routes = new.routes.len(), "config reloaded");
-            }
-            Err(e) => {
-                self.metrics.reload(false);
-                tracing::error!(problems = %e, "config reload rejected; keeping the running config");
-            }
-        }
+        self.snapshot
+            .store(Arc::new(Snapshot::from_config(config, &self.metrics)));
     }
 
     /// The limiter this proxy asks.
@@ -166,7 +184,7 @@ impl Proxy {
             status = Empty,
             latency_ms = Empty,
         );
-        let runtime = self.runtime.load_full();
+        let runtime = self.snapshot.load_full();
         let route = match Self::route(&runtime, &req) {
             Ok(route) => route,
             Err(rejection) => {
@@ -177,27 +195,24 @@ impl Proxy {
             }
         };
         span.record("route", route.config.name.as_str());
-        let admission = if route.config.limits.is_empty() && route.config.shadow_limits.is_empty() {
-            Ok(Admission {
-                verdict: None,
+        let pass = if route.config.enforced.is_empty() && route.config.shadow.is_empty() {
+            Ok(Pass {
+                headline: None,
                 label: DecisionLabel::Unlimited,
             })
         } else {
             match Self::identify(&runtime, &req, peer) {
-                Ok(identity) => {
-                    span.record("identity", identity.kind().as_str());
-                    self.limit(&runtime, &route, &identity).await
+                Ok(whose) => {
+                    span.record("identity", whose.identity.kind().as_str());
+                    self.limit(&runtime, &route, &whose).await
                 }
                 Err(rejection) => Err((rejection, None)),
             }
         };
-        let (response, label) = match admission {
-            Ok(admission) => {
-                let label = admission.label;
-                (
-                    self.forward(req, &route, admission, peer).await,
-                    Some(label),
-                )
+        let (response, label) = match pass {
+            Ok(pass) => {
+                let label = pass.label;
+                (self.forward(req, &route, pass, peer).await, Some(label))
             }
             Err((rejection, label)) => (rejection.into_response(&route.extras.headers), label),
         };
@@ -209,7 +224,7 @@ impl Proxy {
     }
 
     /// Phase 1: the first route that matches the method and path.
-    fn route<'r>(runtime: &'r Runtime, req: &Request<Incoming>) -> Result<Matched<'r>, Rejection> {
+    fn route<'r>(runtime: &'r Snapshot, req: &Request<Incoming>) -> Result<Matched<'r>, Rejection> {
         let i = runtime
             .routes
             .position(req.method(), req.uri().path())
@@ -220,110 +235,99 @@ impl Proxy {
         })
     }
 
-    /// Phase 2: whose budget the request spends.
+    /// Phase 2: whose budgets the request spends: its identity, and its client address.
     fn identify<'a>(
-        runtime: &Runtime,
+        runtime: &Snapshot,
         req: &'a Request<Incoming>,
         peer: SocketAddr,
-    ) -> Result<Identity<'a>, Rejection> {
-        runtime
-            .identity
+    ) -> Result<Whose<'a>, Rejection> {
+        let config = &runtime.identity;
+        let identity = config
             .identify(req.headers(), peer.ip())
-            .map_err(|e| Rejection::BadRequest(e.to_string()))
+            .map_err(|e| Rejection::BadRequest(e.to_string()))?;
+        let ip = match identity {
+            Identity::Ip(ip) => ip,
+            _ => config.client_addr(req.headers(), peer.ip()),
+        };
+        Ok(Whose { identity, ip })
     }
 
-    /// Phase 3: the enforced limits (all-or-nothing), then the shadow limits. A store failure
-    /// follows `on_error`: never a 429 or a 500.
+    /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits. A store
+    /// failure follows `on_error`: never a 429 or a 500.
     async fn limit(
         &self,
-        runtime: &Runtime,
+        runtime: &Snapshot,
         route: &Matched<'_>,
-        identity: &Identity<'_>,
-    ) -> Result<Admission, (Rejection, Option<DecisionLabel>)> {
+        whose: &Whose<'_>,
+    ) -> Result<Pass, (Rejection, Option<DecisionLabel>)> {
         let config = route.config;
-        let mut admission = Admission {
-            verdict: None,
+        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
+        let id = whose.identity.key_bytes(&mut id_buf);
+        let ip = ip_octets(whose.ip, &mut ip_buf);
+        let mut pass = Pass {
+            headline: None,
             label: DecisionLabel::Allowed,
         };
-        if !config.limits.is_empty() {
-            match self
-                .ask(runtime, &config.budget_id, &config.limits, identity)
-                .await
-            {
+        if !config.enforced.is_empty() {
+            let asks = whose.asks(&config.enforced, id, ip);
+            match self.ask(runtime, &asks.asks).await {
                 Err(_) => {
                     return Err((
                         Rejection::LimiterUnavailable,
                         Some(DecisionLabel::StoreError),
                     ));
                 }
-                Ok(Decided {
-                    verdict,
-                    store_failed,
-                }) => {
-                    if store_failed {
-                        admission.label = DecisionLabel::StoreError;
+                Ok(admission) => {
+                    if admission.store_failed() {
+                        pass.label = DecisionLabel::StoreError;
                     }
-                    match verdict {
-                        Some(v) if !v.allowed && !runtime.shadow => {
-                            return Err((Rejection::RateLimited(v), Some(DecisionLabel::Denied)));
+                    if let Some(v) = admission.verdict() {
+                        let policy = asks.positions[v.headline_index];
+                        if !v.allowed && !runtime.shadow {
+                            return Err((
+                                Rejection::RateLimited(*v, policy),
+                                Some(DecisionLabel::Denied),
+                            ));
                         }
-                        Some(v) if !v.allowed => {
-                            admission.label = DecisionLabel::ShadowDenied;
-                            admission.verdict = Some((v, false));
+                        if !v.allowed {
+                            pass.label = DecisionLabel::ShadowDenied;
                         }
-                        Some(v) => admission.verdict = Some((v, false)),
-                        None => {}
+                        pass.headline = Some((*v, policy));
                     }
                 }
             }
         }
-        if !config.shadow_limits.is_empty()
-            && let Ok(Decided {
-                verdict: Some(shadow),
-                ..
-            }) = self
-                .ask(
-                    runtime,
-                    &config.shadow_budget_id,
-                    &config.shadow_limits,
-                    identity,
-                )
-                .await
-        {
-            if !shadow.allowed {
-                admission.label = DecisionLabel::ShadowDenied;
-            }
-            // The headers speak for whichever budget has the fewest remaining.
-            let fewer = admission
-                .verdict
-                .is_none_or(|(v, _)| shadow.headline.remaining < v.headline.remaining);
-            if fewer {
-                admission.verdict = Some((shadow, true));
+        if !config.shadow.is_empty() {
+            let asks = whose.asks(&config.shadow, id, ip);
+            if let Ok(Admission::Limited {
+                verdict: shadow, ..
+            }) = self.ask(runtime, &asks.asks).await
+            {
+                if !shadow.allowed {
+                    pass.label = DecisionLabel::ShadowDenied;
+                }
+                // The headers speak for whichever budget has the fewest remaining.
+                let fewer = pass
+                    .headline
+                    .is_none_or(|(v, _)| shadow.headline.remaining < v.headline.remaining);
+                if fewer {
+                    let policy =
+                        config.enforced.limits.len() + asks.positions[shadow.headline_index];
+                    pass.headline = Some((shadow, policy));
+                }
             }
         }
-        Ok(admission)
+        Ok(pass)
     }
 
-    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
+    /// One limiter decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
     /// limits go through here too, but their errors only mean "no shadow verdict".
-    async fn ask(
-        &self,
-        runtime: &Runtime,
-        budget_id: &str,
-        limits: &[Limit],
-        identity: &Identity<'_>,
-    ) -> Result<Decided, LimiterError> {
-        let mut buf = [0u8; 16];
-        let key = BudgetKey {
-            route: budget_id,
-            kind: identity.kind().as_str(),
-            value: identity.key_bytes(&mut buf),
-        };
+    async fn ask(&self, runtime: &Snapshot, asks: &[Ask<'_>]) -> Result<Admission, LimiterError> {
         let started = Instant::now();
-        let decided = self.limiter.decide(&key, limits, runtime.on_error).await;
+        let admission = self.limiter.decide(asks, runtime.on_error).await;
         self.metrics
             .observe_limiter(started.elapsed().as_secs_f64());
-        decided
+        admission
     }
 
     /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
@@ -331,10 +335,10 @@ impl Proxy {
         &self,
         req: Request<Incoming>,
         route: &Matched<'_>,
-        admission: Admission,
+        pass: Pass,
         peer: SocketAddr,
     ) -> Response<Body> {
-        if let Some((verdict, _)) = &admission.verdict
+        if let Some((verdict, _)) = &pass.headline
             && verdict.delay_us > 0
         {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us)).await;
@@ -352,11 +356,11 @@ impl Proxy {
             .extras
             .metrics
             .upstream(response.status().as_u16(), started.elapsed().as_secs_f64());
-        if let Some((verdict, shadow)) = &admission.verdict {
+        if let Some((verdict, policy)) = &pass.headline {
             route
                 .extras
                 .headers
-                .write(response.headers_mut(), verdict, *shadow);
+                .write(response.headers_mut(), verdict, *policy);
         }
         response
     }

@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -16,24 +15,9 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin;
+use crate::admin::{self, AdminState, Health};
 use crate::config::Config;
 use crate::proxy::Proxy;
-
-/// Process-wide health: whether the proxy is draining (then `/readyz` answers 503).
-#[derive(Debug, Default)]
-pub struct Health {
-    draining: AtomicBool,
-}
-
-impl Health {
-    pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-    }
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-}
 
 /// A proxy with its listeners bound, ready to serve.
 pub struct Server {
@@ -79,11 +63,6 @@ impl Server {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// The health flags `/readyz` reads.
-    pub fn health(&self) -> Arc<Health> {
-        self.health.clone()
-    }
-
     /// Serves until `shutdown` completes, then stops accepting, lets in-flight requests finish
     /// (for at most the drain timeout) and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
@@ -101,19 +80,22 @@ impl Server {
         let builder = Arc::new(builder);
         let graceful = GracefulShutdown::new();
 
-        if let Some(admin) = self.admin {
-            tokio::spawn(admin::serve(admin, self.proxy.clone(), self.health.clone()));
-        }
-        if let Some(store) = self.proxy.limiter().memory().cloned() {
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    tick.tick().await;
-                    let store = store.clone();
-                    let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
-                }
-            });
-        }
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = self.admin.map(|admin| {
+            let state = AdminState {
+                proxy: self.proxy.clone(),
+                health: self.health.clone(),
+            };
+            tokio::spawn(admin::serve(
+                admin,
+                state,
+                self.header_read_timeout,
+                self.drain_timeout,
+                async move {
+                    let _ = admin_stopped.await;
+                },
+            ))
+        });
 
         tokio::pin!(shutdown);
         loop {
@@ -168,6 +150,11 @@ impl Server {
             .is_err()
         {
             tracing::warn!("drain timeout reached; closing remaining connections");
+        }
+        // The admin listener answered `/readyz` 503 through the drain; now it stops too.
+        let _ = admin_stop.send(());
+        if let Some(task) = admin_task {
+            let _ = task.await;
         }
     }
 }

@@ -4,20 +4,20 @@
 
 mod redis_support;
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, BudgetKey, Limit, ManualClock, MemoryStore};
+use floodgate::limiter::{
+    Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, ManualClock, MemoryStore,
+};
 use proptest::prelude::*;
 use redis_support::RedisServer;
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * SEC;
 
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).expect("positive")
-}
+/// Budget ids for the limits of one case, by position.
+const BUDGETS: [&str; 3] = ["diff#0", "diff#1", "diff#2"];
 
 fn any_limit() -> impl Strategy<Value = Limit> {
     let rate = prop_oneof![
@@ -37,32 +37,14 @@ fn any_limit() -> impl Strategy<Value = Limit> {
     ];
     (0usize..5, 1u32..25, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
         let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
-        let algorithm = match kind {
-            0 => Algorithm::TokenBucket {
-                capacity: nz(n),
-                interval_us,
-            },
-            1 => Algorithm::LeakyBucket {
-                capacity: nz(n),
-                interval_us,
-            },
-            2 => Algorithm::FixedWindow {
-                limit: nz(n),
-                window_us: window,
-            },
-            3 => Algorithm::SlidingWindowLog {
-                limit: nz(n),
-                window_us: window,
-            },
-            _ => Algorithm::SlidingWindowCounter {
-                limit: nz(n),
-                window_us: window,
-            },
+        let kind = AlgorithmKind::ALL[kind];
+        let span = if kind.is_bucket() {
+            interval_us
+        } else {
+            window
         };
-        Limit {
-            algorithm,
-            cost: cost.min(n),
-        }
+        let algorithm = Algorithm::from_parts(kind, u64::from(n), span).expect("valid limit");
+        Limit::new(algorithm, cost.min(n)).expect("valid cost")
     })
 }
 
@@ -94,7 +76,7 @@ fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
     let redis = RedisServer::start();
     let rt = runtime();
     let store = rt.block_on(async {
-        RedisStore::connect(
+        RedisStore::connect_for_test(
             &RedisTarget::Single(redis.url()),
             "fgtest:",
             std::time::Duration::from_secs(2),
@@ -106,13 +88,21 @@ fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
         cases: 96,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(limits in prop::collection::vec(any_limit(), 1..3), times in arrivals())| {
+    // Each limit spends its own budget; some are the route's, some the caller's, as `per:` does.
+    proptest!(config, |(limits in prop::collection::vec((any_limit(), any::<bool>()), 1..4), times in arrivals())| {
         let identity = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_be_bytes();
-        let key = BudgetKey { route: "diff", kind: "api_key", value: &identity };
+        let asks: Vec<Ask<'_>> = limits.iter().enumerate().map(|(i, (limit, route_wide))| Ask {
+            limit,
+            key: if *route_wide {
+                BudgetKey { budget: BUDGETS[i], kind: KeyKind::Route, value: &identity }
+            } else {
+                BudgetKey { budget: BUDGETS[i], kind: KeyKind::ApiKey, value: &identity }
+            },
+        }).collect();
         let memory = MemoryStore::new(Arc::new(ManualClock::new_for_test(T0)), 10);
         for (i, &t) in times.iter().enumerate() {
-            let expected = memory.decide_at(&key, &limits, t);
-            let got = rt.block_on(store.decide_at_for_test(&key, &limits, t)).expect("redis answers");
+            let expected = memory.decide_at(&asks, t).expect("limits given");
+            let got = rt.block_on(store.decide_at_for_test(&asks, t)).expect("redis answers");
             prop_assert_eq!(got, expected, "request {} at +{} µs, limits {:?}", i, t - T0, &limits);
         }
     });
@@ -129,23 +119,20 @@ fn redis_time_is_used_when_no_time_is_given() {
             std::time::Duration::from_secs(2),
         )
         .expect("store");
-        let limits = [Limit {
-            algorithm: Algorithm::FixedWindow {
-                limit: nz(5),
-                window_us: 3600 * SEC,
+        let limit = Limit::of(
+            Algorithm::from_parts(AlgorithmKind::FixedWindow, 5, 3600 * SEC).expect("valid"),
+        );
+        let asks = [Ask {
+            limit: &limit,
+            key: BudgetKey {
+                budget: "time",
+                kind: KeyKind::Ip,
+                value: b"\x7f\0\0\x01",
             },
-            cost: 1,
         }];
-        let key = BudgetKey {
-            route: "time",
-            kind: "ip",
-            value: b"\x7f\0\0\x01",
-        };
-        let verdict = store
-            .decide(&key, &limits)
-            .await
-            .expect("redis answers")
-            .expect("a verdict");
+        let verdict = store.decide(&asks).await.expect("redis answers");
+        // The production script reads no injected time: a test-clock call is refused.
+        assert!(store.decide_at_for_test(&asks, T0).await.is_err());
         let (secs, micros): (u64, u64) = {
             let t: Vec<String> = redis.cmd(&["TIME"]);
             (t[0].parse().unwrap(), t[1].parse().unwrap())

@@ -3,6 +3,37 @@
 
 use serde::Deserialize;
 
+use super::{HeaderProfile, LogFormat, Per};
+use crate::limiter::{AlgorithmKind, OnError};
+
+/// A closed choice as written: the value, or what serde said is wrong with it (which names the
+/// allowed values). Kept rather than failed on, so the validator reports it with every other
+/// problem in the file at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice<T> {
+    Known(T),
+    Invalid(String),
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Choice<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(match T::deserialize(value) {
+            Ok(known) => Choice::Known(known),
+            Err(e) => Choice::Invalid(e.to_string()),
+        })
+    }
+}
+
+/// `storage.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Memory,
+    Redis,
+    RedisCluster,
+}
+
 /// The whole file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,10 +59,10 @@ pub struct FileConfig {
     pub shadow: Option<bool>,
     /// Which rate-limit response headers to send: `x_ratelimit`, `ietf` or `none`.
     #[serde(default)]
-    pub rate_limit_headers: Option<String>,
+    pub rate_limit_headers: Option<Choice<HeaderProfile>>,
     /// Log format: `human` or `json` (the `--log-format` flag wins).
     #[serde(default)]
-    pub log_format: Option<String>,
+    pub log_format: Option<Choice<LogFormat>>,
 }
 
 /// `tls:` — terminate TLS on the proxy listener.
@@ -47,7 +78,7 @@ pub struct TlsFile {
 #[serde(deny_unknown_fields)]
 pub struct StorageFile {
     #[serde(default)]
-    pub backend: Option<String>,
+    pub backend: Option<Choice<BackendKind>>,
     #[serde(default)]
     pub url: Option<String>,
     #[serde(default)]
@@ -55,7 +86,7 @@ pub struct StorageFile {
     #[serde(default)]
     pub timeout: Option<String>,
     #[serde(default)]
-    pub on_error: Option<String>,
+    pub on_error: Option<Choice<OnError>>,
     #[serde(default)]
     pub key_prefix: Option<String>,
     /// Memory store: the most identities tracked at once.
@@ -103,10 +134,14 @@ pub struct RouteFile {
 }
 
 /// One entry of a route's `limits:`. Which parameters apply depends on `algorithm`.
+///
+/// One flat struct rather than an enum tagged by `algorithm`: the validator then names a
+/// parameter given to the wrong algorithm (`routes[0].limits[0].leak_rate: is not a parameter of
+/// token_bucket`), where serde would only list the fields it expected.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitFile {
-    pub algorithm: String,
+    pub algorithm: Choice<AlgorithmKind>,
     #[serde(default)]
     pub capacity: Option<i64>,
     #[serde(default)]
@@ -122,4 +157,10 @@ pub struct LimitFile {
     /// Shadow mode for this limit: decide and count, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
+    /// Whose budget the limit spends: `identity` (default), `ip` or `route`.
+    #[serde(default)]
+    pub per: Option<Choice<Per>>,
+    /// The consumer tiers the limit applies to (default: every request).
+    #[serde(default)]
+    pub tiers: Option<Vec<String>>,
 }

@@ -224,7 +224,7 @@ fn an_unknown_algorithm_is_named() {
     rejects(
         &with_limit("{algorithm: gcra, capacity: 3}"),
         &format!("{L}.algorithm"),
-        "\"gcra\" is not one of",
+        "unknown variant `gcra`, expected one of",
     );
 }
 
@@ -248,7 +248,7 @@ fn a_cost_above_what_the_limit_can_ever_hold_is_rejected() {
     let config = valid(&with_limit(
         "{algorithm: token_bucket, capacity: 3, refill_rate: 1, cost: 3}",
     ));
-    assert_eq!(config.routes[0].limits[0].cost, 3);
+    assert_eq!(config.routes[0].enforced.limits[0].limit.cost(), 3);
 }
 
 #[test]
@@ -480,12 +480,12 @@ fn bad_storage_settings_are_named() {
     rejects(
         &with_top("storage:\n  backend: etcd"),
         "storage.backend",
-        "is not one of memory, redis, redis_cluster",
+        "expected one of `memory`, `redis`, `redis_cluster`",
     );
     rejects(
         &with_top("storage:\n  on_error: maybe"),
         "storage.on_error",
-        "is not one of allow, deny, local",
+        "expected one of `allow`, `deny`, `local`",
     );
     rejects(
         &with_top("storage:\n  max_keys: 0"),
@@ -568,57 +568,85 @@ fn durations_parse_in_the_documented_units() {
 
 #[test]
 fn limits_are_stored_in_the_units_the_algorithms_use() {
+    for (yaml, kind, units, span) in [
+        (
+            "{algorithm: fixed_window, limit: 7, window: 500ms}",
+            AlgorithmKind::FixedWindow,
+            7,
+            500_000,
+        ),
+        (
+            "{algorithm: sliding_window_log, limit: 2, window: 1m}",
+            AlgorithmKind::SlidingWindowLog,
+            2,
+            60_000_000,
+        ),
+        (
+            "{algorithm: sliding_window_counter, limit: 2, window: 1h}",
+            AlgorithmKind::SlidingWindowCounter,
+            2,
+            3_600_000_000,
+        ),
+        (
+            "{algorithm: token_bucket, capacity: 20, refill_rate: 0.5}",
+            AlgorithmKind::TokenBucket,
+            20,
+            2_000_000,
+        ),
+        (
+            "{algorithm: leaky_bucket, capacity: 5, leak_rate: 10}",
+            AlgorithmKind::LeakyBucket,
+            5,
+            100_000,
+        ),
+    ] {
+        let config = valid(&with_limit(yaml));
+        let limit = config.routes[0].enforced.limits[0].limit;
+        assert_eq!(
+            *limit.algorithm(),
+            Algorithm::from_parts(kind, units, span).unwrap(),
+            "{yaml}"
+        );
+        assert_eq!(limit.cost(), 1, "cost defaults to 1");
+    }
+}
+
+#[test]
+fn per_and_tiers_are_read_and_default_to_identity_and_everyone() {
     let config = valid(&with_limit(
-        "{algorithm: fixed_window, limit: 7, window: 500ms}",
+        "{algorithm: fixed_window, limit: 7, window: 1s, per: route, tiers: [pro]}",
     ));
-    assert_eq!(
-        config.routes[0].limits[0].algorithm,
-        Algorithm::FixedWindow {
-            limit: NonZeroU32::new(7).expect("non-zero"),
-            window_us: 500_000,
-        }
-    );
+    let limit = &config.routes[0].enforced.limits[0];
+    assert_eq!(limit.per, Per::Route);
+    assert!(limit.applies_to("pro") && !limit.applies_to("anonymous"));
     let config = valid(&with_limit(
-        "{algorithm: sliding_window_log, limit: 2, window: 1m}",
+        "{algorithm: fixed_window, limit: 7, window: 1s}",
     ));
-    assert_eq!(
-        config.routes[0].limits[0].algorithm,
-        Algorithm::SlidingWindowLog {
-            limit: NonZeroU32::new(2).expect("non-zero"),
-            window_us: 60_000_000,
-        }
+    let limit = &config.routes[0].enforced.limits[0];
+    assert_eq!(limit.per, Per::Identity);
+    assert!(limit.applies_to("anything"));
+    rejects(
+        &with_limit("{algorithm: fixed_window, limit: 7, window: 1s, per: planet}"),
+        &format!("{L}.per"),
+        "expected one of `identity`, `ip`, `route`",
     );
-    let config = valid(&with_limit(
-        "{algorithm: sliding_window_counter, limit: 2, window: 1h}",
-    ));
-    assert_eq!(
-        config.routes[0].limits[0].algorithm,
-        Algorithm::SlidingWindowCounter {
-            limit: NonZeroU32::new(2).expect("non-zero"),
-            window_us: 3_600_000_000,
-        }
-    );
-    let config = valid(&with_limit(
-        "{algorithm: token_bucket, capacity: 20, refill_rate: 0.5}",
-    ));
-    assert_eq!(
-        config.routes[0].limits[0].algorithm,
-        Algorithm::TokenBucket {
-            capacity: NonZeroU32::new(20).expect("non-zero"),
-            interval_us: 2_000_000,
-        }
-    );
-    let config = valid(&with_limit(
-        "{algorithm: leaky_bucket, capacity: 5, leak_rate: 10}",
-    ));
-    assert_eq!(
-        config.routes[0].limits[0].algorithm,
-        Algorithm::LeakyBucket {
-            capacity: NonZeroU32::new(5).expect("non-zero"),
-            interval_us: 100_000,
-        }
-    );
-    assert_eq!(config.routes[0].limits[0].cost, 1, "cost defaults to 1");
+}
+
+#[test]
+fn redis_cluster_rejects_routes_that_mix_per_scopes() {
+    let yaml = "listen: 127.0.0.1:8080
+storage:
+  backend: redis_cluster
+  urls: [redis://127.0.0.1:7000]
+routes:
+  - name: r
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {algorithm: fixed_window, limit: 7, window: 1s}
+      - {algorithm: fixed_window, limit: 70, window: 1s, per: route}
+";
+    rejects(yaml, "routes[0].limits", "mix per: scopes");
 }
 
 #[test]
@@ -639,30 +667,48 @@ fn unset_sections_take_their_defaults() {
 }
 
 #[test]
-fn the_budget_id_changes_with_the_limits_and_only_with_them() {
-    let a = valid(&with_limit(
-        "{algorithm: token_bucket, capacity: 3, refill_rate: 1}",
-    ));
-    let same = valid(&with_limit(
-        "{algorithm: token_bucket, capacity: 3, refill_rate: 1}",
-    ));
-    let other = valid(&with_limit(
-        "{algorithm: token_bucket, capacity: 4, refill_rate: 1}",
-    ));
-    assert_eq!(a.routes[0].budget_id, same.routes[0].budget_id);
-    assert_ne!(a.routes[0].budget_id, other.routes[0].budget_id);
-    assert!(a.routes[0].budget_id.starts_with("r#"));
+fn the_budget_id_changes_with_the_limit_and_only_with_it() {
+    let two = |second: &str| {
+        valid(&format!(
+            "{}      - {second}\n",
+            with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: 1}")
+        ))
+    };
+    let a = two("{algorithm: fixed_window, limit: 5, window: 1s}");
+    let same = two("{algorithm: fixed_window, limit: 5, window: 1s}");
+    let other = two("{algorithm: fixed_window, limit: 6, window: 1s}");
+    let ids = |c: &Config| -> Vec<String> {
+        c.routes[0]
+            .enforced
+            .limits
+            .iter()
+            .map(|l| l.budget_id.clone())
+            .collect()
+    };
+    assert_eq!(ids(&a), ids(&same));
+    assert_eq!(
+        ids(&a)[0],
+        ids(&other)[0],
+        "the unchanged limit keeps its state"
+    );
+    assert_ne!(ids(&a)[1], ids(&other)[1], "the changed one starts afresh");
+    assert!(ids(&a)[0].starts_with("r#0#"));
 }
 
 #[test]
 fn the_example_config_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/floodgate.yaml");
-    let config = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let config = Config::load(&path, &Overrides::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert!(!config.routes.is_empty());
 }
 
 #[test]
 fn an_unreadable_file_is_a_problem_not_a_panic() {
-    let err = Config::load(Path::new("/nonexistent/floodgate.yaml")).expect_err("missing file");
+    let err = Config::load(
+        Path::new("/nonexistent/floodgate.yaml"),
+        &Overrides::default(),
+    )
+    .expect_err("missing file");
     assert!(err.to_string().contains("cannot read"), "{err}");
 }

@@ -15,9 +15,9 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Decision, Limit};
+use super::{AlgorithmKind, Decision, Limit};
 
-/// The state one limit keeps for one identity.
+/// The state one limit keeps for one budget.
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     /// Token and leaky bucket (GCRA): the theoretical arrival time, the instant at which the
@@ -33,14 +33,14 @@ pub enum State {
 
 impl State {
     /// The empty state for an algorithm: a full bucket, an unused window, an empty log.
-    pub fn new(algorithm: &Algorithm) -> Self {
-        match algorithm {
-            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => State::Gcra { tat: 0 },
-            Algorithm::FixedWindow { .. } => State::Window { start: 0, count: 0 },
-            Algorithm::SlidingWindowLog { .. } => State::Log {
+    pub fn new(kind: AlgorithmKind) -> Self {
+        match kind {
+            AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket => State::Gcra { tat: 0 },
+            AlgorithmKind::FixedWindow => State::Window { start: 0, count: 0 },
+            AlgorithmKind::SlidingWindowLog => State::Log {
                 entries: VecDeque::new(),
             },
-            Algorithm::SlidingWindowCounter { .. } => State::Counter {
+            AlgorithmKind::SlidingWindowCounter => State::Counter {
                 start: 0,
                 curr: 0,
                 prev: 0,
@@ -48,91 +48,69 @@ impl State {
         }
     }
 
+    /// True when this state belongs to `kind` (a reload may change a limit's algorithm under
+    /// a live key; the stores then start it afresh).
+    pub fn fits(&self, kind: AlgorithmKind) -> bool {
+        matches!(
+            (self, kind),
+            (
+                State::Gcra { .. },
+                AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket
+            ) | (State::Window { .. }, AlgorithmKind::FixedWindow)
+                | (State::Log { .. }, AlgorithmKind::SlidingWindowLog)
+                | (State::Counter { .. }, AlgorithmKind::SlidingWindowCounter)
+        )
+    }
+
     /// Brings the state up to `now` and decides whether `limit` admits one more request.
     /// Does not record the request: call [`State::commit`] for that.
     pub fn check(&mut self, limit: &Limit, now: u64) -> Decision {
-        let cost = u64::from(limit.cost);
-        match (self, &limit.algorithm) {
-            (
-                State::Gcra { tat },
-                Algorithm::TokenBucket {
-                    capacity,
-                    interval_us,
-                },
-            ) => {
-                let d = gcra_check(tat, u64::from(capacity.get()), *interval_us, cost, now);
-                Decision { delay_us: 0, ..d }
+        let algorithm = limit.algorithm();
+        let kind = algorithm.kind();
+        if !self.fits(kind) {
+            *self = State::new(kind);
+        }
+        let (units, span) = algorithm.parameters();
+        let cost = u64::from(limit.cost());
+        match self {
+            State::Gcra { tat } => {
+                let d = gcra_check(tat, units, span, cost, now);
+                if kind == AlgorithmKind::TokenBucket {
+                    Decision { delay_us: 0, ..d }
+                } else {
+                    d
+                }
             }
-            (
-                State::Gcra { tat },
-                Algorithm::LeakyBucket {
-                    capacity,
-                    interval_us,
-                },
-            ) => gcra_check(tat, u64::from(capacity.get()), *interval_us, cost, now),
-            (
-                State::Window { start, count },
-                Algorithm::FixedWindow {
-                    limit: l,
-                    window_us,
-                },
-            ) => fixed_window_check(start, count, u64::from(l.get()), *window_us, cost, now),
-            (
-                State::Log { entries },
-                Algorithm::SlidingWindowLog {
-                    limit: l,
-                    window_us,
-                },
-            ) => sliding_log_check(entries, u64::from(l.get()), *window_us, cost, now),
-            (
-                State::Counter { start, curr, prev },
-                Algorithm::SlidingWindowCounter {
-                    limit: l,
-                    window_us,
-                },
-            ) => {
-                sliding_counter_check(start, curr, prev, u64::from(l.get()), *window_us, cost, now)
+            State::Window { start, count } => {
+                fixed_window_check(start, count, units, span, cost, now)
             }
-            (state, algorithm) => {
-                // The limit changed algorithm under a live key: start it afresh.
-                *state = State::new(algorithm);
-                state.check(limit, now)
+            State::Log { entries } => sliding_log_check(entries, units, span, cost, now),
+            State::Counter { start, curr, prev } => {
+                sliding_counter_check(start, curr, prev, units, span, cost, now)
             }
         }
     }
 
     /// Records an admitted request. Must follow a [`State::check`] at the same `now` that allowed.
     pub fn commit(&mut self, limit: &Limit, now: u64) {
-        let cost = u64::from(limit.cost);
-        match (self, &limit.algorithm) {
-            (
-                State::Gcra { tat },
-                Algorithm::TokenBucket { interval_us, .. }
-                | Algorithm::LeakyBucket { interval_us, .. },
-            ) => *tat += cost * interval_us,
-            (State::Window { count, .. }, _) | (State::Counter { curr: count, .. }, _) => {
-                *count += cost
-            }
-            (State::Log { entries }, _) => entries.extend(std::iter::repeat_n(now, cost as usize)),
-            _ => {}
+        let cost = u64::from(limit.cost());
+        let span = limit.algorithm().span_us();
+        match self {
+            State::Gcra { tat } => *tat += cost * span,
+            State::Window { count, .. } | State::Counter { curr: count, .. } => *count += cost,
+            State::Log { entries } => entries.extend(std::iter::repeat_n(now, cost as usize)),
         }
     }
 
     /// The instant (µs) after which this state says nothing a fresh state would not: the key
     /// can then be forgotten. This is the TTL the Redis scripts set too.
     pub fn expires_at(&self, limit: &Limit) -> u64 {
-        match (self, &limit.algorithm) {
-            (State::Gcra { tat }, _) => *tat,
-            (State::Window { start, .. }, Algorithm::FixedWindow { window_us, .. }) => {
-                start + window_us
-            }
-            (State::Log { entries }, Algorithm::SlidingWindowLog { window_us, .. }) => {
-                entries.back().map_or(0, |newest| newest + window_us)
-            }
-            (State::Counter { start, .. }, Algorithm::SlidingWindowCounter { window_us, .. }) => {
-                start + 2 * window_us
-            }
-            _ => 0,
+        let span = limit.algorithm().span_us();
+        match self {
+            State::Gcra { tat } => *tat,
+            State::Window { start, .. } => start + span,
+            State::Log { entries } => entries.back().map_or(0, |newest| newest + span),
+            State::Counter { start, .. } => start + 2 * span,
         }
     }
 }

@@ -11,61 +11,89 @@
 //!   (Another instance's budget changes cannot shorten the wait; they can only lengthen it.)
 
 use std::collections::HashMap;
-use std::hash::RandomState;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
 
 use super::memory::Prehashed;
-use super::redis::RedisStore;
 use super::{
-    BudgetKey, Clock, Decided, Decision, Limit, LimiterError, MemoryStore, OnError, SystemClock,
+    Admission, Ask, Clock, Decision, LimiterError, MemoryStore, MonotonicClock, OnError, Source,
     Verdict,
 };
 
 /// Failures in a row that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
-/// How long an open breaker keeps requests away from Redis before probing it again.
+/// How long an open breaker keeps requests away from the store before probing it again.
 pub const COOL_DOWN: Duration = Duration::from_millis(500);
-/// The most identities the deny cache remembers at once.
+/// The most budget sets the deny cache remembers at once.
 const DENY_CACHE_CAPACITY: usize = 100_000;
 const DENY_CACHE_SHARDS: usize = 16;
+/// How often a store failure is logged at most.
+const WARN_EVERY: Duration = Duration::from_secs(1);
 
-/// Counters of what the guard did, for metrics and tests.
+/// A store in another process: what the guard needs of Redis (and of the next backends).
+pub trait RemoteStore: Send + Sync + 'static {
+    /// Decides `asks` all-or-nothing in one round trip.
+    fn decide(
+        &self,
+        asks: &[Ask<'_>],
+    ) -> impl Future<Output = Result<Verdict, LimiterError>> + Send;
+    /// Whether the store answers at all: `/readyz`.
+    fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+}
+
+/// Counters of what the guard did. They are Prometheus counters (shared handles): the binary
+/// registers these very counters, so `/metrics` reads them with no copy.
 #[derive(Debug, Default)]
 pub struct GuardStats {
-    /// Decisions Redis could not make (error or timeout), including probes.
-    pub store_errors: AtomicU64,
+    /// Decisions the store could not make (error or timeout), including probes.
+    pub store_errors: Counter,
     /// Decisions skipped because the breaker was open.
-    pub breaker_skips: AtomicU64,
+    pub breaker_skips: Counter,
     /// Denials answered from the deny cache.
-    pub deny_cache_hits: AtomicU64,
+    pub deny_cache_hits: Counter,
     /// Times the breaker opened.
-    pub breaker_opened: AtomicU64,
+    pub breaker_opened: Counter,
 }
 
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
-pub struct Guarded {
-    store: RedisStore,
+/// Its intervals (cool-down, deny-cache expiry, log rate) run on `C`, a monotonic clock in
+/// production, so a wall-clock step neither freezes nor skips them.
+pub struct Guarded<S, C = MonotonicClock> {
+    store: S,
     timeout: Duration,
+    clock: C,
     breaker: Breaker,
     deny_cache: DenyCache,
     local: Arc<MemoryStore>,
     stats: GuardStats,
-    last_warning: Mutex<Option<Instant>>,
+    /// When a store failure was last logged (µs on `clock`), 0 for never.
+    last_warning: AtomicU64,
 }
 
-impl Guarded {
+impl<S: RemoteStore> Guarded<S> {
     /// Guards `store`; `local` decides when the store fails and `on_error` is `local`.
-    pub fn new(store: RedisStore, timeout: Duration, local: Arc<MemoryStore>) -> Self {
+    pub fn new(store: S, timeout: Duration, local: Arc<MemoryStore>) -> Self {
+        Guarded::with_clock(store, timeout, local, MonotonicClock::default())
+    }
+}
+
+impl<S: RemoteStore, C: Clock> Guarded<S, C> {
+    /// [`Guarded::new`] on the given clock: for tests.
+    pub fn with_clock(store: S, timeout: Duration, local: Arc<MemoryStore>, clock: C) -> Self {
         Guarded {
             store,
             timeout,
+            clock,
             breaker: Breaker::default(),
             deny_cache: DenyCache::new(),
             local,
             stats: GuardStats::default(),
-            last_warning: Mutex::new(None),
+            last_warning: AtomicU64::new(0),
         }
     }
 
@@ -76,7 +104,12 @@ impl Guarded {
 
     /// The breaker's state: `closed`, `open` or `half_open`.
     pub fn breaker_state(&self) -> &'static str {
-        self.breaker.state(self.breaker.clock.now_us())
+        self.breaker_now().as_str()
+    }
+
+    /// The breaker's state now.
+    pub fn breaker_now(&self) -> BreakerState {
+        self.breaker.state(self.clock.now_us())
     }
 
     /// The in-process fallback store.
@@ -84,95 +117,96 @@ impl Guarded {
         &self.local
     }
 
-    /// The remote store.
-    pub fn store(&self) -> &RedisStore {
-        &self.store
-    }
-
-    /// Decides, or applies `on_error` when the store cannot. `Ok(None)`: admit unlimited.
+    /// Decides, or applies `on_error` when the store cannot. `Err` only under `on_error: deny`.
     pub async fn decide(
         &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
+        asks: &[Ask<'_>],
         on_error: OnError,
-    ) -> Result<Decided, LimiterError> {
-        let local_now = self.breaker.clock.now_us();
-        let cache_key = self.deny_cache.key(key);
-        if let Some(verdict) = self.deny_cache.get(cache_key, local_now) {
-            self.stats.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Decided {
-                verdict: Some(verdict),
-                store_failed: false,
+    ) -> Result<Admission, LimiterError> {
+        if asks.is_empty() {
+            return Ok(Admission::Unlimited);
+        }
+        let now = self.clock.now_us();
+        let cache_key = self.deny_cache.key(asks);
+        if let Some(verdict) = self.deny_cache.get(cache_key, now) {
+            self.stats.deny_cache_hits.inc();
+            return Ok(Admission::Limited {
+                verdict,
+                source: Source::Store,
             });
         }
-        if !self.breaker.allow(local_now) {
-            self.stats.breaker_skips.fetch_add(1, Ordering::Relaxed);
+        if !self.breaker.allow(now) {
+            self.stats.breaker_skips.inc();
             return self.fallback(
-                key,
-                limits,
+                asks,
                 on_error,
                 LimiterError::Unavailable("circuit breaker open".into()),
             );
         }
-        let error = match tokio::time::timeout(self.timeout, self.store.decide(key, limits)).await {
+        let error = match tokio::time::timeout(self.timeout, self.store.decide(asks)).await {
             Ok(Ok(verdict)) => {
                 self.breaker.success();
-                if let Some(v) = verdict
-                    && !v.allowed
-                {
+                if !verdict.allowed {
                     self.deny_cache
-                        .insert(cache_key, &v, self.breaker.clock.now_us());
+                        .insert(cache_key, &verdict, self.clock.now_us());
                 }
-                return Ok(Decided {
+                return Ok(Admission::Limited {
                     verdict,
-                    store_failed: false,
+                    source: Source::Store,
                 });
             }
             Ok(Err(e)) => e,
             Err(_) => LimiterError::Timeout(self.timeout),
         };
-        self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
-        if self.breaker.failure(self.breaker.clock.now_us()) {
-            self.stats.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        self.stats.store_errors.inc();
+        if self.breaker.failure(self.clock.now_us()) {
+            self.stats.breaker_opened.inc();
         }
-        self.fallback(key, limits, on_error, error)
+        self.fallback(asks, on_error, error)
     }
 
     fn fallback(
         &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
+        asks: &[Ask<'_>],
         on_error: OnError,
         error: LimiterError,
-    ) -> Result<Decided, LimiterError> {
+    ) -> Result<Admission, LimiterError> {
         self.warn(&error, on_error);
-        let verdict = match on_error {
-            OnError::Allow => None,
-            OnError::Deny => return Err(error),
-            OnError::Local => self.local.decide(key, limits),
-        };
-        Ok(Decided {
-            verdict,
-            store_failed: true,
-        })
+        match on_error {
+            OnError::Allow => Ok(Admission::FailedOpen),
+            OnError::Deny => Err(error),
+            OnError::Local => Ok(match self.local.decide(asks) {
+                Some(verdict) => Admission::Limited {
+                    verdict,
+                    source: Source::Fallback,
+                },
+                None => Admission::FailedOpen,
+            }),
+        }
     }
 
-    /// Logs a store failure at most once a second.
+    /// Logs a store failure at most once per [`WARN_EVERY`].
     fn warn(&self, error: &LimiterError, on_error: OnError) {
-        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-            *last = Some(Instant::now());
+        let now = self.clock.now_us();
+        let last = self.last_warning.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_micros() as u64;
+        if due
+            && self
+                .last_warning
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             tracing::warn!(
                 %error,
                 policy = ?on_error,
                 breaker = self.breaker_state(),
-                errors_total = self.stats.store_errors.load(Ordering::Relaxed),
+                errors_total = self.stats.store_errors.get(),
                 "limiter store failed; applying on_error (this message is rate-limited to one a second)"
             );
         }
     }
 
-    /// True when Redis answers a PING within the timeout.
+    /// True when the store answers a PING within the timeout (at least 200 ms).
     pub async fn is_ready(&self) -> bool {
         matches!(
             tokio::time::timeout(
@@ -185,10 +219,38 @@ impl Guarded {
     }
 }
 
-/// A consecutive-failure circuit breaker on the local clock.
+/// The breaker's three states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Requests ask the store.
+    Closed,
+    /// Cooling down: no request asks the store.
+    Open,
+    /// Cool-down over: one probe at a time may ask the store.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The metric label and log value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+
+    /// Every state, for metrics.
+    pub const ALL: [BreakerState; 3] = [
+        BreakerState::Closed,
+        BreakerState::Open,
+        BreakerState::HalfOpen,
+    ];
+}
+
+/// A consecutive-failure circuit breaker; times are µs on the guard's clock.
 #[derive(Default)]
 struct Breaker {
-    clock: SystemClock,
     failures: AtomicU32,
     /// 0 when closed; otherwise when the cool-down ends (µs).
     open_until: AtomicU64,
@@ -196,11 +258,11 @@ struct Breaker {
 }
 
 impl Breaker {
-    fn state(&self, now: u64) -> &'static str {
+    fn state(&self, now: u64) -> BreakerState {
         match self.open_until.load(Ordering::Acquire) {
-            0 => "closed",
-            until if now < until => "open",
-            _ => "half_open",
+            0 => BreakerState::Closed,
+            until if now < until => BreakerState::Open,
+            _ => BreakerState::HalfOpen,
         }
     }
 
@@ -235,7 +297,11 @@ impl Breaker {
     }
 }
 
-/// Denials remembered until their retry instant, by budget key.
+/// Denials remembered until their retry instant, by the set of budgets asked.
+///
+/// Keyed by a 64-bit hash of the asks' budget keys under a per-process random seed: two budget
+/// sets whose hashes collide (about n²/2⁶⁵ for n remembered denials, ≈ 3·10⁻¹⁰ at the 100 000
+/// held at most) would share a denial until its retry instant.
 struct DenyCache {
     shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
     hasher: RandomState,
@@ -261,8 +327,12 @@ impl DenyCache {
         }
     }
 
-    fn key(&self, key: &BudgetKey<'_>) -> u64 {
-        key.hash_with(&self.hasher)
+    fn key(&self, asks: &[Ask<'_>]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        for ask in asks {
+            h.write_u64(ask.key.hash_with(&self.hasher));
+        }
+        h.finish()
     }
 
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
@@ -311,5 +381,268 @@ impl DenyCache {
                 headline_index: verdict.headline_index,
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU8;
+
+    use super::*;
+    use crate::limiter::{Algorithm, BudgetKey, KeyKind, Limit, ManualClock};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// What the scripted store does when asked.
+    const ANSWER: u8 = 0;
+    const FAIL: u8 = 1;
+    const HANG: u8 = 2;
+
+    /// A remote store that answers from its own in-process state, fails, or never answers, as the
+    /// test says, and counts how often it was asked.
+    struct Scripted {
+        mode: AtomicU8,
+        calls: AtomicU64,
+        state: MemoryStore,
+    }
+
+    impl Scripted {
+        fn new() -> Self {
+            Scripted {
+                mode: AtomicU8::new(ANSWER),
+                calls: AtomicU64::new(0),
+                state: MemoryStore::new(ManualClock::new_for_test(T0), 100),
+            }
+        }
+    }
+
+    impl RemoteStore for Arc<Scripted> {
+        async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match self.mode.load(Ordering::SeqCst) {
+                FAIL => Err(LimiterError::Unavailable("scripted failure".into())),
+                HANG => std::future::pending().await,
+                _ => self
+                    .state
+                    .decide(asks)
+                    .ok_or_else(|| LimiterError::Protocol("no asks".into())),
+            }
+        }
+
+        async fn ping(&self) -> Result<(), LimiterError> {
+            match self.mode.load(Ordering::SeqCst) {
+                ANSWER => Ok(()),
+                _ => Err(LimiterError::Unavailable("scripted failure".into())),
+            }
+        }
+    }
+
+    struct Fixture {
+        store: Arc<Scripted>,
+        clock: Arc<ManualClock>,
+        guard: Guarded<Arc<Scripted>, Arc<ManualClock>>,
+        limit: Limit,
+    }
+
+    impl Fixture {
+        /// A guard over a scripted store whose one limit is a token bucket of 1 at 1/s.
+        fn new() -> Self {
+            let store = Arc::new(Scripted::new());
+            let clock = Arc::new(ManualClock::new_for_test(1_000_000));
+            let local = Arc::new(MemoryStore::new(ManualClock::new_for_test(T0), 100));
+            let guard = Guarded::with_clock(
+                store.clone(),
+                Duration::from_millis(50),
+                local,
+                clock.clone(),
+            );
+            Fixture {
+                store,
+                clock,
+                guard,
+                limit: Limit::of(Algorithm::token_bucket(1, 1.0).unwrap()),
+            }
+        }
+
+        async fn decide(&self, on_error: OnError) -> Result<Admission, LimiterError> {
+            let asks = [Ask {
+                limit: &self.limit,
+                key: BudgetKey {
+                    budget: "r#0",
+                    kind: KeyKind::Ip,
+                    value: b"\x7f\0\0\x01",
+                },
+            }];
+            self.guard.decide(&asks, on_error).await
+        }
+
+        fn set(&self, mode: u8) {
+            self.store.mode.store(mode, Ordering::SeqCst);
+        }
+
+        fn calls(&self) -> u64 {
+            self.store.calls.load(Ordering::SeqCst)
+        }
+
+        fn stat(&self, counter: &Counter) -> u64 {
+            counter.get()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_breaker_opens_after_consecutive_failures_and_then_spares_the_store() {
+        let f = Fixture::new();
+        f.set(FAIL);
+        for _ in 0..FAILURES_TO_OPEN {
+            assert_eq!(
+                f.decide(OnError::Allow).await.unwrap(),
+                Admission::FailedOpen
+            );
+        }
+        assert_eq!(f.guard.breaker_state(), "open");
+        assert_eq!(f.stat(&f.guard.stats().breaker_opened), 1);
+        assert_eq!(f.stat(&f.guard.stats().store_errors), 3);
+        // Open: the store is not asked at all.
+        assert_eq!(
+            f.decide(OnError::Allow).await.unwrap(),
+            Admission::FailedOpen
+        );
+        assert_eq!(f.calls(), 3);
+        assert_eq!(f.stat(&f.guard.stats().breaker_skips), 1);
+    }
+
+    #[tokio::test]
+    async fn a_success_resets_the_failure_count() {
+        let f = Fixture::new();
+        f.set(FAIL);
+        f.decide(OnError::Allow).await.unwrap();
+        f.decide(OnError::Allow).await.unwrap();
+        f.set(ANSWER);
+        f.decide(OnError::Allow).await.unwrap();
+        f.set(FAIL);
+        f.decide(OnError::Allow).await.unwrap();
+        f.decide(OnError::Allow).await.unwrap();
+        assert_eq!(f.guard.breaker_state(), "closed", "two in a row, not three");
+    }
+
+    #[tokio::test]
+    async fn after_the_cool_down_a_failed_probe_reopens_and_a_good_one_closes() {
+        let f = Fixture::new();
+        f.set(FAIL);
+        for _ in 0..FAILURES_TO_OPEN {
+            f.decide(OnError::Allow).await.unwrap();
+        }
+        f.clock.advance(COOL_DOWN - Duration::from_micros(1));
+        assert_eq!(f.guard.breaker_state(), "open", "one µs before the end");
+        f.clock.advance(Duration::from_micros(1));
+        assert_eq!(f.guard.breaker_state(), "half_open");
+        // The probe fails: open again for a whole cool-down.
+        f.decide(OnError::Allow).await.unwrap();
+        assert_eq!(f.calls(), 4);
+        assert_eq!(f.guard.breaker_state(), "open");
+        assert_eq!(f.stat(&f.guard.stats().breaker_opened), 2);
+        // The next probe succeeds: closed, and the store decides again.
+        f.clock.advance(COOL_DOWN);
+        f.set(ANSWER);
+        let admission = f.decide(OnError::Allow).await.unwrap();
+        assert!(
+            matches!(admission, Admission::Limited { source: Source::Store, verdict } if verdict.allowed)
+        );
+        assert_eq!(f.guard.breaker_state(), "closed");
+    }
+
+    #[test]
+    fn a_half_open_breaker_lets_one_probe_through_at_a_time() {
+        let breaker = Breaker::default();
+        for _ in 0..FAILURES_TO_OPEN {
+            breaker.failure(1_000);
+        }
+        let after = 1_000 + COOL_DOWN.as_micros() as u64;
+        assert!(!breaker.allow(after - 1), "still cooling down");
+        assert!(breaker.allow(after), "the probe");
+        assert!(
+            !breaker.allow(after),
+            "a second request while the probe is out"
+        );
+        breaker.success();
+        assert!(
+            breaker.allow(after) && breaker.allow(after),
+            "closed: everyone"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_deny_cache_answers_until_the_retry_instant_without_asking_the_store() {
+        let f = Fixture::new();
+        assert!(
+            f.decide(OnError::Allow)
+                .await
+                .unwrap()
+                .verdict()
+                .unwrap()
+                .allowed
+        );
+        let denied = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after_us, 1_000_000);
+        assert_eq!(f.calls(), 2);
+        // Half way to the retry instant: answered locally, with the wait counted down.
+        f.clock.advance(Duration::from_millis(500));
+        let cached = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
+        assert!(!cached.allowed);
+        assert_eq!(cached.retry_after_us, 500_000);
+        assert_eq!(f.calls(), 2, "the store was not asked");
+        assert_eq!(f.stat(&f.guard.stats().deny_cache_hits), 1);
+        // At the retry instant the entry is gone and the store is asked again.
+        f.clock.advance(Duration::from_millis(500));
+        f.decide(OnError::Allow).await.unwrap();
+        assert_eq!(f.calls(), 3);
+    }
+
+    #[tokio::test]
+    async fn each_on_error_policy_answers_a_failure_its_own_way() {
+        let f = Fixture::new();
+        f.set(FAIL);
+        assert_eq!(
+            f.decide(OnError::Allow).await.unwrap(),
+            Admission::FailedOpen
+        );
+        assert!(matches!(
+            f.decide(OnError::Deny).await,
+            Err(LimiterError::Unavailable(_))
+        ));
+        // Local: the in-process store decides, and keeps limiting (capacity 1).
+        let local = f.decide(OnError::Local).await.unwrap();
+        assert!(local.store_failed());
+        assert!(
+            matches!(local, Admission::Limited { source: Source::Fallback, verdict } if verdict.allowed)
+        );
+        let again = f.decide(OnError::Local).await.unwrap();
+        assert!(
+            !again.verdict().unwrap().allowed,
+            "the local budget is spent"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_never_answers_is_abandoned_at_the_timeout() {
+        let f = Fixture::new();
+        f.set(HANG);
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            f.decide(OnError::Deny).await,
+            Err(LimiterError::Timeout(_))
+        ));
+        // Paused time advances only through timers: exactly the 50 ms budget passed.
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        assert_eq!(f.stat(&f.guard.stats().store_errors), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_follows_the_store() {
+        let f = Fixture::new();
+        assert!(f.guard.is_ready().await);
+        f.set(FAIL);
+        assert!(!f.guard.is_ready().await);
     }
 }

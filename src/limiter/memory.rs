@@ -1,49 +1,34 @@
 //! The embedded store: limiter state in this process, sharded so that concurrent requests for
-//! different identities rarely meet on one lock.
+//! different budgets rarely meet on one lock.
 //!
-//! Memory: one entry per (route, identity) that has been seen and is not yet back to a full
-//! budget, about 100 bytes plus 8 bytes per sliding-log timestamp. [`MemoryStore::sweep`] drops
-//! entries whose state says nothing a fresh one would not (a full bucket, a past window), so the
-//! map holds only identities active within their longest window. A million distinct identities
-//! active at once cost roughly 100 MB; past `max_keys` the store stops tracking *new* identities
-//! until sweeping makes room, and admits their requests unlimited (it fails open, and counts it),
-//! because forgetting existing identities would hand the heaviest clients a fresh budget.
+//! One entry per budget (a limit of a route × a client value) that has been seen and is not yet
+//! back to full: about 100 bytes plus 8 bytes per sliding-log timestamp. [`MemoryStore::sweep`]
+//! drops entries whose state says nothing a fresh one would not (a full bucket, a past window), so
+//! the map holds only budgets active within their longest window. A million budgets active at
+//! once cost roughly 100 MB.
+//!
+//! **Past `max_keys`** the store stops tracking *new* budgets until sweeping makes room: a limit
+//! whose budget cannot be tracked does not count against the request (it is answered as a full,
+//! uncharged budget and counted in `floodgate_untracked_total`), while the request's other limits
+//! still decide. So a `per: route` or `per: ip` limit whose budget already exists keeps holding
+//! while a client rotating identities fills the table. Forgetting existing budgets instead would
+//! hand the heaviest clients a fresh one.
+//!
+//! **Approximation**: entries are keyed by a 64-bit SipHash of the budget key under a per-process
+//! random seed, not by the key itself. Two budgets whose hashes collide share one entry. With a
+//! million live budgets the chance that any two collide is about n²/2⁶⁵ ≈ 3·10⁻⁸; a client
+//! cannot aim for a collision without the seed.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
-use std::sync::Mutex;
+use std::hash::{BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::algorithm::State;
-use super::{Clock, Decision, Limit, Verdict};
+use super::{Ask, BudgetKey, Clock, Decision, MAX_LIMITS, Verdict};
 
 const SHARDS: usize = 64;
-
-/// Whose budget a request spends, as the stores see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetKey<'a> {
-    /// The route's budget id: its name plus a fingerprint of its limits, so that a reload that
-    /// changes a route's limits starts it afresh while unchanged routes keep their state.
-    pub route: &'a str,
-    /// `api_key`, `user_id` or `ip`.
-    pub kind: &'static str,
-    /// The identity's bytes (IP addresses as their octets).
-    pub value: &'a [u8],
-}
-
-impl BudgetKey<'_> {
-    /// A 64-bit hash of the key under `hasher` (a per-process random seed, so clients cannot
-    /// aim collisions). Separators keep `("ab", "c")` and `("a", "bc")` apart.
-    pub fn hash_with(&self, hasher: &RandomState) -> u64 {
-        let mut h = hasher.build_hasher();
-        h.write(self.route.as_bytes());
-        h.write_u8(0xff);
-        h.write(self.kind.as_bytes());
-        h.write_u8(0xff);
-        h.write(self.value);
-        h.finish()
-    }
-}
 
 /// The in-process limiter store.
 pub struct MemoryStore {
@@ -61,7 +46,7 @@ type Shard = HashMap<u64, Entry, Prehashed>;
 pub(crate) type Prehashed = BuildHasherDefault<PrehashedKey>;
 
 struct Entry {
-    states: Vec<State>,
+    state: State,
     expires_at: u64,
 }
 
@@ -83,8 +68,12 @@ impl Hasher for PrehashedKey {
     }
 }
 
+fn shard_of(hash: u64) -> usize {
+    (hash >> 58) as usize % SHARDS
+}
+
 impl MemoryStore {
-    /// An empty store reading time from `clock`, tracking at most `max_keys` identities.
+    /// An empty store reading time from `clock`, tracking at most `max_keys` budgets.
     pub fn new(clock: impl Clock, max_keys: usize) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
@@ -100,72 +89,90 @@ impl MemoryStore {
         key.hash_with(&self.hasher)
     }
 
-    /// Decides one request against all `limits`, all-or-nothing: if any limit denies, nothing is
-    /// spent from the others. Returns `None` only when `limits` is empty.
-    pub fn decide(&self, key: &BudgetKey<'_>, limits: &[Limit]) -> Option<Verdict> {
-        let now = self.clock.now_us();
-        self.decide_at(key, limits, now)
+    /// Sweeps every `every` on a blocking thread, for as long as the store is alive.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
+        let store = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(store) = store.upgrade() else { return };
+                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+            }
+        });
     }
 
-    /// [`MemoryStore::decide`] at a given time: for the Redis fallback, and tests.
-    pub fn decide_at(&self, key: &BudgetKey<'_>, limits: &[Limit], now: u64) -> Option<Verdict> {
-        if limits.is_empty() {
-            return None;
+    /// Decides one request against all `asks`, all-or-nothing: if any limit denies, nothing is
+    /// spent from any budget. Returns `None` only when `asks` is empty.
+    pub fn decide(&self, asks: &[Ask<'_>]) -> Option<Verdict> {
+        let now = self.clock.now_us();
+        self.decide_at(asks, now)
+    }
+
+    /// [`MemoryStore::decide`] at a given time: for the Redis fallback, replay and tests.
+    pub fn decide_at(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
+        let asks = &asks[..asks.len().min(MAX_LIMITS)];
+        let mut hashes = [0u64; MAX_LIMITS];
+        let mut wanted = 0u64;
+        for (ask, hash) in asks.iter().zip(hashes.iter_mut()) {
+            *hash = self.hash(&ask.key);
+            wanted |= 1 << shard_of(*hash);
         }
-        let hash = self.hash(key);
-        let shard = &self.shards[(hash >> 58) as usize % SHARDS];
-        // A poisoned lock means another request panicked mid-update; the state is still plain
-        // data, so keep serving with it rather than failing every later request.
-        let mut map = shard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let entry = match map.get_mut(&hash) {
-            Some(entry) => entry,
-            None => {
-                if self.len.load(Ordering::Relaxed) >= self.max_keys {
-                    drop(map);
-                    self.untracked.fetch_add(1, Ordering::Relaxed);
-                    return Some(Verdict::untracked(now, limits));
+        // Every shard this request touches, locked in ascending order (so two requests never
+        // wait on each other crosswise): the check-then-commit below is atomic across budgets.
+        let mut guards: [Option<MutexGuard<'_, Shard>>; SHARDS] = std::array::from_fn(|_| None);
+        for (i, slot) in guards.iter_mut().enumerate() {
+            if wanted & (1 << i) != 0 {
+                // A poisoned lock means another request panicked mid-update; the state is still
+                // plain data, so keep serving with it rather than failing every later request.
+                *slot = Some(self.shards[i].lock().unwrap_or_else(|p| p.into_inner()));
+            }
+        }
+        let mut decisions = [Decision::EMPTY; MAX_LIMITS];
+        let mut tracked = [false; MAX_LIMITS];
+        let mut untracked = false;
+        for (i, ask) in asks.iter().enumerate() {
+            let Some(map) = guards[shard_of(hashes[i])].as_mut() else {
+                continue; // locked above: unreachable
+            };
+            let entry = match map.get_mut(&hashes[i]) {
+                Some(entry) => entry,
+                None if self.len.load(Ordering::Relaxed) < self.max_keys => {
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                    map.entry(hashes[i]).or_insert(Entry {
+                        state: State::new(ask.limit.algorithm().kind()),
+                        expires_at: 0,
+                    })
                 }
-                self.len.fetch_add(1, Ordering::Relaxed);
-                map.entry(hash).or_insert_with(|| Entry {
-                    states: limits.iter().map(|l| State::new(&l.algorithm)).collect(),
-                    expires_at: 0,
-                })
+                None => {
+                    untracked = true;
+                    decisions[i] = Decision::untracked(ask.limit);
+                    continue;
+                }
+            };
+            tracked[i] = true;
+            decisions[i] = entry.state.check(ask.limit, now);
+        }
+        if untracked {
+            self.untracked.fetch_add(1, Ordering::Relaxed);
+        }
+        let verdict = Verdict::from_decisions(now, &decisions[..asks.len()])?;
+        for (i, ask) in asks.iter().enumerate() {
+            if !tracked[i] {
+                continue;
             }
-        };
-        if entry.states.len() != limits.len() {
-            entry.states = limits.iter().map(|l| State::new(&l.algorithm)).collect();
-        }
-        let mut decisions = [Decision::EMPTY; 8];
-        let mut many = Vec::new();
-        let decisions: &mut [Decision] = if limits.len() <= decisions.len() {
-            &mut decisions[..limits.len()]
-        } else {
-            many.resize(limits.len(), Decision::EMPTY);
-            &mut many
-        };
-        for ((state, limit), slot) in entry
-            .states
-            .iter_mut()
-            .zip(limits)
-            .zip(decisions.iter_mut())
-        {
-            *slot = state.check(limit, now);
-        }
-        let verdict = Verdict::from_decisions(now, decisions)?;
-        if verdict.allowed {
-            for (state, limit) in entry.states.iter_mut().zip(limits) {
-                state.commit(limit, now);
+            let Some(entry) = guards[shard_of(hashes[i])]
+                .as_mut()
+                .and_then(|map| map.get_mut(&hashes[i]))
+            else {
+                continue;
+            };
+            if verdict.allowed {
+                entry.state.commit(ask.limit, now);
             }
+            entry.expires_at = entry.state.expires_at(ask.limit);
         }
-        entry.expires_at = entry
-            .states
-            .iter()
-            .zip(limits)
-            .map(|(s, l)| s.expires_at(l))
-            .max()
-            .unwrap_or(0);
         Some(verdict)
     }
 
@@ -174,9 +181,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         let mut dropped = 0;
         for shard in self.shards.iter() {
-            let mut map = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
             let before = map.len();
             map.retain(|_, entry| entry.expires_at > now);
             dropped += before - map.len();
@@ -185,96 +190,80 @@ impl MemoryStore {
         dropped
     }
 
-    /// How many identities the store tracks now.
+    /// How many budgets the store tracks now.
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// True when no identity is tracked.
+    /// True when no budget is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// How many requests were admitted untracked because the store was full.
+    /// How many requests had a limit the store could not track because it was full.
     pub fn untracked_total(&self) -> u64 {
         self.untracked.load(Ordering::Relaxed)
     }
 }
 
-impl Decision {
-    const EMPTY: Decision = Decision {
-        allowed: true,
-        limit: 0,
-        remaining: 0,
-        reset_after_us: 0,
-        retry_after_us: 0,
-        delay_us: 0,
-    };
-}
-
-impl Verdict {
-    /// An admission the store could not track: full budget shown, nothing delayed.
-    fn untracked(now_us: u64, limits: &[Limit]) -> Verdict {
-        let limit = u64::from(
-            limits
-                .iter()
-                .map(|l| l.algorithm.max_cost())
-                .min()
-                .unwrap_or(0),
-        );
-        let headline = Decision {
-            limit,
-            remaining: limit,
-            ..Decision::EMPTY
-        };
-        Verdict {
-            now_us,
-            headline,
-            headline_index: 0,
-            allowed: true,
-            retry_after_us: 0,
-            delay_us: 0,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::limiter::{Algorithm, ManualClock};
+    use crate::limiter::{Algorithm, KeyKind, Limit, ManualClock};
 
     const T0: u64 = 1_700_000_000_000_000;
+    const BUDGETS: [&str; 4] = ["r#0", "r#1", "r#2", "r#3"];
 
-    fn key(value: &[u8]) -> BudgetKey<'_> {
-        BudgetKey {
-            route: "r#0",
-            kind: "api_key",
-            value,
-        }
+    /// One ask per limit, each limit's budget `r#{position}`, all spent by `value`.
+    fn asks<'a>(limits: &'a [Limit], kind: KeyKind, value: &'a [u8]) -> Vec<Ask<'a>> {
+        limits
+            .iter()
+            .enumerate()
+            .map(|(i, limit)| Ask {
+                limit,
+                key: BudgetKey {
+                    budget: BUDGETS[i],
+                    kind,
+                    value,
+                },
+            })
+            .collect()
+    }
+
+    fn decide(store: &MemoryStore, limits: &[Limit], value: &[u8]) -> Verdict {
+        store
+            .decide(&asks(limits, KeyKind::ApiKey, value))
+            .expect("limits given")
     }
 
     fn token_bucket(capacity: u32, interval_us: u64) -> Limit {
-        Limit {
-            algorithm: Algorithm::TokenBucket {
-                capacity: NonZeroU32::new(capacity).unwrap(),
+        Limit::of(
+            Algorithm::from_parts(
+                crate::limiter::AlgorithmKind::TokenBucket,
+                u64::from(capacity),
                 interval_us,
-            },
-            cost: 1,
-        }
+            )
+            .unwrap(),
+        )
     }
 
     fn fixed_window(limit: u32, window_us: u64) -> Limit {
-        Limit {
-            algorithm: Algorithm::FixedWindow {
-                limit: NonZeroU32::new(limit).unwrap(),
+        Limit::of(
+            Algorithm::from_parts(
+                crate::limiter::AlgorithmKind::FixedWindow,
+                u64::from(limit),
                 window_us,
-            },
-            cost: 1,
-        }
+            )
+            .unwrap(),
+        )
+    }
+
+    fn state_of(store: &MemoryStore, key: &BudgetKey<'_>) -> Option<State> {
+        let hash = store.hash(key);
+        let map = store.shards[shard_of(hash)].lock().unwrap();
+        map.get(&hash).map(|e| e.state.clone())
     }
 
     #[test]
@@ -283,7 +272,7 @@ mod tests {
         // A generous bucket and a tight window: once the window denies, the bucket must stay put.
         let limits = [token_bucket(10, 1_000_000), fixed_window(2, 3_600_000_000)];
         let remaining: Vec<_> = (0..5)
-            .map(|_| store.decide(&key(b"k"), &limits).unwrap())
+            .map(|_| decide(&store, &limits, b"k"))
             .map(|v| (v.allowed, v.headline.remaining))
             .collect();
         assert_eq!(
@@ -291,13 +280,52 @@ mod tests {
             vec![(true, 1), (true, 0), (false, 0), (false, 0), (false, 0)]
         );
         // The bucket was spent twice, not five times: its theoretical arrival time moved 2 s.
-        let hash = store.hash(&key(b"k"));
-        let map = store.shards[(hash >> 58) as usize % SHARDS].lock().unwrap();
+        let bucket = asks(&limits, KeyKind::ApiKey, b"k")[0].key;
         assert_eq!(
-            map[&hash].states[0],
-            State::Gcra {
+            state_of(&store, &bucket),
+            Some(State::Gcra {
                 tat: T0 + 2_000_000
-            }
+            })
+        );
+    }
+
+    #[test]
+    fn a_route_wide_denial_spends_nothing_from_the_callers_own_budget() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let own = token_bucket(10, 1_000_000);
+        let route_cap = fixed_window(3, 3_600_000_000);
+        let ask = |value: &'static [u8]| {
+            [
+                Ask {
+                    limit: &own,
+                    key: BudgetKey {
+                        budget: "r#0",
+                        kind: KeyKind::Ip,
+                        value,
+                    },
+                },
+                Ask {
+                    limit: &route_cap,
+                    key: BudgetKey {
+                        budget: "r#1",
+                        kind: KeyKind::Route,
+                        value: b"",
+                    },
+                },
+            ]
+        };
+        // Three clients spend the route's three; the fourth is denied by the route cap and
+        // keeps its whole bucket.
+        for client in [b"a", b"b", b"c"] {
+            assert!(store.decide(&ask(client)).unwrap().allowed);
+        }
+        let denied = store.decide(&ask(b"d")).unwrap();
+        assert!(!denied.allowed);
+        assert_eq!(denied.headline_index, 1, "the route cap is the headline");
+        assert_eq!(
+            state_of(&store, &ask(b"d")[0].key),
+            Some(State::Gcra { tat: T0 }),
+            "checked (normalised to now) but not charged"
         );
     }
 
@@ -305,35 +333,30 @@ mod tests {
     fn the_headline_is_the_limit_with_the_fewest_remaining() {
         let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
         let limits = [token_bucket(10, 1_000_000), fixed_window(3, 60_000_000)];
-        let v = store.decide(&key(b"k"), &limits).unwrap();
+        let v = decide(&store, &limits, b"k");
         assert_eq!((v.headline.limit, v.headline.remaining), (3, 2));
     }
 
     #[test]
-    fn identities_and_routes_have_separate_budgets() {
+    fn identities_kinds_and_budgets_are_separate() {
         let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
         let limits = [token_bucket(1, 1_000_000)];
-        assert!(store.decide(&key(b"a"), &limits).unwrap().allowed);
-        assert!(!store.decide(&key(b"a"), &limits).unwrap().allowed);
-        assert!(store.decide(&key(b"b"), &limits).unwrap().allowed);
-        let other_kind = BudgetKey {
-            kind: "user_id",
-            ..key(b"a")
-        };
-        assert!(store.decide(&other_kind, &limits).unwrap().allowed);
-        let other_route = BudgetKey {
-            route: "r#1",
-            ..key(b"a")
-        };
-        assert!(store.decide(&other_route, &limits).unwrap().allowed);
+        assert!(decide(&store, &limits, b"a").allowed);
+        assert!(!decide(&store, &limits, b"a").allowed);
+        assert!(decide(&store, &limits, b"b").allowed);
+        let other_kind = asks(&limits, KeyKind::UserId, b"a");
+        assert!(store.decide(&other_kind).unwrap().allowed);
+        let mut other_budget = asks(&limits, KeyKind::ApiKey, b"a");
+        other_budget[0].key.budget = "r#9";
+        assert!(store.decide(&other_budget).unwrap().allowed);
     }
 
     #[test]
     fn sweeping_forgets_full_budgets_only() {
         let clock = Arc::new(ManualClock::new_for_test(T0));
         let store = MemoryStore::new(clock.clone(), 100);
-        store.decide(&key(b"short"), &[token_bucket(5, 1_000_000)]);
-        store.decide(&key(b"long"), &[token_bucket(5, 60_000_000)]);
+        decide(&store, &[token_bucket(5, 1_000_000)], b"short");
+        decide(&store, &[token_bucket(5, 60_000_000)], b"long");
         assert_eq!(store.len(), 2);
         clock.advance(Duration::from_secs(2));
         assert_eq!(
@@ -345,19 +368,54 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_admits_new_identities_untracked_and_counts_them() {
+    fn a_full_store_does_not_charge_new_budgets_and_counts_them() {
         let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
         let limits = [token_bucket(1, 1_000_000)];
-        store.decide(&key(b"a"), &limits);
-        store.decide(&key(b"b"), &limits);
+        decide(&store, &limits, b"a");
+        decide(&store, &limits, b"b");
         for _ in 0..3 {
-            assert!(store.decide(&key(b"c"), &limits).unwrap().allowed);
+            assert!(decide(&store, &limits, b"c").allowed);
         }
         assert_eq!(store.untracked_total(), 3);
         assert!(
-            !store.decide(&key(b"a"), &limits).unwrap().allowed,
-            "tracked identities keep their state"
+            !decide(&store, &limits, b"a").allowed,
+            "tracked budgets keep their state"
         );
+    }
+
+    #[test]
+    fn a_tracked_route_budget_still_holds_when_the_table_is_full() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
+        let own = token_bucket(100, 1_000_000);
+        let route_cap = fixed_window(5, 3_600_000_000);
+        let mut admitted = 0;
+        for n in 0u32..50 {
+            let value = n.to_be_bytes();
+            let asks = [
+                Ask {
+                    limit: &route_cap,
+                    key: BudgetKey {
+                        budget: "r#1",
+                        kind: KeyKind::Route,
+                        value: b"",
+                    },
+                },
+                Ask {
+                    limit: &own,
+                    key: BudgetKey {
+                        budget: "r#0",
+                        kind: KeyKind::ApiKey,
+                        value: &value,
+                    },
+                },
+            ];
+            admitted += usize::from(store.decide(&asks).unwrap().allowed);
+        }
+        assert_eq!(
+            admitted, 5,
+            "50 rotating keys, a full table, the cap of 5 holds"
+        );
+        assert!(store.untracked_total() > 0);
     }
 
     #[test]
@@ -370,7 +428,7 @@ mod tests {
                     let store = store.clone();
                     s.spawn(move || {
                         (0..100)
-                            .filter(|_| store.decide(&key(b"hot"), &limits).unwrap().allowed)
+                            .filter(|_| decide(&store, &limits, b"hot").allowed)
                             .count()
                     })
                 })

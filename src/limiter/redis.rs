@@ -1,14 +1,18 @@
-//! The Redis store: one `EVALSHA` per decision, covering all the limits of a route, with time
-//! from Redis `TIME`, so any number of floodgate instances share one budget exactly.
+//! The Redis store: one `EVALSHA` per decision, covering all the limits asked about a request,
+//! with time from Redis `TIME`, so any number of floodgate instances share one budget exactly.
 //!
-//! The script is `lua/prelude.lua`, one file per algorithm and `lua/main.lua`, joined at compile
-//! time. [`redis::Script`] computes its SHA1 once, sends `EVALSHA`, and on `NOSCRIPT` (a Redis
-//! restart, `SCRIPT FLUSH`, a failover) loads the script and retries, transparently.
+//! The script is `lua/prelude.lua`, one file per algorithm, `lua/clock_redis.lua` and
+//! `lua/main.lua`, joined at compile time. [`redis::Script`] computes its SHA1 once, sends
+//! `EVALSHA`, and on `NOSCRIPT` (a Redis restart, `SCRIPT FLUSH`, a failover) loads the script and
+//! retries, transparently. The differential tests use the same files with `lua/clock_test.lua`
+//! in place of the Redis clock ([`RedisStore::connect_for_test`]); the production script cannot
+//! read an injected time.
 //!
-//! Keys: `{prefix}{route}#{fingerprint}:{kind}:{{identity hash}}:{limit index}:{algorithm}`. The
-//! identity is hashed (SHA-256 of kind and value), so no raw API key ever reaches Redis, and the
-//! hash is the Redis Cluster hash tag, so all keys of one decision live in one slot. Every key
-//! gets a TTL equal to the time until its budget is full again.
+//! Keys: `{prefix}{budget}:{kind}:{{hash}}:{algorithm}`, one per limit asked. The client value
+//! is hashed (SHA-256 of kind and value), so no raw API key ever reaches Redis, and the hash is
+//! the Redis Cluster hash tag: the keys of one decision share a slot whenever they are spent by
+//! the same client value, which the config guarantees on `redis_cluster` (a route there may not
+//! mix `per:` scopes). Every key gets a TTL equal to the time until its budget is full again.
 //!
 //! Connections: one multiplexed connection ([`ConnectionManager`], which reconnects in the
 //! background) shared by every request, so concurrent `EVALSHA`s are pipelined on one socket;
@@ -25,18 +29,34 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use sha2::{Digest, Sha256};
 
-use super::{BudgetKey, Decision, Limit, LimiterError, Verdict};
+use super::guard::RemoteStore;
+use super::{Ask, Decision, LimiterError, Verdict};
 
-/// The limiter script, assembled from one file per algorithm.
-pub const SCRIPT_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/leaky_bucket.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window_log.lua"),
-    include_str!("lua/sliding_window_counter.lua"),
-    include_str!("lua/main.lua"),
-);
+macro_rules! limiter_script {
+    ($clock:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/gcra.lua"),
+            include_str!("lua/leaky_bucket.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window_log.lua"),
+            include_str!("lua/sliding_window_counter.lua"),
+            include_str!($clock),
+            include_str!("lua/main.lua"),
+        )
+    };
+}
+
+/// The limiter script, assembled from one file per algorithm, on Redis' clock.
+pub const SCRIPT_SOURCE: &str = limiter_script!("lua/clock_redis.lua");
+/// The same script on a clock the caller passes as `ARGV[1]`: for the differential tests only.
+const TEST_SCRIPT_SOURCE: &str = limiter_script!("lua/clock_test.lua");
+
+/// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
+pub const REPLY_HEADER: usize = 2;
+/// The reply's items per limit: allowed, limit, remaining, reset_after_us, retry_after_us,
+/// delay_us (the fields of [`Decision`], in order).
+pub const REPLY_FIELDS: usize = 6;
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +76,8 @@ enum Connection {
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
     script: Script,
+    /// True when `script` reads the time from `ARGV[1]` (tests only).
+    test_clock: bool,
     prefix: String,
 }
 
@@ -67,6 +89,25 @@ impl RedisStore {
         target: &RedisTarget,
         prefix: &str,
         timeout: Duration,
+    ) -> Result<Self, LimiterError> {
+        Self::with_script(target, prefix, timeout, false)
+    }
+
+    /// A store whose script reads the time from the caller ([`RedisStore::decide_at_for_test`])
+    /// instead of Redis `TIME`: for the differential tests.
+    pub fn connect_for_test(
+        target: &RedisTarget,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Self, LimiterError> {
+        Self::with_script(target, prefix, timeout, true)
+    }
+
+    fn with_script(
+        target: &RedisTarget,
+        prefix: &str,
+        timeout: Duration,
+        test_clock: bool,
     ) -> Result<Self, LimiterError> {
         let connection = Arc::new(ArcSwapOption::empty());
         match target {
@@ -110,55 +151,55 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connection,
-            script: Script::new(SCRIPT_SOURCE),
+            script: Script::new(if test_clock {
+                TEST_SCRIPT_SOURCE
+            } else {
+                SCRIPT_SOURCE
+            }),
+            test_clock,
             prefix: prefix.to_string(),
         })
     }
 
-    /// Decides one request against all `limits` in one round trip, all-or-nothing, by Redis time.
-    pub async fn decide(
-        &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
-    ) -> Result<Option<Verdict>, LimiterError> {
-        self.run(key, limits, None).await
+    /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time.
+    pub async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
+        self.run(asks, None).await
     }
 
-    /// [`RedisStore::decide`] with the time given instead of read from Redis: for the
-    /// differential tests that drive the script and the Rust algorithms on one fake clock.
+    /// [`RedisStore::decide`] at `now_us` instead of Redis time, on a store made by
+    /// [`RedisStore::connect_for_test`].
     pub async fn decide_at_for_test(
         &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
+        asks: &[Ask<'_>],
         now_us: u64,
-    ) -> Result<Option<Verdict>, LimiterError> {
-        self.run(key, limits, Some(now_us)).await
+    ) -> Result<Verdict, LimiterError> {
+        if !self.test_clock {
+            return Err(LimiterError::Protocol(
+                "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
+            ));
+        }
+        self.run(asks, Some(now_us)).await
     }
 
-    async fn run(
-        &self,
-        key: &BudgetKey<'_>,
-        limits: &[Limit],
-        now: Option<u64>,
-    ) -> Result<Option<Verdict>, LimiterError> {
-        if limits.is_empty() {
-            return Ok(None);
+    async fn run(&self, asks: &[Ask<'_>], now: Option<u64>) -> Result<Verdict, LimiterError> {
+        if asks.is_empty() {
+            return Err(LimiterError::Protocol("nothing to decide".into()));
         }
         let mut invocation = self.script.prepare_invoke();
-        for name in self.key_names(key, limits) {
-            invocation.key(name);
+        for ask in asks {
+            invocation.key(self.key_name(ask));
         }
         match now {
             Some(now) => invocation.arg(now),
             None => invocation.arg("-"),
         };
-        for limit in limits {
-            let (a, b) = limit.algorithm.parameters();
+        for ask in asks {
+            let (a, b) = ask.limit.algorithm().parameters();
             invocation
-                .arg(limit.algorithm.name())
+                .arg(ask.limit.algorithm().name())
                 .arg(a)
                 .arg(b)
-                .arg(limit.cost);
+                .arg(ask.limit.cost());
         }
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
@@ -171,33 +212,37 @@ impl RedisStore {
             Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
         }
         .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-        parse_reply(&reply, limits.len()).map(Some)
+        let reply = Reply::try_from(reply.as_slice())?;
+        if reply.decisions.len() != asks.len() {
+            return Err(LimiterError::Protocol(format!(
+                "reply has {} decisions for {} limits",
+                reply.decisions.len(),
+                asks.len()
+            )));
+        }
+        Ok(reply.verdict)
     }
 
-    /// The Redis keys of one decision, one per limit.
-    pub fn key_names(&self, key: &BudgetKey<'_>, limits: &[Limit]) -> Vec<String> {
+    /// The Redis key of one ask.
+    pub fn key_name(&self, ask: &Ask<'_>) -> String {
+        let key = &ask.key;
         let mut digest = Sha256::new();
-        digest.update(key.kind.as_bytes());
+        digest.update(key.kind.as_str().as_bytes());
         digest.update([0]);
         digest.update(key.value);
         let hash = digest.finalize();
-        let mut tag = String::with_capacity(32);
+        let mut name = String::with_capacity(self.prefix.len() + key.budget.len() + 64);
+        name.push_str(&self.prefix);
+        name.push_str(key.budget);
+        name.push(':');
+        name.push_str(key.kind.as_str());
+        name.push_str(":{");
         for b in &hash[..16] {
-            let _ = write!(tag, "{b:02x}");
+            let _ = write!(name, "{b:02x}");
         }
-        limits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                format!(
-                    "{}{}:{}:{{{tag}}}:{i}:{}",
-                    self.prefix,
-                    key.route,
-                    key.kind,
-                    l.algorithm.name()
-                )
-            })
-            .collect()
+        name.push_str("}:");
+        name.push_str(ask.limit.algorithm().name());
+        name
     }
 
     /// Asks Redis whether it answers: `/readyz`.
@@ -219,42 +264,106 @@ impl RedisStore {
     }
 }
 
-/// Reads `{ allowed, now, then six numbers per limit }`.
-fn parse_reply(reply: &[Value], limits: usize) -> Result<Verdict, LimiterError> {
-    let number = |i: usize| -> Result<u64, LimiterError> {
-        match reply.get(i) {
-            Some(Value::Int(n)) if *n >= 0 => Ok(*n as u64),
-            other => Err(LimiterError::Protocol(format!(
-                "reply item {i} is {other:?}, expected a number"
-            ))),
+impl RemoteStore for RedisStore {
+    async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
+        RedisStore::decide(self, asks).await
+    }
+
+    async fn ping(&self) -> Result<(), LimiterError> {
+        RedisStore::ping(self).await
+    }
+}
+
+/// The script's reply, read: `REPLY_HEADER` items, then `REPLY_FIELDS` per limit.
+struct Reply {
+    verdict: Verdict,
+    decisions: Vec<Decision>,
+}
+
+fn number(item: &Value, at: usize) -> Result<u64, LimiterError> {
+    match item {
+        Value::Int(n) if *n >= 0 => Ok(*n as u64),
+        other => Err(LimiterError::Protocol(format!(
+            "reply item {at} is {other:?}, expected a number"
+        ))),
+    }
+}
+
+impl TryFrom<(&[Value], usize)> for Decision {
+    type Error = LimiterError;
+
+    /// One limit's `REPLY_FIELDS` items, starting at reply position `at`.
+    fn try_from((items, at): (&[Value], usize)) -> Result<Self, Self::Error> {
+        let n = |i: usize| number(&items[i], at + i);
+        Ok(Decision {
+            allowed: n(0)? == 1,
+            limit: n(1)?,
+            remaining: n(2)?,
+            reset_after_us: n(3)?,
+            retry_after_us: n(4)?,
+            delay_us: n(5)?,
+        })
+    }
+}
+
+impl TryFrom<&[Value]> for Reply {
+    type Error = LimiterError;
+
+    fn try_from(reply: &[Value]) -> Result<Self, Self::Error> {
+        let body = reply.get(REPLY_HEADER..).unwrap_or_default();
+        if body.is_empty() || body.len() % REPLY_FIELDS != 0 {
+            return Err(LimiterError::Protocol(format!(
+                "reply has {} items, expected {REPLY_HEADER} plus {REPLY_FIELDS} per limit",
+                reply.len()
+            )));
         }
-    };
-    if reply.len() != 2 + 6 * limits {
-        return Err(LimiterError::Protocol(format!(
-            "reply has {} items, expected {}",
-            reply.len(),
-            2 + 6 * limits
-        )));
+        let decisions = body
+            .chunks_exact(REPLY_FIELDS)
+            .enumerate()
+            .map(|(i, chunk)| Decision::try_from((chunk, REPLY_HEADER + i * REPLY_FIELDS)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let verdict = Verdict::from_decisions(number(&reply[1], 1)?, &decisions)
+            .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
+        if verdict.allowed != (number(&reply[0], 0)? == 1) {
+            return Err(LimiterError::Protocol(
+                "the script's verdict disagrees with its decisions".to_string(),
+            ));
+        }
+        Ok(Reply { verdict, decisions })
     }
-    let now_us = number(1)?;
-    let mut decisions = Vec::with_capacity(limits);
-    for i in 0..limits {
-        let at = 2 + 6 * i;
-        decisions.push(Decision {
-            allowed: number(at)? == 1,
-            limit: number(at + 1)?,
-            remaining: number(at + 2)?,
-            reset_after_us: number(at + 3)?,
-            retry_after_us: number(at + 4)?,
-            delay_us: number(at + 5)?,
-        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(items: &[i64]) -> Vec<Value> {
+        items.iter().map(|&n| Value::Int(n)).collect()
     }
-    let verdict = Verdict::from_decisions(now_us, &decisions)
-        .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
-    if verdict.allowed != (number(0)? == 1) {
-        return Err(LimiterError::Protocol(
-            "the script's verdict disagrees with its decisions".to_string(),
-        ));
+
+    #[test]
+    fn a_reply_is_read_by_its_named_layout() {
+        let reply = ints(&[0, 7, 1, 10, 9, 100, 0, 0, 0, 5, 0, 300, 40, 0]);
+        let read = Reply::try_from(reply.as_slice()).unwrap();
+        assert_eq!(read.decisions.len(), 2);
+        assert!(!read.verdict.allowed);
+        assert_eq!(read.verdict.now_us, 7);
+        assert_eq!(read.verdict.retry_after_us, 40);
+        assert_eq!(read.verdict.headline_index, 1);
     }
-    Ok(verdict)
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        for bad in [
+            ints(&[1, 7]),
+            ints(&[1, 7, 1, 10, 9]),
+            ints(&[1, 7, 1, 10, 9, 100, 0, -1]),
+            ints(&[0, 7, 1, 10, 9, 100, 0, 0]),
+        ] {
+            assert!(matches!(
+                Reply::try_from(bad.as_slice()),
+                Err(LimiterError::Protocol(_))
+            ));
+        }
+    }
 }

@@ -31,8 +31,9 @@ pub enum Rejection {
     NoRoute,
     /// The request is malformed in a way floodgate cares about: 400.
     BadRequest(String),
-    /// A limit denied: 429 with `Retry-After`.
-    RateLimited(Verdict),
+    /// A limit denied: 429 with `Retry-After`. The `usize` is the headline limit's policy index
+    /// (see [`RateLimitHeaders::write`]).
+    RateLimited(Verdict, usize),
     /// The limiter store failed and `on_error` is `deny`: 503.
     LimiterUnavailable,
     /// The upstream could not be reached: 502.
@@ -49,28 +50,25 @@ pub struct RateLimitHeaders {
     policy: Option<HeaderValue>,
     /// IETF profile: the policy names, enforced limits then shadow limits.
     names: Vec<String>,
-    /// How many of `names` are enforced limits.
-    enforced: usize,
 }
 
 impl RateLimitHeaders {
     /// The headers for `route` in `profile`.
     pub fn for_route(profile: HeaderProfile, route: &RouteConfig) -> Self {
-        let names: Vec<String> = route
-            .limit_names
+        let limits: Vec<_> = route
+            .enforced
+            .limits
             .iter()
-            .chain(&route.shadow_limit_names)
-            .cloned()
+            .chain(&route.shadow.limits)
             .collect();
+        let names: Vec<String> = limits.iter().map(|l| l.name.clone()).collect();
         let policy = (profile == HeaderProfile::Ietf && !names.is_empty())
             .then(|| {
-                let limits = route.limits.iter().chain(&route.shadow_limits);
-                let items: Vec<String> = names
+                let items: Vec<String> = limits
                     .iter()
-                    .zip(limits)
-                    .map(|(name, limit)| {
-                        let (quota, window) = quota_and_window(limit);
-                        format!("\"{name}\";q={quota};w={window}")
+                    .map(|l| {
+                        let (quota, window) = quota_and_window(&l.limit);
+                        format!("\"{}\";q={quota};w={window}", l.name)
                     })
                     .collect();
                 HeaderValue::from_str(&items.join(", ")).ok()
@@ -80,7 +78,6 @@ impl RateLimitHeaders {
             profile,
             policy,
             names,
-            enforced: route.limits.len(),
         }
     }
 
@@ -90,13 +87,13 @@ impl RateLimitHeaders {
             profile: HeaderProfile::None,
             policy: None,
             names: Vec::new(),
-            enforced: 0,
         }
     }
 
-    /// Writes the fields for `verdict`; `shadow` says the verdict came from the shadow limits.
-    /// On a 429, the IETF `t` is the `Retry-After` instant.
-    pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, shadow: bool) {
+    /// Writes the fields for `verdict`, whose headline limit is the route's limit number
+    /// `policy`, counting enforced limits then shadow limits in file order. On a 429, the IETF
+    /// `t` is the `Retry-After` instant.
+    pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, policy: usize) {
         match self.profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
@@ -108,12 +105,7 @@ impl RateLimitHeaders {
                 if let Some(policy) = &self.policy {
                     headers.insert(RATELIMIT_POLICY, policy.clone());
                 }
-                let index = if shadow {
-                    self.enforced + v.headline_index
-                } else {
-                    v.headline_index
-                };
-                let name = self.names.get(index).map_or("default", String::as_str);
+                let name = self.names.get(policy).map_or("default", String::as_str);
                 let t = if v.allowed {
                     v.headline.reset_after_us.div_ceil(1_000_000)
                 } else {
@@ -132,8 +124,8 @@ impl RateLimitHeaders {
 /// The IETF policy's quota and window (seconds) of a limit: a bucket's window is the time it
 /// takes to refill from empty.
 fn quota_and_window(limit: &Limit) -> (u64, u64) {
-    let (units, span) = limit.algorithm.parameters();
-    let window_us = if limit.algorithm.is_bucket() {
+    let (units, span) = limit.algorithm().parameters();
+    let window_us = if limit.algorithm().is_bucket() {
         units * span
     } else {
         span
@@ -144,13 +136,6 @@ fn quota_and_window(limit: &Limit) -> (u64, u64) {
 /// A body from bytes floodgate made itself.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     http_body_util::Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-/// An empty body.
-pub fn empty() -> Body {
-    http_body_util::Empty::new()
         .map_err(|never| match never {})
         .boxed_unsync()
 }
@@ -169,13 +154,13 @@ impl Rejection {
     /// JSON tree. Both come from [`problem_json`], so they are the very bytes it would write.
     pub fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
         let (status, body) = match self {
-            Rejection::RateLimited(v) => {
+            Rejection::RateLimited(v, policy) => {
                 let retry_after = v.retry_after_secs();
                 let mut response = Response::new(full(rate_limited_body(retry_after)));
                 *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
                 let h = response.headers_mut();
                 h.insert(RETRY_AFTER, int_value(retry_after));
-                headers.write(h, &v, false);
+                headers.write(h, &v, policy);
                 h.insert(CONTENT_TYPE, PROBLEM_JSON);
                 return response;
             }
@@ -360,7 +345,7 @@ mod tests {
             retry_after_us: 2_500_000,
             delay_us: 0,
         };
-        let response = Rejection::RateLimited(verdict).into_response(&RateLimitHeaders::none());
+        let response = Rejection::RateLimited(verdict, 0).into_response(&RateLimitHeaders::none());
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[RETRY_AFTER], "3");
         assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");

@@ -1,59 +1,36 @@
 //! Unit and property tests of the algorithms, on an injected clock (plain `now` values): no sleeps.
 
-use std::num::NonZeroU32;
-
 use proptest::prelude::*;
 
 use super::State;
-use crate::limiter::{Algorithm, Decision, Limit};
+use crate::limiter::{Algorithm, AlgorithmKind, Decision, Limit, LimitError};
 
 const SEC: u64 = 1_000_000;
 /// A start time well inside an aligned window of any size used here.
 const T0: u64 = 1_700_000_000 * SEC;
 
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).expect("test parameters are positive")
-}
-
-fn limit(algorithm: Algorithm) -> Limit {
-    Limit { algorithm, cost: 1 }
-}
-
 fn token_bucket(capacity: u32, per_sec: f64) -> Limit {
-    let interval_us = Algorithm::interval_for_rate(per_sec).expect("valid rate");
-    limit(Algorithm::TokenBucket {
-        capacity: nz(capacity),
-        interval_us,
-    })
+    Limit::of(Algorithm::token_bucket(capacity, per_sec).expect("valid bucket"))
 }
 
 fn leaky_bucket(capacity: u32, per_sec: f64) -> Limit {
-    let interval_us = Algorithm::interval_for_rate(per_sec).expect("valid rate");
-    limit(Algorithm::LeakyBucket {
-        capacity: nz(capacity),
-        interval_us,
-    })
+    Limit::of(Algorithm::leaky_bucket(capacity, per_sec).expect("valid bucket"))
+}
+
+fn window(kind: AlgorithmKind, l: u32, window_us: u64) -> Limit {
+    Limit::of(Algorithm::from_parts(kind, u64::from(l), window_us).expect("valid window"))
 }
 
 fn fixed_window(l: u32, window_us: u64) -> Limit {
-    limit(Algorithm::FixedWindow {
-        limit: nz(l),
-        window_us,
-    })
+    window(AlgorithmKind::FixedWindow, l, window_us)
 }
 
 fn sliding_log(l: u32, window_us: u64) -> Limit {
-    limit(Algorithm::SlidingWindowLog {
-        limit: nz(l),
-        window_us,
-    })
+    window(AlgorithmKind::SlidingWindowLog, l, window_us)
 }
 
 fn sliding_counter(l: u32, window_us: u64) -> Limit {
-    limit(Algorithm::SlidingWindowCounter {
-        limit: nz(l),
-        window_us,
-    })
+    window(AlgorithmKind::SlidingWindowCounter, l, window_us)
 }
 
 /// Runs one request at `now` through check and (if allowed) commit, as a store does.
@@ -67,7 +44,7 @@ fn request(state: &mut State, limit: &Limit, now: u64) -> Decision {
 
 /// The allowed flags of requests at the given times.
 fn pattern(limit: &Limit, times: &[u64]) -> Vec<bool> {
-    let mut state = State::new(&limit.algorithm);
+    let mut state = State::new(limit.algorithm().kind());
     times
         .iter()
         .map(|&t| request(&mut state, limit, t).allowed)
@@ -77,7 +54,7 @@ fn pattern(limit: &Limit, times: &[u64]) -> Vec<bool> {
 #[test]
 fn token_bucket_allows_a_burst_of_capacity_then_the_refill_rate() {
     let l = token_bucket(3, 1.0);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     let remaining: Vec<_> = (0..4).map(|_| request(&mut s, &l, T0)).collect();
     assert_eq!(
         remaining
@@ -119,19 +96,25 @@ fn token_bucket_fractional_rates_round_the_interval_up() {
         pattern(&l, &[T0, T0 + 2 * SEC - 1, T0 + 2 * SEC]),
         vec![true, false, true]
     );
-    assert_eq!(Algorithm::interval_for_rate(3.0), Some(333_334));
-    assert_eq!(Algorithm::interval_for_rate(0.0), None);
-    assert_eq!(Algorithm::interval_for_rate(f64::NAN), None);
-    assert_eq!(Algorithm::interval_for_rate(2e6), None);
+    assert_eq!(Algorithm::interval_for_rate(3.0), Ok(333_334));
+    assert_eq!(
+        Algorithm::interval_for_rate(0.0),
+        Err(LimitError::RateNotPositive)
+    );
+    assert_eq!(
+        Algorithm::interval_for_rate(f64::NAN),
+        Err(LimitError::RateNotPositive)
+    );
+    assert_eq!(
+        Algorithm::interval_for_rate(2e6),
+        Err(LimitError::RateTooHigh)
+    );
 }
 
 #[test]
 fn token_bucket_cost_spends_several_tokens() {
-    let l = Limit {
-        cost: 2,
-        ..token_bucket(5, 1.0)
-    };
-    let mut s = State::new(&l.algorithm);
+    let l = Limit::new(*token_bucket(5, 1.0).algorithm(), 2).unwrap();
+    let mut s = State::new(l.algorithm().kind());
     let d: Vec<_> = (0..3).map(|_| request(&mut s, &l, T0)).collect();
     assert_eq!(
         d.iter()
@@ -155,7 +138,7 @@ fn clock_going_backwards_mints_no_tokens() {
 #[test]
 fn leaky_bucket_delays_admitted_requests_to_the_leak_rate() {
     let l = leaky_bucket(3, 10.0);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     let d: Vec<_> = (0..4).map(|_| request(&mut s, &l, T0)).collect();
     assert_eq!(
         d.iter()
@@ -186,7 +169,7 @@ fn fixed_window_counts_per_aligned_window() {
     let w = 60 * SEC;
     let start = T0 - T0 % w;
     let l = fixed_window(2, w);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     let d: Vec<_> = [start + 10, start + 20, start + 30]
         .iter()
         .map(|&t| request(&mut s, &l, t))
@@ -227,7 +210,7 @@ fn fixed_window_allows_twice_the_limit_across_a_boundary() {
 fn sliding_log_is_exact_over_any_span() {
     let w = 10 * SEC;
     let l = sliding_log(3, w);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     for t in [T0, T0 + SEC, T0 + 2 * SEC] {
         assert!(request(&mut s, &l, t).allowed);
     }
@@ -259,7 +242,7 @@ fn sliding_log_is_exact_over_any_span() {
 #[test]
 fn sliding_log_keeps_no_denied_requests() {
     let l = sliding_log(2, SEC);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     for _ in 0..100 {
         request(&mut s, &l, T0);
     }
@@ -274,7 +257,7 @@ fn sliding_counter_weights_the_previous_window() {
     let w = 10 * SEC;
     let start = T0 - T0 % w;
     let l = sliding_counter(10, w);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     for i in 0..10 {
         assert!(request(&mut s, &l, start + i).allowed);
     }
@@ -306,12 +289,12 @@ fn sliding_counter_forgets_windows_older_than_the_previous_one() {
 #[test]
 fn state_expires_when_the_budget_is_full_again() {
     let l = token_bucket(5, 1.0);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     request(&mut s, &l, T0);
     assert_eq!(s.expires_at(&l), T0 + SEC);
     let w = 60 * SEC;
     let l = sliding_log(5, w);
-    let mut s = State::new(&l.algorithm);
+    let mut s = State::new(l.algorithm().kind());
     request(&mut s, &l, T0);
     assert_eq!(s.expires_at(&l), T0 + w);
 }
@@ -347,32 +330,14 @@ fn any_limit() -> impl Strategy<Value = Limit> {
     let window = prop_oneof![Just(SEC / 10), Just(SEC), Just(3 * SEC), Just(1_234_567u64)];
     (0usize..5, 1u32..20, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
         let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
-        let algorithm = match kind {
-            0 => Algorithm::TokenBucket {
-                capacity: nz(n),
-                interval_us,
-            },
-            1 => Algorithm::LeakyBucket {
-                capacity: nz(n),
-                interval_us,
-            },
-            2 => Algorithm::FixedWindow {
-                limit: nz(n),
-                window_us: window,
-            },
-            3 => Algorithm::SlidingWindowLog {
-                limit: nz(n),
-                window_us: window,
-            },
-            _ => Algorithm::SlidingWindowCounter {
-                limit: nz(n),
-                window_us: window,
-            },
+        let kind = AlgorithmKind::ALL[kind];
+        let span = if kind.is_bucket() {
+            interval_us
+        } else {
+            window
         };
-        Limit {
-            algorithm,
-            cost: cost.min(n),
-        }
+        let algorithm = Algorithm::from_parts(kind, u64::from(n), span).expect("valid limit");
+        Limit::new(algorithm, cost.min(n)).expect("valid cost")
     })
 }
 
@@ -400,7 +365,7 @@ proptest! {
     ) {
         let l = leaky_bucket(capacity, rate);
         let interval = Algorithm::interval_for_rate(rate).unwrap();
-        let mut s = State::new(&l.algorithm);
+        let mut s = State::new(l.algorithm().kind());
         let mut releases = Vec::new();
         for &t in &times {
             let d = request(&mut s, &l, t);
@@ -453,14 +418,14 @@ proptest! {
 
     #[test]
     fn remaining_is_how_many_more_pass_right_now(lim in any_limit(), times in arrivals()) {
-        let mut s = State::new(&lim.algorithm);
+        let mut s = State::new(lim.algorithm().kind());
         for &t in &times {
             let d = request(&mut s, &lim, t);
             prop_assert!(d.remaining <= d.limit);
             if d.allowed {
                 // Exactly `remaining / cost` more requests pass at this instant.
                 let mut probe = s.clone();
-                let expected = d.remaining / u64::from(lim.cost);
+                let expected = d.remaining / u64::from(lim.cost());
                 for k in 0..expected {
                     prop_assert!(request(&mut probe, &lim, t).allowed, "request {k} of {expected} denied");
                 }
@@ -471,7 +436,7 @@ proptest! {
 
     #[test]
     fn retry_after_is_the_earliest_moment_a_retry_passes(lim in any_limit(), times in arrivals()) {
-        let mut s = State::new(&lim.algorithm);
+        let mut s = State::new(lim.algorithm().kind());
         for &t in &times {
             let d = request(&mut s, &lim, t);
             if !d.allowed {

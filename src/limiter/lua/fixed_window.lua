@@ -1,4 +1,4 @@
--- floodgate limiter script, part 4 of 7: fixed window; mirrors fixed_window_check in
+-- floodgate limiter script, part 4 of 8: fixed window; mirrors fixed_window_check in
 -- src/limiter/algorithm.rs. The key is a hash: s = window start, c = count spent in it.
 
 ALGORITHMS['fixed_window'] = {
@@ -15,7 +15,7 @@ ALGORITHMS['fixed_window'] = {
     end
     return { 0, limit, limit - count, reset_after, reset_after, 0 }, nil
   end,
-  commit = function(key, now, state, window)
+  commit = function(key, now, state, window, _cost)
     redis.call('HSET', key, 's', fmt(state[1]), 'c', fmt(state[2]))
     redis.call('PEXPIRE', key, ttl_ms(state[1] + window, now))
   end,

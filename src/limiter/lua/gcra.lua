@@ -1,4 +1,4 @@
--- floodgate limiter script, part 2 of 7: token bucket and leaky bucket (GCRA); mirrors
+-- floodgate limiter script, part 2 of 8: token bucket and leaky bucket (GCRA); mirrors
 -- gcra_check in src/limiter/algorithm.rs.
 --
 -- The key holds `tat`, the instant the bucket is full again (token bucket) or its queue has
@@ -17,7 +17,9 @@ local function gcra_check(key, now, capacity, interval, cost)
   return { 0, capacity, math.floor(math.max(burst - (tat - now), 0) / interval), tat - now, new_tat - now - burst, 0 }, nil
 end
 
-local function gcra_commit(key, now, new_tat)
+-- Every algorithm's commit takes (key, now, state from check, parameter b, cost); GCRA needs
+-- only the new tat.
+local function gcra_commit(key, now, new_tat, _interval, _cost)
   redis.call('SET', key, fmt(new_tat), 'PX', ttl_ms(new_tat, now))
 end
 

@@ -1,22 +1,14 @@
--- floodgate limiter script, part 7 of 7: one decision over all the limits of a route,
+-- floodgate limiter script, part 8 of 8: one decision over all the limits of a route,
 -- all-or-nothing, in one round trip.
 --
--- KEYS[i]: the state of limit i (all share one {hash tag}, so one Redis Cluster slot).
--- ARGV[1]: "-" to read the time from Redis TIME (always, in production); a microsecond count
---          only in floodgate's differential tests, which drive the script on a fake clock.
+-- KEYS[i]: the state of limit i. On Redis Cluster they must share one slot (see redis.rs).
+-- ARGV[1]: the time in µs for the test clock (clock_test.lua); "-" and unread in production.
 -- ARGV[2 + 4(i-1) ..]: limit i as algorithm name, parameter a, parameter b, cost, where (a, b) is
 --          (capacity, interval µs) for the buckets and (limit, window µs) for the windows.
--- Reply: { allowed, now_us, then per limit: allowed, limit, remaining, reset_after_us,
---          retry_after_us, delay_us }.
+-- Reply (REPLY_HEADER and REPLY_FIELDS in redis.rs): { allowed, now_us, then per limit: allowed,
+--          limit, remaining, reset_after_us, retry_after_us, delay_us }.
 
-local now
-if ARGV[1] == '-' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-  ttl_slack_ms = 3600000
-end
+local now = script_now()
 
 local n = #KEYS
 local decisions = {}
@@ -41,14 +33,8 @@ end
 if all == 1 then
   for i = 1, n do
     local base = 2 + 4 * (i - 1)
-    local name = ARGV[base]
-    local b = tonumber(ARGV[base + 2])
-    local cost = tonumber(ARGV[base + 3])
-    if name == 'sliding_window_log' then
-      ALGORITHMS[name].commit(KEYS[i], now, states[i], b, cost)
-    else
-      ALGORITHMS[name].commit(KEYS[i], now, states[i], b)
-    end
+    ALGORITHMS[ARGV[base]].commit(KEYS[i], now, states[i], tonumber(ARGV[base + 2]),
+      tonumber(ARGV[base + 3]))
   end
 end
 

@@ -1,6 +1,7 @@
--- floodgate limiter script, part 1 of 7: shared helpers.
+-- floodgate limiter script, part 1 of 8: shared helpers.
 --
--- The script Redis runs is the concatenation of prelude.lua, the five algorithm files and
+-- The script Redis runs is the concatenation of prelude.lua, the five algorithm files, one
+-- clock file (clock_redis.lua in production, clock_test.lua in the differential tests) and
 -- main.lua (see src/limiter/redis.rs). Each algorithm file mirrors, operation for operation, the
 -- Rust function of the same name in src/limiter/algorithm.rs, so both stores decide alike.
 --
@@ -12,9 +13,9 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- Redis expires keys on its own clock. When a test injects the time (main.lua), that clock and
--- the script's no longer agree, so keys are kept an hour longer than they need to be: a stalled
--- test must not see state vanish that its fake clock says is still alive. 0 in production.
+-- Redis expires keys on its own clock. When a test injects the time (clock_test.lua), that clock
+-- and the script's no longer agree, so keys are kept an hour longer than they need to be: a
+-- stalled test must not see state vanish that its fake clock says is still alive. 0 in production.
 local ttl_slack_ms = 0
 
 -- Milliseconds for PEXPIRE: the time until `expires_at`, rounded up, at least 1.

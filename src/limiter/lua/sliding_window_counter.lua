@@ -1,4 +1,4 @@
--- floodgate limiter script, part 6 of 7: sliding window counter; mirrors sliding_counter_check
+-- floodgate limiter script, part 6 of 8: sliding window counter; mirrors sliding_counter_check
 -- in src/limiter/algorithm.rs, with the same floating-point operations in the same order. The
 -- key is a hash: s = current window start, c = its count, p = the previous window's count.
 
@@ -46,7 +46,7 @@ ALGORITHMS['sliding_window_counter'] = {
     local decision = { (allowed and 1) or 0, limit, math.max(math.floor(limit - spent), 0), reset_after, retry_after, 0 }
     return decision, { current, curr + cost, prev }
   end,
-  commit = function(key, now, state, window)
+  commit = function(key, now, state, window, _cost)
     redis.call('HSET', key, 's', fmt(state[1]), 'c', fmt(state[2]), 'p', fmt(state[3]))
     redis.call('PEXPIRE', key, ttl_ms(state[1] + 2 * window, now))
   end,
