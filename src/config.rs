@@ -21,10 +21,12 @@ use http::{HeaderName, Method, Uri};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use crate::identity::IdentityConfig;
+use crate::identity::{
+    ANONYMOUS_TIER, Consumer, Consumers, DEFAULT_TIER, IdentityConfig, UnknownKey,
+};
 pub use crate::limiter::OnError;
 use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS};
-use file::{BackendKind, Choice, FileConfig, LimitFile, RouteFile};
+use file::{BackendKind, Choice, ConsumerFile, FileConfig, LimitFile, RouteFile};
 
 /// Values from outside the file that replace what it says: the binary reads them from the
 /// environment (`FLOODGATE_REDIS_URL`).
@@ -32,6 +34,8 @@ use file::{BackendKind, Choice, FileConfig, LimitFile, RouteFile};
 pub struct Overrides {
     /// Replaces `storage.url` for the `redis` backend.
     pub redis_url: Option<String>,
+    /// The folder relative paths in the file are read from (default: the working directory).
+    pub base_dir: Option<PathBuf>,
 }
 
 /// A valid floodgate configuration.
@@ -44,6 +48,8 @@ pub struct Config {
     pub upstream_ca: Option<UpstreamCa>,
     pub storage: StorageConfig,
     pub identity: IdentityConfig,
+    /// The known API keys, when the file has a `consumers:` section.
+    pub consumers: Option<Arc<Consumers>>,
     pub timeouts: Timeouts,
     pub routes: Vec<RouteConfig>,
     /// Global shadow mode: every limit decides and counts, none denies.
@@ -196,8 +202,10 @@ pub struct RouteLimit {
     /// the limit's position in the file and a fingerprint of its parameters. A reload that
     /// changes the limit starts it afresh; one that does not keeps its state.
     pub budget_id: String,
-    /// The policy name for the IETF headers: `{route}-{position in the file}`.
+    /// The policy name for the IETF headers: `{route}-{position}`.
     pub name: String,
+    /// The limit's position in the route's `limits:` list.
+    pub position: usize,
 }
 
 impl RouteLimit {
@@ -268,10 +276,15 @@ impl ConfigError {
 
 impl Config {
     /// Reads and validates a config file. Blocking: call it from a blocking thread on a runtime.
+    /// Relative paths in it (`consumers.file`) are read from the file's folder.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
-        Config::from_yaml_with(&text, overrides)
+        let overrides = Overrides {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..overrides.clone()
+        };
+        Config::from_yaml_with(&text, &overrides)
     }
 
     /// Parses and validates YAML text, with no overrides.
@@ -313,6 +326,9 @@ impl Config {
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let storage = v.storage(file.storage);
         let identity = v.identity(file.identity);
+        let consumers = file
+            .consumers
+            .map(|c| Arc::new(v.consumers(c, overrides.base_dir.as_deref())));
         let timeouts = v.timeouts(file.timeouts);
         let mut routes = Vec::with_capacity(file.routes.len());
         for (i, route) in file.routes.into_iter().enumerate() {
@@ -326,6 +342,7 @@ impl Config {
                 routes.push(route);
             }
         }
+        v.known_tiers(&routes, consumers.as_deref());
         if let Some(storage) = &storage
             && matches!(storage.backend, Backend::RedisCluster { .. })
         {
@@ -345,6 +362,7 @@ impl Config {
                 upstream_ca,
                 storage,
                 identity,
+                consumers,
                 timeouts,
                 routes,
                 shadow: file.shadow.unwrap_or(false),
@@ -631,6 +649,7 @@ impl Validator {
                 tiers,
                 budget_id,
                 name: format!("{}-{n}", r.name),
+                position: n,
             };
             if is_shadow {
                 shadow.limits.push(route_limit);
@@ -649,6 +668,105 @@ impl Validator {
             enforced,
             shadow,
         })
+    }
+
+    /// `consumers:`: inline entries and those of `file`, each key's digest parsed and unique.
+    fn consumers(&mut self, c: file::ConsumersFile, base_dir: Option<&Path>) -> Consumers {
+        let unknown_key = self.choice("consumers.unknown_key", c.unknown_key, UnknownKey::Reject);
+        let mut consumers = Consumers::new(unknown_key);
+        let mut names = std::collections::HashSet::new();
+        let mut add = |v: &mut Validator, path: String, entry: ConsumerFile| {
+            if !is_name(&entry.name) {
+                v.problem(
+                    format!("{path}.name"),
+                    format!("{:?} must be letters, digits, '_', '.' or '-'", entry.name),
+                );
+            } else if !names.insert(entry.name.clone()) {
+                v.problem(
+                    format!("{path}.name"),
+                    format!("duplicate consumer name {:?}", entry.name),
+                );
+            }
+            let tier = entry.tier.unwrap_or_else(|| DEFAULT_TIER.to_string());
+            if !is_name(&tier) || tier == ANONYMOUS_TIER {
+                v.problem(
+                    format!("{path}.tier"),
+                    format!(
+                        "{tier:?} must be letters, digits, '_', '.' or '-', and not {ANONYMOUS_TIER:?} (the tier of requests without a consumer)"
+                    ),
+                );
+            }
+            let index = consumers.add(Consumer {
+                name: entry.name,
+                tier,
+            });
+            for (k, hex) in entry.keys_sha256.iter().enumerate() {
+                let key_path = format!("{path}.keys_sha256[{k}]");
+                match parse_sha256(hex) {
+                    None => v.problem(
+                        key_path,
+                        "must be 64 hex digits: the SHA-256 of the key (floodgate hash-key KEY)",
+                    ),
+                    Some(digest) => {
+                        if let Err(owner) = consumers.add_key(digest, index) {
+                            v.problem(key_path, format!("consumer {owner:?} has this key already"));
+                        }
+                    }
+                }
+            }
+        };
+        for (i, entry) in c.entries.into_iter().enumerate() {
+            add(self, format!("consumers.entries[{i}]"), entry);
+        }
+        if let Some(file) = c.file {
+            let path = match base_dir {
+                Some(dir) => dir.join(&file),
+                None => PathBuf::from(&file),
+            };
+            let entries = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|text| {
+                    let value: serde_json::Value = serde_saphyr::from_str(&text)
+                        .map_err(|e| format!("invalid YAML in {}: {e}", path.display()))?;
+                    serde_path_to_error::deserialize::<_, Vec<ConsumerFile>>(value).map_err(|e| {
+                        let at = e.path().to_string();
+                        format!("[{at}]: {}", e.into_inner())
+                    })
+                });
+            match entries {
+                Ok(entries) => {
+                    for (i, entry) in entries.into_iter().enumerate() {
+                        add(self, format!("consumers.file[{i}]"), entry);
+                    }
+                }
+                Err(message) => self.problem("consumers.file", message),
+            }
+        }
+        consumers
+    }
+
+    /// Every tier a limit names must be one a request can have.
+    fn known_tiers(&mut self, routes: &[RouteConfig], consumers: Option<&Consumers>) {
+        let mut known: std::collections::HashSet<&str> = [ANONYMOUS_TIER].into();
+        if let Some(consumers) = consumers {
+            known.extend(consumers.iter().map(|c| c.tier.as_str()));
+        }
+        for (i, route) in routes.iter().enumerate() {
+            let limits = route.enforced.limits.iter().chain(&route.shadow.limits);
+            for limit in limits {
+                let position = limit.position;
+                for (t, tier) in limit.tiers.iter().flatten().enumerate() {
+                    if !known.contains(tier.as_str()) {
+                        self.problem(
+                            format!("routes[{i}].limits[{position}].tiers[{t}]"),
+                            format!(
+                                "no request can have tier {tier:?}: it is neither {ANONYMOUS_TIER:?} nor the tier of any consumer"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
@@ -875,6 +993,20 @@ impl Validator {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("{text:?} is not a duration like 500ms, 1s, 1m or 1h ({e})"))
+}
+
+/// 64 hex digits as 32 bytes.
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// True for names that can go into metric labels and store keys.

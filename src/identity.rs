@@ -2,13 +2,17 @@
 //! from trusted proxies), else the client IP, found by walking `X-Forwarded-For` right to left
 //! past trusted proxies.
 //!
+//! With a `consumers:` section, an API key is looked up (by its SHA-256) among the known
+//! consumers: a known key is identified as its consumer, whose keys all share one budget; an
+//! unknown one is rejected (401) or ignored, as `consumers.unknown_key` says.
+//!
 //! Security caveats, written where they live:
-//! - a client picks its own API key, so a client that rotates keys gets a fresh budget per key
-//!   unless something upstream of floodgate validates keys; pair key-based limits with an IP limit
-//!   on a separate route if that matters;
+//! - without `consumers:`, a client picks its own API key, so a client that rotates keys gets a
+//!   fresh budget per key; pair key-based limits with a `per: ip` or `per: route` limit;
 //! - `X-User-Id` and `X-Forwarded-For` are believed only when the TCP peer is a trusted proxy;
 //!   from anyone else they are ignored, so rotating them buys nothing.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName};
@@ -16,10 +20,11 @@ use ipnet::IpNet;
 
 use crate::limiter::KeyKind;
 
-/// Which of the three sources the identity came from.
+/// Which of the sources the identity came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IdentityKind {
     ApiKey,
+    Consumer,
     UserId,
     Ip,
 }
@@ -29,6 +34,7 @@ impl IdentityKind {
     pub fn as_str(self) -> &'static str {
         match self {
             IdentityKind::ApiKey => "api_key",
+            IdentityKind::Consumer => "consumer",
             IdentityKind::UserId => "user_id",
             IdentityKind::Ip => "ip",
         }
@@ -39,6 +45,7 @@ impl From<IdentityKind> for KeyKind {
     fn from(kind: IdentityKind) -> KeyKind {
         match kind {
             IdentityKind::ApiKey => KeyKind::ApiKey,
+            IdentityKind::Consumer => KeyKind::Consumer,
             IdentityKind::UserId => KeyKind::UserId,
             IdentityKind::Ip => KeyKind::Ip,
         }
@@ -50,6 +57,8 @@ impl From<IdentityKind> for KeyKind {
 pub enum Identity<'a> {
     /// The raw API key. Never log it or use it in a key unhashed.
     ApiKey(&'a [u8]),
+    /// A known consumer, found by one of its keys.
+    Consumer(&'a Consumer),
     UserId(&'a [u8]),
     Ip(IpAddr),
 }
@@ -58,6 +67,7 @@ impl Identity<'_> {
     pub fn kind(&self) -> IdentityKind {
         match self {
             Identity::ApiKey(_) => IdentityKind::ApiKey,
+            Identity::Consumer(_) => IdentityKind::Consumer,
             Identity::UserId(_) => IdentityKind::UserId,
             Identity::Ip(_) => IdentityKind::Ip,
         }
@@ -67,6 +77,7 @@ impl Identity<'_> {
     pub fn key_bytes<'b>(&'b self, buf: &'b mut [u8; 16]) -> &'b [u8] {
         match self {
             Identity::ApiKey(v) | Identity::UserId(v) => v,
+            Identity::Consumer(c) => c.name.as_bytes(),
             Identity::Ip(ip) => ip_octets(*ip, buf),
         }
     }
@@ -86,12 +97,107 @@ pub fn ip_octets(ip: IpAddr, buf: &mut [u8; 16]) -> &[u8] {
     }
 }
 
-/// A request whose identity headers cannot be read unambiguously.
+/// A request whose identity cannot be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
     #[error("the {0} header appears more than once with different values")]
     Conflicting(HeaderName),
+    /// An API key no consumer has, under `unknown_key: reject`.
+    #[error("the API key is not known")]
+    UnknownKey,
 }
+
+/// A known API client: every one of its keys spends its one budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    /// Which tier's limits apply to it (`default` unless the config says).
+    pub tier: String,
+}
+
+/// What to do with an API key no consumer has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownKey {
+    /// 401 `invalid_api_key`, never forwarded.
+    Reject,
+    /// Ignore the key: identify by user id, then IP.
+    Anonymous,
+}
+
+/// The tier of requests without a consumer.
+pub const ANONYMOUS_TIER: &str = "anonymous";
+/// The tier of a consumer whose entry names none.
+pub const DEFAULT_TIER: &str = "default";
+
+/// The known consumers, found by the SHA-256 of a key: one hash of the key and one hash-map
+/// lookup per request, whatever the number of consumers. The lookup compares digests, not keys,
+/// so its timing says nothing about which keys exist beyond what a hash-map lookup on a SHA-256
+/// reveals.
+#[derive(Debug, Clone)]
+pub struct Consumers {
+    pub unknown_key: UnknownKey,
+    list: Vec<Consumer>,
+    by_digest: HashMap<[u8; 32], usize>,
+}
+
+impl Consumers {
+    /// No consumers yet; unknown keys follow `unknown_key`.
+    pub fn new(unknown_key: UnknownKey) -> Self {
+        Consumers {
+            unknown_key,
+            list: Vec::new(),
+            by_digest: HashMap::new(),
+        }
+    }
+
+    /// Adds a consumer; returns its index for [`Consumers::add_key`].
+    pub fn add(&mut self, consumer: Consumer) -> usize {
+        self.list.push(consumer);
+        self.list.len() - 1
+    }
+
+    /// Gives consumer `index` the key whose SHA-256 is `digest`. `Err` names the consumer that
+    /// already has it.
+    pub fn add_key(&mut self, digest: [u8; 32], index: usize) -> Result<(), &str> {
+        match self.by_digest.get(&digest) {
+            Some(&owner) => Err(&self.list[owner].name),
+            None => {
+                self.by_digest.insert(digest, index);
+                Ok(())
+            }
+        }
+    }
+
+    /// The consumer whose key `raw_key` is.
+    pub fn find(&self, raw_key: &[u8]) -> Option<&Consumer> {
+        let digest: [u8; 32] = sha2::Sha256::digest(raw_key).into();
+        self.by_digest.get(&digest).map(|&i| &self.list[i])
+    }
+
+    /// The consumers.
+    pub fn iter(&self) -> impl Iterator<Item = &Consumer> {
+        self.list.iter()
+    }
+
+    /// Finds the consumer of an API-key identity; passes other identities through. An unknown
+    /// key is an error under `reject` and `Ok(None)` under `anonymous` (identify without it).
+    pub fn resolve<'a>(
+        &'a self,
+        identity: Identity<'a>,
+    ) -> Result<Option<Identity<'a>>, IdentityError> {
+        let Identity::ApiKey(key) = identity else {
+            return Ok(Some(identity));
+        };
+        match (self.find(key), self.unknown_key) {
+            (Some(consumer), _) => Ok(Some(Identity::Consumer(consumer))),
+            (None, UnknownKey::Reject) => Err(IdentityError::UnknownKey),
+            (None, UnknownKey::Anonymous) => Ok(None),
+        }
+    }
+}
+
+use sha2::Digest as _;
 
 /// How to find a request's identity: the `identity` section of the config.
 #[derive(Debug, Clone)]
@@ -116,10 +222,19 @@ impl IdentityConfig {
         headers: &'a HeaderMap,
         peer: IpAddr,
     ) -> Result<Identity<'a>, IdentityError> {
-        let peer = peer.to_canonical();
         if let Some(key) = single_value(headers, &self.api_key_header)? {
             return Ok(Identity::ApiKey(key));
         }
+        self.identify_without_key(headers, peer)
+    }
+
+    /// [`IdentityConfig::identify`] as if no API key were sent: user id, then IP.
+    pub fn identify_without_key<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        peer: IpAddr,
+    ) -> Result<Identity<'a>, IdentityError> {
+        let peer = peer.to_canonical();
         let trusted_peer = self.is_trusted(peer);
         if trusted_peer && let Some(user) = single_value(headers, &self.user_id_header)? {
             return Ok(Identity::UserId(user));

@@ -39,12 +39,18 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Print the hex SHA-256 of an API key, for a consumer's `keys_sha256`.
+    HashKey {
+        /// The raw key. Pass `-` to read it from standard input (keeps it out of shell history).
+        key: String,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check { config }) => check(&config),
+        Some(Command::HashKey { key }) => hash_key(&key),
         None => {
             let Some(path) = cli.config else {
                 eprintln!("floodgate: --config FILE is required (see floodgate --help)");
@@ -65,6 +71,7 @@ fn main() -> ExitCode {
 fn overrides() -> Overrides {
     Overrides {
         redis_url: std::env::var("FLOODGATE_REDIS_URL").ok(),
+        ..Overrides::default()
     }
 }
 
@@ -81,6 +88,24 @@ fn check(path: &Path) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn hash_key(key: &str) -> ExitCode {
+    use sha2::Digest;
+    let key = if key == "-" {
+        let mut line = String::new();
+        if std::io::stdin().read_line(&mut line).is_err() {
+            eprintln!("floodgate: cannot read the key from standard input");
+            return ExitCode::from(2);
+        }
+        line.trim_end_matches(['\r', '\n']).to_string()
+    } else {
+        key.to_string()
+    };
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    println!("{hex}");
+    ExitCode::SUCCESS
 }
 
 fn init_logging(format: &str) {

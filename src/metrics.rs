@@ -29,15 +29,18 @@ pub enum DecisionLabel {
     ShadowDenied,
     /// The route has no limits.
     Unlimited,
+    /// An API key no consumer has, rejected with 401.
+    InvalidKey,
 }
 
 impl DecisionLabel {
-    const ALL: [DecisionLabel; 5] = [
+    const ALL: [DecisionLabel; 6] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
         DecisionLabel::ShadowDenied,
         DecisionLabel::Unlimited,
+        DecisionLabel::InvalidKey,
     ];
 
     fn as_str(self) -> &'static str {
@@ -47,6 +50,7 @@ impl DecisionLabel {
             DecisionLabel::StoreError => "store_error",
             DecisionLabel::ShadowDenied => "shadow_denied",
             DecisionLabel::Unlimited => "unlimited",
+            DecisionLabel::InvalidKey => "invalid_key",
         }
     }
 }
@@ -98,7 +102,7 @@ pub struct Metrics {
 /// One route's metric handles, resolved when the config is loaded.
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
-    decisions: [Counter; 5],
+    decisions: [Counter; 6],
     status_classes: [Counter; 5],
     upstream_latency: Histogram,
 }

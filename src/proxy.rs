@@ -24,7 +24,9 @@ use hyper::body::Incoming;
 use tracing::field::Empty;
 
 use crate::config::{Budget, Config, OnError, Per, RouteConfig};
-use crate::identity::{Identity, IdentityConfig, ip_octets};
+use crate::identity::{
+    ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, ip_octets,
+};
 use crate::limiter::{
     Admission, Ask, BudgetKey, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
 };
@@ -41,6 +43,7 @@ pub struct Snapshot {
     /// Per route, by position: metric handles and prebuilt header writers.
     extras: Vec<RouteExtras>,
     pub identity: IdentityConfig,
+    pub consumers: Option<Arc<Consumers>>,
     pub on_error: OnError,
     pub shadow: bool,
     no_limit_headers: RateLimitHeaders,
@@ -65,6 +68,7 @@ impl Snapshot {
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
             identity: config.identity.clone(),
+            consumers: config.consumers.clone(),
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
@@ -94,6 +98,8 @@ struct Whose<'a> {
     identity: Identity<'a>,
     /// The client address (`per: ip`).
     ip: IpAddr,
+    /// The consumer's tier, or `anonymous`: which limits apply.
+    tier: &'a str,
 }
 
 /// One request's asks, on the stack: the limits of a budget that apply to the request, each with
@@ -111,7 +117,8 @@ impl<'a> Whose<'a> {
             asks: Vec::with_capacity(budget.limits.len()),
             positions: [0; MAX_LIMITS],
         };
-        for (position, limit) in budget.limits.iter().enumerate().take(MAX_LIMITS) {
+        let applying = budget.limits.iter().enumerate();
+        for (position, limit) in applying.filter(|(_, l)| l.applies_to(self.tier)) {
             let (kind, value) = match limit.per {
                 Per::Identity => (KeyKind::from(self.identity.kind()), id),
                 Per::Ip => (KeyKind::Ip, ip),
@@ -195,7 +202,9 @@ impl Proxy {
             }
         };
         span.record("route", route.config.name.as_str());
-        let pass = if route.config.enforced.is_empty() && route.config.shadow.is_empty() {
+        // With `consumers:` every API key is checked, on unlimited routes too.
+        let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
+        let pass = if unlimited && runtime.consumers.is_none() {
             Ok(Pass {
                 headline: None,
                 label: DecisionLabel::Unlimited,
@@ -205,6 +214,9 @@ impl Proxy {
                 Ok(whose) => {
                     span.record("identity", whose.identity.kind().as_str());
                     self.limit(&runtime, &route, &whose).await
+                }
+                Err(Rejection::InvalidApiKey) => {
+                    Err((Rejection::InvalidApiKey, Some(DecisionLabel::InvalidKey)))
                 }
                 Err(rejection) => Err((rejection, None)),
             }
@@ -236,20 +248,37 @@ impl Proxy {
     }
 
     /// Phase 2: whose budgets the request spends: its identity, and its client address.
+    /// With `consumers:`, an API key becomes its consumer; an unknown one is rejected (401) or
+    /// ignored, as `unknown_key` says.
     fn identify<'a>(
-        runtime: &Snapshot,
+        runtime: &'a Snapshot,
         req: &'a Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Whose<'a>, Rejection> {
         let config = &runtime.identity;
-        let identity = config
-            .identify(req.headers(), peer.ip())
-            .map_err(|e| Rejection::BadRequest(e.to_string()))?;
+        let headers = req.headers();
+        let rejection = |e: IdentityError| match e {
+            IdentityError::UnknownKey => Rejection::InvalidApiKey,
+            other => Rejection::BadRequest(other.to_string()),
+        };
+        let mut identity = config.identify(headers, peer.ip()).map_err(rejection)?;
+        if let Some(consumers) = &runtime.consumers {
+            identity = match consumers.resolve(identity).map_err(rejection)? {
+                Some(identity) => identity,
+                None => config
+                    .identify_without_key(headers, peer.ip())
+                    .map_err(rejection)?,
+            };
+        }
         let ip = match identity {
             Identity::Ip(ip) => ip,
-            _ => config.client_addr(req.headers(), peer.ip()),
+            _ => config.client_addr(headers, peer.ip()),
         };
-        Ok(Whose { identity, ip })
+        let tier = match identity {
+            Identity::Consumer(consumer) => consumer.tier.as_str(),
+            _ => ANONYMOUS_TIER,
+        };
+        Ok(Whose { identity, ip, tier })
     }
 
     /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits. A store
@@ -261,6 +290,12 @@ impl Proxy {
         whose: &Whose<'_>,
     ) -> Result<Pass, (Rejection, Option<DecisionLabel>)> {
         let config = route.config;
+        if config.enforced.is_empty() && config.shadow.is_empty() {
+            return Ok(Pass {
+                headline: None,
+                label: DecisionLabel::Unlimited,
+            });
+        }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);

@@ -53,6 +53,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub timeouts: TimeoutsFile,
     #[serde(default)]
+    pub consumers: Option<ConsumersFile>,
+    #[serde(default)]
     pub routes: Vec<RouteFile>,
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
@@ -104,6 +106,32 @@ pub struct IdentityFile {
     pub user_id_header: Option<String>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+}
+
+/// `consumers:` — the API keys floodgate knows.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumersFile {
+    /// `reject` (401) or `anonymous`.
+    #[serde(default)]
+    pub unknown_key: Option<Choice<crate::identity::UnknownKey>>,
+    /// A YAML file holding a list of entries (relative paths: to the config file's folder).
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub entries: Vec<ConsumerFile>,
+}
+
+/// One consumer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerFile {
+    pub name: String,
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// The hex SHA-256 of each of its keys (`floodgate hash-key KEY` prints it).
+    #[serde(default)]
+    pub keys_sha256: Vec<String>,
 }
 
 /// `timeouts:` — how long floodgate waits on clients and upstreams.

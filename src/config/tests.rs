@@ -614,11 +614,11 @@ fn limits_are_stored_in_the_units_the_algorithms_use() {
 #[test]
 fn per_and_tiers_are_read_and_default_to_identity_and_everyone() {
     let config = valid(&with_limit(
-        "{algorithm: fixed_window, limit: 7, window: 1s, per: route, tiers: [pro]}",
+        "{algorithm: fixed_window, limit: 7, window: 1s, per: route, tiers: [anonymous]}",
     ));
     let limit = &config.routes[0].enforced.limits[0];
     assert_eq!(limit.per, Per::Route);
-    assert!(limit.applies_to("pro") && !limit.applies_to("anonymous"));
+    assert!(limit.applies_to("anonymous") && !limit.applies_to("pro"));
     let config = valid(&with_limit(
         "{algorithm: fixed_window, limit: 7, window: 1s}",
     ));
@@ -711,4 +711,76 @@ fn an_unreadable_file_is_a_problem_not_a_panic() {
     )
     .expect_err("missing file");
     assert!(err.to_string().contains("cannot read"), "{err}");
+}
+
+#[test]
+fn consumer_problems_are_named_by_path() {
+    let yaml = "listen: 127.0.0.1:8080
+consumers:
+  unknown_key: shrug
+  entries:
+    - name: a
+      tier: pro
+      keys_sha256: [not-hex]
+    - name: a
+      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
+                    9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08]
+routes:
+  - name: r
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {algorithm: fixed_window, limit: 7, window: 1s, tiers: [pro, gold]}
+";
+    let found = problems(yaml);
+    for expected in [
+        "consumers.unknown_key: unknown variant `shrug`, expected `reject` or `anonymous`",
+        "consumers.entries[0].keys_sha256[0]: must be 64 hex digits",
+        "consumers.entries[1].name: duplicate consumer name \"a\"",
+        "consumers.entries[1].keys_sha256[1]: consumer \"a\" has this key already",
+        "routes[0].limits[0].tiers[1]: no request can have tier \"gold\"",
+    ] {
+        assert!(
+            found.iter().any(|p| p.starts_with(expected)),
+            "{expected} not in {found:?}"
+        );
+    }
+    assert!(
+        !found.iter().any(|p| p.contains("tiers[0]")),
+        "pro is a consumer's tier: {found:?}"
+    );
+}
+
+#[test]
+fn consumers_are_read_from_a_file_beside_the_config() {
+    let dir = std::env::temp_dir().join(format!("fg-consumers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("consumers.yaml"),
+        "- name: acme\n  tier: pro\n  keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]\n- name: bad\n  keys_sha256: [xyz]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("floodgate.yaml"),
+        "listen: 127.0.0.1:8080\nconsumers:\n  file: consumers.yaml\n",
+    )
+    .unwrap();
+    let err = Config::load(&dir.join("floodgate.yaml"), &Overrides::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "consumers.file[1].keys_sha256[0]: must be 64 hex digits: the SHA-256 of the key (floodgate hash-key KEY)"
+    );
+    std::fs::write(
+        dir.join("consumers.yaml"),
+        "- name: acme\n  tier: pro\n  keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]\n",
+    )
+    .unwrap();
+    let config = Config::load(&dir.join("floodgate.yaml"), &Overrides::default()).unwrap();
+    let consumers = config.consumers.expect("a consumers section");
+    assert_eq!(
+        consumers.find(b"test").map(|c| c.tier.as_str()),
+        Some("pro")
+    );
+    assert_eq!(consumers.unknown_key, crate::identity::UnknownKey::Reject);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -337,3 +337,32 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn a_hundred_thousand_consumers_are_found_by_one_hash_lookup() {
+    use sha2::Digest;
+    let mut consumers = Consumers::new(UnknownKey::Reject);
+    for n in 0..100_000 {
+        let index = consumers.add(Consumer {
+            name: format!("c{n}"),
+            tier: DEFAULT_TIER.to_string(),
+        });
+        let digest: [u8; 32] = sha2::Sha256::digest(format!("key-{n}")).into();
+        consumers.add_key(digest, index).unwrap();
+    }
+    assert_eq!(
+        consumers.find(b"key-99999").map(|c| c.name.as_str()),
+        Some("c99999")
+    );
+    assert_eq!(
+        consumers.find(b"key-0").map(|c| c.name.as_str()),
+        Some("c0")
+    );
+    assert!(consumers.find(b"key-100000").is_none());
+    assert_eq!(
+        consumers.resolve(Identity::ApiKey(b"nope")),
+        Err(IdentityError::UnknownKey)
+    );
+    let anonymous = Consumers::new(UnknownKey::Anonymous);
+    assert_eq!(anonymous.resolve(Identity::ApiKey(b"nope")), Ok(None));
+}

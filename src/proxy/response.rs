@@ -31,6 +31,8 @@ pub enum Rejection {
     NoRoute,
     /// The request is malformed in a way floodgate cares about: 400.
     BadRequest(String),
+    /// An API key no consumer has, under `consumers.unknown_key: reject`: 401.
+    InvalidApiKey,
     /// A limit denied: 429 with `Retry-After`. The `usize` is the headline limit's policy index
     /// (see [`RateLimitHeaders::write`]).
     RateLimited(Verdict, usize),
@@ -142,6 +144,7 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 
 const RATE_LIMITED_DETAIL: &str =
     "rate limit exceeded; retry after the number of seconds in Retry-After";
+const INVALID_API_KEY_DETAIL: &str = "the API key is not known";
 const NO_ROUTE_DETAIL: &str = "no route matches this request";
 const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now";
 const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
@@ -165,6 +168,9 @@ impl Rejection {
                 return response;
             }
             Rejection::NoRoute => (StatusCode::NOT_FOUND, static_body(&NO_ROUTE_BODY)),
+            Rejection::InvalidApiKey => {
+                (StatusCode::UNAUTHORIZED, static_body(&INVALID_API_KEY_BODY))
+            }
             Rejection::LimiterUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 static_body(&LIMITER_UNAVAILABLE_BODY),
@@ -217,6 +223,15 @@ fn problem_json(status: StatusCode, error: &str, detail: &str, retry_after: Opti
 
 static NO_ROUTE_BODY: LazyLock<&'static str> =
     LazyLock::new(|| problem_json(StatusCode::NOT_FOUND, "no_route", NO_ROUTE_DETAIL, None).leak());
+static INVALID_API_KEY_BODY: LazyLock<&'static str> = LazyLock::new(|| {
+    problem_json(
+        StatusCode::UNAUTHORIZED,
+        "invalid_api_key",
+        INVALID_API_KEY_DETAIL,
+        None,
+    )
+    .leak()
+});
 static LIMITER_UNAVAILABLE_BODY: LazyLock<&'static str> = LazyLock::new(|| {
     problem_json(
         StatusCode::SERVICE_UNAVAILABLE,

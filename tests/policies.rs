@@ -1,0 +1,285 @@
+//! Policies that hold against a client who tries to walk around them, end to end through the real
+//! binary: known consumers (rotating keys buys nothing), tiers, `per: ip` and `per: route`
+//! limits, and the all-or-nothing rule across budgets of different scopes; on the memory store and
+//! on Redis (two instances sharing one budget).
+
+mod common;
+mod redis_support;
+
+use common::{Floodgate, Upstream, client, floodgate_command, get};
+use http::StatusCode;
+use redis_support::RedisServer;
+
+/// The SHA-256 of the key `test`, as in the contract's example.
+const TEST_KEY_SHA256: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/// A fresh key per call: a client rotating keys.
+fn random_key(n: usize) -> String {
+    format!("rotating-{n}-{}", std::process::id())
+}
+
+/// One route, `/` → `upstream`, with `limits` (YAML list items indented by 6) and `extra` at
+/// the top level.
+fn config(upstream: &Upstream, extra: &str, limits: &str) -> String {
+    format!(
+        "{extra}
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+{limits}",
+        upstream.url()
+    )
+}
+
+/// The statuses of GET / with each header set, one request after the other.
+async fn statuses(fg: &Floodgate, requests: &[Vec<(&str, &str)>]) -> Vec<u16> {
+    let client = client();
+    let mut out = Vec::new();
+    for headers in requests {
+        out.push(get(&client, &fg.url("/"), headers).await.status.as_u16());
+    }
+    out
+}
+
+fn with_key(key: &str) -> Vec<(&str, &str)> {
+    vec![("x-api-key", key)]
+}
+
+const CONSUMERS: &str = "consumers:
+  unknown_key: reject
+  entries:
+    - name: acme
+      tier: pro
+      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
+                    60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
+    - name: hobbyist
+      keys_sha256: [fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9]
+";
+// The keys above: acme has `test` and `test2`; hobbyist (tier default) has `bar`.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_unknown_keys_are_rejected_with_401_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        config(
+            &upstream,
+            CONSUMERS,
+            "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n"
+        )
+    ));
+    let client = client();
+    for n in 0..20 {
+        let reply = get(&client, &fg.url("/"), &with_key(&random_key(n))).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.json()["error"], "invalid_api_key");
+        assert_eq!(reply.header("content-type"), "application/problem+json");
+    }
+    assert_eq!(upstream.count(), 0, "no unknown key was forwarded");
+    assert_eq!(
+        get(&client, &fg.url("/"), &with_key("test")).await.status,
+        StatusCode::OK,
+        "a known key passes"
+    );
+    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
+    assert!(
+        metrics.contains("floodgate_requests_total{route=\"api\",decision=\"invalid_key\"} 20"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn two_keys_of_one_consumer_share_one_budget() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        CONSUMERS,
+        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+    ));
+    let got = statuses(
+        &fg,
+        &[
+            with_key("test"),
+            with_key("test2"),
+            with_key("test"),
+            with_key("test2"),
+            with_key("bar"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![200, 200, 200, 429, 200],
+        "acme's two keys spend one bucket of 3; hobbyist has its own"
+    );
+}
+
+#[tokio::test]
+async fn unknown_keys_under_anonymous_share_the_clients_ip_budget() {
+    let upstream = Upstream::start().await;
+    let consumers = CONSUMERS.replace("unknown_key: reject", "unknown_key: anonymous");
+    let fg = Floodgate::start(&config(
+        &upstream,
+        &consumers,
+        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+    ));
+    let keys: Vec<String> = (0..6).map(random_key).collect();
+    let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
+    let got = statuses(&fg, &requests).await;
+    assert_eq!(got, vec![200, 200, 200, 429, 429, 429]);
+    assert_eq!(upstream.count(), 3);
+}
+
+#[tokio::test]
+async fn a_tier_limit_applies_only_to_that_tier() {
+    let upstream = Upstream::start().await;
+    let consumers = CONSUMERS.replace("unknown_key: reject", "unknown_key: anonymous");
+    let fg = Floodgate::start(&config(
+        &upstream,
+        &consumers,
+        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01, tiers: [default, anonymous]}
+      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, tiers: [pro]}
+",
+    ));
+    let pro = statuses(&fg, &vec![with_key("test"); 5]).await;
+    assert_eq!(pro, vec![200, 200, 200, 200, 429], "pro: 4");
+    let free = statuses(&fg, &vec![with_key("bar"); 3]).await;
+    assert_eq!(free, vec![200, 200, 429], "default tier: 2");
+    let anonymous = statuses(&fg, &vec![vec![]; 3]).await;
+    assert_eq!(anonymous, vec![200, 200, 429], "no key: anonymous, 2");
+}
+
+#[tokio::test]
+async fn a_per_ip_ceiling_holds_while_the_client_rotates_keys() {
+    let upstream = Upstream::start().await;
+    // No consumers: every key is its own identity, with a generous budget each.
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "",
+        "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}
+      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
+",
+    ));
+    let keys: Vec<String> = (0..10).map(random_key).collect();
+    let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
+    let got = statuses(&fg, &requests).await;
+    assert_eq!(got.iter().filter(|&&s| s == 200).count(), 4);
+    assert_eq!(upstream.count(), 4);
+}
+
+#[tokio::test]
+async fn a_per_route_cap_holds_across_many_identities() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "",
+        "      - {algorithm: fixed_window, limit: 5, window: 1h, per: route}\n",
+    ));
+    let keys: Vec<String> = (0..12).map(random_key).collect();
+    let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
+    let got = statuses(&fg, &requests).await;
+    assert_eq!(got.iter().filter(|&&s| s == 200).count(), 5);
+    assert_eq!(upstream.count(), 5);
+}
+
+#[tokio::test]
+async fn a_denial_by_one_limit_spends_nothing_from_a_limit_of_another_scope() {
+    let upstream = Upstream::start().await;
+    // Each key may send 2; the whole route 3 (windows of an hour: no refill during the test).
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "",
+        "      - {algorithm: fixed_window, limit: 2, window: 1h}
+      - {algorithm: fixed_window, limit: 3, window: 1h, per: route}
+",
+    ));
+    let got = statuses(
+        &fg,
+        &[
+            with_key("a"),
+            with_key("a"),
+            with_key("a"), // denied by a's own limit: must not spend the route's third
+            with_key("b"), // so this one gets it
+            with_key("c"), // and the route is now spent
+        ],
+    )
+    .await;
+    assert_eq!(got, vec![200, 200, 429, 200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_route_cap_holds_across_two_instances_sharing_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &upstream,
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+            redis.url()
+        ),
+        "      - {algorithm: token_bucket, capacity: 50, refill_rate: 1}
+      - {algorithm: fixed_window, limit: 10, window: 1h, per: route}
+",
+    );
+    let a = Floodgate::start(&yaml);
+    let b = Floodgate::start(&yaml);
+    let client = client();
+    let mut admitted = 0;
+    for n in 0..40 {
+        let fg = if n % 2 == 0 { &a } else { &b };
+        let reply = get(&client, &fg.url("/"), &with_key(&random_key(n))).await;
+        assert!(
+            reply.status == StatusCode::OK || reply.status == StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.status
+        );
+        admitted += usize::from(reply.status == StatusCode::OK);
+    }
+    assert_eq!(admitted, 10, "one budget for both instances");
+    assert_eq!(upstream.count(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_and_tiers_hold_on_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n{CONSUMERS}",
+            redis.url()
+        ),
+        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
+      - {algorithm: token_bucket, capacity: 1, refill_rate: 0.01, tiers: [default]}
+      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
+",
+    ));
+    let got = statuses(
+        &fg,
+        &[
+            with_key("test"),
+            with_key("test2"),
+            with_key(&random_key(1)),
+            with_key("test"),
+            with_key("test2"),
+            with_key("bar"),
+        ],
+    )
+    .await;
+    // acme (pro, 3): 200 200 _ 200 429; the unknown key: 401; hobbyist: the IP ceiling of 4 is
+    // spent by acme's three and hobbyist's first... which is its own only allowed request.
+    assert_eq!(got, vec![200, 200, 401, 200, 429, 200]);
+    // Redis holds consumer budgets by the consumer's hashed name, never a raw key.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert!(keys.iter().any(|k| k.contains(":consumer:")), "{keys:?}");
+    assert!(!keys.iter().any(|k| k.contains("test")), "{keys:?}");
+}
+
+#[test]
+fn hash_key_prints_the_sha256_for_keys_sha256() {
+    let out = floodgate_command(&["hash-key".as_ref(), "test".as_ref()]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), TEST_KEY_SHA256);
+}
