@@ -63,7 +63,7 @@ fn cases() -> Vec<(&'static str, Limit, Limit)> {
 fn decide(state: &mut State, limit: &Limit, now: u64) -> bool {
     let d = state.check(limit, now);
     if d.allowed {
-        state.commit(limit, now);
+        state.commit(limit, now, 0);
     }
     d.allowed
 }

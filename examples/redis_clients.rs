@@ -126,12 +126,13 @@ async fn measure(
                     }];
                     let begin = Instant::now();
                     let ok = match client {
-                        Client::ConnectionManager => store.decide(&asks).await.is_ok(),
+                        Client::ConnectionManager => store.decide(&asks, 0).await.is_ok(),
                         Client::Deadpool => {
                             let mut invocation = script.prepare_invoke();
                             invocation.key(store.key_name(&asks[0]));
                             invocation
                                 .arg("-")
+                                .arg(0u64)
                                 .arg("token_bucket")
                                 .arg(1_000_000u64)
                                 .arg(1u64)

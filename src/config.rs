@@ -856,6 +856,7 @@ impl Validator {
             "limit"
         };
         let before = self.problems.len();
+        let lease = ("lease", l.lease.is_some());
         if kind.is_bucket() {
             let wrong_rate = match kind {
                 AlgorithmKind::LeakyBucket => ("refill_rate", l.refill_rate.is_some()),
@@ -868,9 +869,15 @@ impl Validator {
                     wrong_rate,
                     ("limit", l.limit.is_some()),
                     ("window", l.window.is_some()),
+                    lease,
                 ],
             );
         } else {
+            let window_or_lease = if kind == AlgorithmKind::Concurrency {
+                ("window", l.window.is_some())
+            } else {
+                lease
+            };
             self.not_parameters(
                 path,
                 name,
@@ -878,6 +885,7 @@ impl Validator {
                     ("capacity", l.capacity.is_some()),
                     ("refill_rate", l.refill_rate.is_some()),
                     ("leak_rate", l.leak_rate.is_some()),
+                    window_or_lease,
                 ],
             );
         }
@@ -912,6 +920,14 @@ impl Validator {
                 AlgorithmKind::LeakyBucket => Algorithm::leaky_bucket(units, rate),
                 _ => Algorithm::token_bucket(units, rate),
             }
+        } else if kind == AlgorithmKind::Concurrency {
+            let units = units?;
+            let lease = self.duration(
+                &format!("{path}.lease"),
+                l.lease.as_deref(),
+                Duration::from_secs(60),
+            );
+            Algorithm::concurrency(units, lease)
         } else {
             let window = match l.window.as_deref().map(parse_duration) {
                 None => {
@@ -945,6 +961,9 @@ impl Validator {
                 let field = match e.field() {
                     LimitField::Units => format!("{path}.{units_name}"),
                     LimitField::Rate => format!("{path}.{rate_name}"),
+                    LimitField::Window if kind == AlgorithmKind::Concurrency => {
+                        format!("{path}.lease")
+                    }
                     LimitField::Window => format!("{path}.window"),
                     LimitField::Cost => format!("{path}.cost"),
                     LimitField::Whole => path.to_string(),

@@ -46,16 +46,21 @@ pub enum AlgorithmKind {
     /// The current aligned window's count plus the previous one's, weighted by how much of the
     /// previous window still overlaps the sliding window.
     SlidingWindowCounter,
+    /// At most `limit` requests in flight at once. Each admitted request holds a lease until it
+    /// finishes (released by the proxy) or until the lease runs out (a crashed instance's
+    /// leases free themselves).
+    Concurrency,
 }
 
 impl AlgorithmKind {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [AlgorithmKind; 5] = [
+    pub const ALL: [AlgorithmKind; 6] = [
         AlgorithmKind::TokenBucket,
         AlgorithmKind::LeakyBucket,
         AlgorithmKind::FixedWindow,
         AlgorithmKind::SlidingWindowLog,
         AlgorithmKind::SlidingWindowCounter,
+        AlgorithmKind::Concurrency,
     ];
 
     /// The name used in the config file, logs and store keys.
@@ -66,6 +71,7 @@ impl AlgorithmKind {
             AlgorithmKind::FixedWindow => "fixed_window",
             AlgorithmKind::SlidingWindowLog => "sliding_window_log",
             AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
+            AlgorithmKind::Concurrency => "concurrency",
         }
     }
 
@@ -171,6 +177,11 @@ impl Algorithm {
     /// At most about `limit` in any span `window` long, estimated from two counters.
     pub fn sliding_window_counter(limit: u32, window: Duration) -> Result<Self, LimitError> {
         Self::window(AlgorithmKind::SlidingWindowCounter, limit, window)
+    }
+
+    /// At most `limit` requests in flight, each lease lasting at most `lease`.
+    pub fn concurrency(limit: u32, lease: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::Concurrency, limit, lease)
     }
 
     fn bucket(kind: AlgorithmKind, capacity: u32, per_second: f64) -> Result<Self, LimitError> {
@@ -560,14 +571,33 @@ pub enum OnError {
     Local,
 }
 
+/// The token that names one request's concurrency leases, so it can release them. Unique within
+/// a process; the stores combine it with nothing else, so tokens of different instances sharing
+/// one Redis start from a random point (64 bits: collisions are negligible).
+pub type LeaseId = u64;
+
+/// A new lease token.
+pub fn next_lease() -> LeaseId {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::OnceLock;
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    NEXT.get_or_init(|| AtomicU64::new(RandomState::new().hash_one(0u8) >> 1))
+        .fetch_add(1, Ordering::Relaxed)
+}
+
 /// What the limiter answered for one request. A store failure under `on_error: deny` is not an
 /// admission: [`Limiter::decide`] returns the error instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// Nothing was asked: no limits apply.
     Unlimited,
-    /// A store decided (allowed or denied).
-    Limited { verdict: Verdict, source: Source },
+    /// A store decided (allowed or denied). An allowed request holds the concurrency leases
+    /// named `lease` until [`Limiter::release`].
+    Limited {
+        verdict: Verdict,
+        source: Source,
+        lease: LeaseId,
+    },
     /// The store failed and `on_error: allow` let the request through unlimited.
     FailedOpen,
 }
@@ -620,15 +650,27 @@ impl Limiter {
         asks: &[Ask<'_>],
         on_error: OnError,
     ) -> Result<Admission, LimiterError> {
+        let lease = next_lease();
         match self {
-            Limiter::Memory(store) => Ok(match store.decide(asks) {
+            Limiter::Memory(store) => Ok(match store.decide_leased(asks, lease) {
                 Some(verdict) => Admission::Limited {
                     verdict,
                     source: Source::Store,
+                    lease,
                 },
                 None => Admission::Unlimited,
             }),
-            Limiter::Redis(guarded) => guarded.decide(asks, on_error).await,
+            Limiter::Redis(guarded) => guarded.decide(asks, lease, on_error).await,
+        }
+    }
+
+    /// Gives back the concurrency leases `lease` holds in `asks` (those of other algorithms are
+    /// skipped), in the store that granted them. Never fails: a lease that cannot be released
+    /// runs out on its own.
+    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
+        match self {
+            Limiter::Memory(store) => store.release(asks, lease),
+            Limiter::Redis(guarded) => guarded.release(asks, lease, source).await,
         }
     }
 
@@ -661,6 +703,91 @@ impl Limiter {
         match self {
             Limiter::Memory(_) => None,
             Limiter::Redis(guarded) => Some(guarded.breaker_now()),
+        }
+    }
+}
+
+/// A budget key that owns its bytes: for leases held past the request's borrow.
+#[derive(Debug, Clone)]
+struct OwnedKey {
+    limit: Limit,
+    budget: String,
+    kind: KeyKind,
+    value: Vec<u8>,
+}
+
+/// The concurrency leases one admitted request holds. Dropping it gives them back (at once on
+/// the memory store, in a spawned task on Redis), so the proxy ties it to the response body:
+/// every way a request can end (body sent, upstream error or timeout, client gone, a panic
+/// unwinding the task) drops it.
+pub struct HeldLeases {
+    limiter: Limiter,
+    keys: Vec<OwnedKey>,
+    lease: LeaseId,
+    source: Source,
+}
+
+impl Limiter {
+    /// The leases `admission` granted in `asks`, if it allowed and any ask is a concurrency limit.
+    pub fn hold(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<HeldLeases> {
+        let Admission::Limited {
+            verdict,
+            source,
+            lease,
+        } = *admission
+        else {
+            return None;
+        };
+        if !verdict.allowed {
+            return None;
+        }
+        let keys: Vec<OwnedKey> = asks
+            .iter()
+            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+            .map(|a| OwnedKey {
+                limit: *a.limit,
+                budget: a.key.budget.to_string(),
+                kind: a.key.kind,
+                value: a.key.value.to_vec(),
+            })
+            .collect();
+        (!keys.is_empty()).then(|| HeldLeases {
+            limiter: self.clone(),
+            keys,
+            lease,
+            source,
+        })
+    }
+}
+
+fn borrowed(keys: &[OwnedKey]) -> Vec<Ask<'_>> {
+    keys.iter()
+        .map(|k| Ask {
+            limit: &k.limit,
+            key: BudgetKey {
+                budget: &k.budget,
+                kind: k.kind,
+                value: &k.value,
+            },
+        })
+        .collect()
+}
+
+impl Drop for HeldLeases {
+    fn drop(&mut self) {
+        match &self.limiter {
+            Limiter::Memory(store) => store.release(&borrowed(&self.keys), self.lease),
+            Limiter::Redis(_) => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return; // no runtime (process exit): the leases end on their own
+                };
+                let limiter = self.limiter.clone();
+                let keys = std::mem::take(&mut self.keys);
+                let (lease, source) = (self.lease, self.source);
+                runtime.spawn(async move {
+                    limiter.release(&borrowed(&keys), lease, source).await;
+                });
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::identity::{
     ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, ip_octets,
 };
 use crate::limiter::{
-    Admission, Ask, BudgetKey, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
+    Admission, Ask, BudgetKey, HeldLeases, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
 };
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::route::RouteTable;
@@ -91,6 +91,8 @@ struct Pass {
     /// index of its headline limit (enforced limits, then shadow limits).
     headline: Option<(Verdict, usize)>,
     label: DecisionLabel,
+    /// Concurrency leases the request holds until its response body ends.
+    leases: Vec<HeldLeases>,
 }
 
 /// The client values a request's limits may spend, found once per request.
@@ -208,6 +210,7 @@ impl Proxy {
             Ok(Pass {
                 headline: None,
                 label: DecisionLabel::Unlimited,
+                leases: Vec::new(),
             })
         } else {
             match Self::identify(&runtime, &req, peer) {
@@ -294,6 +297,7 @@ impl Proxy {
             return Ok(Pass {
                 headline: None,
                 label: DecisionLabel::Unlimited,
+                leases: Vec::new(),
             });
         }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
@@ -302,6 +306,7 @@ impl Proxy {
         let mut pass = Pass {
             headline: None,
             label: DecisionLabel::Allowed,
+            leases: Vec::new(),
         };
         if !config.enforced.is_empty() {
             let asks = whose.asks(&config.enforced, id, ip);
@@ -316,6 +321,8 @@ impl Proxy {
                     if admission.store_failed() {
                         pass.label = DecisionLabel::StoreError;
                     }
+                    pass.leases
+                        .extend(self.limiter.hold(&asks.asks, &admission));
                     if let Some(v) = admission.verdict() {
                         let policy = asks.positions[v.headline_index];
                         if !v.allowed && !runtime.shadow {
@@ -396,6 +403,9 @@ impl Proxy {
                 .extras
                 .headers
                 .write(response.headers_mut(), verdict, *policy);
+        }
+        if !pass.leases.is_empty() {
+            response = response.map(|body| response::holding(body, pass.leases));
         }
         response
     }

@@ -2,12 +2,11 @@
 //! IETF header profile, against the real floodgate binary.
 
 mod common;
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
+use common::RedisServer;
 use common::{Floodgate, SLOW, Upstream, client};
-use redis_support::RedisServer;
 
 fn route(upstream: &Upstream, limits: &str) -> String {
     format!(

@@ -4,11 +4,10 @@
 //! on Redis (two instances sharing one budget).
 
 mod common;
-mod redis_support;
 
+use common::RedisServer;
 use common::{Floodgate, Upstream, client, floodgate_command, get};
 use http::StatusCode;
-use redis_support::RedisServer;
 
 /// The SHA-256 of the key `test`, as in the contract's example.
 const TEST_KEY_SHA256: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -282,4 +281,147 @@ fn hash_key_prints_the_sha256_for_keys_sha256() {
     let out = floodgate_command(&["hash-key".as_ref(), "test".as_ref()]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), TEST_KEY_SHA256);
+}
+
+/// GET `path` with a key of its own, as a task: for requests that must be in flight together.
+fn spawn_get(
+    fg: &Floodgate,
+    path: &str,
+    n: usize,
+) -> tokio::task::JoinHandle<Option<common::Reply>> {
+    let url = fg.url(path);
+    tokio::spawn(async move {
+        let response = client()
+            .get(url)
+            .header("x-api-key", random_key(n))
+            .send()
+            .await
+            .ok()?;
+        Some(common::Reply::read(response).await)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_never_lets_more_than_n_reach_a_slow_upstream() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "",
+        "      - {algorithm: concurrency, limit: 3, per: route}\n",
+    ));
+    // Twelve clients at once against an upstream that takes 1.5 s (common::SLOW) per request.
+    let tasks: Vec<_> = (0..12).map(|n| spawn_get(&fg, "/slow", n)).collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let reply = task.await.unwrap().expect("a reply");
+        match reply.status {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(reply.header("retry-after"), "1");
+                assert_eq!(reply.header("x-ratelimit-limit"), "3");
+                assert_eq!(reply.header("x-ratelimit-remaining"), "0");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // The property: never more than 3 at the upstream. At least 3 got through; more only if this
+    // machine stalled for a whole 1.5 s between two sends (a slot then frees and is reused).
+    assert!(
+        upstream.max_in_flight() <= 3,
+        "{}",
+        upstream.max_in_flight()
+    );
+    assert!(admitted >= 3, "{admitted}");
+    // Every response has ended: all three slots are free again.
+    let replies = statuses(&fg, &[vec![], vec![], vec![]]).await;
+    assert_eq!(replies, vec![200, 200, 200]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_slot_is_freed_when_the_client_goes_away() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "",
+        "      - {algorithm: concurrency, limit: 1, per: route}\n",
+    ));
+    // The client gives up after 200 ms on a request the upstream answers after 1.5 s.
+    let gone = client()
+        .get(fg.url("/slow"))
+        .timeout(std::time::Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client timed out");
+    // floodgate sees the connection close and drops the request, and its lease with it. Polled
+    // for up to 1 s (well under the 1.5 s the upstream would take to free it by finishing).
+    let started = std::time::Instant::now();
+    let status = loop {
+        let status = get(&client(), &fg.url("/"), &[]).await.status;
+        if status == StatusCode::OK || started.elapsed() > std::time::Duration::from_secs(1) {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the slot came back before the upstream finished"
+    );
+}
+
+#[tokio::test]
+async fn a_concurrency_slot_is_freed_when_the_upstream_times_out() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "timeouts:\n  upstream_response: 300ms\n",
+        "      - {algorithm: concurrency, limit: 1, per: route}\n",
+    ));
+    let first = get(&client(), &fg.url("/hang"), &[]).await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        get(&client(), &fg.url("/"), &[]).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_leases_of_a_killed_instance_end_on_their_own() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &upstream,
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+            redis.url()
+        ),
+        "      - {algorithm: concurrency, limit: 1, lease: 1s, per: route}\n",
+    );
+    let doomed = Floodgate::start(&yaml);
+    let survivor = Floodgate::start(&yaml);
+    let held = spawn_get(&doomed, "/slow", 0);
+    // Let the slow request take the one slot, then kill -9 its instance: no release is sent.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    doomed.signal("KILL");
+    let _ = held.await;
+    let killed_at = std::time::Instant::now();
+    let status = get(&client(), &survivor.url("/"), &[]).await.status;
+    // Asked within ~0.3 s of the kill, 0.7 s before the 1 s lease (taken at ~0 s) ends.
+    assert!(killed_at.elapsed() < std::time::Duration::from_millis(500));
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the dead instance's lease still counts"
+    );
+    // After the lease's end (1 s after it was taken, plus 0.5 s of slack), the slot is free.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(
+        get(&client(), &survivor.url("/"), &[]).await.status,
+        StatusCode::OK
+    );
+    // And a request that finishes gives its lease back at once.
+    assert_eq!(
+        get(&client(), &survivor.url("/"), &[]).await.status,
+        StatusCode::OK
+    );
 }

@@ -2,16 +2,16 @@
 //! redis-server) are fed the same requests at the same fake times, and must agree on every
 //! decision and every header figure.
 
-mod redis_support;
+mod common;
 
 use std::sync::Arc;
 
+use common::RedisServer;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, ManualClock, MemoryStore,
 };
 use proptest::prelude::*;
-use redis_support::RedisServer;
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * SEC;
@@ -35,7 +35,7 @@ fn any_limit() -> impl Strategy<Value = Limit> {
         Just(1_234_567u64),
         Just(3600 * SEC)
     ];
-    (0usize..5, 1u32..25, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
+    (0usize..6, 1u32..25, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
         let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
         let kind = AlgorithmKind::ALL[kind];
         let span = if kind.is_bucket() {
@@ -101,9 +101,16 @@ fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
         }).collect();
         let memory = MemoryStore::new(Arc::new(ManualClock::new_for_test(T0)), 10);
         for (i, &t) in times.iter().enumerate() {
-            let expected = memory.decide_at(&asks, t).expect("limits given");
-            let got = rt.block_on(store.decide_at_for_test(&asks, t)).expect("redis answers");
+            // Lease tokens unique per case and request; every third request, the one before it
+            // finishes and gives its concurrency leases back, in both stores.
+            let lease = (u64::from_be_bytes(identity) << 16) + i as u64;
+            let expected = memory.decide_at(&asks, t, lease).expect("limits given");
+            let got = rt.block_on(store.decide_at_for_test(&asks, t, lease)).expect("redis answers");
             prop_assert_eq!(got, expected, "request {} at +{} µs, limits {:?}", i, t - T0, &limits);
+            if i % 3 == 2 {
+                memory.release(&asks, lease - 1);
+                rt.block_on(store.release(&asks, lease - 1)).expect("redis answers");
+            }
         }
     });
 }
@@ -130,9 +137,9 @@ fn redis_time_is_used_when_no_time_is_given() {
                 value: b"\x7f\0\0\x01",
             },
         }];
-        let verdict = store.decide(&asks).await.expect("redis answers");
+        let verdict = store.decide(&asks, 0).await.expect("redis answers");
         // The production script reads no injected time: a test-clock call is refused.
-        assert!(store.decide_at_for_test(&asks, T0).await.is_err());
+        assert!(store.decide_at_for_test(&asks, T0, 0).await.is_err());
         let (secs, micros): (u64, u64) = {
             let t: Vec<String> = redis.cmd(&["TIME"]);
             (t[0].parse().unwrap(), t[1].parse().unwrap())

@@ -3,15 +3,14 @@
 //! `on_error` policy must absorb.
 
 mod common;
-mod redis_support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::RedisServer;
 use common::{Floodgate, Upstream, client};
-use redis_support::RedisServer;
 
 /// A config with one limited route on the Redis store.
 fn redis_config(redis: &RedisServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {

@@ -180,6 +180,9 @@ pub struct LimitFile {
     pub limit: Option<i64>,
     #[serde(default)]
     pub window: Option<String>,
+    /// Concurrency: how long a lease lasts at most (default 60s).
+    #[serde(default)]
+    pub lease: Option<String>,
     #[serde(default)]
     pub cost: Option<i64>,
     /// Shadow mode for this limit: decide and count, never deny.

@@ -786,3 +786,36 @@ fn consumers_are_read_from_a_file_beside_the_config() {
     assert_eq!(consumers.unknown_key, crate::identity::UnknownKey::Reject);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn concurrency_takes_a_limit_and_a_lease() {
+    let config = valid(&with_limit(
+        "{algorithm: concurrency, limit: 64, per: route}",
+    ));
+    let limit = config.routes[0].enforced.limits[0].limit;
+    assert_eq!(
+        *limit.algorithm(),
+        Algorithm::concurrency(64, Duration::from_secs(60)).unwrap(),
+        "the lease defaults to 60s"
+    );
+    rejects(
+        &with_limit("{algorithm: concurrency, limit: 4, window: 1s}"),
+        &format!("{L}.window"),
+        "is not a parameter of concurrency",
+    );
+    rejects(
+        &with_limit("{algorithm: concurrency, limit: 4, lease: 0s}"),
+        &format!("{L}.lease"),
+        "must be longer than 0",
+    );
+    rejects(
+        &with_limit("{algorithm: fixed_window, limit: 4, window: 1s, lease: 1s}"),
+        &format!("{L}.lease"),
+        "is not a parameter of fixed_window",
+    );
+    rejects(
+        &with_limit("{algorithm: concurrency}"),
+        &format!("{L}.limit"),
+        "required",
+    );
+}

@@ -29,6 +29,8 @@ pub enum State {
     Log { entries: VecDeque<u64> },
     /// Sliding window counter: the current aligned window and the counts of it and the one before.
     Counter { start: u64, curr: u64, prev: u64 },
+    /// Concurrency: one lease per unit in flight, as (end, token), ending soonest first.
+    Leases { leases: VecDeque<(u64, u64)> },
 }
 
 impl State {
@@ -45,6 +47,9 @@ impl State {
                 curr: 0,
                 prev: 0,
             },
+            AlgorithmKind::Concurrency => State::Leases {
+                leases: VecDeque::new(),
+            },
         }
     }
 
@@ -59,6 +64,7 @@ impl State {
             ) | (State::Window { .. }, AlgorithmKind::FixedWindow)
                 | (State::Log { .. }, AlgorithmKind::SlidingWindowLog)
                 | (State::Counter { .. }, AlgorithmKind::SlidingWindowCounter)
+                | (State::Leases { .. }, AlgorithmKind::Concurrency)
         )
     }
 
@@ -88,17 +94,29 @@ impl State {
             State::Counter { start, curr, prev } => {
                 sliding_counter_check(start, curr, prev, units, span, cost, now)
             }
+            State::Leases { leases } => concurrency_check(leases, units, span, cost, now),
         }
     }
 
-    /// Records an admitted request. Must follow a [`State::check`] at the same `now` that allowed.
-    pub fn commit(&mut self, limit: &Limit, now: u64) {
+    /// Records an admitted request, whose concurrency leases (if any) are named `lease`. Must
+    /// follow a [`State::check`] at the same `now` that allowed.
+    pub fn commit(&mut self, limit: &Limit, now: u64, lease: u64) {
         let cost = u64::from(limit.cost());
         let span = limit.algorithm().span_us();
         match self {
             State::Gcra { tat } => *tat += cost * span,
             State::Window { count, .. } | State::Counter { curr: count, .. } => *count += cost,
             State::Log { entries } => entries.extend(std::iter::repeat_n(now, cost as usize)),
+            State::Leases { leases } => {
+                leases.extend(std::iter::repeat_n((now + span, lease), cost as usize))
+            }
+        }
+    }
+
+    /// Gives back the concurrency leases named `lease` (a no-op for other algorithms).
+    pub fn release(&mut self, lease: u64) {
+        if let State::Leases { leases } = self {
+            leases.retain(|&(_, token)| token != lease);
         }
     }
 
@@ -111,6 +129,43 @@ impl State {
             State::Window { start, .. } => start + span,
             State::Log { entries } => entries.back().map_or(0, |newest| newest + span),
             State::Counter { start, .. } => start + 2 * span,
+            State::Leases { leases } => leases.back().map_or(0, |&(end, _)| end),
+        }
+    }
+}
+
+/// Concurrency: leases that have ended no longer count; a request passes if its `cost` more
+/// slots fit. A denial's `Retry-After` is one second (the contract's figure: slots free up as
+/// requests finish, which no clock predicts).
+fn concurrency_check(
+    leases: &mut VecDeque<(u64, u64)>,
+    limit: u64,
+    lease: u64,
+    cost: u64,
+    now: u64,
+) -> Decision {
+    while leases.front().is_some_and(|&(end, _)| end <= now) {
+        leases.pop_front();
+    }
+    let count = leases.len() as u64;
+    if count + cost <= limit {
+        Decision {
+            allowed: true,
+            limit,
+            remaining: limit - count - cost,
+            reset_after_us: lease,
+            retry_after_us: 0,
+            delay_us: 0,
+        }
+    } else {
+        let newest = leases.back().map_or(now, |&(end, _)| end);
+        Decision {
+            allowed: false,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_us: newest - now,
+            retry_after_us: 1_000_000,
+            delay_us: 0,
         }
     }
 }

@@ -21,8 +21,8 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::memory::Prehashed;
 use super::{
-    Admission, Ask, Clock, Decision, LimiterError, MemoryStore, MonotonicClock, OnError, Source,
-    Verdict,
+    Admission, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore, MonotonicClock, OnError,
+    Source, Verdict,
 };
 
 /// Failures in a row that open the breaker.
@@ -37,11 +37,18 @@ const WARN_EVERY: Duration = Duration::from_secs(1);
 
 /// A store in another process: what the guard needs of Redis (and of the next backends).
 pub trait RemoteStore: Send + Sync + 'static {
-    /// Decides `asks` all-or-nothing in one round trip.
+    /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
     fn decide(
         &self,
         asks: &[Ask<'_>],
+        lease: LeaseId,
     ) -> impl Future<Output = Result<Verdict, LimiterError>> + Send;
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets.
+    fn release(
+        &self,
+        asks: &[Ask<'_>],
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
 }
@@ -121,6 +128,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
     pub async fn decide(
         &self,
         asks: &[Ask<'_>],
+        lease: LeaseId,
         on_error: OnError,
     ) -> Result<Admission, LimiterError> {
         if asks.is_empty() {
@@ -133,17 +141,19 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             return Ok(Admission::Limited {
                 verdict,
                 source: Source::Store,
+                lease,
             });
         }
         if !self.breaker.allow(now) {
             self.stats.breaker_skips.inc();
             return self.fallback(
                 asks,
+                lease,
                 on_error,
                 LimiterError::Unavailable("circuit breaker open".into()),
             );
         }
-        let error = match tokio::time::timeout(self.timeout, self.store.decide(asks)).await {
+        let error = match tokio::time::timeout(self.timeout, self.store.decide(asks, lease)).await {
             Ok(Ok(verdict)) => {
                 self.breaker.success();
                 if !verdict.allowed {
@@ -153,6 +163,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 return Ok(Admission::Limited {
                     verdict,
                     source: Source::Store,
+                    lease,
                 });
             }
             Ok(Err(e)) => e,
@@ -162,12 +173,30 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         if self.breaker.failure(self.clock.now_us()) {
             self.stats.breaker_opened.inc();
         }
-        self.fallback(asks, on_error, error)
+        self.fallback(asks, lease, on_error, error)
+    }
+
+    /// Gives back the concurrency leases named `lease`, in the store that granted them. A
+    /// failure is only logged at debug level: the lease ends on its own.
+    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
+        match source {
+            Source::Fallback => self.local.release(asks, lease),
+            Source::Store => {
+                let released = tokio::time::timeout(self.timeout, self.store.release(asks, lease));
+                if let Ok(Err(e)) | Err(e) = released
+                    .await
+                    .map_err(|_| LimiterError::Timeout(self.timeout))
+                {
+                    tracing::debug!(error = %e, "lease release failed; the lease will end on its own");
+                }
+            }
+        }
     }
 
     fn fallback(
         &self,
         asks: &[Ask<'_>],
+        lease: LeaseId,
         on_error: OnError,
         error: LimiterError,
     ) -> Result<Admission, LimiterError> {
@@ -175,10 +204,11 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         match on_error {
             OnError::Allow => Ok(Admission::FailedOpen),
             OnError::Deny => Err(error),
-            OnError::Local => Ok(match self.local.decide(asks) {
+            OnError::Local => Ok(match self.local.decide_leased(asks, lease) {
                 Some(verdict) => Admission::Limited {
                     verdict,
                     source: Source::Fallback,
+                    lease,
                 },
                 None => Admission::FailedOpen,
             }),
@@ -417,14 +447,19 @@ mod tests {
     }
 
     impl RemoteStore for Arc<Scripted> {
-        async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
+        async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+            self.state.release(asks, lease);
+            Ok(())
+        }
+
+        async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.mode.load(Ordering::SeqCst) {
                 FAIL => Err(LimiterError::Unavailable("scripted failure".into())),
                 HANG => std::future::pending().await,
                 _ => self
                     .state
-                    .decide(asks)
+                    .decide_leased(asks, lease)
                     .ok_or_else(|| LimiterError::Protocol("no asks".into())),
             }
         }
@@ -473,7 +508,7 @@ mod tests {
                     value: b"\x7f\0\0\x01",
                 },
             }];
-            self.guard.decide(&asks, on_error).await
+            self.guard.decide(&asks, 7, on_error).await
         }
 
         fn set(&self, mode: u8) {
@@ -546,7 +581,7 @@ mod tests {
         f.set(ANSWER);
         let admission = f.decide(OnError::Allow).await.unwrap();
         assert!(
-            matches!(admission, Admission::Limited { source: Source::Store, verdict } if verdict.allowed)
+            matches!(admission, Admission::Limited { source: Source::Store, verdict, .. } if verdict.allowed)
         );
         assert_eq!(f.guard.breaker_state(), "closed");
     }
@@ -615,7 +650,7 @@ mod tests {
         let local = f.decide(OnError::Local).await.unwrap();
         assert!(local.store_failed());
         assert!(
-            matches!(local, Admission::Limited { source: Source::Fallback, verdict } if verdict.allowed)
+            matches!(local, Admission::Limited { source: Source::Fallback, verdict, .. } if verdict.allowed)
         );
         let again = f.decide(OnError::Local).await.unwrap();
         assert!(

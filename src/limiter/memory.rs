@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::algorithm::State;
-use super::{Ask, BudgetKey, Clock, Decision, MAX_LIMITS, Verdict};
+use super::{AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, MAX_LIMITS, Verdict};
 
 const SHARDS: usize = 64;
 
@@ -106,12 +106,17 @@ impl MemoryStore {
     /// Decides one request against all `asks`, all-or-nothing: if any limit denies, nothing is
     /// spent from any budget. Returns `None` only when `asks` is empty.
     pub fn decide(&self, asks: &[Ask<'_>]) -> Option<Verdict> {
-        let now = self.clock.now_us();
-        self.decide_at(asks, now)
+        self.decide_leased(asks, 0)
     }
 
-    /// [`MemoryStore::decide`] at a given time: for the Redis fallback, replay and tests.
-    pub fn decide_at(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
+    /// [`MemoryStore::decide`], naming the request's concurrency leases `lease`.
+    pub fn decide_leased(&self, asks: &[Ask<'_>], lease: LeaseId) -> Option<Verdict> {
+        let now = self.clock.now_us();
+        self.decide_at(asks, now, lease)
+    }
+
+    /// [`MemoryStore::decide_leased`] at a given time: for replay and tests.
+    pub fn decide_at(&self, asks: &[Ask<'_>], now: u64, lease: LeaseId) -> Option<Verdict> {
         let asks = &asks[..asks.len().min(MAX_LIMITS)];
         let mut hashes = [0u64; MAX_LIMITS];
         let mut wanted = 0u64;
@@ -169,11 +174,28 @@ impl MemoryStore {
                 continue;
             };
             if verdict.allowed {
-                entry.state.commit(ask.limit, now);
+                entry.state.commit(ask.limit, now, lease);
             }
             entry.expires_at = entry.state.expires_at(ask.limit);
         }
         Some(verdict)
+    }
+
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets.
+    pub fn release(&self, asks: &[Ask<'_>], lease: LeaseId) {
+        for ask in asks {
+            if ask.limit.algorithm().kind() != AlgorithmKind::Concurrency {
+                continue;
+            }
+            let hash = self.hash(&ask.key);
+            let mut map = self.shards[shard_of(hash)]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(entry) = map.get_mut(&hash) {
+                entry.state.release(lease);
+                entry.expires_at = entry.state.expires_at(ask.limit);
+            }
+        }
     }
 
     /// Drops every entry whose budget is fully restored. Returns how many were dropped.

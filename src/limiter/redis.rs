@@ -30,7 +30,7 @@ use redis::{Script, Value};
 use sha2::{Digest, Sha256};
 
 use super::guard::RemoteStore;
-use super::{Ask, Decision, LimiterError, Verdict};
+use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
 macro_rules! limiter_script {
     ($clock:literal) => {
@@ -41,6 +41,7 @@ macro_rules! limiter_script {
             include_str!("lua/fixed_window.lua"),
             include_str!("lua/sliding_window_log.lua"),
             include_str!("lua/sliding_window_counter.lua"),
+            include_str!("lua/concurrency.lua"),
             include_str!($clock),
             include_str!("lua/main.lua"),
         )
@@ -51,6 +52,9 @@ macro_rules! limiter_script {
 pub const SCRIPT_SOURCE: &str = limiter_script!("lua/clock_redis.lua");
 /// The same script on a clock the caller passes as `ARGV[1]`: for the differential tests only.
 const TEST_SCRIPT_SOURCE: &str = limiter_script!("lua/clock_test.lua");
+
+/// Gives back one request's concurrency leases.
+const RELEASE_SOURCE: &str = include_str!("lua/release.lua");
 
 /// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
 pub const REPLY_HEADER: usize = 2;
@@ -76,6 +80,7 @@ enum Connection {
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
     script: Script,
+    release: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
     test_clock: bool,
     prefix: String,
@@ -156,14 +161,16 @@ impl RedisStore {
             } else {
                 SCRIPT_SOURCE
             }),
+            release: Script::new(RELEASE_SOURCE),
             test_clock,
             prefix: prefix.to_string(),
         })
     }
 
-    /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time.
-    pub async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
-        self.run(asks, None).await
+    /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
+    /// its concurrency leases (if any) are named `lease`.
+    pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
+        self.run(asks, None, lease).await
     }
 
     /// [`RedisStore::decide`] at `now_us` instead of Redis time, on a store made by
@@ -172,16 +179,51 @@ impl RedisStore {
         &self,
         asks: &[Ask<'_>],
         now_us: u64,
+        lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
         if !self.test_clock {
             return Err(LimiterError::Protocol(
                 "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
             ));
         }
-        self.run(asks, Some(now_us)).await
+        self.run(asks, Some(now_us), lease).await
     }
 
-    async fn run(&self, asks: &[Ask<'_>], now: Option<u64>) -> Result<Verdict, LimiterError> {
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
+    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+        let mut invocation = self.release.prepare_invoke();
+        invocation.arg(lease);
+        let mut any = false;
+        for ask in asks {
+            if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
+                invocation.key(self.key_name(ask)).arg(ask.limit.cost());
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        let guard = self.connection.load_full();
+        let Some(connection) = guard.as_deref() else {
+            return Err(LimiterError::Unavailable(
+                "not connected to Redis yet".to_string(),
+            ));
+        };
+        let result: redis::RedisResult<i64> = match connection.clone() {
+            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        };
+        result
+            .map(|_| ())
+            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+    }
+
+    async fn run(
+        &self,
+        asks: &[Ask<'_>],
+        now: Option<u64>,
+        lease: LeaseId,
+    ) -> Result<Verdict, LimiterError> {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
@@ -193,6 +235,7 @@ impl RedisStore {
             Some(now) => invocation.arg(now),
             None => invocation.arg("-"),
         };
+        invocation.arg(lease);
         for ask in asks {
             let (a, b) = ask.limit.algorithm().parameters();
             invocation
@@ -265,8 +308,12 @@ impl RedisStore {
 }
 
 impl RemoteStore for RedisStore {
-    async fn decide(&self, asks: &[Ask<'_>]) -> Result<Verdict, LimiterError> {
-        RedisStore::decide(self, asks).await
+    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
+        RedisStore::decide(self, asks, lease).await
+    }
+
+    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+        RedisStore::release(self, asks, lease).await
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {

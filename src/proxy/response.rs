@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::config::{HeaderProfile, RouteConfig};
-use crate::limiter::{Limit, Verdict};
+use crate::limiter::{HeldLeases, Limit, Verdict};
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
 pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -133,6 +133,46 @@ fn quota_and_window(limit: &Limit) -> (u64, u64) {
         span
     };
     (units, window_us.div_ceil(1_000_000).max(1))
+}
+
+/// `body`, holding `leases` until it ends (its last frame or an error is read) or is dropped
+/// (the client went away): a concurrency slot is held exactly as long as the response.
+pub fn holding(body: Body, leases: Vec<HeldLeases>) -> Body {
+    Holding {
+        inner: body,
+        leases,
+    }
+    .boxed_unsync()
+}
+
+struct Holding {
+    inner: Body,
+    leases: Vec<HeldLeases>,
+}
+
+impl hyper::body::Body for Holding {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
+            this.leases.clear();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A body from bytes floodgate made itself.

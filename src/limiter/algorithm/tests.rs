@@ -37,7 +37,7 @@ fn sliding_counter(l: u32, window_us: u64) -> Limit {
 fn request(state: &mut State, limit: &Limit, now: u64) -> Decision {
     let d = state.check(limit, now);
     if d.allowed {
-        state.commit(limit, now);
+        state.commit(limit, now, 0);
     }
     d
 }
@@ -448,4 +448,46 @@ proptest! {
             }
         }
     }
+}
+
+fn concurrency(l: u32, lease_us: u64) -> Limit {
+    Limit::of(Algorithm::from_parts(AlgorithmKind::Concurrency, u64::from(l), lease_us).unwrap())
+}
+
+#[test]
+fn concurrency_admits_up_to_the_limit_in_flight_and_frees_on_release() {
+    let l = concurrency(2, 60 * SEC);
+    let mut s = State::new(AlgorithmKind::Concurrency);
+    let take = |s: &mut State, lease: u64| {
+        let d = s.check(&l, T0);
+        if d.allowed {
+            s.commit(&l, T0, lease);
+        }
+        d
+    };
+    assert_eq!(take(&mut s, 1).remaining, 1);
+    assert_eq!(take(&mut s, 2).remaining, 0);
+    let denied = take(&mut s, 3);
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_us, SEC, "Retry-After: 1");
+    s.release(1);
+    assert!(take(&mut s, 4).allowed, "a finished request's slot is free");
+    s.release(99); // an unknown lease releases nothing
+    assert!(!take(&mut s, 5).allowed);
+}
+
+#[test]
+fn concurrency_leases_end_on_their_own() {
+    let l = concurrency(1, 10 * SEC);
+    let mut s = State::new(AlgorithmKind::Concurrency);
+    assert!(request(&mut s, &l, T0).allowed);
+    assert!(
+        !request(&mut s, &l, T0 + 10 * SEC - 1).allowed,
+        "held until the lease ends"
+    );
+    assert!(
+        request(&mut s, &l, T0 + 10 * SEC).allowed,
+        "a lost release is not forever"
+    );
+    assert_eq!(s.expires_at(&l), T0 + 20 * SEC);
 }

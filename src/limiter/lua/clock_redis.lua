@@ -1,4 +1,4 @@
--- floodgate limiter script, part 7 of 8 (production): the time, from Redis TIME, so that every
+-- floodgate limiter script, part 8 of 9 (production): the time, from Redis TIME, so that every
 -- floodgate instance sharing this Redis decides on one clock.
 
 local function script_now()

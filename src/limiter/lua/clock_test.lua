@@ -1,4 +1,4 @@
--- floodgate limiter script, part 7 of 8 (tests only): the time as ARGV[1], so that the
+-- floodgate limiter script, part 8 of 9 (tests only): the time as ARGV[1], so that the
 -- differential tests drive the script and the Rust algorithms on one fake clock. Only
 -- RedisStore::connect_for_test loads this file; the production script (clock_redis.lua) never
 -- reads ARGV[1], so no argument a production caller sends can move its clock.

@@ -1,4 +1,4 @@
--- floodgate limiter script, part 4 of 8: fixed window; mirrors fixed_window_check in
+-- floodgate limiter script, part 4 of 9: fixed window; mirrors fixed_window_check in
 -- src/limiter/algorithm.rs. The key is a hash: s = window start, c = count spent in it.
 
 ALGORITHMS['fixed_window'] = {

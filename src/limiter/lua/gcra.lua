@@ -1,4 +1,4 @@
--- floodgate limiter script, part 2 of 8: token bucket and leaky bucket (GCRA); mirrors
+-- floodgate limiter script, part 2 of 9: token bucket and leaky bucket (GCRA); mirrors
 -- gcra_check in src/limiter/algorithm.rs.
 --
 -- The key holds `tat`, the instant the bucket is full again (token bucket) or its queue has

@@ -1,21 +1,23 @@
--- floodgate limiter script, part 8 of 8: one decision over all the limits of a route,
+-- floodgate limiter script, part 9 of 9: one decision over all the limits of a route,
 -- all-or-nothing, in one round trip.
 --
 -- KEYS[i]: the state of limit i. On Redis Cluster they must share one slot (see redis.rs).
 -- ARGV[1]: the time in µs for the test clock (clock_test.lua); "-" and unread in production.
--- ARGV[2 + 4(i-1) ..]: limit i as algorithm name, parameter a, parameter b, cost, where (a, b) is
+-- ARGV[2]: the request's lease token, naming its concurrency leases.
+-- ARGV[3 + 4(i-1) ..]: limit i as algorithm name, parameter a, parameter b, cost, where (a, b) is
 --          (capacity, interval µs) for the buckets and (limit, window µs) for the windows.
 -- Reply (REPLY_HEADER and REPLY_FIELDS in redis.rs): { allowed, now_us, then per limit: allowed,
 --          limit, remaining, reset_after_us, retry_after_us, delay_us }.
 
 local now = script_now()
+LEASE = ARGV[2]
 
 local n = #KEYS
 local decisions = {}
 local states = {}
 local all = 1
 for i = 1, n do
-  local base = 2 + 4 * (i - 1)
+  local base = 3 + 4 * (i - 1)
   local algorithm = ALGORITHMS[ARGV[base]]
   if algorithm == nil then
     return redis.error_reply('floodgate: unknown algorithm ' .. tostring(ARGV[base]))
@@ -32,7 +34,7 @@ end
 -- Nothing is spent from any limit unless every limit allowed.
 if all == 1 then
   for i = 1, n do
-    local base = 2 + 4 * (i - 1)
+    local base = 3 + 4 * (i - 1)
     ALGORITHMS[ARGV[base]].commit(KEYS[i], now, states[i], tonumber(ARGV[base + 2]),
       tonumber(ARGV[base + 3]))
   end

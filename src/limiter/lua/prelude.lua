@@ -1,4 +1,4 @@
--- floodgate limiter script, part 1 of 8: shared helpers.
+-- floodgate limiter script, part 1 of 9: shared helpers.
 --
 -- The script Redis runs is the concatenation of prelude.lua, the five algorithm files, one
 -- clock file (clock_redis.lua in production, clock_test.lua in the differential tests) and
@@ -22,6 +22,9 @@ local ttl_slack_ms = 0
 local function ttl_ms(expires_at, now)
   return math.max(math.ceil((expires_at - now) / 1000), 1) + ttl_slack_ms
 end
+
+-- The request's lease token (main.lua sets it from ARGV[2]), for concurrency.lua.
+local LEASE = '0'
 
 -- A decision is a list: allowed (0/1), limit, remaining, reset_after_us, retry_after_us, delay_us.
 local ALGORITHMS = {}

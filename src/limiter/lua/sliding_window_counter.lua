@@ -1,4 +1,4 @@
--- floodgate limiter script, part 6 of 8: sliding window counter; mirrors sliding_counter_check
+-- floodgate limiter script, part 6 of 9: sliding window counter; mirrors sliding_counter_check
 -- in src/limiter/algorithm.rs, with the same floating-point operations in the same order. The
 -- key is a hash: s = current window start, c = its count, p = the previous window's count.
 

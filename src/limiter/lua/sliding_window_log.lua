@@ -1,4 +1,4 @@
--- floodgate limiter script, part 5 of 8: sliding window log; mirrors sliding_log_check in
+-- floodgate limiter script, part 5 of 9: sliding window log; mirrors sliding_log_check in
 -- src/limiter/algorithm.rs. The key is a sorted set: one member per admitted unit of cost,
 -- scored by its timestamp. Denied requests are not added, so it never holds more than `limit`.
 

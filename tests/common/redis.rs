@@ -1,8 +1,6 @@
 //! A real redis-server for tests: started on a free port, killed on drop, restartable on the
 //! same port (to test a Redis restart under traffic).
 
-#![allow(dead_code)]
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,207 @@
+//! Clients for the proxy, and the assertions the tests share.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+// ---------------------------------------------------------------------------------------------
+
+/// An HTTP/1.1 client that never goes through a proxy from the environment.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("build client")
+}
+
+/// A cleartext HTTP/2 client (prior knowledge, no upgrade dance).
+pub fn h2c_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("build h2c client")
+}
+
+/// A response read whole: status, headers and body text.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: String,
+    /// When the response head arrived, in milliseconds since the Unix epoch.
+    pub received_unix_ms: u64,
+}
+
+impl Reply {
+    pub async fn read(response: reqwest::Response) -> Reply {
+        let received_unix_ms = unix_now_ms();
+        let status = response.status();
+        let version = response.version();
+        let headers = response.headers().clone();
+        let body = response.text().await.expect("read body");
+        Reply {
+            status,
+            version,
+            headers,
+            body,
+            received_unix_ms,
+        }
+    }
+
+    /// A header's value as text; panics if it is missing.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("missing {name} in {self:?}"))
+            .to_str()
+            .expect("header is text")
+    }
+
+    /// A header's value as an integer; panics if it is missing or not one.
+    pub fn header_u64(&self, name: &str) -> u64 {
+        let text = self.header(name);
+        text.parse()
+            .unwrap_or_else(|_| panic!("{name}: {text:?} is not an integer"))
+    }
+
+    /// Whole seconds, rounded up, from when this reply arrived until the Unix second `unix_secs`.
+    pub fn secs_until(&self, unix_secs: u64) -> u64 {
+        (unix_secs * 1000)
+            .saturating_sub(self.received_unix_ms)
+            .div_ceil(1000)
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Sends a GET with extra headers and reads the reply.
+pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = client.get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    Reply::read(request.send().await.expect("send request")).await
+}
+
+/// Sends raw bytes over a fresh TCP connection and reads until the server closes it.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write request");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+        .await
+        .expect("server closed the connection in time")
+        .expect("read response");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Reads from `stream` up to and including the blank line that ends a response head.
+pub async fn read_head(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
+            .await
+            .expect("response head in time")
+            .expect("read head");
+        assert!(n > 0, "connection closed mid-head: {head:?}");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assertions
+// ---------------------------------------------------------------------------------------------
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// Checks that `X-RateLimit-Reset` lies after the moment the reply arrived.
+fn assert_reset_in_future(reply: &Reply) {
+    let reset = reply.header_u64("x-ratelimit-reset");
+    assert!(
+        reset * 1000 > reply.received_unix_ms,
+        "X-RateLimit-Reset is not in the future: {reply:?}"
+    );
+}
+
+/// Unix seconds in the future at which the next `window`-long window aligned to the epoch
+/// starts.
+pub fn next_window_start(window_secs: u64) -> u64 {
+    let now = unix_now();
+    now - now % window_secs + window_secs
+}
+
+/// Windows are aligned to the Unix epoch, so a test that expects one window must not straddle
+/// a boundary: if one is less than `margin` away, wait until it has passed. The tests that call
+/// this finish in well under a second, so a 10 s margin leaves room for a slow, loaded machine.
+pub async fn keep_clear_of_window_boundary(window_secs: u64, margin: Duration) {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    let window = Duration::from_secs(window_secs);
+    let into_window = since_epoch.as_micros() % window.as_micros();
+    let left = window - Duration::from_micros(into_window as u64);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks a problem+json reply and returns its body.
+pub fn assert_problem(reply: &Reply, status: StatusCode, error: &str) -> serde_json::Value {
+    assert_eq!(reply.status, status, "{reply:?}");
+    assert_eq!(
+        reply.header("content-type"),
+        "application/problem+json",
+        "{reply:?}"
+    );
+    let body = reply.json();
+    assert_eq!(body["error"], error, "{reply:?}");
+    assert_eq!(body["status"], status.as_u16(), "{reply:?}");
+    body
+}
+
+/// Checks an admitted reply: 200, the upstream's body, and the rate-limit headers.
+pub fn assert_admitted(reply: &Reply, limit: u64, remaining: u64) {
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body, UPSTREAM_BODY);
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), limit, "{reply:?}");
+    assert_eq!(
+        reply.header_u64("x-ratelimit-remaining"),
+        remaining,
+        "{reply:?}"
+    );
+    assert_reset_in_future(reply);
+}
+
+/// Checks everything the contract promises about a 429 and returns its `Retry-After`.
+pub fn assert_rate_limited(reply: &Reply, limit: u64) -> u64 {
+    let body = assert_problem(reply, StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded");
+    let retry_after = reply.header_u64("retry-after");
+    assert!(retry_after >= 1, "Retry-After below 1: {reply:?}");
+    assert_eq!(body["retry_after"], retry_after, "{reply:?}");
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), limit, "{reply:?}");
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 0, "{reply:?}");
+    assert_reset_in_future(reply);
+    retry_after
+}

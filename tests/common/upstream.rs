@@ -1,0 +1,242 @@
+//! The upstream: a real HTTP/1.1 server on port 0 that records every request, plain or TLS.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// The upstream
+// ---------------------------------------------------------------------------------------------
+
+/// One request as the upstream received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub version: Version,
+    pub headers: HeaderMap,
+    /// When the upstream's handler was called.
+    pub at: Instant,
+}
+
+impl Seen {
+    /// A header's value as text, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// A real HTTP/1.1 server on 127.0.0.1:0 that records every request. Behaviour by path:
+/// - `/hang…`: answers only after [`HANG`] (so floodgate's upstream timeout fires first);
+/// - `/ws…`: a WebSocket-style upgrade: 101, then echoes bytes over the upgraded connection;
+/// - `/hop-response…`: 200 carrying hop-by-hop headers (`Connection: x-foo`, `X-Foo`,
+///   `Keep-Alive`) that a proxy must not relay;
+/// - anything else: 200 with [`UPSTREAM_BODY`].
+pub struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: JoinHandle<()>,
+    counter: Arc<InFlight>,
+}
+
+/// How many requests the upstream's handler is running now, and the most there ever were.
+#[derive(Debug, Default)]
+struct InFlight {
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts one request in flight until dropped.
+struct Running(Arc<InFlight>);
+
+impl Running {
+    fn start(counter: Arc<InFlight>) -> Running {
+        let now = counter.now.fetch_add(1, Ordering::SeqCst) + 1;
+        counter.max.fetch_max(now, Ordering::SeqCst);
+        Running(counter)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let counter = Arc::new(InFlight::default());
+        let counting = counter.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let log = log.clone();
+                let counter = counting.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let running = Running::start(counter.clone());
+                        let log = log.clone();
+                        async move {
+                            let response = handle(req, log).await;
+                            drop(running);
+                            response
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            seen,
+            task,
+            counter,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`, for a route's `upstream:`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many requests arrived so far.
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// The most requests this upstream's handler ran at once (a plain HTTP upstream only).
+    pub fn max_in_flight(&self) -> usize {
+        self.counter.max.load(Ordering::SeqCst)
+    }
+
+    /// How many requests its handler runs now.
+    pub fn in_flight_now(&self) -> usize {
+        self.counter.now.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn handle(
+    mut req: Request<Incoming>,
+    log: Arc<Mutex<Vec<Seen>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    log.lock().unwrap().push(Seen {
+        method: req.method().clone(),
+        path: req.uri().path().to_string(),
+        version: req.version(),
+        headers: req.headers().clone(),
+        at: Instant::now(),
+    });
+    let path = req.uri().path().to_string();
+    let response = if path.starts_with("/slow") {
+        tokio::time::sleep(SLOW).await;
+        Response::new(Full::new(Bytes::from_static(b"slow but done")))
+    } else if path.starts_with("/hang") {
+        tokio::time::sleep(HANG).await;
+        Response::new(Full::new(Bytes::from_static(b"too late")))
+    } else if path.starts_with("/ws") {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let mut io = TokioIo::new(upgraded);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("upgrade", "websocket")
+            .header("connection", "upgrade")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    } else if path.starts_with("/hop-response") {
+        Response::builder()
+            .header("connection", "x-foo")
+            .header("x-foo", "1")
+            .header("keep-alive", "timeout=5")
+            .header("x-end-to-end", "kept")
+            .body(Full::new(Bytes::from_static(UPSTREAM_BODY.as_bytes())))
+            .unwrap()
+    } else {
+        Response::new(Full::new(Bytes::from_static(UPSTREAM_BODY.as_bytes())))
+    };
+    Ok(response)
+}
+
+/// An address on which nothing listens: bind port 0, note the port, close the listener.
+pub fn closed_port_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    addr
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+// ---------------------------------------------------------------------------------------------
+
+impl Upstream {
+    /// Like [`Upstream::start`], but speaking HTTP/1.1 over TLS with `tls` (for `https://`
+    /// upstreams). A failed handshake is simply dropped, as a real server would.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let log = log.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let service = service_fn(move |req| handle(req, log.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            seen,
+            task,
+            counter: Arc::default(),
+        }
+    }
+}
