@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::net::IpAddr;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use floodgate::identity::{Identity, IdentityConfig};
+use floodgate::identity::{Consumer, Consumers, Identity, IdentityConfig, UnknownKey};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 fn config() -> IdentityConfig {
@@ -84,5 +84,30 @@ fn identify(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, identify);
+criterion_group!(benches, identify, consumers);
 criterion_main!(benches);
+
+/// Finding a key's consumer among 100 000: one SHA-256 of the key and one hash-map lookup.
+fn consumers(c: &mut Criterion) {
+    use sha2::Digest;
+    let mut consumers = Consumers::new(UnknownKey::Reject);
+    for n in 0..100_000 {
+        let index = consumers.add(Consumer {
+            name: format!("consumer-{n}"),
+            tier: "default".to_string(),
+        });
+        let digest: [u8; 32] = sha2::Sha256::digest(format!("key-{n:032}")).into();
+        consumers.add_key(digest, index).unwrap();
+    }
+    let known = format!("key-{:032}", 4_242);
+    let unknown = format!("nokey-{:032}", 4_242);
+    let mut group = c.benchmark_group("consumers");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("find_among_100000/known", |b| {
+        b.iter(|| black_box(consumers.find(black_box(known.as_bytes()))))
+    });
+    group.bench_function("find_among_100000/unknown", |b| {
+        b.iter(|| black_box(consumers.find(black_box(unknown.as_bytes()))))
+    });
+    group.finish();
+}

@@ -136,5 +136,69 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, algorithms, memory_store);
+/// What the round-2 policies add to a decision on the memory store: the same token bucket alone,
+/// then with a `per: ip` ceiling and a `per: route` cap beside it (three budgets, three entries,
+/// up to three shard locks), over 1000 rotating keys.
+fn policies(c: &mut Criterion) {
+    const KEYS: usize = 1_000;
+    let keys: Vec<Vec<u8>> = (0..KEYS)
+        .map(|i| format!("bench-key-{i:04}").into_bytes())
+        .collect();
+    let own = limit(AlgorithmKind::TokenBucket, 1_000_000_000, 1);
+    let ip_ceiling = limit(AlgorithmKind::TokenBucket, 1_000_000_000, 1);
+    let route_cap = limit(AlgorithmKind::SlidingWindowCounter, 1_000_000_000, SECOND);
+    let store = MemoryStore::new(SystemClock::default(), 1_000_000);
+    let mut group = c.benchmark_group("policies");
+    group.throughput(Throughput::Elements(1));
+    let mut i = 0;
+    group.bench_function("one_limit", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let asks = [Ask {
+                limit: &own,
+                key: BudgetKey {
+                    budget: "r#0#aa",
+                    kind: KeyKind::ApiKey,
+                    value: &keys[i],
+                },
+            }];
+            black_box(store.decide(black_box(&asks)))
+        })
+    });
+    group.bench_function("identity_ip_and_route_limits", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let asks = [
+                Ask {
+                    limit: &own,
+                    key: BudgetKey {
+                        budget: "r#0#aa",
+                        kind: KeyKind::ApiKey,
+                        value: &keys[i],
+                    },
+                },
+                Ask {
+                    limit: &ip_ceiling,
+                    key: BudgetKey {
+                        budget: "r#1#bb",
+                        kind: KeyKind::Ip,
+                        value: &[127, 0, 0, 1],
+                    },
+                },
+                Ask {
+                    limit: &route_cap,
+                    key: BudgetKey {
+                        budget: "r#2#cc",
+                        kind: KeyKind::Route,
+                        value: b"",
+                    },
+                },
+            ];
+            black_box(store.decide(black_box(&asks)))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, algorithms, memory_store, policies);
 criterion_main!(benches);
