@@ -7,6 +7,8 @@
 #   nginx_proxy       nginx as a plain reverse proxy (worker_processes auto, upstream keepalive 64,
 #                     proxy_http_version 1.1, Connection "")       <- every ratio is against this one
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
+#   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
+#                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
 # Figures are medians across rounds; each run also charges the CPU time (from /proc) of the target,
@@ -42,7 +44,7 @@ BUILD="${BUILD:-1}"
 PERF="${PERF:-0}"
 PERF_ARGS="${PERF_ARGS:--F 997 --call-graph dwarf,16384}"
 FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
-TARGETS=(upstream nginx_proxy fg_memory_allow fg_redis_allow fg_redis_deny)
+TARGETS=(upstream nginx_proxy fg_memory_allow fg_memory_policies fg_redis_allow fg_redis_deny)
 BASELINE=nginx_proxy
 
 log() { printf '[bench] %s\n' "$*" >&2; }
@@ -203,8 +205,8 @@ for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
 redis-cli -p "$REDIS_PORT" ping >/dev/null || die "redis-server did not start"
 
 # --- floodgate ---------------------------------------------------------------------------------
-start_floodgate() { # name storage-yaml capacity refill_rate  -> sets FG_URL, FG_PID
-    local name=$1 storage=$2 capacity=$3 rate=$4
+start_floodgate() { # name storage-yaml capacity refill_rate [top-yaml] [more-limits-yaml]
+    local name=$1 storage=$2 capacity=$3 rate=$4 top=${5:-} more=${6:-}
     local dir="$WORK/$name"
     mkdir -p "$dir"
     cat >"$dir/floodgate.yaml" <<EOF
@@ -213,6 +215,7 @@ storage:
 $storage
 identity:
   api_key_header: X-API-Key
+$top
 routes:
   - name: $name
     path_prefix: /
@@ -221,6 +224,7 @@ routes:
       - algorithm: token_bucket
         capacity: $capacity
         refill_rate: $rate
+$more
 EOF
     RUST_LOG=warn "${SERVER_PIN[@]}" "$FLOODGATE" --config "$dir/floodgate.yaml" \
         >"$dir/stdout.log" 2>"$dir/stderr.log" &
@@ -242,6 +246,20 @@ REDIS_STORAGE="  backend: redis
   on_error: deny"
 start_floodgate fg_memory_allow "  backend: memory" 1000000000 1000000
 FG_MEMORY_URL=$FG_URL FG_MEMORY_PID=$FG_PID
+# The wrk keys (bench-key-0001..) as known consumers, and two more limits of other scopes.
+python3 -c '
+import hashlib
+for k in range(1, 1001):
+    digest = hashlib.sha256(b"bench-key-%04d" % k).hexdigest()
+    print(f"- name: c{k}\n  keys_sha256: [{digest}]")
+' >"$WORK/consumers.yaml"
+start_floodgate fg_memory_policies "  backend: memory" 1000000000 1000000 \
+    "consumers:
+  unknown_key: reject
+  file: $WORK/consumers.yaml" \
+    "      - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000, per: ip}
+      - {algorithm: sliding_window_counter, limit: 1000000000, window: 1s, per: route}"
+FG_POLICIES_URL=$FG_URL FG_POLICIES_PID=$FG_PID
 start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
 FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
@@ -253,6 +271,7 @@ pids_of() {
         upstream) echo "$UPSTREAM_PID - -" ;;
         nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
         fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
+        fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
     esac
@@ -274,6 +293,7 @@ url_of() {
         upstream) echo "$UPSTREAM_URL/" ;;
         nginx_proxy) echo "$NGINX_PROXY_URL/" ;;
         fg_memory_allow) echo "$FG_MEMORY_URL/" ;;
+        fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
     esac
@@ -282,43 +302,18 @@ url_of() {
 # --- probes: each target answers what it should ------------------------------------------------
 status_of() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H "X-API-Key: $2" "$1"; }
 for t in "${TARGETS[@]}"; do
-    got="$(status_of "$(url_of "$t")" probe-key)"
+    got="$(status_of "$(url_of "$t")" bench-key-0001)"
     [ "$got" = 200 ] || die "$t answered $got to its first request, expected 200"
 done
-got="$(status_of "$FG_REDIS_DENY_URL/" probe-key)"
+got="$(status_of "$FG_REDIS_DENY_URL/" bench-key-0001)"
 [ "$got" = 429 ] || die "fg_redis_deny answered $got to a second request, expected 429"
-DENY_SAMPLE="$(curl -s -D - --max-time 2 -H 'X-API-Key: probe-key' "$FG_REDIS_DENY_URL/" | tr -d '\r')"
+DENY_SAMPLE="$(curl -s -D - --max-time 2 -H 'X-API-Key: bench-key-0001' "$FG_REDIS_DENY_URL/" | tr -d '\r')"
 grep -q '"error":"rate_limit_exceeded"' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 body lacks rate_limit_exceeded"
 grep -qi '^retry-after: ' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 lacks Retry-After"
 log "probes ok (fg_redis_deny answers 429 rate_limit_exceeded with Retry-After)"
 
 # --- load --------------------------------------------------------------------------------------
-LUA="$WORK/keys.lua"
-cat >"$LUA" <<'EOF'
--- KEYS rotating API keys, requests formatted once; prints one BENCH line with exact figures.
-local n = tonumber(os.getenv("BENCH_KEYS") or "1000")
-local requests = {}
-local i = 0
-function init(args)
-  for k = 1, n do
-    requests[k] = wrk.format("GET", "/", {
-      ["Host"] = wrk.headers["Host"],
-      ["X-API-Key"] = string.format("bench-key-%04d", k),
-    })
-  end
-end
-function request()
-  i = i % n + 1
-  return requests[i]
-end
-function done(summary, latency, _)
-  local e = summary.errors
-  io.write(string.format(
-    "BENCH requests=%d duration_us=%d non2xx=%d socket_errors=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d\n",
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
-end
-EOF
+LUA="$ROOT/bench/keys.lua"
 
 CLK_TCK="$(getconf CLK_TCK)"
 run_wrk() { # target duration outfile
@@ -375,95 +370,4 @@ export ROUNDS DURATION CONNECTIONS THREADS KEYS PINNING BASELINE NGINX_WORKERS C
 export TARGETS_LIST="${TARGETS[*]}"
 MACHINE="$(nproc) CPUs, $(uname -sr), $(nginx -v 2>&1 | sed 's/.*: //'), redis $(redis-server --version | awk '{print $3}' | sed 's/^v=//'), wrk $({ wrk -v 2>&1 || true; } | head -1 | awk '{print $2}')"
 export MACHINE
-python3 - <<'EOF'
-import os, re, statistics, datetime, glob
-
-results = os.environ["RESULTS_DIR"]
-targets = os.environ["TARGETS_LIST"].split()
-base = os.environ["BASELINE"]
-rounds = int(os.environ["ROUNDS"])
-
-def parse(path):
-    text = open(path).read()
-    m = re.search(r"^BENCH (.*)$", text, re.M)
-    f = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    f["non2xx_line"] = int(non2xx.group(1)) if non2xx else 0
-    f["rps"] = f["requests"] / (f["duration_us"] / 1e6)
-    cpu = re.search(r"^CPU (.*)$", text, re.M)
-    c = {k: int(v) for k, v in (kv.split("=") for kv in cpu.group(1).split())}
-    for part in ("target", "upstream", "redis"):
-        f[f"cpu_{part}_us"] = c[f"{part}_ticks"] * 1e6 / c["clk_tck"] / f["requests"]
-    return f
-
-runs = {t: [parse(f"{results}/raw/{t}-round{r}.txt") for r in range(1, rounds + 1)] for t in targets}
-keys = ("rps", "p50_us", "p99_us", "cpu_target_us", "cpu_upstream_us", "cpu_redis_us")
-med = {t: {k: statistics.median(run[k] for run in runs[t]) for k in keys} for t in targets}
-total = {t: sum(run["requests"] for run in runs[t]) for t in targets}
-non2xx = {t: sum(run["non2xx_line"] for run in runs[t]) for t in targets}
-errors = {t: sum(run["socket_errors"] for run in runs[t]) for t in targets}
-
-def check(t):
-    share = non2xx[t] / total[t] if total[t] else 0
-    if t == "fg_redis_deny":
-        ok = share >= 0.99
-        return ok, f"{non2xx[t]}/{total[t]} non-2xx ({share:.2%}) expect ~100% 429: {'OK' if ok else 'FAIL'}"
-    ok = non2xx[t] == 0
-    return ok, f"{non2xx[t]}/{total[t]} non-2xx, expect 0: {'OK' if ok else 'FAIL'}"
-
-b = med[base]
-ms = lambda us: f"{us / 1000:.3f} ms"
-header = ["target", "req/s", "p50", "p99", "req/s vs nginx", "p50 vs nginx", "p99 vs nginx",
-          "CPU µs/req: self+upstream+redis", "responses"]
-cpu = lambda m: "{:.0f} + {} + {}".format(m["cpu_target_us"],
-    f"{m['cpu_upstream_us']:.0f}" if m["cpu_upstream_us"] else "-",
-    f"{m['cpu_redis_us']:.0f}" if m["cpu_redis_us"] else "-")
-rows = []
-for t in targets:
-    m = med[t]
-    rows.append([t, f"{m['rps']:,.0f}", ms(m["p50_us"]), ms(m["p99_us"]),
-                 f"{m['rps'] / b['rps']:.2f}x", f"{m['p50_us'] / b['p50_us']:.2f}x",
-                 f"{m['p99_us'] / b['p99_us']:.2f}x", cpu(m), check(t)[1] + (f"; {errors[t]} socket errors" if errors[t] else "")])
-
-now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-env = os.environ
-intro = [
-    f"date: {now}; commit {env['COMMIT']}{env['DIRTY']}",
-    f"machine: {env['MACHINE']}",
-    f"load: wrk -t{env['THREADS']} -c{env['CONNECTIONS']}, {env['KEYS']} rotating X-API-Key values, "
-    f"{rounds} interleaved rounds of {env['DURATION']}; figures are medians across rounds",
-    f"pinning: {env['PINNING']}",
-    f"nginx_proxy workers: {env['NGINX_WORKERS']}; upstream: nginx return 200, 1 worker",
-    "CPU µs/req: CPU time (user+system, from /proc) of the target process(es), its upstream and "
-    "redis-server during the run, per request (with every server pinned to one busy core, "
-    "req/s is about 1e6 / their sum)",
-]
-
-widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-print()
-for line in intro:
-    print(line)
-print()
-for r in [header] + rows:
-    print("  ".join(str(c).ljust(w) if i in (0, 8) else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-print()
-
-md = ["# floodgate vs nginx", ""] + [f"- {l}" for l in intro] + ["",
-      "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 7 + ["---"]) + "|"]
-md += ["| " + " | ".join(r) + " |" for r in rows]
-md += ["", "Per round: req/s (its ratio to nginx_proxy in the same round), p50, p99:", "",
-       "| target | " + " | ".join(f"round {r}" for r in range(1, rounds + 1)) + " | median of the round ratios |",
-       "|---|" + "---:|" * (rounds + 1)]
-for t in targets:
-    ratios = [run["rps"] / base_run["rps"] for run, base_run in zip(runs[t], runs[base])]
-    md.append(f"| {t} | " + " | ".join(
-        f"{run['rps']:,.0f} ({ratio:.2f}x), {ms(run['p50_us'])}, {ms(run['p99_us'])}"
-        for run, ratio in zip(runs[t], ratios)) + f" | {statistics.median(ratios):.2f}x |")
-md += ["", "Raw wrk output: `raw/<target>-round<N>.txt`.", ""]
-open(f"{results}/bench.md", "w").write("\n".join(md))
-print(f"written: {results}/bench.md and {results}/raw/")
-bad = [t for t in targets if not check(t)[0]]
-if bad:
-    print("RESPONSE CHECK FAILED for: " + ", ".join(bad))
-    raise SystemExit(1)
-EOF
+python3 "$ROOT/bench/summarize.py"

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::*;
+use crate::limiter::{Algorithm, AlgorithmKind};
+use http::Method;
 
 /// A valid config whose one route has the limit `limit` (YAML after `- `, on one line in flow
 /// style, e.g. `{algorithm: token_bucket, capacity: 3, refill_rate: 1}`).

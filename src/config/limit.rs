@@ -1,0 +1,191 @@
+//! One entry of a route's `limits:`: built through the limiter's checked constructors, whose
+//! errors are given the field's path here.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::file::{Choice, LimitFile};
+use super::{Validator, parse_duration};
+use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
+
+impl Validator {
+    pub(super) fn limit(&mut self, path: &str, l: &LimitFile) -> Option<Limit> {
+        let kind = match &l.algorithm {
+            Choice::Known(kind) => *kind,
+            Choice::Invalid(message) => {
+                self.problem(format!("{path}.algorithm"), message.clone());
+                return None;
+            }
+        };
+        let name = kind.name();
+        let (rate_name, rate) = match kind {
+            AlgorithmKind::LeakyBucket => ("leak_rate", l.leak_rate),
+            _ => ("refill_rate", l.refill_rate),
+        };
+        let units_name = if kind.is_bucket() {
+            "capacity"
+        } else {
+            "limit"
+        };
+        let before = self.problems.len();
+        let lease = ("lease", l.lease.is_some());
+        if kind.is_bucket() {
+            let wrong_rate = match kind {
+                AlgorithmKind::LeakyBucket => ("refill_rate", l.refill_rate.is_some()),
+                _ => ("leak_rate", l.leak_rate.is_some()),
+            };
+            self.not_parameters(
+                path,
+                name,
+                &[
+                    wrong_rate,
+                    ("limit", l.limit.is_some()),
+                    ("window", l.window.is_some()),
+                    lease,
+                ],
+            );
+        } else {
+            let window_or_lease = if kind == AlgorithmKind::Concurrency {
+                ("window", l.window.is_some())
+            } else {
+                lease
+            };
+            self.not_parameters(
+                path,
+                name,
+                &[
+                    ("capacity", l.capacity.is_some()),
+                    ("refill_rate", l.refill_rate.is_some()),
+                    ("leak_rate", l.leak_rate.is_some()),
+                    window_or_lease,
+                ],
+            );
+        }
+        let units = if kind.is_bucket() {
+            l.capacity
+        } else {
+            l.limit
+        };
+        let units = self.count(&format!("{path}.{units_name}"), units);
+        let built = if kind.is_bucket() {
+            let rate = match rate {
+                None => {
+                    self.problem(
+                        format!("{path}.{rate_name}"),
+                        format!("required for {name}"),
+                    );
+                    None
+                }
+                // Checked on its own, so a bad capacity and a bad rate are both named.
+                Some(rate) => match Algorithm::interval_for_rate(rate) {
+                    Ok(_) => Some(rate),
+                    Err(e) => {
+                        self.limit_problem(format!("{path}.{rate_name}"), e);
+                        None
+                    }
+                },
+            };
+            let (Some(units), Some(rate)) = (units, rate) else {
+                return None;
+            };
+            match kind {
+                AlgorithmKind::LeakyBucket => Algorithm::leaky_bucket(units, rate),
+                _ => Algorithm::token_bucket(units, rate),
+            }
+        } else if kind == AlgorithmKind::Concurrency {
+            let units = units?;
+            let lease = self.duration(
+                &format!("{path}.lease"),
+                l.lease.as_deref(),
+                Duration::from_secs(60),
+            );
+            Algorithm::concurrency(units, lease)
+        } else {
+            let window = match l.window.as_deref().map(parse_duration) {
+                None => {
+                    self.problem(format!("{path}.window"), format!("required for {name}"));
+                    None
+                }
+                Some(Ok(window)) => Some(window),
+                Some(Err(message)) => {
+                    self.problem(format!("{path}.window"), message);
+                    None
+                }
+            };
+            let (Some(units), Some(window)) = (units, window) else {
+                return None;
+            };
+            match kind {
+                AlgorithmKind::FixedWindow => Algorithm::fixed_window(units, window),
+                AlgorithmKind::SlidingWindowLog => Algorithm::sliding_window_log(units, window),
+                _ => Algorithm::sliding_window_counter(units, window),
+            }
+        };
+        let cost = match l.cost {
+            None => Some(1),
+            Some(c) => u32::try_from(c).ok().or(Some(0)),
+        };
+        let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
+        match limit {
+            Ok(limit) if self.problems.len() == before => Some(limit),
+            Ok(_) => None,
+            Err(e) => {
+                let field = match e.field() {
+                    LimitField::Units => format!("{path}.{units_name}"),
+                    LimitField::Rate => format!("{path}.{rate_name}"),
+                    LimitField::Window if kind == AlgorithmKind::Concurrency => {
+                        format!("{path}.lease")
+                    }
+                    LimitField::Window => format!("{path}.window"),
+                    LimitField::Cost => format!("{path}.cost"),
+                    LimitField::Whole => path.to_string(),
+                };
+                self.limit_problem(field, e);
+                None
+            }
+        }
+    }
+
+    pub(super) fn limit_problem(&mut self, path: String, error: LimitError) {
+        self.problem(path, error.to_string());
+    }
+
+    pub(super) fn not_parameters(&mut self, path: &str, algorithm: &str, present: &[(&str, bool)]) {
+        for (name, is_present) in present {
+            if *is_present {
+                self.problem(
+                    format!("{path}.{name}"),
+                    format!("is not a parameter of {algorithm}"),
+                );
+            }
+        }
+    }
+
+    pub(super) fn count(&mut self, path: &str, value: Option<i64>) -> Option<u32> {
+        match value {
+            None => {
+                self.problem(path, "required");
+                None
+            }
+            Some(n) if n >= 1 && n <= i64::from(u32::MAX) => Some(n as u32),
+            Some(n) if n >= 1 => {
+                self.problem(path, format!("must be at most {}", u32::MAX));
+                None
+            }
+            Some(_) => {
+                self.problem(path, "must be > 0");
+                None
+            }
+        }
+    }
+}
+
+/// A short, stable fingerprint of a limit: the same limit gives the same fingerprint on every
+/// instance and across restarts.
+pub(super) fn limit_fingerprint(limit: &Limit) -> String {
+    let (a, b) = limit.algorithm().parameters();
+    let spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
+    let digest = Sha256::digest(spec.as_bytes());
+    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+}

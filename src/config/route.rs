@@ -1,0 +1,255 @@
+//! `routes:`: what each route matches, where it forwards, and its limits with their scopes
+//! and tiers.
+
+use http::uri::{Authority, Scheme};
+use http::{Method, Uri};
+
+use super::file::RouteFile;
+use super::limit::limit_fingerprint;
+use super::{Validator, is_name};
+use crate::limiter::{Limit, MAX_LIMITS};
+
+/// One route: which requests it matches, where they go, and what limits them.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path_prefix: String,
+    /// `None` matches every method.
+    pub methods: Option<Vec<Method>>,
+    pub upstream: Upstream,
+    /// The enforced limits: a request must pass every one that applies to it.
+    pub enforced: Budget,
+    /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
+    pub shadow: Budget,
+}
+
+/// A list of limits decided together, all-or-nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Budget {
+    pub limits: Vec<RouteLimit>,
+}
+
+impl Budget {
+    /// True when there is no limit.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+}
+
+/// Whose budget a limit spends (`per:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Per {
+    /// The request's identity: consumer or API key, user id, or IP, in that order.
+    #[default]
+    Identity,
+    /// The client IP from the trusted-proxy walk, whatever key or user id is sent.
+    Ip,
+    /// One budget shared by every client of the route.
+    Route,
+}
+
+impl Per {
+    /// The name used in the config file and `/budgets`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Per::Identity => "identity",
+            Per::Ip => "ip",
+            Per::Route => "route",
+        }
+    }
+}
+
+/// One limit of a route, with whose budget it spends and the store id of that budget.
+#[derive(Debug, Clone)]
+pub struct RouteLimit {
+    pub limit: Limit,
+    pub per: Per,
+    /// The consumer tiers it applies to; `None`: every request.
+    pub tiers: Option<Vec<String>>,
+    /// The store's id for this limit's budgets: the route's name, `~shadow` for shadow limits,
+    /// the limit's position in the file and a fingerprint of its parameters. A reload that
+    /// changes the limit starts it afresh; one that does not keeps its state.
+    pub budget_id: String,
+    /// The policy name for the IETF headers: `{route}-{position}`.
+    pub name: String,
+    /// The limit's position in the route's `limits:` list.
+    pub position: usize,
+}
+
+impl RouteLimit {
+    /// True when the limit applies to a request of consumer tier `tier`.
+    pub fn applies_to(&self, tier: &str) -> bool {
+        self.tiers
+            .as_ref()
+            .is_none_or(|tiers| tiers.iter().any(|t| t == tier))
+    }
+}
+
+/// An upstream origin: scheme and authority (the request's path is forwarded unchanged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// The `Host` header forwarded requests carry, built once.
+    pub host_header: http::HeaderValue,
+}
+
+impl Validator {
+    pub(super) fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
+        let before = self.problems.len();
+        if !is_name(&r.name) {
+            self.problem(
+                format!("{path}.name"),
+                format!("{:?} must be letters, digits, '_', '.' or '-' (it names metrics and store keys)", r.name),
+            );
+        }
+        if !r.path_prefix.starts_with('/') {
+            self.problem(
+                format!("{path}.path_prefix"),
+                format!("{:?} must start with /", r.path_prefix),
+            );
+        }
+        let methods = r.methods.map(|methods| {
+            methods
+                .iter()
+                .enumerate()
+                .filter_map(|(n, m)| {
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|_| {
+                            self.problem(
+                                format!("{path}.methods[{n}]"),
+                                format!("{m:?} is not an HTTP method"),
+                            )
+                        })
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        });
+        let upstream = self.upstream(&format!("{path}.upstream"), &r.upstream);
+        let mut enforced = Budget::default();
+        let mut shadow = Budget::default();
+        if r.limits.len() > MAX_LIMITS {
+            self.problem(
+                format!("{path}.limits"),
+                format!("at most {MAX_LIMITS} limits per route"),
+            );
+        }
+        for (n, l) in r.limits.iter().enumerate() {
+            let limit_path = format!("{path}.limits[{n}]");
+            let Some(limit) = self.limit(&limit_path, l) else {
+                continue;
+            };
+            let tiers = l.tiers.as_ref().map(|tiers| {
+                for (t, tier) in tiers.iter().enumerate() {
+                    if !is_name(tier) {
+                        self.problem(
+                            format!("{limit_path}.tiers[{t}]"),
+                            format!("{tier:?} must be letters, digits, '_', '.' or '-'"),
+                        );
+                    }
+                }
+                tiers.clone()
+            });
+            let is_shadow = l.shadow.unwrap_or(false);
+            let budget_id = format!(
+                "{}{}#{n}#{}",
+                r.name,
+                if is_shadow { "~shadow" } else { "" },
+                limit_fingerprint(&limit)
+            );
+            let route_limit = RouteLimit {
+                limit,
+                per: self.choice(&format!("{limit_path}.per"), l.per.clone(), Per::Identity),
+                tiers,
+                budget_id,
+                name: format!("{}-{n}", r.name),
+                position: n,
+            };
+            if is_shadow {
+                shadow.limits.push(route_limit);
+            } else {
+                enforced.limits.push(route_limit);
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        Some(RouteConfig {
+            name: r.name,
+            path_prefix: r.path_prefix,
+            methods,
+            upstream: upstream?,
+            enforced,
+            shadow,
+        })
+    }
+
+    /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
+    /// budgets of one client value share a slot (its hash is the hash tag), but a route mixing
+    /// `per:` scopes spends budgets of different values at once, which no one slot holds.
+    pub(super) fn single_slot_routes(&mut self, routes: &[RouteConfig]) {
+        for (i, route) in routes.iter().enumerate() {
+            for (budget, label) in [(&route.enforced, "enforced"), (&route.shadow, "shadow")] {
+                let mut scopes = budget.limits.iter().map(|l| l.per);
+                if let Some(first) = scopes.next()
+                    && scopes.any(|per| per != first)
+                {
+                    self.problem(
+                        format!("routes[{i}].limits"),
+                        format!(
+                            "the {label} limits mix per: scopes, which redis_cluster cannot decide \
+                             in one atomic step; use one scope per route there"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn upstream(&mut self, path: &str, text: &str) -> Option<Upstream> {
+        let uri: Uri = match text.parse() {
+            Ok(uri) => uri,
+            Err(_) => {
+                self.problem(
+                    path,
+                    format!("{text:?} is not a URL like http://127.0.0.1:9000"),
+                );
+                return None;
+            }
+        };
+        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
+            self.problem(
+                path,
+                format!("{text:?} must be an absolute URL like http://127.0.0.1:9000"),
+            );
+            return None;
+        };
+        if *scheme != Scheme::HTTP && *scheme != Scheme::HTTPS {
+            self.problem(
+                path,
+                format!("scheme {scheme:?} is not supported (use http:// or https://)"),
+            );
+            return None;
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            self.problem(
+                path,
+                "must be an origin without a path (the request's path is forwarded as it is)",
+            );
+            return None;
+        }
+        let Ok(host_header) = http::HeaderValue::from_str(authority.as_str()) else {
+            self.problem(
+                path,
+                format!("{text:?} has a host that cannot be a Host header"),
+            );
+            return None;
+        };
+        Some(Upstream {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+            host_header,
+        })
+    }
+}

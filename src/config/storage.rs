@@ -1,0 +1,83 @@
+//! `storage:`: which store keeps limiter state, and what happens when it fails.
+
+use std::time::Duration;
+
+use super::file::{self, BackendKind};
+use super::{OnError, Validator};
+
+/// Where limiter state lives and what to do when that store fails.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    pub backend: Backend,
+    /// The budget for one limiter decision.
+    pub timeout: Duration,
+    pub on_error: OnError,
+    pub key_prefix: String,
+    /// Memory store (and the `local` fallback): the most identities tracked at once.
+    pub max_keys: usize,
+}
+
+/// The limiter store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis { url: String },
+    RedisCluster { urls: Vec<String> },
+}
+
+impl Validator {
+    pub(super) fn storage(&mut self, s: file::StorageFile) -> Option<StorageConfig> {
+        let on_error = self.choice("storage.on_error", s.on_error, OnError::Allow);
+        let backend = match self.choice("storage.backend", s.backend, BackendKind::Memory) {
+            BackendKind::Memory => Backend::Memory,
+            BackendKind::Redis => match s.url {
+                Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                    Backend::Redis { url }
+                }
+                Some(url) => {
+                    self.problem(
+                        "storage.url",
+                        format!("{url:?} must start with redis:// or rediss://"),
+                    );
+                    return None;
+                }
+                None => {
+                    self.problem(
+                        "storage.url",
+                        "required when backend is redis (or set FLOODGATE_REDIS_URL)",
+                    );
+                    return None;
+                }
+            },
+            BackendKind::RedisCluster => match s.urls {
+                Some(urls) if !urls.is_empty() => Backend::RedisCluster { urls },
+                _ => {
+                    self.problem(
+                        "storage.urls",
+                        "required (one or more redis:// URLs) when backend is redis_cluster",
+                    );
+                    return None;
+                }
+            },
+        };
+        let max_keys = match s.max_keys {
+            None => 1_000_000,
+            Some(0) => {
+                self.problem("storage.max_keys", "must be > 0");
+                1
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        Some(StorageConfig {
+            backend,
+            timeout: self.duration(
+                "storage.timeout",
+                s.timeout.as_deref(),
+                Duration::from_millis(50),
+            ),
+            on_error,
+            key_prefix: s.key_prefix.unwrap_or_else(|| "fg:".to_string()),
+            max_keys,
+        })
+    }
+}
