@@ -8,8 +8,24 @@
 //!            └────────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! Dependencies point one way: [`limiter`] and [`identity`] know nothing of the rest; [`config`]
-//! builds on them; [`route`] on config; [`proxy`] on route; [`server`] on proxy; `main` on server.
+//! The modules, in the order a request meets them:
+//!
+//! 1. [`server`]: accepts connections (TLS, HTTP/1.1 and HTTP/2), hands each request to the proxy,
+//!    drains on shutdown;
+//! 2. [`proxy`]: the pipeline's phases, in order: route, identify, limit, forward or reject, log;
+//! 3. [`route`]: the first route whose prefix and methods match;
+//! 4. [`identity`]: whose budget a request spends (consumer or API key, user id, client IP);
+//! 5. [`limiter`]: the algorithms and the stores (memory, Redis) that decide all-or-nothing,
+//!    with the guard that applies `on_error` when a store fails;
+//! 6. [`proxy::forward`] and [`proxy::response`]: the upstream call, and every status and header
+//!    floodgate writes itself;
+//! 7. [`metrics`] and [`admin`]: what was decided, on `/metrics`, `/healthz` and `/readyz`.
+//!
+//! [`config`] turns the YAML file into the typed values all of these are built from.
+//!
+//! Dependencies point one way: [`limiter`] knows nothing of the rest; [`identity`] only the
+//! limiter's key kinds; [`config`] builds on both; [`route`] on config; [`proxy`] on route;
+//! [`admin`] on proxy; [`server`] on admin and proxy; `main` on server.
 
 #![forbid(unsafe_code)]
 

@@ -1,13 +1,13 @@
 //! The request pipeline. Every request goes through the same phases, in this order:
 //!
-//! 1. [`Proxy::route`]: find the first matching route, or reject with 404;
-//! 2. [`Proxy::identify`]: work out whose budget the request spends (only on limited routes);
-//! 3. [`Proxy::limit`]: ask the route's enforced limits that apply to the request,
+//! 1. `Proxy::route`: find the first matching route, or reject with 404;
+//! 2. `Proxy::identify`: work out whose budget the request spends (only on limited routes);
+//! 3. `Proxy::limit`: ask the route's enforced limits that apply to the request,
 //!    all-or-nothing whatever budget each spends (or apply `on_error`), then its shadow limits,
 //!    which count but never deny;
-//! 4. [`Proxy::forward`]: hold the request for a leaky bucket's delay, send it upstream and add
+//! 4. `Proxy::forward`: hold the request for a leaky bucket's delay, send it upstream and add
 //!    the rate-limit headers to the response;
-//! 5. [`Proxy::log`]: count the outcome and record it on the request's span.
+//! 5. `Proxy::log`: count the outcome and record it on the request's span.
 //!
 //! An early exit is a typed [`Rejection`], turned into a response in `response.rs`.
 

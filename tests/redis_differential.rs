@@ -13,55 +13,27 @@ use floodgate::limiter::{
 };
 use proptest::prelude::*;
 
-const SEC: u64 = 1_000_000;
-const T0: u64 = 1_700_000_000 * SEC;
+// The strategies the algorithms' unit tests use too; they name `crate::limiter`.
+use floodgate::limiter;
+#[path = "../src/limiter/algorithm/strategies.rs"]
+mod strategies;
+use strategies::{SEC, T0};
 
 /// Budget ids for the limits of one case, by position.
 const BUDGETS: [&str; 3] = ["diff#0", "diff#1", "diff#2"];
 
+/// Every algorithm, concurrency included, with windows and leases up to an hour.
 fn any_limit() -> impl Strategy<Value = Limit> {
-    let rate = prop_oneof![
-        Just(0.5),
-        Just(1.0),
-        Just(3.0),
-        Just(10.0),
-        Just(7.3),
-        Just(250.0)
-    ];
-    let window = prop_oneof![
-        Just(SEC / 10),
-        Just(SEC),
-        Just(3 * SEC),
-        Just(1_234_567u64),
-        Just(3600 * SEC)
-    ];
-    (0usize..6, 1u32..25, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
-        let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
-        let kind = AlgorithmKind::ALL[kind];
-        let span = if kind.is_bucket() {
-            interval_us
-        } else {
-            window
-        };
-        let algorithm = Algorithm::from_parts(kind, u64::from(n), span).expect("valid limit");
-        Limit::new(algorithm, cost.min(n)).expect("valid cost")
-    })
+    strategies::any_limit(
+        &AlgorithmKind::ALL,
+        25,
+        &[SEC / 10, SEC, 3 * SEC, 1_234_567, 3600 * SEC],
+    )
 }
 
 /// Arrival times: bursts at one instant mixed with gaps of up to 0.7 s.
 fn arrivals() -> impl Strategy<Value = Vec<u64>> {
-    prop::collection::vec((0u64..4, 0u64..700_000), 1..60).prop_map(|steps| {
-        let mut t = T0;
-        steps
-            .into_iter()
-            .map(|(burst, gap)| {
-                if burst == 0 {
-                    t += gap;
-                }
-                t
-            })
-            .collect()
-    })
+    strategies::arrivals(700_000, 60)
 }
 
 fn runtime() -> tokio::runtime::Runtime {

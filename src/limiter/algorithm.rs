@@ -318,4 +318,6 @@ fn sliding_counter_check(
 }
 
 #[cfg(test)]
+pub(crate) mod strategies;
+#[cfg(test)]
 mod tests;

@@ -194,7 +194,7 @@ impl Rejection {
     ///
     /// The bodies that never change (404, 503, 504) are built once; a 429's is built once around
     /// its one variable, `retry_after`, so a denial costs one allocation for its body instead of a
-    /// JSON tree. Both come from [`problem_json`], so they are the very bytes it would write.
+    /// JSON tree. Both come from `problem_json`, so they are the very bytes it would write.
     pub fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
         let (status, body) = match self {
             Rejection::RateLimited(v, policy) => {

@@ -5,9 +5,7 @@ use proptest::prelude::*;
 use super::State;
 use crate::limiter::{Algorithm, AlgorithmKind, Decision, Limit, LimitError};
 
-const SEC: u64 = 1_000_000;
-/// A start time well inside an aligned window of any size used here.
-const T0: u64 = 1_700_000_000 * SEC;
+use super::strategies::{self, SEC, T0};
 
 fn token_bucket(capacity: u32, per_sec: f64) -> Limit {
     Limit::of(Algorithm::token_bucket(capacity, per_sec).expect("valid bucket"))
@@ -301,44 +299,22 @@ fn state_expires_when_the_budget_is_full_again() {
 
 // ---- properties ----------------------------------------------------------------------------
 
-/// Arrival times: bursts (many requests at one instant) mixed with gaps, over a few seconds.
+/// Arrival times over a few seconds.
 fn arrivals() -> impl Strategy<Value = Vec<u64>> {
-    prop::collection::vec((0u64..5, 0u64..400_000), 1..200).prop_map(|steps| {
-        let mut t = T0;
-        steps
-            .into_iter()
-            .map(|(burst, gap)| {
-                // One step in five is a gap; the rest arrive at the same instant.
-                if burst == 0 {
-                    t += gap;
-                }
-                t
-            })
-            .collect()
-    })
+    strategies::arrivals(400_000, 200)
 }
 
+/// The five rate algorithms (concurrency's `Retry-After` is a fixed second, not the earliest
+/// instant a retry passes, so it has tests of its own below).
 fn any_limit() -> impl Strategy<Value = Limit> {
-    let rate = prop_oneof![
-        Just(0.5),
-        Just(1.0),
-        Just(3.0),
-        Just(10.0),
-        Just(7.3),
-        Just(100.0)
+    const RATES: &[AlgorithmKind] = &[
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::LeakyBucket,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindowLog,
+        AlgorithmKind::SlidingWindowCounter,
     ];
-    let window = prop_oneof![Just(SEC / 10), Just(SEC), Just(3 * SEC), Just(1_234_567u64)];
-    (0usize..5, 1u32..20, rate, window, 1u32..3).prop_map(|(kind, n, rate, window, cost)| {
-        let interval_us = Algorithm::interval_for_rate(rate).expect("valid rate");
-        let kind = AlgorithmKind::ALL[kind];
-        let span = if kind.is_bucket() {
-            interval_us
-        } else {
-            window
-        };
-        let algorithm = Algorithm::from_parts(kind, u64::from(n), span).expect("valid limit");
-        Limit::new(algorithm, cost.min(n)).expect("valid cost")
-    })
+    strategies::any_limit(RATES, 20, &[SEC / 10, SEC, 3 * SEC, 1_234_567])
 }
 
 proptest! {

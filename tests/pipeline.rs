@@ -1,0 +1,175 @@
+//! The request pipeline in process: floodgate's `Proxy` and `Server` built from a config inside
+//! the test (no child process), on port 0, in front of the test upstream, with the memory store on
+//! a clock the test moves. Each phase's early exit, and time, without sleeping.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Upstream, client, get};
+use floodgate::config::Config;
+use floodgate::limiter::{Limiter, ManualClock, MemoryStore};
+use floodgate::metrics::Metrics;
+use floodgate::proxy::Proxy;
+use floodgate::server::Server;
+use http::StatusCode;
+use tokio::sync::oneshot;
+
+const T0: u64 = 1_700_000_000_000_000;
+
+/// floodgate serving `yaml` in this process; stops when dropped.
+struct InProcess {
+    addr: SocketAddr,
+    proxy: Arc<Proxy>,
+    clock: Arc<ManualClock>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl InProcess {
+    async fn start(yaml: &str) -> InProcess {
+        let config = Config::from_yaml(&format!("listen: 127.0.0.1:0\n{yaml}")).expect("config");
+        let clock = Arc::new(ManualClock::new_for_test(T0));
+        let limiter = Limiter::Memory(Arc::new(MemoryStore::new(clock.clone(), 1000)));
+        let metrics = Arc::new(Metrics::with_limiter(&limiter));
+        let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
+        let server = Server::bind(&config, proxy.clone()).await.expect("bind");
+        let addr = server.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        InProcess {
+            addr,
+            proxy,
+            clock,
+            stop: Some(stop),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn one_route(upstream: &Upstream, limits: &str) -> String {
+    format!(
+        "routes:
+  - name: api
+    path_prefix: /api
+    upstream: {}
+    limits:
+{limits}",
+        upstream.url()
+    )
+}
+
+#[tokio::test]
+async fn each_phase_answers_its_own_early_exit() {
+    let upstream = Upstream::start().await;
+    let fg = InProcess::start(&format!(
+        "consumers:\n  unknown_key: reject\n  entries: []\n{}",
+        one_route(
+            &upstream,
+            "      - {algorithm: token_bucket, capacity: 1, refill_rate: 1}\n"
+        )
+    ))
+    .await;
+    let client = client();
+    // Route: nothing matches.
+    let reply = get(&client, &fg.url("/elsewhere"), &[]).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.json()["error"], "no_route");
+    // Identify: two different API keys on one request are a conflict.
+    let reply = get(
+        &client,
+        &fg.url("/api"),
+        &[("x-api-key", "a"), ("x-api-key", "b")],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    // Identify: a key no consumer has.
+    let reply = get(&client, &fg.url("/api"), &[("x-api-key", "who")]).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    // Limit: the first passes and is forwarded, the second is denied.
+    assert_eq!(
+        get(&client, &fg.url("/api"), &[]).await.status,
+        StatusCode::OK
+    );
+    let reply = get(&client, &fg.url("/api"), &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), "1");
+    assert_eq!(
+        upstream.count(),
+        1,
+        "only the admitted request was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_client_passes_exactly_when_the_clock_reaches_retry_after() {
+    let upstream = Upstream::start().await;
+    let fg = InProcess::start(&one_route(
+        &upstream,
+        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.5}\n",
+    ))
+    .await;
+    let client = client();
+    let url = fg.url("/api");
+    assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
+    assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
+    let denied = get(&client, &url, &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), "2", "one token every 2 s");
+    // One microsecond short of the refill: still denied. At it: admitted. No sleeping.
+    fg.clock.advance(Duration::from_micros(2_000_000 - 1));
+    assert_eq!(
+        get(&client, &url, &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    fg.clock.advance(Duration::from_micros(1));
+    let reply = get(&client, &url, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("x-ratelimit-remaining"), "0");
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
+    let upstream = Upstream::start().await;
+    let limits = "      - {algorithm: fixed_window, limit: 2, window: 1h}
+      - {algorithm: fixed_window, limit: 3, window: 1h, per: route}
+";
+    let fg = InProcess::start(&one_route(&upstream, limits)).await;
+    let client = client();
+    let url = fg.url("/api");
+    for _ in 0..2 {
+        assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        get(&client, &url, &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The client's limit goes from 2 to 5; the route cap (3, of which 2 are spent) is unchanged.
+    let changed = limits.replace("limit: 2,", "limit: 5,");
+    let config = Config::from_yaml(&format!(
+        "listen: 127.0.0.1:0\n{}",
+        one_route(&upstream, &changed)
+    ))
+    .expect("config");
+    fg.proxy.reload(&config);
+    assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&client, &url, &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the route cap kept its count across the reload"
+    );
+}
