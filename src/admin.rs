@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz` (the process serves), `/readyz` (the limiter store answers and
-//! the proxy is not draining), `/metrics` (Prometheus text). It runs with the same header-read
+//! the proxy is not draining), `/metrics` (Prometheus text), `/budgets` (one client's budgets on
+//! a route, spending nothing). It runs with the same header-read
 //! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
 //! 503 to the load balancer), and stops when told.
 
@@ -97,6 +98,9 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         );
         return response;
     }
+    if req.uri().path() == "/budgets" {
+        return budgets(proxy, req.uri().query().unwrap_or("")).await;
+    }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if state.health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
@@ -109,5 +113,32 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     };
     let mut response = Response::new(response::full(text));
     *response.status_mut() = status;
+    response
+}
+
+/// `GET /budgets`: JSON, or a problem+json error.
+async fn budgets(proxy: &Proxy, query: &str) -> Response<Body> {
+    let (status, body) = match proxy.budgets(query).await {
+        Ok(value) => (StatusCode::OK, value),
+        Err(e) => (
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+            serde_json::json!({
+                "type": format!("urn:floodgate:problem:{}", e.error),
+                "status": e.status,
+                "error": e.error,
+                "detail": e.detail,
+            }),
+        ),
+    };
+    let mut response = Response::new(response::full(body.to_string()));
+    *response.status_mut() = status;
+    let content_type = if status == StatusCode::OK {
+        "application/json"
+    } else {
+        "application/problem+json"
+    };
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }

@@ -175,6 +175,16 @@ impl Consumers {
         self.by_digest.get(&digest).map(|&i| &self.list[i])
     }
 
+    /// The consumer whose key has this SHA-256: for logs that carry the digest, not the key.
+    pub fn find_digest(&self, digest: &[u8; 32]) -> Option<&Consumer> {
+        self.by_digest.get(digest).map(|&i| &self.list[i])
+    }
+
+    /// The consumer named `name` (a linear search: for the admin endpoint, not requests).
+    pub fn named(&self, name: &str) -> Option<&Consumer> {
+        self.list.iter().find(|c| c.name == name)
+    }
+
     /// The consumers.
     pub fn iter(&self) -> impl Iterator<Item = &Consumer> {
         self.list.iter()

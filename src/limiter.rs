@@ -674,6 +674,14 @@ impl Limiter {
         }
     }
 
+    /// What `asks` would decide now, per limit (in the order asked), spending nothing.
+    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        match self {
+            Limiter::Memory(store) => Ok(store.peek(asks)),
+            Limiter::Redis(guarded) => guarded.peek(asks).await,
+        }
+    }
+
     /// True when the store answers: `/readyz`.
     pub async fn is_ready(&self) -> bool {
         match self {

@@ -11,6 +11,7 @@
 //!
 //! An early exit is a typed [`Rejection`], turned into a response in `response.rs`.
 
+mod budgets;
 pub mod forward;
 pub mod response;
 

@@ -22,6 +22,7 @@ const T0: u64 = 1_700_000_000_000_000;
 /// floodgate serving `yaml` in this process; stops when dropped.
 struct InProcess {
     addr: SocketAddr,
+    admin: Option<SocketAddr>,
     proxy: Arc<Proxy>,
     clock: Arc<ManualClock>,
     stop: Option<oneshot::Sender<()>>,
@@ -36,12 +37,14 @@ impl InProcess {
         let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
         let server = Server::bind(&config, proxy.clone()).await.expect("bind");
         let addr = server.local_addr().expect("addr");
+        let admin = server.admin_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(server.run(async move {
             let _ = stopped.await;
         }));
         InProcess {
             addr,
+            admin,
             proxy,
             clock,
             stop: Some(stop),
@@ -50,6 +53,10 @@ impl InProcess {
 
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin.expect("admin_listen set"))
     }
 }
 
@@ -172,4 +179,104 @@ async fn a_reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() 
         StatusCode::TOO_MANY_REQUESTS,
         "the route cap kept its count across the reload"
     );
+}
+
+#[tokio::test]
+async fn budgets_show_a_budget_spent_and_restored_and_never_spend_it() {
+    let upstream = Upstream::start().await;
+    let fg = InProcess::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        one_route(
+            &upstream,
+            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 1}
+      - {algorithm: fixed_window, limit: 100, window: 1h, per: route}
+      - {algorithm: token_bucket, capacity: 9, refill_rate: 1, per: ip}
+"
+        )
+    ))
+    .await;
+    let client = client();
+    let budgets = fg.admin_url("/budgets?route=api&api_key=k1&ip=127.0.0.1");
+    let remaining = |v: &serde_json::Value| -> Vec<u64> {
+        v["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["remaining"].as_u64().unwrap())
+            .collect()
+    };
+    let before = get(&client, &budgets, &[]).await;
+    assert_eq!(before.status, StatusCode::OK);
+    let v = before.json();
+    assert_eq!(v["route"], "api");
+    assert_eq!(v["limits"][0]["algorithm"], "token_bucket");
+    assert_eq!(v["limits"][0]["per"], "identity");
+    assert_eq!(v["limits"][0]["limit"], 3);
+    assert_eq!(v["limits"][1]["per"], "route");
+    assert_eq!(remaining(&v), vec![3, 100, 9]);
+    // Two requests spend two of each.
+    for _ in 0..2 {
+        let r = get(&client, &fg.url("/api"), &[("x-api-key", "k1")]).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    assert_eq!(
+        remaining(&get(&client, &budgets, &[]).await.json()),
+        vec![1, 98, 7]
+    );
+    // Asking a thousand times spends nothing: the one token left still admits a request.
+    for _ in 0..1000 {
+        get(&client, &budgets, &[]).await;
+    }
+    assert_eq!(
+        remaining(&get(&client, &budgets, &[]).await.json()),
+        vec![1, 98, 7]
+    );
+    assert_eq!(
+        get(&client, &fg.url("/api"), &[("x-api-key", "k1")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        remaining(&get(&client, &budgets, &[]).await.json()),
+        vec![0, 97, 6]
+    );
+    // Three seconds later (the manual clock) the bucket of 3 at 1/s is full again.
+    fg.clock.advance(Duration::from_secs(3));
+    assert_eq!(
+        remaining(&get(&client, &budgets, &[]).await.json()),
+        vec![3, 97, 9]
+    );
+}
+
+#[tokio::test]
+async fn budgets_answer_404_for_an_unknown_route_and_400_without_an_identity() {
+    let upstream = Upstream::start().await;
+    let fg = InProcess::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        one_route(
+            &upstream,
+            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 1}\n"
+        )
+    ))
+    .await;
+    let client = client();
+    let r = get(
+        &client,
+        &fg.admin_url("/budgets?route=nope&ip=127.0.0.1"),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["error"], "no_route");
+    let r = get(&client, &fg.admin_url("/budgets?route=api"), &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"], "missing_identity");
+    let r = get(
+        &client,
+        &fg.admin_url("/budgets?route=api&ip=not-an-ip"),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }

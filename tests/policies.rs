@@ -425,3 +425,58 @@ async fn redis_leases_of_a_killed_instance_end_on_their_own() {
         StatusCode::OK
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_on_redis_follow_spending_and_never_spend() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        config(
+            &upstream,
+            &format!(
+                "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n{CONSUMERS}",
+                redis.url()
+            ),
+            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
+      - {algorithm: fixed_window, limit: 50, window: 1h, per: route}
+      - {algorithm: concurrency, limit: 4, per: route}
+",
+        )
+    ));
+    let client = client();
+    let url = fg.admin_url("/budgets?route=api&consumer=acme");
+    let remaining = |v: serde_json::Value| -> Vec<u64> {
+        v["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["remaining"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        remaining(get(&client, &url, &[]).await.json()),
+        vec![3, 50, 4]
+    );
+    // A request with either of acme's keys spends acme's bucket.
+    get(&client, &fg.url("/"), &with_key("test2")).await;
+    for _ in 0..200 {
+        get(&client, &url, &[]).await;
+    }
+    assert_eq!(
+        remaining(get(&client, &url, &[]).await.json()),
+        vec![2, 49, 4]
+    );
+    let by_key = fg.admin_url("/budgets?route=api&api_key=test");
+    assert_eq!(
+        remaining(get(&client, &by_key, &[]).await.json()),
+        vec![2, 49, 4]
+    );
+    let unknown = get(
+        &client,
+        &fg.admin_url("/budgets?route=api&api_key=nope"),
+        &[],
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+}

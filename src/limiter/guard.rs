@@ -49,6 +49,11 @@ pub trait RemoteStore: Send + Sync + 'static {
         asks: &[Ask<'_>],
         lease: LeaseId,
     ) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// What `asks` would decide now, per limit, spending nothing.
+    fn peek(
+        &self,
+        asks: &[Ask<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, LimiterError>> + Send;
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
 }
@@ -234,6 +239,13 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 "limiter store failed; applying on_error (this message is rate-limited to one a second)"
             );
         }
+    }
+
+    /// What `asks` would decide now, per limit, spending nothing, within the timeout.
+    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        tokio::time::timeout(self.timeout, self.store.peek(asks))
+            .await
+            .map_err(|_| LimiterError::Timeout(self.timeout))?
     }
 
     /// True when the store answers a PING within the timeout (at least 200 ms).
@@ -450,6 +462,10 @@ mod tests {
         async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
             self.state.release(asks, lease);
             Ok(())
+        }
+
+        async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+            Ok(self.state.peek(asks))
         }
 
         async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {

@@ -117,6 +117,18 @@ impl MemoryStore {
 
     /// [`MemoryStore::decide_leased`] at a given time: for replay and tests.
     pub fn decide_at(&self, asks: &[Ask<'_>], now: u64, lease: LeaseId) -> Option<Verdict> {
+        self.decide_into(asks, now, lease, &mut [Decision::EMPTY; MAX_LIMITS])
+    }
+
+    /// [`MemoryStore::decide_at`], leaving each limit's own decision in `decisions` (in the order
+    /// asked): for replay, which counts denials per limit.
+    pub fn decide_into(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        lease: LeaseId,
+        decisions: &mut [Decision; MAX_LIMITS],
+    ) -> Option<Verdict> {
         let asks = &asks[..asks.len().min(MAX_LIMITS)];
         let mut hashes = [0u64; MAX_LIMITS];
         let mut wanted = 0u64;
@@ -134,7 +146,6 @@ impl MemoryStore {
                 *slot = Some(self.shards[i].lock().unwrap_or_else(|p| p.into_inner()));
             }
         }
-        let mut decisions = [Decision::EMPTY; MAX_LIMITS];
         let mut tracked = [false; MAX_LIMITS];
         let mut untracked = false;
         for (i, ask) in asks.iter().enumerate() {
@@ -179,6 +190,25 @@ impl MemoryStore {
             entry.expires_at = entry.state.expires_at(ask.limit);
         }
         Some(verdict)
+    }
+
+    /// What `asks` would decide now, per limit, spending nothing and creating no state: a budget
+    /// the store does not track is a fresh one. For `/budgets`.
+    pub fn peek(&self, asks: &[Ask<'_>]) -> Vec<Decision> {
+        let now = self.clock.now_us();
+        asks.iter()
+            .map(|ask| {
+                let hash = self.hash(&ask.key);
+                let mut state = {
+                    let map = self.shards[shard_of(hash)]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    map.get(&hash).map(|e| e.state.clone())
+                }
+                .unwrap_or_else(|| State::new(ask.limit.algorithm().kind()));
+                state.check(ask.limit, now)
+            })
+            .collect()
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.

@@ -218,12 +218,27 @@ impl RedisStore {
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
     }
 
+    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
+    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        Ok(self.invoke(asks, None, None).await?.decisions)
+    }
+
     async fn run(
         &self,
         asks: &[Ask<'_>],
         now: Option<u64>,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
+        Ok(self.invoke(asks, now, Some(lease)).await?.verdict)
+    }
+
+    /// One script call; `lease: None` peeks.
+    async fn invoke(
+        &self,
+        asks: &[Ask<'_>],
+        now: Option<u64>,
+        lease: Option<LeaseId>,
+    ) -> Result<Reply, LimiterError> {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
@@ -235,7 +250,10 @@ impl RedisStore {
             Some(now) => invocation.arg(now),
             None => invocation.arg("-"),
         };
-        invocation.arg(lease);
+        match lease {
+            Some(lease) => invocation.arg(lease),
+            None => invocation.arg("-"),
+        };
         for ask in asks {
             let (a, b) = ask.limit.algorithm().parameters();
             invocation
@@ -263,7 +281,7 @@ impl RedisStore {
                 asks.len()
             )));
         }
-        Ok(reply.verdict)
+        Ok(reply)
     }
 
     /// The Redis key of one ask.
@@ -314,6 +332,10 @@ impl RemoteStore for RedisStore {
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
         RedisStore::release(self, asks, lease).await
+    }
+
+    async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        RedisStore::peek(self, asks).await
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {

@@ -3,7 +3,8 @@
 --
 -- KEYS[i]: the state of limit i. On Redis Cluster they must share one slot (see redis.rs).
 -- ARGV[1]: the time in µs for the test clock (clock_test.lua); "-" and unread in production.
--- ARGV[2]: the request's lease token, naming its concurrency leases.
+-- ARGV[2]: the request's lease token, naming its concurrency leases; "-" to peek: decide and
+--          reply as usual, but spend nothing (floodgate's /budgets endpoint).
 -- ARGV[3 + 4(i-1) ..]: limit i as algorithm name, parameter a, parameter b, cost, where (a, b) is
 --          (capacity, interval µs) for the buckets and (limit, window µs) for the windows.
 -- Reply (REPLY_HEADER and REPLY_FIELDS in redis.rs): { allowed, now_us, then per limit: allowed,
@@ -31,8 +32,8 @@ for i = 1, n do
   end
 end
 
--- Nothing is spent from any limit unless every limit allowed.
-if all == 1 then
+-- Nothing is spent from any limit unless every limit allowed (and never when peeking).
+if all == 1 and LEASE ~= '-' then
   for i = 1, n do
     local base = 3 + 4 * (i - 1)
     ALGORITHMS[ARGV[base]].commit(KEYS[i], now, states[i], tonumber(ARGV[base + 2]),

@@ -1,0 +1,262 @@
+//! `GET /budgets` on the admin listener: one client's budgets on one route, now, per limit,
+//! computed by the same algorithms on the store's state without spending anything (memory: a
+//! copy of the state; Redis: the limiter script with its commits skipped).
+//!
+//! Query: `route=NAME` and one of `api_key=K` (resolved to its consumer when `consumers:` is
+//! configured), `consumer=NAME`, `user_id=U`, `ip=ADDR` (`ip` also names the budget of `per: ip`
+//! limits). Per limit: `algorithm`, `per`, `limit`, `remaining` (units left now; `null` for a
+//! `per: ip` limit when no `ip` is given), `reset_after_s` (when the budget would be full again if
+//! the next request were admitted: the `X-RateLimit-Reset` that request would get), `shadow`.
+
+use std::net::IpAddr;
+
+use serde_json::{Value, json};
+
+use super::Proxy;
+use crate::config::{Budget, Per};
+use crate::identity::{ANONYMOUS_TIER, Identity, UnknownKey, ip_octets};
+use crate::limiter::{Ask, BudgetKey, Decision, KeyKind};
+
+/// Why `/budgets` cannot answer: a status and a problem detail.
+#[derive(Debug)]
+pub struct BudgetsError {
+    pub status: u16,
+    pub error: &'static str,
+    pub detail: String,
+}
+
+fn bad(status: u16, error: &'static str, detail: impl Into<String>) -> BudgetsError {
+    BudgetsError {
+        status,
+        error,
+        detail: detail.into(),
+    }
+}
+
+/// Decodes `a=b&c=d` with `%XX` escapes and `+` for space.
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    fn hex(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    fn decode(text: &str) -> String {
+        let bytes = text.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let escaped = match bytes[i..] {
+                [b'%', hi, lo, ..] => hex(hi).zip(hex(lo)).map(|(hi, lo)| hi << 4 | lo),
+                _ => None,
+            };
+            match (escaped, bytes[i]) {
+                (Some(b), _) => {
+                    out.push(b);
+                    i += 3;
+                }
+                (None, b'+') => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                (None, b) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+impl Proxy {
+    /// The answer to `GET /budgets?{query}`.
+    pub async fn budgets(&self, query: &str) -> Result<Value, BudgetsError> {
+        let pairs = query_pairs(query);
+        let param = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let snapshot = self.snapshot.load_full();
+        let route_name =
+            param("route").ok_or_else(|| bad(400, "bad_request", "route= is required"))?;
+        let route = snapshot
+            .routes
+            .routes()
+            .iter()
+            .find(|r| r.name == route_name)
+            .ok_or_else(|| bad(404, "no_route", format!("no route named {route_name:?}")))?;
+        let ip: Option<IpAddr> = match param("ip") {
+            Some(text) => Some(
+                text.parse::<IpAddr>()
+                    .map_err(|_| bad(400, "bad_request", format!("{text:?} is not an IP address")))?
+                    .to_canonical(),
+            ),
+            None => None,
+        };
+        let consumers = snapshot.consumers.as_deref();
+        let identity = if let Some(name) = param("consumer") {
+            let consumer = consumers.and_then(|c| c.named(name)).ok_or_else(|| {
+                bad(
+                    404,
+                    "unknown_consumer",
+                    format!("no consumer named {name:?}"),
+                )
+            })?;
+            Some(Identity::Consumer(consumer))
+        } else if let Some(key) = param("api_key") {
+            match consumers {
+                None => Some(Identity::ApiKey(key.as_bytes())),
+                Some(c) => match (c.find(key.as_bytes()), c.unknown_key) {
+                    (Some(consumer), _) => Some(Identity::Consumer(consumer)),
+                    (None, UnknownKey::Reject) => {
+                        return Err(bad(404, "invalid_api_key", "no consumer has this key"));
+                    }
+                    (None, UnknownKey::Anonymous) => ip.map(Identity::Ip),
+                },
+            }
+        } else if let Some(user) = param("user_id") {
+            Some(Identity::UserId(user.as_bytes()))
+        } else {
+            ip.map(Identity::Ip)
+        };
+        let needs_identity = route
+            .enforced
+            .limits
+            .iter()
+            .chain(&route.shadow.limits)
+            .any(|l| l.per == Per::Identity);
+        if identity.is_none() && needs_identity {
+            return Err(bad(
+                400,
+                "missing_identity",
+                "give one of api_key=, consumer=, user_id=, ip=",
+            ));
+        }
+        let tier = match identity {
+            Some(Identity::Consumer(c)) => c.tier.as_str(),
+            _ => ANONYMOUS_TIER,
+        };
+        let mut id_buf = [0u8; 16];
+        let id: &[u8] = match &identity {
+            Some(identity) => identity.key_bytes(&mut id_buf),
+            None => &[],
+        };
+        let mut ip_buf = [0u8; 16];
+        let ip_bytes = ip.map(|ip| ip_octets(ip, &mut ip_buf));
+        let mut limits = Vec::new();
+        for (budget, shadow) in [(&route.enforced, false), (&route.shadow, true)] {
+            limits.extend(
+                self.peek_budget(budget, shadow, tier, identity.as_ref(), id, ip_bytes)
+                    .await?,
+            );
+        }
+        Ok(json!({
+            "route": route.name,
+            "identity": identity.map(|i| i.kind().as_str()),
+            "tier": tier,
+            "limits": limits,
+        }))
+    }
+
+    async fn peek_budget(
+        &self,
+        budget: &Budget,
+        shadow: bool,
+        tier: &str,
+        identity: Option<&Identity<'_>>,
+        id: &[u8],
+        ip: Option<&[u8]>,
+    ) -> Result<Vec<Value>, BudgetsError> {
+        let applying: Vec<_> = budget
+            .limits
+            .iter()
+            .filter(|l| l.applies_to(tier))
+            .collect();
+        let mut asks = Vec::new();
+        let mut slots = Vec::new(); // per applying limit: its position in `asks`, if asked
+        for limit in &applying {
+            let key = match (limit.per, identity, ip) {
+                (Per::Route, _, _) => Some((KeyKind::Route, &[][..])),
+                (Per::Ip, _, Some(ip)) => Some((KeyKind::Ip, ip)),
+                (Per::Ip, _, None) => None,
+                (Per::Identity, Some(identity), _) => Some((KeyKind::from(identity.kind()), id)),
+                (Per::Identity, None, _) => None,
+            };
+            slots.push(key.map(|(kind, value)| {
+                asks.push(Ask {
+                    limit: &limit.limit,
+                    key: BudgetKey {
+                        budget: &limit.budget_id,
+                        kind,
+                        value,
+                    },
+                });
+                asks.len() - 1
+            }));
+        }
+        let decisions = if asks.is_empty() {
+            Vec::new()
+        } else {
+            self.limiter
+                .peek(&asks)
+                .await
+                .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?
+        };
+        Ok(applying
+            .iter()
+            .zip(slots)
+            .map(|(limit, slot)| {
+                let figures = slot
+                    .and_then(|i| decisions.get(i))
+                    .map(|d| now_figures(d, limit.limit.cost()));
+                json!({
+                    "algorithm": limit.limit.algorithm().name(),
+                    "per": limit.per.as_str(),
+                    "limit": limit.limit.algorithm().units(),
+                    "remaining": figures.map(|(remaining, _)| remaining),
+                    "reset_after_s": figures.map(|(_, reset)| reset),
+                    "shadow": shadow,
+                })
+            })
+            .collect())
+    }
+}
+
+/// A peeked decision as figures of now: the units left before the next request (a check that
+/// allowed counted that request's cost), and `reset_after_s`.
+fn now_figures(d: &Decision, cost: u32) -> (u64, f64) {
+    let remaining = if d.allowed {
+        d.remaining + u64::from(cost)
+    } else {
+        d.remaining
+    };
+    (remaining.min(d.limit), d.reset_after_us as f64 / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_percent_decoded() {
+        assert_eq!(
+            query_pairs("route=r&api_key=a%2Bb+c&ip=%3A%3A1&x"),
+            vec![
+                ("route".into(), "r".into()),
+                ("api_key".into(), "a+b c".into()),
+                ("ip".into(), "::1".into()),
+                ("x".into(), "".into()),
+            ]
+        );
+        assert_eq!(query_pairs("k=%zz%4"), vec![("k".into(), "%zz%4".into())]);
+        assert_eq!(query_pairs("k=é%"), vec![("k".into(), "é%".into())]);
+    }
+}
