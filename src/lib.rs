@@ -35,5 +35,6 @@ pub mod identity;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;
+pub mod replay;
 pub mod route;
 pub mod server;

@@ -39,6 +39,18 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Run recorded traffic (floodgate's JSON access log or nginx's combined log) through a
+    /// config's routes and limits, on the log's clock, and report what it would have denied.
+    Replay {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// text (default) or json.
+        #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"], default_value = "text")]
+        format: String,
+        /// Log files, read in order (`-` reads standard input).
+        #[arg(value_name = "LOG", required = true)]
+        logs: Vec<PathBuf>,
+    },
     /// Print the hex SHA-256 of an API key, for a consumer's `keys_sha256`.
     HashKey {
         /// The raw key. Pass `-` to read it from standard input (keeps it out of shell history).
@@ -51,6 +63,11 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check { config }) => check(&config),
         Some(Command::HashKey { key }) => hash_key(&key),
+        Some(Command::Replay {
+            config,
+            format,
+            logs,
+        }) => replay(&config, &format, &logs),
         None => {
             let Some(path) = cli.config else {
                 eprintln!("floodgate: --config FILE is required (see floodgate --help)");
@@ -90,6 +107,40 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
+fn replay(config: &Path, format: &str, logs: &[PathBuf]) -> ExitCode {
+    let config = match Config::load(config, &overrides()) {
+        Ok(config) => config,
+        Err(e) => {
+            for problem in &e.problems {
+                eprintln!("{}: {problem}", config.display());
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let mut replay = floodgate::replay::Replay::new(config);
+    for path in logs {
+        let name = path.display().to_string();
+        let read = if name == "-" {
+            replay.read("-", std::io::stdin().lock())
+        } else {
+            std::fs::File::open(path).and_then(|file| {
+                replay.read(&name, std::io::BufReader::with_capacity(1 << 20, file))
+            })
+        };
+        if let Err(e) = read {
+            eprintln!("floodgate: cannot read {name}: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let report = replay.finish();
+    if format == "json" {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    ExitCode::SUCCESS
+}
+
 fn hash_key(key: &str) -> ExitCode {
     use sha2::Digest;
     let key = if key == "-" {
@@ -116,7 +167,8 @@ fn init_logging(format: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if format == "json" {
-        builder.json().init();
+        // One line per event with the request span's fields once (`floodgate replay` reads them).
+        builder.json().with_span_list(false).init();
     } else {
         builder.init();
     }

@@ -43,7 +43,8 @@ impl DecisionLabel {
         DecisionLabel::InvalidKey,
     ];
 
-    fn as_str(self) -> &'static str {
+    /// The `decision` label's value.
+    pub fn as_str(self) -> &'static str {
         match self {
             DecisionLabel::Allowed => "allowed",
             DecisionLabel::Denied => "denied",

@@ -96,6 +96,32 @@ struct Pass {
     leases: Vec<HeldLeases>,
 }
 
+/// The access log's `identity_hash`: the hex SHA-256 of the API key (the digest a consumer's
+/// `keys_sha256` holds, so replay can find the consumer) or of the user id; `None` for an IP.
+fn access_log_hash(
+    runtime: &Snapshot,
+    req: &Request<Incoming>,
+    whose: &Whose<'_>,
+) -> Option<String> {
+    use sha2::Digest;
+    let headers = req.headers();
+    let value = match whose.identity {
+        Identity::ApiKey(key) => key,
+        Identity::Consumer(_) => headers
+            .get(&runtime.identity.api_key_header)?
+            .as_bytes()
+            .trim_ascii(),
+        Identity::UserId(user) => user,
+        Identity::Ip(_) => return None,
+    };
+    Some(
+        sha2::Sha256::digest(value)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
+}
+
 /// The client values a request's limits may spend, found once per request.
 struct Whose<'a> {
     identity: Identity<'a>,
@@ -189,7 +215,9 @@ impl Proxy {
             method = %req.method(),
             path = req.uri().path(),
             route = Empty,
+            client_ip = Empty,
             identity = Empty,
+            identity_hash = Empty,
             decision = Empty,
             status = Empty,
             latency_ms = Empty,
@@ -217,6 +245,13 @@ impl Proxy {
             match Self::identify(&runtime, &req, peer) {
                 Ok(whose) => {
                     span.record("identity", whose.identity.kind().as_str());
+                    if !span.is_disabled() {
+                        // What `floodgate replay` reads back: never a raw key.
+                        span.record("client_ip", tracing::field::display(whose.ip));
+                        if let Some(hash) = access_log_hash(&runtime, &req, &whose) {
+                            span.record("identity_hash", hash.as_str());
+                        }
+                    }
                     self.limit(&runtime, &route, &whose).await
                 }
                 Err(Rejection::InvalidApiKey) => {
@@ -426,7 +461,7 @@ impl Proxy {
         span.record("status", response.status().as_u16());
         span.record("latency_ms", latency_ms);
         if let Some(label) = label {
-            span.record("decision", tracing::field::debug(label));
+            span.record("decision", label.as_str());
         }
         let _entered = span.enter();
         tracing::info!(

@@ -58,13 +58,14 @@ impl Floodgate {
         let config = TempFile::new(&format!("listen: 127.0.0.1:0\n{yaml}"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
         command.env_remove("FLOODGATE_REDIS_URL");
+        // Quiet unless the test asks for more (`RUST_LOG` in `env` wins).
+        command.env("RUST_LOG", "warn");
         for (name, value) in env {
             command.env(name, value);
         }
         let mut child = command
             .arg("--config")
             .arg(config.path())
-            .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

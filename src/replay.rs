@@ -1,0 +1,1001 @@
+//! `floodgate replay`: what would this config have denied? Recorded requests are run through a
+//! config's routes, identity rules, consumers, tiers and limits, in the log's time order and on
+//! the log's own clock, by the same [`MemoryStore`] and algorithms the proxy uses. No store, no
+//! upstream, no network.
+//!
+//! Inputs, one request per line, told apart line by line:
+//! - floodgate's JSON access log (`--log-format json`, `RUST_LOG=floodgate::access=info`): the
+//!   timestamp (µs), method, path, `client_ip`, `identity_hash` (the SHA-256 of the API key or
+//!   user id, never the key) and `latency_ms` (how long a concurrency slot was held);
+//! - nginx's `combined` format: the identity is the client IP; `$time_local` has one-second
+//!   resolution, so the requests of one second are spread evenly over it.
+//!
+//! Streaming, with memory bounded by what is alive at once: lines are read one at a time; a
+//! reorder window of [`REORDER_WINDOW_US`] of log time puts slightly out-of-order lines (several
+//! workers writing one log) back in order; a line older than the window is decided at the
+//! window's edge and counted as `late`. The store is swept as log time passes, so it holds only
+//! the budgets alive at once, and the most-denied identities are kept in a fixed-size table
+//! (Space-Saving: counts are exact for any identity whose count exceeds the smallest kept one).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::BufRead;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::Method;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::{Budget, Config, Per};
+use crate::identity::{ANONYMOUS_TIER, UnknownKey, ip_octets};
+use crate::limiter::{
+    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore,
+};
+use crate::route::RouteTable;
+
+/// How far back in log time a line may be and still be put in order.
+pub const REORDER_WINDOW_US: u64 = 10_000_000;
+/// How often, in log time, the store drops full budgets.
+const SWEEP_EVERY_US: u64 = 5_000_000;
+/// How many most-denied identities are tracked per route.
+const TOP_TRACKED: usize = 64;
+/// How many are reported.
+const TOP_REPORTED: usize = 10;
+/// How many malformed lines are listed by number (all are counted).
+const MALFORMED_LISTED: usize = 20;
+/// The most budgets the replay store tracks (far above what one log keeps alive at once).
+const MAX_KEYS: usize = 10_000_000;
+
+/// One recorded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// µs since the Unix epoch.
+    pub at_us: u64,
+    pub method: Method,
+    pub path: String,
+    pub client_ip: IpAddr,
+    pub identity: RecordedIdentity,
+    /// How long the request took, when the log says (concurrency slots are held that long).
+    pub latency_us: Option<u64>,
+    /// What the live proxy decided, when the log says: `Some(true)` admitted, `Some(false)`
+    /// denied (429).
+    pub recorded: Option<bool>,
+    /// The log's clock has whole seconds only (nginx): the second's requests get spread over it.
+    pub whole_second: bool,
+}
+
+/// Who sent a recorded request, as far as the log says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedIdentity {
+    /// The SHA-256 of its API key.
+    ApiKey([u8; 32]),
+    /// The SHA-256 of its user id (set by a trusted proxy).
+    UserId([u8; 32]),
+    /// Nothing but the client IP.
+    Ip,
+}
+
+/// A line that could not be read, by number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub file: String,
+    pub line: u64,
+    pub reason: String,
+}
+
+/// Parses one line of either format. `Ok(None)`: a line that is not a request (another log
+/// target, a blank line).
+pub fn parse_line(line: &str) -> Result<Option<Record>, String> {
+    let line = line.trim_end();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if line.starts_with('{') {
+        parse_json(line)
+    } else {
+        parse_combined(line).map(Some)
+    }
+}
+
+#[derive(Deserialize)]
+struct JsonLine<'a> {
+    #[serde(borrow)]
+    timestamp: &'a str,
+    #[serde(borrow, default)]
+    target: Option<&'a str>,
+    #[serde(borrow, default)]
+    span: Option<SpanFields<'a>>,
+}
+
+#[derive(Deserialize)]
+struct SpanFields<'a> {
+    #[serde(borrow, default)]
+    method: Option<&'a str>,
+    #[serde(borrow, default)]
+    path: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    client_ip: Option<&'a str>,
+    #[serde(borrow, default)]
+    identity: Option<&'a str>,
+    #[serde(borrow, default)]
+    identity_hash: Option<&'a str>,
+    #[serde(default)]
+    latency_ms: Option<f64>,
+    #[serde(borrow, default)]
+    decision: Option<&'a str>,
+}
+
+fn parse_json(line: &str) -> Result<Option<Record>, String> {
+    let parsed: JsonLine<'_> =
+        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    if parsed.target.is_some_and(|t| t != "floodgate::access") {
+        return Ok(None);
+    }
+    let span = parsed.span.ok_or("no request span")?;
+    let at_us = parse_rfc3339_us(parsed.timestamp).ok_or("timestamp is not RFC 3339")?;
+    let method = Method::from_bytes(span.method.ok_or("no method")?.as_bytes())
+        .map_err(|_| "invalid method")?;
+    let path = span.path.ok_or("no path")?.into_owned();
+    // A request rejected before identification (404, 400) has no client_ip: replay routes it
+    // only, so any address serves.
+    let client_ip = match span.client_ip {
+        Some(ip) => ip.parse().map_err(|_| "client_ip is not an address")?,
+        None => IpAddr::from([0, 0, 0, 0]),
+    };
+    let hash = span.identity_hash.map(parse_sha256).transpose()?;
+    let identity = match (span.identity, hash) {
+        (Some("api_key" | "consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
+        (Some("user_id"), Some(h)) => RecordedIdentity::UserId(h),
+        _ => RecordedIdentity::Ip,
+    };
+    // The line is written when the request has finished; the proxy decided `latency` earlier.
+    let latency_us = span.latency_ms.map(|ms| (ms * 1000.0) as u64);
+    let recorded = match span.decision {
+        Some("allowed" | "shadow_denied") => Some(true),
+        Some("denied") => Some(false),
+        _ => None,
+    };
+    Ok(Some(Record {
+        at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
+        method,
+        path,
+        client_ip,
+        identity,
+        latency_us,
+        recorded,
+        whole_second: false,
+    }))
+}
+
+fn parse_sha256(hex: &str) -> Result<[u8; 32], String> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return Err("identity_hash is not 64 hex digits".into());
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let digit = |b: u8| (b as char).to_digit(16);
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(hi), Some(lo)) => out[i] = (hi * 16 + lo) as u8,
+            _ => return Err("identity_hash is not 64 hex digits".into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn number(text: &str) -> Option<i64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// `2026-11-22T18:30:41.123456Z` (or `+01:00`) as µs since the epoch.
+pub fn parse_rfc3339_us(text: &str) -> Option<u64> {
+    let (date, rest) = text.split_once('T')?;
+    let mut ymd = date.split('-');
+    let (y, m, d) = (
+        number(ymd.next()?)?,
+        number(ymd.next()?)?,
+        number(ymd.next()?)?,
+    );
+    if ymd.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let zone_at = rest.find(['Z', 'z', '+', '-'])?;
+    let (clock, zone) = rest.split_at(zone_at);
+    let (hms, fraction) = clock.split_once('.').unwrap_or((clock, ""));
+    let mut parts = hms.split(':');
+    let (h, mi, s) = (
+        number(parts.next()?)?,
+        number(parts.next()?)?,
+        number(parts.next()?)?,
+    );
+    if parts.next().is_some() || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut micros = 0i64;
+    for (i, b) in fraction.bytes().take(6).enumerate() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        micros += i64::from(b - b'0') * 10i64.pow(5 - i as u32);
+    }
+    let offset = match zone {
+        "Z" | "z" => 0,
+        _ => {
+            let (hh, mm) = zone[1..].split_once(':')?;
+            let minutes = number(hh)? * 60 + number(mm)?;
+            if zone.starts_with('-') {
+                -minutes
+            } else {
+                minutes
+            }
+        }
+    };
+    let secs = days_from_civil(y, m, d) * 86_400 + h * 3600 + mi * 60 + s - offset * 60;
+    u64::try_from(secs * 1_000_000 + micros).ok()
+}
+
+/// nginx `combined`: `$remote_addr - $remote_user [$time_local] "$request" $status ...`.
+fn parse_combined(line: &str) -> Result<Record, String> {
+    let (addr, rest) = line.split_once(' ').ok_or("not a combined log line")?;
+    let client_ip: IpAddr = addr
+        .parse()
+        .map_err(|_| "the first field is not an address")?;
+    let open = rest.find('[').ok_or("no [time]")?;
+    let close = rest[open..].find(']').ok_or("no [time]")? + open;
+    let at_us = parse_time_local(&rest[open + 1..close])
+        .ok_or("time is not like 10/Oct/2000:13:55:36 -0700")?;
+    let after = &rest[close + 1..];
+    let q1 = after.find('"').ok_or("no \"request\"")?;
+    let q2 = after[q1 + 1..].find('"').ok_or("no \"request\"")? + q1 + 1;
+    let mut request = after[q1 + 1..q2].split(' ');
+    let method = Method::from_bytes(request.next().unwrap_or("").as_bytes())
+        .map_err(|_| "invalid method")?;
+    let target = request.next().ok_or("no request target")?;
+    let path = target.split('?').next().unwrap_or(target);
+    if !path.starts_with('/') {
+        return Err("the request target is not a path".into());
+    }
+    Ok(Record {
+        at_us,
+        method,
+        path: path.to_string(),
+        client_ip: client_ip.to_canonical(),
+        identity: RecordedIdentity::Ip,
+        latency_us: None,
+        recorded: None,
+        whole_second: true,
+    })
+}
+
+/// `10/Oct/2000:13:55:36 -0700` as µs since the epoch (a whole second).
+fn parse_time_local(text: &str) -> Option<u64> {
+    let (when, zone) = text.split_once(' ')?;
+    let mut parts = when.split([':', '/']);
+    let d = number(parts.next()?)?;
+    let month = parts.next()?;
+    let y = number(parts.next()?)?;
+    let (h, mi, s) = (
+        number(parts.next()?)?,
+        number(parts.next()?)?,
+        number(parts.next()?)?,
+    );
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let m = MONTHS.iter().position(|&name| name == month)? as i64 + 1;
+    if !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 || parts.next().is_some() {
+        return None;
+    }
+    if zone.len() != 5 || !(zone.starts_with('+') || zone.starts_with('-')) {
+        return None;
+    }
+    let minutes = number(&zone[1..3])? * 60 + number(&zone[3..5])?;
+    let offset = if zone.starts_with('-') {
+        -minutes
+    } else {
+        minutes
+    };
+    let secs = days_from_civil(y, m, d) * 86_400 + h * 3600 + mi * 60 + s - offset * 60;
+    u64::try_from(secs * 1_000_000).ok()
+}
+
+/// Counts per route.
+#[derive(Debug, Default, Clone)]
+struct RouteStats {
+    requests: u64,
+    allowed: u64,
+    denied: u64,
+    invalid_key: u64,
+    /// Per enforced limit (by position in the enforced list): requests it said no to.
+    limit_denials: Vec<u64>,
+    /// Per shadow limit: requests it would have said no to.
+    shadow_denials: Vec<u64>,
+    /// Requests whose live decision the log records, and how many of those replay agrees with.
+    compared: u64,
+    agreed: u64,
+    top: TopK,
+}
+
+/// The Space-Saving summary of the most frequent items, in fixed memory.
+#[derive(Debug, Default, Clone)]
+struct TopK {
+    counts: HashMap<String, u64>,
+}
+
+impl TopK {
+    fn add(&mut self, item: String) {
+        if let Some(n) = self.counts.get_mut(&item) {
+            *n += 1;
+        } else if self.counts.len() < TOP_TRACKED {
+            self.counts.insert(item, 1);
+        } else if let Some((smallest, n)) = self
+            .counts
+            .iter()
+            .min_by_key(|(_, n)| **n)
+            .map(|(k, n)| (k.clone(), *n))
+        {
+            // The newcomer inherits the evicted count: an overestimate by at most that much.
+            self.counts.remove(&smallest);
+            self.counts.insert(item, n + 1);
+        }
+    }
+
+    fn top(&self) -> Vec<(&str, u64)> {
+        let mut all: Vec<_> = self.counts.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        all.truncate(TOP_REPORTED);
+        all
+    }
+}
+
+/// A release of concurrency leases at a log time.
+struct PendingRelease {
+    at_us: u64,
+    lease: u64,
+    route: usize,
+    keys: Vec<(usize, KeyKind, Vec<u8>)>,
+}
+
+impl PartialEq for PendingRelease {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at_us, self.lease) == (other.at_us, other.lease)
+    }
+}
+impl Eq for PendingRelease {}
+impl PartialOrd for PendingRelease {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for PendingRelease {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at_us, self.lease).cmp(&(other.at_us, other.lease))
+    }
+}
+
+/// A replay in progress: feed it records in any order with [`Replay::push`], then
+/// [`Replay::finish`].
+pub struct Replay {
+    plan: Arc<Plan>,
+    store: MemoryStore,
+    clock: Arc<ManualClock>,
+    stats: Vec<RouteStats>,
+    /// Records waiting in the reorder window, by (time, arrival).
+    window: BinaryHeap<Reverse<(u64, u64, RecordSlot)>>,
+    releases: BinaryHeap<Reverse<PendingRelease>>,
+    seq: u64,
+    newest_seen: u64,
+    last_decided: u64,
+    last_sweep: u64,
+    first_at: Option<u64>,
+    requests: u64,
+    no_route: u64,
+    late: u64,
+    reordered: u64,
+    lines: u64,
+    skipped: u64,
+    malformed: Vec<Malformed>,
+    malformed_total: u64,
+}
+
+/// The config being replayed, shared so a decision can borrow it while it updates the counts.
+struct Plan {
+    config: Config,
+    table: RouteTable,
+}
+
+/// Who a recorded request is, by the proxy's rules, borrowed from the plan and the record.
+enum Who<'a> {
+    Consumer(&'a crate::identity::Consumer),
+    Key([u8; 32]),
+    User([u8; 32]),
+    Ip,
+}
+
+impl Who<'_> {
+    /// How the report names it: hashed for keys and user ids.
+    fn label(&self, ip: IpAddr) -> String {
+        match self {
+            Who::Consumer(c) => format!("consumer:{}", c.name),
+            Who::Key(d) => format!("api_key:{}…", hex(&d[..6])),
+            Who::User(d) => format!("user_id:{}…", hex(&d[..6])),
+            Who::Ip => format!("ip:{ip}"),
+        }
+    }
+}
+
+/// A record in the reorder heap, ordered by nothing but its place (time, arrival) outside it.
+struct RecordSlot(Box<Record>);
+impl PartialEq for RecordSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for RecordSlot {}
+impl PartialOrd for RecordSlot {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for RecordSlot {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl Replay {
+    /// A replay of `config`'s routes and limits.
+    pub fn new(config: Config) -> Self {
+        let clock = Arc::new(ManualClock::new_for_test(0));
+        let stats = config
+            .routes
+            .iter()
+            .map(|r| RouteStats {
+                limit_denials: vec![0; r.enforced.limits.len()],
+                shadow_denials: vec![0; r.shadow.limits.len()],
+                ..RouteStats::default()
+            })
+            .collect();
+        Replay {
+            plan: Arc::new(Plan {
+                table: RouteTable::new(config.routes.clone()),
+                config,
+            }),
+            store: MemoryStore::new(clock.clone(), MAX_KEYS),
+            clock,
+            stats,
+            window: BinaryHeap::new(),
+            releases: BinaryHeap::new(),
+            seq: 0,
+            newest_seen: 0,
+            last_decided: 0,
+            last_sweep: 0,
+            first_at: None,
+            requests: 0,
+            no_route: 0,
+            late: 0,
+            reordered: 0,
+            lines: 0,
+            skipped: 0,
+            malformed: Vec::new(),
+            malformed_total: 0,
+        }
+    }
+
+    /// Reads every line of `input` (named `file` in reports).
+    pub fn read(&mut self, file: &str, input: impl BufRead) -> std::io::Result<()> {
+        let mut combined_second: Option<u64> = None;
+        let mut same_second: Vec<Record> = Vec::new();
+        for (n, line) in input.lines().enumerate() {
+            let line = line?;
+            self.lines += 1;
+            match parse_line(&line) {
+                Ok(None) => self.skipped += 1,
+                Err(reason) => {
+                    self.malformed_total += 1;
+                    if self.malformed.len() < MALFORMED_LISTED {
+                        self.malformed.push(Malformed {
+                            file: file.to_string(),
+                            line: n as u64 + 1,
+                            reason,
+                        });
+                    }
+                }
+                Ok(Some(record)) if record.whole_second => {
+                    // nginx: whole seconds. Collect one second's lines, then spread them over it.
+                    if combined_second != Some(record.at_us) {
+                        self.spread(&mut same_second);
+                        combined_second = Some(record.at_us);
+                    }
+                    same_second.push(record);
+                }
+                Ok(Some(record)) => self.push(record),
+            }
+        }
+        self.spread(&mut same_second);
+        Ok(())
+    }
+
+    /// The requests of one logged second, at evenly spaced instants across it.
+    fn spread(&mut self, second: &mut Vec<Record>) {
+        let n = second.len() as u64;
+        for (i, mut record) in second.drain(..).enumerate() {
+            record.at_us += i as u64 * 1_000_000 / n.max(1);
+            self.push(record);
+        }
+    }
+
+    /// Adds one record; decides every record that has left the reorder window.
+    pub fn push(&mut self, record: Record) {
+        let at = record.at_us;
+        if at < self.newest_seen {
+            self.reordered += 1;
+        }
+        self.newest_seen = self.newest_seen.max(at);
+        self.seq += 1;
+        self.window
+            .push(Reverse((at, self.seq, RecordSlot(Box::new(record)))));
+        while let Some(Reverse((oldest, _, _))) = self.window.peek() {
+            if *oldest + REORDER_WINDOW_US > self.newest_seen {
+                break;
+            }
+            if let Some(Reverse((_, seq, RecordSlot(record)))) = self.window.pop() {
+                self.decide(*record, seq);
+            }
+        }
+    }
+
+    fn decide(&mut self, mut record: Record, seq: u64) {
+        if record.at_us < self.last_decided {
+            // Older than the reorder window allowed for: decided at the window's edge.
+            self.late += 1;
+            record.at_us = self.last_decided;
+        }
+        let now = record.at_us;
+        self.last_decided = now;
+        self.first_at.get_or_insert(now);
+        self.clock.set(now);
+        self.release_until(now);
+        if now >= self.last_sweep + SWEEP_EVERY_US {
+            self.store.sweep();
+            self.last_sweep = now;
+        }
+        self.requests += 1;
+        let plan = Arc::clone(&self.plan);
+        let Some(i) = plan.table.position(&record.method, &record.path) else {
+            self.no_route += 1;
+            return;
+        };
+        let route = &plan.config.routes[i];
+        self.stats[i].requests += 1;
+        if route.enforced.is_empty() && route.shadow.is_empty() {
+            self.stats[i].allowed += 1;
+            return;
+        }
+        // Whose budgets: the proxy's rules, on the digests the log holds.
+        let who = match (record.identity, plan.config.consumers.as_deref()) {
+            (RecordedIdentity::ApiKey(digest), Some(consumers)) => {
+                match (consumers.find_digest(&digest), consumers.unknown_key) {
+                    (Some(consumer), _) => Who::Consumer(consumer),
+                    (None, UnknownKey::Reject) => {
+                        self.stats[i].invalid_key += 1;
+                        return;
+                    }
+                    (None, UnknownKey::Anonymous) => Who::Ip,
+                }
+            }
+            (RecordedIdentity::ApiKey(digest), None) => Who::Key(digest),
+            (RecordedIdentity::UserId(digest), _) => Who::User(digest),
+            (RecordedIdentity::Ip, _) => Who::Ip,
+        };
+        let mut ip_buf = [0u8; 16];
+        let ip = ip_octets(record.client_ip, &mut ip_buf);
+        let (kind, value, tier): (KeyKind, &[u8], &str) = match &who {
+            Who::Consumer(c) => (KeyKind::Consumer, c.name.as_bytes(), c.tier.as_str()),
+            Who::Key(d) => (KeyKind::ApiKey, &d[..], ANONYMOUS_TIER),
+            Who::User(d) => (KeyKind::UserId, &d[..], ANONYMOUS_TIER),
+            Who::Ip => (KeyKind::Ip, ip, ANONYMOUS_TIER),
+        };
+        let whose = Whose {
+            kind,
+            value,
+            ip,
+            tier,
+        };
+        let enforced = self.run_budget(
+            i,
+            &route.enforced,
+            &whose,
+            now,
+            seq,
+            record.latency_us,
+            false,
+        );
+        if let Some(live) = record.recorded {
+            self.stats[i].compared += 1;
+            self.stats[i].agreed += u64::from(live == (enforced != Some(false)));
+        }
+        if enforced == Some(false) {
+            self.stats[i].denied += 1;
+            self.stats[i].top.add(who.label(record.client_ip));
+        } else {
+            self.stats[i].allowed += 1;
+            self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true);
+        }
+    }
+
+    /// Decides one budget; counts its limits' denials. `None`: no limit applied.
+    #[allow(clippy::too_many_arguments)]
+    fn run_budget(
+        &mut self,
+        index: usize,
+        budget: &Budget,
+        whose: &Whose<'_>,
+        now: u64,
+        lease: u64,
+        latency_us: Option<u64>,
+        shadow: bool,
+    ) -> Option<bool> {
+        let Whose {
+            kind,
+            value,
+            ip,
+            tier,
+        } = *whose;
+        let mut asks = Vec::with_capacity(budget.limits.len());
+        let mut positions = [0usize; MAX_LIMITS];
+        for (position, limit) in budget.limits.iter().enumerate() {
+            if !limit.applies_to(tier) || asks.len() == MAX_LIMITS {
+                continue;
+            }
+            let (kind, value) = match limit.per {
+                Per::Identity => (kind, value),
+                Per::Ip => (KeyKind::Ip, ip),
+                Per::Route => (KeyKind::Route, &[][..]),
+            };
+            positions[asks.len()] = position;
+            asks.push(Ask {
+                limit: &limit.limit,
+                key: BudgetKey {
+                    budget: &limit.budget_id,
+                    kind,
+                    value,
+                },
+            });
+        }
+        let mut decisions = [Decision::EMPTY; MAX_LIMITS];
+        let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;
+        let stats = &mut self.stats[index];
+        let counts = if shadow {
+            &mut stats.shadow_denials
+        } else {
+            &mut stats.limit_denials
+        };
+        for (d, &position) in decisions[..asks.len()].iter().zip(&positions) {
+            if !d.allowed {
+                counts[position] += 1;
+            }
+        }
+        let concurrent: Vec<_> = asks
+            .iter()
+            .zip(&positions)
+            .filter(|(a, _)| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+            .map(|(a, &p)| (p, a.key.kind, a.key.value.to_vec()))
+            .collect();
+        if verdict.allowed && !concurrent.is_empty() {
+            // The slot is held for as long as the request took (as logged; else it ends at once).
+            self.releases.push(Reverse(PendingRelease {
+                at_us: now + latency_us.unwrap_or(0),
+                lease,
+                route: index,
+                keys: concurrent
+                    .into_iter()
+                    .map(|(p, k, v)| (p + if shadow { 1 << 16 } else { 0 }, k, v))
+                    .collect(),
+            }));
+        }
+        Some(verdict.allowed)
+    }
+
+    /// Gives back the concurrency leases of requests that had finished by `now`.
+    fn release_until(&mut self, now: u64) {
+        while self
+            .releases
+            .peek()
+            .is_some_and(|Reverse(r)| r.at_us <= now)
+        {
+            let Some(Reverse(release)) = self.releases.pop() else {
+                break;
+            };
+            let route = &self.plan.config.routes[release.route];
+            for (slot, kind, value) in &release.keys {
+                let (budget, position) = if slot >> 16 == 1 {
+                    (&route.shadow, slot & 0xffff)
+                } else {
+                    (&route.enforced, *slot)
+                };
+                let Some(limit) = budget.limits.get(position) else {
+                    continue;
+                };
+                let ask = Ask {
+                    limit: &limit.limit,
+                    key: BudgetKey {
+                        budget: &limit.budget_id,
+                        kind: *kind,
+                        value,
+                    },
+                };
+                self.store.release(&[ask], release.lease);
+            }
+        }
+    }
+
+    /// Decides what is left in the window and reports.
+    pub fn finish(mut self) -> Report {
+        while let Some(Reverse((_, seq, RecordSlot(record)))) = self.window.pop() {
+            self.decide(*record, seq);
+        }
+        let routes = self
+            .plan
+            .config
+            .routes
+            .iter()
+            .zip(&self.stats)
+            .map(|(route, s)| RouteReport {
+                name: route.name.clone(),
+                requests: s.requests,
+                allowed: s.allowed,
+                denied: s.denied,
+                invalid_key: s.invalid_key,
+                compared: s.compared,
+                agreed: s.agreed,
+                limits: route
+                    .enforced
+                    .limits
+                    .iter()
+                    .zip(&s.limit_denials)
+                    .map(|(l, &d)| (l, d, false))
+                    .chain(
+                        route
+                            .shadow
+                            .limits
+                            .iter()
+                            .zip(&s.shadow_denials)
+                            .map(|(l, &d)| (l, d, true)),
+                    )
+                    .map(|(l, denied, shadow)| LimitReport {
+                        position: l.position,
+                        algorithm: l.limit.algorithm().name(),
+                        per: l.per.as_str(),
+                        tiers: l.tiers.clone(),
+                        shadow,
+                        denied,
+                    })
+                    .collect(),
+                top_denied: s
+                    .top
+                    .top()
+                    .into_iter()
+                    .map(|(id, n)| (id.to_string(), n))
+                    .collect(),
+            })
+            .collect();
+        Report {
+            lines: self.lines,
+            requests: self.requests,
+            skipped: self.skipped,
+            no_route: self.no_route,
+            malformed_total: self.malformed_total,
+            malformed: self.malformed,
+            reordered: self.reordered,
+            late: self.late,
+            first_us: self.first_at,
+            last_us: self.first_at.map(|_| self.last_decided),
+            routes,
+        }
+    }
+}
+
+/// The client values one decision spends, with the request's tier.
+#[derive(Clone, Copy)]
+struct Whose<'a> {
+    kind: KeyKind,
+    value: &'a [u8],
+    ip: &'a [u8],
+    tier: &'a str,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a replay found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub lines: u64,
+    pub requests: u64,
+    /// Lines that are not requests (other log targets, blank lines).
+    pub skipped: u64,
+    pub no_route: u64,
+    pub malformed_total: u64,
+    /// The first malformed lines, by number.
+    pub malformed: Vec<Malformed>,
+    /// Lines that arrived after a later one and were put back in order.
+    pub reordered: u64,
+    /// Lines older than the reorder window, decided at its edge.
+    pub late: u64,
+    pub first_us: Option<u64>,
+    pub last_us: Option<u64>,
+    pub routes: Vec<RouteReport>,
+}
+
+/// One route's figures.
+#[derive(Debug, Clone)]
+pub struct RouteReport {
+    pub name: String,
+    pub requests: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    /// Unknown API keys under `unknown_key: reject` (401, neither allowed nor denied).
+    pub invalid_key: u64,
+    /// Requests whose live decision the log records (floodgate's JSON log), and how many of
+    /// them replay decided the same way: replaying a proxy's own log with its own config should
+    /// agree on all.
+    pub compared: u64,
+    pub agreed: u64,
+    pub limits: Vec<LimitReport>,
+    /// The identities denied most, hashed for keys and user ids.
+    pub top_denied: Vec<(String, u64)>,
+}
+
+/// One limit's figures.
+#[derive(Debug, Clone)]
+pub struct LimitReport {
+    pub position: usize,
+    pub algorithm: &'static str,
+    pub per: &'static str,
+    pub tiers: Option<Vec<String>>,
+    pub shadow: bool,
+    /// Requests this limit said no to (a request several limits refuse counts for each).
+    pub denied: u64,
+}
+
+impl Report {
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "lines": self.lines,
+            "requests": self.requests,
+            "skipped_lines": self.skipped,
+            "no_route": self.no_route,
+            "malformed": {
+                "total": self.malformed_total,
+                "first": self.malformed.iter().map(|m| json!({"file": m.file, "line": m.line, "reason": m.reason})).collect::<Vec<_>>(),
+            },
+            "reordered": self.reordered,
+            "late": self.late,
+            "first_timestamp_us": self.first_us,
+            "last_timestamp_us": self.last_us,
+            "routes": self.routes.iter().map(|r| json!({
+                "name": r.name,
+                "requests": r.requests,
+                "allowed": r.allowed,
+                "denied": r.denied,
+                "invalid_key": r.invalid_key,
+                "agreement": {"compared": r.compared, "agreed": r.agreed},
+                "limits": r.limits.iter().map(|l| json!({
+                    "position": l.position,
+                    "algorithm": l.algorithm,
+                    "per": l.per,
+                    "tiers": l.tiers,
+                    "shadow": l.shadow,
+                    "denied": l.denied,
+                })).collect::<Vec<_>>(),
+                "top_denied": r.top_denied.iter().map(|(id, n)| json!({"identity": id, "denied": n})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The report as text for a terminal.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let span_s = match (self.first_us, self.last_us) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1e6,
+            _ => 0.0,
+        };
+        let _ = writeln!(
+            out,
+            "{} requests over {:.1} s of log ({} lines; {} not requests, {} malformed, {} matched no route)",
+            self.requests, span_s, self.lines, self.skipped, self.malformed_total, self.no_route
+        );
+        if self.reordered > 0 || self.late > 0 {
+            let _ = writeln!(
+                out,
+                "note: {} lines were out of time order and were sorted (window {} s); {} were older than that and were decided at the window's edge",
+                self.reordered,
+                REORDER_WINDOW_US / 1_000_000,
+                self.late
+            );
+        }
+        for m in &self.malformed {
+            let _ = writeln!(out, "malformed: {}:{}: {}", m.file, m.line, m.reason);
+        }
+        if self.malformed_total > self.malformed.len() as u64 {
+            let _ = writeln!(
+                out,
+                "malformed: ... and {} more",
+                self.malformed_total - self.malformed.len() as u64
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>12}",
+            "route", "requests", "allowed", "denied", "denied%", "invalid_key"
+        );
+        for r in &self.routes {
+            let share = if r.requests > 0 {
+                100.0 * r.denied as f64 / r.requests as f64
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "{:<24} {:>10} {:>10} {:>10} {:>7.2}% {:>12}",
+                r.name, r.requests, r.allowed, r.denied, share, r.invalid_key
+            );
+            for l in &r.limits {
+                let tiers = l
+                    .tiers
+                    .as_ref()
+                    .map(|t| format!(" tiers={}", t.join(",")))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  limits[{}] {} per={}{}{}: {} {}",
+                    l.position,
+                    l.algorithm,
+                    l.per,
+                    tiers,
+                    if l.shadow { " (shadow)" } else { "" },
+                    l.denied,
+                    if l.shadow { "would deny" } else { "denied" },
+                );
+            }
+            if r.compared > 0 {
+                let _ = writeln!(
+                    out,
+                    "  agrees with the logged decision on {} of {} requests",
+                    r.agreed, r.compared
+                );
+            }
+            if !r.top_denied.is_empty() {
+                let top: Vec<String> = r
+                    .top_denied
+                    .iter()
+                    .map(|(id, n)| format!("{id} ({n})"))
+                    .collect();
+                let _ = writeln!(out, "  denied most: {}", top.join(", "));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! `floodgate replay` against the live proxy: floodgate (memory store) serves a sequence of
+//! requests and writes its JSON access log; replaying that log with the same config must reach
+//! the same decision for every request.
+
+mod common;
+
+use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get};
+use http::StatusCode;
+
+#[tokio::test]
+async fn replaying_the_proxys_own_log_agrees_with_every_decision_it_made() {
+    let upstream = Upstream::start().await;
+    // Limits whose decisions do not hang on milliseconds (the log's timestamps are the ends of
+    // requests, replay decides at end minus latency): slow refills and hour-long sliding windows.
+    let yaml = format!(
+        "log_format: json
+routes:
+  - name: api
+    path_prefix: /api
+    upstream: {0}
+    limits:
+      - {{algorithm: token_bucket, capacity: 4, refill_rate: 0.01}}
+      - {{algorithm: sliding_window_log, limit: 15, window: 1h, per: route}}
+      - {{algorithm: token_bucket, capacity: 9, refill_rate: 0.01, per: ip}}
+  - name: open
+    path_prefix: /
+    upstream: {0}
+",
+        upstream.url()
+    );
+    let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
+    let client = client();
+    let mut live_allowed = 0;
+    let mut live_denied = 0;
+    for i in 0..40 {
+        let key = format!("key-{}", i % 5);
+        let headers: Vec<(&str, &str)> = if i % 7 == 0 {
+            vec![] // no key: the IP's own budget
+        } else {
+            vec![("x-api-key", key.as_str())]
+        };
+        match get(&client, &fg.url("/api/thing"), &headers).await.status {
+            StatusCode::OK => live_allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => live_denied += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    get(&client, &fg.url("/other"), &[]).await;
+    assert!(
+        live_denied > 0 && live_allowed > 0,
+        "{live_allowed} / {live_denied}"
+    );
+    // Give the log lines of the last requests a moment to be written out.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let log = TempFile::new(&fg.stderr());
+    let out = floodgate_command(&[
+        "replay".as_ref(),
+        "--config".as_ref(),
+        fg.config_path().as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        log.path().as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let api = &report["routes"][0];
+    assert_eq!(api["name"], "api");
+    assert_eq!(api["requests"], 40);
+    assert_eq!(api["allowed"], live_allowed);
+    assert_eq!(api["denied"], live_denied);
+    assert_eq!(api["agreement"]["compared"], 40);
+    assert_eq!(api["agreement"]["agreed"], 40, "{report}");
+    assert_eq!(report["routes"][1]["requests"], 1);
+    assert_eq!(report["malformed"]["total"], 0);
+    // The raw keys never reach the log.
+    assert!(!fg.stderr().contains("key-1"));
+}
+
+#[test]
+fn replay_reports_text_by_default_and_rejects_a_bad_config() {
+    let config = TempFile::new(
+        "listen: 127.0.0.1:0
+routes:
+  - name: api
+    path_prefix: /
+    upstream: http://127.0.0.1:9
+    limits:
+      - {algorithm: fixed_window, limit: 1, window: 1h}
+",
+    );
+    let log = TempFile::new(
+        r#"203.0.113.1 - - [22/Nov/2026:10:00:00 +0000] "GET /a HTTP/1.1" 200 1 "-" "-"
+203.0.113.1 - - [22/Nov/2026:10:00:00 +0000] "GET /b HTTP/1.1" 200 1 "-" "-"
+garbage
+"#,
+    );
+    let out = floodgate_command(&[
+        "replay".as_ref(),
+        "--config".as_ref(),
+        config.path().as_os_str(),
+        log.path().as_os_str(),
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2 requests"), "{text}");
+    assert!(text.contains(":3: not a combined log line"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("api") && l.contains(" 1 ") && l.contains("50.00%")),
+        "{text}"
+    );
+    let bad = TempFile::new("listen: nowhere\n");
+    let out = floodgate_command(&[
+        "replay".as_ref(),
+        "--config".as_ref(),
+        bad.path().as_os_str(),
+        log.path().as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("listen"));
+}
