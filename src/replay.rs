@@ -18,7 +18,7 @@
 //! (Space-Saving: counts are exact for any identity whose count exceeds the smallest kept one).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::BufRead;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -84,26 +84,32 @@ pub struct Malformed {
     pub reason: String,
 }
 
+/// [`parse_line`] on bytes: JSON is parsed from them directly (its strings are checked as
+/// UTF-8 where they are read); a combined line must be UTF-8 as a whole.
+fn parse_bytes(line: &[u8]) -> Result<Option<Record>, String> {
+    let line = line.trim_ascii_end();
+    match line.first() {
+        None => Ok(None),
+        Some(b'{') => parse_json(line),
+        Some(_) => std::str::from_utf8(line)
+            .map_err(|_| "not UTF-8".to_string())
+            .and_then(parse_combined)
+            .map(Some),
+    }
+}
+
 /// Parses one line of either format. `Ok(None)`: a line that is not a request (another log
 /// target, a blank line).
 pub fn parse_line(line: &str) -> Result<Option<Record>, String> {
-    let line = line.trim_end();
-    if line.is_empty() {
-        return Ok(None);
-    }
-    if line.starts_with('{') {
-        parse_json(line)
-    } else {
-        parse_combined(line).map(Some)
-    }
+    parse_bytes(line.as_bytes())
 }
 
 #[derive(Deserialize)]
 struct JsonLine<'a> {
     #[serde(borrow)]
-    timestamp: &'a str,
+    timestamp: Raw<'a>,
     #[serde(borrow, default)]
-    target: Option<&'a str>,
+    target: Option<Raw<'a>>,
     #[serde(borrow, default)]
     span: Option<SpanFields<'a>>,
 }
@@ -111,49 +117,83 @@ struct JsonLine<'a> {
 #[derive(Deserialize)]
 struct SpanFields<'a> {
     #[serde(borrow, default)]
-    method: Option<&'a str>,
+    method: Option<Raw<'a>>,
     #[serde(borrow, default)]
     path: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
-    client_ip: Option<&'a str>,
+    client_ip: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    identity: Option<&'a str>,
+    identity: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    identity_hash: Option<&'a str>,
+    identity_hash: Option<Raw<'a>>,
     #[serde(default)]
     latency_ms: Option<f64>,
     #[serde(borrow, default)]
-    decision: Option<&'a str>,
+    decision: Option<Raw<'a>>,
 }
 
-fn parse_json(line: &str) -> Result<Option<Record>, String> {
+/// A JSON string's bytes, borrowed without checking them as UTF-8: the fields read this way
+/// are parsed as ASCII (a timestamp, an address, a hex digest, a name from a fixed set), so
+/// anything else fails there. Escaped strings (never in these fields) are refused.
+#[derive(Clone, Copy)]
+struct Raw<'a>(&'a [u8]);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Raw<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string without escapes")
+            }
+            fn visit_borrowed_bytes<E: serde::de::Error>(
+                self,
+                v: &'de [u8],
+            ) -> Result<Raw<'de>, E> {
+                Ok(Raw(v))
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Raw<'de>, E> {
+                Ok(Raw(v.as_bytes()))
+            }
+        }
+        d.deserialize_bytes(Visitor)
+    }
+}
+
+fn parse_json(line: &[u8]) -> Result<Option<Record>, String> {
     let parsed: JsonLine<'_> =
-        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
-    if parsed.target.is_some_and(|t| t != "floodgate::access") {
+        serde_json::from_slice(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    if parsed.target.is_some_and(|t| t.0 != b"floodgate::access") {
         return Ok(None);
     }
     let span = parsed.span.ok_or("no request span")?;
-    let at_us = parse_rfc3339_us(parsed.timestamp).ok_or("timestamp is not RFC 3339")?;
-    let method = Method::from_bytes(span.method.ok_or("no method")?.as_bytes())
-        .map_err(|_| "invalid method")?;
+    let at_us = std::str::from_utf8(parsed.timestamp.0)
+        .ok()
+        .and_then(parse_rfc3339_us)
+        .ok_or("timestamp is not RFC 3339")?;
+    let method =
+        Method::from_bytes(span.method.ok_or("no method")?.0).map_err(|_| "invalid method")?;
     let path = span.path.ok_or("no path")?.into_owned();
     // A request rejected before identification (404, 400) has no client_ip: replay routes it
     // only, so any address serves.
     let client_ip = match span.client_ip {
-        Some(ip) => ip.parse().map_err(|_| "client_ip is not an address")?,
+        Some(ip) => std::str::from_utf8(ip.0)
+            .ok()
+            .and_then(|ip| ip.parse().ok())
+            .ok_or("client_ip is not an address")?,
         None => IpAddr::from([0, 0, 0, 0]),
     };
-    let hash = span.identity_hash.map(parse_sha256).transpose()?;
-    let identity = match (span.identity, hash) {
-        (Some("api_key" | "consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
-        (Some("user_id"), Some(h)) => RecordedIdentity::UserId(h),
+    let hash = span.identity_hash.map(|h| parse_sha256(h.0)).transpose()?;
+    let identity = match (span.identity.map(|i| i.0), hash) {
+        (Some(b"api_key" | b"consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
+        (Some(b"user_id"), Some(h)) => RecordedIdentity::UserId(h),
         _ => RecordedIdentity::Ip,
     };
     // The line is written when the request has finished; the proxy decided `latency` earlier.
     let latency_us = span.latency_ms.map(|ms| (ms * 1000.0) as u64);
-    let recorded = match span.decision {
-        Some("allowed" | "shadow_denied") => Some(true),
-        Some("denied") => Some(false),
+    let recorded = match span.decision.map(|d| d.0) {
+        Some(b"allowed" | b"shadow_denied") => Some(true),
+        Some(b"denied") => Some(false),
         _ => None,
     };
     Ok(Some(Record {
@@ -168,18 +208,35 @@ fn parse_json(line: &str) -> Result<Option<Record>, String> {
     }))
 }
 
-fn parse_sha256(hex: &str) -> Result<[u8; 32], String> {
-    let bytes = hex.as_bytes();
+fn parse_sha256(bytes: &[u8]) -> Result<[u8; 32], String> {
     if bytes.len() != 64 {
         return Err("identity_hash is not 64 hex digits".into());
     }
-    let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks_exact(2).enumerate() {
-        let digit = |b: u8| (b as char).to_digit(16);
-        match (digit(pair[0]), digit(pair[1])) {
-            (Some(hi), Some(lo)) => out[i] = (hi * 16 + lo) as u8,
-            _ => return Err("identity_hash is not 64 hex digits".into()),
+    // A table of hex digit values (0xff: not a hex digit).
+    const HEX: [u8; 256] = {
+        let mut table = [0xff; 256];
+        let mut i = 0;
+        while i < 10 {
+            table[b'0' as usize + i] = i as u8;
+            i += 1;
         }
+        let mut i = 0;
+        while i < 6 {
+            table[b'a' as usize + i] = 10 + i as u8;
+            table[b'A' as usize + i] = 10 + i as u8;
+            i += 1;
+        }
+        table
+    };
+    let mut out = [0u8; 32];
+    let mut bad = 0u8;
+    for (byte, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let (hi, lo) = (HEX[pair[0] as usize], HEX[pair[1] as usize]);
+        bad |= hi | lo;
+        *byte = hi << 4 | (lo & 0x0f);
+    }
+    if bad & 0xf0 != 0 {
+        return Err("identity_hash is not 64 hex digits".into());
     }
     Ok(out)
 }
@@ -201,8 +258,44 @@ fn number(text: &str) -> Option<i64> {
     text.parse().ok()
 }
 
+/// Two to four ASCII digits at `at`.
+fn digits(b: &[u8], at: usize, n: usize) -> Option<i64> {
+    let mut v = 0i64;
+    for &c in b.get(at..at + n)? {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + i64::from(c - b'0');
+    }
+    Some(v)
+}
+
 /// `2026-11-22T18:30:41.123456Z` (or `+01:00`) as µs since the epoch.
 pub fn parse_rfc3339_us(text: &str) -> Option<u64> {
+    // The layout tracing writes, read by position; anything else goes the general way.
+    let b = text.as_bytes();
+    if b.len() == 27
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[19] == b'.'
+        && b[26] == b'Z'
+    {
+        let (y, m, d) = (digits(b, 0, 4)?, digits(b, 5, 2)?, digits(b, 8, 2)?);
+        let (h, mi, s) = (digits(b, 11, 2)?, digits(b, 14, 2)?, digits(b, 17, 2)?);
+        let micros = digits(b, 20, 6)?;
+        if (1..=12).contains(&m) && (1..=31).contains(&d) && h <= 23 && mi <= 59 && s <= 60 {
+            let secs = days_from_civil(y, m, d) * 86_400 + h * 3600 + mi * 60 + s;
+            return u64::try_from(secs * 1_000_000 + micros).ok();
+        }
+        return None;
+    }
+    parse_rfc3339_general(text)
+}
+
+fn parse_rfc3339_general(text: &str) -> Option<u64> {
     let (date, rest) = text.split_once('T')?;
     let mut ymd = date.split('-');
     let (y, m, d) = (
@@ -394,8 +487,9 @@ pub struct Replay {
     store: MemoryStore,
     clock: Arc<ManualClock>,
     stats: Vec<RouteStats>,
-    /// Records waiting in the reorder window, by (time, arrival).
-    window: BinaryHeap<Reverse<(u64, u64, RecordSlot)>>,
+    /// Records waiting in the reorder window, in (time, arrival) order: a log in order only
+    /// appends at the back; an out-of-order line is inserted where it belongs.
+    window: VecDeque<(u64, u64, Record)>,
     releases: BinaryHeap<Reverse<PendingRelease>>,
     seq: u64,
     newest_seen: u64,
@@ -438,25 +532,6 @@ impl Who<'_> {
     }
 }
 
-/// A record in the reorder heap, ordered by nothing but its place (time, arrival) outside it.
-struct RecordSlot(Box<Record>);
-impl PartialEq for RecordSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl Eq for RecordSlot {}
-impl PartialOrd for RecordSlot {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for RecordSlot {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
-}
-
 impl Replay {
     /// A replay of `config`'s routes and limits.
     pub fn new(config: Config) -> Self {
@@ -478,7 +553,7 @@ impl Replay {
             store: MemoryStore::new(clock.clone(), MAX_KEYS),
             clock,
             stats,
-            window: BinaryHeap::new(),
+            window: VecDeque::new(),
             releases: BinaryHeap::new(),
             seq: 0,
             newest_seen: 0,
@@ -500,17 +575,24 @@ impl Replay {
     pub fn read(&mut self, file: &str, input: impl BufRead) -> std::io::Result<()> {
         let mut combined_second: Option<u64> = None;
         let mut same_second: Vec<Record> = Vec::new();
-        for (n, line) in input.lines().enumerate() {
-            let line = line?;
+        let mut input = input;
+        let mut buf = Vec::with_capacity(1024);
+        let mut n: u64 = 0;
+        loop {
+            buf.clear();
+            if input.read_until(b'\n', &mut buf)? == 0 {
+                break;
+            }
+            n += 1;
             self.lines += 1;
-            match parse_line(&line) {
+            match parse_bytes(&buf) {
                 Ok(None) => self.skipped += 1,
                 Err(reason) => {
                     self.malformed_total += 1;
                     if self.malformed.len() < MALFORMED_LISTED {
                         self.malformed.push(Malformed {
                             file: file.to_string(),
-                            line: n as u64 + 1,
+                            line: n,
                             reason,
                         });
                     }
@@ -547,14 +629,15 @@ impl Replay {
         }
         self.newest_seen = self.newest_seen.max(at);
         self.seq += 1;
-        self.window
-            .push(Reverse((at, self.seq, RecordSlot(Box::new(record)))));
-        while let Some(Reverse((oldest, _, _))) = self.window.peek() {
+        // After every record of its time already waiting (arrival order breaks ties).
+        let at_index = self.window.partition_point(|(t, _, _)| *t <= at);
+        self.window.insert(at_index, (at, self.seq, record));
+        while let Some((oldest, _, _)) = self.window.front() {
             if *oldest + REORDER_WINDOW_US > self.newest_seen {
                 break;
             }
-            if let Some(Reverse((_, seq, RecordSlot(record)))) = self.window.pop() {
-                self.decide(*record, seq);
+            if let Some((_, seq, record)) = self.window.pop_front() {
+                self.decide(record, seq);
             }
         }
     }
@@ -746,8 +829,8 @@ impl Replay {
 
     /// Decides what is left in the window and reports.
     pub fn finish(mut self) -> Report {
-        while let Some(Reverse((_, seq, RecordSlot(record)))) = self.window.pop() {
-            self.decide(*record, seq);
+        while let Some((_, seq, record)) = self.window.pop_front() {
+            self.decide(record, seq);
         }
         let routes = self
             .plan

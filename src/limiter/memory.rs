@@ -131,25 +131,35 @@ impl MemoryStore {
     ) -> Option<Verdict> {
         let asks = &asks[..asks.len().min(MAX_LIMITS)];
         let mut hashes = [0u64; MAX_LIMITS];
-        let mut wanted = 0u64;
+        // The distinct shards this request touches, ascending, and each ask's place among them.
+        let mut shards = [0usize; MAX_LIMITS];
+        let mut distinct = 0;
         for (ask, hash) in asks.iter().zip(hashes.iter_mut()) {
             *hash = self.hash(&ask.key);
-            wanted |= 1 << shard_of(*hash);
-        }
-        // Every shard this request touches, locked in ascending order (so two requests never
-        // wait on each other crosswise): the check-then-commit below is atomic across budgets.
-        let mut guards: [Option<MutexGuard<'_, Shard>>; SHARDS] = std::array::from_fn(|_| None);
-        for (i, slot) in guards.iter_mut().enumerate() {
-            if wanted & (1 << i) != 0 {
-                // A poisoned lock means another request panicked mid-update; the state is still
-                // plain data, so keep serving with it rather than failing every later request.
-                *slot = Some(self.shards[i].lock().unwrap_or_else(|p| p.into_inner()));
+            let shard = shard_of(*hash);
+            if let Err(at) = shards[..distinct].binary_search(&shard) {
+                shards.copy_within(at..distinct, at + 1);
+                shards[at] = shard;
+                distinct += 1;
             }
+        }
+        let mut slots = [0usize; MAX_LIMITS];
+        for (slot, hash) in slots.iter_mut().zip(&hashes[..asks.len()]) {
+            *slot = shards[..distinct]
+                .binary_search(&shard_of(*hash))
+                .unwrap_or(0);
+        }
+        // Locked in ascending shard order (so two requests never wait on each other crosswise):
+        // the check-then-commit below is atomic across budgets. A poisoned lock means another
+        // request panicked mid-update; the state is still plain data, so keep serving with it.
+        let mut guards: [Option<MutexGuard<'_, Shard>>; MAX_LIMITS] = Default::default();
+        for (guard, &shard) in guards.iter_mut().zip(&shards[..distinct]) {
+            *guard = Some(self.shards[shard].lock().unwrap_or_else(|p| p.into_inner()));
         }
         let mut tracked = [false; MAX_LIMITS];
         let mut untracked = false;
         for (i, ask) in asks.iter().enumerate() {
-            let Some(map) = guards[shard_of(hashes[i])].as_mut() else {
+            let Some(map) = guards[slots[i]].as_mut() else {
                 continue; // locked above: unreachable
             };
             let entry = match map.get_mut(&hashes[i]) {
@@ -178,7 +188,7 @@ impl MemoryStore {
             if !tracked[i] {
                 continue;
             }
-            let Some(entry) = guards[shard_of(hashes[i])]
+            let Some(entry) = guards[slots[i]]
                 .as_mut()
                 .and_then(|map| map.get_mut(&hashes[i]))
             else {
