@@ -21,6 +21,7 @@
 # Knobs (environment):
 #   ROUNDS=3  DURATION=5s  WARMUP=2s  CONNECTIONS=64  THREADS=1  KEYS=1000
 #   RESULTS_DIR=bench/results
+#   TARGETS="upstream nginx_proxy ..."  a subset of the targets above, in this order
 #   PIN=1      pin wrk to CPU 1 and every server to CPU 0 with taskset (needs 2+ CPUs)
 #   BUILD=1    run `cargo build --release` first (a no-op when the binary is fresh)
 #   FLOODGATE=target/release/floodgate
@@ -44,7 +45,7 @@ BUILD="${BUILD:-1}"
 PERF="${PERF:-0}"
 PERF_ARGS="${PERF_ARGS:--F 997 --call-graph dwarf,16384}"
 FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
-TARGETS=(upstream nginx_proxy fg_memory_allow fg_memory_policies fg_redis_allow fg_redis_deny)
+read -r -a TARGETS <<<"${TARGETS:-upstream nginx_proxy fg_memory_allow fg_memory_policies fg_redis_allow fg_redis_deny}"
 BASELINE=nginx_proxy
 
 log() { printf '[bench] %s\n' "$*" >&2; }
@@ -253,7 +254,7 @@ for k in range(1, 1001):
     digest = hashlib.sha256(b"bench-key-%04d" % k).hexdigest()
     print(f"- name: c{k}\n  keys_sha256: [{digest}]")
 ' >"$WORK/consumers.yaml"
-start_floodgate fg_memory_policies "  backend: memory" 1000000000 1000000 \
+[[ " ${TARGETS[*]} " == *" fg_memory_policies "* ]] && start_floodgate fg_memory_policies "  backend: memory" 1000000000 1000000 \
     "consumers:
   unknown_key: reject
   file: $WORK/consumers.yaml" \
@@ -305,12 +306,14 @@ for t in "${TARGETS[@]}"; do
     got="$(status_of "$(url_of "$t")" bench-key-0001)"
     [ "$got" = 200 ] || die "$t answered $got to its first request, expected 200"
 done
-got="$(status_of "$FG_REDIS_DENY_URL/" bench-key-0001)"
-[ "$got" = 429 ] || die "fg_redis_deny answered $got to a second request, expected 429"
-DENY_SAMPLE="$(curl -s -D - --max-time 2 -H 'X-API-Key: bench-key-0001' "$FG_REDIS_DENY_URL/" | tr -d '\r')"
-grep -q '"error":"rate_limit_exceeded"' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 body lacks rate_limit_exceeded"
-grep -qi '^retry-after: ' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 lacks Retry-After"
-log "probes ok (fg_redis_deny answers 429 rate_limit_exceeded with Retry-After)"
+if [[ " ${TARGETS[*]} " == *" fg_redis_deny "* ]]; then
+    got="$(status_of "$FG_REDIS_DENY_URL/" bench-key-0001)"
+    [ "$got" = 429 ] || die "fg_redis_deny answered $got to a second request, expected 429"
+    DENY_SAMPLE="$(curl -s -D - --max-time 2 -H 'X-API-Key: bench-key-0001' "$FG_REDIS_DENY_URL/" | tr -d '\r')"
+    grep -q '"error":"rate_limit_exceeded"' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 body lacks rate_limit_exceeded"
+    grep -qi '^retry-after: ' <<<"$DENY_SAMPLE" || die "fg_redis_deny's 429 lacks Retry-After"
+    log "probes ok (fg_redis_deny answers 429 rate_limit_exceeded with Retry-After)"
+fi
 
 # --- load --------------------------------------------------------------------------------------
 LUA="$ROOT/bench/keys.lua"

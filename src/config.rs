@@ -15,7 +15,7 @@ mod limit;
 mod route;
 mod storage;
 
-pub use route::{Budget, Per, RouteConfig, RouteLimit, Upstream};
+pub use route::{Budget, PathMatch, Per, RouteConfig, RouteLimit, Upstream};
 pub use storage::{Backend, StorageConfig};
 
 use std::fmt;
@@ -59,6 +59,8 @@ pub struct Config {
     pub shadow: bool,
     pub rate_limit_headers: HeaderProfile,
     pub log_format: LogFormat,
+    /// How request paths are normalised before routing.
+    pub paths: crate::path::PathRules,
 }
 
 /// Which rate-limit fields responses carry.
@@ -251,6 +253,14 @@ impl Config {
             HeaderProfile::XRateLimit,
         );
         let log_format = v.choice("log_format", file.log_format, LogFormat::Human);
+        let paths = crate::path::PathRules {
+            escaped_slashes: v.choice(
+                "path_normalization",
+                file.path_normalization,
+                crate::path::EscapedSlashes::Reject,
+            ),
+            merge_slashes: file.merge_slashes.unwrap_or(true),
+        };
         match (listen, storage, identity, v.problems.is_empty()) {
             (Some(listen), Some(storage), Some(identity), true) => Ok(Config {
                 listen,
@@ -265,6 +275,7 @@ impl Config {
                 shadow: file.shadow.unwrap_or(false),
                 rate_limit_headers,
                 log_format,
+                paths,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,

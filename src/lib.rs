@@ -34,6 +34,7 @@ pub mod config;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod replay;
 pub mod route;

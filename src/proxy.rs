@@ -1,6 +1,7 @@
 //! The request pipeline. Every request goes through the same phases, in this order:
 //!
-//! 1. `Proxy::route`: find the first matching route, or reject with 404;
+//! 1. `Proxy::normalize`, then `Proxy::route`: normalise the path (one path, one route; 400 if
+//!    it cannot be), then find the first matching route, or reject with 404;
 //! 2. `Proxy::identify`: work out whose budget the request spends (only on limited routes);
 //! 3. `Proxy::limit`: ask the route's enforced limits that apply to the request,
 //!    all-or-nothing whatever budget each spends (or apply `on_error`), then its shadow limits,
@@ -45,6 +46,7 @@ pub struct Snapshot {
     extras: Vec<RouteExtras>,
     pub identity: IdentityConfig,
     pub consumers: Option<Arc<Consumers>>,
+    pub paths: crate::path::PathRules,
     pub on_error: OnError,
     pub shadow: bool,
     no_limit_headers: RateLimitHeaders,
@@ -70,6 +72,7 @@ impl Snapshot {
             routes: RouteTable::new(config.routes.clone()),
             identity: config.identity.clone(),
             consumers: config.consumers.clone(),
+            paths: config.paths,
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
@@ -207,7 +210,7 @@ impl Proxy {
     }
 
     /// Runs the pipeline for one request.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let span = tracing::info_span!(
             target: "floodgate::access",
@@ -223,15 +226,18 @@ impl Proxy {
             latency_ms = Empty,
         );
         let runtime = self.snapshot.load_full();
-        let route = match Self::route(&runtime, &req) {
-            Ok(route) => route,
-            Err(rejection) => {
-                self.metrics.no_route();
-                let response = rejection.into_response(&runtime.no_limit_headers);
-                Self::log(&span, None, None, &response, started);
-                return response;
-            }
-        };
+        let route =
+            match Self::normalize(&runtime, &mut req).and_then(|()| Self::route(&runtime, &req)) {
+                Ok(route) => route,
+                Err(rejection) => {
+                    if rejection == Rejection::NoRoute {
+                        self.metrics.no_route();
+                    }
+                    let response = rejection.into_response(&runtime.no_limit_headers);
+                    Self::log(&span, None, None, &response, started);
+                    return response;
+                }
+            };
         span.record("route", route.config.name.as_str());
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
@@ -272,6 +278,29 @@ impl Proxy {
         }
         Self::log(&span, Some(&route), label, &response, started);
         response
+    }
+
+    /// Phase 1a: one path, one route. The path is normalised ([`crate::path`]) before routing,
+    /// and the request carries the normalised path on, so the upstream sees what was limited.
+    fn normalize(runtime: &Snapshot, req: &mut Request<Incoming>) -> Result<(), Rejection> {
+        let normalized = match runtime.paths.normalize(req.uri().path()) {
+            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
+            Ok(std::borrow::Cow::Owned(path)) => path,
+            Err(e) => return Err(Rejection::BadRequest(e.to_string())),
+        };
+        let path_and_query = match req.uri().query() {
+            Some(query) => format!("{normalized}?{query}"),
+            None => normalized,
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(
+            path_and_query
+                .parse()
+                .map_err(|_| Rejection::BadRequest("the path cannot be normalised".into()))?,
+        );
+        *req.uri_mut() = http::Uri::from_parts(parts)
+            .map_err(|_| Rejection::BadRequest("the path cannot be normalised".into()))?;
+        Ok(())
     }
 
     /// Phase 1: the first route that matches the method and path.

@@ -65,6 +65,12 @@ pub struct FileConfig {
     /// Log format: `human` or `json` (the `--log-format` flag wins).
     #[serde(default)]
     pub log_format: Option<Choice<LogFormat>>,
+    /// Encoded slashes and backslashes in paths: `keep`, `reject` (default) or `decode`.
+    #[serde(default)]
+    pub path_normalization: Option<Choice<crate::path::EscapedSlashes>>,
+    /// Merge repeated slashes in paths before routing (default true).
+    #[serde(default)]
+    pub merge_slashes: Option<bool>,
 }
 
 /// `tls:` — terminate TLS on the proxy listener.
@@ -156,6 +162,10 @@ pub struct RouteFile {
     pub path_prefix: String,
     #[serde(default)]
     pub methods: Option<Vec<String>>,
+    /// `prefix` (default: a plain string prefix, like nginx) or `segment` (the prefix must end
+    /// at a `/`: `/api/rides` matches `/api/rides/1`, not `/api/ridesX`).
+    #[serde(default)]
+    pub path_match: Option<Choice<super::PathMatch>>,
     pub upstream: String,
     #[serde(default)]
     pub limits: Vec<LimitFile>,

@@ -16,11 +16,40 @@ pub struct RouteConfig {
     pub path_prefix: String,
     /// `None` matches every method.
     pub methods: Option<Vec<Method>>,
+    /// How `path_prefix` is compared with the (normalised) path.
+    pub path_match: PathMatch,
     pub upstream: Upstream,
     /// The enforced limits: a request must pass every one that applies to it.
     pub enforced: Budget,
     /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
     pub shadow: Budget,
+}
+
+/// How a route's `path_prefix` matches (`path_match:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathMatch {
+    /// A plain string prefix, as nginx's `location /prefix`: `/api/rides` matches `/api/ridesX`.
+    #[default]
+    Prefix,
+    /// The prefix must end at a segment boundary: `/api/rides` matches `/api/rides`,
+    /// `/api/rides/` and `/api/rides/1`, not `/api/ridesX`.
+    Segment,
+}
+
+impl PathMatch {
+    /// True when `path` falls under `prefix`.
+    pub fn matches(self, prefix: &str, path: &str) -> bool {
+        match self {
+            PathMatch::Prefix => path.starts_with(prefix),
+            PathMatch::Segment => {
+                path.starts_with(prefix)
+                    && (prefix.ends_with('/')
+                        || path.len() == prefix.len()
+                        || path.as_bytes()[prefix.len()] == b'/')
+            }
+        }
+    }
 }
 
 /// A list of limits decided together, all-or-nothing.
@@ -175,10 +204,16 @@ impl Validator {
         if self.problems.len() > before {
             return None;
         }
+        let path_match = self.choice(
+            &format!("{path}.path_match"),
+            r.path_match,
+            PathMatch::Prefix,
+        );
         Some(RouteConfig {
             name: r.name,
             path_prefix: r.path_prefix,
             methods,
+            path_match,
             upstream: upstream?,
             enforced,
             shadow,
