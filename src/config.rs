@@ -61,6 +61,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How request paths are normalised before routing.
     pub paths: crate::path::PathRules,
+    /// The largest request body accepted, in bytes; 0: no limit.
+    pub max_body_size: u64,
+    /// The most client connections open at once, on the proxy listener.
+    pub max_connections: usize,
 }
 
 /// Which rate-limit fields responses carry.
@@ -112,6 +116,14 @@ pub struct Timeouts {
     pub upstream_response: Duration,
     /// On shutdown, how long in-flight requests may take to finish.
     pub drain: Duration,
+    /// A request body may go this long without data (nginx `client_body_timeout`); past it, 408.
+    pub client_body: Duration,
+    /// A response body may go this long without data (nginx `proxy_read_timeout`); past it the
+    /// response is cut off.
+    pub upstream_body: Duration,
+    /// A connection with no request in progress is closed after this (nginx
+    /// `keepalive_timeout`; for HTTP/2, with keep-alive pings).
+    pub idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -121,6 +133,9 @@ impl Default for Timeouts {
             upstream_connect: Duration::from_secs(2),
             upstream_response: Duration::from_secs(30),
             drain: Duration::from_secs(30),
+            client_body: Duration::from_secs(60),
+            upstream_body: Duration::from_secs(60),
+            idle: Duration::from_secs(75),
         }
     }
 }
@@ -177,6 +192,20 @@ impl Config {
     /// Reads and validates a config file. Blocking: call it from a blocking thread on a runtime.
     /// Relative paths in it (`consumers.file`) are read from the file's folder.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        // A config is kilobytes; a huge file is a mistake, and would stall whoever parses it.
+        const MAX_CONFIG_BYTES: u64 = 16 << 20;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.len() > MAX_CONFIG_BYTES
+        {
+            return Err(ConfigError::one(
+                "",
+                format!(
+                    "{} is {} bytes; a config may have at most {MAX_CONFIG_BYTES}",
+                    path.display(),
+                    meta.len()
+                ),
+            ));
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
         let overrides = Overrides {
@@ -261,6 +290,15 @@ impl Config {
             ),
             merge_slashes: file.merge_slashes.unwrap_or(true),
         };
+        let max_body_size = v.size("max_body_size", file.max_body_size.as_deref(), 1 << 20);
+        let max_connections = match file.max_connections {
+            None => 10_000,
+            Some(0) => {
+                v.problem("max_connections", "must be > 0");
+                1
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        };
         match (listen, storage, identity, v.problems.is_empty()) {
             (Some(listen), Some(storage), Some(identity), true) => Ok(Config {
                 listen,
@@ -276,6 +314,8 @@ impl Config {
                 rate_limit_headers,
                 log_format,
                 paths,
+                max_body_size,
+                max_connections,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,
@@ -431,6 +471,46 @@ impl Validator {
                 d.upstream_response,
             ),
             drain: self.duration("timeouts.drain", t.drain.as_deref(), d.drain),
+            client_body: self.duration(
+                "timeouts.client_body",
+                t.client_body.as_deref(),
+                d.client_body,
+            ),
+            upstream_body: self.duration(
+                "timeouts.upstream_body",
+                t.upstream_body.as_deref(),
+                d.upstream_body,
+            ),
+            idle: self.duration("timeouts.idle", t.idle.as_deref(), d.idle),
+        }
+    }
+
+    /// A byte size: `1048576`, `512k`, `1m`, `1g` (powers of 1024), `0` for none.
+    fn size(&mut self, path: &str, text: Option<&str>, default: u64) -> u64 {
+        let Some(text) = text else {
+            return default;
+        };
+        let trimmed = text.trim();
+        let (digits, unit) = match trimmed.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+            Some((i, _)) => trimmed.split_at(i),
+            None => (trimmed, ""),
+        };
+        let multiplier = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => Some(1u64),
+            "k" | "kb" => Some(1 << 10),
+            "m" | "mb" => Some(1 << 20),
+            "g" | "gb" => Some(1 << 30),
+            _ => None,
+        };
+        match (digits.parse::<u64>().ok(), multiplier) {
+            (Some(n), Some(m)) if n.checked_mul(m).is_some() => n * m,
+            _ => {
+                self.problem(
+                    path,
+                    format!("{text:?} is not a size like 1m, 512k or 1048576"),
+                );
+                default
+            }
         }
     }
 }

@@ -484,7 +484,8 @@ pub trait Clock: Send + Sync + 'static {
 }
 
 /// The system's wall clock, made non-decreasing: if it steps back, time stands still until it
-/// catches up, so no limiter state ever sees time move backwards.
+/// catches up, so no limiter state ever sees time move backwards. (Standing still also freezes
+/// every budget for as long as the step: the stores use [`AnchoredClock`] instead.)
 #[derive(Debug, Default)]
 pub struct SystemClock {
     last: AtomicU64,
@@ -497,6 +498,40 @@ impl Clock for SystemClock {
             .map_or(0, |d| d.as_micros() as u64);
         let previous = self.last.fetch_max(wall, Ordering::Relaxed);
         previous.max(wall)
+    }
+}
+
+/// Wall time read once, then advanced by a monotonic clock: µs since the Unix epoch that never
+/// step. The in-process store runs on it, so a wall-clock step (NTP, a VM restore) neither
+/// freezes limiting (a step back: [`SystemClock`] would stand still until the wall clock caught
+/// up, and every budget with it) nor refills every bucket at once (a step forward). It drifts
+/// from the wall clock only as much as the machine's oscillator does between restarts; only
+/// `X-RateLimit-Reset` (Unix seconds) shows that.
+#[derive(Debug, Clone, Copy)]
+pub struct AnchoredClock {
+    wall_at_start_us: u64,
+    start: Instant,
+}
+
+impl AnchoredClock {
+    /// A clock reading `wall_us` now.
+    pub fn starting_at(wall_us: u64) -> Self {
+        AnchoredClock {
+            wall_at_start_us: wall_us,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for AnchoredClock {
+    fn default() -> Self {
+        AnchoredClock::starting_at(SystemClock::default().now_us())
+    }
+}
+
+impl Clock for AnchoredClock {
+    fn now_us(&self) -> u64 {
+        self.wall_at_start_us + self.start.elapsed().as_micros() as u64
     }
 }
 
@@ -797,5 +832,28 @@ impl Drop for HeldLeases {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    #[test]
+    fn an_anchored_clock_reads_the_wall_once_then_only_moves_forward_with_real_time() {
+        // Anchored far from the real wall clock: what it reads is that anchor plus elapsed time,
+        // whatever the system clock does meanwhile (a step back cannot stop it).
+        let clock = AnchoredClock::starting_at(5_000_000);
+        let first = clock.now_us();
+        std::thread::sleep(Duration::from_millis(2));
+        let second = clock.now_us();
+        assert!(
+            (5_000_000..6_000_000).contains(&first),
+            "{first}"
+        );
+        // At least the 2 ms slept (sleep never returns early); the upper bound is loose because
+        // a loaded machine can delay the thread.
+        assert!(second >= first + 2_000, "{first} -> {second}");
+        assert!(second < first + 5_000_000);
     }
 }

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use floodgate::config::{Backend, Config, LogFormat, Overrides};
 use floodgate::limiter::guard::Guarded;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Limiter, MemoryStore, SystemClock};
+use floodgate::limiter::{AnchoredClock, Limiter, MemoryStore};
 use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
 use floodgate::server::Server;
@@ -159,12 +159,24 @@ fn hash_key(key: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Raises the soft limit on open files to the hard limit: each client connection is a file, and
+/// the usual soft limit (1024) would let a thousand idle sockets lock everyone else out.
+fn raise_fd_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+}
+
 fn init_logging(format: &str) {
     // Access logs (one line per request) are off unless RUST_LOG asks for floodgate::access=info.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,floodgate::access=warn"));
+    // Colour only for a terminal: a file or a pipe gets no escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if format == "json" {
         // One line per event with the request span's fields once (`floodgate replay` reads them).
@@ -183,6 +195,7 @@ fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
         (None, LogFormat::Human) => "human",
     };
     init_logging(format);
+    raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -194,7 +207,7 @@ fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter
     let store = RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
         .context("invalid storage.url")?;
     let local = Arc::new(MemoryStore::new(
-        SystemClock::default(),
+        AnchoredClock::default(),
         config.storage.max_keys,
     ));
     Ok(Limiter::Redis(Arc::new(Guarded::new(
@@ -207,7 +220,7 @@ fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter
 async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let limiter = match &config.storage.backend {
         Backend::Memory => Limiter::Memory(Arc::new(MemoryStore::new(
-            SystemClock::default(),
+            AnchoredClock::default(),
             config.storage.max_keys,
         ))),
         Backend::Redis { url } => redis_limiter(&config, RedisTarget::Single(url.clone()))?,

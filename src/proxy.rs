@@ -12,6 +12,7 @@
 //!
 //! An early exit is a typed [`Rejection`], turned into a response in `response.rs`.
 
+pub mod body;
 mod budgets;
 pub mod forward;
 pub mod response;
@@ -184,6 +185,11 @@ impl Proxy {
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,
+                forward::BodyLimits {
+                    max_request_bytes: config.max_body_size,
+                    client_idle: config.timeouts.client_body,
+                    upstream_idle: config.timeouts.upstream_body,
+                },
                 config.upstream_ca.as_ref(),
             ),
             metrics,
@@ -280,9 +286,16 @@ impl Proxy {
         response
     }
 
-    /// Phase 1a: one path, one route. The path is normalised ([`crate::path`]) before routing,
+    /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
     /// and the request carries the normalised path on, so the upstream sees what was limited.
     fn normalize(runtime: &Snapshot, req: &mut Request<Incoming>) -> Result<(), Rejection> {
+        // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; none may have two.
+        let hosts = req.headers().get_all(http::header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
+            return Err(Rejection::BadRequest(
+                "an HTTP/1.1 request needs exactly one Host header".into(),
+            ));
+        }
         let normalized = match runtime.paths.normalize(req.uri().path()) {
             Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
             Ok(std::borrow::Cow::Owned(path)) => path,

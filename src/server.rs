@@ -28,7 +28,9 @@ pub struct Server {
     /// Set when the proxy listener terminates TLS.
     tls: Option<TlsAcceptor>,
     header_read_timeout: Duration,
+    idle_timeout: Duration,
     drain_timeout: Duration,
+    max_connections: usize,
 }
 
 impl Server {
@@ -49,7 +51,9 @@ impl Server {
                 .as_ref()
                 .map(|tls| TlsAcceptor::from(tls.server_config.clone())),
             header_read_timeout: config.timeouts.header_read,
+            idle_timeout: config.timeouts.idle,
             drain_timeout: config.timeouts.drain,
+            max_connections: config.max_connections,
         })
     }
 
@@ -76,7 +80,13 @@ impl Server {
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(256)
-            .max_header_list_size(64 * 1024);
+            .max_header_list_size(64 * 1024)
+            // A peer that stops answering pings is gone: close its connection.
+            .keep_alive_interval(Some(self.idle_timeout / 3))
+            .keep_alive_timeout(self.idle_timeout / 3)
+            // Resets the server answers for a misbehaving client count towards its limit too.
+            .max_local_error_reset_streams(Some(1024))
+            .max_pending_accept_reset_streams(Some(64));
         let builder = Arc::new(builder);
         let graceful = GracefulShutdown::new();
 
@@ -97,8 +107,31 @@ impl Server {
             ))
         });
 
+        let connections = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        let mut last_full_warning: Option<std::time::Instant> = None;
         tokio::pin!(shutdown);
         loop {
+            // At `max_connections`, stop accepting until one closes (new ones wait in the
+            // kernel's backlog), and say so, at most once a minute.
+            let permit = match connections.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    if last_full_warning.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                        last_full_warning = Some(std::time::Instant::now());
+                        tracing::warn!(
+                            max_connections = self.max_connections,
+                            "max_connections reached: not accepting until a connection closes"
+                        );
+                    }
+                    tokio::select! {
+                        permit = connections.clone().acquire_owned() => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => break,
+                        },
+                        () = &mut shutdown => break,
+                    }
+                }
+            };
             let (stream, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok(accepted) => accepted,
@@ -118,17 +151,23 @@ impl Server {
             let watcher = graceful.watcher();
             let tls = self.tls.clone();
             let handshake_timeout = self.header_read_timeout;
+            let first_byte = self.header_read_timeout;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
             tokio::spawn(async move {
+                let _permit = permit;
                 match tls {
-                    None => serve_connection(&builder, watcher, stream, proxy, peer).await,
+                    None => {
+                        let stream = FirstByteDeadline::new(stream, first_byte);
+                        serve_connection(&builder, watcher, stream, proxy, peer).await
+                    }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
                     Some(acceptor) => {
                         match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
                         {
                             Ok(Ok(stream)) => {
+                                let stream = FirstByteDeadline::new(stream, first_byte);
                                 serve_connection(&builder, watcher, stream, proxy, peer).await
                             }
                             Ok(Err(e)) => {
@@ -177,5 +216,92 @@ async fn serve_connection<S>(
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     if let Err(e) = watcher.watch(conn.into_owned()).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
+}
+
+/// A connection that must send its first [`OPENING_BYTES`] within a deadline. Until then nothing
+/// else bounds a silent client: hyper's protocol detection (HTTP/1.1 or h2) waits for bytes, the
+/// HTTP/1.1 header-read timeout starts only once it chose HTTP/1.1, and the h2 server waits for
+/// the rest of a partial preface. After them the protocols' own timers take over (HTTP/1.1 header
+/// read, HTTP/2 keep-alive pings).
+pub struct FirstByteDeadline<S> {
+    inner: S,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    received: usize,
+}
+
+/// The h2 connection preface's length; every HTTP/1.1 request head with a `Host` is longer.
+pub const OPENING_BYTES: usize = 24;
+
+impl<S> FirstByteDeadline<S> {
+    pub fn new(inner: S, within: Duration) -> Self {
+        FirstByteDeadline {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(within))),
+            received: 0,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstByteDeadline<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        let Some(deadline) = this.deadline.as_mut() else {
+            return polled;
+        };
+        if polled.is_ready() {
+            this.received += buf.filled().len() - before;
+            if this.received >= OPENING_BYTES {
+                this.deadline = None;
+            }
+        } else if polled.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no request within timeouts.header_read",
+            )));
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstByteDeadline<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }

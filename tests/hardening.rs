@@ -170,3 +170,255 @@ async fn segment_matching_stops_a_prefix_at_a_path_boundary() {
     assert_eq!(post_h1(&fg, "/api/ridesX").await, 200, "another route");
     assert_eq!(post_h1(&fg, "/api/ridesX").await, 200, "and unlimited");
 }
+
+#[tokio::test]
+async fn human_logs_to_a_pipe_carry_no_colour_codes() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start_with_env(
+        &limited_then_catch_all(&upstream, ""),
+        &[("RUST_LOG", "info")],
+    );
+    // "floodgate started" is logged at info on start; stderr is a pipe here.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !fg.stderr().contains("floodgate started") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stderr = fg.stderr();
+    assert!(stderr.contains("floodgate started"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "escape codes in {stderr:?}");
+}
+
+#[test]
+fn an_oversized_config_file_is_refused_with_a_reason() {
+    let mut yaml = String::from("listen: 127.0.0.1:0\n");
+    while yaml.len() <= 17 << 20 {
+        yaml.push_str("# padding padding padding padding padding padding padding padding\n");
+    }
+    let file = common::TempFile::new(&yaml);
+    let out = common::floodgate_command(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        file.path().as_os_str(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a config may have at most"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A route to the upstream, with `timeouts.header_read` at 300 ms and `extra` at the top.
+fn quick(upstream: &Upstream, extra: &str) -> String {
+    format!(
+        "{extra}
+timeouts:
+  header_read: 300ms
+routes:
+  - name: all
+    path_prefix: /
+    upstream: {}
+",
+        upstream.url()
+    )
+}
+
+/// Sends `opening` (maybe nothing), then waits for floodgate to close the connection; how long
+/// it took, or `None` past 5 s (far past the 300 ms configured, far short of the 10 s default).
+async fn closed_after(fg: &Floodgate, opening: &[u8]) -> Option<Duration> {
+    let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
+    stream.write_all(opening).await.expect("write");
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => {} // a response or an h2 frame before the close
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_send_a_request_are_closed() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&quick(&upstream, ""));
+    // Silent from the start (hyper's protocol detection used to wait forever).
+    assert!(
+        closed_after(&fg, b"").await.is_some(),
+        "a silent connection"
+    );
+    // Half an HTTP/2 preface.
+    assert!(
+        closed_after(&fg, b"PRI * HTTP/2.0\r\n").await.is_some(),
+        "a partial preface"
+    );
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn a_request_without_a_host_or_with_two_is_refused() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&quick(&upstream, ""));
+    let none = raw_exchange(fg.addr(), b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+    assert!(none.starts_with("HTTP/1.1 400"), "{none}");
+    let two = raw_exchange(
+        fg.addr(),
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(two.starts_with("HTTP/1.1 400"), "{two}");
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_the_clients_error() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&quick(&upstream, ""));
+    for body in [
+        "zz\r\nhello\r\n0\r\n\r\n",
+        "-5\r\nhello\r\n0\r\n\r\n",
+        "ffffffffffffffffffff\r\nx\r\n",
+    ] {
+        let request = format!(
+            "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{body}"
+        );
+        let response = raw_exchange(fg.addr(), request.as_bytes()).await;
+        assert!(
+            response.starts_with("HTTP/1.1 400"),
+            "{body:?} answered {response}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_over_max_body_size_gets_413() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&quick(&upstream, "max_body_size: 1k"));
+    // Announced too large: refused before anything is forwarded.
+    let big = format!(
+        "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\nConnection: close\r\n\r\n{}",
+        "a".repeat(2048)
+    );
+    let response = raw_exchange(fg.addr(), big.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+    assert!(response.contains("payload_too_large"));
+    assert_eq!(upstream.count(), 0);
+    // Chunked, and only too large once streamed.
+    let chunk = "a".repeat(600);
+    let chunked = format!(
+        "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n258\r\n{chunk}\r\n258\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    let response = raw_exchange(fg.addr(), chunked.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+    // Within the limit: forwarded.
+    let small =
+        "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+    assert!(
+        raw_exchange(fg.addr(), small.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_goes_silent_gets_408() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(
+        &quick(
+            &upstream,
+            "timeouts:\n  client_body: 300ms\n  header_read: 300ms",
+        )
+        .replace("timeouts:\n  header_read: 300ms\nroutes", "routes"),
+    );
+    let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
+    // One byte of a thousand, then silence.
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\na")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await;
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    // 300 ms configured; well under the 60 s default.
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// An upstream that answers every connection with `response`, byte for byte, then holds the
+/// connection open (silent) for 10 s.
+async fn raw_upstream(response: &'static [u8]) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(response).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            });
+        }
+    });
+    addr
+}
+
+fn route_to(addr: std::net::SocketAddr, extra: &str) -> String {
+    format!("{extra}\nroutes:\n  - name: all\n    path_prefix: /\n    upstream: http://{addr}\n")
+}
+
+#[tokio::test]
+async fn a_response_with_content_length_and_chunked_is_relayed_chunked_whole() {
+    let addr = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    let fg = Floodgate::start(&route_to(addr, ""));
+    let response = raw_exchange(
+        fg.addr(),
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        !response
+            .to_ascii_lowercase()
+            .contains("content-length: 100"),
+        "{response}"
+    );
+    assert!(
+        response.contains("hello") && response.contains(" world"),
+        "{response}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_body_that_goes_silent_is_cut_off() {
+    // Headers and one chunk, then nothing (the raw upstream holds the connection 10 s).
+    let addr =
+        raw_upstream(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
+    let fg = Floodgate::start(&route_to(addr, "timeouts:\n  upstream_body: 300ms"));
+    let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    let mut response = Vec::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await;
+    let text = String::from_utf8_lossy(&response);
+    // Closed well before the upstream's 10 s, and without the last chunk: a truncated body
+    // never looks complete.
+    assert!(read.is_ok(), "still open after 5 s: {text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(text.contains("hello"), "{text}");
+    assert!(!text.ends_with("0\r\n\r\n"), "{text}");
+}

@@ -71,6 +71,12 @@ pub struct FileConfig {
     /// Merge repeated slashes in paths before routing (default true).
     #[serde(default)]
     pub merge_slashes: Option<bool>,
+    /// The largest request body accepted: `1m` (default), `512k`, `0` for no limit.
+    #[serde(default)]
+    pub max_body_size: Option<String>,
+    /// The most client connections open at once (default 10000).
+    #[serde(default)]
+    pub max_connections: Option<u64>,
 }
 
 /// `tls:` — terminate TLS on the proxy listener.
@@ -152,6 +158,12 @@ pub struct TimeoutsFile {
     pub upstream_response: Option<String>,
     #[serde(default)]
     pub drain: Option<String>,
+    #[serde(default)]
+    pub client_body: Option<String>,
+    #[serde(default)]
+    pub upstream_body: Option<String>,
+    #[serde(default)]
+    pub idle: Option<String>,
 }
 
 /// One entry of `routes:`.

@@ -17,7 +17,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::response::{Body, Rejection};
+use std::sync::Arc;
+
+use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
+use super::response::{Body, BoxError, Rejection};
 use crate::config::tls::crypto_provider;
 use crate::config::{Upstream, UpstreamCa};
 use crate::identity::X_FORWARDED_FOR;
@@ -40,8 +43,20 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Sends requests to upstreams over pooled keep-alive connections.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, RequestBody>,
     response_timeout: Duration,
+    limits: BodyLimits,
+}
+
+/// The limits on bodies in flight (see [`super::body`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// The most bytes a request body may have; 0: no limit.
+    pub max_request_bytes: u64,
+    /// How long a request body may go without data.
+    pub client_idle: Duration,
+    /// How long a response body may go without data.
+    pub upstream_idle: Duration,
 }
 
 impl Forwarder {
@@ -51,6 +66,7 @@ impl Forwarder {
     pub fn new(
         connect_timeout: Duration,
         response_timeout: Duration,
+        limits: BodyLimits,
         upstream_ca: Option<&UpstreamCa>,
     ) -> Self {
         let mut http = HttpConnector::new();
@@ -72,6 +88,7 @@ impl Forwarder {
         Forwarder {
             client,
             response_timeout,
+            limits,
         }
     }
 
@@ -87,6 +104,18 @@ impl Forwarder {
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
 
         let (mut parts, body) = req.into_parts();
+        // A body announced larger than allowed is refused before anything is sent (as nginx).
+        let limit = self.limits.max_request_bytes;
+        let announced = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if limit > 0 && announced.is_some_and(|n| n > limit) {
+            return Err(Rejection::PayloadTooLarge);
+        }
+        let fault = Arc::new(BodyFault::default());
+        let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone());
         let path = parts
             .uri
             .path_and_query()
@@ -137,6 +166,18 @@ impl Forwarder {
         .await
         {
             Err(_) => return Err(Rejection::GatewayTimeout),
+            // The request's own body failed: the client's error, not the upstream's.
+            Ok(Err(_)) if fault.get() == Some(Fault::TooLarge) => {
+                return Err(Rejection::PayloadTooLarge);
+            }
+            Ok(Err(_)) if fault.get() == Some(Fault::Idle) => {
+                return Err(Rejection::RequestTimeout);
+            }
+            Ok(Err(_)) if fault.get() == Some(Fault::Malformed) => {
+                return Err(Rejection::BadRequest(
+                    "the request body is malformed or was cut short".into(),
+                ));
+            }
             Ok(Err(e)) => {
                 let detail = if is_tls_error(&e) {
                     "the TLS handshake with the upstream failed".to_string()
@@ -172,15 +213,28 @@ impl Forwarder {
                 if let Some(value) = upgrade_value {
                     response.headers_mut().insert(UPGRADE, value);
                 }
-                return Ok(response.map(|b| b.boxed_unsync()));
+                return Ok(response.map(|b| b.map_err(BoxError::from).boxed_unsync()));
             }
             // The client asked for no upgrade: a 101 cannot be relayed.
             return Err(Rejection::BadGateway(
                 "unexpected 101 from the upstream".to_string(),
             ));
         }
+        // Chunked framing wins over a Content-Length sent with it (RFC 9112 §6.3): relayed
+        // chunked, the length would describe a body the client is not sent as such.
+        if response
+            .headers()
+            .contains_key(http::header::TRANSFER_ENCODING)
+        {
+            response.headers_mut().remove(http::header::CONTENT_LENGTH);
+        }
         strip_hop_by_hop(response.headers_mut());
-        Ok(response.map(|b| b.boxed_unsync()))
+        let idle = self.limits.upstream_idle;
+        Ok(response.map(|b| {
+            ResponseBody::new(b, idle)
+                .map_err(BoxError::from)
+                .boxed_unsync()
+        }))
     }
 }
 

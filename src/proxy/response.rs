@@ -15,7 +15,10 @@ use crate::config::{HeaderProfile, RouteConfig};
 use crate::limiter::{HeldLeases, Limit, Verdict};
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
-pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body's error: hyper's, or one of floodgate's own limits ([`super::body`]).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -42,6 +45,10 @@ pub enum Rejection {
     BadGateway(String),
     /// The upstream did not answer in time: 504.
     GatewayTimeout,
+    /// The request body is larger than `max_body_size`: 413.
+    PayloadTooLarge,
+    /// The request body went silent for `timeouts.client_body`: 408.
+    RequestTimeout,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -152,12 +159,12 @@ struct Holding {
 
 impl hyper::body::Body for Holding {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
@@ -218,6 +225,24 @@ impl Rejection {
             Rejection::GatewayTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 static_body(&GATEWAY_TIMEOUT_BODY),
+            ),
+            Rejection::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Bytes::from(problem_json(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "the request body is larger than this route accepts (max_body_size)",
+                    None,
+                )),
+            ),
+            Rejection::RequestTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                Bytes::from(problem_json(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_body_timeout",
+                    "the request body stopped arriving (timeouts.client_body)",
+                    None,
+                )),
             ),
             Rejection::BadRequest(detail) => (
                 StatusCode::BAD_REQUEST,

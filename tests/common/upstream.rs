@@ -25,6 +25,7 @@ impl Seen {
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1:0 that records every request. Behaviour by path:
+/// - `/upload…`: reads the whole request body, then answers `received N bytes`;
 /// - `/hang…`: answers only after [`HANG`] (so floodgate's upstream timeout fires first);
 /// - `/ws…`: a WebSocket-style upgrade: 101, then echoes bytes over the upgraded connection;
 /// - `/hop-response…`: 200 carrying hop-by-hop headers (`Connection: x-foo`, `X-Foo`,
@@ -151,7 +152,20 @@ async fn handle(
         at: Instant::now(),
     });
     let path = req.uri().path().to_string();
-    let response = if path.starts_with("/slow") {
+    let response = if path.starts_with("/upload") {
+        // Reads the whole body first, as an upload endpoint does, and says how much it got.
+        use http_body_util::BodyExt;
+        match req.into_body().collect().await {
+            Ok(body) => Response::new(Full::new(Bytes::from(format!(
+                "received {} bytes",
+                body.to_bytes().len()
+            )))),
+            Err(_) => Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .body(Full::new(Bytes::from_static(b"body failed")))
+                .unwrap(),
+        }
+    } else if path.starts_with("/slow") {
         tokio::time::sleep(SLOW).await;
         Response::new(Full::new(Bytes::from_static(b"slow but done")))
     } else if path.starts_with("/hang") {

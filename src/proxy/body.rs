@@ -1,0 +1,204 @@
+//! Bodies in flight, with the limits nginx operators expect: a request body may go silent for at
+//! most `timeouts.client_body` (nginx `client_body_timeout`) and may be at most `max_body_size`
+//! (nginx `client_max_body_size`, 413); a response body may go silent for at most
+//! `timeouts.upstream_body` (nginx `proxy_read_timeout`). A request body that fails also says why
+//! ([`BodyFault`]), so a client's malformed chunked body is answered as the client's error (400),
+//! not as an upstream failure.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+/// Why a request body stopped, if it did: shared between the body (which the upstream client
+/// reads) and the proxy (which answers the client).
+#[derive(Debug, Default)]
+pub struct BodyFault(AtomicU8);
+
+/// What went wrong with a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The client's framing was invalid (a bad chunk size, a short chunk) or it went away.
+    Malformed,
+    /// More than `max_body_size` bytes.
+    TooLarge,
+    /// No byte for `timeouts.client_body`.
+    Idle,
+}
+
+impl BodyFault {
+    fn set(&self, fault: Fault) {
+        let code = match fault {
+            Fault::Malformed => 1,
+            Fault::TooLarge => 2,
+            Fault::Idle => 3,
+        };
+        let _ = self
+            .0
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The first fault, if any.
+    pub fn get(&self) -> Option<Fault> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(Fault::Malformed),
+            2 => Some(Fault::TooLarge),
+            3 => Some(Fault::Idle),
+            _ => None,
+        }
+    }
+}
+
+/// The error a limited body ends with.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body is larger than max_body_size ({0} bytes)")]
+    TooLarge(u64),
+    #[error("no body data for {0:?}")]
+    Idle(Duration),
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+}
+
+/// A body that must keep moving: each frame must arrive within `idle` of the last.
+struct Watchdog {
+    idle: Duration,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watchdog {
+    fn new(idle: Duration) -> Self {
+        Watchdog {
+            idle,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn fed(&mut self) {
+        self.sleep.as_mut().reset(Instant::now() + self.idle);
+    }
+
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// A client's request body on its way upstream.
+pub struct RequestBody {
+    inner: Incoming,
+    limit: u64,
+    seen: u64,
+    watchdog: Watchdog,
+    fault: Arc<BodyFault>,
+}
+
+impl RequestBody {
+    /// `inner`, cut off past `limit` bytes (0: no limit) or after `idle` without data; faults
+    /// are recorded in `fault`.
+    pub fn new(inner: Incoming, limit: u64, idle: Duration, fault: Arc<BodyFault>) -> Self {
+        RequestBody {
+            inner,
+            limit,
+            seen: 0,
+            watchdog: Watchdog::new(idle),
+            fault,
+        }
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.watchdog.fed();
+                if let Some(data) = frame.data_ref() {
+                    this.seen += data.len() as u64;
+                    if this.limit > 0 && this.seen > this.limit {
+                        this.fault.set(Fault::TooLarge);
+                        return Poll::Ready(Some(Err(BodyError::TooLarge(this.limit))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.fault.set(Fault::Malformed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.watchdog.expired(cx) => {
+                this.fault.set(Fault::Idle);
+                Poll::Ready(Some(Err(BodyError::Idle(this.watchdog.idle))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An upstream's response body on its way to the client, cut off after `idle` without data (the
+/// client then sees the response end early, as with nginx's `proxy_read_timeout`).
+pub struct ResponseBody {
+    inner: Incoming,
+    watchdog: Watchdog,
+}
+
+impl ResponseBody {
+    pub fn new(inner: Incoming, idle: Duration) -> Self {
+        ResponseBody {
+            inner,
+            watchdog: Watchdog::new(idle),
+        }
+    }
+}
+
+impl HttpBody for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.watchdog.fed();
+                Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
+            }
+            Poll::Pending if this.watchdog.expired(cx) => {
+                // An error, not an end: hyper then aborts the client's connection, so a
+                // truncated body never looks complete (a clean end would send the last chunk).
+                tracing::debug!(idle = ?this.watchdog.idle, "upstream body went silent; aborting the response");
+                Poll::Ready(Some(Err(BodyError::Idle(this.watchdog.idle))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
