@@ -19,6 +19,8 @@ fn config() -> IdentityConfig {
             .iter()
             .map(|n| n.parse().unwrap())
             .collect(),
+        ipv6_prefix: 64,
+        strip_untrusted_user_id: true,
     }
 }
 

@@ -445,10 +445,20 @@ impl Validator {
                 ),
             }
         }
+        let ipv6_prefix = match i.ipv6_prefix {
+            None => 64,
+            Some(n @ 1..=128) => n as u8,
+            Some(_) => {
+                self.problem("identity.ipv6_prefix", "must be between 1 and 128");
+                64
+            }
+        };
         Some(IdentityConfig {
             api_key_header: api_key_header?,
             user_id_header: user_id_header?,
             trusted_proxies,
+            ipv6_prefix,
+            strip_untrusted_user_id: i.strip_untrusted_user_id.unwrap_or(true),
         })
     }
 

@@ -215,6 +215,12 @@ pub struct IdentityConfig {
     pub api_key_header: HeaderName,
     pub user_id_header: HeaderName,
     pub trusted_proxies: Vec<IpNet>,
+    /// IPv6 clients are identified by this prefix of their address (default 64): one host
+    /// usually holds a whole /64, and would otherwise have 2^64 budgets.
+    pub ipv6_prefix: u8,
+    /// Remove the user id header from requests whose peer is not a trusted proxy before
+    /// forwarding them (default true): floodgate ignored it, and the upstream should too.
+    pub strip_untrusted_user_id: bool,
 }
 
 /// How many `X-Forwarded-For` entries the walk looks at before giving up on the header.
@@ -256,10 +262,25 @@ impl IdentityConfig {
     /// answer ([`IdentityConfig::client_ip`]). What `per: ip` limits spend.
     pub fn client_addr(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
         let peer = peer.to_canonical();
-        if self.is_trusted(peer) {
+        let client = if self.is_trusted(peer) {
             self.client_ip(headers, peer)
         } else {
             peer
+        };
+        self.budget_addr(client)
+    }
+
+    /// The address a budget is kept for: IPv6 addresses cut to `ipv6_prefix`.
+    pub fn budget_addr(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V6(v6) if self.ipv6_prefix < 128 => {
+                let bits = u128::from(v6);
+                let mask = u128::MAX
+                    .checked_shl(u32::from(128 - self.ipv6_prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((bits & mask).into())
+            }
+            other => other,
         }
     }
 

@@ -475,6 +475,11 @@ pub enum LimiterError {
     Unavailable(String),
     #[error("limiter store answered something unexpected: {0}")]
     Protocol(String),
+    /// The store is up but refused this request (an error reply for its keys, such as a script
+    /// error on corrupt data). It says nothing about the store's health, so it does not count
+    /// towards the circuit breaker.
+    #[error("limiter store refused the request: {0}")]
+    Refused(String),
 }
 
 /// A source of time in microseconds. The stores read wall time (µs since the Unix epoch, to agree
@@ -847,10 +852,7 @@ mod clock_tests {
         let first = clock.now_us();
         std::thread::sleep(Duration::from_millis(2));
         let second = clock.now_us();
-        assert!(
-            (5_000_000..6_000_000).contains(&first),
-            "{first}"
-        );
+        assert!((5_000_000..6_000_000).contains(&first), "{first}");
         // At least the 2 ms slept (sleep never returns early); the upper bound is loose because
         // a loaded machine can delay the thread.
         assert!(second >= first + 2_000, "{first} -> {second}");

@@ -275,6 +275,13 @@ impl Proxy {
         let (response, label) = match pass {
             Ok(pass) => {
                 let label = pass.label;
+                let identity = &runtime.identity;
+                // floodgate ignored an untrusted peer's user id; the upstream must not see it.
+                if identity.strip_untrusted_user_id
+                    && !identity.is_trusted(peer.ip().to_canonical())
+                {
+                    req.headers_mut().remove(&identity.user_id_header);
+                }
                 (self.forward(req, &route, pass, peer).await, Some(label))
             }
             Err((rejection, label)) => (rejection.into_response(&route.extras.headers), label),

@@ -422,3 +422,27 @@ async fn an_upstream_body_that_goes_silent_is_cut_off() {
     assert!(text.contains("hello"), "{text}");
     assert!(!text.ends_with("0\r\n\r\n"), "{text}");
 }
+
+#[tokio::test]
+async fn an_untrusted_user_id_is_not_forwarded() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&quick(&upstream, ""));
+    let request = b"GET /x HTTP/1.1\r\nHost: x\r\nX-User-Id: admin\r\nConnection: close\r\n\r\n";
+    assert!(
+        raw_exchange(fg.addr(), request)
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    assert_eq!(upstream.seen()[0].header("x-user-id"), None);
+    // The operator can keep it (an upstream that checks the header's origin itself).
+    let keep = Floodgate::start(&quick(
+        &upstream,
+        "identity:\n  strip_untrusted_user_id: false",
+    ));
+    assert!(
+        raw_exchange(keep.addr(), request)
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    assert_eq!(upstream.seen()[1].header("x-user-id"), Some("admin"));
+}

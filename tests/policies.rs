@@ -480,3 +480,47 @@ async fn budgets_on_redis_follow_spending_and_never_spend() {
     .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_the_wrong_type_is_repaired_and_opens_no_breaker() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        config(
+            &upstream,
+            &format!(
+                "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+                redis.url()
+            ),
+            "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n",
+        )
+    ));
+    let client = client();
+    assert_eq!(
+        get(&client, &fg.url("/"), &with_key("victim")).await.status,
+        StatusCode::OK
+    );
+    // Something else writes a list where the victim's bucket lives.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*:api_key:*"]);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: i64 = redis.cmd(&["DEL", &keys[0]]);
+    let _: i64 = redis.cmd(&["RPUSH", &keys[0], "junk"]);
+    // The victim is served (its bucket starts afresh) and so is everyone else: with
+    // on_error: deny, errors would be 503s, and three in a row would open the breaker for all.
+    for n in 0..10 {
+        let victim = get(&client, &fg.url("/"), &with_key("victim")).await;
+        let other = get(&client, &fg.url("/"), &with_key(&random_key(n))).await;
+        assert_eq!(
+            (victim.status, other.status),
+            (StatusCode::OK, StatusCode::OK)
+        );
+    }
+    let kind: String = redis.cmd(&["TYPE", &keys[0]]);
+    assert_eq!(kind, "string", "the key was replaced by a bucket");
+    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
+    assert!(
+        metrics.contains("floodgate_store_breaker_opened_total 0"),
+        "{metrics}"
+    );
+}

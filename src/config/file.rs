@@ -118,6 +118,12 @@ pub struct IdentityFile {
     pub user_id_header: Option<String>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// IPv6 clients are identified by this prefix length (default 64).
+    #[serde(default)]
+    pub ipv6_prefix: Option<i64>,
+    /// Remove the user id header from untrusted peers' requests before forwarding (default true).
+    #[serde(default)]
+    pub strip_untrusted_user_id: Option<bool>,
 }
 
 /// `consumers:` — the API keys floodgate knows.

@@ -25,6 +25,9 @@ fn trusting(nets: &[&str]) -> IdentityConfig {
             .iter()
             .map(|n| n.parse::<IpNet>().expect("test CIDR"))
             .collect(),
+        // Whole addresses, so the walk's answers are the addresses themselves.
+        ipv6_prefix: 128,
+        strip_untrusted_user_id: true,
     }
 }
 
@@ -277,6 +280,8 @@ fn custom_header_names_are_used() {
         api_key_header: HeaderName::from_static("authorization"),
         user_id_header: HeaderName::from_static("x-account"),
         trusted_proxies: vec!["10.0.0.0/8".parse().expect("CIDR")],
+        ipv6_prefix: 128,
+        strip_untrusted_user_id: true,
     };
     let map = headers(&[("x-api-key", "ignored"), ("x-account", "acct-1")]);
     assert_eq!(config.identify(&map, PEER), Ok(Identity::UserId(b"acct-1")));
@@ -365,4 +370,21 @@ fn a_hundred_thousand_consumers_are_found_by_one_hash_lookup() {
     );
     let anonymous = Consumers::new(UnknownKey::Anonymous);
     assert_eq!(anonymous.resolve(Identity::ApiKey(b"nope")), Ok(None));
+}
+
+#[test]
+fn ipv6_clients_share_a_budget_per_prefix() {
+    let mut config = trusting(&[]);
+    config.ipv6_prefix = 64;
+    let a = config.client_addr(&HeaderMap::new(), ip("2001:db8:1:2:aaaa::1"));
+    let b = config.client_addr(&HeaderMap::new(), ip("2001:db8:1:2:bbbb::9"));
+    let other = config.client_addr(&HeaderMap::new(), ip("2001:db8:1:3::1"));
+    assert_eq!(a, ip("2001:db8:1:2::"));
+    assert_eq!(a, b, "one /64, one budget");
+    assert_ne!(a, other);
+    // IPv4 (and IPv4-mapped IPv6) addresses are whole.
+    assert_eq!(
+        config.client_addr(&HeaderMap::new(), ip("::ffff:203.0.113.7")),
+        ip("203.0.113.7")
+    );
 }

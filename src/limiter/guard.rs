@@ -4,7 +4,9 @@
 //! - **Timeout**: a decision waits at most `storage.timeout` for Redis; past it, `on_error`.
 //! - **Circuit breaker**: after [`FAILURES_TO_OPEN`] failures in a row the breaker opens, and for
 //!   [`COOL_DOWN`] no request asks Redis at all (an outage then costs no latency). Afterwards one
-//!   request at a time probes Redis; the first success closes the breaker.
+//!   request at a time probes Redis; the first success closes the breaker. An error reply about
+//!   one request's keys ([`LimiterError::Refused`]) is not a failure of the store: it follows
+//!   `on_error` for that request and leaves the breaker alone.
 //! - **Deny cache**: an identity Redis denied is answered 429 locally until its `Retry-After`
 //!   instant, with no round trip, so a flood from one client costs Redis nothing. This changes no
 //!   decision: until that instant Redis would deny it too, and denied requests spend nothing.
@@ -175,8 +177,14 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             Err(_) => LimiterError::Timeout(self.timeout),
         };
         self.stats.store_errors.inc();
-        if self.breaker.failure(self.clock.now_us()) {
-            self.stats.breaker_opened.inc();
+        match &error {
+            // The store answered: it is healthy, whatever this request's keys hold.
+            LimiterError::Refused(_) => self.breaker.success(),
+            _ => {
+                if self.breaker.failure(self.clock.now_us()) {
+                    self.stats.breaker_opened.inc();
+                }
+            }
         }
         self.fallback(asks, lease, on_error, error)
     }
@@ -439,6 +447,7 @@ mod tests {
     const ANSWER: u8 = 0;
     const FAIL: u8 = 1;
     const HANG: u8 = 2;
+    const REFUSE: u8 = 3;
 
     /// A remote store that answers from its own in-process state, fails, or never answers, as the
     /// test says, and counts how often it was asked.
@@ -472,6 +481,7 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.mode.load(Ordering::SeqCst) {
                 FAIL => Err(LimiterError::Unavailable("scripted failure".into())),
+                REFUSE => Err(LimiterError::Refused("WRONGTYPE scripted".into())),
                 HANG => std::future::pending().await,
                 _ => self
                     .state
@@ -687,6 +697,26 @@ mod tests {
         // Paused time advances only through timers: exactly the 50 ms budget passed.
         assert_eq!(started.elapsed(), Duration::from_millis(50));
         assert_eq!(f.stat(&f.guard.stats().store_errors), 1);
+    }
+
+    #[tokio::test]
+    async fn errors_about_one_requests_keys_never_open_the_breaker() {
+        let f = Fixture::new();
+        f.set(REFUSE);
+        for _ in 0..10 {
+            assert!(matches!(
+                f.decide(OnError::Deny).await,
+                Err(LimiterError::Refused(_))
+            ));
+        }
+        assert_eq!(f.guard.breaker_state(), "closed");
+        assert_eq!(f.stat(&f.guard.stats().breaker_opened), 0);
+        assert_eq!(
+            f.stat(&f.guard.stats().store_errors),
+            10,
+            "still counted as errors"
+        );
+        assert_eq!(f.calls(), 10, "every request still asked the store");
     }
 
     #[tokio::test(start_paused = true)]

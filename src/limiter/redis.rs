@@ -53,6 +53,20 @@ pub const SCRIPT_SOURCE: &str = limiter_script!("lua/clock_redis.lua");
 /// The same script on a clock the caller passes as `ARGV[1]`: for the differential tests only.
 const TEST_SCRIPT_SOURCE: &str = limiter_script!("lua/clock_test.lua");
 
+/// A Redis error as the guard should see it: an error reply about this request's keys (a type
+/// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
+/// about the connection or the server's state is [`LimiterError::Unavailable`].
+fn classify(e: redis::RedisError) -> LimiterError {
+    let about_the_keys = e.code() == Some("WRONGTYPE")
+        || (e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            && e.detail().is_some_and(|d| d.contains("script")));
+    if about_the_keys {
+        LimiterError::Refused(e.to_string())
+    } else {
+        LimiterError::Unavailable(e.to_string())
+    }
+}
+
 /// Gives back one request's concurrency leases.
 const RELEASE_SOURCE: &str = include_str!("lua/release.lua");
 
@@ -272,7 +286,7 @@ impl RedisStore {
             Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
             Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
         }
-        .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+        .map_err(classify)?;
         let reply = Reply::try_from(reply.as_slice())?;
         if reply.decisions.len() != asks.len() {
             return Err(LimiterError::Protocol(format!(

@@ -5,7 +5,7 @@
 
 ALGORITHMS['concurrency'] = {
   check = function(key, now, limit, lease, cost)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
+    read('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
     local count = redis.call('ZCARD', key)
     if count + cost <= limit then
       return { 1, limit, limit - count - cost, lease, 0, 0 }, count

@@ -4,7 +4,7 @@
 ALGORITHMS['fixed_window'] = {
   check = function(key, now, limit, window, cost)
     local current = now - (now % window)
-    local stored = redis.call('HMGET', key, 's', 'c')
+    local stored = read('HMGET', key, 's', 'c')
     local count = 0
     if tonumber(stored[1]) == current then
       count = tonumber(stored[2]) or 0

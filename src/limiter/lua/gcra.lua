@@ -5,7 +5,7 @@
 -- drained (leaky bucket). The key lives until then: an absent key is a full bucket.
 
 local function gcra_check(key, now, capacity, interval, cost)
-  local tat = tonumber(redis.call('GET', key)) or 0
+  local tat = tonumber(read('GET', key)) or 0
   if tat < now then
     tat = now
   end

@@ -23,6 +23,22 @@ local function ttl_ms(expires_at, now)
   return math.max(math.ceil((expires_at - now) / 1000), 1) + ttl_slack_ms
 end
 
+-- Reads a key with `redis.call(command, key, ...)`, but a key holding the wrong type (written by
+-- something else, or left by an older floodgate) is deleted and read again as absent: one bad key
+-- must not turn every request that spends it into an error (and open the circuit breaker for
+-- every other client). Other errors are raised as they are.
+local function read(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      redis.call('DEL', key)
+      return redis.call(command, key, ...)
+    end
+    error(reply)
+  end
+  return reply
+end
+
 -- The request's lease token (main.lua sets it from ARGV[2]), for concurrency.lua.
 local LEASE = '0'
 

@@ -4,7 +4,8 @@
 
 for i = 1, #KEYS do
   for j = 1, tonumber(ARGV[1 + i]) do
-    redis.call('ZREM', KEYS[i], ARGV[1] .. '-' .. j)
+    -- A key of another type holds no lease of ours: nothing to release there.
+    redis.pcall('ZREM', KEYS[i], ARGV[1] .. '-' .. j)
   end
 end
 return 0

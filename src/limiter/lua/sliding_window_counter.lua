@@ -5,7 +5,7 @@
 ALGORITHMS['sliding_window_counter'] = {
   check = function(key, now, limit, window, cost)
     local current = now - (now % window)
-    local stored = redis.call('HMGET', key, 's', 'c', 'p')
+    local stored = read('HMGET', key, 's', 'c', 'p')
     local start = tonumber(stored[1]) or 0
     local curr = tonumber(stored[2]) or 0
     local prev = tonumber(stored[3]) or 0

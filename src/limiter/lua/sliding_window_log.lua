@@ -5,7 +5,7 @@
 ALGORITHMS['sliding_window_log'] = {
   check = function(key, now, limit, window, cost)
     -- An entry stamped ts stops counting at ts + window.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+    read('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
     local count = redis.call('ZCARD', key)
     if count + cost <= limit then
       return { 1, limit, limit - count - cost, window, 0, 0 }, count
