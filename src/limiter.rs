@@ -400,16 +400,6 @@ impl Decision {
         retry_after_us: 0,
         delay_us: 0,
     };
-
-    /// A full budget that was not charged: what a store answers for a budget it cannot track.
-    pub(crate) fn untracked(limit: &Limit) -> Decision {
-        let units = u64::from(limit.algorithm().units());
-        Decision {
-            limit: units,
-            remaining: units,
-            ..Decision::EMPTY
-        }
-    }
 }
 
 /// The decision of all the limits asked about one request, taken all-or-nothing.

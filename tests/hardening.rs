@@ -446,3 +446,64 @@ async fn an_untrusted_user_id_is_not_forwarded() {
     );
     assert_eq!(upstream.seen()[1].header("x-user-id"), Some("admin"));
 }
+
+/// An upstream that answers the first request on each connection (keep-alive, no
+/// `Connection: close`), then, when the next request arrives on that connection, closes it
+/// unanswered: its idle timer fired just as floodgate reused the connection.
+async fn closes_reused_connections() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                if matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                    let _ = stream.read(&mut buf).await; // the reuse: close without answering
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_idempotent_request_on_a_connection_the_upstream_just_closed_is_retried() {
+    let fg = Floodgate::start(&route_to(closes_reused_connections().await, ""));
+    let client = common::client();
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(
+            common::get(&client, &fg.url("/x"), &[])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, vec![200; 20], "no spurious 502");
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_is_not_sent_twice() {
+    let fg = Floodgate::start(&route_to(closes_reused_connections().await, ""));
+    let client = common::client();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let response = client
+            .post(fg.url("/x"))
+            .body("payload")
+            .send()
+            .await
+            .expect("response");
+        statuses.push(response.status().as_u16());
+    }
+    // Every other POST lands on a reused connection the upstream closes: 502, never retried.
+    assert!(
+        statuses.contains(&200) && statuses.contains(&502),
+        "{statuses:?}"
+    );
+}

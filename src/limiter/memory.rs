@@ -7,12 +7,13 @@
 //! the map holds only budgets active within their longest window. A million budgets active at
 //! once cost roughly 100 MB.
 //!
-//! **Past `max_keys`** the store stops tracking *new* budgets until sweeping makes room: a limit
-//! whose budget cannot be tracked does not count against the request (it is answered as a full,
-//! uncharged budget and counted in `floodgate_untracked_total`), while the request's other limits
-//! still decide. So a `per: route` or `per: ip` limit whose budget already exists keeps holding
-//! while a client rotating identities fills the table. Forgetting existing budgets instead would
-//! hand the heaviest clients a fresh one.
+//! **Past `max_keys`** the store stops tracking *new* budgets until sweeping makes room. A budget
+//! it cannot track is replaced by its limit's **overflow budget**, one per limit and always
+//! tracked, which every untracked client of that limit shares: a client rotating identities past
+//! the cap is still limited (together with the others, so a full table errs towards denying),
+//! and every budget already tracked keeps deciding as before. Each such request is counted in
+//! `floodgate_memory_untracked_admissions_total`. Forgetting existing budgets instead would hand
+//! the heaviest clients a fresh one.
 //!
 //! **Approximation**: entries are keyed by a 64-bit SipHash of the budget key under a per-process
 //! random seed, not by the key itself. Two budgets whose hashes collide share one entry. With a
@@ -29,6 +30,16 @@ use super::algorithm::State;
 use super::{AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, MAX_LIMITS, Verdict};
 
 const SHARDS: usize = 64;
+
+/// The client value of a limit's overflow budget: what every budget the full table cannot track
+/// shares. No client can send it (header values cannot hold a NUL, addresses are 4 or 16 bytes).
+const OVERFLOW: &[u8] = b"\0overflow";
+
+/// A first attempt at a decision: made, or the table was full for these asks.
+enum Attempt {
+    Decided(Option<Verdict>),
+    Full([bool; MAX_LIMITS]),
+}
 
 /// The in-process limiter store.
 pub struct MemoryStore {
@@ -89,18 +100,35 @@ impl MemoryStore {
         key.hash_with(&self.hasher)
     }
 
-    /// Sweeps every `every` on a blocking thread, for as long as the store is alive.
+    /// Sweeps the whole table every `every`, one shard at a time spread evenly over it, for as
+    /// long as the store is alive: no request ever waits on more than one shard's sweep, and the
+    /// work never comes in one burst.
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
         let store = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+            let mut tick = tokio::time::interval(every / SHARDS as u32);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
-            loop {
+            for shard in (0..SHARDS).cycle() {
                 tick.tick().await;
                 let Some(store) = store.upgrade() else { return };
-                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+                let _ = tokio::task::spawn_blocking(move || store.sweep_shard(shard)).await;
             }
         });
+    }
+
+    /// Drops the full budgets of one shard. Returns how many were dropped.
+    pub fn sweep_shard(&self, shard: usize) -> usize {
+        let now = self.clock.now_us();
+        let mut map = self.shards[shard % SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let before = map.len();
+        map.retain(|_, entry| entry.expires_at > now);
+        let dropped = before - map.len();
+        drop(map);
+        self.len.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
     }
 
     /// Decides one request against all `asks`, all-or-nothing: if any limit denies, nothing is
@@ -129,6 +157,40 @@ impl MemoryStore {
         lease: LeaseId,
         decisions: &mut [Decision; MAX_LIMITS],
     ) -> Option<Verdict> {
+        match self.try_decide(asks, now, lease, decisions, &[false; MAX_LIMITS]) {
+            Attempt::Decided(verdict) => verdict,
+            Attempt::Full(untracked) => {
+                // The table is full: each budget it cannot track is replaced by its limit's
+                // shared overflow budget (always tracked), and the request decided again. No
+                // lock is held between the two attempts and nothing was spent in the first.
+                self.untracked.fetch_add(1, Ordering::Relaxed);
+                let asks: Vec<Ask<'_>> = asks
+                    .iter()
+                    .zip(&untracked)
+                    .map(|(ask, &overflow)| {
+                        let mut ask = *ask;
+                        if overflow {
+                            ask.key.value = OVERFLOW;
+                        }
+                        ask
+                    })
+                    .collect();
+                match self.try_decide(&asks, now, lease, decisions, &untracked) {
+                    Attempt::Decided(verdict) => verdict,
+                    Attempt::Full(_) => None, // cannot happen: overflow budgets always fit
+                }
+            }
+        }
+    }
+
+    fn try_decide(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        lease: LeaseId,
+        decisions: &mut [Decision; MAX_LIMITS],
+        force: &[bool; MAX_LIMITS],
+    ) -> Attempt {
         let asks = &asks[..asks.len().min(MAX_LIMITS)];
         let mut hashes = [0u64; MAX_LIMITS];
         // The distinct shards this request touches, ascending, and each ask's place among them.
@@ -157,14 +219,14 @@ impl MemoryStore {
             *guard = Some(self.shards[shard].lock().unwrap_or_else(|p| p.into_inner()));
         }
         let mut tracked = [false; MAX_LIMITS];
-        let mut untracked = false;
+        let mut untracked = [false; MAX_LIMITS];
         for (i, ask) in asks.iter().enumerate() {
             let Some(map) = guards[slots[i]].as_mut() else {
                 continue; // locked above: unreachable
             };
             let entry = match map.get_mut(&hashes[i]) {
                 Some(entry) => entry,
-                None if self.len.load(Ordering::Relaxed) < self.max_keys => {
+                None if force[i] || self.len.load(Ordering::Relaxed) < self.max_keys => {
                     self.len.fetch_add(1, Ordering::Relaxed);
                     map.entry(hashes[i]).or_insert(Entry {
                         state: State::new(ask.limit.algorithm().kind()),
@@ -172,18 +234,19 @@ impl MemoryStore {
                     })
                 }
                 None => {
-                    untracked = true;
-                    decisions[i] = Decision::untracked(ask.limit);
+                    untracked[i] = true;
                     continue;
                 }
             };
             tracked[i] = true;
             decisions[i] = entry.state.check(ask.limit, now);
         }
-        if untracked {
-            self.untracked.fetch_add(1, Ordering::Relaxed);
+        if untracked.iter().any(|&u| u) {
+            return Attempt::Full(untracked);
         }
-        let verdict = Verdict::from_decisions(now, &decisions[..asks.len()])?;
+        let Some(verdict) = Verdict::from_decisions(now, &decisions[..asks.len()]) else {
+            return Attempt::Decided(None);
+        };
         for (i, ask) in asks.iter().enumerate() {
             if !tracked[i] {
                 continue;
@@ -199,7 +262,7 @@ impl MemoryStore {
             }
             entry.expires_at = entry.state.expires_at(ask.limit);
         }
-        Some(verdict)
+        Attempt::Decided(Some(verdict))
     }
 
     /// What `asks` would decide now, per limit, spending nothing and creating no state: a budget
@@ -240,16 +303,7 @@ impl MemoryStore {
 
     /// Drops every entry whose budget is fully restored. Returns how many were dropped.
     pub fn sweep(&self) -> usize {
-        let now = self.clock.now_us();
-        let mut dropped = 0;
-        for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            let before = map.len();
-            map.retain(|_, entry| entry.expires_at > now);
-            dropped += before - map.len();
-        }
-        self.len.fetch_sub(dropped, Ordering::Relaxed);
-        dropped
+        (0..SHARDS).map(|shard| self.sweep_shard(shard)).sum()
     }
 
     /// How many budgets the store tracks now.
@@ -430,19 +484,23 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_does_not_charge_new_budgets_and_counts_them() {
+    fn a_full_store_limits_new_budgets_together_and_counts_them() {
         let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
         let limits = [token_bucket(1, 1_000_000)];
         decide(&store, &limits, b"a");
         decide(&store, &limits, b"b");
-        for _ in 0..3 {
-            assert!(decide(&store, &limits, b"c").allowed);
-        }
+        // The table is full: c, d and e share one overflow bucket of 1.
+        let rotating: Vec<bool> = [b"c", b"d", b"e"]
+            .iter()
+            .map(|k| decide(&store, &limits, *k).allowed)
+            .collect();
+        assert_eq!(rotating, vec![true, false, false]);
         assert_eq!(store.untracked_total(), 3);
         assert!(
             !decide(&store, &limits, b"a").allowed,
             "tracked budgets keep their state"
         );
+        assert_eq!(store.len(), 3, "two budgets and one overflow budget");
     }
 
     #[test]

@@ -88,9 +88,9 @@ impl Watchdog {
     }
 }
 
-/// A client's request body on its way upstream.
+/// A client's request body on its way upstream (`None`: an empty body, for a retry).
 pub struct RequestBody {
-    inner: Incoming,
+    inner: Option<Incoming>,
     limit: u64,
     seen: u64,
     watchdog: Watchdog,
@@ -102,11 +102,22 @@ impl RequestBody {
     /// are recorded in `fault`.
     pub fn new(inner: Incoming, limit: u64, idle: Duration, fault: Arc<BodyFault>) -> Self {
         RequestBody {
-            inner,
+            inner: Some(inner),
             limit,
             seen: 0,
             watchdog: Watchdog::new(idle),
             fault,
+        }
+    }
+
+    /// An empty body: a retried request's, whose body was empty the first time.
+    pub fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            limit: 0,
+            seen: 0,
+            watchdog: Watchdog::new(Duration::from_secs(3600)),
+            fault: Arc::default(),
         }
     }
 }
@@ -120,7 +131,10 @@ impl HttpBody for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.watchdog.fed();
                 if let Some(data) = frame.data_ref() {
@@ -146,11 +160,13 @@ impl HttpBody for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
     }
 }
 

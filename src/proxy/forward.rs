@@ -80,7 +80,10 @@ impl Forwarder {
             .enable_http1()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so floodgate
+            // usually closes an idle connection first; shorter ones (Node's 5 s) race, and the
+            // retry of idempotent requests covers that.
+            .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -158,13 +161,31 @@ impl Forwarder {
         }
         parts.headers.insert(HOST, upstream.host_header.clone());
 
+        // An idempotent request without a body can be sent again if the upstream closed a pooled
+        // connection just as it was reused (nginx: proxy_next_upstream error): keep its head.
+        let retry =
+            (is_idempotent(&parts.method) && hyper::body::Body::is_end_stream(&body)).then(|| {
+                let mut head = Request::new(());
+                *head.method_mut() = parts.method.clone();
+                *head.uri_mut() = parts.uri.clone();
+                *head.version_mut() = parts.version;
+                *head.headers_mut() = parts.headers.clone();
+                head
+            });
         let request = Request::from_parts(parts, body);
-        let mut response = match tokio::time::timeout(
-            self.response_timeout,
-            self.client.request(request),
-        )
-        .await
-        {
+        let sent = async {
+            match self.client.request(request).await {
+                Err(e) if retry.is_some() && is_stale_connection(&e) => {
+                    tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
+                    let Some(head) = retry else { return Err(e) };
+                    self.client
+                        .request(head.map(|()| RequestBody::empty()))
+                        .await
+                }
+                other => other,
+            }
+        };
+        let mut response = match tokio::time::timeout(self.response_timeout, sent).await {
             Err(_) => return Err(Rejection::GatewayTimeout),
             // The request's own body failed: the client's error, not the upstream's.
             Ok(Err(_)) if fault.get() == Some(Fault::TooLarge) => {
@@ -236,6 +257,45 @@ impl Forwarder {
                 .boxed_unsync()
         }))
     }
+}
+
+/// Methods a request may be sent twice with (RFC 9110 §9.2.2).
+fn is_idempotent(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET
+            | http::Method::HEAD
+            | http::Method::OPTIONS
+            | http::Method::PUT
+            | http::Method::DELETE
+            | http::Method::TRACE
+    )
+}
+
+/// True when a request failed because a pooled connection was already closed by the upstream
+/// (closed before the response began, or reset), not because the upstream refused or timed out.
+fn is_stale_connection(e: &hyper_util::client::legacy::Error) -> bool {
+    if e.is_connect() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(hyper_err) = err.downcast_ref::<hyper::Error>()
+            && (hyper_err.is_incomplete_message() || hyper_err.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The rustls client config for `https://` upstreams. Without `upstream_ca` it trusts the
