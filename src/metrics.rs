@@ -95,6 +95,7 @@ pub struct Metrics {
     reloads: Family<ResultLabel, Counter>,
     open_connections: Gauge,
     no_route: Counter,
+    streams_refused: Counter,
     breaker_state: Family<StateLabel, Gauge>,
     untracked: Counter,
     tracked_keys: Gauge,
@@ -165,6 +166,12 @@ impl Metrics {
             "Client connections open now",
             open_connections.clone(),
         );
+        let streams_refused = Counter::default();
+        registry.register(
+            "http2_streams_refused",
+            "HTTP/2 streams answered 429 because their connection opened streams too fast",
+            streams_refused.clone(),
+        );
         let no_route = Counter::default();
         registry.register(
             "no_route_requests",
@@ -198,6 +205,7 @@ impl Metrics {
             reloads,
             open_connections,
             no_route,
+            streams_refused,
             breaker_state,
             untracked,
             tracked_keys,
@@ -263,6 +271,11 @@ impl Metrics {
     /// Records a limiter decision's duration.
     pub fn observe_limiter(&self, seconds: f64) {
         self.limiter_latency.observe(seconds);
+    }
+
+    /// Counts an HTTP/2 stream refused for its connection's stream rate.
+    pub fn stream_refused(&self) {
+        self.streams_refused.inc();
     }
 
     /// Counts a request that matched no route.

@@ -205,6 +205,13 @@ impl Proxy {
             .store(Arc::new(Snapshot::from_config(config, &self.metrics)));
     }
 
+    /// The answer to an HTTP/2 stream past its connection's stream budget (see `server`): 429
+    /// at once, counted, with no routing or forwarding.
+    pub fn refuse_stream(&self) -> Response<Body> {
+        self.metrics.stream_refused();
+        Rejection::TooManyStreams.into_response(&RateLimitHeaders::none())
+    }
+
     /// The limiter this proxy asks.
     pub fn limiter(&self) -> &Limiter {
         &self.limiter

@@ -31,6 +31,8 @@ pub struct Server {
     idle_timeout: Duration,
     drain_timeout: Duration,
     max_connections: usize,
+    /// New HTTP/2 streams per connection.
+    stream_limit: crate::limiter::Limit,
 }
 
 impl Server {
@@ -54,6 +56,9 @@ impl Server {
             idle_timeout: config.timeouts.idle,
             drain_timeout: config.timeouts.drain,
             max_connections: config.max_connections,
+            stream_limit: crate::limiter::Algorithm::token_bucket(STREAM_BURST, STREAMS_PER_SECOND)
+                .map(crate::limiter::Limit::of)
+                .map_err(|e| std::io::Error::other(format!("HTTP/2 stream budget: {e}")))?,
         })
     }
 
@@ -152,6 +157,7 @@ impl Server {
             let tls = self.tls.clone();
             let handshake_timeout = self.header_read_timeout;
             let first_byte = self.header_read_timeout;
+            let stream_limit = self.stream_limit;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
             tokio::spawn(async move {
@@ -159,7 +165,7 @@ impl Server {
                 match tls {
                     None => {
                         let stream = FirstByteDeadline::new(stream, first_byte);
-                        serve_connection(&builder, watcher, stream, proxy, peer).await
+                        serve_connection(&builder, watcher, stream, proxy, peer, stream_limit).await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
@@ -168,7 +174,15 @@ impl Server {
                         {
                             Ok(Ok(stream)) => {
                                 let stream = FirstByteDeadline::new(stream, first_byte);
-                                serve_connection(&builder, watcher, stream, proxy, peer).await
+                                serve_connection(
+                                    &builder,
+                                    watcher,
+                                    stream,
+                                    proxy,
+                                    peer,
+                                    stream_limit,
+                                )
+                                .await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(error = %e, %peer, "TLS handshake failed")
@@ -206,16 +220,64 @@ async fn serve_connection<S>(
     stream: S,
     proxy: Arc<Proxy>,
     peer: SocketAddr,
+    stream_limit: crate::limiter::Limit,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = service_fn(move |req| {
+    // HTTP/2 lets one connection open streams (and reset them) faster than any request could be
+    // served: each connection gets a token bucket for new streams (the same GCRA the limits use),
+    // and streams past it are answered 429 at once, without routing or forwarding.
+    let streams = StreamBudget::new(stream_limit);
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+        let admitted = req.version() != http::Version::HTTP_2 || streams.admit();
+        async move {
+            if !admitted {
+                return Ok::<_, Infallible>(proxy.refuse_stream());
+            }
+            Ok::<_, Infallible>(proxy.handle(req, peer).await)
+        }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     if let Err(e) = watcher.watch(conn.into_owned()).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
+}
+
+/// New HTTP/2 streams one connection may open: a burst of [`STREAM_BURST`], then
+/// [`STREAMS_PER_SECOND`]. A client resetting streams as fast as it opens them (CVE-2023-44487's
+/// rapid reset) runs out of them in a fraction of a second; a browser or SDK never comes near.
+struct StreamBudget {
+    limit: crate::limiter::Limit,
+    state: std::sync::Mutex<crate::limiter::algorithm::State>,
+    clock: crate::limiter::MonotonicClock,
+}
+
+/// The burst of streams one HTTP/2 connection may open at once.
+pub const STREAM_BURST: u32 = 500;
+/// The sustained rate of new streams per HTTP/2 connection.
+pub const STREAMS_PER_SECOND: f64 = 1000.0;
+
+impl StreamBudget {
+    fn new(limit: crate::limiter::Limit) -> Arc<Self> {
+        use crate::limiter::{AlgorithmKind, algorithm::State};
+        Arc::new(StreamBudget {
+            limit,
+            state: std::sync::Mutex::new(State::new(AlgorithmKind::TokenBucket)),
+            clock: crate::limiter::MonotonicClock::default(),
+        })
+    }
+
+    /// Spends one stream; false when the connection has none left.
+    fn admit(&self) -> bool {
+        use crate::limiter::Clock as _;
+        let now = self.clock.now_us();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let decision = state.check(&self.limit, now);
+        if decision.allowed {
+            state.commit(&self.limit, now, 0);
+        }
+        decision.allowed
     }
 }
 

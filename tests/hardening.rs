@@ -507,3 +507,51 @@ async fn a_request_with_a_body_is_not_sent_twice() {
         "{statuses:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_opening_streams_too_fast_is_answered_429() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        quick(&upstream, "")
+    ));
+    let stream = TcpStream::connect(fg.addr()).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    // 3000 streams at once on one connection, to a cheap answer (no upstream). The budget is a
+    // burst of 500 then 1000/s: unless this takes over 2.5 s (it takes a fraction of one, even in
+    // a debug build on a loaded machine), some are refused.
+    let tasks: Vec<_> = (0..3000)
+        .map(|_| {
+            let mut sender = sender.clone();
+            let uri: http::Uri = format!("http://{}/x", fg.addr()).parse().expect("uri");
+            tokio::spawn(async move {
+                let request = http::Request::get(uri)
+                    .body(Empty::<Bytes>::new())
+                    .expect("request");
+                match sender.send_request(request).await {
+                    Ok(response) => response.status().as_u16(),
+                    Err(_) => 0,
+                }
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for task in tasks {
+        refused += usize::from(task.await.expect("task") == 429);
+    }
+    assert!(refused > 0, "no stream refused");
+    assert!(upstream.count() < 3000);
+    let metrics = common::get(&common::client(), &fg.admin_url("/metrics"), &[])
+        .await
+        .body;
+    assert!(
+        metrics.contains(&format!("floodgate_http2_streams_refused_total {refused}")),
+        "{metrics}"
+    );
+    // Another connection has a budget of its own.
+    assert_eq!(post_h2(&fg, "/fine").await, 200);
+}

@@ -49,6 +49,8 @@ pub enum Rejection {
     PayloadTooLarge,
     /// The request body went silent for `timeouts.client_body`: 408.
     RequestTimeout,
+    /// An HTTP/2 connection opened streams faster than its stream budget: 429.
+    TooManyStreams,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -226,6 +228,18 @@ impl Rejection {
                 StatusCode::GATEWAY_TIMEOUT,
                 static_body(&GATEWAY_TIMEOUT_BODY),
             ),
+            Rejection::TooManyStreams => {
+                let mut response = Response::new(full(Bytes::from(problem_json(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_streams",
+                    "this HTTP/2 connection opens streams too fast",
+                    Some(1),
+                ))));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                response.headers_mut().insert(RETRY_AFTER, int_value(1));
+                response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+                return response;
+            }
             Rejection::PayloadTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Bytes::from(problem_json(
