@@ -55,6 +55,10 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
+        self.wait_for_ping();
+    }
+
+    fn wait_for_ping(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(mut c) = self.connection()
@@ -108,4 +112,101 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A real Redis Cluster on this machine: `masters` masters with one replica each, made with
+/// `redis-cli --cluster create`, every node a child process killed on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `2 × masters` cluster-enabled redis-servers and joins them into a cluster with one
+    /// replica per master; waits until every node reports `cluster_state:ok`.
+    pub fn start(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters * 2)
+            .map(|_| {
+                let port = free_port();
+                let dir = std::env::temp_dir()
+                    .join(format!("floodgate-cluster-{}-{port}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("temp dir");
+                let child = Command::new("redis-server")
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "2000",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                    ])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server must be installed (scripts/test.sh installs it)");
+                let server = RedisServer {
+                    port,
+                    child: Some(child),
+                    dir,
+                };
+                server.wait_for_ping();
+                server
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli must be installed with redis-server");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.nodes.iter().all(|n| {
+            n.cmd::<String>(&["CLUSTER", "INFO"])
+                .contains("cluster_state:ok")
+        }) {
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// The seed URLs, for `storage.urls`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes that are masters now.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes.iter().filter(|n| is_master(n)).collect()
+    }
+}
+
+fn is_master(node: &RedisServer) -> bool {
+    let mut c = match node.connection() {
+        Ok(c) => c,
+        Err(_) => return false,
+    };
+    let role: redis::Value = match redis::cmd("ROLE").query(&mut c) {
+        Ok(v) => v,
+        Err(_) => return false,
+    };
+    matches!(role, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(b)) if b == b"master"))
 }
