@@ -26,12 +26,12 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::field::Empty;
 
-use crate::config::{Budget, Config, OnError, Per, RouteConfig};
+use crate::config::{Budget, Config, OnError, RouteConfig};
 use crate::identity::{
     ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, ip_octets,
 };
 use crate::limiter::{
-    Admission, Ask, BudgetKey, HeldLeases, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
+    Admission, Ask, HeldLeases, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
 };
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::route::RouteTable;
@@ -152,20 +152,11 @@ impl<'a> Whose<'a> {
         };
         let applying = budget.limits.iter().enumerate();
         for (position, limit) in applying.filter(|(_, l)| l.applies_to(self.tier)) {
-            let (kind, value) = match limit.per {
-                Per::Identity => (KeyKind::from(self.identity.kind()), id),
-                Per::Ip => (KeyKind::Ip, ip),
-                Per::Route => (KeyKind::Route, &[][..]),
-            };
-            out.positions[out.asks.len()] = position;
-            out.asks.push(Ask {
-                limit: &limit.limit,
-                key: BudgetKey {
-                    budget: &limit.budget_id,
-                    kind,
-                    value,
-                },
-            });
+            let identity = (KeyKind::from(self.identity.kind()), id);
+            if let Some(ask) = limit.ask(Some(identity), Some(ip)) {
+                out.positions[out.asks.len()] = position;
+                out.asks.push(ask);
+            }
         }
         out
     }

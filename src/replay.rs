@@ -27,7 +27,7 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::{Budget, Config, Per};
+use crate::config::{Budget, Config};
 use crate::identity::{ANONYMOUS_TIER, UnknownKey, ip_octets};
 use crate::limiter::{
     AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore,
@@ -745,20 +745,10 @@ impl Replay {
             if !limit.applies_to(tier) || asks.len() == MAX_LIMITS {
                 continue;
             }
-            let (kind, value) = match limit.per {
-                Per::Identity => (kind, value),
-                Per::Ip => (KeyKind::Ip, ip),
-                Per::Route => (KeyKind::Route, &[][..]),
-            };
-            positions[asks.len()] = position;
-            asks.push(Ask {
-                limit: &limit.limit,
-                key: BudgetKey {
-                    budget: &limit.budget_id,
-                    kind,
-                    value,
-                },
-            });
+            if let Some(ask) = limit.ask(Some((kind, value)), Some(ip)) {
+                positions[asks.len()] = position;
+                asks.push(ask);
+            }
         }
         let mut decisions = [Decision::EMPTY; MAX_LIMITS];
         let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;

@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Floodgate, RedisCluster, Upstream, client, get};
+use common::{Floodgate, RedisCluster, Upstream, client, get, hammer};
 use http::StatusCode;
 
 /// A one-route config on `cluster`. `on_error: deny` so any store error (a CROSSSLOT, say)
@@ -57,39 +55,13 @@ async fn the_over_grant_test_passes_on_a_cluster_through_two_instances() {
         }
     }
     let before = upstream.count();
-    let urls = Arc::new([a.url("/ride"), b.url("/ride")]);
-    let clients: Vec<reqwest::Client> = (0..64).map(|_| client()).collect();
-    let run_for = Duration::from_secs(3);
-    let started = Instant::now();
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, client)| {
-            let urls = urls.clone();
-            tokio::spawn(async move {
-                let mut statuses = HashMap::<u16, u32>::new();
-                while started.elapsed() < run_for {
-                    let status = match client
-                        .post(&urls[i % 2])
-                        .header("x-api-key", "rider-1")
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status().as_u16(),
-                        Err(_) => 0,
-                    };
-                    *statuses.entry(status).or_default() += 1;
-                }
-                statuses
-            })
-        })
-        .collect();
-    let mut totals = HashMap::<u16, u32>::new();
-    for task in tasks {
-        for (status, n) in task.await.expect("client task") {
-            *totals.entry(status).or_default() += n;
-        }
-    }
+    let totals = hammer(
+        &[a.url("/ride"), b.url("/ride")],
+        "rider-1",
+        64,
+        Duration::from_secs(3),
+    )
+    .await;
     let received = (upstream.count() - before) as u32;
     eprintln!("cluster over-grant: the upstream received {received}; responses {totals:?}");
     assert!(totals.keys().all(|s| *s == 200 || *s == 429), "{totals:?}");

@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
-use common::{Floodgate, Upstream, client};
+use common::{Floodgate, Upstream, client, hammer};
 
 /// A config with one limited route on the Redis store.
 fn redis_config(redis: &RedisServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
@@ -64,43 +63,14 @@ async fn two_instances_sharing_redis_never_over_grant() {
     let config = redis_config_with_timeout(&redis, &upstream, "deny", BUCKET_10_PER_SEC, "1s");
     let a = Floodgate::start(&config);
     let b = Floodgate::start(&config);
-    let urls = Arc::new([a.url("/api/rides/request"), b.url("/api/rides/request")]);
-
     // The seeds' over-grant test: 64 clients hammer one key for 3 s, half through each instance.
-    let run_for = Duration::from_secs(3);
-    // Clients are built before the clock starts: building one loads TLS roots, which takes a
-    // while in a debug build, and would otherwise eat into the measured 3 s.
-    let clients: Vec<reqwest::Client> = (0..64).map(|_| client()).collect();
-    let started = Instant::now();
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, client)| {
-            let urls = urls.clone();
-            tokio::spawn(async move {
-                let mut statuses = HashMap::<u16, u32>::new();
-                while started.elapsed() < run_for {
-                    let status = match client
-                        .post(&urls[i % 2])
-                        .header("x-api-key", "rider-1")
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status().as_u16(),
-                        Err(_) => 0,
-                    };
-                    *statuses.entry(status).or_default() += 1;
-                }
-                statuses
-            })
-        })
-        .collect();
-    let mut totals = HashMap::<u16, u32>::new();
-    for task in tasks {
-        for (status, n) in task.await.expect("client task") {
-            *totals.entry(status).or_default() += n;
-        }
-    }
+    let totals = hammer(
+        &[a.url("/api/rides/request"), b.url("/api/rides/request")],
+        "rider-1",
+        64,
+        Duration::from_secs(3),
+    )
+    .await;
     let received = upstream.count() as u32;
     eprintln!("over-grant test: the upstream received {received}; responses {totals:?}");
     assert!(

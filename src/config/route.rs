@@ -7,7 +7,7 @@ use http::{Method, Uri};
 use super::file::RouteFile;
 use super::limit::limit_fingerprint;
 use super::{Validator, is_name};
-use crate::limiter::{Limit, MAX_LIMITS};
+use crate::limiter::{Ask, BudgetKey, KeyKind, Limit, MAX_LIMITS};
 
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
@@ -107,6 +107,29 @@ pub struct RouteLimit {
 }
 
 impl RouteLimit {
+    /// The ask this limit makes of a request whose identity is `identity` (its key kind and
+    /// bytes) and whose client address is `ip` (its octets): the budget its `per:` names.
+    /// `None` when that value is unknown (only `/budgets` asks without one).
+    pub fn ask<'a>(
+        &'a self,
+        identity: Option<(KeyKind, &'a [u8])>,
+        ip: Option<&'a [u8]>,
+    ) -> Option<Ask<'a>> {
+        let (kind, value) = match self.per {
+            Per::Identity => identity?,
+            Per::Ip => (KeyKind::Ip, ip?),
+            Per::Route => (KeyKind::Route, &[][..]),
+        };
+        Some(Ask {
+            limit: &self.limit,
+            key: BudgetKey {
+                budget: &self.budget_id,
+                kind,
+                value,
+            },
+        })
+    }
+
     /// True when the limit applies to a request of consumer tier `tier`.
     pub fn applies_to(&self, tier: &str) -> bool {
         self.tiers

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::Proxy;
 use crate::config::{Budget, Per};
 use crate::identity::{ANONYMOUS_TIER, Identity, UnknownKey, ip_octets};
-use crate::limiter::{Ask, BudgetKey, Decision, KeyKind};
+use crate::limiter::{Decision, KeyKind};
 
 /// Why `/budgets` cannot answer: a status and a problem detail.
 #[derive(Debug)]
@@ -183,22 +183,9 @@ impl Proxy {
         let mut asks = Vec::new();
         let mut slots = Vec::new(); // per applying limit: its position in `asks`, if asked
         for limit in &applying {
-            let key = match (limit.per, identity, ip) {
-                (Per::Route, _, _) => Some((KeyKind::Route, &[][..])),
-                (Per::Ip, _, Some(ip)) => Some((KeyKind::Ip, ip)),
-                (Per::Ip, _, None) => None,
-                (Per::Identity, Some(identity), _) => Some((KeyKind::from(identity.kind()), id)),
-                (Per::Identity, None, _) => None,
-            };
-            slots.push(key.map(|(kind, value)| {
-                asks.push(Ask {
-                    limit: &limit.limit,
-                    key: BudgetKey {
-                        budget: &limit.budget_id,
-                        kind,
-                        value,
-                    },
-                });
+            let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
+            slots.push(limit.ask(identity, ip).map(|ask| {
+                asks.push(ask);
                 asks.len() - 1
             }));
         }

@@ -205,3 +205,49 @@ pub fn assert_rate_limited(reply: &Reply, limit: u64) -> u64 {
     assert_reset_in_future(reply);
     retry_after
 }
+
+/// The seeds' over-grant load: `clients` clients POST to `urls` (client i to url i mod n) with
+/// one API key, as fast as they can, for `run_for`; the statuses they got, counted (0: no
+/// response). Clients are built before the clock starts: building one loads TLS roots, which
+/// takes a while in a debug build and would otherwise eat into the measured time.
+pub async fn hammer(
+    urls: &[String],
+    key: &str,
+    clients: usize,
+    run_for: Duration,
+) -> std::collections::HashMap<u16, u32> {
+    let urls: std::sync::Arc<Vec<String>> = std::sync::Arc::new(urls.to_vec());
+    let built: Vec<reqwest::Client> = (0..clients).map(|_| client()).collect();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = built
+        .into_iter()
+        .enumerate()
+        .map(|(i, client)| {
+            let urls = urls.clone();
+            let key = key.to_string();
+            tokio::spawn(async move {
+                let mut statuses = std::collections::HashMap::<u16, u32>::new();
+                while started.elapsed() < run_for {
+                    let status = match client
+                        .post(&urls[i % urls.len()])
+                        .header("x-api-key", &key)
+                        .send()
+                        .await
+                    {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    *statuses.entry(status).or_default() += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut totals = std::collections::HashMap::<u16, u32>::new();
+    for task in tasks {
+        for (status, n) in task.await.expect("client task") {
+            *totals.entry(status).or_default() += n;
+        }
+    }
+    totals
+}
