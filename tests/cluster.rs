@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{Floodgate, RedisCluster, Upstream, client, get, hammer};
@@ -145,4 +146,70 @@ async fn a_per_route_cap_holds_on_a_cluster() {
     }
     assert_eq!(admitted, 5);
     assert_eq!(upstream.count(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_costs_no_5xx_and_no_wait_past_the_decision_budget() {
+    let mut cluster = RedisCluster::start(3);
+    let upstream = Upstream::start().await;
+    let urls = cluster.urls();
+    let fg = Floodgate::start(&format!(
+        "storage:
+  backend: redis_cluster
+  urls: [{}]
+  on_error: allow
+  timeout: 200ms
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+      - {{algorithm: token_bucket, capacity: 1000000, refill_rate: 0.001}}
+",
+        urls.join(", "),
+        upstream.url()
+    ));
+    // (A slow refill: each request's key then lives for its 1000 s of refill, long enough to be
+    // found on its master below.)
+    let client = client();
+    let url = fg.url("/x");
+    let victim = [("x-api-key", "victim")];
+    // Decided by the cluster (the answer carries rate-limit headers) before the kill.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(&client, &url, &victim).await;
+        if r.headers.contains_key("x-ratelimit-limit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster never decided");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let holder = cluster
+        .nodes
+        .iter()
+        .position(|n| {
+            let keys: Vec<String> = n.cmd(&["KEYS", "*:api_key:*"]);
+            let info: String = n.cmd(&["INFO", "replication"]);
+            !keys.is_empty() && info.contains("role:master")
+        })
+        .expect("a master holds the victim's key");
+    let killed_at = Instant::now();
+    cluster.nodes[holder].kill();
+    // Five seconds of requests for the victim, whose master is gone: on_error: allow forwards
+    // every one, and none waits much past the 200 ms decision budget (the breaker then spares
+    // most of them the wait altogether).
+    let mut slowest = Duration::ZERO;
+    let mut statuses = HashMap::new();
+    while killed_at.elapsed() < Duration::from_secs(5) {
+        let started = Instant::now();
+        let r = get(&client, &url, &victim).await;
+        slowest = slowest.max(started.elapsed());
+        *statuses.entry(r.status.as_u16()).or_insert(0u32) += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("cluster master killed: slowest answer {slowest:?}; statuses {statuses:?}");
+    assert!(statuses.keys().all(|s| *s == 200), "{statuses:?}");
+    // 200 ms budget plus scheduling on a loaded 2-core machine; far below the seconds a
+    // client would otherwise wait on a dead master.
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
 }

@@ -146,6 +146,9 @@ impl RedisCluster {
                         "2000",
                         "--cluster-config-file",
                         &format!("nodes-{port}.conf"),
+                        // The bus port is port + 10000 unless given: past 55535 that overflows.
+                        "--cluster-port",
+                        &free_port().to_string(),
                     ])
                     .arg("--dir")
                     .arg(&dir)
