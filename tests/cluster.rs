@@ -149,7 +149,7 @@ async fn a_per_route_cap_holds_on_a_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_master_costs_no_5xx_and_no_wait_past_the_decision_budget() {
+async fn a_killed_master_costs_no_5xx_and_limiting_resumes_after_the_promotion() {
     let mut cluster = RedisCluster::start(3);
     let upstream = Upstream::start().await;
     let urls = cluster.urls();
@@ -195,21 +195,61 @@ routes:
         .expect("a master holds the victim's key");
     let killed_at = Instant::now();
     cluster.nodes[holder].kill();
-    // Five seconds of requests for the victim, whose master is gone: on_error: allow forwards
-    // every one, and none waits much past the 200 ms decision budget (the breaker then spares
-    // most of them the wait altogether).
+    // Requests for the victim, whose master is gone: on_error: allow forwards every one, none
+    // waits much past the 200 ms decision budget (the breaker then spares most of them the wait
+    // altogether), and once the replica is promoted (cluster-node-timeout is 2 s) floodgate
+    // finds it by itself and the cluster decides again (the answer carries rate-limit headers).
     let mut slowest = Duration::ZERO;
     let mut statuses = HashMap::new();
-    while killed_at.elapsed() < Duration::from_secs(5) {
+    let mut decided_again = None;
+    while killed_at.elapsed() < Duration::from_secs(20) {
         let started = Instant::now();
         let r = get(&client, &url, &victim).await;
         slowest = slowest.max(started.elapsed());
         *statuses.entry(r.status.as_u16()).or_insert(0u32) += 1;
+        if r.headers.contains_key("x-ratelimit-limit") {
+            decided_again = Some(killed_at.elapsed());
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    eprintln!("cluster master killed: slowest answer {slowest:?}; statuses {statuses:?}");
+    eprintln!(
+        "cluster master killed: decided again {decided_again:?} after the kill; slowest answer {slowest:?}; statuses {statuses:?}"
+    );
     assert!(statuses.keys().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        decided_again.is_some(),
+        "not decided again within 20 s of the kill"
+    );
     // 200 ms budget plus scheduling on a loaded 2-core machine; far below the seconds a
     // client would otherwise wait on a dead master.
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    // And exact again on the promoted master: a fresh client gets its capacity and no more.
+    let limited = Floodgate::start(&format!(
+        "storage:
+  backend: redis_cluster
+  urls: [{}]
+  on_error: deny
+  timeout: 1s
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.01}}
+",
+        urls.join(", "),
+        upstream.url()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let status = get(&client, &limited.url("/x"), &victim).await.status;
+        if status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue; // connecting
+        }
+        got.push(status.as_u16());
+    }
+    assert_eq!(got, vec![200, 200, 200, 429, 429]);
 }

@@ -21,7 +21,6 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -91,63 +90,9 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// Re-making a Redis Cluster connection from the seed nodes. redis-rs refreshes its slot map
-/// on MOVED, but when a master dies nothing answers MOVED: it keeps reconnecting to the dead
-/// address. A fresh connection reads CLUSTER SLOTS from a live seed and finds the promoted
-/// replica, so the store asks for one whenever a decision fails (at most once a second).
-struct ClusterRebuild {
-    client: redis::cluster::ClusterClient,
-    running: AtomicBool,
-    last: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-impl ClusterRebuild {
-    /// Connects in the background (retrying with backoff) and swaps the connection in.
-    fn start(self: Arc<Self>, slot: Arc<ArcSwapOption<Connection>>) {
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                match self.client.get_async_connection().await {
-                    Ok(c) => {
-                        slot.store(Some(Arc::new(Connection::Cluster(c))));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot connect to Redis Cluster yet; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
-            if let Ok(mut last) = self.last.lock() {
-                *last = Some(std::time::Instant::now());
-            }
-            self.running.store(false, Ordering::Release);
-        });
-    }
-
-    /// A decision failed: rebuild, unless one is running or finished less than a second ago.
-    fn after_failure(self: &Arc<Self>, slot: &Arc<ArcSwapOption<Connection>>) {
-        let recent = self
-            .last
-            .lock()
-            .map(|last| last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)))
-            .unwrap_or(true);
-        if !recent {
-            tracing::info!("a Redis Cluster decision failed; refreshing the cluster topology");
-            self.clone().start(slot.clone());
-        }
-    }
-}
-
 /// The Redis-backed limiter store.
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
-    /// For Redis Cluster: how to make a fresh connection (and so learn the topology anew).
-    cluster: Option<Arc<ClusterRebuild>>,
     script: Script,
     release: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
@@ -184,7 +129,6 @@ impl RedisStore {
         test_clock: bool,
     ) -> Result<Self, LimiterError> {
         let connection = Arc::new(ArcSwapOption::empty());
-        let mut cluster = None;
         match target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url.as_str())
@@ -205,18 +149,27 @@ impl RedisStore {
                         .response_timeout(timeout.max(Duration::from_millis(250)))
                         .build()
                         .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-                let rebuild = Arc::new(ClusterRebuild {
-                    client,
-                    running: AtomicBool::new(false),
-                    last: std::sync::Mutex::new(None),
+                let slot = connection.clone();
+                tokio::spawn(async move {
+                    let mut backoff = Duration::from_millis(100);
+                    loop {
+                        match client.get_async_connection().await {
+                            Ok(c) => {
+                                slot.store(Some(Arc::new(Connection::Cluster(c))));
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot connect to Redis Cluster yet; retrying");
+                                tokio::time::sleep(backoff).await;
+                                backoff = (backoff * 2).min(Duration::from_secs(5));
+                            }
+                        }
+                    }
                 });
-                rebuild.clone().start(connection.clone());
-                cluster = Some(rebuild);
             }
         }
         Ok(RedisStore {
             connection,
-            cluster,
             script: Script::new(if test_clock {
                 TEST_SCRIPT_SOURCE
             } else {
@@ -397,12 +350,6 @@ impl RemoteStore for RedisStore {
 
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         RedisStore::peek(self, asks).await
-    }
-
-    fn after_failure(&self) {
-        if let Some(cluster) = &self.cluster {
-            cluster.after_failure(&self.connection);
-        }
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {

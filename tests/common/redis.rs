@@ -144,6 +144,11 @@ impl RedisCluster {
                         "yes",
                         "--cluster-node-timeout",
                         "2000",
+                        // A test cluster's replicas may take over whatever their data's age
+                        // (their first sync can be slow on a loaded machine; in production keep
+                        // the default, which refuses a replica that lost its master long ago).
+                        "--cluster-replica-validity-factor",
+                        "0",
                         "--cluster-config-file",
                         &format!("nodes-{port}.conf"),
                         // The bus port is port + 10000 unless given: past 55535 that overflows.
@@ -181,9 +186,13 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes };
         let deadline = Instant::now() + Duration::from_secs(30);
+        // Every node sees the cluster ok, and every replica has synced with its master.
         while !cluster.nodes.iter().all(|n| {
+            let replication: String = n.cmd(&["INFO", "replication"]);
             n.cmd::<String>(&["CLUSTER", "INFO"])
                 .contains("cluster_state:ok")
+                && (replication.contains("role:master")
+                    || replication.contains("master_link_status:up"))
         }) {
             assert!(Instant::now() < deadline, "the cluster did not become ok");
             std::thread::sleep(Duration::from_millis(100));
