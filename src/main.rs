@@ -227,6 +227,16 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
         Backend::RedisCluster { urls } => {
             redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
         }
+        Backend::RedisSentinel {
+            sentinels,
+            master_name,
+        } => redis_limiter(
+            &config,
+            RedisTarget::Sentinel {
+                sentinels: sentinels.clone(),
+                master_name: master_name.clone(),
+            },
+        )?,
     };
     // Sweeps the in-process store (the `local` fallback, for Redis) of full budgets.
     limiter.memory().spawn_sweeper(Duration::from_secs(5));

@@ -32,6 +32,7 @@ pub enum BackendKind {
     Memory,
     Redis,
     RedisCluster,
+    RedisSentinel,
 }
 
 /// The whole file.
@@ -97,6 +98,12 @@ pub struct StorageFile {
     pub url: Option<String>,
     #[serde(default)]
     pub urls: Option<Vec<String>>,
+    /// `redis_sentinel`: the sentinels' URLs.
+    #[serde(default)]
+    pub sentinels: Option<Vec<String>>,
+    /// `redis_sentinel`: the name the sentinels know the master by.
+    #[serde(default)]
+    pub master_name: Option<String>,
     #[serde(default)]
     pub timeout: Option<String>,
     #[serde(default)]

@@ -21,8 +21,17 @@ pub struct StorageConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
     Memory,
-    Redis { url: String },
-    RedisCluster { urls: Vec<String> },
+    Redis {
+        url: String,
+    },
+    RedisCluster {
+        urls: Vec<String>,
+    },
+    /// Redis behind Sentinel: the master named `master_name`, found and followed.
+    RedisSentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
 }
 
 impl Validator {
@@ -49,6 +58,37 @@ impl Validator {
                     return None;
                 }
             },
+            BackendKind::RedisSentinel => {
+                let sentinels = match s.sentinels {
+                    Some(urls) if !urls.is_empty() => urls,
+                    _ => {
+                        self.problem(
+                            "storage.sentinels",
+                            "required (one or more redis:// URLs of sentinels) when backend is redis_sentinel",
+                        );
+                        return None;
+                    }
+                };
+                for (i, url) in sentinels.iter().enumerate() {
+                    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                        self.problem(
+                            format!("storage.sentinels[{i}]"),
+                            format!("{url:?} must start with redis:// or rediss://"),
+                        );
+                    }
+                }
+                let Some(master_name) = s.master_name.filter(|n| !n.is_empty()) else {
+                    self.problem(
+                        "storage.master_name",
+                        "required when backend is redis_sentinel (the name in `sentinel monitor`)",
+                    );
+                    return None;
+                };
+                Backend::RedisSentinel {
+                    sentinels,
+                    master_name,
+                }
+            }
             BackendKind::RedisCluster => match s.urls {
                 Some(urls) if !urls.is_empty() => Backend::RedisCluster { urls },
                 _ => {

@@ -482,7 +482,7 @@ fn bad_storage_settings_are_named() {
     rejects(
         &with_top("storage:\n  backend: etcd"),
         "storage.backend",
-        "expected one of `memory`, `redis`, `redis_cluster`",
+        "expected one of `memory`, `redis`, `redis_cluster`, `redis_sentinel`",
     );
     rejects(
         &with_top("storage:\n  on_error: maybe"),
@@ -819,5 +819,34 @@ fn concurrency_takes_a_limit_and_a_lease() {
         &with_limit("{algorithm: concurrency}"),
         &format!("{L}.limit"),
         "required",
+    );
+}
+
+#[test]
+fn sentinel_settings_are_named() {
+    let config = valid(&with_top(
+        "storage:\n  backend: redis_sentinel\n  sentinels: [redis://127.0.0.1:26379]\n  master_name: mymaster",
+    ));
+    assert_eq!(
+        config.storage.backend,
+        Backend::RedisSentinel {
+            sentinels: vec!["redis://127.0.0.1:26379".into()],
+            master_name: "mymaster".into()
+        }
+    );
+    rejects(
+        &with_top("storage:\n  backend: redis_sentinel\n  master_name: m"),
+        "storage.sentinels",
+        "required",
+    );
+    rejects(
+        &with_top("storage:\n  backend: redis_sentinel\n  sentinels: [redis://x:1]"),
+        "storage.master_name",
+        "required",
+    );
+    rejects(
+        &with_top("storage:\n  backend: redis_sentinel\n  sentinels: [x:1]\n  master_name: m"),
+        "storage.sentinels[0]",
+        "must start with redis://",
     );
 }

@@ -56,6 +56,9 @@ pub trait RemoteStore: Send + Sync + 'static {
         &self,
         asks: &[Ask<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, LimiterError>> + Send;
+    /// A decision failed (an error or the timeout): a store that can find its server anew
+    /// (Redis behind Sentinel asks the sentinels again) starts doing so. Does nothing by default.
+    fn after_failure(&self) {}
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
 }
@@ -181,6 +184,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             // The store answered: it is healthy, whatever this request's keys hold.
             LimiterError::Refused(_) => self.breaker.success(),
             _ => {
+                self.store.after_failure();
                 if self.breaker.failure(self.clock.now_us()) {
                     self.stats.breaker_opened.inc();
                 }

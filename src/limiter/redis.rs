@@ -81,6 +81,11 @@ pub const REPLY_FIELDS: usize = 6;
 pub enum RedisTarget {
     Single(String),
     Cluster(Vec<String>),
+    /// The master that these sentinels name `master_name`, followed through failovers.
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
 }
 
 /// A connection to Redis or Redis Cluster.
@@ -90,9 +95,74 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
+/// The one-connection settings: the decision budget bounds a connection attempt and a reply.
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .set_response_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .set_max_delay(Duration::from_secs(2))
+        .set_number_of_retries(1)
+}
+
+/// Finds the master through Sentinel, and again after a failed decision (at most once a
+/// second): after a failover the old address is dead, or back as a replica that refuses writes
+/// with READONLY, and either failure sends floodgate to ask the sentinels anew. Sentinel's
+/// answer is checked with `ROLE` by redis-rs, so a replica is never taken for the master.
+struct MasterFollower {
+    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+    timeout: Duration,
+    /// When the sentinels were last asked.
+    asked: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl MasterFollower {
+    /// Asks the sentinels for the master (retrying with backoff until one answers) and swaps
+    /// in a connection to it.
+    fn ask(self: Arc<Self>, slot: Arc<ArcSwapOption<Connection>>) {
+        if let Ok(mut asked) = self.asked.lock() {
+            *asked = Some(std::time::Instant::now());
+        }
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let found = self.client.lock().await.async_get_client().await;
+                let manager = found.and_then(|client| {
+                    ConnectionManager::new_lazy_with_config(client, manager_config(self.timeout))
+                });
+                match manager {
+                    Ok(manager) => {
+                        slot.store(Some(Arc::new(Connection::Single(manager))));
+                        tracing::info!("connected to the master Sentinel names");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no master from Sentinel yet; asking again");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+        });
+    }
+
+    /// A decision failed: ask again, unless the sentinels were asked less than a second ago.
+    fn after_failure(self: &Arc<Self>, slot: &Arc<ArcSwapOption<Connection>>) {
+        let recent = self
+            .asked
+            .lock()
+            .map(|asked| asked.is_some_and(|at| at.elapsed() < Duration::from_secs(1)))
+            .unwrap_or(true);
+        if !recent {
+            self.clone().ask(slot.clone());
+        }
+    }
+}
+
 /// The Redis-backed limiter store.
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
+    /// For Redis behind Sentinel: how to find the master again.
+    sentinel: Option<Arc<MasterFollower>>,
     script: Script,
     release: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
@@ -129,18 +199,34 @@ impl RedisStore {
         test_clock: bool,
     ) -> Result<Self, LimiterError> {
         let connection = Arc::new(ArcSwapOption::empty());
+        let mut sentinel = None;
         match target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-                    .set_response_timeout(Some(timeout.max(Duration::from_millis(250))))
-                    .set_max_delay(Duration::from_secs(2))
-                    .set_number_of_retries(1);
-                let manager = ConnectionManager::new_lazy_with_config(client, config)
-                    .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
+                        .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
                 connection.store(Some(Arc::new(Connection::Single(manager))));
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => {
+                let client = redis::sentinel::SentinelClient::build(
+                    sentinels.clone(),
+                    master_name.as_str(),
+                    None,
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                let follower = Arc::new(MasterFollower {
+                    client: tokio::sync::Mutex::new(client),
+                    timeout,
+                    asked: std::sync::Mutex::new(None),
+                });
+                follower.clone().ask(connection.clone());
+                sentinel = Some(follower);
             }
             RedisTarget::Cluster(urls) => {
                 let client =
@@ -170,6 +256,7 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connection,
+            sentinel,
             script: Script::new(if test_clock {
                 TEST_SCRIPT_SOURCE
             } else {
@@ -350,6 +437,12 @@ impl RemoteStore for RedisStore {
 
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         RedisStore::peek(self, asks).await
+    }
+
+    fn after_failure(&self) {
+        if let Some(sentinel) = &self.sentinel {
+            sentinel.after_failure(&self.connection);
+        }
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {

@@ -222,3 +222,87 @@ fn is_master(node: &RedisServer) -> bool {
     };
     matches!(role, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(b)) if b == b"master"))
 }
+
+/// A Redis master, one replica and three sentinels watching them as `mymaster` (quorum 2, a
+/// master down after 1 s), every one a child process killed on drop.
+pub struct RedisSentinelSet {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl RedisSentinelSet {
+    pub fn start() -> RedisSentinelSet {
+        let master = RedisServer::start();
+        let replica = RedisServer::start();
+        let _: String = replica.cmd(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !replica
+            .cmd::<String>(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica never synced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let sentinels = (0..3)
+            .map(|_| {
+                let port = free_port();
+                let dir = std::env::temp_dir()
+                    .join(format!("floodgate-sentinel-{}-{port}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("temp dir");
+                // Sentinel rewrites its config file, so each gets its own, writable.
+                let conf = dir.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\n\
+                         sentinel monitor mymaster 127.0.0.1 {} 2\n\
+                         sentinel down-after-milliseconds mymaster 1000\n\
+                         sentinel failover-timeout mymaster 5000\n\
+                         sentinel parallel-syncs mymaster 1\n",
+                        dir.display(),
+                        master.port
+                    ),
+                )
+                .expect("sentinel.conf");
+                let child = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server must be installed (scripts/test.sh installs it)");
+                let sentinel = RedisServer {
+                    port,
+                    child: Some(child),
+                    dir,
+                };
+                sentinel.wait_for_ping();
+                sentinel
+            })
+            .collect();
+        // Let the sentinels find each other and the replica before anyone relies on them.
+        let set = RedisSentinelSet {
+            master,
+            replica,
+            sentinels,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !set.sentinels.iter().all(|s| {
+            let info: String = s.cmd(&["INFO", "sentinel"]);
+            info.contains("slaves=1") && info.contains("sentinels=3")
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels never saw each other"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        set
+    }
+
+    /// The sentinels' URLs, for `storage.sentinels`.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+}
