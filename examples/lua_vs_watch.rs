@@ -116,7 +116,9 @@ async fn run(
                             .decide(&asks, 0)
                             .await
                             .map(|v| (v.allowed, 1))
-                            .map_err(|e| redis::RedisError::from(std::io::Error::other(e.to_string())))
+                            .map_err(|e| {
+                                redis::RedisError::from(std::io::Error::other(e.to_string()))
+                            })
                     }
                     Way::MultiCmd => multi_cmd(&mut conn, &key).await,
                     Way::Watch => watch(&mut conn, &key).await,
@@ -124,7 +126,9 @@ async fn run(
                 match outcome {
                     Ok((allowed, calls)) => {
                         counters.decisions.fetch_add(1, Ordering::Relaxed);
-                        counters.allowed.fetch_add(u64::from(allowed), Ordering::Relaxed);
+                        counters
+                            .allowed
+                            .fetch_add(u64::from(allowed), Ordering::Relaxed);
                         counters.calls.fetch_add(calls, Ordering::Relaxed);
                     }
                     Err(_) => {
@@ -153,11 +157,18 @@ async fn multi_cmd(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
 ) -> redis::RedisResult<(bool, u64)> {
-    let (tokens, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET").arg(key).arg("tokens").arg("ts").query_async(conn).await?;
+    let (tokens, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("tokens")
+        .arg("ts")
+        .query_async(conn)
+        .await?;
     let now = now_secs();
     let (allowed, tokens) = refill(tokens, ts, now);
     // Always written back (the seed's lesson: skipping the write on a denial makes it worse).
-    let _: () = conn.hset_multiple(key, &[("tokens", tokens), ("ts", now)]).await?;
+    let _: () = conn
+        .hset_multiple(key, &[("tokens", tokens), ("ts", now)])
+        .await?;
     let _: () = conn.pexpire(key, 10_000).await?;
     Ok((allowed, 3))
 }
@@ -169,7 +180,12 @@ async fn watch(
     let mut calls = 0;
     loop {
         let _: () = redis::cmd("WATCH").arg(key).query_async(conn).await?;
-        let (tokens, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET").arg(key).arg("tokens").arg("ts").query_async(conn).await?;
+        let (tokens, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg("tokens")
+            .arg("ts")
+            .query_async(conn)
+            .await?;
         calls += 2;
         let now = now_secs();
         let (allowed, tokens) = refill(tokens, ts, now);
@@ -199,18 +215,32 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let store = Arc::new(
-        RedisStore::connect(&RedisTarget::Single(url.clone()), "lvw:", Duration::from_secs(2))
-            .expect("store"),
+        RedisStore::connect(
+            &RedisTarget::Single(url.clone()),
+            "lvw:",
+            Duration::from_secs(2),
+        )
+        .expect("store"),
     );
     // Let the lazy connection come up.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ways = [Way::Lua, Way::MultiCmd, Way::Watch];
     println!("## Performance ({TASKS} tasks, {seconds} s each; µs per decision per task)\n");
-    println!("| approach | hot key: µs/op | hot key: round trips/decision | a key each: µs/op | a key each: round trips/decision |");
+    println!(
+        "| approach | hot key: µs/op | hot key: round trips/decision | a key each: µs/op | a key each: round trips/decision |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for (i, way) in ways.into_iter().enumerate() {
         let hot = run(way, &url, store.clone(), true, seconds, &format!("perf{i}")).await;
-        let each = run(way, &url, store.clone(), false, seconds, &format!("each{i}")).await;
+        let each = run(
+            way,
+            &url,
+            store.clone(),
+            false,
+            seconds,
+            &format!("each{i}"),
+        )
+        .await;
         println!(
             "| {} | {:.1} | {:.2} | {:.1} | {:.2} |",
             way.name(),

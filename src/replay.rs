@@ -160,7 +160,165 @@ impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
     }
 }
 
+/// The fields of floodgate's access-log line that replay reads, borrowed from the line.
+#[derive(Default)]
+struct Fields<'a> {
+    timestamp: Option<&'a [u8]>,
+    target: Option<&'a [u8]>,
+    method: Option<&'a [u8]>,
+    path: Option<&'a [u8]>,
+    client_ip: Option<&'a [u8]>,
+    identity: Option<&'a [u8]>,
+    identity_hash: Option<&'a [u8]>,
+    decision: Option<&'a [u8]>,
+    latency_ms: Option<f64>,
+}
+
+/// One pass over a line as floodgate writes it: a flat object whose `fields` and `span` are
+/// flat objects too, strings without escapes, numbers. `None` for anything else (an escape, a
+/// nested array, a key of its own twice), which the general parser then reads.
+fn scan(line: &[u8]) -> Option<Fields<'_>> {
+    let mut f = Fields::default();
+    let mut i = 0;
+    let mut depth = 0;
+    let mut in_span = false;
+    let next = |i: &mut usize| -> Option<u8> {
+        while let Some(&b) = line.get(*i) {
+            *i += 1;
+            if !b.is_ascii_whitespace() {
+                return Some(b);
+            }
+        }
+        None
+    };
+    // A string's bytes, `i` just past its opening quote; no escapes.
+    let string = |i: &mut usize| -> Option<&[u8]> {
+        let start = *i;
+        let len = memchr::memchr2(b'"', b'\\', &line[start..])?;
+        if line[start + len] == b'\\' {
+            return None;
+        }
+        *i = start + len + 1;
+        Some(&line[start..start + len])
+    };
+    if next(&mut i)? != b'{' {
+        return None;
+    }
+    depth += 1;
+    loop {
+        match next(&mut i)? {
+            b'}' => {
+                depth -= 1;
+                in_span = false;
+                if depth == 0 {
+                    break;
+                }
+                continue;
+            }
+            b',' => continue,
+            b'"' => {}
+            _ => return None,
+        }
+        let key = string(&mut i)?;
+        if next(&mut i)? != b':' {
+            return None;
+        }
+        match next(&mut i)? {
+            b'"' => {
+                let value = string(&mut i)?;
+                let slot = match (depth, in_span, key) {
+                    (1, _, b"timestamp") => &mut f.timestamp,
+                    (1, _, b"target") => &mut f.target,
+                    (2, true, b"method") => &mut f.method,
+                    (2, true, b"path") => &mut f.path,
+                    (2, true, b"client_ip") => &mut f.client_ip,
+                    (2, true, b"identity") => &mut f.identity,
+                    (2, true, b"identity_hash") => &mut f.identity_hash,
+                    (2, true, b"decision") => &mut f.decision,
+                    _ => continue,
+                };
+                if slot.replace(value).is_some() {
+                    return None;
+                }
+            }
+            b'{' if depth == 1 => {
+                depth += 1;
+                in_span = key == b"span";
+            }
+            b => {
+                // A number, true, false or null: up to the next , or }.
+                let start = i - 1;
+                let len = memchr::memchr2(b',', b'}', &line[start..])?;
+                let text = &line[start..start + len];
+                if b == b'[' || b == b'{' || text.contains(&b'[') {
+                    return None;
+                }
+                i = start + len;
+                if depth == 2 && in_span && key == b"latency_ms" {
+                    f.latency_ms = Some(std::str::from_utf8(text).ok()?.trim().parse().ok()?);
+                }
+            }
+        }
+    }
+    Some(f)
+}
+
 fn parse_json(line: &[u8]) -> Result<Option<Record>, String> {
+    if let Some(f) = scan(line) {
+        return record_from(f);
+    }
+    parse_json_general(line)
+}
+
+/// A record from scanned fields, by the same rules as the general parser.
+fn record_from(f: Fields<'_>) -> Result<Option<Record>, String> {
+    if f.target.is_some_and(|t| t != b"floodgate::access") {
+        return Ok(None);
+    }
+    if f.method.is_none() && f.path.is_none() {
+        return Err("no request span".into());
+    }
+    let at_us = f
+        .timestamp
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .and_then(parse_rfc3339_us)
+        .ok_or("timestamp is not RFC 3339")?;
+    let method = Method::from_bytes(f.method.ok_or("no method")?).map_err(|_| "invalid method")?;
+    let path = std::str::from_utf8(f.path.ok_or("no path")?)
+        .map_err(|_| "the path is not UTF-8")?
+        .to_string();
+    let client_ip = match f.client_ip {
+        Some(ip) => std::str::from_utf8(ip)
+            .ok()
+            .and_then(|ip| ip.parse().ok())
+            .ok_or("client_ip is not an address")?,
+        None => IpAddr::from([0, 0, 0, 0]),
+    };
+    let hash = f.identity_hash.map(parse_sha256).transpose()?;
+    let identity = match (f.identity, hash) {
+        (Some(b"api_key" | b"consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
+        (Some(b"user_id"), Some(h)) => RecordedIdentity::UserId(h),
+        _ => RecordedIdentity::Ip,
+    };
+    let latency_us = f.latency_ms.map(|ms| (ms * 1000.0) as u64);
+    let recorded = match f.decision {
+        Some(b"allowed" | b"shadow_denied") => Some(true),
+        Some(b"denied") => Some(false),
+        _ => None,
+    };
+    Ok(Some(Record {
+        at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
+        method,
+        path,
+        client_ip,
+        identity,
+        latency_us,
+        recorded,
+        whole_second: false,
+    }))
+}
+
+fn parse_json_general(line: &[u8]) -> Result<Option<Record>, String> {
     let parsed: JsonLine<'_> =
         serde_json::from_slice(line).map_err(|e| format!("invalid JSON: {e}"))?;
     if parsed.target.is_some_and(|t| t.0 != b"floodgate::access") {

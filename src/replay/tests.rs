@@ -251,3 +251,36 @@ fn timestamps_parse_in_both_formats() {
     );
     assert_eq!(parse_time_local("22/Foo/2026:00:00:00 +0000"), None);
 }
+
+#[test]
+fn the_fast_scanner_reads_what_the_general_parser_reads() {
+    let key = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let mut lines = vec![
+        json_line(T0, "203.0.113.7", None, "allowed"),
+        json_line(T0 + 1, "2001:db8::1", Some(key), "denied"),
+        json_line(T0 + 2, "203.0.113.7", Some(key), "shadow_denied"),
+    ];
+    // Layouts the scanner leaves to the general parser: an escape, keys in another order,
+    // whitespace, a nested array, a line of another target, a span missing fields.
+    lines.push(lines[0].replace("/api/x", "/api/x\\u0041"));
+    lines.push(lines[1].replace(
+        r#""method":"GET","path":"/api/x""#,
+        r#""path":"/api/x", "method" : "GET""#,
+    ));
+    lines.push(lines[0].replace(r#""level":"INFO""#, r#""level":["INFO"]"#));
+    lines.push(lines[0].replace("floodgate::access", "floodgate::server"));
+    lines.push(r#"{"timestamp":"2026-11-22T00:00:00.000000Z","span":{"route":"api"}}"#.into());
+    for line in &lines {
+        let fast = parse_json(line.as_bytes());
+        let general = parse_json_general(line.as_bytes());
+        assert_eq!(fast.is_ok(), general.is_ok(), "{line}");
+        if let (Ok(a), Ok(b)) = (&fast, &general) {
+            assert_eq!(a, b, "{line}");
+        }
+    }
+    assert_eq!(
+        parse_json(lines[3].as_bytes()).unwrap().unwrap().path,
+        "/api/xA",
+        "the escaped line, read by the general parser"
+    );
+}
