@@ -135,8 +135,8 @@ struct Whose<'a> {
     tier: &'a str,
 }
 
-/// One request's asks, on the stack: the limits of a budget that apply to the request, each with
-/// the budget it spends, and each one's position in the route's list.
+/// One request's asks: the limits of a budget that apply to the request, each with the budget it
+/// spends, and each one's position in the route's list.
 struct Asks<'a> {
     asks: Vec<Ask<'a>>,
     positions: [usize; MAX_LIMITS],
@@ -188,9 +188,9 @@ impl Proxy {
         }
     }
 
-    /// Swaps in a new runtime for requests that start from now on. In-flight requests finish
-    /// with the runtime they started with; limiter state of unchanged routes carries over
-    /// because it is keyed by the route's budget id.
+    /// Swaps in a new snapshot for requests that start from now on. In-flight requests finish
+    /// with the snapshot they started with; limiter state of unchanged limits carries over
+    /// because it is keyed by each limit's budget id.
     pub fn reload(&self, config: &Config) {
         self.snapshot
             .store(Arc::new(Snapshot::from_config(config, &self.metrics)));
@@ -384,6 +384,7 @@ impl Proxy {
             });
         }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
+        // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
         let mut pass = Pass {
