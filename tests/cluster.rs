@@ -253,3 +253,66 @@ routes:
     }
     assert_eq!(got, vec![200, 200, 200, 429, 429]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_down_at_start_is_joined_when_it_comes_up() {
+    let ports = RedisCluster::ports(3);
+    let upstream = Upstream::start().await;
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0
+storage:
+  backend: redis_cluster
+  urls: [{}]
+  on_error: allow
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.01}}
+",
+        urls.join(", "),
+        upstream.url()
+    ));
+    let client = client();
+    // No cluster yet: floodgate serves (fail open) and says it is not ready.
+    assert_eq!(
+        get(&client, &fg.url("/x"), &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&client, &fg.admin_url("/readyz"), &[]).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let _cluster = RedisCluster::start_on(&ports);
+    // It connects by itself (retrying with a backoff of at most 5 s) and /readyz follows.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&client, &fg.admin_url("/readyz"), &[]).await.status != StatusCode::OK {
+        assert!(
+            Instant::now() < deadline,
+            "never ready after the cluster came up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got: Vec<u16> = {
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(
+                get(&client, &fg.url("/x"), &[("x-api-key", "late")])
+                    .await
+                    .status
+                    .as_u16(),
+            );
+        }
+        got
+    };
+    assert_eq!(
+        got,
+        vec![200, 200, 200, 429, 429],
+        "limiting on the cluster"
+    );
+}

@@ -124,9 +124,19 @@ impl RedisCluster {
     /// Starts `2 × masters` cluster-enabled redis-servers and joins them into a cluster with one
     /// replica per master; waits until every node reports `cluster_state:ok`.
     pub fn start(masters: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..masters * 2)
-            .map(|_| {
-                let port = free_port();
+        RedisCluster::start_on(&RedisCluster::ports(masters))
+    }
+
+    /// Free ports for a cluster of `masters` masters and their replicas, to start it later.
+    pub fn ports(masters: usize) -> Vec<u16> {
+        (0..masters * 2).map(|_| free_port()).collect()
+    }
+
+    /// [`RedisCluster::start`] on these ports (one master per two ports).
+    pub fn start_on(ports: &[u16]) -> RedisCluster {
+        let nodes: Vec<RedisServer> = ports
+            .iter()
+            .map(|&port| {
                 let dir = std::env::temp_dir()
                     .join(format!("floodgate-cluster-{}-{port}", std::process::id()));
                 std::fs::create_dir_all(&dir).expect("temp dir");
