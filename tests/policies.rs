@@ -524,3 +524,42 @@ async fn a_key_of_the_wrong_type_is_repaired_and_opens_no_breaker() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_run_as_a_redis_function_and_survive_function_flush() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+            redis.url()
+        ),
+        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+    ));
+    let client = client();
+    let statuses = |n: usize| {
+        let client = client.clone();
+        let url = fg.url("/");
+        async move {
+            let mut got = Vec::new();
+            for _ in 0..n {
+                got.push(get(&client, &url, &with_key("fn")).await.status.as_u16());
+            }
+            got
+        }
+    };
+    assert_eq!(statuses(2).await, vec![200, 200]);
+    let libraries: Vec<redis::Value> = redis.cmd(&["FUNCTION", "LIST"]);
+    assert_eq!(libraries.len(), 1, "one floodgate library loaded");
+    // Someone flushes the functions (or a failover lands on a server without them): the next
+    // decision loads the library again, and the budget carries on where it was.
+    let _: String = redis.cmd(&["FUNCTION", "FLUSH"]);
+    assert_eq!(statuses(2).await, vec![200, 429]);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_fcall:calls="), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_evalsha:calls="),
+        "no EVALSHA: {stats}"
+    );
+}

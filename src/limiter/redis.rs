@@ -21,6 +21,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -32,7 +33,8 @@ use sha2::{Digest, Sha256};
 use super::guard::RemoteStore;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
-macro_rules! limiter_script {
+/// Everything before `main.lua`: helpers, the algorithms and a clock.
+macro_rules! limiter_library {
     ($clock:literal) => {
         concat!(
             include_str!("lua/prelude.lua"),
@@ -43,15 +45,73 @@ macro_rules! limiter_script {
             include_str!("lua/sliding_window_counter.lua"),
             include_str!("lua/concurrency.lua"),
             include_str!($clock),
-            include_str!("lua/main.lua"),
         )
     };
 }
 
+const LIBRARY: &str = limiter_library!("lua/clock_redis.lua");
+const TEST_LIBRARY: &str = limiter_library!("lua/clock_test.lua");
+const MAIN: &str = include_str!("lua/main.lua");
+
 /// The limiter script, assembled from one file per algorithm, on Redis' clock.
-pub const SCRIPT_SOURCE: &str = limiter_script!("lua/clock_redis.lua");
+pub const SCRIPT_SOURCE: &str = concat!(
+    limiter_library!("lua/clock_redis.lua"),
+    include_str!("lua/main.lua")
+);
 /// The same script on a clock the caller passes as `ARGV[1]`: for the differential tests only.
-const TEST_SCRIPT_SOURCE: &str = limiter_script!("lua/clock_test.lua");
+const TEST_SCRIPT_SOURCE: &str = concat!(
+    limiter_library!("lua/clock_test.lua"),
+    include_str!("lua/main.lua")
+);
+
+/// The same Lua as a Redis 7 function library: the helpers and algorithms are built once when
+/// the library loads, and each `FCALL` runs only `main.lua`, where an `EVALSHA` rebuilds every
+/// table and closure of the script on each call. Its name carries a hash of its text, so two
+/// floodgate versions sharing one Redis (a rolling upgrade) each call their own.
+struct FunctionLibrary {
+    /// `FUNCTION LOAD REPLACE` text.
+    code: String,
+    /// The decision function's name.
+    decide: String,
+}
+
+impl FunctionLibrary {
+    fn new(body: &str) -> Self {
+        let hash: String = Sha256::digest(format!("{body}{MAIN}").as_bytes())[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let decide = format!("floodgate_decide_{hash}");
+        let code = format!(
+            "#!lua name=floodgate_{hash}\n{body}\nlocal function decide(KEYS, ARGV)\n{MAIN}\nend\n\
+             redis.register_function('{decide}', decide)\n"
+        );
+        FunctionLibrary { code, decide }
+    }
+}
+
+/// Whether the server has the function library: not known yet, loaded, or not supported (Redis
+/// before 7), when `EVALSHA` is used for good.
+const FUNCTIONS_UNKNOWN: u8 = 0;
+const FUNCTIONS_LOADED: u8 = 1;
+const FUNCTIONS_UNSUPPORTED: u8 = 2;
+
+/// One command on either kind of connection.
+async fn query<T: redis::FromRedisValue>(
+    connection: &Connection,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    match connection.clone() {
+        Connection::Single(mut c) => cmd.query_async(&mut c).await,
+        Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
+    }
+}
+
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.to_string()
+        .to_ascii_lowercase()
+        .contains("unknown command")
+}
 
 /// A Redis error as the guard should see it: an error reply about this request's keys (a type
 /// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
@@ -161,6 +221,9 @@ impl MasterFollower {
 /// The Redis-backed limiter store.
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
+    library: FunctionLibrary,
+    /// `FUNCTIONS_*`: whether to `FCALL` or `EVALSHA`.
+    functions: std::sync::atomic::AtomicU8,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     script: Script,
@@ -256,6 +319,8 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connection,
+            library: FunctionLibrary::new(if test_clock { TEST_LIBRARY } else { LIBRARY }),
+            functions: std::sync::atomic::AtomicU8::new(FUNCTIONS_UNKNOWN),
             sentinel,
             script: Script::new(if test_clock {
                 TEST_SCRIPT_SOURCE
@@ -343,25 +408,18 @@ impl RedisStore {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
-        let mut invocation = self.script.prepare_invoke();
-        for ask in asks {
-            invocation.key(self.key_name(ask));
-        }
-        match now {
-            Some(now) => invocation.arg(now),
-            None => invocation.arg("-"),
-        };
-        match lease {
-            Some(lease) => invocation.arg(lease),
-            None => invocation.arg("-"),
-        };
+        let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
+        // ARGV as main.lua reads it: the clock, the lease token, then four per limit.
+        let number = |n: u64| n.to_string().into_bytes();
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * asks.len());
+        args.push(now.map_or_else(|| b"-".to_vec(), number));
+        args.push(lease.map_or_else(|| b"-".to_vec(), number));
         for ask in asks {
             let (a, b) = ask.limit.algorithm().parameters();
-            invocation
-                .arg(ask.limit.algorithm().name())
-                .arg(a)
-                .arg(b)
-                .arg(ask.limit.cost());
+            args.push(ask.limit.algorithm().name().as_bytes().to_vec());
+            args.push(number(a));
+            args.push(number(b));
+            args.push(number(u64::from(ask.limit.cost())));
         }
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
@@ -369,11 +427,10 @@ impl RedisStore {
                 "not connected to Redis yet".to_string(),
             ));
         };
-        let reply: Vec<Value> = match connection.clone() {
-            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        }
-        .map_err(classify)?;
+        let reply = self
+            .call(connection, &keys, &args)
+            .await
+            .map_err(classify)?;
         let reply = Reply::try_from(reply.as_slice())?;
         if reply.decisions.len() != asks.len() {
             return Err(LimiterError::Protocol(format!(
@@ -383,6 +440,68 @@ impl RedisStore {
             )));
         }
         Ok(reply)
+    }
+
+    /// One decision's script call: `FCALL` of the function library when the server has it (it
+    /// is loaded on first use, and again after `FUNCTION FLUSH` or a failover to a server
+    /// without it), else `EVALSHA` (Redis 6).
+    async fn call(
+        &self,
+        connection: &Connection,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> redis::RedisResult<Vec<Value>> {
+        if self.functions.load(Ordering::Relaxed) != FUNCTIONS_UNSUPPORTED {
+            let fcall = || {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(&self.library.decide)
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(args);
+                cmd
+            };
+            match query(connection, &fcall()).await {
+                Err(e) if e.to_string().contains("Function not found") => {
+                    match query::<String>(
+                        connection,
+                        redis::cmd("FUNCTION")
+                            .arg("LOAD")
+                            .arg("REPLACE")
+                            .arg(&self.library.code),
+                    )
+                    .await
+                    {
+                        Ok(_) => {
+                            self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
+                            return query(connection, &fcall()).await;
+                        }
+                        Err(e) if is_unknown_command(&e) => {
+                            tracing::info!("Redis has no functions (before 7): using EVALSHA");
+                            self.functions
+                                .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if is_unknown_command(&e) => {
+                    tracing::info!("Redis has no FCALL (before 7): using EVALSHA");
+                    self.functions
+                        .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        let mut invocation = self.script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for a in args {
+            invocation.arg(a.as_slice());
+        }
+        match connection.clone() {
+            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        }
     }
 
     /// The Redis key of one ask.

@@ -5,6 +5,6 @@
 
 ttl_slack_ms = 3600000
 
-local function script_now()
-  return tonumber(ARGV[1])
+local function script_now(argv)
+  return tonumber(argv[1])
 end

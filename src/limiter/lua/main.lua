@@ -10,7 +10,8 @@
 -- Reply (REPLY_HEADER and REPLY_FIELDS in redis.rs): { allowed, now_us, then per limit: allowed,
 --          limit, remaining, reset_after_us, retry_after_us, delay_us }.
 
-local now = script_now()
+-- ARGV is passed on: a function library (FCALL) has no global ARGV, only this chunk's argument.
+local now = script_now(ARGV)
 LEASE = ARGV[2]
 
 local n = #KEYS
