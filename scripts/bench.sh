@@ -6,6 +6,8 @@
 #   upstream          the upstream alone: the ceiling
 #   nginx_proxy       nginx as a plain reverse proxy (worker_processes auto, upstream keepalive 64,
 #                     proxy_http_version 1.1, Connection "")       <- every ratio is against this one
+#   haproxy_proxy     HAProxy as a plain reverse proxy (http-reuse always), if asked for in TARGETS
+#   haproxy_limit     HAProxy with a stick-table request-rate limit keyed on X-API-Key (allowing)
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
@@ -194,6 +196,47 @@ EOF
 NGINX_PROXY_PID=$NGINX_PID
 NGINX_PROXY_URL="http://127.0.0.1:$PROXY_PORT"
 wait_http "$NGINX_PROXY_URL/"
+
+# --- HAProxy: a plain proxy, and a stick-table limit keyed on the API key -------------------------
+# (Only when a haproxy target is asked for; `apt-get install haproxy` provides it.)
+start_haproxy() { # name extra-frontend-lines  -> sets HAPROXY_PID, HAPROXY_URL
+    local name=$1 extra=$2 port
+    port="$(free_port)"
+    mkdir -p "$WORK/$name"
+    cat >"$WORK/$name/haproxy.cfg" <<CFG
+global
+    maxconn 4096
+    nbthread $(nproc)
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+frontend fe
+    bind 127.0.0.1:$port
+$extra
+    default_backend be
+backend be
+    http-reuse always
+    server up 127.0.0.1:$UPSTREAM_PORT
+CFG
+    "${SERVER_PIN[@]}" haproxy -db -f "$WORK/$name/haproxy.cfg" >"$WORK/$name/log" 2>&1 &
+    HAPROXY_PID=$!
+    PIDS+=("$HAPROXY_PID")
+    HAPROXY_URL="http://127.0.0.1:$port"
+    wait_http "$HAPROXY_URL/"
+}
+if [[ " ${TARGETS[*]} " == *" haproxy_"* ]]; then
+    command -v haproxy >/dev/null || die "haproxy targets need haproxy (apt-get install haproxy)"
+    start_haproxy haproxy_proxy ""
+    HAPROXY_PROXY_PID=$HAPROXY_PID HAPROXY_PROXY_URL=$HAPROXY_URL
+    # Allowing: a per-key request-rate table far above what the load reaches.
+    start_haproxy haproxy_limit "    stick-table type string len 64 size 100k expire 60s store http_req_rate(1s)
+    http-request track-sc0 req.hdr(X-API-Key)
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }"
+    HAPROXY_LIMIT_PID=$HAPROXY_PID HAPROXY_LIMIT_URL=$HAPROXY_URL
+fi
 NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 
 # --- redis -------------------------------------------------------------------------------------
@@ -271,6 +314,8 @@ pids_of() {
     case $1 in
         upstream) echo "$UPSTREAM_PID - -" ;;
         nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
+        haproxy_proxy) echo "$HAPROXY_PROXY_PID $UPSTREAM_PID -" ;;
+        haproxy_limit) echo "$HAPROXY_LIMIT_PID $UPSTREAM_PID -" ;;
         fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
@@ -293,6 +338,8 @@ url_of() {
     case $1 in
         upstream) echo "$UPSTREAM_URL/" ;;
         nginx_proxy) echo "$NGINX_PROXY_URL/" ;;
+        haproxy_proxy) echo "$HAPROXY_PROXY_URL/" ;;
+        haproxy_limit) echo "$HAPROXY_LIMIT_URL/" ;;
         fg_memory_allow) echo "$FG_MEMORY_URL/" ;;
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
