@@ -287,6 +287,8 @@ fn record_from(f: Fields<'_>) -> Result<Option<Record>, String> {
     let path = std::str::from_utf8(f.path.ok_or("no path")?)
         .map_err(|_| "the path is not UTF-8")?
         .to_string();
+    // A request rejected before identification (404, 400) has no client_ip: replay routes it
+    // only, so any address serves.
     let client_ip = match f.client_ip {
         Some(ip) => std::str::from_utf8(ip)
             .ok()
@@ -300,6 +302,7 @@ fn record_from(f: Fields<'_>) -> Result<Option<Record>, String> {
         (Some(b"user_id"), Some(h)) => RecordedIdentity::UserId(h),
         _ => RecordedIdentity::Ip,
     };
+    // The line is written when the request has finished; the proxy decided `latency` earlier.
     let latency_us = f.latency_ms.map(|ms| (ms * 1000.0) as u64);
     let recorded = match f.decision {
         Some(b"allowed" | b"shadow_denied") => Some(true),
@@ -318,52 +321,27 @@ fn record_from(f: Fields<'_>) -> Result<Option<Record>, String> {
     }))
 }
 
+/// Any JSON line, through serde_json: the fields read, then the same [`record_from`].
 fn parse_json_general(line: &[u8]) -> Result<Option<Record>, String> {
     let parsed: JsonLine<'_> =
         serde_json::from_slice(line).map_err(|e| format!("invalid JSON: {e}"))?;
-    if parsed.target.is_some_and(|t| t.0 != b"floodgate::access") {
+    let target = parsed.target.map(|t| t.0);
+    if target.is_some_and(|t| t != b"floodgate::access") {
         return Ok(None);
     }
     let span = parsed.span.ok_or("no request span")?;
-    let at_us = std::str::from_utf8(parsed.timestamp.0)
-        .ok()
-        .and_then(parse_rfc3339_us)
-        .ok_or("timestamp is not RFC 3339")?;
-    let method =
-        Method::from_bytes(span.method.ok_or("no method")?.0).map_err(|_| "invalid method")?;
-    let path = span.path.ok_or("no path")?.into_owned();
-    // A request rejected before identification (404, 400) has no client_ip: replay routes it
-    // only, so any address serves.
-    let client_ip = match span.client_ip {
-        Some(ip) => std::str::from_utf8(ip.0)
-            .ok()
-            .and_then(|ip| ip.parse().ok())
-            .ok_or("client_ip is not an address")?,
-        None => IpAddr::from([0, 0, 0, 0]),
-    };
-    let hash = span.identity_hash.map(|h| parse_sha256(h.0)).transpose()?;
-    let identity = match (span.identity.map(|i| i.0), hash) {
-        (Some(b"api_key" | b"consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
-        (Some(b"user_id"), Some(h)) => RecordedIdentity::UserId(h),
-        _ => RecordedIdentity::Ip,
-    };
-    // The line is written when the request has finished; the proxy decided `latency` earlier.
-    let latency_us = span.latency_ms.map(|ms| (ms * 1000.0) as u64);
-    let recorded = match span.decision.map(|d| d.0) {
-        Some(b"allowed" | b"shadow_denied") => Some(true),
-        Some(b"denied") => Some(false),
-        _ => None,
-    };
-    Ok(Some(Record {
-        at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
-        method,
-        path,
-        client_ip,
-        identity,
-        latency_us,
-        recorded,
-        whole_second: false,
-    }))
+    record_from(Fields {
+        timestamp: Some(parsed.timestamp.0),
+        target,
+        method: span.method.map(|m| m.0),
+        // An escaped path is owned by the Cow, which lives to the end of this call.
+        path: span.path.as_deref().map(str::as_bytes),
+        client_ip: span.client_ip.map(|ip| ip.0),
+        identity: span.identity.map(|i| i.0),
+        identity_hash: span.identity_hash.map(|h| h.0),
+        decision: span.decision.map(|d| d.0),
+        latency_ms: span.latency_ms,
+    })
 }
 
 fn parse_sha256(bytes: &[u8]) -> Result<[u8; 32], String> {
