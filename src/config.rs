@@ -65,6 +65,8 @@ pub struct Config {
     pub max_body_size: u64,
     /// The most client connections open at once, on the proxy listener.
     pub max_connections: usize,
+    /// New HTTP/2 streams per connection: a token bucket (see `server`).
+    pub http2_streams: crate::limiter::Limit,
 }
 
 /// Which rate-limit fields responses carry.
@@ -291,6 +293,14 @@ impl Config {
             merge_slashes: file.merge_slashes.unwrap_or(true),
         };
         let max_body_size = v.size("max_body_size", file.max_body_size.as_deref(), 1 << 20);
+        let http2_streams = {
+            let rate = file.http2_max_streams_per_second.unwrap_or(1000.0);
+            let burst = (rate / 2.0).clamp(1.0, f64::from(u32::MAX)) as u32;
+            crate::limiter::Algorithm::token_bucket(burst, rate)
+                .map(crate::limiter::Limit::of)
+                .map_err(|e| v.problem("http2_max_streams_per_second", e.to_string()))
+                .ok()
+        };
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {
@@ -299,24 +309,33 @@ impl Config {
             }
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         };
-        match (listen, storage, identity, v.problems.is_empty()) {
-            (Some(listen), Some(storage), Some(identity), true) => Ok(Config {
-                listen,
-                admin_listen,
-                tls,
-                upstream_ca,
-                storage,
-                identity,
-                consumers,
-                timeouts,
-                routes,
-                shadow: file.shadow.unwrap_or(false),
-                rate_limit_headers,
-                log_format,
-                paths,
-                max_body_size,
-                max_connections,
-            }),
+        match (
+            listen,
+            storage,
+            identity,
+            http2_streams,
+            v.problems.is_empty(),
+        ) {
+            (Some(listen), Some(storage), Some(identity), Some(http2_streams), true) => {
+                Ok(Config {
+                    listen,
+                    admin_listen,
+                    tls,
+                    upstream_ca,
+                    storage,
+                    identity,
+                    consumers,
+                    timeouts,
+                    routes,
+                    shadow: file.shadow.unwrap_or(false),
+                    rate_limit_headers,
+                    log_format,
+                    paths,
+                    max_body_size,
+                    max_connections,
+                    http2_streams,
+                })
+            }
             _ => Err(ConfigError {
                 problems: v.problems,
             }),

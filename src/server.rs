@@ -56,9 +56,7 @@ impl Server {
             idle_timeout: config.timeouts.idle,
             drain_timeout: config.timeouts.drain,
             max_connections: config.max_connections,
-            stream_limit: crate::limiter::Algorithm::token_bucket(STREAM_BURST, STREAMS_PER_SECOND)
-                .map(crate::limiter::Limit::of)
-                .map_err(|e| std::io::Error::other(format!("HTTP/2 stream budget: {e}")))?,
+            stream_limit: config.http2_streams,
         })
     }
 
@@ -244,19 +242,15 @@ async fn serve_connection<S>(
     }
 }
 
-/// New HTTP/2 streams one connection may open: a burst of [`STREAM_BURST`], then
-/// [`STREAMS_PER_SECOND`]. A client resetting streams as fast as it opens them (CVE-2023-44487's
-/// rapid reset) runs out of them in a fraction of a second; a browser or SDK never comes near.
+/// New HTTP/2 streams one connection may open (`http2_max_streams_per_second`, default 1000, a
+/// burst of half that). A client resetting streams as fast as it opens them (CVE-2023-44487's
+/// rapid reset) runs out of them in a fraction of a second; a browser or SDK never comes near. A
+/// proxy in front of floodgate that multiplexes many clients over one connection may: raise it.
 struct StreamBudget {
     limit: crate::limiter::Limit,
     state: std::sync::Mutex<crate::limiter::algorithm::State>,
     clock: crate::limiter::MonotonicClock,
 }
-
-/// The burst of streams one HTTP/2 connection may open at once.
-pub const STREAM_BURST: u32 = 500;
-/// The sustained rate of new streams per HTTP/2 connection.
-pub const STREAMS_PER_SECOND: f64 = 1000.0;
 
 impl StreamBudget {
     fn new(limit: crate::limiter::Limit) -> Arc<Self> {

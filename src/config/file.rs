@@ -78,6 +78,9 @@ pub struct FileConfig {
     /// The most client connections open at once (default 10000).
     #[serde(default)]
     pub max_connections: Option<u64>,
+    /// New HTTP/2 streams one connection may open per second (default 1000; burst: half that).
+    #[serde(default)]
+    pub http2_max_streams_per_second: Option<f64>,
 }
 
 /// `tls:` — terminate TLS on the proxy listener.

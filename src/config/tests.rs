@@ -850,3 +850,18 @@ fn sentinel_settings_are_named() {
         "must start with redis://",
     );
 }
+
+#[test]
+fn the_http2_stream_rate_is_configurable_and_checked() {
+    let config = valid(&with_top("http2_max_streams_per_second: 20000"));
+    assert_eq!(
+        config.http2_streams.algorithm().units(),
+        10_000,
+        "a burst of half a second"
+    );
+    rejects(
+        &with_top("http2_max_streams_per_second: 0"),
+        "http2_max_streams_per_second",
+        "must be > 0",
+    );
+}
