@@ -596,6 +596,9 @@ struct PendingRelease {
     at_us: u64,
     lease: u64,
     route: usize,
+    /// Whether the leases are in the route's shadow limits (else its enforced ones).
+    shadow: bool,
+    /// Per lease: the limit's position in that list, and the budget's key kind and value.
     keys: Vec<(usize, KeyKind, Vec<u8>)>,
 }
 
@@ -911,10 +914,8 @@ impl Replay {
                 at_us: now + latency_us.unwrap_or(0),
                 lease,
                 route: index,
-                keys: concurrent
-                    .into_iter()
-                    .map(|(p, k, v)| (p + if shadow { 1 << 16 } else { 0 }, k, v))
-                    .collect(),
+                shadow,
+                keys: concurrent,
             }));
         }
         Some(verdict.allowed)
@@ -931,13 +932,13 @@ impl Replay {
                 break;
             };
             let route = &self.plan.config.routes[release.route];
-            for (slot, kind, value) in &release.keys {
-                let (budget, position) = if slot >> 16 == 1 {
-                    (&route.shadow, slot & 0xffff)
-                } else {
-                    (&route.enforced, *slot)
-                };
-                let Some(limit) = budget.limits.get(position) else {
+            let budget = if release.shadow {
+                &route.shadow
+            } else {
+                &route.enforced
+            };
+            for (position, kind, value) in &release.keys {
+                let Some(limit) = budget.limits.get(*position) else {
                     continue;
                 };
                 let ask = Ask {

@@ -290,13 +290,22 @@ impl MemoryStore {
             if ask.limit.algorithm().kind() != AlgorithmKind::Concurrency {
                 continue;
             }
-            let hash = self.hash(&ask.key);
-            let mut map = self.shards[shard_of(hash)]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if let Some(entry) = map.get_mut(&hash) {
-                entry.state.release(lease);
-                entry.expires_at = entry.state.expires_at(ask.limit);
+            // The budget itself, or (when the table was full at admission) its limit's overflow
+            // budget; the lease token is the request's own, so nothing else is released.
+            let overflow = BudgetKey {
+                value: OVERFLOW,
+                ..ask.key
+            };
+            for key in [ask.key, overflow] {
+                let hash = self.hash(&key);
+                let mut map = self.shards[shard_of(hash)]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if let Some(entry) = map.get_mut(&hash) {
+                    entry.state.release(lease);
+                    entry.expires_at = entry.state.expires_at(ask.limit);
+                    break;
+                }
             }
         }
     }
@@ -501,6 +510,38 @@ mod tests {
             "tracked budgets keep their state"
         );
         assert_eq!(store.len(), 3, "two budgets and one overflow budget");
+    }
+
+    #[test]
+    fn a_lease_taken_in_the_overflow_budget_is_released_there() {
+        let store = MemoryStore::new(ManualClock::new_for_test(T0), 1);
+        let slots = Limit::of(
+            Algorithm::from_parts(crate::limiter::AlgorithmKind::Concurrency, 1, 60_000_000)
+                .unwrap(),
+        );
+        let ask = |value: &'static [u8]| Ask {
+            limit: &slots,
+            key: BudgetKey {
+                budget: "r#0",
+                kind: KeyKind::ApiKey,
+                value,
+            },
+        };
+        assert!(
+            store.decide_leased(&[ask(b"a")], 1).unwrap().allowed,
+            "fills the table"
+        );
+        // b cannot be tracked: its lease goes to the overflow budget of one slot.
+        assert!(store.decide_leased(&[ask(b"b")], 2).unwrap().allowed);
+        assert!(
+            !store.decide_leased(&[ask(b"c")], 3).unwrap().allowed,
+            "overflow slot taken"
+        );
+        store.release(&[ask(b"b")], 2);
+        assert!(
+            store.decide_leased(&[ask(b"c")], 4).unwrap().allowed,
+            "b's release freed the overflow slot"
+        );
     }
 
     #[test]
