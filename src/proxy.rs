@@ -425,9 +425,14 @@ impl Proxy {
         }
         if !config.shadow.is_empty() {
             let asks = whose.asks(&config.shadow, id, ip);
+            let admission = self.ask(runtime, &asks.asks).await;
+            if let Ok(admission) = &admission {
+                // Shadow concurrency leases are held and given back like enforced ones.
+                pass.leases.extend(self.limiter.hold(&asks.asks, admission));
+            }
             if let Ok(Admission::Limited {
                 verdict: shadow, ..
-            }) = self.ask(runtime, &asks.asks).await
+            }) = admission
             {
                 if !shadow.allowed {
                     pass.label = DecisionLabel::ShadowDenied;

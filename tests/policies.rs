@@ -563,3 +563,27 @@ async fn decisions_run_as_a_redis_function_and_survive_function_flush() {
         "no EVALSHA: {stats}"
     );
 }
+
+#[tokio::test]
+async fn a_shadow_concurrency_limit_gives_its_slots_back() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\n{}",
+        config(
+            &upstream,
+            "",
+            "      - {algorithm: concurrency, limit: 1, per: route, shadow: true}\n",
+        )
+    ));
+    let client = client();
+    // One at a time: each request's slot is free again before the next, so none would have
+    // been denied.
+    for _ in 0..3 {
+        assert_eq!(get(&client, &fg.url("/"), &[]).await.status, StatusCode::OK);
+    }
+    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
+    assert!(
+        metrics.contains("floodgate_requests_total{route=\"api\",decision=\"shadow_denied\"} 0"),
+        "{metrics}"
+    );
+}
