@@ -173,12 +173,17 @@ struct MasterFollower {
     timeout: Duration,
     /// When the sentinels were last asked.
     asked: std::sync::Mutex<Option<std::time::Instant>>,
+    /// True while a lookup is retrying: at most one at a time.
+    running: std::sync::atomic::AtomicBool,
 }
 
 impl MasterFollower {
     /// Asks the sentinels for the master (retrying with backoff until one answers) and swaps
     /// in a connection to it.
     fn ask(self: Arc<Self>, slot: Arc<ArcSwapOption<Connection>>) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return; // a lookup is already retrying
+        }
         if let Ok(mut asked) = self.asked.lock() {
             *asked = Some(std::time::Instant::now());
         }
@@ -193,6 +198,7 @@ impl MasterFollower {
                     Ok(manager) => {
                         slot.store(Some(Arc::new(Connection::Single(manager))));
                         tracing::info!("connected to the master Sentinel names");
+                        self.running.store(false, Ordering::Release);
                         return;
                     }
                     Err(e) => {
@@ -287,6 +293,7 @@ impl RedisStore {
                     client: tokio::sync::Mutex::new(client),
                     timeout,
                     asked: std::sync::Mutex::new(None),
+                    running: std::sync::atomic::AtomicBool::new(false),
                 });
                 follower.clone().ask(connection.clone());
                 sentinel = Some(follower);
