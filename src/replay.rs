@@ -824,8 +824,11 @@ impl Replay {
             (RecordedIdentity::UserId(digest), _) => Who::User(digest),
             (RecordedIdentity::Ip, _) => Who::Ip,
         };
+        // The address a budget is kept for, as the proxy keys it (an IPv6 client's /64): nginx
+        // logs whole addresses; floodgate's own log already holds this one.
+        let client = plan.config.identity.budget_addr(record.client_ip);
         let mut ip_buf = [0u8; 16];
-        let ip = ip_octets(record.client_ip, &mut ip_buf);
+        let ip = ip_octets(client, &mut ip_buf);
         let (kind, value, tier): (KeyKind, &[u8], &str) = match &who {
             Who::Consumer(c) => (KeyKind::Consumer, c.name.as_bytes(), c.tier.as_str()),
             Who::Key(d) => (KeyKind::ApiKey, &d[..], ANONYMOUS_TIER),
@@ -853,7 +856,7 @@ impl Replay {
         }
         if enforced == Some(false) {
             self.stats[i].denied += 1;
-            self.stats[i].top.add(who.label(record.client_ip));
+            self.stats[i].top.add(who.label(client));
         } else {
             self.stats[i].allowed += 1;
             self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true);

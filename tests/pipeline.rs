@@ -280,3 +280,34 @@ async fn budgets_answer_404_for_an_unknown_route_and_400_without_an_identity() {
     .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn budgets_key_an_ipv6_client_by_its_prefix_as_the_proxy_does() {
+    let upstream = Upstream::start().await;
+    // The test client is 127.0.0.1, trusted, so its X-Forwarded-For names the client.
+    let fg = InProcess::start(&format!(
+        "admin_listen: 127.0.0.1:0\nidentity:\n  trusted_proxies: [127.0.0.1]\n{}",
+        one_route(
+            &upstream,
+            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.001}\n"
+        )
+    ))
+    .await;
+    let client = client();
+    let spent = get(
+        &client,
+        &fg.url("/api"),
+        &[("x-forwarded-for", "2001:db8::7")],
+    )
+    .await;
+    assert_eq!(spent.status, StatusCode::OK);
+    // Another address of the same /64 has the same budget, one token down.
+    let v = get(
+        &client,
+        &fg.admin_url("/budgets?route=api&ip=2001:db8::ffff:1"),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(v["limits"][0]["remaining"], 2, "{v}");
+}

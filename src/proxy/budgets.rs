@@ -95,9 +95,14 @@ impl Proxy {
             .ok_or_else(|| bad(404, "no_route", format!("no route named {route_name:?}")))?;
         let ip: Option<IpAddr> = match param("ip") {
             Some(text) => Some(
-                text.parse::<IpAddr>()
-                    .map_err(|_| bad(400, "bad_request", format!("{text:?} is not an IP address")))?
-                    .to_canonical(),
+                // The address a budget is kept for (an IPv6 client's /64, by default).
+                snapshot.identity.budget_addr(
+                    text.parse::<IpAddr>()
+                        .map_err(|_| {
+                            bad(400, "bad_request", format!("{text:?} is not an IP address"))
+                        })?
+                        .to_canonical(),
+                ),
             ),
             None => None,
         };

@@ -284,3 +284,22 @@ fn the_fast_scanner_reads_what_the_general_parser_reads() {
         "the escaped line, read by the general parser"
     );
 }
+
+#[test]
+fn ipv6_clients_of_one_prefix_share_a_budget_in_replay_as_in_the_proxy() {
+    // Two addresses of one /64 (nginx logs whole addresses): one bucket of 2 between them.
+    let lines = vec![
+        combined_line(T0 / 1_000_000, "2001:db8:1:2::a", "/api/x"),
+        combined_line(T0 / 1_000_000 + 1, "2001:db8:1:2::b", "/api/x"),
+        combined_line(T0 / 1_000_000 + 2, "2001:db8:1:2::c", "/api/x"),
+    ];
+    let report = replay(
+        config(
+            "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.001}\n",
+            "",
+        ),
+        &lines,
+    );
+    assert_eq!(report.routes[0].allowed, 2);
+    assert_eq!(report.routes[0].top_denied[0].0, "ip:2001:db8:1:2::");
+}
