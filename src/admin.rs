@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use crate::deadline::FirstByteDeadline;
 use crate::proxy::{Body, Proxy, response};
 
 /// Process-wide health: whether the proxy is draining (then `/readyz` answers 503).
@@ -79,6 +80,8 @@ pub async fn serve(
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(req, &state).await) }
         });
+        // A silent connection is closed, as on the proxy listener.
+        let stream = FirstByteDeadline::new(stream, header_read_timeout);
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();

@@ -10,8 +10,8 @@
 //!
 //! The modules, in the order a request meets them:
 //!
-//! 1. [`server`]: accepts connections (TLS, HTTP/1.1 and HTTP/2), hands each request to the proxy,
-//!    drains on shutdown;
+//! 1. [`server`]: accepts connections (TLS, HTTP/1.1 and HTTP/2; each must open within
+//!    [`deadline`]'s first deadline), hands each request to the proxy, drains on shutdown;
 //! 2. [`proxy`]: the pipeline's phases, in order: route, identify, limit, forward or reject, log;
 //! 3. [`route`]: the first route whose prefix and methods match;
 //! 4. [`identity`]: whose budget a request spends (consumer or API key, user id, client IP);
@@ -31,6 +31,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod deadline;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;

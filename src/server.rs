@@ -17,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, AdminState, Health};
 use crate::config::Config;
+use crate::deadline::FirstByteDeadline;
 use crate::proxy::Proxy;
 
 /// A proxy with its listeners bound, ready to serve.
@@ -153,8 +154,8 @@ impl Server {
             // Taken now, so that a drain also waits for connections still in their handshake.
             let watcher = graceful.watcher();
             let tls = self.tls.clone();
-            let handshake_timeout = self.header_read_timeout;
-            let first_byte = self.header_read_timeout;
+            // Bounds the TLS handshake, and then the connection's opening bytes.
+            let header_read = self.header_read_timeout;
             let stream_limit = self.stream_limit;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
@@ -162,16 +163,15 @@ impl Server {
                 let _permit = permit;
                 match tls {
                     None => {
-                        let stream = FirstByteDeadline::new(stream, first_byte);
+                        let stream = FirstByteDeadline::new(stream, header_read);
                         serve_connection(&builder, watcher, stream, proxy, peer, stream_limit).await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
                     Some(acceptor) => {
-                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
-                        {
+                        match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
-                                let stream = FirstByteDeadline::new(stream, first_byte);
+                                let stream = FirstByteDeadline::new(stream, header_read);
                                 serve_connection(
                                     &builder,
                                     watcher,
@@ -272,92 +272,5 @@ impl StreamBudget {
             state.commit(&self.limit, now, 0);
         }
         decision.allowed
-    }
-}
-
-/// A connection that must send its first [`OPENING_BYTES`] within a deadline. Until then nothing
-/// else bounds a silent client: hyper's protocol detection (HTTP/1.1 or h2) waits for bytes, the
-/// HTTP/1.1 header-read timeout starts only once it chose HTTP/1.1, and the h2 server waits for
-/// the rest of a partial preface. After them the protocols' own timers take over (HTTP/1.1 header
-/// read, HTTP/2 keep-alive pings).
-pub struct FirstByteDeadline<S> {
-    inner: S,
-    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    received: usize,
-}
-
-/// The h2 connection preface's length; every HTTP/1.1 request head with a `Host` is longer.
-pub const OPENING_BYTES: usize = 24;
-
-impl<S> FirstByteDeadline<S> {
-    pub fn new(inner: S, within: Duration) -> Self {
-        FirstByteDeadline {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(within))),
-            received: 0,
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstByteDeadline<S> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
-        let Some(deadline) = this.deadline.as_mut() else {
-            return polled;
-        };
-        if polled.is_ready() {
-            this.received += buf.filled().len() - before;
-            if this.received >= OPENING_BYTES {
-                this.deadline = None;
-            }
-        } else if polled.is_pending() && deadline.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no request within timeouts.header_read",
-            )));
-        }
-        polled
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstByteDeadline<S> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
