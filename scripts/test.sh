@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
-# tests (which start real redis-server, upstream and floodgate processes on free ports), and the
-# deployment checks. Installs redis-server from Debian's packages if it is missing.
+# tests (which start real redis-server, PostgreSQL, upstream and floodgate processes on free
+# ports), and the deployment checks. Installs redis-server and postgresql from Debian's packages
+# if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt_install redis-server
 fi
 # The tests start their own redis-server processes; the one Debian's package may start is not used.
+
+# PostgreSQL's server programs live in /usr/lib/postgresql/VERSION/bin on Debian (off the PATH);
+# the tests find them there, make their own cluster with initdb and run it as the postgres user.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && [ -z "${FLOODGATE_PG_BIN:-}" ]; then
+  echo "== installing postgresql"
+  apt_install postgresql
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

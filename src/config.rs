@@ -32,11 +32,13 @@ pub use crate::limiter::OnError;
 use file::{Choice, FileConfig};
 
 /// Values from outside the file that replace what it says: the binary reads them from the
-/// environment (`FLOODGATE_REDIS_URL`).
+/// environment (`FLOODGATE_REDIS_URL`, `FLOODGATE_DATABASE_URL`).
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
-    /// Replaces `storage.url` for the `redis` backend.
+    /// Replaces `storage.url` for the `redis` backend (`FLOODGATE_REDIS_URL`).
     pub redis_url: Option<String>,
+    /// Replaces `storage.url` for the `postgres` backend (`FLOODGATE_DATABASE_URL`).
+    pub database_url: Option<String>,
     /// The folder relative paths in the file are read from (default: the working directory).
     pub base_dir: Option<PathBuf>,
 }
@@ -243,7 +245,11 @@ impl Config {
 
     /// Validates the file structs.
     pub fn from_file(mut file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigError> {
-        if let Some(url) = &overrides.redis_url {
+        let url = match file.storage.backend {
+            Some(Choice::Known(file::BackendKind::Postgres)) => &overrides.database_url,
+            _ => &overrides.redis_url,
+        };
+        if let Some(url) = url {
             file.storage.url = Some(url.clone());
         }
         let mut v = Validator::default();

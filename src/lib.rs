@@ -15,7 +15,7 @@
 //! 2. [`proxy`]: the pipeline's phases, in order: route, identify, limit, forward or reject, log;
 //! 3. [`route`]: the first route whose prefix and methods match;
 //! 4. [`identity`]: whose budget a request spends (consumer or API key, user id, client IP);
-//! 5. [`limiter`]: the algorithms and the stores (memory, Redis) that decide all-or-nothing,
+//! 5. [`limiter`]: the algorithms and the stores (memory, Redis, PostgreSQL) that decide all-or-nothing,
 //!    with the guard that applies `on_error` when a store fails;
 //! 6. [`proxy::forward`] and [`proxy::response`]: the upstream call, and every status and header
 //!    floodgate writes itself;

@@ -17,7 +17,9 @@
 pub mod algorithm;
 pub mod guard;
 pub mod memory;
+pub mod postgres;
 pub mod redis;
+pub mod wire;
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
@@ -670,6 +672,20 @@ pub enum Limiter {
     Memory(Arc<MemoryStore>),
     /// State in Redis, behind the timeout, breaker and deny cache of [`guard::Guarded`].
     Redis(Arc<guard::Guarded<redis::RedisStore>>),
+    /// State in PostgreSQL, behind the same guard.
+    Postgres(Arc<guard::Guarded<postgres::PostgresStore>>),
+}
+
+/// `$remote` for either remote store (the guard is generic over the store, so each needs its own
+/// arm), `$memory` for the memory store.
+macro_rules! by_store {
+    ($limiter:expr, $store:ident => $memory:expr, $guarded:ident => $remote:expr) => {
+        match $limiter {
+            Limiter::Memory($store) => $memory,
+            Limiter::Redis($guarded) => $remote,
+            Limiter::Postgres($guarded) => $remote,
+        }
+    };
 }
 
 impl Limiter {
@@ -681,8 +697,8 @@ impl Limiter {
         on_error: OnError,
     ) -> Result<Admission, LimiterError> {
         let lease = next_lease();
-        match self {
-            Limiter::Memory(store) => Ok(match store.decide_leased(asks, lease) {
+        by_store!(self,
+            store => Ok(match store.decide_leased(asks, lease) {
                 Some(verdict) => Admission::Limited {
                     verdict,
                     source: Source::Store,
@@ -690,58 +706,46 @@ impl Limiter {
                 },
                 None => Admission::Unlimited,
             }),
-            Limiter::Redis(guarded) => guarded.decide(asks, lease, on_error).await,
-        }
+            guarded => guarded.decide(asks, lease, on_error).await
+        )
     }
 
     /// Gives back the concurrency leases `lease` holds in `asks` (those of other algorithms are
     /// skipped), in the store that granted them. Never fails: a lease that cannot be released
     /// runs out on its own.
     pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
-        match self {
-            Limiter::Memory(store) => store.release(asks, lease),
-            Limiter::Redis(guarded) => guarded.release(asks, lease, source).await,
-        }
+        by_store!(self,
+            store => store.release(asks, lease),
+            guarded => guarded.release(asks, lease, source).await
+        )
     }
 
     /// What `asks` would decide now, per limit (in the order asked), spending nothing.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        match self {
-            Limiter::Memory(store) => Ok(store.peek(asks)),
-            Limiter::Redis(guarded) => guarded.peek(asks).await,
-        }
+        by_store!(self,
+            store => Ok(store.peek(asks)),
+            guarded => guarded.peek(asks).await
+        )
     }
 
     /// True when the store answers: `/readyz`.
     pub async fn is_ready(&self) -> bool {
-        match self {
-            Limiter::Memory(_) => true,
-            Limiter::Redis(guarded) => guarded.is_ready().await,
-        }
+        by_store!(self, _store => true, guarded => guarded.is_ready().await)
     }
 
-    /// The in-process store (the fallback, for Redis).
+    /// The in-process store (the fallback, for a remote store).
     pub fn memory(&self) -> &Arc<MemoryStore> {
-        match self {
-            Limiter::Memory(store) => store,
-            Limiter::Redis(guarded) => guarded.local(),
-        }
+        by_store!(self, store => store, guarded => guarded.local())
     }
 
     /// The guard's counters, when there is a remote store.
     pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
-        match self {
-            Limiter::Memory(_) => None,
-            Limiter::Redis(guarded) => Some(guarded.stats()),
-        }
+        by_store!(self, _store => None, guarded => Some(guarded.stats()))
     }
 
     /// The breaker's state, when there is a remote store.
     pub fn breaker_state(&self) -> Option<guard::BreakerState> {
-        match self {
-            Limiter::Memory(_) => None,
-            Limiter::Redis(guarded) => Some(guarded.breaker_now()),
-        }
+        by_store!(self, _store => None, guarded => Some(guarded.breaker_now()))
     }
 }
 
@@ -755,7 +759,7 @@ struct OwnedKey {
 }
 
 /// The concurrency leases one admitted request holds. Dropping it gives them back (at once on
-/// the memory store, in a spawned task on Redis), so the proxy ties it to the response body:
+/// the memory store, in a spawned task on a remote store), so the proxy ties it to the response body:
 /// every way a request can end (body sent, upstream error or timeout, client gone, a panic
 /// unwinding the task) drops it.
 pub struct HeldLeases {
@@ -815,7 +819,7 @@ impl Drop for HeldLeases {
     fn drop(&mut self) {
         match &self.limiter {
             Limiter::Memory(store) => store.release(&borrowed(&self.keys), self.lease),
-            Limiter::Redis(_) => {
+            Limiter::Redis(_) | Limiter::Postgres(_) => {
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     return; // no runtime (process exit): the leases end on their own
                 };

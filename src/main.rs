@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use floodgate::config::{Backend, Config, LogFormat, Overrides};
 use floodgate::limiter::guard::Guarded;
+use floodgate::limiter::postgres::PostgresStore;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{AnchoredClock, Limiter, MemoryStore};
 use floodgate::metrics::Metrics;
@@ -88,6 +89,7 @@ fn main() -> ExitCode {
 fn overrides() -> Overrides {
     Overrides {
         redis_url: std::env::var("FLOODGATE_REDIS_URL").ok(),
+        database_url: std::env::var("FLOODGATE_DATABASE_URL").ok(),
         ..Overrides::default()
     }
 }
@@ -206,23 +208,21 @@ fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
 fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter> {
     let store = RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
         .context("invalid storage.url")?;
-    let local = Arc::new(MemoryStore::new(
-        AnchoredClock::default(),
-        config.storage.max_keys,
-    ));
     Ok(Limiter::Redis(Arc::new(Guarded::new(
         store,
         config.storage.timeout,
-        local,
+        Arc::new(local_store(config)),
     ))))
+}
+
+/// The in-process store: the whole store on `memory`, the `local` fallback otherwise.
+fn local_store(config: &Config) -> MemoryStore {
+    MemoryStore::new(AnchoredClock::default(), config.storage.max_keys)
 }
 
 async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let limiter = match &config.storage.backend {
-        Backend::Memory => Limiter::Memory(Arc::new(MemoryStore::new(
-            AnchoredClock::default(),
-            config.storage.max_keys,
-        ))),
+        Backend::Memory => Limiter::Memory(Arc::new(local_store(&config))),
         Backend::Redis { url } => redis_limiter(&config, RedisTarget::Single(url.clone()))?,
         Backend::RedisCluster { urls } => {
             redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
@@ -237,8 +237,18 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
                 master_name: master_name.clone(),
             },
         )?,
+        Backend::Postgres { url } => {
+            let store =
+                PostgresStore::connect(url, &config.storage.key_prefix, config.storage.timeout)
+                    .context("invalid storage.url")?;
+            Limiter::Postgres(Arc::new(Guarded::new(
+                store,
+                config.storage.timeout,
+                Arc::new(local_store(&config)),
+            )))
+        }
     };
-    // Sweeps the in-process store (the `local` fallback, for Redis) of full budgets.
+    // Sweeps the in-process store (the `local` fallback, for a remote store) of full budgets.
     limiter.memory().spawn_sweeper(Duration::from_secs(5));
     let metrics = Arc::new(Metrics::with_limiter(&limiter));
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics.clone()));

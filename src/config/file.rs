@@ -33,6 +33,7 @@ pub enum BackendKind {
     Redis,
     RedisCluster,
     RedisSentinel,
+    Postgres,
 }
 
 /// The whole file.

@@ -32,6 +32,10 @@ pub enum Backend {
         sentinels: Vec<String>,
         master_name: String,
     },
+    /// PostgreSQL (or a database speaking its protocol and SQL).
+    Postgres {
+        url: String,
+    },
 }
 
 impl Validator {
@@ -89,6 +93,28 @@ impl Validator {
                     master_name,
                 }
             }
+            BackendKind::Postgres => match s.url {
+                Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                    Backend::Postgres { url }
+                }
+                Some(url) => {
+                    self.problem(
+                        "storage.url",
+                        format!(
+                            "{:?} must start with postgres:// or postgresql://",
+                            redact_password(&url)
+                        ),
+                    );
+                    return None;
+                }
+                None => {
+                    self.problem(
+                        "storage.url",
+                        "required when backend is postgres (or set FLOODGATE_DATABASE_URL)",
+                    );
+                    return None;
+                }
+            },
             BackendKind::RedisCluster => match s.urls {
                 Some(urls) if !urls.is_empty() => Backend::RedisCluster { urls },
                 _ => {
@@ -119,5 +145,19 @@ impl Validator {
             key_prefix: s.key_prefix.unwrap_or_else(|| "fg:".to_string()),
             max_keys,
         })
+    }
+}
+
+/// `url` with any password replaced by `***`, for error messages.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
     }
 }

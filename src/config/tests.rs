@@ -482,7 +482,7 @@ fn bad_storage_settings_are_named() {
     rejects(
         &with_top("storage:\n  backend: etcd"),
         "storage.backend",
-        "expected one of `memory`, `redis`, `redis_cluster`, `redis_sentinel`",
+        "expected one of `memory`, `redis`, `redis_cluster`, `redis_sentinel`, `postgres`",
     );
     rejects(
         &with_top("storage:\n  on_error: maybe"),
@@ -512,6 +512,67 @@ fn bad_storage_settings_are_named() {
             "must start with redis://",
         );
     }
+}
+
+#[test]
+fn postgres_needs_a_postgres_url_and_never_prints_its_password() {
+    rejects(
+        &with_top("storage:\n  backend: postgres"),
+        "storage.url",
+        "required when backend is postgres (or set FLOODGATE_DATABASE_URL)",
+    );
+    let found = problems(&with_top(
+        "storage:\n  backend: postgres\n  url: redis://fg:hunter2@127.0.0.1:5432/fg",
+    ))
+    .join("\n");
+    assert!(
+        found.contains(
+            "storage.url: \"redis://fg:***@127.0.0.1:5432/fg\" must start with postgres://"
+        ),
+        "{found}"
+    );
+    assert!(!found.contains("hunter2"), "{found}");
+    let config = Config::from_yaml(&with_top(
+        "storage:\n  backend: postgres\n  url: postgresql://fg@db:5432/fg",
+    ))
+    .expect("valid");
+    assert_eq!(
+        config.storage.backend,
+        Backend::Postgres {
+            url: "postgresql://fg@db:5432/fg".into()
+        }
+    );
+}
+
+#[test]
+fn each_url_override_applies_to_its_own_backend() {
+    let overrides = Overrides {
+        redis_url: Some("redis://from-env:6379".into()),
+        database_url: Some("postgres://from-env/fg".into()),
+        ..Overrides::default()
+    };
+    let postgres = Config::from_yaml_with(
+        &with_top("storage:\n  backend: postgres\n  url: postgres://from-file/fg"),
+        &overrides,
+    )
+    .expect("valid");
+    assert_eq!(
+        postgres.storage.backend,
+        Backend::Postgres {
+            url: "postgres://from-env/fg".into()
+        }
+    );
+    let redis = Config::from_yaml_with(
+        &with_top("storage:\n  backend: redis\n  url: redis://from-file:6379"),
+        &overrides,
+    )
+    .expect("valid");
+    assert_eq!(
+        redis.storage.backend,
+        Backend::Redis {
+            url: "redis://from-env:6379".into()
+        }
+    );
 }
 
 #[test]

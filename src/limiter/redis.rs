@@ -19,7 +19,6 @@
 //! see the README for the measurement against deadpool-redis. For `redis_cluster`, redis-rs's
 //! cluster connection, which follows `MOVED`/`ASK`.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -29,6 +28,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use sha2::{Digest, Sha256};
+
+use super::wire::{self, Reply};
 
 use super::guard::RemoteStore;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
@@ -129,12 +130,6 @@ fn classify(e: redis::RedisError) -> LimiterError {
 
 /// Gives back one request's concurrency leases.
 const RELEASE_SOURCE: &str = include_str!("lua/release.lua");
-
-/// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
-pub const REPLY_HEADER: usize = 2;
-/// The reply's items per limit: allowed, limit, remaining, reset_after_us, retry_after_us,
-/// delay_us (the fields of [`Decision`], in order).
-pub const REPLY_FIELDS: usize = 6;
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -438,15 +433,7 @@ impl RedisStore {
             .call(connection, &keys, &args)
             .await
             .map_err(classify)?;
-        let reply = Reply::try_from(reply.as_slice())?;
-        if reply.decisions.len() != asks.len() {
-            return Err(LimiterError::Protocol(format!(
-                "reply has {} decisions for {} limits",
-                reply.decisions.len(),
-                asks.len()
-            )));
-        }
-        Ok(reply)
+        read_reply(&reply, asks.len())
     }
 
     /// One decision's script call: `FCALL` of the function library when the server has it (it
@@ -513,24 +500,7 @@ impl RedisStore {
 
     /// The Redis key of one ask.
     pub fn key_name(&self, ask: &Ask<'_>) -> String {
-        let key = &ask.key;
-        let mut digest = Sha256::new();
-        digest.update(key.kind.as_str().as_bytes());
-        digest.update([0]);
-        digest.update(key.value);
-        let hash = digest.finalize();
-        let mut name = String::with_capacity(self.prefix.len() + key.budget.len() + 64);
-        name.push_str(&self.prefix);
-        name.push_str(key.budget);
-        name.push(':');
-        name.push_str(key.kind.as_str());
-        name.push_str(":{");
-        for b in &hash[..16] {
-            let _ = write!(name, "{b:02x}");
-        }
-        name.push_str("}:");
-        name.push_str(ask.limit.algorithm().name());
-        name
+        wire::key_name(&self.prefix, ask)
     }
 
     /// Asks Redis whether it answers: `/readyz`.
@@ -576,96 +546,28 @@ impl RemoteStore for RedisStore {
     }
 }
 
-/// The script's reply, read: `REPLY_HEADER` items, then `REPLY_FIELDS` per limit.
-struct Reply {
-    verdict: Verdict,
-    decisions: Vec<Decision>,
-}
-
-fn number(item: &Value, at: usize) -> Result<u64, LimiterError> {
-    match item {
+/// Reads the script's reply (the layout of [`wire::Reply`]) for a request of `limits` limits.
+fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
+    Reply::read(reply.len(), limits, |at| match &reply[at] {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),
         other => Err(LimiterError::Protocol(format!(
             "reply item {at} is {other:?}, expected a number"
         ))),
-    }
-}
-
-impl TryFrom<(&[Value], usize)> for Decision {
-    type Error = LimiterError;
-
-    /// One limit's `REPLY_FIELDS` items, starting at reply position `at`.
-    fn try_from((items, at): (&[Value], usize)) -> Result<Self, Self::Error> {
-        let n = |i: usize| number(&items[i], at + i);
-        Ok(Decision {
-            allowed: n(0)? == 1,
-            limit: n(1)?,
-            remaining: n(2)?,
-            reset_after_us: n(3)?,
-            retry_after_us: n(4)?,
-            delay_us: n(5)?,
-        })
-    }
-}
-
-impl TryFrom<&[Value]> for Reply {
-    type Error = LimiterError;
-
-    fn try_from(reply: &[Value]) -> Result<Self, Self::Error> {
-        let body = reply.get(REPLY_HEADER..).unwrap_or_default();
-        if body.is_empty() || body.len() % REPLY_FIELDS != 0 {
-            return Err(LimiterError::Protocol(format!(
-                "reply has {} items, expected {REPLY_HEADER} plus {REPLY_FIELDS} per limit",
-                reply.len()
-            )));
-        }
-        let decisions = body
-            .chunks_exact(REPLY_FIELDS)
-            .enumerate()
-            .map(|(i, chunk)| Decision::try_from((chunk, REPLY_HEADER + i * REPLY_FIELDS)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let verdict = Verdict::from_decisions(number(&reply[1], 1)?, &decisions)
-            .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
-        if verdict.allowed != (number(&reply[0], 0)? == 1) {
-            return Err(LimiterError::Protocol(
-                "the script's verdict disagrees with its decisions".to_string(),
-            ));
-        }
-        Ok(Reply { verdict, decisions })
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ints(items: &[i64]) -> Vec<Value> {
-        items.iter().map(|&n| Value::Int(n)).collect()
-    }
-
     #[test]
-    fn a_reply_is_read_by_its_named_layout() {
-        let reply = ints(&[0, 7, 1, 10, 9, 100, 0, 0, 0, 5, 0, 300, 40, 0]);
-        let read = Reply::try_from(reply.as_slice()).unwrap();
-        assert_eq!(read.decisions.len(), 2);
-        assert!(!read.verdict.allowed);
-        assert_eq!(read.verdict.now_us, 7);
-        assert_eq!(read.verdict.retry_after_us, 40);
-        assert_eq!(read.verdict.headline_index, 1);
-    }
-
-    #[test]
-    fn malformed_replies_are_protocol_errors() {
-        for bad in [
-            ints(&[1, 7]),
-            ints(&[1, 7, 1, 10, 9]),
-            ints(&[1, 7, 1, 10, 9, 100, 0, -1]),
-            ints(&[0, 7, 1, 10, 9, 100, 0, 0]),
-        ] {
-            assert!(matches!(
-                Reply::try_from(bad.as_slice()),
-                Err(LimiterError::Protocol(_))
-            ));
-        }
+    fn a_reply_with_a_value_that_is_not_a_number_is_a_protocol_error() {
+        let mut reply: Vec<Value> = [1, 7, 1, 10, 9, 100, 0, 0].map(Value::Int).to_vec();
+        assert!(read_reply(&reply, 1).is_ok());
+        reply[4] = Value::Nil;
+        assert!(matches!(
+            read_reply(&reply, 1),
+            Err(LimiterError::Protocol(_))
+        ));
     }
 }

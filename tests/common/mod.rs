@@ -2,7 +2,7 @@
 //! front of a real HTTP/1.1 upstream started inside the test on port 0 that records every request.
 //!
 //! Split by what it starts: `process.rs` (floodgate itself), `upstream.rs`, `redis.rs`
-//! (redis-server), and `client.rs` (clients and shared assertions).
+//! (redis-server), `postgres.rs` (a PostgreSQL cluster), and `client.rs` (clients and shared assertions).
 //!
 //! Each integration test file is its own crate and uses only part of this module; an item unused
 //! by one crate is used by another, hence the `dead_code` allowance.
@@ -39,10 +39,11 @@ pub const HANG: Duration = Duration::from_secs(10);
 pub const SLOW: Duration = Duration::from_millis(1500);
 
 mod client;
+mod postgres;
 mod process;
 mod redis;
 mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
-pub use {client::*, process::*, redis::*, upstream::*};
+pub use {client::*, postgres::*, process::*, redis::*, upstream::*};

@@ -1,5 +1,5 @@
-//! proptest strategies shared by the algorithms' unit tests and the Redis differential test,
-//! which includes this file by path (`tests/redis_differential.rs`). Written against
+//! proptest strategies shared by the algorithms' unit tests and the store differential tests,
+//! which include this file by path (`tests/differential.rs`). Written against
 //! `crate::limiter`, which that test's crate root re-exports from floodgate.
 
 use proptest::prelude::*;

@@ -7,7 +7,7 @@
 --          reply as usual, but spend nothing (floodgate's /budgets endpoint).
 -- ARGV[3 + 4(i-1) ..]: limit i as algorithm name, parameter a, parameter b, cost, where (a, b) is
 --          (capacity, interval µs) for the buckets and (limit, window µs) for the windows.
--- Reply (REPLY_HEADER and REPLY_FIELDS in redis.rs): { allowed, now_us, then per limit: allowed,
+-- Reply (REPLY_HEADER and REPLY_FIELDS in wire.rs): { allowed, now_us, then per limit: allowed,
 --          limit, remaining, reset_after_us, retry_after_us, delay_us }.
 
 -- ARGV is passed on: a function library (FCALL) has no global ARGV, only this chunk's argument.

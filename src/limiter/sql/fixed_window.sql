@@ -1,0 +1,17 @@
+-- floodgate's SQL limiter, fixed window: mirrors fixed_window_check in src/limiter/algorithm.rs.
+-- State: a = the window's start, b = the count spent in it.
+CREATE OR REPLACE FUNCTION floodgate_fixed_window__V(
+  now bigint, start bigint, used bigint, lim bigint, window_us bigint, cost bigint
+) RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  win_start bigint := now - now % window_us;
+  reset_after bigint := win_start + window_us - now;
+BEGIN
+  IF start <> win_start THEN
+    used := 0;
+  END IF;
+  IF used + cost <= lim THEN
+    RETURN ARRAY[1, lim, lim - used - cost, reset_after, 0, 0, win_start, used + cost, 0];
+  END IF;
+  RETURN ARRAY[0, lim, lim - used, reset_after, reset_after, 0, win_start, used, 0];
+END $$;

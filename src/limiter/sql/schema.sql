@@ -1,0 +1,28 @@
+-- floodgate's PostgreSQL schema, version 1: the tables. Run once per database, under the
+-- installer's advisory lock, when floodgate_schema says an older version (or none) is installed
+-- (see src/limiter/postgres.rs). The functions are in the other files of this folder and are
+-- installed at every start with CREATE OR REPLACE.
+
+-- One row per budget and limit: the same state the Rust algorithms keep (src/limiter/algorithm.rs),
+-- in columns whose meaning depends on the algorithm, named in the key's last segment:
+--   token_bucket, leaky_bucket   a = tat (the instant the bucket is full again / the queue empty)
+--   fixed_window                 a = window start, b = count spent in it
+--   sliding_window_counter       a = current window start, b = its count, c = the previous count
+--   sliding_window_log           entries = one timestamp per admitted unit of cost, ascending
+--   concurrency                  entries = lease ends, ascending; holders = their lease tokens
+-- A row with every column at its default is a fresh budget. expires_at (µs since the epoch): past
+-- it the row says nothing a fresh row would not, and the sweeper (floodgate_sweep) may delete it.
+-- Time is an integer count of microseconds since the Unix epoch, as in the other stores.
+--
+-- fillfactor 50 leaves room in each page so that the update every decision makes stays a HOT
+-- update (no index touches the updated columns: the sweeper walks the primary key instead of an
+-- index on expires_at for that reason).
+CREATE TABLE IF NOT EXISTS floodgate_budgets (
+  key        text COLLATE "C" PRIMARY KEY,
+  a          bigint   NOT NULL DEFAULT 0,
+  b          bigint   NOT NULL DEFAULT 0,
+  c          bigint   NOT NULL DEFAULT 0,
+  entries    bigint[] NOT NULL DEFAULT '{}',
+  holders    bigint[] NOT NULL DEFAULT '{}',
+  expires_at bigint   NOT NULL DEFAULT 0
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02);

@@ -1,0 +1,137 @@
+//! What the remote stores (Redis and PostgreSQL) have in common on the wire: the name each budget
+//! is stored under, and the layout of a decision's reply. Both run the same algorithms server-side
+//! (Lua in Redis, PL/pgSQL in PostgreSQL) and answer with the same list of integers.
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+
+use super::{Ask, Decision, LimiterError, Verdict};
+
+/// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
+pub const REPLY_HEADER: usize = 2;
+/// The reply's items per limit: allowed, limit, remaining, reset_after_us, retry_after_us,
+/// delay_us (the fields of [`Decision`], in order).
+pub const REPLY_FIELDS: usize = 6;
+
+/// The stored name of one ask's budget: `{prefix}{budget}:{kind}:{{hash}}:{algorithm}`. The
+/// client value is hashed (SHA-256 of kind and value, 128 bits kept), so no raw API key or
+/// address is stored; in braces, the hash is the Redis Cluster hash tag, which puts the budgets
+/// one client spends in one slot.
+pub fn key_name(prefix: &str, ask: &Ask<'_>) -> String {
+    let key = &ask.key;
+    let mut digest = Sha256::new();
+    digest.update(key.kind.as_str().as_bytes());
+    digest.update([0]);
+    digest.update(key.value);
+    let hash = digest.finalize();
+    let mut name = String::with_capacity(prefix.len() + key.budget.len() + 64);
+    name.push_str(prefix);
+    name.push_str(key.budget);
+    name.push(':');
+    name.push_str(key.kind.as_str());
+    name.push_str(":{");
+    for b in &hash[..16] {
+        let _ = write!(name, "{b:02x}");
+    }
+    name.push_str("}:");
+    name.push_str(ask.limit.algorithm().name());
+    name
+}
+
+/// A decision's reply, read: [`REPLY_HEADER`] items, then [`REPLY_FIELDS`] per limit.
+pub struct Reply {
+    pub verdict: Verdict,
+    pub decisions: Vec<Decision>,
+}
+
+impl Reply {
+    /// Reads a reply of `len` items, where `item(i)` is the i-th as a non-negative integer (or
+    /// the reason it is not one), for a request that asked `limits` limits.
+    pub fn read(
+        len: usize,
+        limits: usize,
+        item: impl Fn(usize) -> Result<u64, LimiterError>,
+    ) -> Result<Reply, LimiterError> {
+        let body = len.saturating_sub(REPLY_HEADER);
+        if len < REPLY_HEADER || body == 0 || !body.is_multiple_of(REPLY_FIELDS) {
+            return Err(LimiterError::Protocol(format!(
+                "reply has {len} items, expected {REPLY_HEADER} plus {REPLY_FIELDS} per limit"
+            )));
+        }
+        if body / REPLY_FIELDS != limits {
+            return Err(LimiterError::Protocol(format!(
+                "reply has {} decisions for {limits} limits",
+                body / REPLY_FIELDS
+            )));
+        }
+        let decisions = (0..limits)
+            .map(|i| {
+                let at = REPLY_HEADER + i * REPLY_FIELDS;
+                Ok(Decision {
+                    allowed: item(at)? == 1,
+                    limit: item(at + 1)?,
+                    remaining: item(at + 2)?,
+                    reset_after_us: item(at + 3)?,
+                    retry_after_us: item(at + 4)?,
+                    delay_us: item(at + 5)?,
+                })
+            })
+            .collect::<Result<Vec<_>, LimiterError>>()?;
+        let verdict = Verdict::from_decisions(item(1)?, &decisions)
+            .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
+        if verdict.allowed != (item(0)? == 1) {
+            return Err(LimiterError::Protocol(
+                "the store's verdict disagrees with its decisions".to_string(),
+            ));
+        }
+        Ok(Reply { verdict, decisions })
+    }
+
+    /// [`Reply::read`] over signed integers (PostgreSQL's `bigint[]`).
+    pub fn from_ints(items: &[i64], limits: usize) -> Result<Reply, LimiterError> {
+        Reply::read(items.len(), limits, |at| {
+            u64::try_from(items[at]).map_err(|_| {
+                LimiterError::Protocol(format!(
+                    "reply item {at} is {}, expected a non-negative number",
+                    items[at]
+                ))
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_is_read_by_its_named_layout() {
+        let reply = [0, 7, 1, 10, 9, 100, 0, 0, 0, 5, 0, 300, 40, 0];
+        let read = Reply::from_ints(&reply, 2).unwrap();
+        assert_eq!(read.decisions.len(), 2);
+        assert!(!read.verdict.allowed);
+        assert_eq!(read.verdict.now_us, 7);
+        assert_eq!(read.verdict.retry_after_us, 40);
+        assert_eq!(read.verdict.headline_index, 1);
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        for (bad, limits) in [
+            (&[1, 7][..], 1),
+            (&[1, 7, 1, 10, 9][..], 1),
+            (&[1, 7, 1, 10, 9, 100, 0, -1][..], 1),
+            (&[0, 7, 1, 10, 9, 100, 0, 0][..], 1),
+            (&[1, 7, 1, 10, 9, 100, 0, 0][..], 2),
+        ] {
+            assert!(
+                matches!(
+                    Reply::from_ints(bad, limits),
+                    Err(LimiterError::Protocol(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The differential tests: the Rust algorithms (the memory store) and each remote store's
+//! server-side code (the Lua scripts in a real redis-server, the PL/pgSQL functions in a real
+//! PostgreSQL) are fed the same requests at the same fake times, and must agree on every decision
+//! and every header figure.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{PostgresServer, RedisServer};
+use floodgate::limiter::postgres::PostgresStore;
+use floodgate::limiter::redis::{RedisStore, RedisTarget};
+use floodgate::limiter::{
+    Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, LeaseId, Limit, LimiterError, ManualClock,
+    MemoryStore, Verdict,
+};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+// The strategies the algorithms' unit tests use too; they name `crate::limiter`.
+use floodgate::limiter;
+#[path = "../src/limiter/algorithm/strategies.rs"]
+mod strategies;
+use strategies::{SEC, T0};
+
+/// Budget ids for the limits of one case, by position.
+const BUDGETS: [&str; 3] = ["diff#0", "diff#1", "diff#2"];
+
+/// Every algorithm, concurrency included, with windows and leases up to an hour.
+fn any_limit() -> impl Strategy<Value = Limit> {
+    strategies::any_limit(
+        &AlgorithmKind::ALL,
+        25,
+        &[SEC / 10, SEC, 3 * SEC, 1_234_567, 3600 * SEC],
+    )
+}
+
+/// Arrival times: bursts at one instant mixed with gaps of up to 0.7 s.
+fn arrivals() -> impl Strategy<Value = Vec<u64>> {
+    strategies::arrivals(700_000, 60)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// What a remote store under test must do on a fake clock.
+trait OnFakeClock {
+    async fn decide_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        lease: LeaseId,
+    ) -> Result<Verdict, LimiterError>;
+    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError>;
+}
+
+impl OnFakeClock for RedisStore {
+    async fn decide_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        lease: LeaseId,
+    ) -> Result<Verdict, LimiterError> {
+        self.decide_at_for_test(asks, now, lease).await
+    }
+    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+        RedisStore::release(self, asks, lease).await
+    }
+}
+
+impl OnFakeClock for PostgresStore {
+    async fn decide_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        lease: LeaseId,
+    ) -> Result<Verdict, LimiterError> {
+        self.decide_at_for_test(asks, now, lease).await
+    }
+    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+        PostgresStore::release(self, asks, lease).await
+    }
+}
+
+/// Runs 96 generated cases (1 to 3 limits, up to 60 requests) through the memory store and
+/// `store`, comparing every verdict.
+fn agrees_with_the_rust_algorithms(rt: &tokio::runtime::Runtime, store: &impl OnFakeClock) {
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    };
+    // Each limit spends its own budget; some are the route's, some the caller's, as `per:` does.
+    proptest!(config, |(limits in prop::collection::vec((any_limit(), any::<bool>()), 1..4), times in arrivals())| {
+        let identity = case.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+        let asks: Vec<Ask<'_>> = limits.iter().enumerate().map(|(i, (limit, route_wide))| Ask {
+            limit,
+            key: BudgetKey {
+                budget: BUDGETS[i],
+                kind: if *route_wide { KeyKind::Route } else { KeyKind::ApiKey },
+                value: &identity,
+            },
+        }).collect();
+        let memory = MemoryStore::new(Arc::new(ManualClock::new_for_test(T0)), 10);
+        for (i, &t) in times.iter().enumerate() {
+            // Lease tokens unique per case and request; every third request, the one before it
+            // finishes and gives its concurrency leases back, in both stores.
+            let lease = (u64::from_be_bytes(identity) << 16) + i as u64;
+            let expected = memory.decide_at(&asks, t, lease).expect("limits given");
+            let got = rt.block_on(store.decide_at(&asks, t, lease))
+                .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
+            prop_assert_eq!(got, expected, "request {} at +{} µs, limits {:?}", i, t - T0, &limits);
+            if i % 3 == 2 {
+                memory.release(&asks, lease - 1);
+                rt.block_on(store.release(&asks, lease - 1))
+                    .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
+            }
+        }
+    });
+}
+
+#[test]
+fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = rt.block_on(async {
+        RedisStore::connect_for_test(
+            &RedisTarget::Single(redis.url()),
+            "fgtest:",
+            std::time::Duration::from_secs(2),
+        )
+        .expect("store")
+    });
+    agrees_with_the_rust_algorithms(&rt, &store);
+}
+
+/// Waits until the store has installed its schema (it does so in a background task at start,
+/// which runs only while the runtime does).
+fn until_ready(rt: &tokio::runtime::Runtime, store: &PostgresStore) {
+    rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while let Err(e) = store.ping().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the PostgreSQL store never became ready: {e}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+}
+
+#[test]
+fn sql_functions_decide_exactly_like_the_rust_algorithms() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = rt.block_on(async {
+        PostgresStore::connect_for_test(
+            &postgres.url(),
+            "fgtest:",
+            std::time::Duration::from_secs(2),
+        )
+        .expect("store")
+    });
+    until_ready(&rt, &store);
+    agrees_with_the_rust_algorithms(&rt, &store);
+}
+
+/// A one-hour fixed window of 5 on a fixed IP: long enough that no test crosses a window.
+fn hour_window() -> Limit {
+    Limit::of(Algorithm::from_parts(AlgorithmKind::FixedWindow, 5, 3600 * SEC).expect("valid"))
+}
+
+fn ask(limit: &Limit) -> Ask<'_> {
+    Ask {
+        limit,
+        key: BudgetKey {
+            budget: "time",
+            kind: KeyKind::Ip,
+            value: b"\x7f\0\0\x01",
+        },
+    }
+}
+
+#[test]
+fn redis_time_is_used_when_no_time_is_given() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = RedisStore::connect(
+            &RedisTarget::Single(redis.url()),
+            "fgtest:",
+            std::time::Duration::from_secs(2),
+        )
+        .expect("store");
+        let limit = hour_window();
+        let asks = [ask(&limit)];
+        let verdict = store.decide(&asks, 0).await.expect("redis answers");
+        // The production script reads no injected time: a test-clock call is refused.
+        assert!(store.decide_at_for_test(&asks, T0, 0).await.is_err());
+        let (secs, micros): (u64, u64) = {
+            let t: Vec<String> = redis.cmd(&["TIME"]);
+            (t[0].parse().unwrap(), t[1].parse().unwrap())
+        };
+        let redis_now = secs * SEC + micros;
+        assert!(
+            verdict.now_us <= redis_now && redis_now - verdict.now_us < 5 * SEC,
+            "the verdict is stamped with Redis TIME"
+        );
+    });
+}
+
+#[test]
+fn the_database_clock_is_used_when_no_time_is_given() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = rt.block_on(async {
+        PostgresStore::connect(
+            &postgres.url(),
+            "fgtest:",
+            std::time::Duration::from_secs(2),
+        )
+        .expect("store")
+    });
+    until_ready(&rt, &store);
+    let limit = hour_window();
+    let asks = [ask(&limit)];
+    let verdict = rt
+        .block_on(store.decide(&asks, 0))
+        .expect("postgres answers");
+    // The production store reads no injected time: a test-clock call is refused.
+    assert!(rt.block_on(store.decide_at_for_test(&asks, T0, 0)).is_err());
+    let db_now: u64 = postgres
+        .psql("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+        .parse()
+        .expect("a number");
+    assert!(
+        verdict.now_us <= db_now && db_now - verdict.now_us < 5 * SEC,
+        "the verdict is stamped with the database's clock: {} vs {db_now}",
+        verdict.now_us
+    );
+}

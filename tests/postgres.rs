@@ -1,0 +1,355 @@
+//! floodgate on a real PostgreSQL (a fresh `initdb` cluster per test, on a free port): exact
+//! shared budgets through two instances, all-or-nothing routes across `per:` scopes, concurrency
+//! leases, `/budgets`, the schema installed and reinstalled by itself, expired budgets swept, and
+//! the guard (`on_error`, timeout, breaker, `/readyz`) when PostgreSQL stops under load.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{Floodgate, PostgresServer, Upstream, client, get, hammer};
+use http::StatusCode;
+
+/// A one-route config on `postgres`. The 1 s decision budget (where a test does not set its own)
+/// is for a debug build sharing two cores with PostgreSQL and the test itself.
+fn config(postgres: &PostgresServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
+    format!(
+        "admin_listen: 127.0.0.1:0
+storage:
+  backend: postgres
+  url: {}
+  on_error: {on_error}
+  timeout: 1s
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+{limits}",
+        postgres.url(),
+        upstream.url()
+    )
+}
+
+/// Waits until `fg` answers `/readyz` 200: the schema is installed and PostgreSQL answers.
+async fn until_ready(fg: &Floodgate) {
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&client, &fg.admin_url("/readyz"), &[]).await.status != StatusCode::OK {
+        assert!(Instant::now() < deadline, "never ready: {}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn statuses(fg: &Floodgate, path: &str, key: &str, n: usize) -> Vec<u16> {
+    let client = client();
+    let mut got = Vec::new();
+    for _ in 0..n {
+        got.push(
+            get(&client, &fg.url(path), &[("x-api-key", key)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_grant_test_passes_through_two_instances_on_one_database() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &postgres,
+        &upstream,
+        "deny",
+        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 10}\n",
+    );
+    let a = Floodgate::start(&yaml);
+    let b = Floodgate::start(&yaml);
+    until_ready(&a).await;
+    until_ready(&b).await;
+    let before = upstream.count();
+    let totals = hammer(
+        &[a.url("/ride"), b.url("/ride")],
+        "rider-1",
+        64,
+        Duration::from_secs(3),
+    )
+    .await;
+    let received = (upstream.count() - before) as u32;
+    eprintln!("postgres over-grant: the upstream received {received}; responses {totals:?}");
+    // on_error: deny, so a failed decision would show as a 503.
+    assert!(totals.keys().all(|s| *s == 200 || *s == 429), "{totals:?}");
+    // 10 at once plus 10 a second for 3 s is 40, one more at the window's edge at most; fewer
+    // than 36 would mean lost refills (or decisions lost to errors).
+    assert!((36..=41).contains(&received), "received {received}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_mixing_scopes_is_decided_all_or_nothing() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &postgres,
+        &upstream,
+        "deny",
+        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}
+      - {algorithm: fixed_window, limit: 5, window: 1h, per: route}
+      - {algorithm: sliding_window_log, limit: 100, window: 1h, per: ip}
+      - {algorithm: sliding_window_counter, limit: 100, window: 1h}
+      - {algorithm: leaky_bucket, capacity: 100, leak_rate: 1000}
+      - {algorithm: concurrency, limit: 10}
+",
+    ));
+    until_ready(&fg).await;
+    // A spends its 3; its 4th is denied by its own bucket and spends nothing from the route.
+    assert_eq!(statuses(&fg, "/x", "A", 4).await, vec![200, 200, 200, 429]);
+    // So B still finds 2 of the route's 5, and is then denied by the route's window.
+    assert_eq!(statuses(&fg, "/x", "B", 3).await, vec![200, 200, 429]);
+    assert_eq!(upstream.count(), 5);
+    // The figures, spending nothing: A's bucket is empty, the route's window is spent.
+    let client = client();
+    let v = get(
+        &client,
+        &fg.admin_url("/budgets?route=api&api_key=A&ip=127.0.0.1"),
+        &[],
+    )
+    .await
+    .json();
+    let remaining: Vec<u64> = v["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .map(|l| l["remaining"].as_u64().expect("remaining"))
+        .collect();
+    // The IP's log has 5 entries (the two denials added none); A's leaky bucket has drained; the
+    // concurrency limit has all 10 free (every request has finished and given its lease back).
+    assert_eq!(remaining, vec![0, 0, 95, 97, 100, 10]);
+    // One row per budget (2 identities x 4 limits, the route's, the IP's), each named by a hash
+    // of the client value, never the raw key.
+    assert_eq!(
+        postgres.psql(
+            "SELECT count(*) FROM floodgate_budgets WHERE key ~ '^fg:.*:\\{[0-9a-f]{32}\\}:[a-z_]+$'"
+        ),
+        "10"
+    );
+    assert_eq!(
+        postgres.psql("SELECT count(*) FROM floodgate_budgets"),
+        "10"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_leases_are_held_while_in_flight_and_given_back() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &postgres,
+        &upstream,
+        "deny",
+        "      - {algorithm: concurrency, limit: 1}\n",
+    ));
+    until_ready(&fg).await;
+    let url = fg.url("/slow");
+    let slow =
+        tokio::spawn(async move { get(&client(), &url, &[("x-api-key", "K")]).await.status });
+    // While the slow request holds the one slot, another is turned away.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.in_flight_now() == 0 {
+        assert!(Instant::now() < deadline, "the slow request never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(statuses(&fg, "/x", "K", 1).await, vec![429]);
+    assert_eq!(slow.await.expect("slow request"), StatusCode::OK);
+    // Released in the background when its body ended: the slot is free again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = statuses(&fg, "/x", "K", 1).await;
+        if got == vec![200] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the lease was never given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &postgres,
+        &upstream,
+        "deny",
+        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n",
+    );
+    // Two instances starting together install it once, without tripping over each other.
+    let a = Floodgate::start(&yaml);
+    let b = Floodgate::start(&yaml);
+    until_ready(&a).await;
+    until_ready(&b).await;
+    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "1");
+    assert_eq!(statuses(&a, "/x", "K", 1).await, vec![200]);
+    // The database loses everything floodgate made (restored from an old dump, say).
+    postgres.psql(
+        "DO $$ DECLARE f text; BEGIN
+           FOR f IN SELECT oid::regprocedure::text FROM pg_proc WHERE proname LIKE 'floodgate_%' LOOP
+             EXECUTE 'DROP FUNCTION ' || f;
+           END LOOP;
+         END $$;
+         DROP TABLE floodgate_budgets; DROP TABLE floodgate_schema;",
+    );
+    // The next decision finds its function missing, installs the schema again and is decided
+    // (on_error: deny would answer 503 otherwise): a fresh budget of 2.
+    assert_eq!(statuses(&a, "/x", "K", 3).await, vec![200, 200, 429]);
+    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "1");
+    // The other instance shares the reinstalled budget.
+    assert_eq!(statuses(&b, "/x", "K", 1).await, vec![429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_budgets_are_swept_and_live_ones_kept() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "{}
+  - name: long
+    path_prefix: /long
+    upstream: {}
+    limits:
+      - {{algorithm: fixed_window, limit: 5, window: 1h}}
+",
+        config(
+            &postgres,
+            &upstream,
+            "deny",
+            "      - {algorithm: fixed_window, limit: 5, window: 1s}\n",
+        )
+        .replace("path_prefix: /\n", "path_prefix: /short\n"),
+        upstream.url()
+    ));
+    until_ready(&fg).await;
+    for key in 0..50 {
+        let key = format!("k{key}");
+        assert_eq!(statuses(&fg, "/short", &key, 1).await, vec![200]);
+    }
+    assert_eq!(statuses(&fg, "/long", "kept", 1).await, vec![200]);
+    // (The sweeper may already have removed the windows that ended while the loop ran.)
+    let rows: u32 = postgres
+        .psql("SELECT count(*) FROM floodgate_budgets")
+        .parse()
+        .expect("a count");
+    assert!(rows > 1, "{rows}");
+    // The 1 s windows end within 1 s; the sweeper passes at least once a second or so (a pass
+    // pause of 1 s, batches of 1000): 15 s is far more than it needs on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while postgres.psql("SELECT count(*) FROM floodgate_budgets") != "1" {
+        assert!(Instant::now() < deadline, "expired budgets were not swept");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        postgres.psql("SELECT count(*) FROM floodgate_budgets WHERE key LIKE 'fg:long#%'"),
+        "1",
+        "the hour-long window is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
+    let mut postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n";
+    // The load goes to a route of its own whose budget never runs out, so every request of it
+    // reaches PostgreSQL (a denied one would be answered from the deny cache).
+    let open = Floodgate::start(
+        &config(&postgres, &upstream, "allow", limits)
+            .replace("timeout: 1s", "timeout: 200ms")
+            .replace(
+                "routes:\n",
+                &format!(
+                    "routes:
+  - name: load
+    path_prefix: /load
+    upstream: {}
+    limits:
+      - {{algorithm: token_bucket, capacity: 1000000, refill_rate: 1000}}
+",
+                    upstream.url()
+                ),
+            ),
+    );
+    let closed = Floodgate::start(
+        &config(&postgres, &upstream, "deny", limits).replace("timeout: 1s", "timeout: 200ms"),
+    );
+    until_ready(&open).await;
+    until_ready(&closed).await;
+    // Load from 16 clients through the fail-open instance, while PostgreSQL stops in the middle.
+    let load = {
+        let url = open.url("/load");
+        tokio::spawn(async move { hammer(&[url], "loaded", 16, Duration::from_secs(3)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped_at = Instant::now();
+    postgres.stop_now();
+    let client = client();
+    // Sequential requests while it is down: each answered within the decision budget or sooner
+    // (the breaker opens after 3 failures and then spares them the wait).
+    let mut slowest = Duration::ZERO;
+    let mut seen: HashMap<u16, u32> = HashMap::new();
+    for i in 0..20 {
+        let started = Instant::now();
+        let r = get(
+            &client,
+            &open.url("/x"),
+            &[("x-api-key", &format!("down-{i}"))],
+        )
+        .await;
+        slowest = slowest.max(started.elapsed());
+        *seen.entry(r.status.as_u16()).or_default() += 1;
+    }
+    let under_load = load.await.expect("load");
+    eprintln!(
+        "postgres stopped: fail-open statuses {seen:?}, slowest {slowest:?}; load {under_load:?}"
+    );
+    assert_eq!(seen, HashMap::from([(200, 20)]), "on_error: allow forwards");
+    assert_eq!(
+        under_load.keys().collect::<Vec<_>>(),
+        vec![&200],
+        "{under_load:?}"
+    );
+    // 200 ms budget plus scheduling on a loaded two-core machine.
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    assert_eq!(
+        statuses(&closed, "/x", "down", 3).await,
+        vec![503, 503, 503]
+    );
+    assert_eq!(
+        get(&client, &open.admin_url("/readyz"), &[]).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // Back up: both instances reconnect by themselves, /readyz follows, and limiting is exact.
+    postgres.restart();
+    until_ready(&open).await;
+    until_ready(&closed).await;
+    eprintln!(
+        "postgres back: ready again {:?} after the stop",
+        stopped_at.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The breaker may still be cooling down (0.5 s): wait for the store to decide.
+        let got = statuses(&closed, "/x", "after", 1).await;
+        if got == vec![200] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never decided again: {got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        statuses(&closed, "/x", "after", 3).await,
+        vec![200, 200, 429]
+    );
+    assert_eq!(statuses(&open, "/x", "after", 1).await, vec![429]);
+}
