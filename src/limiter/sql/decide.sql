@@ -9,9 +9,10 @@
 -- clock (clock_timestamp()) is read once every row is locked, so that the decisions on one budget
 -- are stamped in the order they were made, whichever connection made them.
 --
--- Concurrency: each row is locked (SELECT ... FOR UPDATE, or the INSERT of a missing row, which
--- holds the new row until commit) in key order, so two decisions sharing budgets never deadlock,
--- and no decision reads a budget another has read but not yet written. No SERIALIZABLE retries.
+-- Concurrency: each row is locked and read (SELECT ... FOR UPDATE, or the INSERT of a missing
+-- row, which holds the new row until commit) in key order, so two decisions sharing budgets never
+-- deadlock, and no decision reads a budget another has read but not yet written. No SERIALIZABLE
+-- retries.
 --
 -- Reply (REPLY_HEADER and REPLY_FIELDS in src/limiter/wire.rs): { allowed, now_us, then per
 -- limit: allowed, limit, remaining, reset_after_us, retry_after_us, delay_us }.
@@ -22,8 +23,10 @@ CREATE OR REPLACE FUNCTION floodgate_decide_at__V(
 DECLARE
   n int := cardinality(keys);
   now bigint := clock;
-  k text;
+  lock_order int[];
+  j int;
   r floodgate_budgets%ROWTYPE;
+  rows floodgate_budgets[] := '{}';
   d bigint[];
   decisions bigint[] := '{}';
   sa bigint[] := '{}';
@@ -32,15 +35,31 @@ DECLARE
   all_allowed bigint := 1;
 BEGIN
   IF lease IS NOT NULL THEN
-    FOR k IN SELECT DISTINCT u FROM unnest(keys) u ORDER BY 1 LOOP
+    -- Lock (and read) every row in key order; a row's values cannot change once it is locked.
+    IF n = 1 THEN
+      lock_order := ARRAY[1];
+    ELSE
+      SELECT array_agg(i ORDER BY keys[i], i) INTO lock_order FROM generate_subscripts(keys, 1) i;
+    END IF;
+    FOREACH j IN ARRAY lock_order LOOP
       LOOP
-        PERFORM 1 FROM floodgate_budgets WHERE key = k FOR UPDATE;
+        SELECT * INTO r FROM floodgate_budgets WHERE key = keys[j] FOR UPDATE;
         EXIT WHEN FOUND;
         -- Absent: insert it fresh (a fresh row is a full budget). The new row is this
         -- transaction's until it commits; if another inserted it first, lock theirs.
-        INSERT INTO floodgate_budgets (key) VALUES (k) ON CONFLICT DO NOTHING;
+        INSERT INTO floodgate_budgets (key) VALUES (keys[j]) ON CONFLICT DO NOTHING
+          RETURNING * INTO r;
         EXIT WHEN FOUND;
       END LOOP;
+      rows[j] := r;
+    END LOOP;
+  ELSE
+    FOR i IN 1 .. n LOOP
+      SELECT * INTO r FROM floodgate_budgets WHERE key = keys[i];
+      IF NOT FOUND THEN
+        r := ROW(keys[i], 0, 0, 0, '{}', '{}', 0);
+      END IF;
+      rows[i] := r;
     END LOOP;
   END IF;
   IF now IS NULL THEN
@@ -48,10 +67,7 @@ BEGIN
   END IF;
 
   FOR i IN 1 .. n LOOP
-    SELECT * INTO r FROM floodgate_budgets WHERE key = keys[i];
-    IF NOT FOUND THEN
-      r.a := 0; r.b := 0; r.c := 0; r.entries := '{}'; r.holders := '{}';
-    END IF;
+    r := rows[i];
     d := CASE algorithms[i]
       WHEN 'token_bucket' THEN floodgate_gcra__V(now, r.a, pa[i], pb[i], costs[i], false)
       WHEN 'leaky_bucket' THEN floodgate_gcra__V(now, r.a, pa[i], pb[i], costs[i], true)
