@@ -12,8 +12,9 @@
 //! upgrade) each call their own; they are installed again if they disappear (a restored or
 //! recreated database).
 //!
-//! Rows are the budgets, named as in Redis ([`wire::key_name`]). Expired rows are deleted in the
-//! background, a batch of keys at a time, walking the primary key (see `sweep.sql`).
+//! Rows are the budgets, named as in Redis ([`wire::key_name`]). Rows expired for more than
+//! [`SWEEP_GRACE`] are deleted in the background, a batch of keys at a time, walking the primary
+//! key (see `sweep.sql`).
 //!
 //! Connections: a [`deadpool_postgres`] pool of tokio-postgres connections, recycled without a
 //! query (`RecyclingMethod::Fast`: a checkout costs no round trip, unlike deadpool-redis' PING),
@@ -63,6 +64,9 @@ const INSTALL_LOCK: i64 = 0x666c_6f6f_6467_6174;
 const SWEEP_BATCH: i32 = 1000;
 const SWEEP_PAUSE: Duration = Duration::from_millis(100);
 const SWEEP_PASS_PAUSE: Duration = Duration::from_secs(1);
+/// How long past its expiry a budget is kept (see `sweep.sql`): one used more often than this
+/// stays a row that is updated, not deleted and inserted again.
+const SWEEP_GRACE: Duration = Duration::from_secs(5);
 
 /// The SQL floodgate sends, with the functions' hashed names filled in.
 struct Sql {
@@ -88,7 +92,10 @@ impl Sql {
             decide: format!("SELECT {}($1, $2, $3, $4, $5, $6)", name("decide")),
             decide_at: format!("SELECT {}($1, $2, $3, $4, $5, $6, $7)", name("decide_at")),
             release: format!("SELECT {}($1, $2)", name("release")),
-            sweep: format!("SELECT last_key, deleted FROM {}($1, $2)", name("sweep")),
+            sweep: format!(
+                "SELECT last_key, deleted FROM {}($1, $2, $3)",
+                name("sweep")
+            ),
         }
     }
 }
@@ -294,6 +301,7 @@ impl PostgresStore {
     fn spawn_sweeper(&self) {
         let (pool, sql, installed) = (self.pool.clone(), self.sql.clone(), self.installed.clone());
         let alive: Weak<()> = Arc::downgrade(&self.alive);
+        let grace_us = SWEEP_GRACE.as_micros() as i64;
         tokio::spawn(async move {
             let mut after = String::new();
             while alive.strong_count() > 0 {
@@ -304,7 +312,7 @@ impl PostgresStore {
                 let batch = async {
                     let client = pool.get().await.map_err(unavailable)?;
                     let row = client
-                        .query_one(&sql.sweep, &[&after, &SWEEP_BATCH])
+                        .query_one(&sql.sweep, &[&after, &SWEEP_BATCH, &grace_us])
                         .await
                         .map_err(classify)?;
                     row.try_get::<_, Option<String>>(0)
