@@ -532,6 +532,11 @@ fn postgres_needs_a_postgres_url_and_never_prints_its_password() {
         "{found}"
     );
     assert!(!found.contains("hunter2"), "{found}");
+    rejects(
+        &with_top("storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=require"),
+        "storage.url",
+        "TLS to PostgreSQL is not supported yet",
+    );
     let config = Config::from_yaml(&with_top(
         "storage:\n  backend: postgres\n  url: postgresql://fg@db:5432/fg",
     ))
