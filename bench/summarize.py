@@ -31,7 +31,7 @@ errors = {t: sum(run["socket_errors"] for run in runs[t]) for t in targets}
 
 def check(t):
     share = non2xx[t] / total[t] if total[t] else 0
-    if t == "fg_redis_deny":
+    if t.endswith("_deny"):
         ok = share >= 0.99
         return ok, f"{non2xx[t]}/{total[t]} non-2xx ({share:.2%}) expect ~100% 429: {'OK' if ok else 'FAIL'}"
     ok = non2xx[t] == 0
@@ -40,7 +40,7 @@ def check(t):
 b = med[base]
 ms = lambda us: f"{us / 1000:.3f} ms"
 header = ["target", "req/s", "p50", "p99", "req/s vs nginx", "p50 vs nginx", "p99 vs nginx",
-          "CPU µs/req: self+upstream+redis", "responses"]
+          "CPU µs/req: self+upstream+store", "responses"]
 cpu = lambda m: "{:.0f} + {} + {}".format(m["cpu_target_us"],
     f"{m['cpu_upstream_us']:.0f}" if m["cpu_upstream_us"] else "-",
     f"{m['cpu_redis_us']:.0f}" if m["cpu_redis_us"] else "-")
@@ -61,7 +61,7 @@ intro = [
     f"pinning: {env['PINNING']}",
     f"nginx_proxy workers: {env['NGINX_WORKERS']}; upstream: nginx return 200, 1 worker",
     "CPU µs/req: CPU time (user+system, from /proc) of the target process(es), its upstream and "
-    "redis-server during the run, per request (with every server pinned to one busy core, "
+    "its store's server (redis-server, or PostgreSQL's processes) during the run, per request (with every server pinned to one busy core, "
     "req/s is about 1e6 / their sum)",
 ]
 

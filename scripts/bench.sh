@@ -13,8 +13,11 @@
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   fg_postgres_allow floodgate, PostgreSQL store, every request allowed (if asked for in TARGETS;
+#                     a fresh cluster made with initdb in the work dir, default settings, fsync on)
+#   fg_postgres_deny  floodgate, PostgreSQL store, every request denied
 # Figures are medians across rounds; each run also charges the CPU time (from /proc) of the target,
-# its upstream and redis-server to the requests it served. It checks that the allow targets answered
+# its upstream and its store's server (redis-server, or PostgreSQL's processes) to the requests it served. It checks that the allow targets answered
 # only 2xx and the deny target ~100% non-2xx (wrk's "Non-2xx or 3xx responses"; a probe first checks
 # that those are 429 rate_limit_exceeded with Retry-After), and exits 1 if not.
 # Results: $RESULTS_DIR/bench.md (markdown tables) and $RESULTS_DIR/raw/*.txt (wrk's own output plus
@@ -248,6 +251,26 @@ PIDS+=("$REDIS_PID")
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -p "$REDIS_PORT" ping >/dev/null || die "redis-server did not start"
 
+# --- postgresql (only when a fg_postgres target is asked for) ----------------------------------
+PG_PID=-
+if [[ " ${TARGETS[*]} " == *" fg_postgres_"* ]]; then
+    PG_BIN="${FLOODGATE_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}"
+    if [ ! -x "$PG_BIN/postgres" ]; then
+        log "installing: postgresql"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+        PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+    fi
+    as_pg=(); [ "$(id -u)" = 0 ] && { chown postgres "$WORK"; as_pg=(runuser -u postgres --); }
+    PG_PORT="$(free_port)"
+    "${as_pg[@]}" "$PG_BIN/initdb" -D "$WORK/pg" -A trust -U floodgate --locale=C -E UTF8 >/dev/null
+    "${SERVER_PIN[@]}" "${as_pg[@]}" "$PG_BIN/postgres" -D "$WORK/pg" -p "$PG_PORT" -k "$WORK" \
+        -c listen_addresses=127.0.0.1 >"$WORK/postgres.log" 2>&1 &
+    PIDS+=("$!")
+    for _ in $(seq 100); do [ -s "$WORK/pg/postmaster.pid" ] && "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && break; sleep 0.1; done
+    "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" || die "postgres did not start"
+    PG_PID="$(head -1 "$WORK/pg/postmaster.pid")"  # the postmaster; its children are the backends
+fi
+
 # --- floodgate ---------------------------------------------------------------------------------
 start_floodgate() { # name storage-yaml capacity refill_rate [top-yaml] [more-limits-yaml]
     local name=$1 storage=$2 capacity=$3 rate=$4 top=${5:-} more=${6:-}
@@ -308,6 +331,25 @@ start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
 FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
 FG_REDIS_DENY_URL=$FG_URL FG_REDIS_DENY_PID=$FG_PID
+if [ "$PG_PID" != - ]; then
+    # 250 ms, not Redis' 50 ms: saturated on two shared cores, PostgreSQL takes more than 50 ms
+    # over a few decisions in a hundred thousand, which on_error: deny answers 503 (measured).
+    PG_STORAGE="  backend: postgres
+  url: postgres://floodgate@127.0.0.1:$PG_PORT/postgres
+  timeout: 250ms
+  on_error: deny"
+    start_floodgate fg_postgres_allow "$PG_STORAGE" 1000000000 1000000
+    FG_PG_ALLOW_URL=$FG_URL FG_PG_ALLOW_PID=$FG_PID
+    start_floodgate fg_postgres_deny "$PG_STORAGE" 1 0.001
+    FG_PG_DENY_URL=$FG_URL FG_PG_DENY_PID=$FG_PID
+    # The schema is installed in the background: wait until both answer ready-made decisions.
+    for url in "$FG_PG_ALLOW_URL" "$FG_PG_DENY_URL"; do
+        for _ in $(seq 100); do
+            [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-API-Key: warm-up' "$url/")" != 503 ] && break
+            sleep 0.1
+        done
+    done
+fi
 
 # The processes whose CPU time a run of each target is charged: (itself, its upstream, redis).
 pids_of() {
@@ -320,6 +362,8 @@ pids_of() {
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_postgres_allow) echo "$FG_PG_ALLOW_PID $UPSTREAM_PID $PG_PID" ;;
+        fg_postgres_deny) echo "$FG_PG_DENY_PID $UPSTREAM_PID $PG_PID" ;;
     esac
 }
 
@@ -344,6 +388,8 @@ url_of() {
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
+        fg_postgres_allow) echo "$FG_PG_ALLOW_URL/" ;;
+        fg_postgres_deny) echo "$FG_PG_DENY_URL/" ;;
     esac
 }
 
