@@ -256,7 +256,8 @@ routes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_down_at_start_is_joined_when_it_comes_up() {
-    let ports = RedisCluster::ports(3);
+    let reserved = RedisCluster::reserve(3);
+    let ports = reserved.ports();
     let upstream = Upstream::start().await;
     let urls: Vec<String> = ports
         .iter()
@@ -288,7 +289,7 @@ routes:
         get(&client, &fg.admin_url("/readyz"), &[]).await.status,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    let _cluster = RedisCluster::start_on(&ports);
+    let _cluster = RedisCluster::start_on(reserved);
     // It connects by itself (retrying with a backoff of at most 5 s) and /readyz follows.
     let deadline = Instant::now() + Duration::from_secs(20);
     while get(&client, &fg.admin_url("/readyz"), &[]).await.status != StatusCode::OK {

@@ -97,8 +97,18 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        server.spawn();
-        server
+        // The port was free when picked, but initdb takes a while and tests run in parallel: if
+        // another process took it meanwhile, postgres exits at once; pick another.
+        for _ in 0..5 {
+            if server.spawn() {
+                return server;
+            }
+            server.port = free_port();
+        }
+        panic!(
+            "postgres did not start: {}",
+            std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
+        );
     }
 
     /// `program` from the PostgreSQL bin folder, as the `postgres` user when we are root.
@@ -113,7 +123,8 @@ impl PostgresServer {
         }
     }
 
-    fn spawn(&mut self) {
+    /// Starts `postgres` and waits until it answers; false if it exited first (its port taken).
+    fn spawn(&mut self) -> bool {
         let log = std::fs::File::create(self.dir.join("server.log")).expect("log file");
         let child = self
             .command("postgres")
@@ -140,7 +151,13 @@ impl PostgresServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if self.try_psql("SELECT 1").is_some() {
-                return;
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -209,7 +226,11 @@ impl PostgresServer {
     /// Starts the server again on the same port and data (after [`PostgresServer::stop_now`]).
     pub fn restart(&mut self) {
         self.stop_now();
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "postgres did not start again on port {}",
+            self.port
+        );
     }
 }
 

@@ -114,6 +114,18 @@ impl Drop for RedisServer {
     }
 }
 
+/// Ports held bound (by listeners nobody accepts on) until a cluster starts on them.
+pub struct ReservedPorts(Vec<TcpListener>);
+
+impl ReservedPorts {
+    pub fn ports(&self) -> Vec<u16> {
+        self.0
+            .iter()
+            .map(|l| l.local_addr().expect("bound").port())
+            .collect()
+    }
+}
+
 /// A real Redis Cluster on this machine: `masters` masters with one replica each, made with
 /// `redis-cli --cluster create`, every node a child process killed on drop.
 pub struct RedisCluster {
@@ -124,16 +136,24 @@ impl RedisCluster {
     /// Starts `2 × masters` cluster-enabled redis-servers and joins them into a cluster with one
     /// replica per master; waits until every node reports `cluster_state:ok`.
     pub fn start(masters: usize) -> RedisCluster {
-        RedisCluster::start_on(&RedisCluster::ports(masters))
+        RedisCluster::start_on(RedisCluster::reserve(masters))
     }
 
-    /// Free ports for a cluster of `masters` masters and their replicas, to start it later.
-    pub fn ports(masters: usize) -> Vec<u16> {
-        (0..masters * 2).map(|_| free_port()).collect()
+    /// Free ports for a cluster of `masters` masters and their replicas, to start it later. They
+    /// stay bound until [`RedisCluster::start_on`], so no other process of a parallel test run
+    /// (a server on port 0, an outgoing connection's ephemeral port) takes one meanwhile.
+    pub fn reserve(masters: usize) -> ReservedPorts {
+        ReservedPorts(
+            (0..masters * 2)
+                .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+                .collect(),
+        )
     }
 
     /// [`RedisCluster::start`] on these ports (one master per two ports).
-    pub fn start_on(ports: &[u16]) -> RedisCluster {
+    pub fn start_on(reserved: ReservedPorts) -> RedisCluster {
+        let ports = reserved.ports();
+        drop(reserved);
         let nodes: Vec<RedisServer> = ports
             .iter()
             .map(|&port| {
