@@ -317,3 +317,81 @@ routes:
         "limiting on the cluster"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_migrated_under_traffic_cause_no_5xx() {
+    let cluster = RedisCluster::start(3);
+    let upstream = Upstream::start().await;
+    // on_error: deny, so a decision the cluster failed to make shows as a 503. A slow refill keeps
+    // every identity's key alive through the test, so the migrated slots hold keys.
+    let fg = Floodgate::start(&config(
+        &cluster,
+        &upstream,
+        "      - {algorithm: token_bucket, capacity: 1000000, refill_rate: 0.001}\n",
+    ));
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&client, &fg.url("/warm"), &[("x-api-key", "warm-up")])
+        .await
+        .status
+        != StatusCode::OK
+    {
+        assert!(Instant::now() < deadline, "no decision from the cluster");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let masters = cluster.masters();
+    let (from, to) = (masters[0], masters[1]);
+    let id = |node: &common::RedisServer| -> String { node.cmd(&["CLUSTER", "MYID"]) };
+    let (from_id, to_id, from_port) = (id(from), id(to), from.port);
+    let keys_before: i64 = to.cmd(&["DBSIZE"]);
+    // Eight clients cycling over 600 identities (keys in every master's slots) until the
+    // reshard is over.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..8)
+        .map(|task| {
+            let (url, done, client) = (fg.url("/x"), done.clone(), client.clone());
+            tokio::spawn(async move {
+                let mut statuses = HashMap::<u16, u32>::new();
+                let mut n = task;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = format!("id-{}", n % 600);
+                    let status = get(&client, &url, &[("x-api-key", &key)]).await.status;
+                    *statuses.entry(status.as_u16()).or_default() += 1;
+                    n += 8;
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Moves 2000 of the first master's ~5461 slots, with their keys (MIGRATE), to the second.
+    let reshard = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from_port}")])
+            .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
+            .args(["--cluster-slots", "2000", "--cluster-yes"])
+            .output()
+            .expect("redis-cli")
+    })
+    .await
+    .expect("reshard");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut totals = HashMap::<u16, u32>::new();
+    for task in load {
+        for (status, n) in task.await.expect("load task") {
+            *totals.entry(status).or_default() += n;
+        }
+    }
+    assert!(
+        reshard.status.success(),
+        "reshard failed: {}",
+        String::from_utf8_lossy(&reshard.stdout)
+    );
+    let keys_after: i64 = to.cmd(&["DBSIZE"]);
+    eprintln!(
+        "reshard of 2000 slots under traffic: statuses {totals:?}; the target master's keys {keys_before} -> {keys_after}"
+    );
+    assert!(keys_after > keys_before, "no key moved");
+    assert_eq!(totals.keys().collect::<Vec<_>>(), vec![&200], "{totals:?}");
+}
