@@ -13,6 +13,10 @@
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   fg_memory_flood_deny, fg_redis_flood_deny  the 429 path under a flood from ever-new identities
+#                     (bench/keys_unique.lua: a key never sent before on every request, so the
+#                     deny cache is always cold): a per-identity bucket that would allow, and a
+#                     per: route window of 1 an hour, spent by the probe, that denies everyone
 #   fg_postgres_allow floodgate, PostgreSQL store, every request allowed (if asked for in TARGETS;
 #                     a fresh cluster made with initdb in the work dir, default settings, fsync on)
 #   fg_postgres_deny  floodgate, PostgreSQL store, every request denied
@@ -331,6 +335,15 @@ start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
 FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
 FG_REDIS_DENY_URL=$FG_URL FG_REDIS_DENY_PID=$FG_PID
+FLOOD_LIMIT="      - {algorithm: fixed_window, limit: 1, window: 1h, per: route}"
+if [[ " ${TARGETS[*]} " == *" fg_memory_flood_deny "* ]]; then
+    start_floodgate fg_memory_flood_deny "  backend: memory" 1000000000 1000000 "" "$FLOOD_LIMIT"
+    FG_MEMORY_FLOOD_URL=$FG_URL FG_MEMORY_FLOOD_PID=$FG_PID
+fi
+if [[ " ${TARGETS[*]} " == *" fg_redis_flood_deny "* ]]; then
+    start_floodgate fg_redis_flood_deny "$REDIS_STORAGE" 1000000000 1000000 "" "$FLOOD_LIMIT"
+    FG_REDIS_FLOOD_URL=$FG_URL FG_REDIS_FLOOD_PID=$FG_PID
+fi
 if [ "$PG_PID" != - ]; then
     # 250 ms, not Redis' 50 ms: saturated on two shared cores, PostgreSQL takes more than 50 ms
     # over a few decisions in a hundred thousand, which on_error: deny answers 503 (measured).
@@ -362,6 +375,8 @@ pids_of() {
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_PID $UPSTREAM_PID -" ;;
+        fg_redis_flood_deny) echo "$FG_REDIS_FLOOD_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_postgres_allow) echo "$FG_PG_ALLOW_PID $UPSTREAM_PID $PG_PID" ;;
         fg_postgres_deny) echo "$FG_PG_DENY_PID $UPSTREAM_PID $PG_PID" ;;
     esac
@@ -388,6 +403,8 @@ url_of() {
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
+        fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_URL/" ;;
+        fg_redis_flood_deny) echo "$FG_REDIS_FLOOD_URL/" ;;
         fg_postgres_allow) echo "$FG_PG_ALLOW_URL/" ;;
         fg_postgres_deny) echo "$FG_PG_DENY_URL/" ;;
     esac
@@ -410,6 +427,7 @@ fi
 
 # --- load --------------------------------------------------------------------------------------
 LUA="$ROOT/bench/keys.lua"
+lua_of() { case $1 in *_flood_deny) echo "$ROOT/bench/keys_unique.lua" ;; *) echo "$LUA" ;; esac; }
 
 CLK_TCK="$(getconf CLK_TCK)"
 run_wrk() { # target duration outfile
@@ -417,7 +435,7 @@ run_wrk() { # target duration outfile
     read -r -a pids <<<"$(pids_of "$1")"
     before=(); for i in 0 1 2; do before+=("$(cpu_ticks "${pids[$i]}")"); done
     BENCH_KEYS="$KEYS" "${CLIENT_PIN[@]}" wrk -t "$THREADS" -c "$CONNECTIONS" -d "$2" --latency \
-        -s "$LUA" "$(url_of "$1")" >"$3" 2>&1 || true
+        -s "$(lua_of "$1")" "$(url_of "$1")" >"$3" 2>&1 || true
     after=(); for i in 0 1 2; do after+=("$(cpu_ticks "${pids[$i]}")"); done
     grep -q '^BENCH ' "$3" || { cat "$3" >&2; die "wrk against $1 printed no figures"; }
     echo "CPU target_ticks=$((after[0] - before[0])) upstream_ticks=$((after[1] - before[1])) redis_ticks=$((after[2] - before[2])) clk_tck=$CLK_TCK" >>"$3"
