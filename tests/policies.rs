@@ -240,6 +240,47 @@ async fn a_per_route_cap_holds_across_two_instances_sharing_redis() {
     assert_eq!(upstream.count(), 10);
 }
 
+/// How many decisions Redis has run: its `FCALL`s and `EVALSHA`s (from `INFO commandstats`),
+/// less the failed ones (the first `FCALL` fails with "Function not found" and loads the library).
+fn redis_decisions(redis: &RedisServer) -> u64 {
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.parse().ok())
+            .unwrap_or(0)
+    };
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .map(|l| field(l, "calls=") - field(l, "failed_calls="))
+        .sum()
+}
+
+#[tokio::test]
+async fn rotating_keys_behind_a_spent_ip_budget_cost_redis_nothing() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(
+        &upstream,
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+            redis.url()
+        ),
+        "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}
+      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, per: ip}
+",
+    ));
+    let keys: Vec<String> = (0..60).map(random_key).collect();
+    let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
+    let got = statuses(&fg, &requests).await;
+    assert_eq!(got[..3], [200, 200, 200]);
+    assert!(got[3..].iter().all(|&s| s == 429), "{got:?}");
+    // Three admissions and the one denial that spent the IP's budget reached Redis; the 56 new
+    // keys after it were turned away by the remembered IP budget, locally.
+    assert_eq!(redis_decisions(&redis), 4);
+    assert_eq!(upstream.count(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_and_tiers_hold_on_redis() {
     let redis = RedisServer::start();

@@ -7,14 +7,17 @@
 //!   request at a time probes Redis; the first success closes the breaker. An error reply about
 //!   one request's keys ([`LimiterError::Refused`]) is not a failure of the store: it follows
 //!   `on_error` for that request and leaves the breaker alone.
-//! - **Deny cache**: an identity Redis denied is answered 429 locally until its `Retry-After`
-//!   instant, with no round trip, so a flood from one client costs Redis nothing. This changes no
-//!   decision: until that instant Redis would deny it too, and denied requests spend nothing.
-//!   (Another instance's budget changes cannot shorten the wait; they can only lengthen it.)
+//! - **Deny cache**: a budget whose limit denied is remembered until that limit's retry instant,
+//!   and any request spending it meanwhile is answered 429 locally, with no round trip: a flood
+//!   from one client costs Redis nothing, and neither does a flood of ever-new API keys behind one
+//!   IP (its `per: ip` budget denies) or of ever-new clients against a spent `per: route` cap. This
+//!   changes no decision: until that instant the store would deny it too, since denied requests
+//!   spend nothing and other requests (or instances) can only spend more, never less. Concurrency
+//!   limits are not remembered: a slot frees when a request ends, which no clock predicts.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,9 +25,10 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 
 use super::memory::Prehashed;
+use super::wire::Reply;
 use super::{
-    Admission, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore, MonotonicClock, OnError,
-    Source, Verdict,
+    Admission, AlgorithmKind, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore,
+    MonotonicClock, OnError, Source, Verdict,
 };
 
 /// Failures in a row that open the breaker.
@@ -40,11 +44,12 @@ const WARN_EVERY: Duration = Duration::from_secs(1);
 /// A store in another process: what the guard needs of Redis (and of the next backends).
 pub trait RemoteStore: Send + Sync + 'static {
     /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
+    /// Returns the verdict and each limit's own decision (for the deny cache).
     fn decide(
         &self,
         asks: &[Ask<'_>],
         lease: LeaseId,
-    ) -> impl Future<Output = Result<Verdict, LimiterError>> + Send;
+    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send;
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
     fn release(
         &self,
@@ -145,8 +150,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             return Ok(Admission::Unlimited);
         }
         let now = self.clock.now_us();
-        let cache_key = self.deny_cache.key(asks);
-        if let Some(verdict) = self.deny_cache.get(cache_key, now) {
+        if let Some(verdict) = self.deny_cache.get(asks, now) {
             self.stats.deny_cache_hits.inc();
             return Ok(Admission::Limited {
                 verdict,
@@ -164,11 +168,11 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             );
         }
         let error = match tokio::time::timeout(self.timeout, self.store.decide(asks, lease)).await {
-            Ok(Ok(verdict)) => {
+            Ok(Ok(Reply { verdict, decisions })) => {
                 self.breaker.success();
                 if !verdict.allowed {
                     self.deny_cache
-                        .insert(cache_key, &verdict, self.clock.now_us());
+                        .insert(asks, &decisions, self.clock.now_us());
                 }
                 return Ok(Admission::Limited {
                     verdict,
@@ -351,11 +355,11 @@ impl Breaker {
     }
 }
 
-/// Denials remembered until their retry instant, by the set of budgets asked.
+/// Denials remembered until their retry instant, by the budget that denied.
 ///
-/// Keyed by a 64-bit hash of the asks' budget keys under a per-process random seed: two budget
-/// sets whose hashes collide (about n²/2⁶⁵ for n remembered denials, ≈ 3·10⁻¹⁰ at the 100 000
-/// held at most) would share a denial until its retry instant.
+/// Keyed by a 64-bit hash of a budget key under a per-process random seed: two budgets whose
+/// hashes collide (about n²/2⁶⁵ for n remembered denials, ≈ 3·10⁻¹⁰ at the 100 000 held at
+/// most) would share a denial until its retry instant.
 struct DenyCache {
     shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
     hasher: RandomState,
@@ -367,8 +371,13 @@ struct CachedDenial {
     retry_at: u64,
     /// Local time (µs) by which the budget is fully restored.
     reset_at: u64,
-    headline: Decision,
-    headline_index: usize,
+    /// The limit's decision when it denied.
+    decision: Decision,
+}
+
+/// Whether a limit's denials may be remembered: not a concurrency limit's (see the module docs).
+fn rememberable(ask: &Ask<'_>) -> bool {
+    ask.limit.algorithm().kind() != AlgorithmKind::Concurrency
 }
 
 impl DenyCache {
@@ -381,60 +390,67 @@ impl DenyCache {
         }
     }
 
-    fn key(&self, asks: &[Ask<'_>]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        for ask in asks {
-            h.write_u64(ask.key.hash_with(&self.hasher));
-        }
-        h.finish()
-    }
-
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
         self.shards[(key >> 60) as usize % DENY_CACHE_SHARDS]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cached denial for `key`, re-timed to `now`, if its retry instant is still ahead.
-    fn get(&self, key: u64, now: u64) -> Option<Verdict> {
-        let mut shard = self.shard(key);
-        let cached = *shard.get(&key)?;
-        if now >= cached.retry_at {
-            shard.remove(&key);
-            return None;
+    /// A denial of `asks` at `now` from the budgets remembered as denying (the one whose retry
+    /// comes last when several are), if any retry instant is still ahead.
+    fn get(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
+        let mut found: Option<(usize, CachedDenial)> = None;
+        for (i, ask) in asks.iter().enumerate().filter(|(_, a)| rememberable(a)) {
+            let key = ask.key.hash_with(&self.hasher);
+            let mut shard = self.shard(key);
+            let Some(&cached) = shard.get(&key) else {
+                continue;
+            };
+            if now >= cached.retry_at {
+                shard.remove(&key);
+            } else if found.is_none_or(|(_, f)| cached.retry_at > f.retry_at) {
+                found = Some((i, cached));
+            }
         }
+        let (index, cached) = found?;
         Some(Verdict {
             now_us: now,
             headline: Decision {
                 reset_after_us: cached.reset_at.saturating_sub(now),
                 retry_after_us: cached.retry_at - now,
-                ..cached.headline
+                ..cached.decision
             },
-            headline_index: cached.headline_index,
+            headline_index: index,
             allowed: false,
             retry_after_us: cached.retry_at - now,
             delay_us: 0,
         })
     }
 
-    fn insert(&self, key: u64, verdict: &Verdict, now: u64) {
+    /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order).
+    fn insert(&self, asks: &[Ask<'_>], decisions: &[Decision], now: u64) {
         let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
-        let mut shard = self.shard(key);
-        if shard.len() >= per_shard {
-            shard.retain(|_, d| d.retry_at > now);
-            if shard.len() >= per_shard {
-                return;
+        for (ask, decision) in asks.iter().zip(decisions) {
+            if decision.allowed || !rememberable(ask) {
+                continue;
             }
+            let key = ask.key.hash_with(&self.hasher);
+            let mut shard = self.shard(key);
+            if shard.len() >= per_shard {
+                shard.retain(|_, d| d.retry_at > now);
+                if shard.len() >= per_shard {
+                    continue;
+                }
+            }
+            shard.insert(
+                key,
+                CachedDenial {
+                    retry_at: now + decision.retry_after_us,
+                    reset_at: now + decision.reset_after_us,
+                    decision: *decision,
+                },
+            );
         }
-        shard.insert(
-            key,
-            CachedDenial {
-                retry_at: now + verdict.retry_after_us,
-                reset_at: now + verdict.headline.reset_after_us,
-                headline: verdict.headline,
-                headline_index: verdict.headline_index,
-            },
-        );
     }
 }
 
@@ -481,16 +497,24 @@ mod tests {
             Ok(self.state.peek(asks))
         }
 
-        async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
+        async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.mode.load(Ordering::SeqCst) {
                 FAIL => Err(LimiterError::Unavailable("scripted failure".into())),
                 REFUSE => Err(LimiterError::Refused("WRONGTYPE scripted".into())),
                 HANG => std::future::pending().await,
-                _ => self
-                    .state
-                    .decide_leased(asks, lease)
-                    .ok_or_else(|| LimiterError::Protocol("no asks".into())),
+                _ => {
+                    let mut decisions = [Decision::EMPTY; crate::limiter::MAX_LIMITS];
+                    // The store's own clock stands still at T0 (only the guard's moves).
+                    let verdict = self
+                        .state
+                        .decide_into(asks, T0, lease, &mut decisions)
+                        .ok_or_else(|| LimiterError::Protocol("no asks".into()))?;
+                    Ok(Reply {
+                        verdict,
+                        decisions: decisions[..asks.len()].to_vec(),
+                    })
+                }
             }
         }
 
@@ -662,6 +686,117 @@ mod tests {
         f.clock.advance(Duration::from_millis(500));
         f.decide(OnError::Allow).await.unwrap();
         assert_eq!(f.calls(), 3);
+    }
+
+    /// The asks of one request from `client`: its own bucket of 100 and a route-wide cap.
+    fn route_asks<'a>(own: &'a Limit, cap: &'a Limit, client: &'a [u8]) -> [Ask<'a>; 2] {
+        [
+            Ask {
+                limit: own,
+                key: BudgetKey {
+                    budget: "r#0",
+                    kind: KeyKind::ApiKey,
+                    value: client,
+                },
+            },
+            Ask {
+                limit: cap,
+                key: BudgetKey {
+                    budget: "r#1",
+                    kind: KeyKind::Route,
+                    value: b"",
+                },
+            },
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_spent_shared_budget_turns_away_new_clients_without_asking_the_store() {
+        let f = Fixture::new();
+        let own = Limit::of(Algorithm::token_bucket(100, 1.0).unwrap());
+        let cap = Limit::of(Algorithm::fixed_window(1, Duration::from_secs(3600)).unwrap());
+        let first = f
+            .guard
+            .decide(&route_asks(&own, &cap, b"key-0"), 1, OnError::Allow)
+            .await
+            .unwrap();
+        assert!(first.verdict().unwrap().allowed);
+        let denied = *f
+            .guard
+            .decide(&route_asks(&own, &cap, b"key-1"), 2, OnError::Allow)
+            .await
+            .unwrap()
+            .verdict()
+            .unwrap();
+        assert!(!denied.allowed);
+        assert_eq!(f.calls(), 2);
+        // A flood of keys never seen before: the cap's denial answers each, locally, with the
+        // cap's figures as the headline.
+        for n in 2..50 {
+            let client = format!("key-{n}");
+            let v = *f
+                .guard
+                .decide(
+                    &route_asks(&own, &cap, client.as_bytes()),
+                    n,
+                    OnError::Allow,
+                )
+                .await
+                .unwrap()
+                .verdict()
+                .unwrap();
+            assert!(!v.allowed);
+            assert_eq!(v.headline_index, 1);
+            assert_eq!(v.headline.limit, 1);
+            assert_eq!(v.retry_after_us, denied.retry_after_us);
+        }
+        assert_eq!(f.calls(), 2, "the store was not asked for the flood");
+        // A request that does not spend the capped budget is not affected by its denial, and the
+        // clients' own budgets, which allowed, were not remembered as denying.
+        let elsewhere = [route_asks(&own, &cap, b"key-7")[0]];
+        let v = f
+            .guard
+            .decide(&elsewhere, 99, OnError::Allow)
+            .await
+            .unwrap();
+        assert!(v.verdict().unwrap().allowed);
+        assert_eq!(f.calls(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_concurrency_denial_is_not_remembered() {
+        let f = Fixture::new();
+        let slots = Limit::of(Algorithm::concurrency(1, Duration::from_secs(60)).unwrap());
+        let asks = [Ask {
+            limit: &slots,
+            key: BudgetKey {
+                budget: "r#0",
+                kind: KeyKind::Route,
+                value: b"",
+            },
+        }];
+        assert!(
+            f.guard
+                .decide(&asks, 1, OnError::Allow)
+                .await
+                .unwrap()
+                .verdict()
+                .unwrap()
+                .allowed
+        );
+        for lease in 2..5 {
+            let v = f.guard.decide(&asks, lease, OnError::Allow).await.unwrap();
+            assert!(!v.verdict().unwrap().allowed);
+        }
+        assert_eq!(
+            f.calls(),
+            4,
+            "each denial asked the store: a slot may free at any time"
+        );
+        // The slot freed: the next request is admitted at once.
+        f.guard.release(&asks, 1, Source::Store).await;
+        let v = f.guard.decide(&asks, 9, OnError::Allow).await.unwrap();
+        assert!(v.verdict().unwrap().allowed);
     }
 
     #[tokio::test]

@@ -483,8 +483,8 @@ impl PostgresStore {
 }
 
 impl RemoteStore for PostgresStore {
-    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        PostgresStore::decide(self, asks, lease).await
+    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
+        self.invoke(asks, None, Some(lease)).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

@@ -523,8 +523,8 @@ impl RedisStore {
 }
 
 impl RemoteStore for RedisStore {
-    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        RedisStore::decide(self, asks, lease).await
+    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
+        self.invoke(asks, None, Some(lease)).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
