@@ -6,15 +6,15 @@
 //! The SQL is in `sql/`: `schema.sql` (the table), one file per algorithm mirroring the Rust
 //! functions of `algorithm.rs` and the Lua of `lua/`, `decide.sql` (the all-or-nothing decision,
 //! locking its rows in key order), `release.sql` and `sweep.sql`. At start floodgate installs
-//! them (see [`install`]): under an advisory lock, the table when the `floodgate_schema` version
+//! them (see `install`): under an advisory lock, the table when the `floodgate_schema` version
 //! row says it is missing or older, and the functions with `CREATE OR REPLACE`. The functions'
 //! names end in a hash of their text, so two floodgate versions sharing a database (a rolling
 //! upgrade) each call their own; they are installed again if they disappear (a restored or
 //! recreated database).
 //!
 //! Rows are the budgets, named as in Redis ([`wire::key_name`]). Rows expired for more than
-//! [`SWEEP_GRACE`] are deleted in the background, a batch of keys at a time, walking the primary
-//! key (see `sweep.sql`).
+//! `SWEEP_GRACE` (5 s) are deleted in the background, a batch of keys at a time, walking the
+//! primary key (see `sweep.sql`).
 //!
 //! Connections: a [`deadpool_postgres`] pool of tokio-postgres connections, recycled without a
 //! query (`RecyclingMethod::Fast`: a checkout costs no round trip, unlike deadpool-redis' PING),
