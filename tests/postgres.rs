@@ -353,3 +353,54 @@ async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
     );
     assert_eq!(statuses(&open, "/x", "after", 1).await, vec![429]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_connects_over_verified_tls_and_nothing_else() {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+        .expect("a self-signed certificate");
+    let cert_pem = certified.cert.pem();
+    let postgres =
+        PostgresServer::start_with_tls(&cert_pem, &certified.signing_key.serialize_pem());
+    let trusted = common::TempFile::new(&cert_pem);
+    let upstream = Upstream::start().await;
+    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
+    let tls_yaml = config(&postgres, &upstream, "deny", limits).replace(
+        &postgres.url(),
+        &format!("{}?sslmode=require", postgres.url()),
+    );
+    // Trusting the server's certificate (SSL_CERT_FILE replaces the system's roots): every
+    // connection floodgate holds is TLS, and the store decides.
+    let trusting = Floodgate::start_with_env(
+        &tls_yaml,
+        &[(
+            "SSL_CERT_FILE",
+            trusted.path().to_str().expect("utf-8 path"),
+        )],
+    );
+    until_ready(&trusting).await;
+    assert_eq!(statuses(&trusting, "/x", "K", 3).await, vec![200, 200, 429]);
+    let connections = postgres.psql(
+        "SELECT count(*) FILTER (WHERE ssl), count(*) FROM pg_stat_ssl
+           JOIN pg_stat_activity USING (pid) WHERE application_name = 'floodgate'",
+    );
+    let (over_tls, all) = connections.split_once('|').expect("two counts");
+    assert!(
+        over_tls == all && all != "0",
+        "every floodgate connection is TLS: {over_tls} of {all}"
+    );
+    // Not trusting it (an empty root file): no connection is made, nothing is decided.
+    let empty = common::TempFile::new("");
+    let distrusting = Floodgate::start_with_env(
+        &tls_yaml,
+        &[("SSL_CERT_FILE", empty.path().to_str().expect("utf-8 path"))],
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let client = client();
+    assert_eq!(
+        get(&client, &distrusting.admin_url("/readyz"), &[])
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(statuses(&distrusting, "/x", "L", 1).await, vec![503]);
+}

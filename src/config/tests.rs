@@ -533,9 +533,15 @@ fn postgres_needs_a_postgres_url_and_never_prints_its_password() {
     );
     assert!(!found.contains("hunter2"), "{found}");
     rejects(
-        &with_top("storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=require"),
+        &with_top("storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=verify-full"),
         "storage.url",
-        "TLS to PostgreSQL is not supported yet",
+        "sslmode",
+    );
+    assert!(
+        Config::from_yaml(&with_top(
+            "storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=require"
+        ))
+        .is_ok()
     );
     let config = Config::from_yaml(&with_top(
         "storage:\n  backend: postgres\n  url: postgresql://fg@db:5432/fg",

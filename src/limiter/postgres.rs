@@ -16,6 +16,10 @@
 //! `SWEEP_GRACE` (5 s) are deleted in the background, a batch of keys at a time, walking the
 //! primary key (see `sweep.sql`).
 //!
+//! TLS: with `sslmode=require` in the URL, connections are TLS (rustls), and the server's
+//! certificate is verified against the system's roots and the URL's host name, which is
+//! libpq's `verify-full`; otherwise they are plain text.
+//!
 //! Connections: a [`deadpool_postgres`] pool of tokio-postgres connections, recycled without a
 //! query (`RecyclingMethod::Fast`: a checkout costs no round trip, unlike deadpool-redis' PING),
 //! each decision one prepared statement on one connection. Each session runs with
@@ -30,7 +34,9 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
 use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{FromSqlOwned, ToSql};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::guard::RemoteStore;
 use super::wire::{self, Reply};
@@ -148,6 +154,28 @@ async fn install(client: &mut deadpool_postgres::Object, sql: &Sql) -> Result<()
     tx.commit().await.map_err(unavailable)
 }
 
+/// The TLS client config for `sslmode=require`: the server's certificate is verified against
+/// the system's roots (which `SSL_CERT_FILE` and `SSL_CERT_DIR` can replace) and its name, as
+/// libpq's `verify-full` does. With no roots, every connection fails, and the log says why.
+fn tls_config() -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        tracing::warn!(error = %e, "a system root certificate could not be read");
+    }
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        tracing::warn!("no system root certificates: TLS to PostgreSQL will fail");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("the aws-lc-rs provider supports the default TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth()
+}
+
 fn unavailable(e: impl std::fmt::Display) -> LimiterError {
     LimiterError::Unavailable(e.to_string())
 }
@@ -228,13 +256,17 @@ impl PostgresStore {
                 "-c synchronous_commit=off -c statement_timeout={}",
                 statement_timeout.as_millis()
             ));
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        // TLS only when the URL demands it: `sslmode=prefer` (the default) would try TLS first,
+        // and a server with a certificate nobody here trusts (Debian's own snakeoil one, say)
+        // would then refuse every connection instead of falling back.
+        let manager = if config.get_ssl_mode() == SslMode::Require {
+            Manager::from_config(config, MakeRustlsConnect::new(tls_config()), manager_config)
+        } else {
+            Manager::from_config(config, NoTls, manager_config)
+        };
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let pool = Pool::builder(manager)
             .max_size((4 * cores).max(8))

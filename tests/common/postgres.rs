@@ -15,6 +15,8 @@ pub struct PostgresServer {
     dir: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
+    /// More `-c name=value` settings for `postgres`.
+    settings: Vec<String>,
 }
 
 /// The folder with `initdb` and `postgres`: `FLOODGATE_PG_BIN`, else the newest
@@ -54,6 +56,41 @@ fn free_port() -> u16 {
 impl PostgresServer {
     /// Makes a fresh cluster and starts it; waits until it accepts connections.
     pub fn start() -> PostgresServer {
+        PostgresServer::start_with(|_| Vec::new())
+    }
+
+    /// [`PostgresServer::start`] with TLS on (plain connections are still accepted), serving
+    /// this certificate chain and key (PEM).
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> PostgresServer {
+        let (cert_pem, key_pem) = (cert_pem.to_string(), key_pem.to_string());
+        PostgresServer::start_with(move |dir| {
+            let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+            std::fs::write(&cert, &cert_pem).expect("write the certificate");
+            std::fs::write(&key, &key_pem).expect("write the key");
+            // PostgreSQL refuses a key that others may read.
+            let status = Command::new("chmod").arg("600").arg(&key).status();
+            assert!(status.is_ok_and(|s| s.success()), "chmod of the key failed");
+            if running_as_root() {
+                let status = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .args([&cert, &key])
+                    .status();
+                assert!(
+                    status.is_ok_and(|s| s.success()),
+                    "chown of the TLS files failed"
+                );
+            }
+            vec![
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", cert.display()),
+                format!("ssl_key_file={}", key.display()),
+            ]
+        })
+    }
+
+    /// Makes a fresh cluster; `prepare` may write files into its folder and returns more
+    /// settings for `postgres`; then starts it.
+    fn start_with(prepare: impl FnOnce(&std::path::Path) -> Vec<String>) -> PostgresServer {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "floodgate-pg-{}-{}",
@@ -67,6 +104,7 @@ impl PostgresServer {
             dir,
             bin: bin_dir(),
             child: None,
+            settings: Vec::new(),
         };
         if running_as_root() {
             let status = Command::new("chown")
@@ -97,6 +135,7 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        server.settings = prepare(&server.dir);
         // The port was free when picked, but initdb takes a while and tests run in parallel: if
         // another process took it meanwhile, postgres exits at once; pick another.
         for _ in 0..5 {
@@ -143,6 +182,7 @@ impl PostgresServer {
                 "-c",
                 "max_connections=200",
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
