@@ -18,6 +18,11 @@ use floodgate::proxy::Proxy;
 use floodgate::server::Server;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// mimalloc instead of glibc's malloc: measured 6% less CPU per proxied request (see the
+/// README's Performance section).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rate-limiting HTTP reverse proxy: says "no" early, so a surge never reaches your API.
 #[derive(Parser)]
 #[command(name = "floodgate", version, about)]
