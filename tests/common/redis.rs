@@ -32,11 +32,28 @@ impl RedisServer {
             child: None,
             dir,
         };
+        // The port was free when picked; if another process took it first, pick another.
+        for _ in 0..3 {
+            if server.try_spawn() {
+                return server;
+            }
+            server.kill();
+            server.port = free_port();
+        }
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server on port {} did not start",
+            self.port
+        );
+    }
+
+    /// Starts redis-server on `self.port`; false if it did not come up (its port taken).
+    fn try_spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -55,20 +72,35 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
-        self.wait_for_ping();
+        self.answers_ping()
     }
 
-    fn wait_for_ping(&self) {
+    fn wait_for_ping(&mut self) {
+        assert!(
+            self.answers_ping(),
+            "redis-server on port {} did not start",
+            self.port
+        );
+    }
+
+    /// Waits until the server answers PING: false if it exits first (its port was taken) or
+    /// stays silent for 10 s.
+    fn answers_ping(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(mut c) = self.connection()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return;
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server on port {} did not start", self.port);
+        false
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -136,6 +168,13 @@ impl RedisCluster {
     /// Starts `2 × masters` cluster-enabled redis-servers and joins them into a cluster with one
     /// replica per master; waits until every node reports `cluster_state:ok`.
     pub fn start(masters: usize) -> RedisCluster {
+        // A port can still be taken in the instant between releasing it and redis-server
+        // binding it (parallel tests open thousands of connections): start again elsewhere.
+        for _ in 0..3 {
+            if let Ok(cluster) = RedisCluster::try_start_on(RedisCluster::reserve(masters)) {
+                return cluster;
+            }
+        }
         RedisCluster::start_on(RedisCluster::reserve(masters))
     }
 
@@ -152,11 +191,19 @@ impl RedisCluster {
 
     /// [`RedisCluster::start`] on these ports (one master per two ports).
     pub fn start_on(reserved: ReservedPorts) -> RedisCluster {
-        let ports = reserved.ports();
-        drop(reserved);
-        let nodes: Vec<RedisServer> = ports
-            .iter()
-            .map(|&port| {
+        RedisCluster::try_start_on(reserved).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start_on(reserved: ReservedPorts) -> Result<RedisCluster, String> {
+        let mut nodes = Vec::new();
+        for held in reserved.0 {
+            let port = held.local_addr().expect("bound").port();
+            // The bus port is port + 10000 unless given: past 55535 that overflows.
+            let bus = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            let bus_port = bus.local_addr().expect("bound").port();
+            // Each port is let go only now, just before its server binds it.
+            drop((held, bus));
+            let mut server = {
                 let dir = std::env::temp_dir()
                     .join(format!("floodgate-cluster-{}-{port}", std::process::id()));
                 std::fs::create_dir_all(&dir).expect("temp dir");
@@ -181,9 +228,8 @@ impl RedisCluster {
                         "0",
                         "--cluster-config-file",
                         &format!("nodes-{port}.conf"),
-                        // The bus port is port + 10000 unless given: past 55535 that overflows.
                         "--cluster-port",
-                        &free_port().to_string(),
+                        &bus_port.to_string(),
                     ])
                     .arg("--dir")
                     .arg(&dir)
@@ -191,15 +237,17 @@ impl RedisCluster {
                     .stderr(Stdio::null())
                     .spawn()
                     .expect("redis-server must be installed (scripts/test.sh installs it)");
-                let server = RedisServer {
+                RedisServer {
                     port,
                     child: Some(child),
                     dir,
-                };
-                server.wait_for_ping();
-                server
-            })
-            .collect();
+                }
+            };
+            if !server.answers_ping() {
+                return Err(format!("cluster node on port {port} did not start"));
+            }
+            nodes.push(server);
+        }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for node in &nodes {
@@ -227,7 +275,7 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "the cluster did not become ok");
             std::thread::sleep(Duration::from_millis(100));
         }
-        cluster
+        Ok(cluster)
     }
 
     /// The seed URLs, for `storage.urls`.
@@ -302,7 +350,7 @@ impl RedisSentinelSet {
                     .stderr(Stdio::null())
                     .spawn()
                     .expect("redis-server must be installed (scripts/test.sh installs it)");
-                let sentinel = RedisServer {
+                let mut sentinel = RedisServer {
                     port,
                     child: Some(child),
                     dir,
