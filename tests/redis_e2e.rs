@@ -318,7 +318,7 @@ async fn a_denied_identity_is_answered_from_the_deny_cache() {
     let url = floodgate.url("/x");
     let (statuses, _) = sequential(&url, "flooder", 3).await;
     assert_eq!(statuses, vec![200, 200, 429]);
-    let calls_before: u64 = script_calls(&redis);
+    let calls_before: u64 = redis.decisions();
     let client = client();
     for _ in 0..50 {
         let r = client
@@ -337,21 +337,10 @@ async fn a_denied_identity_is_answered_from_the_deny_cache() {
         assert!((1..=10).contains(&retry), "retry-after {retry}");
     }
     assert_eq!(
-        script_calls(&redis),
+        redis.decisions(),
         calls_before,
         "the flood cost Redis nothing"
     );
-}
-
-/// How many EVALSHA calls Redis has served.
-fn script_calls(redis: &RedisServer) -> u64 {
-    let info: String = redis.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,6 +124,23 @@ impl RedisServer {
         cmd.query(&mut c).expect("command succeeds")
     }
 
+    /// How many decisions this server has run: its `FCALL`s and `EVALSHA`s (from `INFO
+    /// commandstats`), less the failed ones (a first `FCALL` fails with "Function not found"
+    /// and loads the library).
+    pub fn decisions(&self) -> u64 {
+        let stats: String = self.cmd(&["INFO", "commandstats"]);
+        let field = |line: &str, name: &str| -> u64 {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.parse().ok())
+                .unwrap_or(0)
+        };
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+            .map(|l| field(l, "calls=") - field(l, "failed_calls="))
+            .sum()
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
