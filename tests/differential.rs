@@ -139,10 +139,22 @@ fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
     agrees_with_the_rust_algorithms(&rt, &store);
 }
 
-/// Waits until the store has installed its schema (it does so in a background task at start,
-/// which runs only while the runtime does).
-fn until_ready(rt: &tokio::runtime::Runtime, store: &PostgresStore) {
+/// A PostgreSQL store on `postgres` (on a test clock when `test_clock`), once it has installed
+/// its schema (it does so in a background task at start, which runs only while the runtime
+/// does).
+fn postgres_store(
+    rt: &tokio::runtime::Runtime,
+    postgres: &PostgresServer,
+    test_clock: bool,
+) -> PostgresStore {
     rt.block_on(async {
+        let timeout = std::time::Duration::from_secs(2);
+        let store = if test_clock {
+            PostgresStore::connect_for_test(&postgres.url(), "fgtest:", timeout)
+        } else {
+            PostgresStore::connect(&postgres.url(), "fgtest:", timeout)
+        }
+        .expect("store");
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         while let Err(e) = store.ping().await {
             assert!(
@@ -151,22 +163,15 @@ fn until_ready(rt: &tokio::runtime::Runtime, store: &PostgresStore) {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-    });
+        store
+    })
 }
 
 #[test]
 fn sql_functions_decide_exactly_like_the_rust_algorithms() {
     let postgres = PostgresServer::start();
     let rt = runtime();
-    let store = rt.block_on(async {
-        PostgresStore::connect_for_test(
-            &postgres.url(),
-            "fgtest:",
-            std::time::Duration::from_secs(2),
-        )
-        .expect("store")
-    });
-    until_ready(&rt, &store);
+    let store = postgres_store(&rt, &postgres, true);
     agrees_with_the_rust_algorithms(&rt, &store);
 }
 
@@ -218,15 +223,7 @@ fn redis_time_is_used_when_no_time_is_given() {
 fn the_database_clock_is_used_when_no_time_is_given() {
     let postgres = PostgresServer::start();
     let rt = runtime();
-    let store = rt.block_on(async {
-        PostgresStore::connect(
-            &postgres.url(),
-            "fgtest:",
-            std::time::Duration::from_secs(2),
-        )
-        .expect("store")
-    });
-    until_ready(&rt, &store);
+    let store = postgres_store(&rt, &postgres, false);
     let limit = hour_window();
     let asks = [ask(&limit)];
     let verdict = rt
