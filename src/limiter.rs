@@ -728,6 +728,12 @@ impl Limiter {
         )
     }
 
+    /// Readies a remote store for its first decision (connects, loads its scripts or schema),
+    /// waiting at most `within`: true when it is ready. The memory store always is.
+    pub async fn prepare(&self, within: Duration) -> bool {
+        by_store!(self, _store => true, guarded => guarded.prepare(within).await)
+    }
+
     /// True when the store answers: `/readyz`.
     pub async fn is_ready(&self) -> bool {
         by_store!(self, _store => true, guarded => guarded.is_ready().await)

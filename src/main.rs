@@ -210,6 +210,9 @@ fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
     runtime.block_on(serve(path.to_path_buf(), config))
 }
 
+/// How long floodgate waits at start for a remote store to be ready before it serves anyway.
+const STORE_START_WAIT: Duration = Duration::from_secs(2);
+
 fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter> {
     let store = RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
         .context("invalid storage.url")?;
@@ -253,6 +256,15 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
             )))
         }
     };
+    // The first requests should be decided by the store, not spend their timeout connecting and
+    // loading scripts: wait a little for it. A store still down after that is joined in the
+    // background, and requests follow `on_error` meanwhile.
+    if !limiter.prepare(STORE_START_WAIT).await {
+        tracing::warn!(
+            waited = ?STORE_START_WAIT,
+            "serving before the limiter store is ready: requests follow storage.on_error until it answers"
+        );
+    }
     // Sweeps the in-process store (the `local` fallback, for a remote store) of full budgets.
     limiter.memory().spawn_sweeper(Duration::from_secs(5));
     let metrics = Arc::new(Metrics::with_limiter(&limiter));

@@ -88,6 +88,39 @@ async fn the_over_grant_test_passes_through_two_instances_on_one_database() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_is_installed_before_floodgate_listens() {
+    let postgres = PostgresServer::start();
+    let upstream = Upstream::start().await;
+    // Another session holds the installer's advisory lock for half a second, as an instance
+    // installing at the same moment would: floodgate's install waits behind it.
+    let mut holder =
+        postgres.psql_in_background("SELECT pg_advisory_lock(7380396413569950068), pg_sleep(0.5)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while postgres.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") != "1" {
+        assert!(Instant::now() < deadline, "the lock was never taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fg = Floodgate::start(&config(
+        &postgres,
+        &upstream,
+        "deny",
+        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 10}\n",
+    ));
+    // No waiting for /readyz: floodgate listened only once the schema was in place (it waits up
+    // to 2 s at start, four times the lock's hold).
+    assert_eq!(
+        postgres.try_psql("SELECT version FROM floodgate_schema"),
+        Some("1".to_string()),
+        "floodgate listened before its schema was installed"
+    );
+    assert_eq!(statuses(&fg, "/x", "A", 1).await, vec![200]);
+    assert!(
+        holder.wait().is_ok_and(|s| s.success()),
+        "the lock holder failed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_mixing_scopes_is_decided_all_or_nothing() {
     let postgres = PostgresServer::start();
     let upstream = Upstream::start().await;

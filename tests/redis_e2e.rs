@@ -310,6 +310,27 @@ async fn paused_redis_decisions_are_bounded_by_the_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_ready_before_floodgate_listens() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", BUCKET_10_PER_SEC));
+    // Before any request: the function library is loaded, so the first decision does not spend
+    // its 50 ms connecting and loading it (a loaded CI machine once answered it 503).
+    let libraries: Vec<redis::Value> = redis.cmd(&["FUNCTION", "LIST"]);
+    assert_eq!(libraries.len(), 1, "no library loaded at start");
+    assert_eq!(sequential(&floodgate.url("/x"), "k", 1).await.0, vec![200]);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let fcall = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_fcall:"))
+        .expect("an FCALL ran");
+    assert!(
+        fcall.split([':', ',']).any(|kv| kv == "failed_calls=0"),
+        "the first FCALL found no library: {fcall}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_identity_is_answered_from_the_deny_cache() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;

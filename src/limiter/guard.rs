@@ -66,6 +66,11 @@ pub trait RemoteStore: Send + Sync + 'static {
     fn after_failure(&self) {}
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
+    /// would otherwise pay for that within its timeout. Pings by default.
+    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
+        self.ping()
+    }
 }
 
 /// Counters of what the guard did. They are Prometheus counters (shared handles): the binary
@@ -262,6 +267,22 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         tokio::time::timeout(self.timeout, self.store.peek(asks))
             .await
             .map_err(|_| LimiterError::Timeout(self.timeout))?
+    }
+
+    /// Readies the store for its first decision ([`RemoteStore::prepare`]), waiting at most
+    /// `within`; true when it is ready.
+    pub async fn prepare(&self, within: Duration) -> bool {
+        match tokio::time::timeout(within, self.store.prepare()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the limiter store is not ready");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(waited = ?within, "the limiter store is not ready");
+                false
+            }
+        }
     }
 
     /// True when the store answers a PING within the timeout (at least 200 ms).

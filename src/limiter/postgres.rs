@@ -211,6 +211,8 @@ pub struct PostgresStore {
     installed: Arc<AtomicBool>,
     /// True while an installer task is running: at most one at a time.
     installing: Arc<AtomicBool>,
+    /// Woken after each of the installer's attempts, failed or not.
+    attempted: Arc<tokio::sync::Notify>,
     /// True when decisions may take the caller's time (tests only).
     test_clock: bool,
     prefix: String,
@@ -281,6 +283,7 @@ impl PostgresStore {
             sql: Arc::new(Sql::new()),
             installed: Arc::new(AtomicBool::new(false)),
             installing: Arc::new(AtomicBool::new(false)),
+            attempted: Arc::new(tokio::sync::Notify::new()),
             test_clock,
             prefix: prefix.to_string(),
             alive: Arc::new(()),
@@ -299,11 +302,12 @@ impl PostgresStore {
         if self.installing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (pool, sql, installed, installing) = (
+        let (pool, sql, installed, installing, attempted) = (
             self.pool.clone(),
             self.sql.clone(),
             self.installed.clone(),
             self.installing.clone(),
+            self.attempted.clone(),
         );
         let alive = Arc::downgrade(&self.alive);
         tokio::spawn(async move {
@@ -313,11 +317,12 @@ impl PostgresStore {
                     Ok(mut client) => install(&mut client, &sql).await,
                     Err(e) => Err(unavailable(e)),
                 };
+                if result.is_ok() {
+                    installed.store(true, Ordering::Release);
+                }
+                attempted.notify_waiters();
                 match result {
-                    Ok(()) => {
-                        installed.store(true, Ordering::Release);
-                        break;
-                    }
+                    Ok(()) => break,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot install the PostgreSQL schema yet; retrying");
                         tokio::time::sleep(backoff).await;
@@ -497,6 +502,16 @@ impl PostgresStore {
         }
     }
 
+    /// Waits for the installer's attempt under way (if any), then pings: the first decision
+    /// finds the schema in place rather than spending its timeout waiting for it.
+    pub async fn prepare(&self) -> Result<(), LimiterError> {
+        let attempt = self.attempted.notified();
+        if !self.installed.load(Ordering::Acquire) && self.installing.load(Ordering::Acquire) {
+            attempt.await;
+        }
+        self.ping().await
+    }
+
     /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
     pub async fn ping(&self) -> Result<(), LimiterError> {
         if !self.installed.load(Ordering::Acquire) {
@@ -529,6 +544,10 @@ impl RemoteStore for PostgresStore {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         PostgresStore::ping(self).await
+    }
+
+    async fn prepare(&self) -> Result<(), LimiterError> {
+        PostgresStore::prepare(self).await
     }
 }
 

@@ -436,6 +436,42 @@ impl RedisStore {
         read_reply(&reply, asks.len())
     }
 
+    /// `FUNCTION LOAD REPLACE`s the library; a server without functions (before Redis 7) sends
+    /// this store to `EVALSHA` for good.
+    async fn load_library(&self, connection: &Connection) -> redis::RedisResult<()> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&self.library.code);
+        match query::<String>(connection, &load).await {
+            Ok(_) => {
+                self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if is_unknown_command(&e) => {
+                tracing::info!("Redis has no functions (before 7): using EVALSHA");
+                self.functions
+                    .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Connects and loads the function library ahead of the first decision, which would
+    /// otherwise pay for both within its `storage.timeout`. Before Redis 7, connects only (the
+    /// first `EVALSHA` loads the script). A cluster or Sentinel connection is made in the
+    /// background: this waits for it (the caller bounds the wait).
+    pub async fn prepare(&self) -> Result<(), LimiterError> {
+        let connection = loop {
+            if let Some(connection) = self.connection.load_full() {
+                break connection;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.load_library(&connection)
+            .await
+            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+    }
+
     /// One decision's script call: `FCALL` of the function library when the server has it (it
     /// is loaded on first use, and again after `FUNCTION FLUSH` or a failover to a server
     /// without it), else `EVALSHA` (Redis 6).
@@ -456,25 +492,9 @@ impl RedisStore {
             };
             match query(connection, &fcall()).await {
                 Err(e) if e.to_string().contains("Function not found") => {
-                    match query::<String>(
-                        connection,
-                        redis::cmd("FUNCTION")
-                            .arg("LOAD")
-                            .arg("REPLACE")
-                            .arg(&self.library.code),
-                    )
-                    .await
-                    {
-                        Ok(_) => {
-                            self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
-                            return query(connection, &fcall()).await;
-                        }
-                        Err(e) if is_unknown_command(&e) => {
-                            tracing::info!("Redis has no functions (before 7): using EVALSHA");
-                            self.functions
-                                .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
-                        }
-                        Err(e) => return Err(e),
+                    self.load_library(connection).await?;
+                    if self.functions.load(Ordering::Relaxed) == FUNCTIONS_LOADED {
+                        return query(connection, &fcall()).await;
                     }
                 }
                 Err(e) if is_unknown_command(&e) => {
@@ -543,6 +563,10 @@ impl RemoteStore for RedisStore {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         RedisStore::ping(self).await
+    }
+
+    async fn prepare(&self) -> Result<(), LimiterError> {
+        RedisStore::prepare(self).await
     }
 }
 

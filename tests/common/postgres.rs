@@ -213,8 +213,10 @@ impl PostgresServer {
         format!("postgres://floodgate@127.0.0.1:{}/postgres", self.port)
     }
 
-    fn try_psql(&self, sql: &str) -> Option<String> {
-        let out = Command::new(self.bin.join("psql"))
+    /// psql running `sql` (unaligned, tuples only, stopping at the first error).
+    fn psql_command(&self, sql: &str) -> Command {
+        let mut command = Command::new(self.bin.join("psql"));
+        command
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args([
                 "-U",
@@ -225,9 +227,21 @@ impl PostgresServer {
                 "-v",
                 "ON_ERROR_STOP=1",
             ])
-            .args(["-c", sql])
-            .output()
-            .ok()?;
+            .args(["-c", sql]);
+        command
+    }
+
+    /// Starts psql on `sql` and returns at once (a session holding a lock, say).
+    pub fn psql_in_background(&self, sql: &str) -> std::process::Child {
+        self.psql_command(sql)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn psql")
+    }
+
+    /// What psql printed for `sql`, or `None` when it failed.
+    pub fn try_psql(&self, sql: &str) -> Option<String> {
+        let out = self.psql_command(sql).output().ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
