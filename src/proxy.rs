@@ -15,6 +15,7 @@
 pub mod body;
 mod budgets;
 pub mod forward;
+mod pool;
 pub mod response;
 
 use std::net::{IpAddr, SocketAddr};

@@ -172,13 +172,13 @@ impl HttpBody for RequestBody {
 
 /// An upstream's response body on its way to the client, cut off after `idle` without data (the
 /// client then sees the response end early, as with nginx's `proxy_read_timeout`).
-pub struct ResponseBody {
-    inner: Incoming,
+pub struct ResponseBody<B> {
+    inner: B,
     watchdog: Watchdog,
 }
 
-impl ResponseBody {
-    pub fn new(inner: Incoming, idle: Duration) -> Self {
+impl<B> ResponseBody<B> {
+    pub fn new(inner: B, idle: Duration) -> Self {
         ResponseBody {
             inner,
             watchdog: Watchdog::new(idle),
@@ -186,7 +186,10 @@ impl ResponseBody {
     }
 }
 
-impl HttpBody for ResponseBody {
+impl<B> HttpBody for ResponseBody<B>
+where
+    B: HttpBody<Data = Bytes, Error = hyper::Error> + Unpin,
+{
     type Data = Bytes;
     type Error = BodyError;
 

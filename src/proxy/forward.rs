@@ -1,6 +1,6 @@
-//! Forwarding to the upstream: one pooled HTTP/1.1 client for the process (plain or TLS by the
-//! upstream's scheme), hop-by-hop headers stripped both ways, `X-Forwarded-*` set, bodies
-//! streamed both ways, WebSocket upgrades spliced.
+//! Forwarding to the upstream: HTTP/1.1 over pooled keep-alive connections (plain or TLS by the
+//! upstream's scheme; see [`super::pool`]), hop-by-hop headers stripped both ways,
+//! `X-Forwarded-*` set, bodies streamed both ways, WebSocket upgrades spliced.
 
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -12,14 +12,14 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
-use hyper_util::client::legacy::Client;
+use hyper_rustls::ConfigBuilderExt;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
 use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
+use super::pool::{Pool, PoolError};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::tls::crypto_provider;
 use crate::config::{Upstream, UpstreamCa};
@@ -43,7 +43,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Sends requests to upstreams over pooled keep-alive connections.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, RequestBody>,
+    pool: Arc<Pool>,
     response_timeout: Duration,
     limits: BodyLimits,
 }
@@ -79,17 +79,12 @@ impl Forwarder {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            // Below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so floodgate
-            // usually closes an idle connection first; shorter ones (Node's 5 s) race, and the
-            // retry of idempotent requests covers that.
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(1024)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        // An idle timeout below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so
+        // floodgate usually closes an idle connection first; with shorter ones (Node's 5 s) the
+        // pool's check before reuse and the retry of idempotent requests cover the race.
+        let pool = Pool::new(connector, 1024, Duration::from_secs(30));
         Forwarder {
-            client,
+            pool,
             response_timeout,
             limits,
         }
@@ -130,12 +125,8 @@ impl Forwarder {
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
-        parts.uri = Uri::builder()
-            .scheme(upstream.scheme.clone())
-            .authority(upstream.authority.clone())
-            .path_and_query(path)
-            .build()
-            .map_err(|e| Rejection::BadRequest(format!("cannot build upstream URI: {e}")))?;
+        // Origin-form (`/path?query`): the upstream is named by the connection and `Host`.
+        parts.uri = Uri::from(path);
         // Upstreams are spoken to in HTTP/1.1 whatever the client used.
         parts.version = Version::HTTP_11;
 
@@ -173,17 +164,23 @@ impl Forwarder {
                 head
             });
         let request = Request::from_parts(parts, body);
+        let (scheme, authority) = (&upstream.scheme, &upstream.authority);
+        let idle = self.limits.upstream_idle;
         let sent = async {
-            match self.client.request(request).await {
+            if upgrade {
+                let response = self.pool.send_upgrade(scheme, authority, request).await?;
+                return Ok(response.map(|b| relay(b, idle)));
+            }
+            let response = match self.pool.send(scheme, authority, request).await {
                 Err(e) if retry.is_some() && is_stale_connection(&e) => {
                     tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
                     let Some(head) = retry else { return Err(e) };
-                    self.client
-                        .request(head.map(|()| RequestBody::empty()))
-                        .await
+                    let head = head.map(|()| RequestBody::empty());
+                    self.pool.send(scheme, authority, head).await?
                 }
-                other => other,
-            }
+                other => other?,
+            };
+            Ok(response.map(|b| relay(b, idle)))
         };
         let mut response = match tokio::time::timeout(self.response_timeout, sent).await {
             Err(_) => return Err(Rejection::GatewayTimeout),
@@ -202,7 +199,7 @@ impl Forwarder {
             Ok(Err(e)) => {
                 let detail = if is_tls_error(&e) {
                     "the TLS handshake with the upstream failed".to_string()
-                } else if e.is_connect() {
+                } else if matches!(e, PoolError::Connect(_)) {
                     "cannot connect to the upstream".to_string()
                 } else {
                     "the upstream connection failed".to_string()
@@ -234,7 +231,7 @@ impl Forwarder {
                 if let Some(value) = upgrade_value {
                     response.headers_mut().insert(UPGRADE, value);
                 }
-                return Ok(response.map(|b| b.map_err(BoxError::from).boxed_unsync()));
+                return Ok(response);
             }
             // The client asked for no upgrade: a 101 cannot be relayed.
             return Err(Rejection::BadGateway(
@@ -250,13 +247,18 @@ impl Forwarder {
             response.headers_mut().remove(http::header::CONTENT_LENGTH);
         }
         strip_hop_by_hop(response.headers_mut());
-        let idle = self.limits.upstream_idle;
-        Ok(response.map(|b| {
-            ResponseBody::new(b, idle)
-                .map_err(BoxError::from)
-                .boxed_unsync()
-        }))
+        Ok(response)
     }
+}
+
+/// An upstream response body as relayed to the client: cut off after `idle` without data.
+fn relay<B>(body: B, idle: Duration) -> Body
+where
+    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static,
+{
+    ResponseBody::new(body, idle)
+        .map_err(BoxError::from)
+        .boxed_unsync()
 }
 
 /// Methods a request may be sent twice with (RFC 9110 §9.2.2).
@@ -272,13 +274,18 @@ fn is_idempotent(method: &http::Method) -> bool {
     )
 }
 
-/// True when a request failed because a pooled connection was already closed by the upstream
+/// True when a request failed because a reused connection was already closed by the upstream
 /// (closed before the response began, or reset), not because the upstream refused or timed out.
-fn is_stale_connection(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() {
-        return false;
-    }
-    let mut source = std::error::Error::source(e);
+fn is_stale_connection(e: &PoolError) -> bool {
+    let error = match e {
+        PoolError::Request {
+            error,
+            reused: true,
+        } => error,
+        PoolError::Closed { reused } => return *reused,
+        _ => return false,
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(err) = source {
         if let Some(hyper_err) = err.downcast_ref::<hyper::Error>()
             && (hyper_err.is_incomplete_message() || hyper_err.is_canceled())
