@@ -1,5 +1,5 @@
 //! Forwarding to the upstream: HTTP/1.1 over pooled keep-alive connections (plain or TLS by the
-//! upstream's scheme; see [`super::pool`]), hop-by-hop headers stripped both ways,
+//! upstream's scheme; the pool is `proxy/pool.rs`), hop-by-hop headers stripped both ways,
 //! `X-Forwarded-*` set, bodies streamed both ways, WebSocket upgrades spliced.
 
 use std::io::Write as _;
