@@ -245,3 +245,55 @@ async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
     assert!(closed, "the connection was still open after 5 s");
     assert_eq!(upstream.count(), 0, "nothing reached the upstream");
 }
+
+/// `len` bytes that differ from one request to the next (a 64-bit LCG seeded with `seed`).
+fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_every_size_cross_pooled_connections_whole_both_ways() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&open_route(&upstream.url(), "max_body_size: 4m\n"));
+    // 16 clients (HTTP/1.1 and HTTP/2), 6 requests each, alternating uploads of up to 3 MB (many chunks each way, the
+    // upstream connection reused between them) with plain GETs.
+    let mut clients = Vec::new();
+    for c in 0..16u64 {
+        let url = fg.url("/echo");
+        let plain = fg.url("/plain");
+        clients.push(tokio::spawn(async move {
+            // Half the clients speak HTTP/2 (each stream's body then travels on its own task).
+            let http = if c % 2 == 0 { client() } else { h2c_client() };
+            for r in 0..6u64 {
+                let seed = c * 100 + r;
+                let len = [0, 1, 1_000, 65_537, 1_000_000, 3_000_000][((c + r) % 6) as usize];
+                let body = payload(seed, len);
+                let echoed = http
+                    .post(&url)
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("an answer")
+                    .bytes()
+                    .await
+                    .expect("a whole body");
+                assert_eq!(echoed.len(), body.len(), "client {c} request {r}");
+                assert!(echoed == body, "client {c} request {r}: the bytes differ");
+                let plain = http.get(&plain).send().await.expect("an answer");
+                assert_eq!(plain.status(), StatusCode::OK);
+                assert_eq!(plain.text().await.unwrap(), UPSTREAM_BODY);
+            }
+        }));
+    }
+    for client in clients {
+        client.await.expect("client finished");
+    }
+}

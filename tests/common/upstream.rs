@@ -165,6 +165,16 @@ async fn handle(
                 .body(Full::new(Bytes::from_static(b"body failed")))
                 .unwrap(),
         }
+    } else if path.starts_with("/echo") {
+        // The request body back, whole.
+        use http_body_util::BodyExt;
+        match req.into_body().collect().await {
+            Ok(body) => Response::new(Full::new(body.to_bytes())),
+            Err(_) => Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .body(Full::new(Bytes::from_static(b"body failed")))
+                .unwrap(),
+        }
     } else if path.starts_with("/slow") {
         tokio::time::sleep(SLOW).await;
         Response::new(Full::new(Bytes::from_static(b"slow but done")))
