@@ -207,14 +207,13 @@ impl Pool {
     /// The newest idle connection to `key` that is still usable; the others met on the way are
     /// closed.
     fn checkout(&self, key: &Key) -> Option<Conn> {
-        let mut idle = self.idle.lock().ok()?;
-        let stack = idle.get_mut(key)?;
-        while let Some(Idle { mut conn, since }) = stack.pop() {
+        loop {
+            // The lock is held to pop only: the check reads the socket.
+            let Idle { mut conn, since } = self.idle.lock().ok()?.get_mut(key)?.pop()?;
             if since.elapsed() < self.idle_timeout && conn.settle() {
                 return Some(conn);
             }
         }
-        None
     }
 
     /// Gives back a connection whose response was read to the end.
