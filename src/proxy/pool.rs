@@ -108,8 +108,9 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool connecting through `connector`. Must be called within a Tokio runtime (it starts
-    /// the sweeper of idle connections, which ends with the pool).
+    /// A pool connecting through `connector`. Within a Tokio runtime it also starts the sweeper
+    /// of idle connections, which ends with the pool (outside one, idle connections are still
+    /// dropped when found expired at checkout).
     pub fn new(
         connector: HttpsConnector<HttpConnector>,
         max_idle_per_host: usize,
