@@ -65,26 +65,41 @@ pub enum BodyError {
     Hyper(#[from] hyper::Error),
 }
 
-/// A body that must keep moving: each frame must arrive within `idle` of the last.
+/// A body that must keep moving: once floodgate waits for a frame, it must come within `idle`.
+///
+/// The timer is made and armed only when a body makes floodgate wait: most bodies are small and
+/// arrive whole (or are empty), and then cost no allocation and no timer-wheel entry.
 struct Watchdog {
     idle: Duration,
-    sleep: Pin<Box<Sleep>>,
+    /// When the current wait began: `None` right after a frame, until the next wait.
+    waiting_since: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
 }
 
 impl Watchdog {
     fn new(idle: Duration) -> Self {
         Watchdog {
             idle,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            waiting_since: None,
+            sleep: None,
         }
     }
 
+    /// A frame arrived: the next wait starts the clock anew.
     fn fed(&mut self) {
-        self.sleep.as_mut().reset(Instant::now() + self.idle);
+        self.waiting_since = None;
     }
 
+    /// Called when the body has nothing yet: true once this wait has lasted `idle`.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.sleep.as_mut().poll(cx).is_ready()
+        let deadline = *self.waiting_since.get_or_insert_with(Instant::now) + self.idle;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() != deadline {
+            sleep.as_mut().reset(deadline);
+        }
+        sleep.as_mut().poll(cx).is_ready()
     }
 }
 
@@ -219,5 +234,32 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    fn expired(watchdog: &mut Watchdog) -> bool {
+        watchdog.expired(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_expires_after_idle_and_a_frame_starts_the_next_anew() {
+        let mut watchdog = Watchdog::new(Duration::from_secs(10));
+        // Long before any wait: the clock only starts when a wait does.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(!expired(&mut watchdog), "the first wait has just begun");
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(!expired(&mut watchdog));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(expired(&mut watchdog), "10 s of waiting");
+        watchdog.fed();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(!expired(&mut watchdog), "a frame ended the wait");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(expired(&mut watchdog));
     }
 }
