@@ -369,16 +369,19 @@ mod tests {
     use tokio::net::TcpListener;
 
     /// A keep-alive upstream answering every request `hello`; each connection is closed by the
-    /// upstream `close_after` its last response, if given. Returns its address and a count of
-    /// the connections it accepted.
-    async fn upstream(close_after: Option<Duration>) -> (Authority, Arc<AtomicUsize>) {
+    /// upstream `close_after` its last response, if given. Returns its address and counts of
+    /// the connections it accepted and of those it closed.
+    async fn upstream(
+        close_after: Option<Duration>,
+    ) -> (Authority, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
+        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (count, closes) = (accepted.clone(), closed.clone());
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
+                let closes = closes.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 1024];
@@ -389,7 +392,11 @@ mod tests {
                                 .unwrap_or(Ok(0)),
                             None => stream.read(&mut chunk).await,
                         };
-                        let Ok(n @ 1..) = read else { return };
+                        let Ok(n @ 1..) = read else {
+                            drop(stream);
+                            closes.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        };
                         buf.extend_from_slice(&chunk[..n]);
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..end + 4);
@@ -402,7 +409,7 @@ mod tests {
                 });
             }
         });
-        (addr.to_string().parse().unwrap(), accepted)
+        (addr.to_string().parse().unwrap(), accepted, closed)
     }
 
     fn pool(idle_timeout: Duration) -> Arc<Pool> {
@@ -435,7 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn sequential_requests_share_one_connection() {
-        let (authority, accepted) = upstream(None).await;
+        let (authority, accepted, _) = upstream(None).await;
         let pool = pool(Duration::from_secs(30));
         for _ in 0..5 {
             assert_eq!(fetch(&pool, &authority).await.unwrap(), "hello");
@@ -447,18 +454,23 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_upstream_closed_while_idle_is_not_reused() {
         // The upstream closes each connection 50 ms after its last response; the next request
-        // comes 300 ms later (ample for the FIN to arrive on loopback, even on a loaded box).
-        let (authority, accepted) = upstream(Some(Duration::from_millis(50))).await;
+        // goes once it has (and 50 ms more, for the FIN to cross loopback).
+        let (authority, accepted, closed) = upstream(Some(Duration::from_millis(50))).await;
         let pool = pool(Duration::from_secs(30));
         assert_eq!(fetch(&pool, &authority).await.unwrap(), "hello");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while closed.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the upstream never closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(fetch(&pool, &authority).await.unwrap(), "hello");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
     async fn a_body_dropped_before_its_end_closes_its_connection() {
-        let (authority, accepted) = upstream(None).await;
+        let (authority, accepted, _) = upstream(None).await;
         let pool = pool(Duration::from_secs(30));
         let response = pool
             .send(&Scheme::HTTP, &authority, get(&authority))
@@ -472,7 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn connections_idle_past_the_timeout_are_dropped() {
-        let (authority, accepted) = upstream(None).await;
+        let (authority, accepted, _) = upstream(None).await;
         let pool = pool(Duration::from_millis(50));
         assert_eq!(fetch(&pool, &authority).await.unwrap(), "hello");
         assert_eq!(pool.idle_count(), 1);
