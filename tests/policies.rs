@@ -32,6 +32,14 @@ routes:
     )
 }
 
+/// The `storage:` block for `redis`, failing closed (a store error would show as a 503).
+fn on_redis(redis: &RedisServer) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
+        redis.url()
+    )
+}
+
 /// The statuses of GET / with each header set, one request after the other.
 async fn statuses(fg: &Floodgate, requests: &[Vec<(&str, &str)>]) -> Vec<u16> {
     let client = client();
@@ -214,10 +222,7 @@ async fn a_per_route_cap_holds_across_two_instances_sharing_redis() {
     let upstream = Upstream::start().await;
     let yaml = config(
         &upstream,
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-            redis.url()
-        ),
+        &on_redis(&redis),
         "      - {algorithm: token_bucket, capacity: 50, refill_rate: 1}
       - {algorithm: fixed_window, limit: 10, window: 1h, per: route}
 ",
@@ -246,10 +251,7 @@ async fn rotating_keys_behind_a_spent_ip_budget_cost_redis_nothing() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-            redis.url()
-        ),
+        &on_redis(&redis),
         "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}
       - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, per: ip}
 ",
@@ -271,10 +273,7 @@ async fn consumers_and_tiers_hold_on_redis() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n{CONSUMERS}",
-            redis.url()
-        ),
+        &format!("{}{CONSUMERS}", on_redis(&redis)),
         "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
       - {algorithm: token_bucket, capacity: 1, refill_rate: 0.01, tiers: [default]}
       - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
@@ -416,10 +415,7 @@ async fn redis_leases_of_a_killed_instance_end_on_their_own() {
     let upstream = Upstream::start().await;
     let yaml = config(
         &upstream,
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-            redis.url()
-        ),
+        &on_redis(&redis),
         "      - {algorithm: concurrency, limit: 1, lease: 1s, per: route}\n",
     );
     let doomed = Floodgate::start(&yaml);
@@ -459,10 +455,7 @@ async fn budgets_on_redis_follow_spending_and_never_spend() {
         "admin_listen: 127.0.0.1:0\n{}",
         config(
             &upstream,
-            &format!(
-                "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n{CONSUMERS}",
-                redis.url()
-            ),
+            &format!("{}{CONSUMERS}", on_redis(&redis)),
             "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
       - {algorithm: fixed_window, limit: 50, window: 1h, per: route}
       - {algorithm: concurrency, limit: 4, per: route}
@@ -514,10 +507,7 @@ async fn a_key_of_the_wrong_type_is_repaired_and_opens_no_breaker() {
         "admin_listen: 127.0.0.1:0\n{}",
         config(
             &upstream,
-            &format!(
-                "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-                redis.url()
-            ),
+            &on_redis(&redis),
             "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n",
         )
     ));
@@ -556,10 +546,7 @@ async fn decisions_run_as_a_redis_function_and_survive_function_flush() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-            redis.url()
-        ),
+        &on_redis(&redis),
         "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
     ));
     let client = client();
