@@ -13,10 +13,5 @@ function request()
   counter = counter + 1
   return wrk.format("GET", "/", { ["Host"] = wrk.headers["Host"], ["X-API-Key"] = prefix .. counter })
 end
-function done(summary, latency, _)
-  local e = summary.errors
-  io.write(string.format(
-    "BENCH requests=%d duration_us=%d non2xx=%d socket_errors=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d\n",
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
-end
+-- The BENCH line, from report.lua beside this file.
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "report.lua")
