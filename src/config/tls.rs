@@ -22,6 +22,30 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// A TLS client config (aws-lc-rs, default protocol versions) trusting `roots`.
+pub fn client_config(roots: impl Into<Arc<RootCertStore>>) -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .expect("the aws-lc-rs provider supports the default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// The system's root certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured). With none
+/// readable, an empty store, and a warning that TLS to `peer` (what the roots are for) will fail.
+pub fn system_roots(peer: &str) -> RootCertStore {
+    let mut roots = RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        tracing::warn!(error = %e, "a system root certificate could not be read");
+    }
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        tracing::warn!("no system root certificates: TLS to {peer} will fail");
+    }
+    roots
+}
+
 /// One problem with a TLS file: which field (`cert`, `key`) and what is wrong.
 #[derive(Debug)]
 pub(super) struct TlsProblem {

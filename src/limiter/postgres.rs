@@ -41,6 +41,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::guard::RemoteStore;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
+use crate::config::tls;
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
@@ -154,28 +155,6 @@ async fn install(client: &mut deadpool_postgres::Object, sql: &Sql) -> Result<()
     tx.commit().await.map_err(unavailable)
 }
 
-/// The TLS client config for `sslmode=require`: the server's certificate is verified against
-/// the system's roots (which `SSL_CERT_FILE` and `SSL_CERT_DIR` can replace) and its name, as
-/// libpq's `verify-full` does. With no roots, every connection fails, and the log says why.
-fn tls_config() -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for e in &found.errors {
-        tracing::warn!(error = %e, "a system root certificate could not be read");
-    }
-    let (added, _) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        tracing::warn!("no system root certificates: TLS to PostgreSQL will fail");
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("the aws-lc-rs provider supports the default TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth()
-}
-
 fn unavailable(e: impl std::fmt::Display) -> LimiterError {
     LimiterError::Unavailable(e.to_string())
 }
@@ -265,7 +244,10 @@ impl PostgresStore {
         // and a server with a certificate nobody here trusts (Debian's own snakeoil one, say)
         // would then refuse every connection instead of falling back.
         let manager = if config.get_ssl_mode() == SslMode::Require {
-            Manager::from_config(config, MakeRustlsConnect::new(tls_config()), manager_config)
+            // The server's certificate is verified against the system's roots and its name, as
+            // libpq's `verify-full` does. With no roots every connection fails; the log says why.
+            let tls = tls::client_config(tls::system_roots("PostgreSQL"));
+            Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
         } else {
             Manager::from_config(config, NoTls, manager_config)
         };

@@ -12,7 +12,6 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_rustls::ConfigBuilderExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 
@@ -21,7 +20,7 @@ use std::sync::Arc;
 use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
 use super::pool::{Pool, PoolError};
 use super::response::{Body, BoxError, Rejection};
-use crate::config::tls::crypto_provider;
+use crate::config::tls;
 use crate::config::{Upstream, UpstreamCa};
 use crate::identity::X_FORWARDED_FOR;
 
@@ -309,22 +308,9 @@ fn is_stale_connection(e: &PoolError) -> bool {
 /// system's roots; if there are none, it trusts nothing (every HTTPS upstream then fails with
 /// 502) and says so once in the log.
 fn upstream_tls_config(upstream_ca: Option<&UpstreamCa>) -> rustls::ClientConfig {
-    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
-        .with_safe_default_protocol_versions()
-        .expect("the aws-lc-rs provider supports the default TLS versions");
     match upstream_ca {
-        Some(ca) => builder
-            .with_root_certificates(ca.roots.clone())
-            .with_no_client_auth(),
-        None => match builder.clone().with_native_roots() {
-            Ok(builder) => builder.with_no_client_auth(),
-            Err(e) => {
-                tracing::warn!(error = %e, "no system root certificates: https:// upstreams will fail (set upstream_ca)");
-                builder
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth()
-            }
-        },
+        Some(ca) => tls::client_config(ca.roots.clone()),
+        None => tls::client_config(tls::system_roots("https:// upstreams without upstream_ca")),
     }
 }
 
