@@ -8,6 +8,10 @@
 #                     proxy_http_version 1.1, Connection "")       <- every ratio is against this one
 #   haproxy_proxy     HAProxy as a plain reverse proxy (http-reuse always), if asked for in TARGETS
 #   haproxy_limit     HAProxy with a stick-table request-rate limit keyed on X-API-Key (allowing)
+#   hyper_serve       the floor under floodgate's 429 path: hyper's HTTP/1.1 server answering 200
+#                     with nothing else (examples/stack_floor.rs, tokio + hyper + mimalloc as floodgate)
+#   hyper_proxy       the floor under floodgate's allow path: the smallest hyper reverse proxy (one
+#                     upstream connection per client connection, requests passed through untouched)
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
@@ -78,6 +82,9 @@ fi
 
 if [ "$BUILD" = 1 ]; then
     log "cargo build --release (no-op when fresh)"
+    if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
+        (cd "$ROOT" && cargo build --release --example stack_floor) || die "cannot build examples/stack_floor.rs"
+    fi
     if ! (cd "$ROOT" && cargo build --release --bin floodgate); then
         [ -x "$FLOODGATE" ] || die "build failed and there is no $FLOODGATE"
         log "WARNING: build failed; benchmarking the existing $FLOODGATE ($(date -r "$FLOODGATE" '+%F %T'))"
@@ -246,6 +253,31 @@ if [[ " ${TARGETS[*]} " == *" haproxy_"* ]]; then
 fi
 NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 
+# --- the stack's floor: hyper alone, serving and proxying (examples/stack_floor.rs) -------------
+STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/release/examples/stack_floor}"
+start_stack_floor() { # name mode [upstream]  -> sets FLOOR_PID, FLOOR_URL
+    local name=$1 dir="$WORK/$1"
+    shift
+    mkdir -p "$dir"
+    "${SERVER_PIN[@]}" "$STACK_FLOOR" "$1" 127.0.0.1:0 ${2:+"$2"} >"$dir/stdout.log" 2>"$dir/stderr.log" &
+    FLOOR_PID=$!
+    PIDS+=("$FLOOR_PID")
+    FLOOR_URL=""
+    for _ in $(seq 100); do
+        FLOOR_URL="$(sed -n 's#^listening on \(http://[^ ]*\).*#\1#p' "$dir/stdout.log" | head -1)"
+        [ -n "$FLOOR_URL" ] && break
+        sleep 0.1
+    done
+    [ -n "$FLOOR_URL" ] || die "stack_floor ($name) printed no listening line"
+}
+if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
+    [ -x "$STACK_FLOOR" ] || die "no $STACK_FLOOR (cargo build --release --example stack_floor)"
+    start_stack_floor hyper_serve serve
+    HYPER_SERVE_PID=$FLOOR_PID HYPER_SERVE_URL=$FLOOR_URL
+    start_stack_floor hyper_proxy proxy "127.0.0.1:$UPSTREAM_PORT"
+    HYPER_PROXY_PID=$FLOOR_PID HYPER_PROXY_URL=$FLOOR_URL
+fi
+
 # --- redis -------------------------------------------------------------------------------------
 REDIS_PORT="$(free_port)"
 "${SERVER_PIN[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
@@ -371,6 +403,8 @@ pids_of() {
         nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_PID $UPSTREAM_PID -" ;;
+        hyper_serve) echo "$HYPER_SERVE_PID - -" ;;
+        hyper_proxy) echo "$HYPER_PROXY_PID $UPSTREAM_PID -" ;;
         fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
@@ -399,6 +433,8 @@ url_of() {
         nginx_proxy) echo "$NGINX_PROXY_URL/" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_URL/" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_URL/" ;;
+        hyper_serve) echo "$HYPER_SERVE_URL/" ;;
+        hyper_proxy) echo "$HYPER_PROXY_URL/" ;;
         fg_memory_allow) echo "$FG_MEMORY_URL/" ;;
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;

@@ -1,0 +1,100 @@
+//! What floodgate's stack (tokio + hyper, mimalloc) costs before floodgate does anything: the
+//! floor under floodgate's own figures, measured by `scripts/bench.sh` beside nginx.
+//!
+//! - `stack_floor serve ADDR`: hyper's HTTP/1.1 server answering every request `200 ok\n` (what
+//!   floodgate's 429 path would cost with no routing, identity, limiter, headers or metrics);
+//! - `stack_floor proxy ADDR UPSTREAM`: the smallest hyper reverse proxy, the one hyper's own
+//!   client example builds: each client connection gets one upstream connection
+//!   (`client::conn::http1`, its driver on a task of its own), requests passed through untouched
+//!   (what floodgate's allow path would cost with no pool, header rewriting, timeouts, limiter or
+//!   metrics).
+//!
+//! Both print `listening on http://ADDR` once bound (ADDR may be `127.0.0.1:0`) and run a
+//! multi-threaded runtime with one worker per CPU, as floodgate does.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: stack_floor serve ADDR | stack_floor proxy ADDR UPSTREAM(host:port)";
+    let (mode, addr) = match (args.get(1), args.get(2)) {
+        (Some(mode), Some(addr)) => (mode.as_str(), addr.parse::<SocketAddr>()?),
+        _ => return Err(usage.into()),
+    };
+    let upstream = match mode {
+        "serve" => None,
+        "proxy" => Some(args.get(3).ok_or(usage)?.clone()),
+        _ => return Err(usage.into()),
+    };
+    let listener = TcpListener::bind(addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let result = match upstream {
+                None => serve(stream).await,
+                Some(upstream) => proxy(stream, &upstream).await,
+            };
+            if let Err(e) = result {
+                eprintln!("connection: {e}");
+            }
+        });
+    }
+}
+
+async fn serve(stream: TcpStream) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let service = service_fn(|_req: Request<Incoming>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+    });
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await?;
+    Ok(())
+}
+
+async fn proxy(
+    stream: TcpStream,
+    upstream: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let backend = TcpStream::connect(upstream).await?;
+    backend.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(backend)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            eprintln!("upstream connection: {e}");
+        }
+    });
+    let sender = std::sync::Arc::new(tokio::sync::Mutex::new(sender));
+    let service = service_fn(move |req: Request<Incoming>| {
+        let sender = sender.clone();
+        async move {
+            // HTTP/1.1 without pipelining: one request at a time per client connection, so the
+            // lock is never contended; it only lets the service be called more than once.
+            let mut sender = sender.lock().await;
+            sender.ready().await?;
+            let response = sender.send_request(req).await?;
+            Ok::<_, hyper::Error>(response.map(|b| Body::new(b)))
+        }
+    });
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await?;
+    Ok(())
+}
