@@ -1,6 +1,8 @@
 //! What one limiter decision costs Redis: `usec_per_call` of the script command from
 //! `INFO commandstats`, for a one-limit and a three-limit request, through floodgate's own store
-//! (`RedisStore::decide`), 64 tasks over 1000 identities. Run: `scripts/bench-script-cost.sh`.
+//! (`RedisStore::decide`), 64 tasks over 1000 identities; and, as the floor under those figures,
+//! a function that makes the one-limit token bucket's three Redis calls (`TIME`, `GET`, `SET PX`)
+//! and nothing else. Run: `scripts/bench-script-cost.sh`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,5 +115,53 @@ async fn main() {
                 if n > 1 { "s" } else { "" }
             );
         }
+    }
+    floor(&url, &mut admin).await;
+}
+
+/// The token bucket's Redis calls with no Lua around them: what a one-limit decision cannot go
+/// below while the clock comes from `TIME` and the state is read, then written.
+const FLOOR_LIBRARY: &str = "#!lua name=floodgate_cost_floor
+redis.register_function('floodgate_cost_floor', function(keys, args)
+  local t = redis.call('TIME')
+  local tat = redis.call('GET', keys[1])
+  redis.call('SET', keys[1], t[1] .. t[2], 'PX', 1000)
+  return { 1, 0, 1, 2, 3, 4, 5, 6 }
+end)";
+
+async fn floor(url: &str, admin: &mut redis::aio::MultiplexedConnection) {
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FLOOR_LIBRARY)
+        .query_async(admin)
+        .await
+        .expect("function load");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .expect("resetstat");
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let mut c = admin.clone();
+            tokio::spawn(async move {
+                for i in 0..DECISIONS / TASKS {
+                    let key = format!("cost:floor:{{{}}}", (t * 7919 + i) % 1000);
+                    let _: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
+                        .arg("floodgate_cost_floor")
+                        .arg(1)
+                        .arg(key)
+                        .query_async(&mut c)
+                        .await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+    for (command, usec, calls) in usec_per_call(url).await {
+        println!("| floor: TIME, GET, SET PX only | {command} | {usec:.2} | {calls} |");
     }
 }
