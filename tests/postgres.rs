@@ -437,3 +437,127 @@ async fn sslmode_require_connects_over_verified_tls_and_nothing_else() {
     );
     assert_eq!(statuses(&distrusting, "/x", "L", 1).await, vec![503]);
 }
+
+/// A test CA, for server and client certificates.
+fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().expect("CA key"))
+        .expect("a CA certificate")
+}
+
+/// A certificate and key (PEM) issued by `ca` to `common_name`, for `names`.
+fn issue(
+    ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    common_name: &str,
+    names: &[&str],
+) -> (String, String) {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, ca).expect("a certificate");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// `config` with `query` after the PostgreSQL URL.
+fn with_query(postgres: &PostgresServer, upstream: &Upstream, query: &str) -> String {
+    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
+    config(postgres, upstream, "deny", limits)
+        .replace(&postgres.url(), &format!("{}?{query}", postgres.url()))
+}
+
+/// A floodgate whose store never connects: not ready, and `on_error: deny` answers 503.
+async fn assert_never_connects(fg: &Floodgate, why: &str) {
+    // Twice the start-up wait: long enough for a connection that could succeed to have done so.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let client = client();
+    assert_eq!(
+        get(&client, &fg.admin_url("/readyz"), &[]).await.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{why}"
+    );
+    assert_eq!(statuses(fg, "/x", "N", 1).await, vec![503], "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslrootcert_is_trusted_and_verify_ca_checks_the_chain_but_not_the_name() {
+    // The server's certificate names db.internal; floodgate reaches it as 127.0.0.1.
+    let ca = test_ca("floodgate test CA");
+    let (cert, key) = issue(&ca, "db.internal", &["db.internal"]);
+    let postgres = PostgresServer::start_with_tls(&cert, &key);
+    let root = common::TempFile::new(&ca.pem());
+    let stranger = common::TempFile::new(&test_ca("another CA").pem());
+    let upstream = Upstream::start().await;
+    let root_of = |file: &common::TempFile| file.path().to_str().expect("utf-8").to_string();
+
+    // verify-ca: the chain leads to the root the URL names (not the system's), whatever the name.
+    let ca_only = Floodgate::start(&with_query(
+        &postgres,
+        &upstream,
+        &format!("sslmode=verify-ca&sslrootcert={}", root_of(&root)),
+    ));
+    until_ready(&ca_only).await;
+    assert_eq!(statuses(&ca_only, "/x", "K", 3).await, vec![200, 200, 429]);
+
+    // verify-full checks the name too: 127.0.0.1 is not db.internal.
+    let full = Floodgate::start(&with_query(
+        &postgres,
+        &upstream,
+        &format!("sslmode=verify-full&sslrootcert={}", root_of(&root)),
+    ));
+    // verify-ca still checks the chain: a root that did not issue the certificate is refused.
+    let wrong_root = Floodgate::start(&with_query(
+        &postgres,
+        &upstream,
+        &format!("sslmode=verify-ca&sslrootcert={}", root_of(&stranger)),
+    ));
+    assert_never_connects(&full, "verify-full with a certificate for another name").await;
+    assert_never_connects(&wrong_root, "verify-ca with a root that did not issue it").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_from_sslcert_and_sslkey_passes_cert_authentication() {
+    let ca = test_ca("floodgate test CA");
+    let (server_cert, server_key) = issue(&ca, "postgres", &["127.0.0.1"]);
+    // The server takes only TLS connections that present a certificate from `ca` naming the
+    // user (`hostssl ... cert`).
+    let postgres =
+        PostgresServer::start_with_tls_options(&server_cert, &server_key, Some(&ca.pem()));
+    let (client_cert, client_key) = issue(&ca, "floodgate", &[]);
+    let (root, cert, key) = (
+        common::TempFile::new(&ca.pem()),
+        common::TempFile::new(&client_cert),
+        common::TempFile::new(&client_key),
+    );
+    let path = |file: &common::TempFile| file.path().to_str().expect("utf-8").to_string();
+    let upstream = Upstream::start().await;
+    let verified = format!("sslmode=verify-full&sslrootcert={}", path(&root));
+
+    let with_cert = Floodgate::start(&with_query(
+        &postgres,
+        &upstream,
+        &format!("{verified}&sslcert={}&sslkey={}", path(&cert), path(&key)),
+    ));
+    until_ready(&with_cert).await;
+    assert_eq!(
+        statuses(&with_cert, "/x", "K", 3).await,
+        vec![200, 200, 429]
+    );
+    let authenticated = postgres.psql(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+          WHERE application_name = 'floodgate' AND client_dn = '/CN=floodgate'",
+    );
+    assert_ne!(
+        authenticated, "0",
+        "floodgate's connections carry its certificate"
+    );
+
+    let without = Floodgate::start(&with_query(&postgres, &upstream, &verified));
+    assert_never_connects(&without, "no client certificate").await;
+}

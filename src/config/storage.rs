@@ -95,9 +95,9 @@ impl Validator {
             }
             BackendKind::Postgres => match s.url {
                 Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                    // What the driver will read: a bad option or sslmode is named now, not at
-                    // the first connection.
-                    if let Err(e) = url.parse::<tokio_postgres::Config>() {
+                    // What the driver will read, and the certificate files the URL names: a
+                    // bad option, sslmode or file is named now, not at the first connection.
+                    if let Err(e) = crate::limiter::postgres::url::options(&url) {
                         self.problem("storage.url", format!("{:?}: {e}", redact_password(&url)));
                         return None;
                     }

@@ -533,16 +533,27 @@ fn postgres_needs_a_postgres_url_and_never_prints_its_password() {
     );
     assert!(!found.contains("hunter2"), "{found}");
     rejects(
-        &with_top("storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=verify-full"),
+        &with_top("storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=verify"),
         "storage.url",
-        "sslmode",
+        "sslmode=verify: expected disable, allow, prefer, require, verify-ca or verify-full",
     );
-    assert!(
-        Config::from_yaml(&with_top(
-            "storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=require"
-        ))
-        .is_ok()
+    // The certificate files a URL names are read when the config is loaded.
+    rejects(
+        &with_top(
+            "storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode=verify-full&sslrootcert=/nowhere/ca.pem",
+        ),
+        "storage.url",
+        "sslrootcert: cannot read /nowhere/ca.pem",
     );
+    for mode in ["require", "verify-ca", "verify-full"] {
+        assert!(
+            Config::from_yaml(&with_top(&format!(
+                "storage:\n  backend: postgres\n  url: postgres://fg@db/fg?sslmode={mode}"
+            )))
+            .is_ok(),
+            "{mode}"
+        );
+    }
     let config = Config::from_yaml(&with_top(
         "storage:\n  backend: postgres\n  url: postgresql://fg@db:5432/fg",
     ))

@@ -1,5 +1,6 @@
-//! TLS material named in the config: the proxy listener's certificate and key (`tls:`) and the
-//! roots trusted for HTTPS upstreams (`upstream_ca:`). Files are read and checked when the config
+//! TLS material named in the config: the proxy listener's certificate and key (`tls:`), the
+//! roots trusted for HTTPS upstreams (`upstream_ca:`), and (through `limiter::postgres::url`)
+//! the files a PostgreSQL URL names (`sslrootcert`, `sslcert`, `sslkey`). Files are read and checked when the config
 //! is loaded, so `floodgate check` names a bad file by its field and the server and forwarder get
 //! ready-built rustls objects. Relative paths are relative to the working directory.
 //!
@@ -106,7 +107,7 @@ pub(super) fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>
 }
 
 /// Reads a PEM bundle of CA certificates into a root store for verifying upstreams.
-pub(super) fn root_store(path: &Path) -> Result<RootCertStore, String> {
+pub(crate) fn root_store(path: &Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for (n, cert) in certificates(path)?.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {
@@ -121,7 +122,7 @@ pub(super) fn root_store(path: &Path) -> Result<RootCertStore, String> {
 }
 
 /// Every `CERTIFICATE` block of a PEM file; at least one.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
         .map_err(|e| pem_problem(path, e))?;
@@ -135,7 +136,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) of a PEM file.
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
         pem::Error::NoItemsFound => format!(
             "no private key found in {} (expected a PEM PKCS#8, PKCS#1 or SEC1 key)",

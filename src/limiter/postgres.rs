@@ -16,9 +16,9 @@
 //! `SWEEP_GRACE` (5 s) are deleted in the background, a batch of keys at a time, walking the
 //! primary key (see `sweep.sql`).
 //!
-//! TLS: with `sslmode=require` in the URL, connections are TLS (rustls), and the server's
-//! certificate is verified against the system's roots and the URL's host name, which is
-//! libpq's `verify-full`; otherwise they are plain text.
+//! TLS: with `sslmode=require`, `verify-full` or `verify-ca` in the URL, connections are TLS
+//! (rustls), verified against the system's roots or `sslrootcert`, with a client certificate from
+//! `sslcert` and `sslkey` if given; otherwise they are plain text. See [`url`].
 //!
 //! Connections: a [`deadpool_postgres`] pool of tokio-postgres connections, recycled without a
 //! query (`RecyclingMethod::Fast`: a checkout costs no round trip, unlike deadpool-redis' PING),
@@ -34,14 +34,14 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
 use tokio_postgres::NoTls;
-use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::guard::RemoteStore;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
-use crate::config::tls;
+
+pub mod url;
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
@@ -224,8 +224,7 @@ impl PostgresStore {
         timeout: Duration,
         test_clock: bool,
     ) -> Result<Self, LimiterError> {
-        let mut config: tokio_postgres::Config = url
-            .parse()
+        let url::Options { mut config, tls } = url::options(url)
             .map_err(|e| LimiterError::Unavailable(format!("invalid PostgreSQL URL: {e}")))?;
         // A statement still running long after its caller gave up (a lock queue behind a hot
         // budget) is cancelled by the server rather than left to pile up.
@@ -243,13 +242,9 @@ impl PostgresStore {
         // TLS only when the URL demands it: `sslmode=prefer` (the default) would try TLS first,
         // and a server with a certificate nobody here trusts (Debian's own snakeoil one, say)
         // would then refuse every connection instead of falling back.
-        let manager = if config.get_ssl_mode() == SslMode::Require {
-            // The server's certificate is verified against the system's roots and its name, as
-            // libpq's `verify-full` does. With no roots every connection fails; the log says why.
-            let tls = tls::client_config(tls::system_roots("PostgreSQL"));
-            Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
-        } else {
-            Manager::from_config(config, NoTls, manager_config)
+        let manager = match tls {
+            Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
+            None => Manager::from_config(config, NoTls, manager_config),
         };
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let pool = Pool::builder(manager)

@@ -62,29 +62,57 @@ impl PostgresServer {
     /// [`PostgresServer::start`] with TLS on (plain connections are still accepted), serving
     /// this certificate chain and key (PEM).
     pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> PostgresServer {
+        PostgresServer::start_with_tls_options(cert_pem, key_pem, None)
+    }
+
+    /// [`PostgresServer::start_with_tls`]; with `client_ca_pem`, a TLS connection must also
+    /// present a client certificate issued by that CA for the user's name (`cert`
+    /// authentication), while plain ones (psql here) are still trusted.
+    pub fn start_with_tls_options(
+        cert_pem: &str,
+        key_pem: &str,
+        client_ca_pem: Option<&str>,
+    ) -> PostgresServer {
         let (cert_pem, key_pem) = (cert_pem.to_string(), key_pem.to_string());
+        let client_ca_pem = client_ca_pem.map(str::to_string);
         PostgresServer::start_with(move |dir| {
             let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
             std::fs::write(&cert, &cert_pem).expect("write the certificate");
             std::fs::write(&key, &key_pem).expect("write the key");
+            let mut files = vec![cert.clone(), key.clone()];
+            let mut settings = vec![
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", cert.display()),
+                format!("ssl_key_file={}", key.display()),
+            ];
+            if let Some(ca_pem) = client_ca_pem {
+                let (ca, hba) = (dir.join("client-ca.crt"), dir.join("hba.conf"));
+                std::fs::write(&ca, ca_pem).expect("write the client CA");
+                std::fs::write(
+                    &hba,
+                    "local all all trust\n\
+                     hostnossl all all 127.0.0.1/32 trust\n\
+                     hostssl all all 127.0.0.1/32 cert\n",
+                )
+                .expect("write pg_hba");
+                settings.push(format!("ssl_ca_file={}", ca.display()));
+                settings.push(format!("hba_file={}", hba.display()));
+                files.extend([ca, hba]);
+            }
             // PostgreSQL refuses a key that others may read.
             let status = Command::new("chmod").arg("600").arg(&key).status();
             assert!(status.is_ok_and(|s| s.success()), "chmod of the key failed");
             if running_as_root() {
                 let status = Command::new("chown")
                     .arg("postgres:postgres")
-                    .args([&cert, &key])
+                    .args(&files)
                     .status();
                 assert!(
                     status.is_ok_and(|s| s.success()),
                     "chown of the TLS files failed"
                 );
             }
-            vec![
-                "ssl=on".to_string(),
-                format!("ssl_cert_file={}", cert.display()),
-                format!("ssl_key_file={}", key.display()),
-            ]
+            settings
         })
     }
 
@@ -217,6 +245,8 @@ impl PostgresServer {
     fn psql_command(&self, sql: &str) -> Command {
         let mut command = Command::new(self.bin.join("psql"));
         command
+            // Plain: a server that wants client certificates over TLS still trusts psql.
+            .env("PGSSLMODE", "disable")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args([
                 "-U",
