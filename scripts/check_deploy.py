@@ -6,6 +6,9 @@
    docker-compose 1.29 validates offline: `config` never contacts a Docker engine.
 3. config/floodgate.docker.yaml passes `floodgate check --config` (skipped if no floodgate binary is
    found in target/release or target/debug, or given with --floodgate PATH).
+4. The compose file's `postgres` profile: the sed its floodgate-postgres service runs on that config
+   switches it to the PostgreSQL store, and the result, with the service's FLOODGATE_DATABASE_URL,
+   passes `floodgate check` too (skipped as 3).
 
 Exits 0 when every check that ran passed, 1 otherwise. A skip prints why and does not fail.
 Run it with the load test's virtualenv to cover check 1: loadtest/.venv/bin/python scripts/check_deploy.py
@@ -15,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,8 +87,7 @@ def check_compose() -> bool | None:
 
 def check_floodgate_config(floodgate: Path | None) -> bool | None:
     """`floodgate check --config config/floodgate.docker.yaml`. None = skipped."""
-    candidates = [floodgate] if floodgate else [ROOT / "target" / p / "floodgate" for p in ("release", "debug")]
-    binary = next((c for c in candidates if c is not None and c.is_file()), None)
+    binary = find_binary(floodgate)
     if binary is None:
         print("SKIP config/floodgate.docker.yaml: no floodgate binary (cargo build, or pass --floodgate PATH)")
         return None
@@ -103,11 +108,61 @@ def check_floodgate_config(floodgate: Path | None) -> bool | None:
     return True
 
 
+def find_binary(floodgate: Path | None) -> Path | None:
+    candidates = [floodgate] if floodgate else [ROOT / "target" / p / "floodgate" for p in ("release", "debug")]
+    return next((c for c in candidates if c is not None and c.is_file()), None)
+
+
+def check_postgres_profile(floodgate: Path | None) -> bool | None:
+    """The floodgate-postgres service's derived config passes `floodgate check`. None = skipped."""
+    binary = find_binary(floodgate)
+    if binary is None:
+        print("SKIP postgres profile: no floodgate binary (cargo build, or pass --floodgate PATH)")
+        return None
+    compose = (ROOT / "docker-compose.yml").read_text()
+    sed = re.search(r"sed '([^']+)' /etc/floodgate/floodgate\.docker\.yaml", compose)
+    url = re.search(r"FLOODGATE_DATABASE_URL: (\S+)", compose)
+    if sed is None or url is None:
+        print("FAIL postgres profile: no sed of floodgate.docker.yaml or no FLOODGATE_DATABASE_URL in docker-compose.yml")
+        return False
+    derived = subprocess.run(
+        ["sed", sed.group(1), str(ROOT / "config" / "floodgate.docker.yaml")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    if not re.search(r"^  backend: postgres\b", derived, re.MULTILINE):
+        print(f"FAIL postgres profile: sed '{sed.group(1)}' does not switch storage.backend to postgres")
+        return False
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
+        config.write(derived)
+        config.flush()
+        result = subprocess.run(
+            [str(binary), "check", "--config", config.name],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "FLOODGATE_DATABASE_URL": url.group(1)},
+        )
+    if result.returncode != 0:
+        print(f"FAIL postgres profile: floodgate check of the derived config exited {result.returncode}")
+        print((result.stderr or result.stdout).rstrip())
+        return False
+    print("ok   postgres profile: the derived config (backend: postgres) passes floodgate check")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--floodgate", type=Path, help="floodgate binary for check 3 (default: target/*/floodgate)")
     args = parser.parse_args()
-    results = [check_locustfile(), check_compose(), check_floodgate_config(args.floodgate)]
+    results = [
+        check_locustfile(),
+        check_compose(),
+        check_floodgate_config(args.floodgate),
+        check_postgres_profile(args.floodgate),
+    ]
     return 1 if any(result is False for result in results) else 0
 
 
