@@ -385,3 +385,50 @@ async fn floodgate_redis_url_overrides_storage_url() {
     let keys: Vec<String> = redis.cmd(&["KEYS", "fg:*"]);
     assert_eq!(keys.len(), 1, "{keys:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_connects_over_verified_tls_and_nothing_else() {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+        .expect("a self-signed certificate");
+    let cert_pem = certified.cert.pem();
+    let redis = RedisServer::start_with_tls(&cert_pem, &certified.signing_key.serialize_pem());
+    let upstream = Upstream::start().await;
+    let yaml = redis_config_with_timeout(&redis, &upstream, "deny", BUCKET_10_PER_SEC, "1s")
+        .replace(&redis.url(), &redis.tls_url());
+    // Trusting the server's certificate (SSL_CERT_FILE replaces the system's roots): the
+    // decisions run on the server, through its TLS port.
+    let trusted = common::TempFile::new(&cert_pem);
+    let trusting = Floodgate::start_with_env(
+        &yaml,
+        &[(
+            "SSL_CERT_FILE",
+            trusted.path().to_str().expect("utf-8 path"),
+        )],
+    );
+    let (statuses, _) = sequential(&trusting.url("/x"), "tls-key", 11).await;
+    assert_eq!(statuses[..10], [200; 10], "{}", trusting.stderr());
+    assert_eq!(statuses[10], 429);
+    assert!(redis.decisions() >= 11, "the server decided");
+    let tls_clients: String = redis.cmd(&["CLIENT", "LIST"]);
+    let plain_port = format!("laddr=127.0.0.1:{} ", redis.port);
+    assert!(
+        tls_clients
+            .lines()
+            .any(|c| !c.contains(&plain_port) && c.contains("laddr=")),
+        "floodgate's connection is on the TLS port: {tls_clients}"
+    );
+    // Not trusting it (an empty root file): no decision is made, on_error: deny answers 503.
+    let empty = common::TempFile::new("");
+    let distrusting = Floodgate::start_with_env(
+        &yaml,
+        &[("SSL_CERT_FILE", empty.path().to_str().expect("utf-8"))],
+    );
+    let before = redis.decisions();
+    let (statuses, _) = sequential(&distrusting.url("/x"), "other-key", 2).await;
+    assert_eq!(statuses, vec![503, 503]);
+    assert_eq!(
+        redis.decisions(),
+        before,
+        "nothing was decided without trust"
+    );
+}

@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 /// A redis-server child process on 127.0.0.1.
 pub struct RedisServer {
     pub port: u16,
+    /// The TLS port, if started with [`RedisServer::start_with_tls`].
+    pub tls_port: Option<u16>,
     child: Option<Child>,
     dir: PathBuf,
+    /// More `redis-server` arguments (the TLS ones).
+    args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -23,14 +27,51 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts redis-server (no persistence) and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(|_| (None, Vec::new()))
+    }
+
+    /// [`RedisServer::start`], also serving TLS on [`RedisServer::tls_url`] with this certificate
+    /// chain and key (PEM); clients are not asked for certificates. The plain port stays open,
+    /// for the test's own inspection.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> RedisServer {
+        RedisServer::start_with(|dir| {
+            let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+            std::fs::write(&cert, cert_pem).expect("write the certificate");
+            std::fs::write(&key, key_pem).expect("write the key");
+            let tls_port = free_port();
+            let args = vec![
+                "--tls-port".to_string(),
+                tls_port.to_string(),
+                "--tls-cert-file".to_string(),
+                cert.display().to_string(),
+                "--tls-key-file".to_string(),
+                key.display().to_string(),
+                // redis-server wants a CA even when it asks clients for no certificate.
+                "--tls-ca-cert-file".to_string(),
+                cert.display().to_string(),
+                "--tls-auth-clients".to_string(),
+                "no".to_string(),
+            ];
+            (Some(tls_port), args)
+        })
+    }
+
+    /// Makes the server's folder; `prepare` may write files into it and returns the TLS port
+    /// and more arguments; then starts it.
+    fn start_with(
+        prepare: impl FnOnce(&std::path::Path) -> (Option<u16>, Vec<String>),
+    ) -> RedisServer {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("floodgate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let (tls_port, args) = prepare(&dir);
         let mut server = RedisServer {
             port,
+            tls_port,
             child: None,
             dir,
+            args,
         };
         // The port was free when picked; if another process took it first, pick another.
         for _ in 0..3 {
@@ -67,6 +108,7 @@ impl RedisServer {
             ])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -106,6 +148,12 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` (a server started with [`RedisServer::start_with_tls`]).
+    pub fn tls_url(&self) -> String {
+        let port = self.tls_port.expect("a server started with TLS");
+        format!("rediss://127.0.0.1:{port}")
     }
 
     /// A plain synchronous connection, for inspecting keys and injecting faults.
@@ -256,8 +304,10 @@ impl RedisCluster {
                     .expect("redis-server must be installed (scripts/test.sh installs it)");
                 RedisServer {
                     port,
+                    tls_port: None,
                     child: Some(child),
                     dir,
+                    args: Vec::new(),
                 }
             };
             if !server.answers_ping() {
@@ -369,8 +419,10 @@ impl RedisSentinelSet {
                     .expect("redis-server must be installed (scripts/test.sh installs it)");
                 let mut sentinel = RedisServer {
                     port,
+                    tls_port: None,
                     child: Some(child),
                     dir,
+                    args: Vec::new(),
                 };
                 sentinel.wait_for_ping();
                 sentinel
