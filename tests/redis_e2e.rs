@@ -432,3 +432,37 @@ async fn rediss_connects_over_verified_tls_and_nothing_else() {
         "nothing was decided without trust"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_functions_decides_with_evalsha_loaded_before_the_first_request() {
+    // Redis before 7 has neither FUNCTION nor FCALL: renamed away, a Redis 7 answers as it would.
+    let redis = RedisServer::start_with_args(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&redis_config(&redis, &upstream, "deny", BUCKET_10_PER_SEC));
+    // Before any request: the script is loaded (SCRIPT LOAD at start, not by a first decision
+    // that would spend its 50 ms budget on it).
+    let sha = redis::Script::new(floodgate::limiter::redis::SCRIPT_SOURCE)
+        .get_hash()
+        .to_string();
+    let exists: Vec<i64> = redis.cmd(&["SCRIPT", "EXISTS", &sha]);
+    assert_eq!(exists, vec![1], "the script is loaded at start");
+    let (statuses, _) = sequential(&fg.url("/x"), "old-redis", 11).await;
+    assert_eq!(statuses[..10], [200; 10], "{}", fg.stderr());
+    assert_eq!(statuses[10], 429);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let evalsha = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_default();
+    assert!(
+        evalsha.contains("calls=11,") && evalsha.contains("failed_calls=0"),
+        "every decision one EVALSHA, none failed (NOSCRIPT): {evalsha}"
+    );
+}

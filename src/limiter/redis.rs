@@ -457,9 +457,10 @@ impl RedisStore {
     }
 
     /// Connects and loads the function library ahead of the first decision, which would
-    /// otherwise pay for both within its `storage.timeout`. Before Redis 7, connects only (the
-    /// first `EVALSHA` loads the script). A cluster or Sentinel connection is made in the
-    /// background: this waits for it (the caller bounds the wait).
+    /// otherwise pay for both within its `storage.timeout`; before Redis 7, loads the script
+    /// (`SCRIPT LOAD`) for the `EVALSHA`s instead. A cluster or Sentinel connection is made in
+    /// the background: this waits for it (the caller bounds the wait). On a cluster the script
+    /// reaches one node; the first `EVALSHA` on each other node loads it there.
     pub async fn prepare(&self) -> Result<(), LimiterError> {
         let connection = loop {
             if let Some(connection) = self.connection.load_full() {
@@ -467,9 +468,16 @@ impl RedisStore {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        self.load_library(&connection)
-            .await
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+        let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
+        self.load_library(&connection).await.map_err(unavailable)?;
+        if self.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
+            match connection.as_ref().clone() {
+                Connection::Single(mut c) => self.script.load_async(&mut c).await,
+                Connection::Cluster(mut c) => self.script.load_async(&mut c).await,
+            }
+            .map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     /// One decision's script call: `FCALL` of the function library when the server has it (it

@@ -30,6 +30,13 @@ impl RedisServer {
         RedisServer::start_with(|_| (None, Vec::new()))
     }
 
+    /// [`RedisServer::start`] with more `redis-server` arguments (`--rename-command FCALL ""`
+    /// makes a Redis 7 look like a Redis 6 to floodgate).
+    pub fn start_with_args(args: &[&str]) -> RedisServer {
+        let args = args.iter().map(|a| a.to_string()).collect();
+        RedisServer::start_with(|_| (None, args))
+    }
+
     /// [`RedisServer::start`], also serving TLS on [`RedisServer::tls_url`] with this certificate
     /// chain and key (PEM); clients are not asked for certificates. The plain port stays open,
     /// for the test's own inspection.
