@@ -148,18 +148,19 @@ async fn floor(url: &str, admin: &mut redis::aio::MultiplexedConnection) {
             tokio::spawn(async move {
                 for i in 0..DECISIONS / TASKS {
                     let key = format!("cost:floor:{{{}}}", (t * 7919 + i) % 1000);
-                    let _: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
+                    let _: redis::Value = redis::cmd("FCALL")
                         .arg("floodgate_cost_floor")
                         .arg(1)
                         .arg(key)
                         .query_async(&mut c)
-                        .await;
+                        .await
+                        .expect("the floor function runs");
                 }
             })
         })
         .collect();
     for task in tasks {
-        let _ = task.await;
+        task.await.expect("a floor task");
     }
     for (command, usec, calls) in usec_per_call(url).await {
         println!("| floor: TIME, GET, SET PX only | {command} | {usec:.2} | {calls} |");

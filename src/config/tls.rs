@@ -1,8 +1,9 @@
 //! TLS material named in the config: the proxy listener's certificate and key (`tls:`), the
 //! roots trusted for HTTPS upstreams (`upstream_ca:`), and (through `limiter::postgres::url`)
-//! the files a PostgreSQL URL names (`sslrootcert`, `sslcert`, `sslkey`). Files are read and checked when the config
-//! is loaded, so `floodgate check` names a bad file by its field and the server and forwarder get
-//! ready-built rustls objects. Relative paths are relative to the working directory.
+//! the files a PostgreSQL URL names (`sslrootcert`, `sslcert`, `sslkey`). Files are read and
+//! checked when the config is loaded, so `floodgate check` names a bad file by its field and the
+//! server and forwarder get ready-built rustls objects. Relative paths are relative to the
+//! working directory.
 //!
 //! PEM is parsed with `rustls::pki_types::pem::PemObject` (rustls-pemfile is unmaintained).
 
