@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
-use common::{Floodgate, Upstream, client, hammer};
+use common::{Floodgate, Upstream, client, get, hammer};
+use http::StatusCode;
 
 /// A config with one limited route on the Redis store.
 fn redis_config(redis: &RedisServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
@@ -465,4 +466,126 @@ async fn a_redis_without_functions_decides_with_evalsha_loaded_before_the_first_
         evalsha.contains("calls=11,") && evalsha.contains("failed_calls=0"),
         "every decision one EVALSHA, none failed (NOSCRIPT): {evalsha}"
     );
+}
+
+/// Two routes on one Redis whose limits differ a thousandfold: what a reply meant for one looks
+/// like if it reaches the other.
+fn two_routes_config(redis: &RedisServer, upstream: &Upstream) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\n  timeout: 50ms\n  on_error: allow\n\
+         routes:\n  - name: wide\n    path_prefix: /wide\n    upstream: {up}\n    limits:\n\
+         \x20     - {{algorithm: fixed_window, limit: 1000, window: 1h}}\n\
+         \x20 - name: narrow\n    path_prefix: /narrow\n    upstream: {up}\n    limits:\n\
+         \x20     - {{algorithm: fixed_window, limit: 1, window: 1h}}\n",
+        redis.url(),
+        up = upstream.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_that_arrive_after_their_timeout_reach_no_other_request() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&two_routes_config(&redis, &upstream));
+    let client = client();
+    // Redis holds every command for 1 s; both routes' decisions time out (50 ms), pile up on the
+    // one multiplexed connection, and are answered late, after their requests were answered.
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "1000", "ALL"]);
+    let held: Vec<_> = (0..20)
+        .map(|i| {
+            let (client, path) = (client.clone(), if i % 2 == 0 { "/wide" } else { "/narrow" });
+            let url = fg.url(path);
+            tokio::spawn(async move { get(&client, &url, &[("x-api-key", "held")]).await })
+        })
+        .collect();
+    for request in held {
+        assert_eq!(
+            request.await.expect("answered").status,
+            StatusCode::OK,
+            "fail-open"
+        );
+    }
+    // Once Redis answers again (and the breaker, opened by the timeouts, lets it be asked), every
+    // reply speaks for its own route: the late replies were dropped, not handed on.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = get(&client, &fg.url("/wide"), &[("x-api-key", "after")]).await;
+        if r.headers.contains_key("x-ratelimit-limit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never decided by Redis again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for round in 0..20 {
+        let wide = get(&client, &fg.url("/wide"), &[("x-api-key", "after")]).await;
+        assert_eq!(wide.status, StatusCode::OK, "round {round}");
+        assert_eq!(wide.headers["x-ratelimit-limit"], "1000", "round {round}");
+        let narrow = get(&client, &fg.url("/narrow"), &[("x-api-key", "after")]).await;
+        assert_eq!(narrow.headers["x-ratelimit-limit"], "1", "round {round}");
+        let expected = if round == 0 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(narrow.status, expected, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_follows_on_error_and_never_answers_500_or_429() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n";
+    let deny = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
+    let allow = Floodgate::start(&redis_config(&redis, &upstream, "allow", limits));
+    // With maxmemory below what Redis already uses and no eviction, every write is refused.
+    let _: String = redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    let (statuses, _) = sequential(&deny.url("/x"), "oom", 5).await;
+    assert_eq!(statuses, vec![503; 5], "on_error: deny");
+    let (statuses, _) = sequential(&allow.url("/x"), "oom", 5).await;
+    assert_eq!(statuses, vec![200; 5], "on_error: allow");
+    // Memory back: limiting resumes, on the budget the refused decisions did not spend.
+    let _: String = redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got;
+    loop {
+        got = sequential(&deny.url("/x"), "fresh", 1).await.0;
+        if got == vec![200] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never decided again: {got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sequential(&deny.url("/x"), "fresh", 3).await.0,
+        vec![200, 200, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_redis_takes_the_url_password_and_a_wrong_one_is_logged() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
+    let yaml = redis_config(&redis, &upstream, "deny", limits);
+    let _: String = redis.cmd(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let with_password = |password: &str| {
+        yaml.replace(
+            &redis.url(),
+            &format!("redis://:{password}@127.0.0.1:{}", redis.port),
+        )
+    };
+    let right = Floodgate::start(&with_password("s3cret"));
+    assert_eq!(
+        sequential(&right.url("/x"), "k", 3).await.0,
+        vec![200, 200, 429]
+    );
+    let wrong = Floodgate::start(&with_password("guess"));
+    assert_eq!(sequential(&wrong.url("/x"), "k", 2).await.0, vec![503, 503]);
+    let log = wrong.stderr();
+    assert!(
+        log.contains("Password authentication failed"),
+        "the reason is logged: {log}"
+    );
+    assert!(!log.contains("guess"), "the password is not: {log}");
 }
