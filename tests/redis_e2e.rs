@@ -215,6 +215,13 @@ async fn script_flush_and_redis_restart_cause_no_5xx_and_limiting_resumes() {
         !keys.is_empty(),
         "the restarted Redis holds the state again"
     );
+    // No reconnect storm: however many requests met the dead Redis, floodgate came back on its
+    // one multiplexed connection (the other client listed is this test's own).
+    let clients: String = redis.cmd(&["CLIENT", "LIST"]);
+    assert!(
+        clients.lines().count() <= 2,
+        "floodgate holds one connection to Redis: {clients}"
+    );
 }
 
 /// Kills Redis under a floodgate with the given policy and returns what 8 requests get, and the
