@@ -92,16 +92,7 @@ def check_floodgate_config(floodgate: Path | None) -> bool | None:
         print("SKIP config/floodgate.docker.yaml: no floodgate binary (cargo build, or pass --floodgate PATH)")
         return None
     config = ROOT / "config" / "floodgate.docker.yaml"
-    result = subprocess.run(
-        [str(binary), "check", "--config", str(config)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if result.returncode != 0:
-        print(f"FAIL config/floodgate.docker.yaml: floodgate check exited {result.returncode}")
-        print((result.stderr or result.stdout).rstrip())
+    if not floodgate_check(binary, config, "config/floodgate.docker.yaml", {}):
         return False
     shown = binary.relative_to(ROOT) if binary.is_relative_to(ROOT) else binary
     print(f"ok   config/floodgate.docker.yaml: {shown} check")
@@ -111,6 +102,23 @@ def check_floodgate_config(floodgate: Path | None) -> bool | None:
 def find_binary(floodgate: Path | None) -> Path | None:
     candidates = [floodgate] if floodgate else [ROOT / "target" / p / "floodgate" for p in ("release", "debug")]
     return next((c for c in candidates if c is not None and c.is_file()), None)
+
+
+def floodgate_check(binary: Path, config: Path, label: str, env: dict[str, str]) -> bool:
+    """`floodgate check --config CONFIG` with `env` added; prints why it failed."""
+    result = subprocess.run(
+        [str(binary), "check", "--config", str(config)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    if result.returncode != 0:
+        print(f"FAIL {label}: floodgate check exited {result.returncode}")
+        print((result.stderr or result.stdout).rstrip())
+        return False
+    return True
 
 
 def check_postgres_profile(floodgate: Path | None) -> bool | None:
@@ -137,18 +145,9 @@ def check_postgres_profile(floodgate: Path | None) -> bool | None:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
         config.write(derived)
         config.flush()
-        result = subprocess.run(
-            [str(binary), "check", "--config", config.name],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "FLOODGATE_DATABASE_URL": url.group(1)},
-        )
-    if result.returncode != 0:
-        print(f"FAIL postgres profile: floodgate check of the derived config exited {result.returncode}")
-        print((result.stderr or result.stdout).rstrip())
-        return False
+        env = {"FLOODGATE_DATABASE_URL": url.group(1)}
+        if not floodgate_check(binary, Path(config.name), "postgres profile (the derived config)", env):
+            return False
     print("ok   postgres profile: the derived config (backend: postgres) passes floodgate check")
     return True
 

@@ -24,13 +24,19 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// A TLS client config (aws-lc-rs, default protocol versions) trusting `roots`.
+/// A TLS client config trusting `roots`, with no client certificate.
 pub fn client_config(roots: impl Into<Arc<RootCertStore>>) -> rustls::ClientConfig {
+    client_builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// Every TLS client config's start (aws-lc-rs, default protocol versions), for a caller that
+/// verifies the server or authenticates itself otherwise than [`client_config`].
+pub fn client_builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier> {
     rustls::ClientConfig::builder_with_provider(crypto_provider())
         .with_safe_default_protocol_versions()
         .expect("the aws-lc-rs provider supports the default TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
 }
 
 /// The system's root certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured). With none

@@ -33,7 +33,6 @@ pub struct Options {
     pub tls: Option<rustls::ClientConfig>,
 }
 
-#[derive(Clone, Copy, PartialEq, Debug)]
 enum Verify {
     /// The chain and the host name.
     Full,
@@ -98,9 +97,7 @@ pub fn options(url: &str) -> Result<Options, String> {
         None | Some("system") => tls::system_roots("PostgreSQL"),
         Some(path) => tls::root_store(Path::new(path)).map_err(|e| format!("sslrootcert: {e}"))?,
     };
-    let builder = rustls::ClientConfig::builder_with_provider(tls::crypto_provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("no usable TLS version: {e}"))?;
+    let builder = tls::client_builder();
     let builder = match verify {
         Verify::Full => builder.with_root_certificates(roots),
         Verify::Ca => builder
