@@ -66,7 +66,7 @@ fn find(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for (name, table, method, path, expected) in &cases {
         assert_eq!(
-            table.find(method, path).map(|r| r.name.as_str()),
+            table.find(method, path).map(|r| &*r.name),
             *expected,
             "{name}"
         );

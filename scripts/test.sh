@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
 # tests (which start real redis-server, PostgreSQL, upstream and floodgate processes on free
-# ports), and the deployment checks. Installs redis-server and postgresql from Debian's packages
-# if they are missing.
+# ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
+# Debian's packages if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +18,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt_install redis-server
 fi
 # The tests start their own redis-server processes; the one Debian's package may start is not used.
+
+# nghttp2's clients (nghttp, h2load) drive the HTTP/2 tests as real clients.
+if ! command -v h2load >/dev/null 2>&1 || ! command -v nghttp >/dev/null 2>&1; then
+  echo "== installing nghttp2-client"
+  apt_install nghttp2-client
+fi
 
 # PostgreSQL's server programs live in /usr/lib/postgresql/VERSION/bin on Debian (off the PATH);
 # the tests find them there, make their own cluster with initdb and run it as the postgres user.

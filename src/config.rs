@@ -67,8 +67,11 @@ pub struct Config {
     pub max_body_size: u64,
     /// The most client connections open at once, on the proxy listener.
     pub max_connections: usize,
-    /// New HTTP/2 streams per connection: a token bucket (see `server`).
-    pub http2_streams: crate::limiter::Limit,
+    /// New HTTP/2 streams per connection: a token bucket (see `server`); `None`: no cap.
+    pub http2_streams: Option<crate::limiter::Limit>,
+    /// HTTP/2 streams a connection may abandon before their response: a token bucket (see
+    /// `server`); past it the connection is closed.
+    pub http2_resets: crate::limiter::Limit,
 }
 
 /// Which rate-limit fields responses carry.
@@ -298,15 +301,23 @@ impl Config {
             ),
             merge_slashes: file.merge_slashes.unwrap_or(true),
         };
-        let max_body_size = v.size("max_body_size", file.max_body_size.as_deref(), 1 << 20);
-        let http2_streams = {
-            let rate = file.http2_max_streams_per_second.unwrap_or(1000.0);
-            let burst = (rate / 2.0).clamp(1.0, f64::from(u32::MAX)) as u32;
-            crate::limiter::Algorithm::token_bucket(burst, rate)
-                .map(crate::limiter::Limit::of)
-                .map_err(|e| v.problem("http2_max_streams_per_second", e.to_string()))
-                .ok()
+        let max_body_size = v.size(
+            "max_body_size",
+            file.max_body_size.as_ref().map(|s| s.0.as_str()),
+            1 << 20,
+        );
+        // Outer `Option`: valid or not; inner: configured or not (no cap by default).
+        let http2_streams = match file.http2_max_streams_per_second {
+            None => Some(None),
+            Some(rate) => v
+                .per_connection_rate("http2_max_streams_per_second", rate, 0.5)
+                .map(Some),
         };
+        let http2_resets = v.per_connection_rate(
+            "http2_max_resets_per_second",
+            file.http2_max_resets_per_second.unwrap_or(100.0),
+            2.0,
+        );
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {
@@ -320,28 +331,35 @@ impl Config {
             storage,
             identity,
             http2_streams,
+            http2_resets,
             v.problems.is_empty(),
         ) {
-            (Some(listen), Some(storage), Some(identity), Some(http2_streams), true) => {
-                Ok(Config {
-                    listen,
-                    admin_listen,
-                    tls,
-                    upstream_ca,
-                    storage,
-                    identity,
-                    consumers,
-                    timeouts,
-                    routes,
-                    shadow: file.shadow.unwrap_or(false),
-                    rate_limit_headers,
-                    log_format,
-                    paths,
-                    max_body_size,
-                    max_connections,
-                    http2_streams,
-                })
-            }
+            (
+                Some(listen),
+                Some(storage),
+                Some(identity),
+                Some(http2_streams),
+                Some(http2_resets),
+                true,
+            ) => Ok(Config {
+                listen,
+                admin_listen,
+                tls,
+                upstream_ca,
+                storage,
+                identity,
+                consumers,
+                timeouts,
+                routes,
+                shadow: file.shadow.unwrap_or(false),
+                rate_limit_headers,
+                log_format,
+                paths,
+                max_body_size,
+                max_connections,
+                http2_streams,
+                http2_resets,
+            }),
             _ => Err(ConfigError {
                 problems: v.problems,
             }),
@@ -521,6 +539,21 @@ impl Validator {
     }
 
     /// A byte size: `1048576`, `512k`, `1m`, `1g` (powers of 1024), `0` for none.
+    /// A per-connection token bucket of `rate` per second with a burst of `burst_seconds` of it
+    /// (at least 1): `http2_max_streams_per_second`, `http2_max_resets_per_second`.
+    fn per_connection_rate(
+        &mut self,
+        path: &str,
+        rate: f64,
+        burst_seconds: f64,
+    ) -> Option<crate::limiter::Limit> {
+        let burst = (rate * burst_seconds).clamp(1.0, f64::from(u32::MAX)) as u32;
+        crate::limiter::Algorithm::token_bucket(burst, rate)
+            .map(crate::limiter::Limit::of)
+            .map_err(|e| self.problem(path, e.to_string()))
+            .ok()
+    }
+
     fn size(&mut self, path: &str, text: Option<&str>, default: u64) -> u64 {
         let Some(text) = text else {
             return default;

@@ -79,6 +79,32 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Why floodgate closed a client connection itself (`floodgate_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// An HTTP/2 connection abandoned streams faster than `http2_max_resets_per_second`.
+    Resets,
+    /// An HTTP/2 connection had no open stream for `timeouts.idle`.
+    Idle,
+}
+
+impl CloseReason {
+    const ALL: [CloseReason; 2] = [CloseReason::Resets, CloseReason::Idle];
+
+    /// The `reason` label's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Resets => "resets",
+            CloseReason::Idle => "idle",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
 }
@@ -96,6 +122,8 @@ pub struct Metrics {
     open_connections: Gauge,
     no_route: Counter,
     streams_refused: Counter,
+    http2_resets: Counter,
+    connections_closed: [Counter; 2],
     breaker_state: Family<StateLabel, Gauge>,
     untracked: Counter,
     tracked_keys: Gauge,
@@ -172,6 +200,23 @@ impl Metrics {
             "HTTP/2 streams answered 429 because their connection opened streams too fast",
             streams_refused.clone(),
         );
+        let http2_resets = Counter::default();
+        registry.register(
+            "http2_resets",
+            "HTTP/2 streams the client abandoned (reset, or its connection closed) before their response",
+            http2_resets.clone(),
+        );
+        let closed = Family::<ReasonLabel, Counter>::default();
+        let connections_closed = CloseReason::ALL.map(|reason| {
+            closed.get_or_create_owned(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+        });
+        registry.register(
+            "connections_closed",
+            "Client connections floodgate closed itself, by reason (resets, idle)",
+            closed,
+        );
         let no_route = Counter::default();
         registry.register(
             "no_route_requests",
@@ -206,6 +251,8 @@ impl Metrics {
             open_connections,
             no_route,
             streams_refused,
+            http2_resets,
+            connections_closed,
             breaker_state,
             untracked,
             tracked_keys,
@@ -276,6 +323,16 @@ impl Metrics {
     /// Counts an HTTP/2 stream refused for its connection's stream rate.
     pub fn stream_refused(&self) {
         self.streams_refused.inc();
+    }
+
+    /// Counts an HTTP/2 stream the client abandoned before its response.
+    pub fn http2_reset(&self) {
+        self.http2_resets.inc();
+    }
+
+    /// Counts a client connection floodgate closed itself.
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.connections_closed[reason as usize].inc();
     }
 
     /// Counts a request that matched no route.

@@ -243,7 +243,7 @@ impl Proxy {
                     return response;
                 }
             };
-        span.record("route", route.config.name.as_str());
+        span.record("route", &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
         let pass = if unlimited && runtime.consumers.is_none() {
@@ -478,7 +478,7 @@ impl Proxy {
         let started = Instant::now();
         let mut response = match self
             .forwarder
-            .forward(req, &route.config.upstream, peer.ip(), self.tls)
+            .forward(req, route.config, peer.ip(), self.tls)
             .await
         {
             Ok(response) => response,
@@ -520,7 +520,7 @@ impl Proxy {
         let _entered = span.enter();
         tracing::info!(
             target: "floodgate::access",
-            route = route.map(|r| r.config.name.as_str()),
+            route = route.map(|r| &*r.config.name),
             status = response.status().as_u16(),
             "request done"
         );

@@ -969,7 +969,7 @@ impl Replay {
             .iter()
             .zip(&self.stats)
             .map(|(route, s)| RouteReport {
-                name: route.name.clone(),
+                name: route.name.to_string(),
                 requests: s.requests,
                 allowed: s.allowed,
                 denied: s.denied,

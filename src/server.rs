@@ -1,6 +1,9 @@
 //! The listeners: accepting connections, TLS termination (rustls; ALPN picks h2 or HTTP/1.1),
 //! serving HTTP/1.1 and HTTP/2 (cleartext h2 by prior knowledge) with upgrades, the slowloris
-//! guard, and graceful shutdown. The admin listener is always plain HTTP.
+//! guard, closing abusive and idle HTTP/2 connections ([`watch`]), and graceful shutdown. The
+//! admin listener is always plain HTTP.
+
+mod watch;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,14 +14,16 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, AdminState, Health};
 use crate::config::Config;
 use crate::deadline::FirstByteDeadline;
+use crate::limiter::Limit;
+use crate::metrics::CloseReason;
 use crate::proxy::Proxy;
+use watch::{ConnWatch, StreamGuard};
 
 /// A proxy with its listeners bound, ready to serve.
 pub struct Server {
@@ -32,8 +37,19 @@ pub struct Server {
     idle_timeout: Duration,
     drain_timeout: Duration,
     max_connections: usize,
-    /// New HTTP/2 streams per connection.
-    stream_limit: crate::limiter::Limit,
+    /// What each connection is held to.
+    per_connection: PerConnection,
+}
+
+/// The limits every client connection is served under.
+#[derive(Clone, Copy)]
+struct PerConnection {
+    /// HTTP/2 streams abandoned before their response.
+    resets: Limit,
+    /// New HTTP/2 streams, if capped.
+    streams: Option<Limit>,
+    /// How long an HTTP/2 connection may have no open stream.
+    idle: Duration,
 }
 
 impl Server {
@@ -57,7 +73,11 @@ impl Server {
             idle_timeout: config.timeouts.idle,
             drain_timeout: config.timeouts.drain,
             max_connections: config.max_connections,
-            stream_limit: config.http2_streams,
+            per_connection: PerConnection {
+                resets: config.http2_resets,
+                streams: config.http2_streams,
+                idle: config.timeouts.idle,
+            },
         })
     }
 
@@ -92,7 +112,9 @@ impl Server {
             .max_local_error_reset_streams(Some(1024))
             .max_pending_accept_reset_streams(Some(64));
         let builder = Arc::new(builder);
-        let graceful = GracefulShutdown::new();
+        // Every connection task holds one of these permits until it ends, and watches `drain`:
+        // a drain tells each to finish what it has, then waits for all the permits.
+        let (drain, draining) = tokio::sync::watch::channel(());
 
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = self.admin.map(|admin| {
@@ -151,12 +173,11 @@ impl Server {
             let _ = stream.set_nodelay(true);
             let proxy = self.proxy.clone();
             let builder = builder.clone();
-            // Taken now, so that a drain also waits for connections still in their handshake.
-            let watcher = graceful.watcher();
+            let draining = draining.clone();
             let tls = self.tls.clone();
             // Bounds the TLS handshake, and then the connection's opening bytes.
             let header_read = self.header_read_timeout;
-            let stream_limit = self.stream_limit;
+            let limits = self.per_connection;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
             tokio::spawn(async move {
@@ -164,7 +185,7 @@ impl Server {
                 match tls {
                     None => {
                         let stream = FirstByteDeadline::new(stream, header_read);
-                        serve_connection(&builder, watcher, stream, proxy, peer, stream_limit).await
+                        serve_connection(&builder, draining, stream, proxy, peer, limits).await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
@@ -172,15 +193,8 @@ impl Server {
                         match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
                                 let stream = FirstByteDeadline::new(stream, header_read);
-                                serve_connection(
-                                    &builder,
-                                    watcher,
-                                    stream,
-                                    proxy,
-                                    peer,
-                                    stream_limit,
-                                )
-                                .await
+                                serve_connection(&builder, draining, stream, proxy, peer, limits)
+                                    .await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(error = %e, %peer, "TLS handshake failed")
@@ -196,7 +210,9 @@ impl Server {
         self.health.start_draining();
         drop(self.listener);
         tracing::info!(timeout = ?self.drain_timeout, "draining in-flight requests");
-        if tokio::time::timeout(self.drain_timeout, graceful.shutdown())
+        let _ = drain.send(());
+        let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
+        if tokio::time::timeout(self.drain_timeout, connections.acquire_many(all))
             .await
             .is_err()
         {
@@ -211,66 +227,79 @@ impl Server {
 }
 
 /// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
-/// TLS, until it closes or a drain ends it.
+/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it.
 async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
-    watcher: Watcher,
+    mut draining: tokio::sync::watch::Receiver<()>,
     stream: S,
     proxy: Arc<Proxy>,
     peer: SocketAddr,
-    stream_limit: crate::limiter::Limit,
+    limits: PerConnection,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    // HTTP/2 lets one connection open streams (and reset them) faster than any request could be
-    // served: each connection gets a token bucket for new streams (the same GCRA the limits use),
-    // and streams past it are answered 429 at once, without routing or forwarding.
-    let streams = StreamBudget::new(stream_limit);
+    let metrics = proxy.metrics().clone();
+    let watch = ConnWatch::new(limits.resets, limits.streams, metrics.clone());
+    let streams = watch.clone();
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let proxy = proxy.clone();
-        let admitted = req.version() != http::Version::HTTP_2 || streams.admit();
+        let stream = if req.version() == http::Version::HTTP_2 {
+            Some(StreamGuard::open(&streams))
+        } else {
+            streams.saw_http1();
+            None
+        };
+        let admitted = stream.is_none() || streams.admit_stream();
         async move {
-            if !admitted {
-                return Ok::<_, Infallible>(proxy.refuse_stream());
-            }
-            Ok::<_, Infallible>(proxy.handle(req, peer).await)
+            let response = if admitted {
+                proxy.handle(req, peer).await
+            } else {
+                proxy.refuse_stream()
+            };
+            Ok::<_, Infallible>(match stream {
+                Some(stream) => stream.answered(response),
+                None => response,
+            })
         }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    if let Err(e) = watcher.watch(conn.into_owned()).await {
-        tracing::debug!(error = %e, %peer, "connection ended with an error");
-    }
-}
-
-/// New HTTP/2 streams one connection may open (`http2_max_streams_per_second`, default 1000, a
-/// burst of half that). A client resetting streams as fast as it opens them (CVE-2023-44487's
-/// rapid reset) runs out of them in a fraction of a second; a browser or SDK never comes near. A
-/// proxy in front of floodgate that multiplexes many clients over one connection may: raise it.
-struct StreamBudget {
-    limit: crate::limiter::Limit,
-    state: std::sync::Mutex<crate::limiter::algorithm::State>,
-    clock: crate::limiter::MonotonicClock,
-}
-
-impl StreamBudget {
-    fn new(limit: crate::limiter::Limit) -> Arc<Self> {
-        use crate::limiter::{AlgorithmKind, algorithm::State};
-        Arc::new(StreamBudget {
-            limit,
-            state: std::sync::Mutex::new(State::new(AlgorithmKind::TokenBucket)),
-            clock: crate::limiter::MonotonicClock::default(),
-        })
-    }
-
-    /// Spends one stream; false when the connection has none left.
-    fn admit(&self) -> bool {
-        use crate::limiter::Clock as _;
-        let now = self.clock.now_us();
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let decision = state.check(&self.limit, now);
-        if decision.allowed {
-            state.commit(&self.limit, now, 0);
+    tokio::pin!(conn);
+    let idle = tokio::time::sleep(limits.idle);
+    tokio::pin!(idle);
+    // After a GOAWAY for abuse, how long the client has before the connection is cut.
+    let cut = tokio::time::sleep(Duration::MAX / 4);
+    tokio::pin!(cut);
+    let (mut closing, mut cutting) = (false, false);
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, %peer, "connection ended with an error");
+                }
+                return;
+            }
+            _ = draining.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = watch.abusive(), if !closing => {
+                tracing::warn!(%peer, "closing an HTTP/2 connection that abandoned streams faster than http2_max_resets_per_second");
+                metrics.connection_closed(CloseReason::Resets);
+                (closing, cutting) = (true, true);
+                conn.as_mut().graceful_shutdown();
+                cut.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
+            }
+            () = &mut idle, if !closing => match watch.idle_since() {
+                Some(since) if since.elapsed() >= limits.idle => {
+                    tracing::debug!(%peer, "closing an HTTP/2 connection with no open stream");
+                    metrics.connection_closed(CloseReason::Idle);
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                Some(since) => idle.as_mut().reset((since + limits.idle).into()),
+                None => idle.as_mut().reset(tokio::time::Instant::now() + limits.idle),
+            },
+            () = &mut cut, if cutting => return,
         }
-        decision.allowed
     }
 }

@@ -528,11 +528,12 @@ async fn a_request_with_a_body_is_not_sent_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_connection_opening_streams_too_fast_is_answered_429() {
+async fn with_a_stream_cap_an_http2_connection_opening_streams_too_fast_is_answered_429() {
     let upstream = Upstream::start().await;
+    // No cap by default (tests/http_semantics.rs): this one is opted into.
     let fg = Floodgate::start(&format!(
         "admin_listen: 127.0.0.1:0\n{}",
-        quick(&upstream, "")
+        quick(&upstream, "http2_max_streams_per_second: 1000")
     ));
     let stream = TcpStream::connect(fg.addr()).await.expect("connect");
     let (sender, conn) =

@@ -73,15 +73,37 @@ pub struct FileConfig {
     /// Merge repeated slashes in paths before routing (default true).
     #[serde(default)]
     pub merge_slashes: Option<bool>,
-    /// The largest request body accepted: `1m` (default), `512k`, `0` for no limit.
+    /// The largest request body accepted: `1m` (default), `512k`, a number of bytes; `0` for no
+    /// limit.
     #[serde(default)]
-    pub max_body_size: Option<String>,
+    pub max_body_size: Option<SizeText>,
     /// The most client connections open at once (default 10000).
     #[serde(default)]
     pub max_connections: Option<u64>,
-    /// New HTTP/2 streams one connection may open per second (default 1000; burst: half that).
+    /// New HTTP/2 streams one connection may open per second (default: no cap; burst: half that).
     #[serde(default)]
     pub http2_max_streams_per_second: Option<f64>,
+    /// HTTP/2 streams one connection may abandon (reset before their response) per second
+    /// (default 100; burst: twice that). Past it the connection is closed.
+    #[serde(default)]
+    pub http2_max_resets_per_second: Option<f64>,
+}
+
+/// A size as written: a YAML number (`1048576`, `0`) or a string with a unit (`1m`, `512k`),
+/// kept as text for the validator to parse and report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeText(pub String);
+
+impl<'de> Deserialize<'de> for SizeText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => Ok(SizeText(text)),
+            serde_json::Value::Number(n) => Ok(SizeText(n.to_string())),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a size like 1m, 512k or a number of bytes, found {other}"
+            ))),
+        }
+    }
 }
 
 /// `tls:` — terminate TLS on the proxy listener.
@@ -196,6 +218,10 @@ pub struct RouteFile {
     #[serde(default)]
     pub path_match: Option<Choice<super::PathMatch>>,
     pub upstream: String,
+    /// Rewrite `Location` and `Content-Location` headers that point at the upstream's origin to
+    /// the origin the client used (default true, as nginx's `proxy_redirect default`).
+    #[serde(default)]
+    pub rewrite_redirects: Option<bool>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
 }

@@ -12,13 +12,16 @@ use crate::limiter::{Ask, BudgetKey, KeyKind, Limit, MAX_LIMITS};
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
-    pub name: String,
+    /// Shared, so that a response body still streaming can name its route in the log.
+    pub name: std::sync::Arc<str>,
     pub path_prefix: String,
     /// `None` matches every method.
     pub methods: Option<Vec<Method>>,
     /// How `path_prefix` is compared with the (normalised) path.
     pub path_match: PathMatch,
     pub upstream: Upstream,
+    /// Rewrite `Location` / `Content-Location` pointing at the upstream to the client's origin.
+    pub rewrite_redirects: bool,
     /// The enforced limits: a request must pass every one that applies to it.
     pub enforced: Budget,
     /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
@@ -233,11 +236,12 @@ impl Validator {
             PathMatch::Prefix,
         );
         Some(RouteConfig {
-            name: r.name,
+            name: r.name.into(),
             path_prefix: r.path_prefix,
             methods,
             path_match,
             upstream: upstream?,
+            rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
             enforced,
             shadow,
         })

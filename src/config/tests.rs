@@ -936,10 +936,14 @@ fn sentinel_settings_are_named() {
 
 #[test]
 fn the_http2_stream_rate_is_configurable_and_checked() {
+    assert!(
+        valid(&with_top("")).http2_streams.is_none(),
+        "no cap on streams that complete by default"
+    );
     let config = valid(&with_top("http2_max_streams_per_second: 20000"));
     assert_eq!(
-        config.http2_streams.algorithm().units(),
-        10_000,
+        config.http2_streams.map(|l| l.algorithm().units()),
+        Some(10_000),
         "a burst of half a second"
     );
     rejects(
@@ -947,4 +951,39 @@ fn the_http2_stream_rate_is_configurable_and_checked() {
         "http2_max_streams_per_second",
         "must be > 0",
     );
+}
+
+#[test]
+fn the_http2_reset_rate_has_a_default_and_is_checked() {
+    let config = valid(&with_top(""));
+    assert_eq!(
+        config.http2_resets.algorithm().units(),
+        200,
+        "100/s, 2 s of burst"
+    );
+    let config = valid(&with_top("http2_max_resets_per_second: 10"));
+    assert_eq!(config.http2_resets.algorithm().units(), 20);
+    rejects(
+        &with_top("http2_max_resets_per_second: -1"),
+        "http2_max_resets_per_second",
+        "must be > 0",
+    );
+}
+
+#[test]
+fn max_body_size_is_a_number_of_bytes_or_a_size_with_a_unit() {
+    assert_eq!(valid(&with_top("max_body_size: 0")).max_body_size, 0);
+    assert_eq!(valid(&with_top("max_body_size: \"0\"")).max_body_size, 0);
+    assert_eq!(valid(&with_top("max_body_size: 2048")).max_body_size, 2048);
+    assert_eq!(valid(&with_top("max_body_size: 2k")).max_body_size, 2048);
+    assert_eq!(valid(&with_top("")).max_body_size, 1 << 20);
+    rejects(&with_top("max_body_size: -1"), "max_body_size", "size");
+    rejects(&with_top("max_body_size: [1]"), "max_body_size", "size");
+}
+
+#[test]
+fn redirects_are_rewritten_unless_a_route_says_not_to() {
+    assert!(valid(&with_top("")).routes[0].rewrite_redirects);
+    let config = valid(&with_route_field("rewrite_redirects", "false"));
+    assert!(!config.routes[0].rewrite_redirects);
 }

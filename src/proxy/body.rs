@@ -187,16 +187,29 @@ impl HttpBody for RequestBody {
 
 /// An upstream's response body on its way to the client, cut off after `idle` without data (the
 /// client then sees the response end early, as with nginx's `proxy_read_timeout`).
+///
+/// When the upstream ends the body early (closes before its `Content-Length`, or mid-chunk), the
+/// client is sent the bytes that came and then the connection is cut, as nginx does: the error is
+/// held back for one poll, so that hyper flushes the head and the data it has buffered before it
+/// aborts the connection (it drops its write buffer on a body error). The early end is logged
+/// with the route.
 pub struct ResponseBody<B> {
     inner: B,
     watchdog: Watchdog,
+    route: Arc<str>,
+    relayed: u64,
+    /// The upstream's error, held back for one poll.
+    failed: Option<BodyError>,
 }
 
 impl<B> ResponseBody<B> {
-    pub fn new(inner: B, idle: Duration) -> Self {
+    pub fn new(inner: B, idle: Duration, route: Arc<str>) -> Self {
         ResponseBody {
             inner,
             watchdog: Watchdog::new(idle),
+            route,
+            relayed: 0,
+            failed: None,
         }
     }
 }
@@ -213,15 +226,33 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
+            Poll::Ready(Some(Ok(frame))) => {
                 this.watchdog.fed();
-                Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
+                if let Some(data) = frame.data_ref() {
+                    this.relayed += data.len() as u64;
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
+            Poll::Ready(Some(Err(error))) => {
+                tracing::warn!(
+                    route = &*this.route,
+                    relayed_bytes = this.relayed,
+                    %error,
+                    "the upstream ended the response body early; the client's connection is cut after the bytes that came"
+                );
+                this.failed = Some(error.into());
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending if this.watchdog.expired(cx) => {
                 // An error, not an end: hyper then aborts the client's connection, so a
                 // truncated body never looks complete (a clean end would send the last chunk).
-                tracing::debug!(idle = ?this.watchdog.idle, "upstream body went silent; aborting the response");
+                tracing::debug!(route = &*this.route, idle = ?this.watchdog.idle, "upstream body went silent; aborting the response");
                 Poll::Ready(Some(Err(BodyError::Idle(this.watchdog.idle))))
             }
             Poll::Pending => Poll::Pending,
@@ -229,7 +260,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.failed.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -91,7 +91,7 @@ impl Proxy {
             .routes
             .routes()
             .iter()
-            .find(|r| r.name == route_name)
+            .find(|r| *r.name == *route_name)
             .ok_or_else(|| bad(404, "no_route", format!("no route named {route_name:?}")))?;
         let ip: Option<IpAddr> = match param("ip") {
             Some(text) => Some(
@@ -164,7 +164,7 @@ impl Proxy {
             );
         }
         Ok(json!({
-            "route": route.name,
+            "route": &*route.name,
             "identity": identity.map(|i| i.kind().as_str()),
             "tier": tier,
             "limits": limits,

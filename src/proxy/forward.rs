@@ -1,13 +1,14 @@
 //! Forwarding to the upstream: HTTP/1.1 over pooled keep-alive connections (plain or TLS by the
 //! upstream's scheme; the pool is `proxy/pool.rs`), hop-by-hop headers stripped both ways,
-//! `X-Forwarded-*` set, bodies streamed both ways, WebSocket upgrades spliced.
+//! `X-Forwarded-*` set, split HTTP/2 cookie fields joined, bodies streamed both ways, redirects
+//! to the upstream's origin rewritten to the client's, WebSocket upgrades spliced.
 
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HOST, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LOCATION, COOKIE, HOST, LOCATION, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
@@ -21,7 +22,7 @@ use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
 use super::pool::{Pool, PoolError};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::tls;
-use crate::config::{Upstream, UpstreamCa};
+use crate::config::{RouteConfig, Upstream, UpstreamCa};
 use crate::identity::X_FORWARDED_FOR;
 
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -89,14 +90,16 @@ impl Forwarder {
         }
     }
 
-    /// Forwards `req` to `upstream` and returns its response, or the rejection that replaces it.
+    /// Forwards `req` to `route`'s upstream and returns its response, or the rejection that
+    /// replaces it.
     pub async fn forward(
         &self,
         mut req: Request<Incoming>,
-        upstream: &Upstream,
+        route: &RouteConfig,
         client_ip: IpAddr,
         client_tls: bool,
     ) -> Result<Response<Body>, Rejection> {
+        let upstream = &route.upstream;
         let upgrade = is_websocket_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
 
@@ -126,8 +129,17 @@ impl Forwarder {
         });
         // Origin-form (`/path?query`): the upstream is named by the connection and `Host`.
         parts.uri = Uri::from(path);
-        // Upstreams are spoken to in HTTP/1.1 whatever the client used.
-        parts.version = Version::HTTP_11;
+        // Upstreams are spoken to in HTTP/1.1 whatever the client used; the version is per hop,
+        // so the response goes back in the client's.
+        let client_version = std::mem::replace(&mut parts.version, Version::HTTP_11);
+        join_cookies(&mut parts.headers);
+        let client_origin = (route.rewrite_redirects)
+            .then(|| {
+                original_host
+                    .as_ref()
+                    .map(|host| (client_tls, host.clone()))
+            })
+            .flatten();
 
         let upgrade_value = if upgrade {
             parts.headers.get(UPGRADE).cloned()
@@ -168,7 +180,7 @@ impl Forwarder {
         let sent = async {
             if upgrade {
                 let response = self.pool.send_upgrade(scheme, authority, request).await?;
-                return Ok(response.map(|b| relay(b, idle)));
+                return Ok(response.map(|b| relay(b, idle, route)));
             }
             let response = match self.pool.send(scheme, authority, request).await {
                 Err(e) if retry.is_some() && is_stale_connection(&e) => {
@@ -179,7 +191,7 @@ impl Forwarder {
                 }
                 other => other?,
             };
-            Ok(response.map(|b| relay(b, idle)))
+            Ok(response.map(|b| relay(b, idle, route)))
         };
         let mut response = match tokio::time::timeout(self.response_timeout, sent).await {
             Err(_) => return Err(Rejection::GatewayTimeout),
@@ -246,18 +258,92 @@ impl Forwarder {
             response.headers_mut().remove(http::header::CONTENT_LENGTH);
         }
         strip_hop_by_hop(response.headers_mut());
+        *response.version_mut() = client_version;
+        if let Some((tls, host)) = client_origin {
+            rewrite_redirects(response.headers_mut(), upstream, tls, &host);
+        }
         Ok(response)
     }
 }
 
-/// An upstream response body as relayed to the client: cut off after `idle` without data.
-fn relay<B>(body: B, idle: Duration) -> Body
+/// An upstream response body as relayed to the client: cut off after `idle` without data, and
+/// logged with `route` if the upstream ends it early.
+fn relay<B>(body: B, idle: Duration, route: &RouteConfig) -> Body
 where
     B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static,
 {
-    ResponseBody::new(body, idle)
+    ResponseBody::new(body, idle, route.name.clone())
         .map_err(BoxError::from)
         .boxed_unsync()
+}
+
+/// Joins split `cookie` fields into one, separated by `"; "`. HTTP/2 clients may send each
+/// cookie in a field of its own (RFC 9113 §8.2.3), and those MUST be joined before an HTTP/1.1
+/// hop: most HTTP/1.1 servers read only one `Cookie` line or join lines with `,`.
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(COOKIE).iter();
+    let (Some(first), Some(_)) = (fields.next(), fields.next()) else {
+        return;
+    };
+    let mut joined = Vec::with_capacity(first.len() * 2);
+    for field in headers.get_all(COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(field.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
+        headers.insert(COOKIE, value);
+    }
+}
+
+/// Rewrites `Location` and `Content-Location` values that point at `upstream`'s origin to the
+/// origin the client used (`https` when it came over TLS, and its `Host`), as nginx's
+/// `proxy_redirect default` does: a redirect must not send the client around the proxy. Relative
+/// references and other origins are left as they are.
+fn rewrite_redirects(
+    headers: &mut HeaderMap,
+    upstream: &Upstream,
+    client_tls: bool,
+    host: &HeaderValue,
+) {
+    for name in [LOCATION, CONTENT_LOCATION] {
+        let Some(value) = headers.get(&name) else {
+            continue;
+        };
+        let Some(rest) = value.to_str().ok().and_then(|v| strip_origin(v, upstream)) else {
+            continue;
+        };
+        let scheme = if client_tls { "https" } else { "http" };
+        let Ok(host) = host.to_str() else { return };
+        if let Ok(rewritten) = HeaderValue::from_str(&format!("{scheme}://{host}{rest}")) {
+            headers.insert(name, rewritten);
+        }
+    }
+}
+
+/// What follows `upstream`'s origin in the absolute URL `value` (the path, query and fragment,
+/// possibly empty), or `None` when `value` is not on that origin. Scheme and host compare
+/// without case, and a default port (80, 443) may be written or left out.
+fn strip_origin<'v>(value: &'v str, upstream: &Upstream) -> Option<&'v str> {
+    let (scheme, rest) = value.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case(upstream.scheme.as_str()) {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority: http::uri::Authority = authority.parse().ok()?;
+    let default_port = if upstream.scheme == http::uri::Scheme::HTTPS {
+        443
+    } else {
+        80
+    };
+    let port = |a: &http::uri::Authority| a.port_u16().unwrap_or(default_port);
+    let same = authority
+        .host()
+        .eq_ignore_ascii_case(upstream.authority.host())
+        && port(&authority) == port(&upstream.authority);
+    same.then_some(tail)
 }
 
 /// Methods a request may be sent twice with (RFC 9110 §9.2.2).
@@ -408,6 +494,84 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn split_cookie_fields_are_joined_into_one() {
+        let mut headers = HeaderMap::new();
+        headers.append(COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(COOKIE, HeaderValue::from_static("b=2"));
+        headers.append(COOKIE, HeaderValue::from_static("c=3; d=4"));
+        join_cookies(&mut headers);
+        let fields: Vec<_> = headers.get_all(COOKIE).iter().collect();
+        assert_eq!(fields, ["a=1; b=2; c=3; d=4"]);
+
+        let mut one = HeaderMap::new();
+        one.insert(COOKIE, HeaderValue::from_static("a=1; b=2"));
+        join_cookies(&mut one);
+        assert_eq!(one[COOKIE], "a=1; b=2");
+    }
+
+    fn upstream(url: &str) -> Upstream {
+        let uri: Uri = url.parse().unwrap();
+        let authority = uri.authority().unwrap().clone();
+        Upstream {
+            scheme: uri.scheme().unwrap().clone(),
+            host_header: HeaderValue::from_str(authority.as_str()).unwrap(),
+            authority,
+        }
+    }
+
+    #[test]
+    fn redirects_to_the_upstream_origin_are_rewritten_to_the_clients() {
+        let up = upstream("http://127.0.0.1:9000");
+        let rewrite = |location: &str, tls: bool| {
+            let mut headers = HeaderMap::new();
+            headers.insert(LOCATION, HeaderValue::from_str(location).unwrap());
+            headers.insert(CONTENT_LOCATION, HeaderValue::from_str(location).unwrap());
+            rewrite_redirects(
+                &mut headers,
+                &up,
+                tls,
+                &HeaderValue::from_static("api.example"),
+            );
+            assert_eq!(headers[LOCATION], headers[CONTENT_LOCATION]);
+            headers[LOCATION].to_str().unwrap().to_string()
+        };
+        assert_eq!(
+            rewrite("http://127.0.0.1:9000/a?b=1#c", false),
+            "http://api.example/a?b=1#c"
+        );
+        assert_eq!(
+            rewrite("HTTP://127.0.0.1:9000", true),
+            "https://api.example"
+        );
+        assert_eq!(
+            rewrite("http://127.0.0.1:9000?q", false),
+            "http://api.example?q"
+        );
+        // Other origins, other ports, relative references and look-alike hosts stay.
+        for kept in [
+            "http://127.0.0.1:9001/a",
+            "https://127.0.0.1:9000/a",
+            "http://127.0.0.1:90000/a",
+            "http://127.0.0.1:9000.evil.example/a",
+            "/relative",
+            "//127.0.0.1:9000/scheme-relative",
+        ] {
+            assert_eq!(rewrite(kept, false), kept);
+        }
+        // A default port may be written or left out.
+        let up80 = upstream("http://backend");
+        let mut headers = HeaderMap::new();
+        headers.insert(LOCATION, HeaderValue::from_static("http://BACKEND:80/x"));
+        rewrite_redirects(
+            &mut headers,
+            &up80,
+            false,
+            &HeaderValue::from_static("h:8080"),
+        );
+        assert_eq!(headers[LOCATION], "http://h:8080/x");
     }
 
     #[test]

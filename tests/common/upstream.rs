@@ -30,6 +30,8 @@ impl Seen {
 /// - `/ws…`: a WebSocket-style upgrade: 101, then echoes bytes over the upgraded connection;
 /// - `/hop-response…`: 200 carrying hop-by-hop headers (`Connection: x-foo`, `X-Foo`,
 ///   `Keep-Alive`) that a proxy must not relay;
+/// - `/redirect…`: 302 with `Location` and `Content-Location` on the upstream's own origin (the
+///   `Host` it was sent), as a framework's absolute redirect is;
 /// - anything else: 200 with [`UPSTREAM_BODY`].
 pub struct Upstream {
     addr: SocketAddr,
@@ -200,6 +202,19 @@ async fn handle(
             .header("connection", "upgrade")
             .body(Full::new(Bytes::new()))
             .unwrap()
+    } else if path.starts_with("/redirect") {
+        let host = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("missing-host")
+            .to_string();
+        Response::builder()
+            .status(StatusCode::FOUND)
+            .header("location", format!("http://{host}/landing?from=redirect"))
+            .header("content-location", format!("http://{host}/content"))
+            .body(Full::new(Bytes::from_static(b"moved")))
+            .unwrap()
     } else if path.starts_with("/hop-response") {
         Response::builder()
             .header("connection", "x-foo")
@@ -212,6 +227,51 @@ async fn handle(
         Response::new(Full::new(Bytes::from_static(UPSTREAM_BODY.as_bytes())))
     };
     Ok(response)
+}
+
+/// A raw TCP upstream that reads each request's head, then writes `response` as it is and closes
+/// the connection: for answers no HTTP library would send (a body shorter than its
+/// `Content-Length`, an HTTP/1.0 status line).
+pub struct RawUpstream {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl RawUpstream {
+    pub async fn start(response: &'static [u8]) -> RawUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind raw upstream");
+        let addr = listener.local_addr().expect("raw upstream addr");
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = stream.write_all(response).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        RawUpstream { addr, task }
+    }
+
+    /// `http://127.0.0.1:PORT`, for a route's `upstream:`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// An address on which nothing listens: bind port 0, note the port, close the listener.
