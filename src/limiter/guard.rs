@@ -177,7 +177,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 self.breaker.success();
                 if !verdict.allowed {
                     self.deny_cache
-                        .insert(asks, &decisions, self.clock.now_us());
+                        .insert(asks, &decisions, self.clock.now_us(), verdict.now_us);
                 }
                 return Ok(Admission::Limited {
                     verdict,
@@ -392,6 +392,10 @@ struct CachedDenial {
     retry_at: u64,
     /// Local time (µs) by which the budget is fully restored.
     reset_at: u64,
+    /// The store's time (Unix µs: Redis `TIME`, PostgreSQL's clock) less local time, when it
+    /// denied: a cached verdict's `now_us` is on the store's clock, as the store's own verdicts
+    /// are, so `X-RateLimit-Reset` is a Unix time whichever answered.
+    store_offset: i64,
     /// The limit's decision when it denied.
     decision: Decision,
 }
@@ -435,7 +439,7 @@ impl DenyCache {
         }
         let (index, cached) = found?;
         Some(Verdict {
-            now_us: now,
+            now_us: now.saturating_add_signed(cached.store_offset),
             headline: Decision {
                 reset_after_us: cached.reset_at.saturating_sub(now),
                 retry_after_us: cached.retry_at - now,
@@ -448,8 +452,11 @@ impl DenyCache {
         })
     }
 
-    /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order).
-    fn insert(&self, asks: &[Ask<'_>], decisions: &[Decision], now: u64) {
+    /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order), at
+    /// local time `now`, which the store called `store_now`.
+    fn insert(&self, asks: &[Ask<'_>], decisions: &[Decision], now: u64, store_now: u64) {
+        let store_offset =
+            (store_now as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
         let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
         for (ask, decision) in asks.iter().zip(decisions) {
             if decision.allowed || !rememberable(ask) {
@@ -468,6 +475,7 @@ impl DenyCache {
                 CachedDenial {
                     retry_at: now + decision.retry_after_us,
                     reset_at: now + decision.reset_after_us,
+                    store_offset,
                     decision: *decision,
                 },
             );
@@ -701,6 +709,13 @@ mod tests {
         let cached = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
         assert!(!cached.allowed);
         assert_eq!(cached.retry_after_us, 500_000);
+        // On the store's clock, as the store's own answer was: the budget is full again at the
+        // same instant whichever answered (`X-RateLimit-Reset` is a Unix time from either).
+        assert_eq!(
+            cached.now_us + cached.headline.reset_after_us,
+            denied.now_us + denied.headline.reset_after_us
+        );
+        assert_eq!(cached.now_us, denied.now_us + 500_000);
         assert_eq!(f.calls(), 2, "the store was not asked");
         assert_eq!(f.stat(&f.guard.stats().deny_cache_hits), 1);
         // At the retry instant the entry is gone and the store is asked again.

@@ -1,0 +1,101 @@
+//! `X-RateLimit-Reset` and `Retry-After` on every path that answers 429: the memory store, the
+//! Redis store, the deny cache in front of it, and the in-process fallback when Redis is down
+//! (`on_error: local`). Reset is a Unix time within the limit's window of now, and Retry-After
+//! names the same instant.
+
+mod common;
+
+use common::{Floodgate, RedisServer, Reply, Upstream, client, closed_port_addr, get, unix_now};
+
+/// Each route: a fixed window of 2 per 30 s, so a denial's earliest retry and the budget's
+/// full reset are the same instant: the window's end.
+const LIMITS: &str =
+    "    limits:\n      - algorithm: fixed_window\n        limit: 2\n        window: 30s\n";
+
+fn config(storage: &str, upstream: &Upstream) -> String {
+    format!(
+        "{storage}routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n{LIMITS}",
+        upstream.url()
+    )
+}
+
+/// Checks one 429: Reset within the window of now, and Retry-After landing on it.
+fn assert_reset_is_unix_time(reply: &Reply, path: &str) {
+    assert_eq!(reply.status, 429, "{path}: {reply:?}");
+    let now = unix_now();
+    let reset = reply.header_u64("x-ratelimit-reset");
+    // Whole seconds both ways, and the request took a moment: one second of slack either side.
+    assert!(
+        reset + 1 >= now && reset <= now + 30 + 1,
+        "{path}: X-RateLimit-Reset {reset} is not within 30 s of now ({now})"
+    );
+    let retry_after = reply.header_u64("retry-after");
+    let retry_at = reply.received_unix_ms / 1000 + retry_after;
+    assert!(
+        retry_at.abs_diff(reset) <= 1,
+        "{path}: Retry-After {retry_after} lands at {retry_at}, the reset is {reset}"
+    );
+}
+
+/// Spends the budget (2), then returns the next `denials` replies, all expected to be 429s.
+async fn spend_then_deny(fg: &Floodgate, denials: usize) -> Vec<Reply> {
+    let http = client();
+    for _ in 0..2 {
+        assert_eq!(get(&http, &fg.url("/"), &[]).await.status, 200);
+    }
+    let mut replies = Vec::new();
+    for _ in 0..denials {
+        replies.push(get(&http, &fg.url("/"), &[]).await);
+    }
+    replies
+}
+
+#[tokio::test]
+async fn the_memory_store_answers_429_with_a_unix_reset() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config("", &upstream));
+    for reply in spend_then_deny(&fg, 3).await {
+        assert_reset_is_unix_time(&reply, "memory");
+    }
+}
+
+#[tokio::test]
+async fn redis_and_its_deny_cache_answer_429_with_a_unix_reset() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let storage = format!(
+        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\n  timeout: 500ms\n",
+        redis.url()
+    );
+    let fg = Floodgate::start(&config(&storage, &upstream));
+    let replies = spend_then_deny(&fg, 4).await;
+    // The first denial is the store's; the store was asked once for the rest of them at most
+    // (each later one is the deny cache's answer).
+    assert_reset_is_unix_time(&replies[0], "redis");
+    for reply in &replies[1..] {
+        assert_reset_is_unix_time(reply, "deny cache");
+    }
+    let metrics = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
+    let hits: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("floodgate_deny_cache_hits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no deny-cache counter in\n{metrics}"));
+    assert!(
+        hits >= 3,
+        "the later denials came from the deny cache: {hits}"
+    );
+}
+
+#[tokio::test]
+async fn the_local_fallback_answers_429_with_a_unix_reset_while_redis_is_down() {
+    let upstream = Upstream::start().await;
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: redis://{}\n  timeout: 50ms\n  on_error: local\n",
+        closed_port_addr()
+    );
+    let fg = Floodgate::start(&config(&storage, &upstream));
+    for reply in spend_then_deny(&fg, 3).await {
+        assert_reset_is_unix_time(&reply, "local fallback");
+    }
+}
