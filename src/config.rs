@@ -5,8 +5,10 @@
 //! Closed choices (`storage.backend`, `on_error`, `algorithm`, `per`, ...) are serde enums, so
 //! the parser itself names the allowed values. Limits are built through the limiter's checked
 //! constructors; this module only attaches the field path to their errors. Environment
-//! overrides (`FLOODGATE_REDIS_URL`) are read by the binary and passed in as [`Overrides`].
+//! overrides (`FLOODGATE_REDIS_URL`) and the variables `${NAME}` in the file may name ([`env`])
+//! are read by the binary and passed in as [`Overrides`].
 
+pub mod env;
 pub mod file;
 pub mod tls;
 
@@ -41,6 +43,8 @@ pub struct Overrides {
     pub database_url: Option<String>,
     /// The folder relative paths in the file are read from (default: the working directory).
     pub base_dir: Option<PathBuf>,
+    /// The variables `${NAME}` in the file is replaced with (the process's environment).
+    pub env: std::collections::HashMap<String, String>,
 }
 
 /// A valid floodgate configuration.
@@ -213,8 +217,16 @@ impl Config {
                 ),
             ));
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::one("", format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            let who = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => format!(
+                    "; floodgate runs as {}, which must be able to read it (the Docker image runs as uid 10001)",
+                    process_user()
+                ),
+                _ => String::new(),
+            };
+            ConfigError::one("", format!("cannot read {}: {e}{who}", path.display()))
+        })?;
         let overrides = Overrides {
             base_dir: path.parent().map(Path::to_path_buf),
             ..overrides.clone()
@@ -229,6 +241,16 @@ impl Config {
 
     /// Parses and validates YAML text, applying `overrides`.
     pub fn from_yaml_with(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let text = env::expand(text, &overrides.env).map_err(|problems| ConfigError {
+            problems: problems
+                .into_iter()
+                .map(|message| FieldProblem {
+                    path: String::new(),
+                    message,
+                })
+                .collect(),
+        })?;
+        let text = text.as_ref();
         // YAML → a generic value → the file structs, so that serde_path_to_error can name the
         // field of a type error or unknown key whatever the YAML parser reports.
         // `.inf` and `.nan` come through as strings, so the field they are in gets named below.
@@ -580,6 +602,15 @@ impl Validator {
                 default
             }
         }
+    }
+}
+
+/// This process's user and group ids, as `uid N (gid M)`: the owner of `/proc/self` on Linux.
+fn process_user() -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata("/proc/self") {
+        Ok(meta) => format!("uid {} (gid {})", meta.uid(), meta.gid()),
+        Err(_) => "a user".to_string(),
     }
 }
 

@@ -95,6 +95,7 @@ fn overrides() -> Overrides {
     Overrides {
         redis_url: std::env::var("FLOODGATE_REDIS_URL").ok(),
         database_url: std::env::var("FLOODGATE_DATABASE_URL").ok(),
+        env: std::env::vars().collect(),
         ..Overrides::default()
     }
 }

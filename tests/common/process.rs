@@ -55,7 +55,13 @@ impl Floodgate {
 
     /// [`Floodgate::start`] with extra environment variables (`FLOODGATE_REDIS_URL`, say).
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Floodgate {
-        let config = TempFile::new(&format!("listen: 127.0.0.1:0\n{yaml}"));
+        Floodgate::start_file(&format!("listen: 127.0.0.1:0\n{yaml}"), env)
+    }
+
+    /// Starts floodgate with `yaml` as it is (its own `listen:`, which must report a port) and
+    /// extra environment variables.
+    pub fn start_file(yaml: &str, env: &[(&str, &str)]) -> Floodgate {
+        let config = TempFile::new(yaml);
         let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
         command.env_remove("FLOODGATE_REDIS_URL");
         // Quiet unless the test asks for more (`RUST_LOG` in `env` wins).
