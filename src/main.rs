@@ -215,8 +215,12 @@ fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
 const STORE_START_WAIT: Duration = Duration::from_secs(2);
 
 fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter> {
-    let store = RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
-        .context("invalid storage.url")?;
+    let mut store =
+        RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
+            .context("invalid storage.url")?;
+    if config.storage.batch {
+        store = store.batched();
+    }
     Ok(Limiter::Redis(Arc::new(Guarded::new(
         store,
         config.storage.timeout,

@@ -139,6 +139,9 @@ pub struct StorageFile {
     /// Memory store: the most identities tracked at once.
     #[serde(default)]
     pub max_keys: Option<u64>,
+    /// Redis: batch the decisions waiting for one server into one call (default true).
+    #[serde(default)]
+    pub batch: Option<bool>,
 }
 
 /// `identity:` — whose budget a request spends.

@@ -15,6 +15,8 @@ pub struct StorageConfig {
     pub key_prefix: String,
     /// Memory store (and the `local` fallback): the most identities tracked at once.
     pub max_keys: usize,
+    /// Redis: decisions waiting while a call is in flight leave together in the next one.
+    pub batch: bool,
 }
 
 /// The limiter store.
@@ -150,6 +152,7 @@ impl Validator {
             on_error,
             key_prefix: s.key_prefix.unwrap_or_else(|| "fg:".to_string()),
             max_keys,
+            batch: s.batch.unwrap_or(true),
         })
     }
 }

@@ -31,6 +31,8 @@ use sha2::{Digest, Sha256};
 
 use super::wire::{self, Reply};
 
+mod batch;
+
 use super::guard::RemoteStore;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
@@ -46,6 +48,7 @@ macro_rules! limiter_library {
             include_str!("lua/sliding_window_counter.lua"),
             include_str!("lua/concurrency.lua"),
             include_str!($clock),
+            include_str!("lua/decide.lua"),
         )
     };
 }
@@ -53,6 +56,7 @@ macro_rules! limiter_library {
 const LIBRARY: &str = limiter_library!("lua/clock_redis.lua");
 const TEST_LIBRARY: &str = limiter_library!("lua/clock_test.lua");
 const MAIN: &str = include_str!("lua/main.lua");
+const BATCH: &str = include_str!("lua/batch.lua");
 
 /// The limiter script, assembled from one file per algorithm, on Redis' clock.
 pub const SCRIPT_SOURCE: &str = concat!(
@@ -64,6 +68,11 @@ const TEST_SCRIPT_SOURCE: &str = concat!(
     limiter_library!("lua/clock_test.lua"),
     include_str!("lua/main.lua")
 );
+/// The batch script (many decisions per call) for `EVALSHA`, before Redis 7.
+const BATCH_SCRIPT_SOURCE: &str = concat!(
+    limiter_library!("lua/clock_redis.lua"),
+    include_str!("lua/batch.lua")
+);
 
 /// The same Lua as a Redis 7 function library: the helpers and algorithms are built once when
 /// the library loads, and each `FCALL` runs only `main.lua`, where an `EVALSHA` rebuilds every
@@ -74,20 +83,29 @@ struct FunctionLibrary {
     code: String,
     /// The decision function's name.
     decide: String,
+    /// The batch function's name (`batch.lua`).
+    batch: String,
 }
 
 impl FunctionLibrary {
     fn new(body: &str) -> Self {
-        let hash: String = Sha256::digest(format!("{body}{MAIN}").as_bytes())[..6]
+        let hash: String = Sha256::digest(format!("{body}{MAIN}{BATCH}").as_bytes())[..6]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
         let decide = format!("floodgate_decide_{hash}");
+        let batch = format!("floodgate_batch_{hash}");
         let code = format!(
             "#!lua name=floodgate_{hash}\n{body}\nlocal function decide(KEYS, ARGV)\n{MAIN}\nend\n\
-             redis.register_function('{decide}', decide)\n"
+             local function batch(KEYS, ARGV)\n{BATCH}\nend\n\
+             redis.register_function('{decide}', decide)\n\
+             redis.register_function('{batch}', batch)\n"
         );
-        FunctionLibrary { code, decide }
+        FunctionLibrary {
+            code,
+            decide,
+            batch,
+        }
     }
 }
 
@@ -219,15 +237,113 @@ impl MasterFollower {
     }
 }
 
-/// The Redis-backed limiter store.
-pub struct RedisStore {
-    connection: Arc<ArcSwapOption<Connection>>,
+/// The two scripts' entry points.
+#[derive(Clone, Copy)]
+enum Entry {
+    Decide,
+    Batch,
+}
+
+/// What sends the scripts: the function library (or, before Redis 7, the scripts for `EVALSHA`),
+/// shared by the store and its batch driver.
+struct Caller {
     library: FunctionLibrary,
     /// `FUNCTIONS_*`: whether to `FCALL` or `EVALSHA`.
     functions: std::sync::atomic::AtomicU8,
+    script: Script,
+    batch_script: Script,
+}
+
+impl Caller {
+    /// `FUNCTION LOAD REPLACE`s the library; a server without functions (before Redis 7) sends
+    /// this store to `EVALSHA` for good.
+    async fn load_library(&self, connection: &Connection) -> redis::RedisResult<()> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&self.library.code);
+        match query::<String>(connection, &load).await {
+            Ok(_) => {
+                self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if is_unknown_command(&e) => {
+                tracing::info!("Redis has no functions (before 7): using EVALSHA");
+                self.functions
+                    .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One decision's script call: `FCALL` of the function library when the server has it (it
+    /// is loaded on first use, and again after `FUNCTION FLUSH` or a failover to a server
+    /// without it), else `EVALSHA` (Redis 6).
+    async fn call(
+        &self,
+        connection: &Connection,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> redis::RedisResult<Vec<Value>> {
+        self.call_entry(connection, Entry::Decide, keys, args).await
+    }
+
+    /// [`Caller::call`] of either entry point: one decision (`main.lua`) or a batch (`batch.lua`).
+    async fn call_entry(
+        &self,
+        connection: &Connection,
+        entry: Entry,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> redis::RedisResult<Vec<Value>> {
+        let (function, script) = match entry {
+            Entry::Decide => (&self.library.decide, &self.script),
+            Entry::Batch => (&self.library.batch, &self.batch_script),
+        };
+        if self.functions.load(Ordering::Relaxed) != FUNCTIONS_UNSUPPORTED {
+            let fcall = || {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
+                cmd
+            };
+            match query(connection, &fcall()).await {
+                Err(e) if e.to_string().contains("Function not found") => {
+                    self.load_library(connection).await?;
+                    if self.functions.load(Ordering::Relaxed) == FUNCTIONS_LOADED {
+                        return query(connection, &fcall()).await;
+                    }
+                }
+                Err(e) if is_unknown_command(&e) => {
+                    tracing::info!("Redis has no FCALL (before 7): using EVALSHA");
+                    self.functions
+                        .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for a in args {
+            invocation.arg(a.as_slice());
+        }
+        match connection.clone() {
+            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        }
+    }
+}
+
+/// The Redis-backed limiter store.
+pub struct RedisStore {
+    connection: Arc<ArcSwapOption<Connection>>,
+    caller: Arc<Caller>,
+    /// Where decisions wait to leave in a batch, when batching is on ([`RedisStore::batched`]).
+    batcher: Option<tokio::sync::mpsc::UnboundedSender<batch::Pending>>,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
-    script: Script,
+    /// True on Redis Cluster, which is not batched.
+    cluster: bool,
     release: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
     test_clock: bool,
@@ -321,18 +437,32 @@ impl RedisStore {
         }
         Ok(RedisStore {
             connection,
-            library: FunctionLibrary::new(if test_clock { TEST_LIBRARY } else { LIBRARY }),
-            functions: std::sync::atomic::AtomicU8::new(FUNCTIONS_UNKNOWN),
-            sentinel,
-            script: Script::new(if test_clock {
-                TEST_SCRIPT_SOURCE
-            } else {
-                SCRIPT_SOURCE
+            caller: Arc::new(Caller {
+                library: FunctionLibrary::new(if test_clock { TEST_LIBRARY } else { LIBRARY }),
+                functions: std::sync::atomic::AtomicU8::new(FUNCTIONS_UNKNOWN),
+                script: Script::new(if test_clock {
+                    TEST_SCRIPT_SOURCE
+                } else {
+                    SCRIPT_SOURCE
+                }),
+                batch_script: Script::new(BATCH_SCRIPT_SOURCE),
             }),
+            batcher: None,
+            sentinel,
+            cluster: matches!(target, RedisTarget::Cluster(_)),
             release: Script::new(RELEASE_SOURCE),
             test_clock,
             prefix: prefix.to_string(),
         })
+    }
+
+    /// This store with batched decisions (`storage.batch`, see [`batch`]): decisions waiting
+    /// while one call is in flight leave together in the next. Redis Cluster is not batched.
+    pub fn batched(mut self) -> Self {
+        if !self.cluster && !self.test_clock {
+            self.batcher = Some(batch::start(self.connection.clone(), self.caller.clone()));
+        }
+        self
     }
 
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
@@ -411,18 +541,33 @@ impl RedisStore {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
         let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
-        // ARGV as main.lua reads it: the clock, the lease token, then four per limit.
         let number = |n: u64| n.to_string().into_bytes();
+        if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
+            // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
+            // then four per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * asks.len());
+            args.push(number(lease));
+            args.push(number(asks.len() as u64));
+            push_limits(&mut args, asks);
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let pending = batch::Pending {
+                keys,
+                args,
+                limits: asks.len(),
+                reply,
+            };
+            batcher.send(pending).map_err(|_| {
+                LimiterError::Unavailable("the batch driver has stopped".to_string())
+            })?;
+            return answer.await.map_err(|_| {
+                LimiterError::Unavailable("the batch driver has stopped".to_string())
+            })?;
+        }
+        // ARGV as main.lua reads it: the clock, the lease token, then four per limit.
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
-        for ask in asks {
-            let (a, b) = ask.limit.algorithm().parameters();
-            args.push(ask.limit.algorithm().name().as_bytes().to_vec());
-            args.push(number(a));
-            args.push(number(b));
-            args.push(number(u64::from(ask.limit.cost())));
-        }
+        push_limits(&mut args, asks);
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
             return Err(LimiterError::Unavailable(
@@ -430,30 +575,11 @@ impl RedisStore {
             ));
         };
         let reply = self
+            .caller
             .call(connection, &keys, &args)
             .await
             .map_err(classify)?;
         read_reply(&reply, asks.len())
-    }
-
-    /// `FUNCTION LOAD REPLACE`s the library; a server without functions (before Redis 7) sends
-    /// this store to `EVALSHA` for good.
-    async fn load_library(&self, connection: &Connection) -> redis::RedisResult<()> {
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&self.library.code);
-        match query::<String>(connection, &load).await {
-            Ok(_) => {
-                self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) if is_unknown_command(&e) => {
-                tracing::info!("Redis has no functions (before 7): using EVALSHA");
-                self.functions
-                    .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
     }
 
     /// Connects and loads the function library ahead of the first decision, which would
@@ -469,61 +595,21 @@ impl RedisStore {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
-        self.load_library(&connection).await.map_err(unavailable)?;
-        if self.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
-            match connection.as_ref().clone() {
-                Connection::Single(mut c) => self.script.load_async(&mut c).await,
-                Connection::Cluster(mut c) => self.script.load_async(&mut c).await,
-            }
+        let caller = &self.caller;
+        caller
+            .load_library(&connection)
+            .await
             .map_err(unavailable)?;
+        if caller.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
+            for script in [&caller.script, &caller.batch_script] {
+                match connection.as_ref().clone() {
+                    Connection::Single(mut c) => script.load_async(&mut c).await,
+                    Connection::Cluster(mut c) => script.load_async(&mut c).await,
+                }
+                .map_err(unavailable)?;
+            }
         }
         Ok(())
-    }
-
-    /// One decision's script call: `FCALL` of the function library when the server has it (it
-    /// is loaded on first use, and again after `FUNCTION FLUSH` or a failover to a server
-    /// without it), else `EVALSHA` (Redis 6).
-    async fn call(
-        &self,
-        connection: &Connection,
-        keys: &[String],
-        args: &[Vec<u8>],
-    ) -> redis::RedisResult<Vec<Value>> {
-        if self.functions.load(Ordering::Relaxed) != FUNCTIONS_UNSUPPORTED {
-            let fcall = || {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(&self.library.decide)
-                    .arg(keys.len())
-                    .arg(keys)
-                    .arg(args);
-                cmd
-            };
-            match query(connection, &fcall()).await {
-                Err(e) if e.to_string().contains("Function not found") => {
-                    self.load_library(connection).await?;
-                    if self.functions.load(Ordering::Relaxed) == FUNCTIONS_LOADED {
-                        return query(connection, &fcall()).await;
-                    }
-                }
-                Err(e) if is_unknown_command(&e) => {
-                    tracing::info!("Redis has no FCALL (before 7): using EVALSHA");
-                    self.functions
-                        .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
-                }
-                other => return other,
-            }
-        }
-        let mut invocation = self.script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        for a in args {
-            invocation.arg(a.as_slice());
-        }
-        match connection.clone() {
-            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        }
     }
 
     /// The Redis key of one ask.
@@ -575,6 +661,19 @@ impl RemoteStore for RedisStore {
 
     async fn prepare(&self) -> Result<(), LimiterError> {
         RedisStore::prepare(self).await
+    }
+}
+
+/// Appends each limit's four arguments (algorithm name, parameter a, parameter b, cost), as
+/// `decide.lua` reads them.
+fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>]) {
+    let number = |n: u64| n.to_string().into_bytes();
+    for ask in asks {
+        let (a, b) = ask.limit.algorithm().parameters();
+        args.push(ask.limit.algorithm().name().as_bytes().to_vec());
+        args.push(number(a));
+        args.push(number(b));
+        args.push(number(u64::from(ask.limit.cost())));
     }
 }
 
