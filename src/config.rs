@@ -5,7 +5,7 @@
 //! Closed choices (`storage.backend`, `on_error`, `algorithm`, `per`, ...) are serde enums, so
 //! the parser itself names the allowed values. Limits are built through the limiter's checked
 //! constructors; this module only attaches the field path to their errors. Environment
-//! overrides (`FLOODGATE_REDIS_URL`) and the variables `${NAME}` in the file may name ([`env`])
+//! overrides (`FLOODGATE_REDIS_URL`) and the variables `${NAME}` in the file may name (see `config/env.rs`)
 //! are read by the binary and passed in as [`Overrides`].
 
 pub mod env;

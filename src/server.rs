@@ -1,6 +1,6 @@
 //! The listeners: accepting connections, TLS termination (rustls; ALPN picks h2 or HTTP/1.1),
 //! serving HTTP/1.1 and HTTP/2 (cleartext h2 by prior knowledge) with upgrades, the slowloris
-//! guard, closing abusive and idle HTTP/2 connections ([`watch`]), and graceful shutdown. The
+//! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown. The
 //! admin listener is always plain HTTP.
 
 mod watch;

@@ -1,8 +1,11 @@
-//! The Redis store: one `EVALSHA` per decision, covering all the limits asked about a request,
-//! with time from Redis `TIME`, so any number of floodgate instances share one budget exactly.
+//! The Redis store: one script call per decision (`FCALL` of a function library on Redis 7,
+//! `EVALSHA` before), covering all the limits asked about a request, with time from Redis `TIME`,
+//! so any number of floodgate instances share one budget exactly; under load, many decisions per
+//! call (`redis/batch.rs`).
 //!
-//! The script is `lua/prelude.lua`, one file per algorithm, `lua/clock_redis.lua` and
-//! `lua/main.lua`, joined at compile time. [`redis::Script`] computes its SHA1 once, sends
+//! The script is `lua/prelude.lua`, one file per algorithm, `lua/clock_redis.lua`,
+//! `lua/decide.lua` and an entry point (`lua/main.lua`, or `lua/batch.lua` for a batch), joined
+//! at compile time. [`redis::Script`] computes its SHA1 once, sends
 //! `EVALSHA`, and on `NOSCRIPT` (a Redis restart, `SCRIPT FLUSH`, a failover) loads the script and
 //! retries, transparently. The differential tests use the same files with `lua/clock_test.lua`
 //! in place of the Redis clock ([`RedisStore::connect_for_test`]); the production script cannot
@@ -456,7 +459,7 @@ impl RedisStore {
         })
     }
 
-    /// This store with batched decisions (`storage.batch`, see [`batch`]): decisions waiting
+    /// This store with batched decisions (`storage.batch`, see `redis/batch.rs`): decisions waiting
     /// while one call is in flight leave together in the next. Redis Cluster is not batched.
     pub fn batched(mut self) -> Self {
         if !self.cluster && !self.test_clock {
