@@ -569,14 +569,7 @@ async fn with_a_stream_cap_an_http2_connection_opening_streams_too_fast_is_answe
     assert!(upstream.count() < 3000);
     // Every refusal is counted: at least the 429s the client saw, at most those plus streams
     // whose answer never reached it.
-    let metrics = common::get(&common::client(), &fg.admin_url("/metrics"), &[])
-        .await
-        .body;
-    let counted: usize = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("floodgate_http2_streams_refused_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no counter in {metrics}"));
+    let counted = common::metric(&fg, "floodgate_http2_streams_refused_total").await as usize;
     assert!(
         (refused..=refused + lost).contains(&counted),
         "counted {counted}, statuses {statuses:?}"

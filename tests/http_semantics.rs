@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Floodgate, RawUpstream, Upstream, client, get, h2c_client, raw_exchange};
+use common::{Floodgate, RawUpstream, Upstream, get, h2c_client, metric, raw_exchange};
 use tokio::net::TcpStream;
 
 /// One route, `/` → `upstream_url`, with extra route YAML and extra top-level YAML.
@@ -32,16 +32,6 @@ fn nghttp2_tool(name: &str) -> Command {
         "{name} is missing: install Debian's nghttp2-client (scripts/test.sh does)"
     );
     Command::new(name)
-}
-
-/// A counter's value on floodgate's `/metrics` (the whole series name, labels included).
-async fn metric(fg: &Floodgate, series: &str) -> u64 {
-    let body = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,12 +75,7 @@ async fn redis_and_its_deny_cache_answer_429_with_a_unix_reset() {
     for reply in &replies[1..] {
         assert_reset_is_unix_time(reply, "deny cache");
     }
-    let metrics = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
-    let hits: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("floodgate_deny_cache_hits_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no deny-cache counter in\n{metrics}"));
+    let hits = common::metric(&fg, "floodgate_deny_cache_hits_total").await;
     assert!(
         hits >= 3,
         "the later denials came from the deny cache: {hits}"

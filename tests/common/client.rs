@@ -89,6 +89,17 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
     Reply::read(request.send().await.expect("send request")).await
 }
 
+/// A series' value on floodgate's admin `/metrics` (the whole series name, labels included, as
+/// the text format writes it); panics if it is missing.
+pub async fn metric(fg: &Floodgate, series: &str) -> u64 {
+    let body = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+}
+
 /// Sends raw bytes over a fresh TCP connection and reads until the server closes it.
 pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
