@@ -240,10 +240,11 @@ async fn rapid_reset_paced_under_hypers_threshold_closes_its_connection() {
         "http2_max_resets_per_second: 50\n",
     ));
     // 16 streams at a time (hyper counts streams reset before it accepts them, up to 64; these
-    // are accepted first), each reset 30 ms later while floodgate waits on the slow upstream.
+    // are accepted first: 60 ms is ample even for a debug build on a loaded machine), each reset
+    // while floodgate waits on the slow upstream.
     // 60 batches would put 960 requests on the upstream; the budget is 50/s with a burst of 100.
     let started = Instant::now();
-    let (opened, connection) = rapid_reset(&fg, "/slow", 60, 16, Duration::from_millis(30)).await;
+    let (opened, connection) = rapid_reset(&fg, "/slow", 60, 16, Duration::from_millis(60)).await;
     let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
     assert!(
         closed.is_ok(),
@@ -285,12 +286,12 @@ async fn unpaced_rapid_reset_is_cut_off_before_it_reaches_the_upstream_at_will()
     // Whichever defence closed it (hyper's for streams reset before acceptance, floodgate's for
     // the rest: a burst of 200), the upstream saw at most the burst and the streams in flight
     // (256 per connection).
+    // (Whether the client got all 5,000 out before the GOAWAY reached it is a race: not asserted.)
     assert!(
         upstream.count() <= 200 + 256,
-        "{} reached the upstream",
+        "{} of {opened} reached the upstream",
         upstream.count()
     );
-    assert!(opened < 5_000, "the attack ran to its end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
