@@ -17,6 +17,11 @@
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   fg_redis_allow_unbatched  fg_redis_allow with storage.batch: false (one script call per decision)
+#   fg_redis_relay_allow, fg_redis_relay_allow_unbatched  the same two with Redis behind a delaying
+#                     relay (examples/delay_relay.rs: every chunk forwarded RELAY_DELAY_US later, both
+#                     ways; default 250, so 0.5 ms of round trip, as between hosts). The relay's CPU
+#                     is not charged to the target: it stands for the network.
 #   fg_memory_flood_deny, fg_redis_flood_deny  the 429 path under a flood from ever-new identities
 #                     (bench/keys_unique.lua: a key never sent before on every request, so the
 #                     deny cache is always cold): a per-identity bucket that would allow, and a
@@ -84,6 +89,9 @@ if [ "$BUILD" = 1 ]; then
     log "cargo build --release (no-op when fresh)"
     if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
         (cd "$ROOT" && cargo build --release --example stack_floor) || die "cannot build examples/stack_floor.rs"
+    fi
+    if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
+        (cd "$ROOT" && cargo build --release --example delay_relay) || die "cannot build examples/delay_relay.rs"
     fi
     if ! (cd "$ROOT" && cargo build --release --bin floodgate); then
         [ -x "$FLOODGATE" ] || die "build failed and there is no $FLOODGATE"
@@ -347,6 +355,20 @@ REDIS_STORAGE="  backend: redis
   url: redis://127.0.0.1:$REDIS_PORT
   timeout: 50ms
   on_error: deny"
+RELAY_PID=-
+if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
+    RELAY="${RELAY:-$ROOT/target/release/examples/delay_relay}"
+    [ -x "$RELAY" ] || die "no relay at $RELAY (cargo build --release --example delay_relay)"
+    "$RELAY" 127.0.0.1:0 "127.0.0.1:$REDIS_PORT" "${RELAY_DELAY_US:-250}" >"$WORK/relay.log" 2>&1 &
+    RELAY_PID=$!
+    PIDS+=("$RELAY_PID")
+    for _ in $(seq 50); do grep -q 'relay listening' "$WORK/relay.log" && break; sleep 0.1; done
+    RELAY_ADDR="$(sed -n 's/^relay listening on //p' "$WORK/relay.log")"
+    [ -n "$RELAY_ADDR" ] || die "the delaying relay did not start"
+fi
+relay_storage() { # extra-yaml
+    printf '  backend: redis\n  url: redis://%s\n  timeout: 50ms\n  on_error: deny\n%s' "$RELAY_ADDR" "$1"
+}
 start_floodgate fg_memory_allow "  backend: memory" 1000000000 1000000
 FG_MEMORY_URL=$FG_URL FG_MEMORY_PID=$FG_PID
 # The wrk keys (bench-key-0001..) as known consumers, and two more limits of other scopes.
@@ -367,6 +389,17 @@ start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
 FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
 FG_REDIS_DENY_URL=$FG_URL FG_REDIS_DENY_PID=$FG_PID
+if [[ " ${TARGETS[*]} " == *" fg_redis_allow_unbatched "* ]]; then
+    start_floodgate fg_redis_allow_unbatched "$REDIS_STORAGE
+  batch: false" 1000000000 1000000
+    FG_REDIS_UNBATCHED_URL=$FG_URL FG_REDIS_UNBATCHED_PID=$FG_PID
+fi
+if [ "$RELAY_PID" != - ]; then
+    start_floodgate fg_redis_relay_allow "$(relay_storage "")" 1000000000 1000000
+    FG_RELAY_URL=$FG_URL FG_RELAY_PID=$FG_PID
+    start_floodgate fg_redis_relay_allow_unbatched "$(relay_storage "  batch: false")" 1000000000 1000000
+    FG_RELAY_UNBATCHED_URL=$FG_URL FG_RELAY_UNBATCHED_PID=$FG_PID
+fi
 FLOOD_LIMIT="      - {algorithm: fixed_window, limit: 1, window: 1h, per: route}"
 if [[ " ${TARGETS[*]} " == *" fg_memory_flood_deny "* ]]; then
     start_floodgate fg_memory_flood_deny "  backend: memory" 1000000000 1000000 "" "$FLOOD_LIMIT"
@@ -409,6 +442,9 @@ pids_of() {
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_relay_allow) echo "$FG_RELAY_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_PID $UPSTREAM_PID -" ;;
         fg_redis_flood_deny) echo "$FG_REDIS_FLOOD_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_postgres_allow) echo "$FG_PG_ALLOW_PID $UPSTREAM_PID $PG_PID" ;;
@@ -439,6 +475,9 @@ url_of() {
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
+        fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_URL/" ;;
+        fg_redis_relay_allow) echo "$FG_RELAY_URL/" ;;
+        fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_URL/" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_URL/" ;;
         fg_redis_flood_deny) echo "$FG_REDIS_FLOOD_URL/" ;;
         fg_postgres_allow) echo "$FG_PG_ALLOW_URL/" ;;
