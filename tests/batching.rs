@@ -157,3 +157,47 @@ async fn an_error_in_one_decision_of_a_batch_fails_that_decision_alone() {
     let stored: Option<String> = redis.cmd(&["GET", "fgbatch:good"]);
     assert!(stored.is_some(), "the good decision was spent");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_batches_go_per_hash_tag_and_spend_exactly() {
+    let cluster = common::RedisCluster::start(3);
+    let store = RedisStore::connect(
+        &RedisTarget::Cluster(cluster.urls()),
+        "fgbatch:",
+        Duration::from_secs(2),
+    )
+    .expect("store")
+    .batched();
+    store.prepare().await.expect("connected");
+    let store = Arc::new(store);
+    let calls = || -> u64 { cluster.masters().iter().map(|m| m.decisions()).sum() };
+    let before = calls();
+    // 300 decisions at once on one hot bucket of 100 and, beside them, 8 decisions on each of 25
+    // other clients' buckets of 5 (their keys spread over the masters' slots).
+    static CLIENTS: [&[u8]; 25] = [
+        b"c00", b"c01", b"c02", b"c03", b"c04", b"c05", b"c06", b"c07", b"c08", b"c09", b"c10",
+        b"c11", b"c12", b"c13", b"c14", b"c15", b"c16", b"c17", b"c18", b"c19", b"c20", b"c21",
+        b"c22", b"c23", b"c24",
+    ];
+    let others: Vec<_> = CLIENTS
+        .iter()
+        .map(|client| {
+            let store = store.clone();
+            tokio::spawn(async move { decide_at_once(&store, 8, 5, client).await })
+        })
+        .collect();
+    let hot = decide_at_once(&store, 300, 100, b"hot").await;
+    let mut small = Vec::new();
+    for task in others {
+        small.push(task.await.expect("task"));
+    }
+    let others = small;
+    assert_eq!(hot, 100, "exactly the hot bucket's capacity");
+    assert!(
+        others.iter().all(|&n| n == 5),
+        "each small bucket exactly: {others:?}"
+    );
+    let made = calls() - before;
+    eprintln!("{made} script calls for 500 concurrent decisions on a cluster");
+    assert!(made < 500, "{made} calls for 500 decisions");
+}

@@ -345,8 +345,6 @@ pub struct RedisStore {
     batcher: Option<tokio::sync::mpsc::UnboundedSender<batch::Pending>>,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
-    /// True on Redis Cluster, which is not batched.
-    cluster: bool,
     release: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
     test_clock: bool,
@@ -452,7 +450,6 @@ impl RedisStore {
             }),
             batcher: None,
             sentinel,
-            cluster: matches!(target, RedisTarget::Cluster(_)),
             release: Script::new(RELEASE_SOURCE),
             test_clock,
             prefix: prefix.to_string(),
@@ -460,9 +457,10 @@ impl RedisStore {
     }
 
     /// This store with batched decisions (`storage.batch`, see `redis/batch.rs`): decisions waiting
-    /// while one call is in flight leave together in the next. Redis Cluster is not batched.
+    /// while one call is in flight leave together in the next (on Redis Cluster, one call per
+    /// hash tag).
     pub fn batched(mut self) -> Self {
-        if !self.cluster && !self.test_clock {
+        if !self.test_clock {
             self.batcher = Some(batch::start(self.connection.clone(), self.caller.clone()));
         }
         self

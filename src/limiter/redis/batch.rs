@@ -13,8 +13,10 @@
 //! batch's answers go to nobody. An error about one decision's keys fails that decision alone
 //! (`batch.lua` runs each under `pcall`); an error about the call fails every decision in it.
 //!
-//! Redis Cluster is not batched yet: its decisions go one call each, to whichever node holds
-//! their slot.
+//! On Redis Cluster a script's keys must share one slot, so a round's decisions are grouped by
+//! their keys' hash tag (a decision's keys share one, see `wire::key_name`) and each group is one
+//! call to the node that holds it; the groups of a round are sent at once, and the next round
+//! leaves when they have all returned.
 
 use std::sync::Arc;
 
@@ -64,26 +66,69 @@ async fn drive(
         if batch.is_empty() {
             continue;
         }
-        let answers = match connection.load_full() {
-            None => Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            )),
-            Some(connection) => call(&caller, &connection, &batch).await,
+        let Some(connection) = connection.load_full() else {
+            answer(
+                std::mem::take(&mut batch),
+                Err(LimiterError::Unavailable(
+                    "not connected to Redis yet".to_string(),
+                )),
+            );
+            continue;
         };
-        match answers {
-            Ok(answers) => {
-                for (pending, answer) in batch.drain(..).zip(answers) {
-                    let _ = pending.reply.send(answer);
-                }
+        if matches!(*connection, Connection::Single(_)) {
+            let group = std::mem::take(&mut batch);
+            let answers = call(&caller, &connection, &group).await;
+            answer(group, answers);
+            continue;
+        }
+        // Redis Cluster: one call per hash tag, all at once.
+        let mut groups: Vec<(String, Vec<Pending>)> = Vec::new();
+        for pending in batch.drain(..) {
+            let tag = hash_tag(pending.keys.first().map_or("", String::as_str)).to_string();
+            match groups.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, group)) => group.push(pending),
+                None => groups.push((tag, vec![pending])),
             }
-            Err(e) => {
-                let message = e.to_string();
-                for pending in batch.drain(..) {
-                    let _ = pending.reply.send(Err(same_kind(&e, message.clone())));
-                }
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (_, group) in groups {
+            let (caller, connection) = (caller.clone(), connection.clone());
+            calls.spawn(async move {
+                let answers = call(&caller, &connection, &group).await;
+                answer(group, answers);
+            });
+        }
+        while calls.join_next().await.is_some() {}
+    }
+}
+
+/// Sends each decision of `group` its answer: its own, or the call's error.
+fn answer(group: Vec<Pending>, answers: Result<Vec<Result<Reply, LimiterError>>, LimiterError>) {
+    match answers {
+        Ok(answers) => {
+            for (pending, answer) in group.into_iter().zip(answers) {
+                let _ = pending.reply.send(answer);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for pending in group {
+                let _ = pending.reply.send(Err(same_kind(&e, message.clone())));
             }
         }
     }
+}
+
+/// What Redis Cluster hashes a key by: the text between its first `{` and the next `}` when
+/// that is not empty, else the whole key. Keys with the same tag share a slot.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
 }
 
 /// An error of `e`'s kind with `message`, for each decision of a failed call.
@@ -168,6 +213,19 @@ mod tests {
         assert!(answers[0].as_ref().unwrap().verdict.allowed);
         assert!(matches!(&answers[1], Err(LimiterError::Refused(m)) if m.contains("WRONGTYPE")));
         assert!(!answers[2].as_ref().unwrap().verdict.allowed);
+    }
+
+    #[test]
+    fn the_hash_tag_is_what_redis_cluster_hashes() {
+        assert_eq!(hash_tag("fg:r#0:api_key:{abc}:token_bucket"), "abc");
+        assert_eq!(hash_tag("{a}{b}"), "a");
+        assert_eq!(
+            hash_tag("x{}{b}"),
+            "x{}{b}",
+            "an empty first tag: the whole key"
+        );
+        assert_eq!(hash_tag("no-tag"), "no-tag");
+        assert_eq!(hash_tag("open{only"), "open{only");
     }
 
     #[test]
