@@ -17,6 +17,10 @@
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   openresty_limit   the design Kong and APISIX ship: nginx + lua-nginx-module (Debian's
+#                     libnginx-mod-http-lua), an access_by_lua_block sending one EVALSHA of seed 000's
+#                     token bucket (bench/token_bucket_seed000.lua) per request over a cosocket
+#                     keep-alive pool, then proxy_pass as nginx_proxy (if asked for in TARGETS)
 #   fg_redis_allow_unbatched  fg_redis_allow with storage.batch: false (one script call per decision)
 #   fg_redis_relay_allow, fg_redis_relay_allow_unbatched  the same two with Redis behind a delaying
 #                     relay (examples/delay_relay.rs: every chunk forwarded RELAY_DELAY_US later, both
@@ -366,6 +370,69 @@ if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
     RELAY_ADDR="$(sed -n 's/^relay listening on //p' "$WORK/relay.log")"
     [ -n "$RELAY_ADDR" ] || die "the delaying relay did not start"
 fi
+# --- the OpenResty design: nginx + lua-nginx-module, one EVALSHA per request --------------------
+if [[ " ${TARGETS[*]} " == *" openresty_limit "* ]]; then
+    if [ ! -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then
+        log "installing: libnginx-mod-http-lua"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnginx-mod-http-lua lua-resty-core >/dev/null
+    fi
+    SEED_SHA="$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$ROOT/bench/token_bucket_seed000.lua")")"
+    OPENRESTY_PORT="$(free_port)"
+    start_nginx openresty_limit <<EOF
+daemon off;
+master_process on;
+worker_processes auto;
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+pid $WORK/openresty_limit/nginx.pid;
+error_log $WORK/openresty_limit/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    $(nginx_temp_paths "$WORK/openresty_limit")
+    lua_package_path "/usr/share/lua/5.1/?.lua;;";
+    keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    upstream backend {
+        server 127.0.0.1:$UPSTREAM_PORT;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$OPENRESTY_PORT;
+        location / {
+            access_by_lua_block {
+                local sock = ngx.socket.tcp()
+                sock:settimeout(50)
+                if not sock:connect("127.0.0.1", $REDIS_PORT) then return ngx.exit(503) end
+                local key = "rl:" .. (ngx.var.http_x_api_key or ngx.var.remote_addr)
+                local args = { "EVALSHA", "$SEED_SHA", "1", key, "1000000000", "1000000",
+                               string.format("%.6f", ngx.now()), "1" }
+                local out = { "*" .. #args .. "\r\n" }
+                for _, a in ipairs(args) do
+                    out[#out + 1] = "\$" .. #a .. "\r\n" .. a .. "\r\n"
+                end
+                sock:send(out)
+                local head = sock:receive("*l")
+                local allowed = sock:receive("*l")
+                sock:receive("*l")
+                sock:receive("*l")
+                sock:setkeepalive(10000, 64)
+                if head ~= "*3" then return ngx.exit(503) end
+                if allowed ~= ":1" then return ngx.exit(429) end
+            }
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    OPENRESTY_PID=$NGINX_PID
+    OPENRESTY_URL="http://127.0.0.1:$OPENRESTY_PORT"
+    wait_http "$OPENRESTY_URL/"
+fi
+
 relay_storage() { # extra-yaml
     printf '  backend: redis\n  url: redis://%s\n  timeout: 50ms\n  on_error: deny\n%s' "$RELAY_ADDR" "$1"
 }
@@ -443,6 +510,7 @@ pids_of() {
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
+        openresty_limit) echo "$OPENRESTY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_PID $UPSTREAM_PID -" ;;
@@ -476,6 +544,7 @@ url_of() {
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_URL/" ;;
+        openresty_limit) echo "$OPENRESTY_URL/" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_URL/" ;;
         fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_URL/" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_URL/" ;;
