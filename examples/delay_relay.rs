@@ -44,7 +44,11 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         while let Ok(n) = from.read(&mut buf) {
-            if n == 0 || chunks.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            if n == 0
+                || chunks
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
                 break;
             }
         }
