@@ -16,6 +16,7 @@
 
 pub mod algorithm;
 pub mod guard;
+pub mod lease;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
@@ -745,6 +746,15 @@ impl Limiter {
     }
 
     /// The guard's counters, when there is a remote store.
+    /// The store's name for metric labels: `memory`, `redis` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Limiter::Memory(_) => "memory",
+            Limiter::Redis(_) => "redis",
+            Limiter::Postgres(_) => "postgres",
+        }
+    }
+
     pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
         by_store!(self, _store => None, guarded => Some(guarded.stats()))
     }

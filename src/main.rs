@@ -221,11 +221,11 @@ fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter
     if config.storage.batch {
         store = store.batched();
     }
-    Ok(Limiter::Redis(Arc::new(Guarded::new(
-        store,
-        config.storage.timeout,
-        Arc::new(local_store(config)),
-    ))))
+    let mut guarded = Guarded::new(store, config.storage.timeout, Arc::new(local_store(config)));
+    if let Some(ttl) = config.storage.lease_ttl {
+        guarded = guarded.with_leases(ttl);
+    }
+    Ok(Limiter::Redis(Arc::new(guarded)))
 }
 
 /// The in-process store: the whole store on `memory`, the `local` fallback otherwise.

@@ -263,13 +263,28 @@ impl Metrics {
     pub fn with_limiter(limiter: &Limiter) -> Self {
         let mut metrics = Metrics::new();
         if let Some(stats) = limiter.guard_stats() {
-            metrics.register_guard(stats);
+            metrics.register_guard(stats, limiter.backend_name());
         }
         metrics
     }
 
-    fn register_guard(&mut self, stats: &GuardStats) {
+    fn register_guard(&mut self, stats: &GuardStats, backend: &'static str) {
+        self.registry
+            .sub_registry_with_label((
+                std::borrow::Cow::Borrowed("backend"),
+                std::borrow::Cow::Borrowed(backend),
+            ))
+            .register(
+                "store_calls",
+                "Round trips to the limiter store (a batch of decisions is one)",
+                stats.store_calls.clone(),
+            );
         let r = &mut self.registry;
+        r.register(
+            "lease_units",
+            "Units of shared budgets leased to this instance, in requests' worth, by outcome (granted, spent, returned, lapsed)",
+            stats.leases.family.clone(),
+        );
         r.register(
             "store_errors",
             "Limiter store failures (errors and timeouts)",

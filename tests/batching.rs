@@ -131,12 +131,14 @@ async fn an_error_in_one_decision_of_a_batch_fails_that_decision_alone() {
         .arg(1)
         .arg(1)
         .arg(1)
+        .arg(0)
         .arg(2)
         .arg(1)
         .arg("token_bucket")
         .arg(10)
         .arg(100_000)
         .arg(1)
+        .arg(0)
         .query(&mut redis.connection().expect("connect"))
         .expect("the batch call itself succeeds");
     assert_eq!(reply.len(), 3, "{reply:?}");

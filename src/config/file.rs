@@ -142,6 +142,12 @@ pub struct StorageFile {
     /// Redis: batch the decisions waiting for one server into one call (default true).
     #[serde(default)]
     pub batch: Option<bool>,
+    /// Redis: `auto` (default) leases budgets this instance spends fast; `disabled`.
+    #[serde(default)]
+    pub leases: Option<Choice<super::storage::LeaseMode>>,
+    /// How long a lease lasts at most (default 250ms).
+    #[serde(default)]
+    pub lease_ttl: Option<String>,
 }
 
 /// `identity:` — whose budget a request spends.

@@ -17,6 +17,17 @@ pub struct StorageConfig {
     pub max_keys: usize,
     /// Redis: decisions waiting while a call is in flight leave together in the next one.
     pub batch: bool,
+    /// Redis: lease budgets this instance spends fast (`None`: `leases: disabled`), for at most
+    /// this long.
+    pub lease_ttl: Option<Duration>,
+}
+
+/// `storage.leases`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseMode {
+    Auto,
+    Disabled,
 }
 
 /// The limiter store.
@@ -153,6 +164,16 @@ impl Validator {
             key_prefix: s.key_prefix.unwrap_or_else(|| "fg:".to_string()),
             max_keys,
             batch: s.batch.unwrap_or(true),
+            lease_ttl: {
+                // (`duration` refuses 0.)
+                let ttl = self.duration(
+                    "storage.lease_ttl",
+                    s.lease_ttl.as_deref(),
+                    Duration::from_millis(250),
+                );
+                (self.choice("storage.leases", s.leases, LeaseMode::Auto) == LeaseMode::Auto)
+                    .then_some(ttl)
+            },
         })
     }
 }

@@ -987,3 +987,34 @@ fn redirects_are_rewritten_unless_a_route_says_not_to() {
     let config = valid(&with_route_field("rewrite_redirects", "false"));
     assert!(!config.routes[0].rewrite_redirects);
 }
+
+#[test]
+fn leases_are_on_by_default_and_can_be_turned_off_or_shortened() {
+    let redis = "storage:\n  backend: redis\n  url: redis://127.0.0.1:6379\n";
+    let config = valid(&with_top(redis));
+    assert_eq!(
+        config.storage.lease_ttl,
+        Some(std::time::Duration::from_millis(250))
+    );
+    assert!(config.storage.batch);
+    let config = valid(&with_top(&format!(
+        "{redis}  leases: disabled\n  batch: false\n"
+    )));
+    assert_eq!(config.storage.lease_ttl, None);
+    assert!(!config.storage.batch);
+    let config = valid(&with_top(&format!("{redis}  lease_ttl: 100ms\n")));
+    assert_eq!(
+        config.storage.lease_ttl,
+        Some(std::time::Duration::from_millis(100))
+    );
+    rejects(
+        &with_top(&format!("{redis}  leases: sometimes\n")),
+        "storage.leases",
+        "",
+    );
+    rejects(
+        &with_top(&format!("{redis}  lease_ttl: 0s\n")),
+        "storage.lease_ttl",
+        "longer than 0",
+    );
+}

@@ -50,6 +50,18 @@ pub trait RemoteStore: Send + Sync + 'static {
         asks: &[Ask<'_>],
         lease: LeaseId,
     ) -> impl Future<Output = Result<Reply, LimiterError>> + Send;
+    /// [`RemoteStore::decide`], also leasing, per ask, up to `wants[i]` more requests' worth of
+    /// units for this instance to spend itself (`Reply::leased`). A store that cannot lease
+    /// decides as `decide` does and leases nothing.
+    fn decide_leasing(
+        &self,
+        asks: &[Ask<'_>],
+        lease: LeaseId,
+        wants: &[u32],
+    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
+        let _ = wants;
+        self.decide(asks, lease)
+    }
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
     fn release(
         &self,
@@ -71,6 +83,12 @@ pub trait RemoteStore: Send + Sync + 'static {
     fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
         self.ping()
     }
+    /// Counts its round trips in `counter` itself (a store that batches); false when it does
+    /// not, and the guard counts one per decision.
+    fn count_calls(&self, counter: Counter) -> bool {
+        let _ = counter;
+        false
+    }
 }
 
 /// Counters of what the guard did. They are Prometheus counters (shared handles): the binary
@@ -85,6 +103,10 @@ pub struct GuardStats {
     pub deny_cache_hits: Counter,
     /// Times the breaker opened.
     pub breaker_opened: Counter,
+    /// Round trips to the store (a batch of decisions is one).
+    pub store_calls: Counter,
+    /// Leased units, by what became of them.
+    pub leases: super::lease::LeaseStats,
 }
 
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
@@ -98,6 +120,10 @@ pub struct Guarded<S, C = MonotonicClock> {
     deny_cache: DenyCache,
     local: Arc<MemoryStore>,
     stats: GuardStats,
+    /// This instance's leases of shared budgets (`storage.leases`), if on.
+    leases: Option<super::lease::Leases>,
+    /// True when the store does not count its own round trips.
+    count_calls: bool,
     /// When a store failure was last logged (µs on `clock`), 0 for never.
     last_warning: AtomicU64,
 }
@@ -112,6 +138,8 @@ impl<S: RemoteStore> Guarded<S> {
 impl<S: RemoteStore, C: Clock> Guarded<S, C> {
     /// [`Guarded::new`] on the given clock: for tests.
     pub fn with_clock(store: S, timeout: Duration, local: Arc<MemoryStore>, clock: C) -> Self {
+        let stats = GuardStats::default();
+        let count_calls = !store.count_calls(stats.store_calls.clone());
         Guarded {
             store,
             timeout,
@@ -119,9 +147,19 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             breaker: Breaker::default(),
             deny_cache: DenyCache::new(),
             local,
-            stats: GuardStats::default(),
+            stats,
+            leases: None,
+            count_calls,
             last_warning: AtomicU64::new(0),
         }
+    }
+
+    /// This guard with leases of `ttl` (`storage.leases: auto`): budgets this instance spends
+    /// fast are leased and spent here (see `lease.rs`).
+    pub fn with_leases(mut self, ttl: Duration) -> Self {
+        let ttl_us = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
+        self.leases = Some(super::lease::Leases::new(ttl_us, self.stats.leases.clone()));
+        self
     }
 
     /// The counters.
@@ -155,6 +193,13 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             return Ok(Admission::Unlimited);
         }
         let now = self.clock.now_us();
+        if let Some(verdict) = self.leases.as_ref().and_then(|l| l.spend(asks, now)) {
+            return Ok(Admission::Limited {
+                verdict,
+                source: Source::Store,
+                lease,
+            });
+        }
         if let Some(verdict) = self.deny_cache.get(asks, now) {
             self.stats.deny_cache_hits.inc();
             return Ok(Admission::Limited {
@@ -172,12 +217,29 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 LimiterError::Unavailable("circuit breaker open".into()),
             );
         }
-        let error = match tokio::time::timeout(self.timeout, self.store.decide(asks, lease)).await {
-            Ok(Ok(Reply { verdict, decisions })) => {
+        let wants = match &self.leases {
+            Some(leases) => leases.wants(asks, now),
+            None => Vec::new(),
+        };
+        if self.count_calls {
+            self.stats.store_calls.inc();
+        }
+        let decided = self.store.decide_leasing(asks, lease, &wants);
+        let error = match tokio::time::timeout(self.timeout, decided).await {
+            Ok(Ok(reply)) => {
                 self.breaker.success();
+                let verdict = reply.verdict;
                 if !verdict.allowed {
-                    self.deny_cache
-                        .insert(asks, &decisions, self.clock.now_us(), verdict.now_us);
+                    self.deny_cache.insert(
+                        asks,
+                        &reply.decisions,
+                        self.clock.now_us(),
+                        verdict.now_us,
+                    );
+                } else if let Some(leases) = &self.leases
+                    && !reply.leased.is_empty()
+                {
+                    leases.grant(asks, &reply, self.clock.now_us());
                 }
                 return Ok(Admission::Limited {
                     verdict,
@@ -542,6 +604,7 @@ mod tests {
                     Ok(Reply {
                         verdict,
                         decisions: decisions[..asks.len()].to_vec(),
+                        leased: Vec::new(),
                     })
                 }
             }

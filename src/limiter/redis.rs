@@ -255,6 +255,8 @@ struct Caller {
     functions: std::sync::atomic::AtomicU8,
     script: Script,
     batch_script: Script,
+    /// Round trips (`floodgate_store_calls_total`), once the guard hands its counter over.
+    calls: std::sync::OnceLock<prometheus_client::metrics::counter::Counter>,
 }
 
 impl Caller {
@@ -298,6 +300,9 @@ impl Caller {
         keys: &[String],
         args: &[Vec<u8>],
     ) -> redis::RedisResult<Vec<Value>> {
+        if let Some(calls) = self.calls.get() {
+            calls.inc();
+        }
         let (function, script) = match entry {
             Entry::Decide => (&self.library.decide, &self.script),
             Entry::Batch => (&self.library.batch, &self.batch_script),
@@ -447,6 +452,7 @@ impl RedisStore {
                     SCRIPT_SOURCE
                 }),
                 batch_script: Script::new(BATCH_SCRIPT_SOURCE),
+                calls: std::sync::OnceLock::new(),
             }),
             batcher: None,
             sentinel,
@@ -519,7 +525,7 @@ impl RedisStore {
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, None, None).await?.decisions)
+        Ok(self.invoke(asks, None, None, &[]).await?.decisions)
     }
 
     async fn run(
@@ -528,15 +534,17 @@ impl RedisStore {
         now: Option<u64>,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, now, Some(lease)).await?.verdict)
+        Ok(self.invoke(asks, now, Some(lease), &[]).await?.verdict)
     }
 
-    /// One script call; `lease: None` peeks.
+    /// One script call; `lease: None` peeks. `wants`: per ask, the requests' worth of units to
+    /// lease beyond this request (see `lease.rs`); may be empty.
     async fn invoke(
         &self,
         asks: &[Ask<'_>],
         now: Option<u64>,
         lease: Option<LeaseId>,
+        wants: &[u32],
     ) -> Result<Reply, LimiterError> {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
@@ -545,11 +553,11 @@ impl RedisStore {
         let number = |n: u64| n.to_string().into_bytes();
         if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
-            // then four per limit.
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * asks.len());
+            // then five per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * asks.len());
             args.push(number(lease));
             args.push(number(asks.len() as u64));
-            push_limits(&mut args, asks);
+            push_limits(&mut args, asks, wants);
             let (reply, answer) = tokio::sync::oneshot::channel();
             let pending = batch::Pending {
                 keys,
@@ -564,11 +572,11 @@ impl RedisStore {
                 LimiterError::Unavailable("the batch driver has stopped".to_string())
             })?;
         }
-        // ARGV as main.lua reads it: the clock, the lease token, then four per limit.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * asks.len());
+        // ARGV as main.lua reads it: the clock, the lease token, then five per limit.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
-        push_limits(&mut args, asks);
+        push_limits(&mut args, asks, wants);
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
             return Err(LimiterError::Unavailable(
@@ -639,7 +647,16 @@ impl RedisStore {
 
 impl RemoteStore for RedisStore {
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease)).await
+        self.invoke(asks, None, Some(lease), &[]).await
+    }
+
+    async fn decide_leasing(
+        &self,
+        asks: &[Ask<'_>],
+        lease: LeaseId,
+        wants: &[u32],
+    ) -> Result<Reply, LimiterError> {
+        self.invoke(asks, None, Some(lease), wants).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
@@ -663,29 +680,48 @@ impl RemoteStore for RedisStore {
     async fn prepare(&self) -> Result<(), LimiterError> {
         RedisStore::prepare(self).await
     }
+
+    fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
+        let _ = self.caller.calls.set(counter);
+        true
+    }
 }
 
-/// Appends each limit's four arguments (algorithm name, parameter a, parameter b, cost), as
-/// `decide.lua` reads them.
-fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>]) {
+/// Appends each limit's five arguments (algorithm name, parameter a, parameter b, cost, and the
+/// requests' worth of units to lease beyond this request, from `wants`, 0 when it is shorter),
+/// as `decide.lua` reads them.
+fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[u32]) {
     let number = |n: u64| n.to_string().into_bytes();
-    for ask in asks {
+    for (i, ask) in asks.iter().enumerate() {
         let (a, b) = ask.limit.algorithm().parameters();
         args.push(ask.limit.algorithm().name().as_bytes().to_vec());
         args.push(number(a));
         args.push(number(b));
         args.push(number(u64::from(ask.limit.cost())));
+        args.push(number(u64::from(wants.get(i).copied().unwrap_or(0))));
     }
 }
 
-/// Reads the script's reply (the layout of [`wire::Reply`]) for a request of `limits` limits.
+/// Reads the script's reply (the layout of [`wire::Reply`], then one leased count per limit) for
+/// a request of `limits` limits.
 fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
-    Reply::read(reply.len(), limits, |at| match &reply[at] {
+    let number = |at: usize| match &reply[at] {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),
         other => Err(LimiterError::Protocol(format!(
             "reply item {at} is {other:?}, expected a number"
         ))),
-    })
+    };
+    let Some(decided) = reply.len().checked_sub(limits) else {
+        return Err(LimiterError::Protocol(format!(
+            "reply has {} items for {limits} limits",
+            reply.len()
+        )));
+    };
+    let mut read = Reply::read(decided, limits, number)?;
+    read.leased = (decided..reply.len())
+        .map(number)
+        .collect::<Result<_, _>>()?;
+    Ok(read)
 }
 
 #[cfg(test)]
@@ -694,7 +730,7 @@ mod tests {
 
     #[test]
     fn a_reply_with_a_value_that_is_not_a_number_is_a_protocol_error() {
-        let mut reply: Vec<Value> = [1, 7, 1, 10, 9, 100, 0, 0].map(Value::Int).to_vec();
+        let mut reply: Vec<Value> = [1, 7, 1, 10, 9, 100, 0, 0, 3].map(Value::Int).to_vec();
         assert!(read_reply(&reply, 1).is_ok());
         reply[4] = Value::Nil;
         assert!(matches!(

@@ -43,6 +43,9 @@ pub fn key_name(prefix: &str, ask: &Ask<'_>) -> String {
 pub struct Reply {
     pub verdict: Verdict,
     pub decisions: Vec<Decision>,
+    /// Per limit, the requests' worth of units leased beyond this request (Redis only: see
+    /// `lease.rs`); empty when none were asked for.
+    pub leased: Vec<u64>,
 }
 
 impl Reply {
@@ -85,7 +88,11 @@ impl Reply {
                 "the store's verdict disagrees with its decisions".to_string(),
             ));
         }
-        Ok(Reply { verdict, decisions })
+        Ok(Reply {
+            verdict,
+            decisions,
+            leased: Vec::new(),
+        })
     }
 
     /// [`Reply::read`] over signed integers (PostgreSQL's `bigint[]`).

@@ -246,7 +246,10 @@ pub async fn hammer(
                         .await
                     {
                         Ok(r) => r.status().as_u16(),
-                        Err(_) => 0,
+                        Err(e) => {
+                            eprintln!("hammer: request failed: {e:?}");
+                            0
+                        }
                     };
                     *statuses.entry(status).or_default() += 1;
                 }

@@ -1,13 +1,22 @@
 -- floodgate limiter script, part 9 of 9: one decision over all the limits of a request, all-or-nothing; the
 -- body of both entry points, main.lua (one decision per call) and batch.lua (many).
 --
--- keys[k0 + i]: the state of limit i. argv[a0 + 4(i-1) ..]: limit i as algorithm name,
--- parameter a, parameter b, cost, where (a, b) is (capacity, interval µs) for the buckets and
--- (limit, window µs) for the windows. lease: the request's lease token, naming its concurrency
+-- keys[k0 + i]: the state of limit i. argv[a0 + 5(i-1) ..]: limit i as algorithm name,
+-- parameter a, parameter b, cost, want, where (a, b) is (capacity, interval µs) for the buckets
+-- and (limit, window µs) for the windows, and want is how many more requests' worth of units the
+-- caller would like to lease (0: none). lease: the request's lease token, naming its concurrency
 -- leases; "-" to peek (decide and reply as usual, but spend nothing: floodgate's /budgets).
 -- Returns (REPLY_HEADER and REPLY_FIELDS in wire.rs): { allowed, now_us, then per limit: allowed,
--- limit, remaining, reset_after_us, retry_after_us, delay_us }. Raises an error for an unknown
--- algorithm (or whatever Redis raises about a key).
+-- limit, remaining, reset_after_us, retry_after_us, delay_us; then per limit the requests' worth
+-- of units leased beyond this request (0 unless allowed and wanted) }. Raises an error for an
+-- unknown algorithm (or whatever Redis raises about a key).
+--
+-- Leases (src/limiter/lease.rs): only when every limit allowed, and only for the algorithms in
+-- LEASABLE, a limit grants at most `want` and at most half of what remains after this request,
+-- debited here, now, as if that many more requests had come: the units are spent before anyone
+-- else can have them, so no instance can ever be granted what another holds.
+
+local LEASABLE = { token_bucket = true, fixed_window = true }
 
 local function decide_one(keys, k0, argv, a0, n, now, lease)
   LEASE = lease
@@ -15,7 +24,7 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   local states = {}
   local all = 1
   for i = 1, n do
-    local base = a0 + 4 * (i - 1)
+    local base = a0 + 5 * (i - 1)
     local algorithm = ALGORITHMS[argv[base]]
     if algorithm == nil then
       error('floodgate: unknown algorithm ' .. tostring(argv[base]))
@@ -30,11 +39,29 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   end
 
   -- Nothing is spent from any limit unless every limit allowed (and never when peeking).
+  local leased = {}
+  for i = 1, n do
+    leased[i] = 0
+  end
   if all == 1 and lease ~= '-' then
     for i = 1, n do
-      local base = a0 + 4 * (i - 1)
-      ALGORITHMS[argv[base]].commit(keys[k0 + i], now, states[i], tonumber(argv[base + 2]),
-        tonumber(argv[base + 3]))
+      local base = a0 + 5 * (i - 1)
+      local name = argv[base]
+      local cost = tonumber(argv[base + 3])
+      local want = tonumber(argv[base + 4]) or 0
+      if want > 0 and LEASABLE[name] and cost > 0 then
+        local extra = math.min(want, math.floor(decisions[i][3] / cost / 2))
+        if extra > 0 then
+          local d, state = ALGORITHMS[name].check(keys[k0 + i], now, tonumber(argv[base + 1]),
+            tonumber(argv[base + 2]), cost * (1 + extra))
+          if d[1] == 1 then
+            states[i] = state
+            leased[i] = extra
+          end
+        end
+      end
+      ALGORITHMS[name].commit(keys[k0 + i], now, states[i], tonumber(argv[base + 2]),
+        cost * (1 + leased[i]))
     end
   end
 
@@ -43,6 +70,9 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
     for j = 1, 6 do
       reply[#reply + 1] = decisions[i][j]
     end
+  end
+  for i = 1, n do
+    reply[#reply + 1] = leased[i]
   end
   return reply
 end

@@ -36,7 +36,7 @@ pub const MAX_BATCH: usize = 64;
 pub struct Pending {
     /// Its limits' keys, in order.
     pub keys: Vec<String>,
-    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 4 per limit.
+    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 5 per limit.
     pub args: Vec<Vec<u8>>,
     /// How many limits it asks (to read its reply).
     pub limits: usize,
@@ -195,7 +195,7 @@ mod tests {
 
     fn decision(allowed: i64) -> Value {
         Value::Array(
-            [allowed, 7, allowed, 10, 9, 100, 0, 0]
+            [allowed, 7, allowed, 10, 9, 100, 0, 0, 0]
                 .map(Value::Int)
                 .to_vec(),
         )
