@@ -136,7 +136,8 @@ async fn measure(
                                 .arg("token_bucket")
                                 .arg(1_000_000u64)
                                 .arg(1u64)
-                                .arg(1u32);
+                                .arg(1u32)
+                                .arg(0u32);
                             match pool.get().await {
                                 Ok(mut conn) => invocation
                                     .invoke_async::<Vec<redis::Value>>(&mut conn)
