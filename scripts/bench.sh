@@ -17,6 +17,11 @@
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   fg_redis_lease_allow, fg_redis_relay_lease_allow (and _nolease: leases: disabled)  the allow
+#                     path on a budget that leases can serve: a bucket of 1e6 per key refilled once
+#                     per 100 s (spent down, never denying in a run), directly and behind the relay.
+#                     (The other targets' bucket refills at 1e6/s and stays full: a lease on a full
+#                     bucket drains as fast as it refills, see src/limiter/lease.rs.)
 #   openresty_limit   the design Kong and APISIX ship: nginx + lua-nginx-module (Debian's
 #                     libnginx-mod-http-lua), an access_by_lua_block sending one EVALSHA of seed 000's
 #                     token bucket (bench/token_bucket_seed000.lua) per request over a cosocket
@@ -461,6 +466,17 @@ if [[ " ${TARGETS[*]} " == *" fg_redis_allow_unbatched "* ]]; then
   batch: false" 1000000000 1000000
     FG_REDIS_UNBATCHED_URL=$FG_URL FG_REDIS_UNBATCHED_PID=$FG_PID
 fi
+for t in fg_redis_lease_allow fg_redis_lease_nolease_allow fg_redis_relay_lease_allow fg_redis_relay_lease_nolease_allow; do
+    [[ " ${TARGETS[*]} " == *" $t "* ]] || continue
+    case $t in
+        *relay*) storage="$(relay_storage "")" ;;
+        *) storage="$REDIS_STORAGE" ;;
+    esac
+    case $t in *nolease*) storage="$storage
+  leases: disabled" ;; esac
+    start_floodgate "$t" "$storage" 1000000 0.01
+    eval "LEASE_URL_$t=\$FG_URL LEASE_PID_$t=\$FG_PID"
+done
 if [ "$RELAY_PID" != - ]; then
     start_floodgate fg_redis_relay_allow "$(relay_storage "")" 1000000000 1000000
     FG_RELAY_URL=$FG_URL FG_RELAY_PID=$FG_PID
@@ -511,6 +527,7 @@ pids_of() {
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
         openresty_limit) echo "$OPENRESTY_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_*lease*) eval "echo \"\$LEASE_PID_$1 $UPSTREAM_PID $REDIS_PID\"" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_PID $UPSTREAM_PID -" ;;
@@ -545,6 +562,7 @@ url_of() {
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_URL/" ;;
         openresty_limit) echo "$OPENRESTY_URL/" ;;
+        fg_redis_*lease*) eval "echo \"\$LEASE_URL_$1/\"" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_URL/" ;;
         fg_redis_relay_allow_unbatched) echo "$FG_RELAY_UNBATCHED_URL/" ;;
         fg_memory_flood_deny) echo "$FG_MEMORY_FLOOD_URL/" ;;
