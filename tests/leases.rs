@@ -1,6 +1,7 @@
 //! Exact leases (`storage.leases: auto`, src/limiter/lease.rs) end to end: real redis-server, real
 //! floodgate processes, real clients. A budget spent fast is mostly spent without a round trip;
-//! two instances together never admit more than a budget, for every leasable algorithm; and at a
+//! two instances together never admit more than a budget, for every leasable algorithm (token
+//! bucket, fixed window, sliding window counter: the last takes the fixed window's parameters); and at a
 //! steady offered rate above a refilling budget they still get nearly all of it.
 
 mod common;
@@ -33,6 +34,12 @@ routes:
     upstream: {1}
     limits:
       - algorithm: fixed_window
+{fw}
+  - name: swc
+    path_prefix: /swc
+    upstream: {1}
+    limits:
+      - algorithm: sliding_window_counter
 {fw}
 ",
         redis.url(),
@@ -119,7 +126,7 @@ async fn two_instances_with_leases_never_admit_more_than_a_budget() {
     );
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     let run_for = Duration::from_secs(4);
-    for path in ["/tb", "/fw"] {
+    for path in ["/tb", "/fw", "/swc"] {
         let before = leased(&a, &b).await;
         let admitted = two_instances(&a, &b, &upstream, path, run_for).await as u64;
         let after = leased(&a, &b).await;

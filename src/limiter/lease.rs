@@ -6,9 +6,10 @@
 //! (`decide.lua`) before any of it is spent: to every other instance those units are spent
 //! already. What keeps that exact over time depends on the algorithm:
 //!
-//! - *fixed window*: the units are counted in the window they were leased in, so a lease ends at
-//!   that window's end at the latest; within it, leased and store units together never exceed
-//!   the limit.
+//! - *fixed window* and *sliding window counter*: the units are counted in the window they were
+//!   leased in, so a lease ends at that window's end at the latest; within it, every decision the
+//!   store makes already counts them, and a counter's estimate only falls as its window goes on, so
+//!   leased and store units together never exceed the limit.
 //! - *token bucket* (GCRA): a bucket refills, and a lease held while the store's side refills
 //!   would let the two together hold more than the capacity. So a lease **drains at the refill
 //!   rate**: `t` after it was granted, it may hand out at most `units - t / (interval × cost)`
@@ -16,8 +17,8 @@
 //!   still hand out never exceed what one bucket would hold: every sequence of admissions is one a
 //!   single bucket would admit. A lease nobody spends is gone after its own refill time, exactly
 //!   as if it had been spent at once, so a killed instance's lease heals on its own.
-//! - every other algorithm (leaky bucket's delay, sliding windows, concurrency) is decided per
-//!   request, and a request is served from leases only when every limit it asks holds one.
+//! - every other algorithm (the leaky bucket's delay, the sliding window log, concurrency) is
+//!   decided per request, and a request is served from leases only when every limit it asks holds one.
 //!
 //! **What it costs.** Units an instance holds are not available to another instance's clients
 //! (`X-RateLimit-Remaining` lags by them), and units left when a lease ends lapse (a token bucket's
@@ -147,7 +148,9 @@ impl Held {
 fn leasable(ask: &Ask<'_>) -> bool {
     matches!(
         ask.limit.algorithm().kind(),
-        AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow
+        AlgorithmKind::TokenBucket
+            | AlgorithmKind::FixedWindow
+            | AlgorithmKind::SlidingWindowCounter
     )
 }
 
@@ -302,8 +305,13 @@ impl Leases {
                     let headroom = capacity.saturating_sub(decision.remaining + 1) / cost;
                     (drain_us, headroom.saturating_mul(drain_us), self.ttl_us)
                 }
-                // A window's units count in that window only.
-                _ => (0, 0, self.ttl_us.min(decision.reset_after_us)),
+                // A window's units count in that window only: the lease ends with it, on the
+                // store's clock.
+                _ => {
+                    let (_, window) = ask.limit.algorithm().parameters();
+                    let left = window - reply.verdict.now_us % window.max(1);
+                    (0, 0, self.ttl_us.min(left))
+                }
             };
             let store_offset = (reply.verdict.now_us as i128 - now as i128)
                 .clamp(i64::MIN.into(), i64::MAX.into()) as i64;
@@ -376,12 +384,13 @@ mod tests {
 
     #[test]
     fn a_window_lease_hands_out_exactly_its_units_and_ends_with_its_window() {
+        // Windows of 100 ms; the store's clock in `reply` is at a window's start.
         let limit =
-            Limit::of(Algorithm::fixed_window(100, std::time::Duration::from_secs(60)).unwrap());
+            Limit::of(Algorithm::fixed_window(100, std::time::Duration::from_millis(100)).unwrap());
         let asks = [ask(&limit, b"k")];
         let (leases, stats) = leases();
         assert!(leases.spend(&asks, 0).is_none(), "no lease yet");
-        // The window ends 100 ms from now: the lease ends there, before its 250 ms ttl.
+        // The window ends 100 ms from the store's now: the lease ends there, before its ttl.
         leases.grant(&asks, &reply(5, 80, 100 * MS), 0);
         for n in 0..5 {
             let v = leases

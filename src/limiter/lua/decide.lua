@@ -16,7 +16,7 @@
 -- debited here, now, as if that many more requests had come: the units are spent before anyone
 -- else can have them, so no instance can ever be granted what another holds.
 
-local LEASABLE = { token_bucket = true, fixed_window = true }
+local LEASABLE = { token_bucket = true, fixed_window = true, sliding_window_counter = true }
 
 local function decide_one(keys, k0, argv, a0, n, now, lease)
   LEASE = lease
