@@ -137,6 +137,8 @@ async fn measure(
                                 .arg(1_000_000u64)
                                 .arg(1u64)
                                 .arg(1u32)
+                                .arg(0u32)
+                                .arg(0u32)
                                 .arg(0u32);
                             match pool.get().await {
                                 Ok(mut conn) => invocation

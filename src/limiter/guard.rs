@@ -50,14 +50,15 @@ pub trait RemoteStore: Send + Sync + 'static {
         asks: &[Ask<'_>],
         lease: LeaseId,
     ) -> impl Future<Output = Result<Reply, LimiterError>> + Send;
-    /// [`RemoteStore::decide`], also leasing, per ask, up to `wants[i]` more requests' worth of
-    /// units for this instance to spend itself (`Reply::leased`). A store that cannot lease
-    /// decides as `decide` does and leases nothing.
+    /// [`RemoteStore::decide`], also leasing, per ask, up to `wants[i].want` more requests' worth
+    /// of units for this instance to spend itself (`Reply::leased`), and first taking back what
+    /// an ended lease left unspent (`wants[i].back`). A store that cannot lease decides as
+    /// `decide` does and leases nothing (and is never given anything back).
     fn decide_leasing(
         &self,
         asks: &[Ask<'_>],
         lease: LeaseId,
-        wants: &[u32],
+        wants: &[super::lease::LeaseAsk],
     ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
         let _ = wants;
         self.decide(asks, lease)

@@ -20,13 +20,18 @@
 //! - every other algorithm (the leaky bucket's delay, the sliding window log, concurrency) is
 //!   decided per request, and a request is served from leases only when every limit it asks holds one.
 //!
+//! **Giving back.** A lease that ends with units unspent gives them back with the next request
+//! that budget sends to the store, in the same call ([`LeaseAsk::back`]): a bucket gets back what
+//! the lease may still hand out one `ttl` later (nothing that drains before the store applies it),
+//! a window only into the window the units were counted in.
+//!
 //! **What it costs.** Units an instance holds are not available to another instance's clients
-//! (`X-RateLimit-Remaining` lags by them), and units left when a lease ends lapse (a token bucket's
-//! drain, a window's end): at most one lease per budget and instance. A lease is at most half of
-//! what remains after its request (`decide.lua`), so it shrinks to nothing as the budget nears
-//! exhaustion, where every request is decided in the store again; and it is sized to what this
-//! instance spent from the budget in the previous `lease_ttl`, so a budget spent rarely is never
-//! leased.
+//! (`X-RateLimit-Remaining` lags by them), and what no request gives back lapses (a bucket's lease
+//! drains away, a window's is lost until the window ends): at most one lease per budget and
+//! instance. A lease is at most half of what remains after its request (`decide.lua`), so it
+//! shrinks to nothing as the budget nears exhaustion, where every request is decided in the store
+//! again; and it is sized to what this instance spent from the budget in the previous
+//! `lease_ttl`, so a budget spent rarely is never leased.
 
 use std::collections::HashMap;
 use std::hash::RandomState;
@@ -46,6 +51,18 @@ const CAPACITY: usize = 100_000;
 /// The most requests' worth one lease asks for.
 const MAX_WANT: u32 = 1_000;
 
+/// What a request asks of the store about one limit's lease, beside its own decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// Requests' worth to lease beyond this request.
+    pub want: u32,
+    /// Requests' worth of an ended lease given back unspent.
+    pub back: u64,
+    /// The store's time (µs) that lease was granted at: a window takes units back only into the
+    /// window they were counted in.
+    pub back_at: u64,
+}
+
 /// The `outcome` label of `floodgate_lease_units_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -59,7 +76,7 @@ pub struct LeaseStats {
     pub family: Family<OutcomeLabel, Counter>,
     pub granted: Counter,
     pub spent: Counter,
-    /// Units given back to the store before the lease ended (not done yet: always 0).
+    /// Units given back to the store unspent when the lease ended.
     pub returned: Counter,
     pub lapsed: Counter,
 }
@@ -141,6 +158,20 @@ impl Held {
             self.drained = self.drained.max(drained.saturating_sub(self.spent));
         }
         self.units.saturating_sub(self.spent + self.drained)
+    }
+
+    /// Requests' worth this lease could give back at local time `at`, the store applying it no
+    /// earlier (what drains by then is not given back). Expiry aside, as `usable`.
+    fn unspent_at(&self, at: u64) -> u64 {
+        let mut drained = self.drained;
+        if self.drain_us > 0 {
+            let by_then = at
+                .saturating_sub(self.granted_at)
+                .saturating_sub(self.headroom_us)
+                .div_ceil(self.drain_us);
+            drained = drained.max(by_then.saturating_sub(self.spent));
+        }
+        self.units.saturating_sub(self.spent + drained)
     }
 }
 
@@ -246,13 +277,17 @@ impl Leases {
     }
 
     /// Counts this request's demand on each leasable limit and says, per ask, how many more
-    /// requests' worth to lease with it: what this instance spent from the budget in the last
-    /// `ttl`, when that is at least 2 (a budget spent rarely is not leased).
-    pub fn wants(&self, asks: &[Ask<'_>], now: u64) -> Vec<u32> {
+    /// requests' worth to lease with it (what this instance spent from the budget in the last
+    /// `ttl`, when that is at least 2: a budget spent rarely is not leased), and gives back what
+    /// an ended lease left unspent (a request goes to the store only when its lease is spent,
+    /// drained or ended). A token bucket's units are counted as of one `ttl` later: the store
+    /// applies them within the request's timeout, and must not get back what has drained.
+    pub fn wants(&self, asks: &[Ask<'_>], now: u64) -> Vec<LeaseAsk> {
         asks.iter()
             .map(|ask| {
+                let mut out = LeaseAsk::default();
                 if !leasable(ask) {
-                    return 0;
+                    return out;
                 }
                 let key = ask.key.hash_with(&self.hasher);
                 let mut shard = self.shard(key);
@@ -268,16 +303,28 @@ impl Leases {
                         live
                     });
                     if shard.len() >= CAPACITY / SHARDS {
-                        return 0;
+                        return out;
                     }
                 }
                 let slot = shard.entry(key).or_default();
                 self.note_demand(slot, now);
+                if let Some(held) = slot.held.as_mut()
+                    && held.usable(now) == 0
+                {
+                    out.back = held.unspent_at(now.saturating_add(self.ttl_us));
+                    out.back_at = held.granted_at.saturating_add_signed(held.store_offset);
+                    self.stats.returned.inc_by(out.back);
+                    self.stats
+                        .lapsed
+                        .inc_by(held.units.saturating_sub(held.spent + out.back));
+                    slot.held = None;
+                }
                 if slot.previous < 2 || slot.asking_until > now {
-                    return 0;
+                    return out;
                 }
                 slot.asking_until = now + self.ttl_us;
-                slot.previous.min(MAX_WANT)
+                out.want = slot.previous.min(MAX_WANT);
+                out
             })
             .collect()
     }
@@ -459,7 +506,7 @@ mod tests {
         let log = Limit::of(
             Algorithm::sliding_window_log(100, std::time::Duration::from_secs(60)).unwrap(),
         );
-        assert_eq!(leases.wants(&[ask(&log, b"k")], 0), [0]);
+        assert_eq!(leases.wants(&[ask(&log, b"k")], 0)[0].want, 0);
     }
 
     #[test]
@@ -476,23 +523,24 @@ mod tests {
         let limit = Limit::of(Algorithm::token_bucket(100, 10.0).unwrap());
         let asks = [ask(&limit, b"k")];
         let (leases, _) = leases();
-        assert_eq!(leases.wants(&asks, 0), [0]);
+        assert_eq!(leases.wants(&asks, 0)[0].want, 0);
         for _ in 0..9 {
             leases.wants(&asks, MS);
         }
         // The next period wants what the last one spent, once: until that lease arrives, other
         // requests ask for none.
-        assert_eq!(leases.wants(&asks, 260 * MS), [10]);
-        assert_eq!(leases.wants(&asks, 261 * MS), [0]);
+        assert_eq!(leases.wants(&asks, 260 * MS)[0].want, 10);
+        assert_eq!(leases.wants(&asks, 261 * MS)[0].want, 0);
         // A period of silence in between: nothing to go on.
-        assert_eq!(leases.wants(&asks, 2_000 * MS), [0]);
+        assert_eq!(leases.wants(&asks, 2_000 * MS)[0].want, 0);
     }
 
     proptest::proptest! {
         /// The exactness claim for token buckets: whatever the timing, every request admitted by
-        /// two instances (each serving from its own lease when it can, else asking the store and
-        /// leasing half of what remains, as the guard and decide.lua do) is one a single bucket,
-        /// seeing the same admissions in the same order, would have admitted.
+        /// two instances (each serving from its own lease when it can, else asking the store,
+        /// giving back what an ended lease left and leasing what it wants up to half of what
+        /// remains, as the guard and decide.lua do) is one a single bucket, seeing the same
+        /// admissions in the same order, would have admitted.
         #[test]
         fn store_and_leases_together_never_admit_what_one_bucket_would_not(
             capacity in 2u32..40,
@@ -520,9 +568,19 @@ mod tests {
                 now += step;
                 let leases = &instances[usize::from(second)];
                 let admitted = leases.spend(&asks, now).is_some() || {
+                    // As decide.lua: take back an ended lease's unspent units first, then
+                    // decide, then lease at most `want` and half of what remains.
+                    let ask = leases.wants(&asks, now)[0];
+                    if ask.back > 0
+                        && let State::Gcra { tat } = &mut store
+                    {
+                        let (_, interval) = limit.algorithm().parameters();
+                        let back = tat.saturating_sub(ask.back * interval);
+                        *tat = if back <= now { 0 } else { back };
+                    }
                     let d = store.check(&limit, now);
                     if d.allowed {
-                        let extra = d.remaining / 2;
+                        let extra = (d.remaining / 2).min(u64::from(ask.want));
                         let big = Limit::new(*limit.algorithm(), 1 + extra as u32).unwrap();
                         let extra = if extra > 0 && store.check(&big, now).allowed {
                             store.commit(&big, now, 0);

@@ -544,7 +544,7 @@ impl RedisStore {
         asks: &[Ask<'_>],
         now: Option<u64>,
         lease: Option<LeaseId>,
-        wants: &[u32],
+        wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
@@ -553,8 +553,8 @@ impl RedisStore {
         let number = |n: u64| n.to_string().into_bytes();
         if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
-            // then five per limit.
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * asks.len());
+            // then seven per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 7 * asks.len());
             args.push(number(lease));
             args.push(number(asks.len() as u64));
             push_limits(&mut args, asks, wants);
@@ -572,8 +572,8 @@ impl RedisStore {
                 LimiterError::Unavailable("the batch driver has stopped".to_string())
             })?;
         }
-        // ARGV as main.lua reads it: the clock, the lease token, then five per limit.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * asks.len());
+        // ARGV as main.lua reads it: the clock, the lease token, then seven per limit.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 7 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
         push_limits(&mut args, asks, wants);
@@ -654,7 +654,7 @@ impl RemoteStore for RedisStore {
         &self,
         asks: &[Ask<'_>],
         lease: LeaseId,
-        wants: &[u32],
+        wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
         self.invoke(asks, None, Some(lease), wants).await
     }
@@ -687,18 +687,22 @@ impl RemoteStore for RedisStore {
     }
 }
 
-/// Appends each limit's five arguments (algorithm name, parameter a, parameter b, cost, and the
-/// requests' worth of units to lease beyond this request, from `wants`, 0 when it is shorter),
-/// as `decide.lua` reads them.
-fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[u32]) {
+/// Appends each limit's seven arguments (algorithm name, parameter a, parameter b, cost, and
+/// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, and
+/// those of an ended lease given back with the store time it was granted at), as `decide.lua`
+/// reads them.
+fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[super::lease::LeaseAsk]) {
     let number = |n: u64| n.to_string().into_bytes();
     for (i, ask) in asks.iter().enumerate() {
         let (a, b) = ask.limit.algorithm().parameters();
+        let lease = wants.get(i).copied().unwrap_or_default();
         args.push(ask.limit.algorithm().name().as_bytes().to_vec());
         args.push(number(a));
         args.push(number(b));
         args.push(number(u64::from(ask.limit.cost())));
-        args.push(number(u64::from(wants.get(i).copied().unwrap_or(0))));
+        args.push(number(u64::from(lease.want)));
+        args.push(number(lease.back));
+        args.push(number(lease.back_at));
     }
 }
 

@@ -1,10 +1,11 @@
 -- floodgate limiter script, part 9 of 9: one decision over all the limits of a request, all-or-nothing; the
 -- body of both entry points, main.lua (one decision per call) and batch.lua (many).
 --
--- keys[k0 + i]: the state of limit i. argv[a0 + 5(i-1) ..]: limit i as algorithm name,
--- parameter a, parameter b, cost, want, where (a, b) is (capacity, interval µs) for the buckets
--- and (limit, window µs) for the windows, and want is how many more requests' worth of units the
--- caller would like to lease (0: none). lease: the request's lease token, naming its concurrency
+-- keys[k0 + i]: the state of limit i. argv[a0 + 7(i-1) ..]: limit i as algorithm name,
+-- parameter a, parameter b, cost, want, back, back_at, where (a, b) is (capacity, interval µs) for
+-- the buckets and (limit, window µs) for the windows; want is how many more requests' worth of
+-- units the caller would like to lease (0: none); back is how many requests' worth of an earlier
+-- lease it gives back unspent, granted at the store's time back_at (0: none). lease: the request's lease token, naming its concurrency
 -- leases; "-" to peek (decide and reply as usual, but spend nothing: floodgate's /budgets).
 -- Returns (REPLY_HEADER and REPLY_FIELDS in wire.rs): { allowed, now_us, then per limit: allowed,
 -- limit, remaining, reset_after_us, retry_after_us, delay_us; then per limit the requests' worth
@@ -18,13 +19,48 @@
 
 local LEASABLE = { token_bucket = true, fixed_window = true, sliding_window_counter = true }
 
+-- Gives `units` back to a budget they were leased from at `at`: a bucket's TAT moves back (a
+-- bucket fuller than full is just full); a window's count falls, if the window is still the one
+-- they were counted in (after it, they are gone with it).
+local function give_back(name, key, now, b, units, at)
+  if name == 'token_bucket' then
+    local tat = tonumber(read('GET', key))
+    if tat then
+      local back = tat - units * b
+      if back <= now then
+        redis.call('DEL', key)
+      else
+        redis.call('SET', key, fmt(back), 'PX', ttl_ms(back, now))
+      end
+    end
+  elseif name == 'fixed_window' or name == 'sliding_window_counter' then
+    local current = now - (now % b)
+    if current == at - (at % b) then
+      local stored = read('HMGET', key, 's', 'c')
+      if tonumber(stored[1]) == current then
+        redis.call('HSET', key, 'c', fmt(math.max((tonumber(stored[2]) or 0) - units, 0)))
+      end
+    end
+  end
+end
+
 local function decide_one(keys, k0, argv, a0, n, now, lease)
   LEASE = lease
+  if lease ~= '-' then
+    for i = 1, n do
+      local base = a0 + 7 * (i - 1)
+      local back = tonumber(argv[base + 5]) or 0
+      if back > 0 and LEASABLE[argv[base]] then
+        give_back(argv[base], keys[k0 + i], now, tonumber(argv[base + 2]),
+          back * tonumber(argv[base + 3]), tonumber(argv[base + 6]))
+      end
+    end
+  end
   local decisions = {}
   local states = {}
   local all = 1
   for i = 1, n do
-    local base = a0 + 5 * (i - 1)
+    local base = a0 + 7 * (i - 1)
     local algorithm = ALGORITHMS[argv[base]]
     if algorithm == nil then
       error('floodgate: unknown algorithm ' .. tostring(argv[base]))
@@ -45,7 +81,7 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   end
   if all == 1 and lease ~= '-' then
     for i = 1, n do
-      local base = a0 + 5 * (i - 1)
+      local base = a0 + 7 * (i - 1)
       local name = argv[base]
       local cost = tonumber(argv[base + 3])
       local want = tonumber(argv[base + 4]) or 0

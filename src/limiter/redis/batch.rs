@@ -36,7 +36,7 @@ pub const MAX_BATCH: usize = 64;
 pub struct Pending {
     /// Its limits' keys, in order.
     pub keys: Vec<String>,
-    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 5 per limit.
+    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 7 per limit.
     pub args: Vec<Vec<u8>>,
     /// How many limits it asks (to read its reply).
     pub limits: usize,
