@@ -220,3 +220,73 @@ async fn an_instance_killed_holding_a_lease_costs_at_most_that_lease() {
     eprintln!("b holds or let lapse {left_b}");
     assert_eq!(admitted_a + admitted_b + held + left_b, 6000);
 }
+
+/// Seed 002's over-grant test on `storage` (a YAML `storage:` block): for each algorithm with a
+/// budget of 40 that does not refill, 64 clients through two instances, leases on; returns what
+/// each admitted.
+async fn seed_002(storage: &str) -> Vec<(&'static str, usize)> {
+    const LIMITS: [(&str, &str); 4] = [
+        (
+            "tb",
+            "{algorithm: token_bucket, capacity: 40, refill_rate: 0.0001}",
+        ),
+        ("fw", "{algorithm: fixed_window, limit: 40, window: 1h}"),
+        (
+            "swl",
+            "{algorithm: sliding_window_log, limit: 40, window: 1h}",
+        ),
+        (
+            "swc",
+            "{algorithm: sliding_window_counter, limit: 40, window: 1h}",
+        ),
+    ];
+    let upstream = Upstream::start().await;
+    let mut yaml = format!("admin_listen: 127.0.0.1:0\n{storage}routes:\n");
+    for (name, limit) in LIMITS {
+        yaml += &format!(
+            "  - name: {name}\n    path_prefix: /{name}\n    upstream: {}\n    limits: [{limit}]\n",
+            upstream.url()
+        );
+    }
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    let mut admitted = Vec::new();
+    for (name, _) in LIMITS {
+        let path = format!("/{name}");
+        let n = two_instances(&a, &b, &upstream, &path, Duration::from_millis(1500)).await;
+        admitted.push((name, n));
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_002s_over_grant_test_admits_exactly_40_with_leases_on_redis_cluster_and_sentinel() {
+    // A decision may take up to 1 s (a debug build of two proxies, the store and 64 clients on
+    // 2 cores), and a store error would be a 503 (`deny`), never a silent allow.
+    let common = "  timeout: 1s\n  on_error: deny\n  leases: auto\n";
+    let redis = RedisServer::start();
+    let single = format!(
+        "storage:\n  backend: redis\n  url: {}\n{common}",
+        redis.url()
+    );
+    let cluster = common::RedisCluster::start(3);
+    let clustered = format!(
+        "storage:\n  backend: redis_cluster\n  urls: [{}]\n{common}",
+        cluster.urls().join(", ")
+    );
+    let sentinels = common::RedisSentinelSet::start();
+    let followed = format!(
+        "storage:\n  backend: redis_sentinel\n  sentinels: [{}]\n  master_name: mymaster\n{common}",
+        sentinels.sentinel_urls().join(", ")
+    );
+    for (backend, storage) in [
+        ("redis", single),
+        ("redis_cluster", clustered),
+        ("redis_sentinel", followed),
+    ] {
+        let admitted = seed_002(&storage).await;
+        eprintln!("{backend}: {admitted:?}");
+        for (algorithm, n) in admitted {
+            assert_eq!(n, 40, "{backend}, {algorithm}: {n} admitted of 40");
+        }
+    }
+}
