@@ -195,6 +195,22 @@ UPSTREAM_PID=$NGINX_PID
 UPSTREAM_URL="http://127.0.0.1:$UPSTREAM_PORT"
 wait_http "$UPSTREAM_URL/"
 
+# The upstream pool and the proxying every nginx target shares (nginx_proxy, openresty_limit).
+nginx_backend() {
+    cat <<EOF
+keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    upstream backend {
+        server 127.0.0.1:$UPSTREAM_PORT;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+EOF
+}
+nginx_proxy_pass() {
+    echo 'proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";'
+}
+
 # --- nginx as a plain reverse proxy ------------------------------------------------------------
 PROXY_PORT="$(free_port)"
 start_nginx nginx_proxy <<EOF
@@ -207,19 +223,11 @@ events { worker_connections 4096; }
 http {
     access_log off;
     $(nginx_temp_paths "$WORK/nginx_proxy")
-    keepalive_requests 1000000;
-    keepalive_timeout 120s;
-    upstream backend {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
+    $(nginx_backend)
     server {
         listen 127.0.0.1:$PROXY_PORT;
         location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            $(nginx_proxy_pass)
         }
     }
 }
@@ -396,13 +404,7 @@ http {
     access_log off;
     $(nginx_temp_paths "$WORK/openresty_limit")
     lua_package_path "/usr/share/lua/5.1/?.lua;;";
-    keepalive_requests 1000000;
-    keepalive_timeout 120s;
-    upstream backend {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
+    $(nginx_backend)
     server {
         listen 127.0.0.1:$OPENRESTY_PORT;
         location / {
@@ -426,9 +428,7 @@ http {
                 if head ~= "*3" then return ngx.exit(503) end
                 if allowed ~= ":1" then return ngx.exit(429) end
             }
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            $(nginx_proxy_pass)
         }
     }
 }

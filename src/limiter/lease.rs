@@ -272,7 +272,8 @@ impl Leases {
                 }
             }
         }
-        self.stats.spent.inc();
+        // A request's worth from each limit's lease, as `granted` counts them.
+        self.stats.spent.inc_by(asks.len() as u64);
         Verdict::from_decisions(store_now?, &decisions)
     }
 
@@ -502,6 +503,11 @@ mod tests {
         assert!(leases.spend(&asks[..1], 0).is_some());
         assert!(leases.spend(&asks[..1], 0).is_none());
         assert_eq!(stats.spent.get(), 3);
+        // Both limits leased: a request spends a unit of each.
+        leases.grant(&asks[1..], &reply(3, 50, 60_000 * MS), 0);
+        leases.grant(&asks[..1], &reply(3, 50, 0), 0);
+        assert!(leases.spend(&asks, 0).is_some());
+        assert_eq!(stats.spent.get(), 5);
         // A sliding window log is never leased.
         let log = Limit::of(
             Algorithm::sliding_window_log(100, std::time::Duration::from_secs(60)).unwrap(),
