@@ -320,7 +320,10 @@ impl Leases {
                         .inc_by(held.units.saturating_sub(held.spent + out.back));
                     slot.held = None;
                 }
-                if slot.previous < 2 || slot.asking_until > now {
+                // A limit that still holds units (the request came here for another limit's sake)
+                // asks for no more: a new lease would replace this one and lapse its units.
+                let holding = slot.held.as_mut().is_some_and(|h| h.usable(now) > 0);
+                if holding || slot.previous < 2 || slot.asking_until > now {
                     return out;
                 }
                 slot.asking_until = now + self.ttl_us;
@@ -503,6 +506,17 @@ mod tests {
         assert!(leases.spend(&asks[..1], 0).is_some());
         assert!(leases.spend(&asks[..1], 0).is_none());
         assert_eq!(stats.spent.get(), 3);
+        // The cap holds no lease and the bucket's is spent: a request with both goes to the
+        // store, and with demand behind it asks the bucket for a new lease.
+        for _ in 0..3 {
+            leases.wants(&asks, 300 * MS);
+        }
+        leases.grant(&asks[..1], &reply(3, 50, 0), 600 * MS);
+        assert_eq!(
+            leases.wants(&asks, 600 * MS)[0].want,
+            0,
+            "the bucket's lease still has units: no new one to replace it"
+        );
         // Both limits leased: a request spends a unit of each.
         leases.grant(&asks[1..], &reply(3, 50, 60_000 * MS), 0);
         leases.grant(&asks[..1], &reply(3, 50, 0), 0);
