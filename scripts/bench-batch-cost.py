@@ -58,8 +58,8 @@ def main():
         names = re.findall(r"floodgate_(?:decide|batch)_[0-9a-f]+", cli(port, "FUNCTION", "LIST"))
         decide = next(n for n in names if n.startswith("floodgate_decide_"))
         batch = next(n for n in names if n.startswith("floodgate_batch_"))
-        # capacity, interval µs, cost (always allows), then no lease wanted or given back
-    limit = ["token_bucket", "1000000000", "1", "1", "0", "0", "0"]
+        # capacity, interval µs, cost (always allows), then no lease wanted, given back or timed
+        limit = ["token_bucket", "1000000000", "1", "1", "0", "0", "0", "0"]
         rows = [("one decision per call (main.lua)", 1,
                  per_call_us(port, ["FCALL", decide, "1", "k:{t}", "-", "7", *limit], 50000))]
         for m in (4, 16, 64):

@@ -1,8 +1,9 @@
 //! Exact leases (`storage.leases: auto`, src/limiter/lease.rs) end to end: real redis-server, real
 //! floodgate processes, real clients. A budget spent fast is mostly spent without a round trip;
 //! two instances together never admit more than a budget, for every leasable algorithm (token
-//! bucket, fixed window, sliding window counter: the last takes the fixed window's parameters); and at a
-//! steady offered rate above a refilling budget they still get nearly all of it.
+//! bucket, fixed window, sliding window counter and log: the last two take the fixed window's
+//! parameters); and at a steady offered rate above a refilling budget they still get nearly all of
+//! it.
 
 mod common;
 
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{Floodgate, RedisServer, Upstream, hammer, metric};
 
-/// Two routes on the Redis store: `/tb` a token bucket and `/fw` a fixed window, with `limits`
-/// parameters; a decision may take up to 1 s (a debug build of two proxies, Redis and the
+/// Routes on the Redis store: `/tb` a token bucket with `tb`'s parameters, and `/fw`, `/swc` and
+/// `/swl` a fixed window, a sliding window counter and a sliding window log with `fw`'s; a decision may take up to 1 s (a debug build of two proxies, Redis and the
 /// clients share 2 cores here) and a store error would be a 503 (`deny`), never a silent allow.
 fn config(redis: &RedisServer, upstream: &Upstream, tb: &str, fw: &str, leases: &str) -> String {
     format!(
@@ -40,6 +41,12 @@ routes:
     upstream: {1}
     limits:
       - algorithm: sliding_window_counter
+{fw}
+  - name: swl
+    path_prefix: /swl
+    upstream: {1}
+    limits:
+      - algorithm: sliding_window_log
 {fw}
 ",
         redis.url(),
@@ -129,7 +136,7 @@ async fn two_instances_with_leases_never_admit_more_than_a_budget() {
     );
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     let run_for = Duration::from_secs(4);
-    for path in ["/tb", "/fw", "/swc"] {
+    for path in ["/tb", "/fw", "/swc", "/swl"] {
         let granted = async || {
             metric(&a, "floodgate_lease_units_total{outcome=\"granted\"}").await
                 + metric(&b, "floodgate_lease_units_total{outcome=\"granted\"}").await
@@ -151,35 +158,92 @@ async fn two_instances_with_leases_never_admit_more_than_a_budget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ends_unspent_gives_its_units_back() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // Windows of 100,000 an hour: far more than 8 clients spend in half a second here, so
+    // leases end unspent.
+    let fg = Floodgate::start(&config(
+        &redis,
+        &upstream,
+        "        capacity: 1000\n        refill_rate: 1",
+        "        limit: 100000\n        window: 1h",
+        "auto",
+    ));
+    let client = common::client();
+    let returned = async || metric(&fg, "floodgate_lease_units_total{outcome=\"returned\"}").await;
+    for (route, path) in [("fw", "/fw"), ("swc", "/swc"), ("swl", "/swl")] {
+        let returned_before = returned().await;
+        hammer(&[fg.url(path)], "back", 8, Duration::from_millis(500)).await;
+        // The lease ends (lease_ttl, 250 ms); the next request to the store gives back what it
+        // left (the request itself may take a new lease: `outstanding` counts it).
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let r = common::get(&client, &fg.url(path), &[("x-api-key", "back")]).await;
+        assert_eq!(r.status, 200);
+        let given_back = returned().await - returned_before;
+        let budgets = common::get(
+            &client,
+            &fg.admin_url(&format!("/budgets?route={route}&api_key=back")),
+            &[],
+        )
+        .await
+        .json();
+        let spent_in_store = 100_000 - budgets["limits"][0]["remaining"].as_u64().unwrap();
+        let admitted = upstream.seen().iter().filter(|s| s.path == path).count() as u64;
+        let held = outstanding(&[&fg]).await;
+        eprintln!(
+            "{path}: {admitted} admitted, {given_back} given back, {held} held; the store counts {spent_in_store}"
+        );
+        assert!(given_back > 0, "{path}: nothing was given back");
+        // What the store counts is what was admitted plus what is held (none lapsed): the
+        // units given back are the store's again.
+        assert_eq!(spent_in_store, admitted + held, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_above_a_refilling_budget_get_nearly_all_of_it() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
+    // A token bucket of 50 refilling 100 a second, and a sliding window log of 100 a second.
     let yaml = config(
         &redis,
         &upstream,
         "        capacity: 50\n        refill_rate: 100",
-        "        limit: 1000000\n        window: 1h",
+        "        limit: 100\n        window: 1s",
         "auto",
     );
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
-    // 32 clients without pause, far above 100/s, for 6 s.
+    // 32 clients per route without pause, far above 100/s, for 10 s, both routes at once.
+    let load = Duration::from_secs(10);
     let started = Instant::now();
-    let admitted = two_instances(&a, &b, &upstream, "/tb", Duration::from_secs(6)).await;
+    let (tb, swl) = tokio::join!(
+        two_instances(&a, &b, &upstream, "/tb", load),
+        two_instances(&a, &b, &upstream, "/swl", load)
+    );
     let elapsed = started.elapsed().as_secs_f64();
-    // The budget over the run: 50 at once plus 100 a second. Requests are sent for 6 s; the run
-    // ends when the last one returns, a little later (0.7 s in a debug build here, with or
-    // without leases: 649 of 650 admitted either way). The ceiling counts the budget up to the
-    // end (more would be an over-grant); the 95% floor counts the 6 s of load only.
-    let budget = 50.0 + 100.0 * elapsed;
-    eprintln!("{admitted} admitted in {elapsed:.2} s of a budget of {budget:.0}");
-    assert!(
-        admitted as f64 <= budget + 1.0,
-        "over-granted: {admitted} of {budget:.0}"
-    );
-    assert!(
-        admitted as f64 >= 0.95 * (50.0 + 100.0 * 6.0),
-        "under-granted: {admitted} of {budget:.0}"
-    );
+    // The budgets over the run: the bucket's 50 at once plus 100 a second; the log's 100 in
+    // every second. Requests are sent for 10 s; the run ends when the last one returns, a
+    // little later (0.7 s in a debug build here, with or without leases). The ceilings count
+    // the budget up to the end (more would be an over-grant); the 95% floors count the 10 s of
+    // load only. A lease costs the log most: its entries count from the grant to a window
+    // after the lease's end; but near exhaustion (a budget this contended) leases shrink to
+    // nothing (at most half of what remains).
+    let seconds = load.as_secs_f64();
+    for (path, admitted, ceiling, floor) in [
+        ("/tb", tb, 50.0 + 100.0 * elapsed, 50.0 + 100.0 * seconds),
+        ("/swl", swl, 100.0 * elapsed.ceil(), 100.0 * seconds),
+    ] {
+        eprintln!("{path}: {admitted} admitted in {elapsed:.2} s, ceiling {ceiling:.0}");
+        assert!(
+            admitted as f64 <= ceiling + 1.0,
+            "{path} over-granted: {admitted} of {ceiling:.0}"
+        );
+        assert!(
+            admitted as f64 >= 0.95 * floor,
+            "{path} under-granted: {admitted} of {floor:.0}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

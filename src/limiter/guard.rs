@@ -240,7 +240,8 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 } else if let Some(leases) = &self.leases
                     && !reply.leased.is_empty()
                 {
-                    leases.grant(asks, &reply, self.clock.now_us());
+                    // Timed from before the call: see lease.rs, "Whose clock".
+                    leases.grant(asks, &reply, now);
                 }
                 return Ok(Admission::Limited {
                     verdict,

@@ -17,13 +17,21 @@
 //!   still hand out never exceed what one bucket would hold: every sequence of admissions is one a
 //!   single bucket would admit. A lease nobody spends is gone after its own refill time, exactly
 //!   as if it had been spent at once, so a killed instance's lease heals on its own.
-//! - every other algorithm (the leaky bucket's delay, the sliding window log, concurrency) is
-//!   decided per request, and a request is served from leases only when every limit it asks holds one.
+//! - *sliding window log*: the leased units are entered in the log when leased, stamped with the
+//!   lease's end, so each counts from before it is spent until a window after: no window of
+//!   admitted requests can hold more than the limit. The lease lasts at most one window.
+//! - every other algorithm (the leaky bucket's delay, concurrency) is decided per request, and a
+//!   request is served from leases only when every limit it asks holds one.
+//!
+//! **Whose clock.** A lease's time runs from when its request was *sent* (local clock), not
+//! when the answer came back: the store granted it no earlier, so the lease ends, and a bucket's
+//! lease drains, no later on the store's clock than the store's own figures assume, whatever the
+//! round trip.
 //!
 //! **Giving back.** A lease that ends with units unspent gives them back with the next request
 //! that budget sends to the store, in the same call ([`LeaseAsk::back`]): a bucket gets back what
 //! the lease may still hand out one `ttl` later (nothing that drains before the store applies it),
-//! a window only into the window the units were counted in.
+//! a window only into the window the units were counted in, a log by removing the lease's entries.
 //!
 //! **What it costs.** Units an instance holds are not available to another instance's clients
 //! (`X-RateLimit-Remaining` lags by them), and what no request gives back lapses (a bucket's lease
@@ -61,6 +69,9 @@ pub struct LeaseAsk {
     /// The store's time (µs) that lease was granted at: a window takes units back only into the
     /// window they were counted in.
     pub back_at: u64,
+    /// How long (µs) a lease of this limit lasts at most: a sliding window log stamps leased units
+    /// with the lease's end.
+    pub lease_us: u64,
 }
 
 /// The `outcome` label of `floodgate_lease_units_total`.
@@ -182,6 +193,7 @@ fn leasable(ask: &Ask<'_>) -> bool {
         AlgorithmKind::TokenBucket
             | AlgorithmKind::FixedWindow
             | AlgorithmKind::SlidingWindowCounter
+            | AlgorithmKind::SlidingWindowLog
     )
 }
 
@@ -195,6 +207,18 @@ impl Leases {
                 .collect(),
             hasher: RandomState::new(),
             stats,
+        }
+    }
+
+    /// How long a lease of `ask`'s limit may last: `ttl`, and a log's at most one window (its
+    /// units count until a window after the lease's end).
+    fn lifetime(&self, ask: &Ask<'_>) -> u64 {
+        match ask.limit.algorithm().kind() {
+            AlgorithmKind::SlidingWindowLog => {
+                let (_, window) = ask.limit.algorithm().parameters();
+                self.ttl_us.min(window).max(1)
+            }
+            _ => self.ttl_us,
         }
     }
 
@@ -290,6 +314,7 @@ impl Leases {
                 if !leasable(ask) {
                     return out;
                 }
+                out.lease_us = self.lifetime(ask);
                 let key = ask.key.hash_with(&self.hasher);
                 let mut shard = self.shard(key);
                 if !shard.contains_key(&key) && shard.len() >= CAPACITY / SHARDS {
@@ -333,8 +358,8 @@ impl Leases {
             .collect()
     }
 
-    /// Takes the leases the store granted with a request (`reply.leased`) at local time `now`.
-    /// A lease this replaces lapses.
+    /// Takes the leases the store granted with a request (`reply.leased`), the request having
+    /// been sent at local time `now` (see "Whose clock" above). A lease this replaces lapses.
     pub fn grant(&self, asks: &[Ask<'_>], reply: &Reply, now: u64) {
         for (i, ask) in asks.iter().enumerate() {
             let units = reply.leased.get(i).copied().unwrap_or(0);
@@ -356,6 +381,7 @@ impl Leases {
                     let headroom = capacity.saturating_sub(decision.remaining + 1) / cost;
                     (drain_us, headroom.saturating_mul(drain_us), self.ttl_us)
                 }
+                AlgorithmKind::SlidingWindowLog => (0, 0, self.lifetime(ask)),
                 // A window's units count in that window only: the lease ends with it, on the
                 // store's clock.
                 _ => {
@@ -426,6 +452,13 @@ mod tests {
             decisions: vec![decision],
             leased: vec![leased],
         }
+    }
+
+    /// A reply as `reply`, decided at the store's time `now_us`.
+    fn reply_at(now_us: u64, leased: u64, remaining: u64) -> Reply {
+        let mut r = reply(leased, remaining, 0);
+        r.verdict = Verdict::from_decisions(now_us, &r.decisions).unwrap();
+        r
     }
 
     fn leases() -> (Leases, LeaseStats) {
@@ -522,11 +555,40 @@ mod tests {
         leases.grant(&asks[..1], &reply(3, 50, 0), 0);
         assert!(leases.spend(&asks, 0).is_some());
         assert_eq!(stats.spent.get(), 5);
-        // A sliding window log is never leased.
+        // A leaky bucket is never leased: its delay is decided per request.
+        let leaky = Limit::of(Algorithm::leaky_bucket(100, 10.0).unwrap());
+        for _ in 0..3 {
+            leases.wants(&[ask(&leaky, b"k")], 0);
+        }
+        assert_eq!(leases.wants(&[ask(&leaky, b"k")], 300 * MS)[0].want, 0);
+    }
+
+    #[test]
+    fn a_log_lease_lasts_at_most_a_window_from_when_its_request_was_sent() {
+        let (leases, _) = leases();
+        // A window of 100 ms, shorter than the ttl: the lease lasts 100 ms, and decide.lua
+        // stamps its entries with that end (`lease_us`).
         let log = Limit::of(
+            Algorithm::sliding_window_log(100, std::time::Duration::from_millis(100)).unwrap(),
+        );
+        let asks = [ask(&log, b"k")];
+        for _ in 0..3 {
+            leases.wants(&asks, 0);
+        }
+        let wanted = leases.wants(&asks, 300 * MS)[0];
+        assert_eq!((wanted.want, wanted.lease_us), (3, 100 * MS));
+        // Sent at 300 ms, answered later: the lease's time runs from 300 ms all the same.
+        leases.grant(&asks, &reply(3, 50, 100 * MS), 300 * MS);
+        assert!(leases.spend(&asks, 399 * MS).is_some());
+        assert!(
+            leases.spend(&asks, 400 * MS).is_none(),
+            "the lease has ended"
+        );
+        // A long window: the lease lasts the ttl.
+        let long = Limit::of(
             Algorithm::sliding_window_log(100, std::time::Duration::from_secs(60)).unwrap(),
         );
-        assert_eq!(leases.wants(&[ask(&log, b"k")], 0)[0].want, 0);
+        assert_eq!(leases.wants(&[ask(&long, b"k")], 0)[0].lease_us, 250 * MS);
     }
 
     #[test]
@@ -556,6 +618,93 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The exactness claim for the sliding window log: whatever the timing and the round
+        /// trip (each request to the store is decided `d1` after it was sent and answered `d2`
+        /// later), no window of requests admitted by two instances holds more than the limit.
+        /// The store is modelled as decide.lua and sliding_window_log.lua run it: leased entries
+        /// stamped with the lease's end, unspent ones given back by name.
+        #[test]
+        fn no_window_of_requests_admitted_through_log_leases_holds_more_than_the_limit(
+            limit in 2u64..40,
+            window_ms in proptest::prop_oneof![
+                proptest::strategy::Just(50u64),
+                proptest::strategy::Just(400u64),
+                proptest::strategy::Just(1_000u64),
+            ],
+            events in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..40_000],
+                    proptest::bool::ANY,
+                    0u64..3_000,
+                    // Up to 30 ms back: long enough, against windows as short as 50 ms, that a
+                    // lease timed from the answer rather than the request would show.
+                    0u64..30_000,
+                ),
+                1..300,
+            ),
+        ) {
+            let window = window_ms * MS;
+            let log = Limit::of(
+                Algorithm::sliding_window_log(limit as u32, std::time::Duration::from_millis(window_ms))
+                    .unwrap(),
+            );
+            let asks = [ask(&log, b"k")];
+            let instances = [
+                Leases::new(250 * MS, LeaseStats::default()),
+                Leases::new(250 * MS, LeaseStats::default()),
+            ];
+            // The store's log: (stamp, the grant time of the lease it belongs to, if leased).
+            let mut store: Vec<(u64, Option<u64>)> = Vec::new();
+            let mut admitted: Vec<u64> = Vec::new();
+            let mut now = 0u64;
+            for (step, second, d1, d2) in events {
+                now += step;
+                let leases = &instances[usize::from(second)];
+                // When the request was admitted, on the store's clock (the model's only clock):
+                // spent from a lease now, or decided by the store.
+                let mut at = now;
+                let served = leases.spend(&asks, now).is_some() || {
+                    let ask = leases.wants(&asks, now)[0];
+                    let decided = now + d1;
+                    if ask.back > 0 {
+                        let mut left = ask.back;
+                        store.retain(|&(stamp, tag)| {
+                            let theirs = tag == Some(ask.back_at) && stamp == ask.back_at + ask.lease_us;
+                            let keep = !(theirs && left > 0);
+                            if !keep {
+                                left -= 1;
+                            }
+                            keep
+                        });
+                    }
+                    store.retain(|&(stamp, _)| stamp + window > decided);
+                    let count = store.len() as u64;
+                    let allowed = count < limit;
+                    if allowed {
+                        let remaining = limit - count - 1;
+                        let extra = (remaining / 2).min(u64::from(ask.want));
+                        store.push((decided, None));
+                        for _ in 0..extra {
+                            store.push((decided + ask.lease_us, Some(decided)));
+                        }
+                        leases.grant(&asks, &reply_at(decided, extra, remaining), now);
+                    }
+                    // The answer arrives d2 after the decision.
+                    at = decided;
+                    now = decided + d2;
+                    allowed
+                };
+                if served {
+                    admitted.push(at);
+                    let in_window = admitted.iter().filter(|&&t| t + window > at).count() as u64;
+                    proptest::prop_assert!(
+                        in_window <= limit,
+                        "{} admitted in the window ending at {} µs, limit {}", in_window, at, limit
+                    );
+                }
+            }
+        }
+
         /// The exactness claim for token buckets: whatever the timing, every request admitted by
         /// two instances (each serving from its own lease when it can, else asking the store,
         /// giving back what an ended lease left and leasing what it wants up to half of what

@@ -553,8 +553,8 @@ impl RedisStore {
         let number = |n: u64| n.to_string().into_bytes();
         if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
-            // then seven per limit.
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 7 * asks.len());
+            // then eight per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
             args.push(number(lease));
             args.push(number(asks.len() as u64));
             push_limits(&mut args, asks, wants);
@@ -572,8 +572,8 @@ impl RedisStore {
                 LimiterError::Unavailable("the batch driver has stopped".to_string())
             })?;
         }
-        // ARGV as main.lua reads it: the clock, the lease token, then seven per limit.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 7 * asks.len());
+        // ARGV as main.lua reads it: the clock, the lease token, then eight per limit.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
         push_limits(&mut args, asks, wants);
@@ -687,10 +687,10 @@ impl RemoteStore for RedisStore {
     }
 }
 
-/// Appends each limit's seven arguments (algorithm name, parameter a, parameter b, cost, and
-/// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, and
-/// those of an ended lease given back with the store time it was granted at), as `decide.lua`
-/// reads them.
+/// Appends each limit's eight arguments (algorithm name, parameter a, parameter b, cost, and
+/// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, those
+/// of an ended lease given back with the store time it was granted at, and how long a lease
+/// lasts), as `decide.lua` reads them.
 fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[super::lease::LeaseAsk]) {
     let number = |n: u64| n.to_string().into_bytes();
     for (i, ask) in asks.iter().enumerate() {
@@ -703,6 +703,7 @@ fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[super::lease:
         args.push(number(u64::from(lease.want)));
         args.push(number(lease.back));
         args.push(number(lease.back_at));
+        args.push(number(lease.lease_us));
     }
 }
 

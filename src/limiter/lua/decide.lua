@@ -1,12 +1,14 @@
 -- floodgate limiter script, part 9 of 9: one decision over all the limits of a request, all-or-nothing; the
 -- body of both entry points, main.lua (one decision per call) and batch.lua (many).
 --
--- keys[k0 + i]: the state of limit i. argv[a0 + 7(i-1) ..]: limit i as algorithm name,
--- parameter a, parameter b, cost, want, back, back_at, where (a, b) is (capacity, interval µs) for
--- the buckets and (limit, window µs) for the windows; want is how many more requests' worth of
--- units the caller would like to lease (0: none); back is how many requests' worth of an earlier
--- lease it gives back unspent, granted at the store's time back_at (0: none). lease: the request's lease token, naming its concurrency
--- leases; "-" to peek (decide and reply as usual, but spend nothing: floodgate's /budgets).
+-- keys[k0 + i]: the state of limit i. argv[a0 + 8(i-1) ..]: limit i as algorithm name,
+-- parameter a, parameter b, cost, want, back, back_at, lease_us, where (a, b) is (capacity,
+-- interval µs) for the buckets and (limit, window µs) for the windows; want is how many more
+-- requests' worth of units the caller would like to lease (0: none); back is how many requests'
+-- worth of an earlier lease it gives back unspent, granted at the store's time back_at (0: none);
+-- lease_us is how long the caller spends a lease for (the sliding window log stamps leased units
+-- with the lease's end). lease: the request's lease token, naming its concurrency leases; "-" to
+-- peek (decide and reply as usual, but spend nothing: floodgate's /budgets).
 -- Returns (REPLY_HEADER and REPLY_FIELDS in wire.rs): { allowed, now_us, then per limit: allowed,
 -- limit, remaining, reset_after_us, retry_after_us, delay_us; then per limit the requests' worth
 -- of units leased beyond this request (0 unless allowed and wanted) }. Raises an error for an
@@ -17,12 +19,16 @@
 -- debited here, now, as if that many more requests had come: the units are spent before anyone
 -- else can have them, so no instance can ever be granted what another holds.
 
-local LEASABLE = { token_bucket = true, fixed_window = true, sliding_window_counter = true }
+local LEASABLE = {
+  token_bucket = true, fixed_window = true, sliding_window_counter = true, sliding_window_log = true,
+}
+local ARGS = 8
 
--- Gives `units` back to a budget they were leased from at `at`: a bucket's TAT moves back (a
--- bucket fuller than full is just full); a window's count falls, if the window is still the one
--- they were counted in (after it, they are gone with it).
-local function give_back(name, key, now, b, units, at)
+-- Gives `units` back to a budget they were leased from at `at` for `lease_us`: a bucket's TAT
+-- moves back (a bucket fuller than full is just full); a window's count falls, if the window is
+-- still the one they were counted in (after it, they are gone with it); a log loses that many of
+-- the lease's entries (sliding_window_log.lua names them), if they are still there.
+local function give_back(name, key, now, b, units, at, lease_us)
   if name == 'token_bucket' then
     local tat = tonumber(read('GET', key))
     if tat then
@@ -41,6 +47,19 @@ local function give_back(name, key, now, b, units, at)
         redis.call('HSET', key, 'c', fmt(math.max((tonumber(stored[2]) or 0) - units, 0)))
       end
     end
+  elseif name == 'sliding_window_log' then
+    local prefix = log_lease_prefix(at)
+    local stamp = fmt(at + lease_us)
+    local left = units
+    for _, member in ipairs(read('ZRANGEBYSCORE', key, stamp, stamp)) do
+      if left == 0 then
+        break
+      end
+      if string.sub(member, 1, #prefix) == prefix then
+        redis.call('ZREM', key, member)
+        left = left - 1
+      end
+    end
   end
 end
 
@@ -48,11 +67,11 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   LEASE = lease
   if lease ~= '-' then
     for i = 1, n do
-      local base = a0 + 7 * (i - 1)
+      local base = a0 + ARGS * (i - 1)
       local back = tonumber(argv[base + 5]) or 0
       if back > 0 and LEASABLE[argv[base]] then
         give_back(argv[base], keys[k0 + i], now, tonumber(argv[base + 2]),
-          back * tonumber(argv[base + 3]), tonumber(argv[base + 6]))
+          back * tonumber(argv[base + 3]), tonumber(argv[base + 6]), tonumber(argv[base + 7]) or 0)
       end
     end
   end
@@ -60,7 +79,7 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   local states = {}
   local all = 1
   for i = 1, n do
-    local base = a0 + 7 * (i - 1)
+    local base = a0 + ARGS * (i - 1)
     local algorithm = ALGORITHMS[argv[base]]
     if algorithm == nil then
       error('floodgate: unknown algorithm ' .. tostring(argv[base]))
@@ -81,10 +100,14 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   end
   if all == 1 and lease ~= '-' then
     for i = 1, n do
-      local base = a0 + 7 * (i - 1)
+      local base = a0 + ARGS * (i - 1)
       local name = argv[base]
       local cost = tonumber(argv[base + 3])
       local want = tonumber(argv[base + 4]) or 0
+      local lease_us = tonumber(argv[base + 7]) or 0
+      if name == 'sliding_window_log' and lease_us <= 0 then
+        want = 0
+      end
       if want > 0 and LEASABLE[name] and cost > 0 then
         local extra = math.min(want, math.floor(decisions[i][3] / cost / 2))
         if extra > 0 then
@@ -96,8 +119,9 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
           end
         end
       end
+      -- (Only the log reads the last two: its leased entries are stamped with the lease's end.)
       ALGORITHMS[name].commit(keys[k0 + i], now, states[i], tonumber(argv[base + 2]),
-        cost * (1 + leased[i]))
+        cost * (1 + leased[i]), cost * leased[i], now + lease_us)
     end
   end
 

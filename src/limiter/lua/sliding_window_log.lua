@@ -1,6 +1,17 @@
 -- floodgate limiter script, part 5 of 9: sliding window log; mirrors sliding_log_check in
 -- src/limiter/algorithm.rs. The key is a sorted set: one member per admitted unit of cost,
 -- scored by its timestamp. Denied requests are not added, so it never holds more than `limit`.
+--
+-- Leased units (decide.lua, src/limiter/lease.rs) are added when leased, stamped with the lease's
+-- end: the instance holding them spends each between the grant and that end, so every entry
+-- counts from before its request was admitted until a window after it, and no window of admitted
+-- requests can ever hold more than `limit`. They are named after the grant's time, so that
+-- unspent ones can be given back.
+
+-- The name prefix of the entries leased at `at`.
+local function log_lease_prefix(at)
+  return 'l' .. fmt(at) .. '-'
+end
 
 ALGORITHMS['sliding_window_log'] = {
   check = function(key, now, limit, window, cost)
@@ -17,11 +28,20 @@ ALGORITHMS['sliding_window_log'] = {
     return { 0, limit, math.max(limit - count, 0), math.max(newest + window - now, 0),
       math.max(freeing + window - now, 1), 0 }, nil
   end,
-  commit = function(key, now, count, window, cost)
+  -- `leased` of the `cost` units are a lease's, stamped `lease_end` (decide.lua; 0 otherwise).
+  commit = function(key, now, count, window, cost, leased, lease_end)
+    leased = leased or 0
     -- Members must be unique: within one microsecond the count after trimming only grows.
-    for i = 1, cost do
+    for i = 1, cost - leased do
       redis.call('ZADD', key, fmt(now), fmt(now) .. '-' .. (count + i))
     end
-    redis.call('PEXPIRE', key, ttl_ms(now + window, now))
+    for i = cost - leased + 1, cost do
+      redis.call('ZADD', key, fmt(lease_end), log_lease_prefix(now) .. (count + i))
+    end
+    local newest = now
+    if leased > 0 then
+      newest = math.max(now, lease_end)
+    end
+    redis.call('PEXPIRE', key, ttl_ms(newest + window, now))
   end,
 }
