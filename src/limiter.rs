@@ -15,6 +15,7 @@
 //! interval or window, no budget past 2^53 µs, no cost above what the budget holds).
 
 pub mod algorithm;
+pub mod batch;
 pub mod guard;
 pub mod lease;
 pub mod memory;

@@ -251,9 +251,12 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
             },
         )?,
         Backend::Postgres { url } => {
-            let store =
+            let mut store =
                 PostgresStore::connect(url, &config.storage.key_prefix, config.storage.timeout)
                     .context("invalid storage.url")?;
+            if config.storage.batch {
+                store = store.batched();
+            }
             Limiter::Postgres(Arc::new(Guarded::new(
                 store,
                 config.storage.timeout,

@@ -139,7 +139,8 @@ pub struct StorageFile {
     /// Memory store: the most identities tracked at once.
     #[serde(default)]
     pub max_keys: Option<u64>,
-    /// Redis: batch the decisions waiting for one server into one call (default true).
+    /// Redis and PostgreSQL: batch the decisions waiting for one server into one call (default
+    /// true).
     #[serde(default)]
     pub batch: Option<bool>,
     /// Redis: `auto` (default) leases budgets this instance spends fast; `disabled`.

@@ -1,11 +1,12 @@
-//! The PostgreSQL store: one SQL function call per decision, covering all the limits asked about
-//! a request, in one transaction, with time from the database's clock, so any number of floodgate
+//! The PostgreSQL store: one SQL function call per decision (or per batch of decisions, see
+//! `postgres/batch.rs`), covering all the limits asked about a request, in one transaction, with time from the database's clock, so any number of floodgate
 //! instances share one budget exactly (seed 003's design, with row locks instead of SERIALIZABLE
 //! retries).
 //!
 //! The SQL is in `sql/`: `schema.sql` (the table), one file per algorithm mirroring the Rust
 //! functions of `algorithm.rs` and the Lua of `lua/`, `decide.sql` (the all-or-nothing decision,
-//! locking its rows in key order), `release.sql` and `sweep.sql`. At start floodgate installs
+//! locking its rows in key order), `batch.sql` (many decisions in one call), `release.sql` and
+//! `sweep.sql`. At start floodgate installs
 //! them (see `install`): under an advisory lock, the table when the `floodgate_schema` version
 //! row says it is missing or older, and the functions with `CREATE OR REPLACE`. The functions'
 //! names end in a hash of their text, so two floodgate versions sharing a database (a rolling
@@ -37,10 +38,14 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use tokio::sync::mpsc;
+
+use super::batch::Pending;
 use super::guard::RemoteStore;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
+mod batch;
 pub mod url;
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
@@ -50,13 +55,14 @@ pub const SCHEMA_VERSION: i32 = 1;
 const SCHEMA: &str = include_str!("sql/schema.sql");
 
 /// The functions, in the order they must be created (the decision calls the algorithms).
-const FUNCTIONS: [&str; 8] = [
+const FUNCTIONS: [&str; 9] = [
     include_str!("sql/gcra.sql"),
     include_str!("sql/fixed_window.sql"),
     include_str!("sql/sliding_window_log.sql"),
     include_str!("sql/sliding_window_counter.sql"),
     include_str!("sql/concurrency.sql"),
     include_str!("sql/decide.sql"),
+    include_str!("sql/batch.sql"),
     include_str!("sql/release.sql"),
     include_str!("sql/sweep.sql"),
 ];
@@ -81,6 +87,7 @@ struct Sql {
     functions: String,
     decide: String,
     decide_at: String,
+    decide_batch: String,
     release: String,
     sweep: String,
 }
@@ -98,6 +105,10 @@ impl Sql {
             functions: text.replace(NAME_SUFFIX, &suffix),
             decide: format!("SELECT {}($1, $2, $3, $4, $5, $6)", name("decide")),
             decide_at: format!("SELECT {}($1, $2, $3, $4, $5, $6, $7)", name("decide_at")),
+            decide_batch: format!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+                name("decide_batch")
+            ),
             release: format!("SELECT {}($1, $2)", name("release")),
             sweep: format!(
                 "SELECT last_key, deleted FROM {}($1, $2, $3)",
@@ -184,6 +195,20 @@ fn schema_missing(e: &tokio_postgres::Error) -> bool {
 
 /// The PostgreSQL-backed limiter store.
 pub struct PostgresStore {
+    db: Db,
+    /// True when decisions may take the caller's time (tests only).
+    test_clock: bool,
+    prefix: String,
+    /// Where decisions wait to leave in a batch, when batching is on ([`PostgresStore::batched`]).
+    batcher: Option<mpsc::UnboundedSender<Pending<batch::Job>>>,
+    /// The background tasks (installer, sweeper) hold a weak reference and end with the store.
+    _alive: Arc<()>,
+}
+
+/// The database as the store and its batch driver share it: the pool, the SQL, and whether the
+/// schema is installed. Cheap to clone.
+#[derive(Clone)]
+struct Db {
     pool: Pool,
     sql: Arc<Sql>,
     /// True once the schema is installed; decisions are refused (as unavailable) until then.
@@ -192,11 +217,11 @@ pub struct PostgresStore {
     installing: Arc<AtomicBool>,
     /// Woken after each of the installer's attempts, failed or not.
     attempted: Arc<tokio::sync::Notify>,
-    /// True when decisions may take the caller's time (tests only).
-    test_clock: bool,
-    prefix: String,
-    /// The background tasks (installer, sweeper) hold a weak reference and end with the store.
-    alive: Arc<()>,
+    /// The store's: background tasks run while it is alive.
+    alive: Weak<()>,
+    /// Round trips made to decide (`floodgate_store_calls_total`), once the guard hands its
+    /// counter over: a batch is one.
+    calls: Arc<std::sync::OnceLock<prometheus_client::metrics::counter::Counter>>,
 }
 
 impl PostgresStore {
@@ -255,23 +280,47 @@ impl PostgresStore {
             .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
             .build()
             .map_err(unavailable)?;
-        let store = PostgresStore {
+        let alive = Arc::new(());
+        let db = Db {
             pool,
             sql: Arc::new(Sql::new()),
             installed: Arc::new(AtomicBool::new(false)),
             installing: Arc::new(AtomicBool::new(false)),
             attempted: Arc::new(tokio::sync::Notify::new()),
-            test_clock,
-            prefix: prefix.to_string(),
-            alive: Arc::new(()),
+            alive: Arc::downgrade(&alive),
+            calls: Arc::default(),
         };
-        store.start_install();
+        db.start_install();
         // The sweeper deletes by the database's clock, which would find every budget a test
         // clock wrote long expired.
         if !test_clock {
-            store.spawn_sweeper();
+            db.spawn_sweeper();
         }
-        Ok(store)
+        Ok(PostgresStore {
+            db,
+            test_clock,
+            prefix: prefix.to_string(),
+            batcher: None,
+            _alive: alive,
+        })
+    }
+
+    /// This store with batched decisions (`storage.batch`, see `postgres/batch.rs`): decisions
+    /// that would wait for a connection leave together, as many batches at once as the pool has
+    /// connections.
+    pub fn batched(mut self) -> Self {
+        let in_flight = self.db.pool.status().max_size;
+        self.batcher = Some(batch::start(self.db.clone(), in_flight));
+        self
+    }
+}
+
+impl Db {
+    /// Counts one round trip made to decide.
+    fn count_call(&self) {
+        if let Some(calls) = self.calls.get() {
+            calls.inc();
+        }
     }
 
     /// Installs the schema in a background task, retrying with backoff until it succeeds.
@@ -286,7 +335,7 @@ impl PostgresStore {
             self.installing.clone(),
             self.attempted.clone(),
         );
-        let alive = Arc::downgrade(&self.alive);
+        let alive = self.alive.clone();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
             while alive.strong_count() > 0 {
@@ -314,7 +363,7 @@ impl PostgresStore {
     /// Deletes expired budgets in the background, one batch of keys at a time.
     fn spawn_sweeper(&self) {
         let (pool, sql, installed) = (self.pool.clone(), self.sql.clone(), self.installed.clone());
-        let alive: Weak<()> = Arc::downgrade(&self.alive);
+        let alive = self.alive.clone();
         let grace_us = SWEEP_GRACE.as_micros() as i64;
         tokio::spawn(async move {
             let mut after = String::new();
@@ -348,97 +397,6 @@ impl PostgresStore {
                 }
             }
         });
-    }
-
-    /// Decides one request against all `asks` in one round trip, all-or-nothing, by the
-    /// database's clock; its concurrency leases (if any) are named `lease`.
-    pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, None, Some(lease)).await?.verdict)
-    }
-
-    /// [`PostgresStore::decide`] at `now_us` instead of the database's clock, on a store made by
-    /// [`PostgresStore::connect_for_test`].
-    pub async fn decide_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        now_us: u64,
-        lease: LeaseId,
-    ) -> Result<Verdict, LimiterError> {
-        if !self.test_clock {
-            return Err(LimiterError::Protocol(
-                "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
-            ));
-        }
-        Ok(self.invoke(asks, Some(now_us), Some(lease)).await?.verdict)
-    }
-
-    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
-    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, None, None).await?.decisions)
-    }
-
-    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
-    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        let keys: Vec<String> = asks
-            .iter()
-            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let lease = lease as i64; // the same bits as the decision stored
-        self.query::<i32>(&self.sql.release, &[&keys, &lease])
-            .await
-            .map(|_| ())
-    }
-
-    /// One decision call; `lease: None` peeks.
-    async fn invoke(
-        &self,
-        asks: &[Ask<'_>],
-        now: Option<u64>,
-        lease: Option<LeaseId>,
-    ) -> Result<Reply, LimiterError> {
-        if asks.is_empty() {
-            return Err(LimiterError::Protocol("nothing to decide".into()));
-        }
-        let keys: Vec<String> = asks
-            .iter()
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        let algorithms: Vec<&str> = asks.iter().map(|a| a.limit.algorithm().name()).collect();
-        let (mut pa, mut pb, mut costs) = (
-            Vec::with_capacity(asks.len()),
-            Vec::with_capacity(asks.len()),
-            Vec::with_capacity(asks.len()),
-        );
-        for ask in asks {
-            // Every parameter is below 2^53 (the constructors check it): the casts are exact.
-            let (a, b) = ask.limit.algorithm().parameters();
-            pa.push(a as i64);
-            pb.push(b as i64);
-            costs.push(i64::from(ask.limit.cost()));
-        }
-        let lease = lease.map(|l| l as i64);
-        let items: Vec<i64> = match now {
-            None => {
-                self.query(
-                    &self.sql.decide,
-                    &[&keys, &algorithms, &pa, &pb, &costs, &lease],
-                )
-                .await?
-            }
-            Some(now) => {
-                let now = now as i64;
-                self.query(
-                    &self.sql.decide_at,
-                    &[&now, &keys, &algorithms, &pa, &pb, &costs, &lease],
-                )
-                .await?
-            }
-        };
-        Reply::from_ints(&items, asks.len())
     }
 
     /// Runs one prepared statement returning one value; installs the schema and tries once more
@@ -481,7 +439,7 @@ impl PostgresStore {
 
     /// Waits for the installer's attempt under way (if any), then pings: the first decision
     /// finds the schema in place rather than spending its timeout waiting for it.
-    pub async fn prepare(&self) -> Result<(), LimiterError> {
+    async fn prepare(&self) -> Result<(), LimiterError> {
         let attempt = self.attempted.notified();
         if !self.installed.load(Ordering::Acquire) && self.installing.load(Ordering::Acquire) {
             attempt.await;
@@ -490,7 +448,7 @@ impl PostgresStore {
     }
 
     /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
-    pub async fn ping(&self) -> Result<(), LimiterError> {
+    async fn ping(&self) -> Result<(), LimiterError> {
         if !self.installed.load(Ordering::Acquire) {
             self.start_install();
             return Err(LimiterError::Unavailable(
@@ -503,6 +461,125 @@ impl PostgresStore {
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+}
+
+impl PostgresStore {
+    /// Decides one request against all `asks` in one round trip, all-or-nothing, by the
+    /// database's clock; its concurrency leases (if any) are named `lease`.
+    pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
+        Ok(self.invoke(asks, None, Some(lease)).await?.verdict)
+    }
+
+    /// [`PostgresStore::decide`] at `now_us` instead of the database's clock, on a store made by
+    /// [`PostgresStore::connect_for_test`].
+    pub async fn decide_at_for_test(
+        &self,
+        asks: &[Ask<'_>],
+        now_us: u64,
+        lease: LeaseId,
+    ) -> Result<Verdict, LimiterError> {
+        if !self.test_clock {
+            return Err(LimiterError::Protocol(
+                "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
+            ));
+        }
+        Ok(self.invoke(asks, Some(now_us), Some(lease)).await?.verdict)
+    }
+
+    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
+    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        Ok(self.invoke(asks, None, None).await?.decisions)
+    }
+
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
+    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
+        let keys: Vec<String> = asks
+            .iter()
+            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+            .map(|a| wire::key_name(&self.prefix, a))
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let lease = lease as i64; // the same bits as the decision stored
+        self.db
+            .query::<i32>(&self.db.sql.release, &[&keys, &lease])
+            .await
+            .map(|_| ())
+    }
+
+    /// One decision call; `lease: None` peeks.
+    async fn invoke(
+        &self,
+        asks: &[Ask<'_>],
+        now: Option<u64>,
+        lease: Option<LeaseId>,
+    ) -> Result<Reply, LimiterError> {
+        if asks.is_empty() {
+            return Err(LimiterError::Protocol("nothing to decide".into()));
+        }
+        let keys: Vec<String> = asks
+            .iter()
+            .map(|a| wire::key_name(&self.prefix, a))
+            .collect();
+        let algorithms: Vec<&str> = asks.iter().map(|a| a.limit.algorithm().name()).collect();
+        let (mut pa, mut pb, mut costs) = (
+            Vec::with_capacity(asks.len()),
+            Vec::with_capacity(asks.len()),
+            Vec::with_capacity(asks.len()),
+        );
+        for ask in asks {
+            // Every parameter is below 2^53 (the constructors check it): the casts are exact.
+            let (a, b) = ask.limit.algorithm().parameters();
+            pa.push(a as i64);
+            pb.push(b as i64);
+            costs.push(i64::from(ask.limit.cost()));
+        }
+        let lease = lease.map(|l| l as i64);
+        if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
+            let job = batch::Job {
+                keys,
+                algorithms,
+                pa,
+                pb,
+                costs,
+                lease,
+            };
+            return super::batch::decide(batcher, job).await;
+        }
+        self.db.count_call();
+        let items: Vec<i64> = match now {
+            None => {
+                self.db
+                    .query(
+                        &self.db.sql.decide,
+                        &[&keys, &algorithms, &pa, &pb, &costs, &lease],
+                    )
+                    .await?
+            }
+            Some(now) => {
+                let now = now as i64;
+                self.db
+                    .query(
+                        &self.db.sql.decide_at,
+                        &[&now, &keys, &algorithms, &pa, &pb, &costs, &lease],
+                    )
+                    .await?
+            }
+        };
+        Reply::from_ints(&items, asks.len())
+    }
+
+    /// Waits for the installer's attempt under way (if any), then pings: the first decision
+    /// finds the schema in place rather than spending its timeout waiting for it.
+    pub async fn prepare(&self) -> Result<(), LimiterError> {
+        self.db.prepare().await
+    }
+
+    /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
+    pub async fn ping(&self) -> Result<(), LimiterError> {
+        self.db.ping().await
     }
 }
 
@@ -526,6 +603,11 @@ impl RemoteStore for PostgresStore {
     async fn prepare(&self) -> Result<(), LimiterError> {
         PostgresStore::prepare(self).await
     }
+
+    fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
+        let _ = self.db.calls.set(counter);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -536,7 +618,13 @@ mod tests {
     fn every_function_name_gets_the_hash() {
         let sql = Sql::new();
         assert!(!sql.functions.contains(NAME_SUFFIX));
-        for call in [&sql.decide, &sql.decide_at, &sql.release, &sql.sweep] {
+        for call in [
+            &sql.decide,
+            &sql.decide_at,
+            &sql.decide_batch,
+            &sql.release,
+            &sql.sweep,
+        ] {
             let name = call
                 .split(['(', ' '])
                 .find(|w| w.starts_with("floodgate_"))

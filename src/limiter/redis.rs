@@ -347,7 +347,7 @@ pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
     caller: Arc<Caller>,
     /// Where decisions wait to leave in a batch, when batching is on ([`RedisStore::batched`]).
-    batcher: Option<tokio::sync::mpsc::UnboundedSender<batch::Pending>>,
+    batcher: Option<tokio::sync::mpsc::UnboundedSender<crate::limiter::batch::Pending<batch::Job>>>,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     release: Script,
@@ -558,19 +558,12 @@ impl RedisStore {
             args.push(number(lease));
             args.push(number(asks.len() as u64));
             push_limits(&mut args, asks, wants);
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            let pending = batch::Pending {
+            let job = batch::Job {
                 keys,
                 args,
                 limits: asks.len(),
-                reply,
             };
-            batcher.send(pending).map_err(|_| {
-                LimiterError::Unavailable("the batch driver has stopped".to_string())
-            })?;
-            return answer.await.map_err(|_| {
-                LimiterError::Unavailable("the batch driver has stopped".to_string())
-            })?;
+            return crate::limiter::batch::decide(batcher, job).await;
         }
         // ARGV as main.lua reads it: the clock, the lease token, then eight per limit.
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());

@@ -40,6 +40,7 @@ pub fn key_name(prefix: &str, ask: &Ask<'_>) -> String {
 }
 
 /// A decision's reply, read: [`REPLY_HEADER`] items, then [`REPLY_FIELDS`] per limit.
+#[derive(Debug)]
 pub struct Reply {
     pub verdict: Verdict,
     pub decisions: Vec<Decision>,

@@ -1,16 +1,9 @@
-//! Batched decisions (`storage.batch`): the decisions bound for one Redis server leave together.
+//! Batched decisions on Redis (`storage.batch`; the driver is `limiter/batch.rs`): one `FCALL` of
+//! `batch.lua` at a time per store, carrying every decision that waited for it.
 //!
-//! One driver task per store sends one `FCALL` of `batch.lua` at a time. While it is in flight,
-//! the decisions that arrive wait in a channel; when it returns, all of them (up to
-//! [`MAX_BATCH`]) leave in the next call. An idle store therefore adds no wait (a lone decision
-//! leaves at once, alone), and a busy one pays one script call, one `TIME` and one round trip for
-//! many decisions. Each decision stays all-or-nothing over its own limits, and decisions in one
-//! batch are taken in arrival order, so a later one sees what an earlier one spent: the same
-//! answers as one call each, in that order.
-//!
-//! The caller's `storage.timeout` still bounds each decision (the guard drops its receiver when
-//! it gives up); a decision whose caller has gone is left out of the next batch, and a late
-//! batch's answers go to nobody. An error about one decision's keys fails that decision alone
+//! Each decision stays all-or-nothing over its own limits, and decisions in one batch are taken
+//! in arrival order, so a later one sees what an earlier one spent: the same answers as one call
+//! each, in that order. An error about one decision's keys fails that decision alone
 //! (`batch.lua` runs each under `pcall`); an error about the call fails every decision in it.
 //!
 //! On Redis Cluster a script's keys must share one slot, so a round's decisions are grouped by
@@ -22,101 +15,70 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use redis::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::{Caller, Connection, Entry, classify, read_reply};
 use crate::limiter::LimiterError;
+use crate::limiter::batch::{self, Pending, answer};
 use crate::limiter::wire::Reply;
 
-/// The most decisions one call carries. 64 decisions of up to 8 limits stay far below what
-/// Redis takes in one command, and keep one call's time in Redis short (about 64 × 10 µs).
-pub const MAX_BATCH: usize = 64;
-
-/// One decision waiting for a batch.
-pub struct Pending {
+/// One decision, as a batch call carries it.
+pub struct Job {
     /// Its limits' keys, in order.
     pub keys: Vec<String>,
-    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 7 per limit.
+    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 8 per limit.
     pub args: Vec<Vec<u8>>,
     /// How many limits it asks (to read its reply).
     pub limits: usize,
-    pub reply: oneshot::Sender<Result<Reply, LimiterError>>,
 }
 
-/// Starts the driver for a store's `connection`; decisions sent on the returned channel are
-/// decided in batches until the sender is dropped.
+/// Starts the driver for a store's `connection`: one call in flight (Redis runs one at a time).
 pub(super) fn start(
     connection: Arc<ArcSwapOption<Connection>>,
     caller: Arc<Caller>,
-) -> mpsc::UnboundedSender<Pending> {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    tokio::spawn(drive(receiver, connection, caller));
-    sender
+) -> mpsc::UnboundedSender<Pending<Job>> {
+    batch::start(1, move |batch| {
+        send(connection.clone(), caller.clone(), batch)
+    })
 }
 
-async fn drive(
-    mut receiver: mpsc::UnboundedReceiver<Pending>,
+/// Sends one round's decisions: one call, or on Redis Cluster one call per hash tag, at once.
+async fn send(
     connection: Arc<ArcSwapOption<Connection>>,
     caller: Arc<Caller>,
+    mut batch: Vec<Pending<Job>>,
 ) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        // Callers that gave up (their timeout passed while they waited) are not decided for.
-        batch.retain(|p: &Pending| !p.reply.is_closed());
-        if batch.is_empty() {
-            continue;
+    let Some(connection) = connection.load_full() else {
+        answer(
+            batch,
+            Err(LimiterError::Unavailable(
+                "not connected to Redis yet".to_string(),
+            )),
+        );
+        return;
+    };
+    if matches!(*connection, Connection::Single(_)) {
+        let answers = call(&caller, &connection, &batch).await;
+        answer(batch, answers);
+        return;
+    }
+    let mut groups: Vec<(String, Vec<Pending<Job>>)> = Vec::new();
+    for pending in batch.drain(..) {
+        let tag = hash_tag(pending.job.keys.first().map_or("", String::as_str)).to_string();
+        match groups.iter_mut().find(|(t, _)| *t == tag) {
+            Some((_, group)) => group.push(pending),
+            None => groups.push((tag, vec![pending])),
         }
-        let Some(connection) = connection.load_full() else {
-            answer(
-                std::mem::take(&mut batch),
-                Err(LimiterError::Unavailable(
-                    "not connected to Redis yet".to_string(),
-                )),
-            );
-            continue;
-        };
-        if matches!(*connection, Connection::Single(_)) {
-            let group = std::mem::take(&mut batch);
+    }
+    let mut calls = tokio::task::JoinSet::new();
+    for (_, group) in groups {
+        let (caller, connection) = (caller.clone(), connection.clone());
+        calls.spawn(async move {
             let answers = call(&caller, &connection, &group).await;
             answer(group, answers);
-            continue;
-        }
-        // Redis Cluster: one call per hash tag, all at once.
-        let mut groups: Vec<(String, Vec<Pending>)> = Vec::new();
-        for pending in batch.drain(..) {
-            let tag = hash_tag(pending.keys.first().map_or("", String::as_str)).to_string();
-            match groups.iter_mut().find(|(t, _)| *t == tag) {
-                Some((_, group)) => group.push(pending),
-                None => groups.push((tag, vec![pending])),
-            }
-        }
-        let mut calls = tokio::task::JoinSet::new();
-        for (_, group) in groups {
-            let (caller, connection) = (caller.clone(), connection.clone());
-            calls.spawn(async move {
-                let answers = call(&caller, &connection, &group).await;
-                answer(group, answers);
-            });
-        }
-        while calls.join_next().await.is_some() {}
+        });
     }
-}
-
-/// Sends each decision of `group` its answer: its own, or the call's error.
-fn answer(group: Vec<Pending>, answers: Result<Vec<Result<Reply, LimiterError>>, LimiterError>) {
-    match answers {
-        Ok(answers) => {
-            for (pending, answer) in group.into_iter().zip(answers) {
-                let _ = pending.reply.send(answer);
-            }
-        }
-        Err(e) => {
-            let message = e.to_string();
-            for pending in group {
-                let _ = pending.reply.send(Err(same_kind(&e, message.clone())));
-            }
-        }
-    }
+    while calls.join_next().await.is_some() {}
 }
 
 /// What Redis Cluster hashes a key by: the text between its first `{` and the next `}` when
@@ -131,35 +93,28 @@ fn hash_tag(key: &str) -> &str {
     key
 }
 
-/// An error of `e`'s kind with `message`, for each decision of a failed call.
-fn same_kind(e: &LimiterError, message: String) -> LimiterError {
-    match e {
-        LimiterError::Timeout(d) => LimiterError::Timeout(*d),
-        LimiterError::Unavailable(_) => LimiterError::Unavailable(message),
-        LimiterError::Protocol(_) => LimiterError::Protocol(message),
-        LimiterError::Refused(_) => LimiterError::Refused(message),
-    }
-}
-
 /// One `batch.lua` call for `batch`; per decision, its reply or its own error.
 async fn call(
     caller: &Caller,
     connection: &Connection,
-    batch: &[Pending],
+    batch: &[Pending<Job>],
 ) -> Result<Vec<Result<Reply, LimiterError>>, LimiterError> {
-    let keys: Vec<String> = batch.iter().flat_map(|p| p.keys.iter().cloned()).collect();
+    let keys: Vec<String> = batch
+        .iter()
+        .flat_map(|p| p.job.keys.iter().cloned())
+        .collect();
     let mut args: Vec<Vec<u8>> =
-        Vec::with_capacity(2 + batch.iter().map(|p| p.args.len()).sum::<usize>());
+        Vec::with_capacity(2 + batch.iter().map(|p| p.job.args.len()).sum::<usize>());
     args.push(b"-".to_vec());
     args.push(batch.len().to_string().into_bytes());
     for pending in batch {
-        args.extend(pending.args.iter().cloned());
+        args.extend(pending.job.args.iter().cloned());
     }
     let reply = caller
         .call_entry(connection, Entry::Batch, &keys, &args)
         .await
         .map_err(classify)?;
-    read_batch_reply(&reply, batch.iter().map(|p| p.limits))
+    read_batch_reply(&reply, batch.iter().map(|p| p.job.limits))
 }
 
 /// Reads `batch.lua`'s reply: the time, then per decision its reply (an array) or `"error: ..."`.

@@ -1,0 +1,207 @@
+//! Batched decisions (`storage.batch`), whatever the store: the decisions waiting for a store
+//! leave together.
+//!
+//! One driver task per store. It sends at most `in_flight` calls at a time; while they are out,
+//! the decisions that arrive wait in a channel, and when one returns, all that wait (up to
+//! [`MAX_BATCH`]) leave in the next call. An idle store therefore adds no wait (a lone decision
+//! leaves at once, alone), and a busy one pays one call and one round trip for many decisions.
+//! Redis runs one call at a time whatever floodgate does, so its driver keeps one in flight;
+//! PostgreSQL runs calls on several connections at once, so its driver keeps as many in flight
+//! as its pool has connections, and batches only what would otherwise wait for one.
+//!
+//! The caller's `storage.timeout` still bounds each decision (the guard drops its receiver when
+//! it gives up): a decision whose caller has gone is left out of the next batch, and a late
+//! batch's answers go to nobody. How a batch is sent, and how one decision's error is kept from
+//! the others, is the store's (`redis/batch.rs`, `postgres/batch.rs`).
+
+use std::future::Future;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use super::LimiterError;
+use super::wire::Reply;
+
+/// The most decisions one call carries. 64 decisions of up to 8 limits stay far below what
+/// either store takes in one command, and keep one call's time in the store short (about
+/// 64 × 10 µs in Redis).
+pub const MAX_BATCH: usize = 64;
+
+/// One decision waiting for a batch: what the store needs to send it, and where its answer goes.
+pub struct Pending<T> {
+    pub job: T,
+    pub reply: oneshot::Sender<Result<Reply, LimiterError>>,
+}
+
+/// Starts a driver that hands the decisions sent on the returned channel to `send`, a batch at a
+/// time, with at most `in_flight` batches out at once, until the sender is dropped. `send` must
+/// answer every decision of its batch ([`answer`]).
+pub fn start<T, F, Fut>(in_flight: usize, send: F) -> mpsc::UnboundedSender<Pending<T>>
+where
+    T: Send + 'static,
+    F: Fn(Vec<Pending<T>>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (sender, mut receiver) = mpsc::unbounded_channel::<Pending<T>>();
+    let in_flight = in_flight.max(1);
+    tokio::spawn(async move {
+        let mut out = JoinSet::new();
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            while out.try_join_next().is_some() {}
+            if out.len() >= in_flight {
+                out.join_next().await;
+                continue;
+            }
+            if receiver.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                break;
+            }
+            // Callers that gave up (their timeout passed while they waited) are not decided for.
+            batch.retain(|p: &Pending<T>| !p.reply.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            let call = send(std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH)));
+            if in_flight == 1 {
+                // No task of its own: nothing else could leave meanwhile anyway.
+                call.await;
+            } else {
+                out.spawn(call);
+            }
+        }
+        while out.join_next().await.is_some() {}
+    });
+    sender
+}
+
+/// Hands `job` to a driver and waits for its answer.
+pub async fn decide<T>(
+    driver: &mpsc::UnboundedSender<Pending<T>>,
+    job: T,
+) -> Result<Reply, LimiterError> {
+    let stopped = || LimiterError::Unavailable("the batch driver has stopped".to_string());
+    let (reply, answer) = oneshot::channel();
+    driver.send(Pending { job, reply }).map_err(|_| stopped())?;
+    answer.await.map_err(|_| stopped())?
+}
+
+/// Sends each decision of `batch` its answer: its own, or the call's error.
+pub fn answer<T>(
+    batch: Vec<Pending<T>>,
+    answers: Result<Vec<Result<Reply, LimiterError>>, LimiterError>,
+) {
+    match answers {
+        Ok(answers) => {
+            for (pending, answer) in batch.into_iter().zip(answers) {
+                let _ = pending.reply.send(answer);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for pending in batch {
+                let _ = pending.reply.send(Err(same_kind(&e, message.clone())));
+            }
+        }
+    }
+}
+
+/// An error of `e`'s kind with `message`, for each decision of a failed call.
+fn same_kind(e: &LimiterError, message: String) -> LimiterError {
+    match e {
+        LimiterError::Timeout(d) => LimiterError::Timeout(*d),
+        LimiterError::Unavailable(_) => LimiterError::Unavailable(message),
+        LimiterError::Protocol(_) => LimiterError::Protocol(message),
+        LimiterError::Refused(_) => LimiterError::Refused(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn reply() -> Reply {
+        Reply::from_ints(&[1, 7, 1, 10, 9, 100, 0, 0], 1).unwrap()
+    }
+
+    #[tokio::test]
+    async fn decisions_that_wait_while_a_call_is_out_leave_together_in_the_next() {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let seen = calls.clone();
+        let driver = start(1, move |batch: Vec<Pending<u32>>| {
+            seen.lock()
+                .unwrap()
+                .push(batch.iter().map(|p| p.job).collect::<Vec<_>>());
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                let n = batch.len();
+                answer(batch, Ok((0..n).map(|_| Ok(reply())).collect()));
+            }
+        });
+        let first = tokio::spawn({
+            let driver = driver.clone();
+            async move { decide(&driver, 0).await }
+        });
+        // The first call is out (held at the gate); three more arrive meanwhile.
+        while calls.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let rest: Vec<_> = (1..4)
+            .map(|job| {
+                let driver = driver.clone();
+                tokio::spawn(async move { decide(&driver, job).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        release.send(true).unwrap();
+        assert!(first.await.unwrap().is_ok());
+        for r in rest {
+            assert!(r.await.unwrap().is_ok());
+        }
+        assert_eq!(*calls.lock().unwrap(), vec![vec![0], vec![1, 2, 3]]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_fails_each_of_its_decisions_with_its_kind_of_error() {
+        let driver = start(4, |batch: Vec<Pending<()>>| async move {
+            answer(batch, Err(LimiterError::Unavailable("down".into())));
+        });
+        let e = decide(&driver, ()).await.unwrap_err();
+        assert!(matches!(e, LimiterError::Unavailable(m) if m.contains("down")));
+    }
+
+    #[tokio::test]
+    async fn several_calls_may_be_out_at_once_when_the_store_runs_them_in_parallel() {
+        let out = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (o, m) = (out.clone(), most.clone());
+        let driver = start(3, move |batch: Vec<Pending<()>>| {
+            let (o, m) = (o.clone(), m.clone());
+            async move {
+                let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                o.fetch_sub(1, Ordering::SeqCst);
+                let n = batch.len();
+                answer(batch, Ok((0..n).map(|_| Ok(reply())).collect()));
+            }
+        });
+        // Decisions arrive one by one (the driver takes each before the next comes): each
+        // leaves at once while fewer than three calls are out, and waits otherwise.
+        let mut tasks = Vec::new();
+        for _ in 0..12 {
+            let driver = driver.clone();
+            tasks.push(tokio::spawn(async move { decide(&driver, ()).await }));
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().is_ok());
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 3, "calls out at once");
+    }
+}
