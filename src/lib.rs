@@ -36,6 +36,7 @@ pub mod identity;
 pub mod limiter;
 pub mod metrics;
 pub mod path;
+pub mod policy;
 pub mod proxy;
 pub mod replay;
 pub mod route;

@@ -18,7 +18,7 @@ pub mod forward;
 mod pool;
 pub mod response;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,14 +27,13 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::field::Empty;
 
-use crate::config::{Budget, Config, OnError, RouteConfig};
+use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{
-    ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, ip_octets,
+    Consumers, Identity, IdentityConfig, IdentityError, IdentityKind, ip_octets,
 };
-use crate::limiter::{
-    Admission, Ask, HeldLeases, KeyKind, Limiter, LimiterError, MAX_LIMITS, Verdict,
-};
+use crate::limiter::{Admission, Ask, HeldLeases, Limiter, LimiterError, Verdict};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
+use crate::policy::{Claim, Policy, Refusal, Step, Whose};
 use crate::route::RouteTable;
 pub use forward::Forwarder;
 pub use response::{Body, RateLimitHeaders, Rejection};
@@ -52,6 +51,17 @@ pub struct Snapshot {
     pub on_error: OnError,
     pub shadow: bool,
     no_limit_headers: RateLimitHeaders,
+}
+
+impl Snapshot {
+    /// The rules that say whose allowance a request spends ([`crate::policy`]).
+    pub fn policy(&self) -> Policy<'_> {
+        Policy {
+            identity: &self.identity,
+            consumers: self.consumers.as_deref(),
+            shadow: self.shadow,
+        }
+    }
 }
 
 struct RouteExtras {
@@ -101,66 +111,14 @@ struct Pass {
     leases: Vec<HeldLeases>,
 }
 
-/// The access log's `identity_hash`: the hex SHA-256 of the API key (the digest a consumer's
-/// `keys_sha256` holds, so replay can find the consumer) or of the user id; `None` for an IP.
-fn access_log_hash(
-    runtime: &Snapshot,
-    req: &Request<Incoming>,
-    whose: &Whose<'_>,
-) -> Option<String> {
+/// The access log's `identity_hash`: the hex SHA-256 of an API key (the digest a consumer's
+/// `keys_sha256` holds, so replay can find the consumer) or of a user id.
+fn digest_hex(value: &[u8]) -> String {
     use sha2::Digest;
-    let headers = req.headers();
-    let value = match whose.identity {
-        Identity::ApiKey(key) => key,
-        Identity::Consumer(_) => headers
-            .get(&runtime.identity.api_key_header)?
-            .as_bytes()
-            .trim_ascii(),
-        Identity::UserId(user) => user,
-        Identity::Ip(_) => return None,
-    };
-    Some(
-        sha2::Sha256::digest(value)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
-}
-
-/// The client values a request's limits may spend, found once per request.
-struct Whose<'a> {
-    identity: Identity<'a>,
-    /// The client address (`per: ip`).
-    ip: IpAddr,
-    /// The consumer's tier, or `anonymous`: which limits apply.
-    tier: &'a str,
-}
-
-/// One request's asks: the limits of a budget that apply to the request, each with the budget it
-/// spends, and each one's position in the route's list.
-struct Asks<'a> {
-    asks: Vec<Ask<'a>>,
-    positions: [usize; MAX_LIMITS],
-}
-
-impl<'a> Whose<'a> {
-    /// The asks of `budget`'s limits for this request. `id` and `ip` are the octet buffers the
-    /// keys borrow.
-    fn asks(&self, budget: &'a Budget, id: &'a [u8], ip: &'a [u8]) -> Asks<'a> {
-        let mut out = Asks {
-            asks: Vec::with_capacity(budget.limits.len()),
-            positions: [0; MAX_LIMITS],
-        };
-        let applying = budget.limits.iter().enumerate();
-        for (position, limit) in applying.filter(|(_, l)| l.applies_to(self.tier)) {
-            let identity = (KeyKind::from(self.identity.kind()), id);
-            if let Some(ask) = limit.ask(Some(identity), Some(ip)) {
-                out.positions[out.asks.len()] = position;
-                out.asks.push(ask);
-            }
-        }
-        out
-    }
+    sha2::Sha256::digest(value)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A matched route with its prebuilt extras.
@@ -253,18 +211,8 @@ impl Proxy {
                 leases: Vec::new(),
             })
         } else {
-            match Self::identify(&runtime, &req, peer) {
-                Ok(whose) => {
-                    span.record("identity", whose.identity.kind().as_str());
-                    if !span.is_disabled() {
-                        // What `floodgate replay` reads back: never a raw key.
-                        span.record("client_ip", tracing::field::display(whose.ip));
-                        if let Some(hash) = access_log_hash(&runtime, &req, &whose) {
-                            span.record("identity_hash", hash.as_str());
-                        }
-                    }
-                    self.limit(&runtime, &route, &whose).await
-                }
+            match Self::identify(&runtime, &req, peer, &span) {
+                Ok(whose) => self.limit(&runtime, &route, &whose).await,
                 Err(Rejection::InvalidApiKey) => {
                     Err((Rejection::InvalidApiKey, Some(DecisionLabel::InvalidKey)))
                 }
@@ -337,35 +285,50 @@ impl Proxy {
     /// Phase 2: whose budgets the request spends: its identity, and its client address.
     /// With `consumers:`, an API key becomes its consumer; an unknown one is rejected (401) or
     /// ignored, as `unknown_key` says.
+    /// Records on `span` what `floodgate replay` reads back (never a raw key): the identity's
+    /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
     fn identify<'a>(
         runtime: &'a Snapshot,
         req: &'a Request<Incoming>,
         peer: SocketAddr,
+        span: &tracing::Span,
     ) -> Result<Whose<'a>, Rejection> {
         let config = &runtime.identity;
         let headers = req.headers();
-        let rejection = |e: IdentityError| match e {
-            IdentityError::UnknownKey => Rejection::InvalidApiKey,
+        let rejection = |e: Refusal| match e {
+            Refusal::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
             other => Rejection::BadRequest(other.to_string()),
         };
-        let mut identity = config.identify(headers, peer.ip()).map_err(rejection)?;
-        if let Some(consumers) = &runtime.consumers {
-            identity = match consumers.resolve(identity).map_err(rejection)? {
-                Some(identity) => identity,
-                None => config
-                    .identify_without_key(headers, peer.ip())
-                    .map_err(rejection)?,
+        let claim = match config
+            .identify(headers, peer.ip())
+            .map_err(|e| rejection(e.into()))?
+        {
+            Identity::ApiKey(key) => Claim::ApiKey(key),
+            other => Claim::Keyless(other),
+        };
+        let resolved = runtime.policy().resolve(
+            claim,
+            || Ok(config.identify_without_key(headers, peer.ip())?),
+            || config.client_addr(headers, peer.ip()),
+        );
+        if !span.is_disabled() {
+            let (kind, ip) = match &resolved {
+                Ok(whose) => (whose.identity.kind(), whose.ip),
+                Err(_) => (IdentityKind::ApiKey, config.client_addr(headers, peer.ip())),
             };
+            span.record("identity", kind.as_str());
+            span.record("client_ip", tracing::field::display(ip));
+            let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
+                (_, Ok(Identity::UserId(user))) => Some(user),
+                (_, Ok(Identity::Ip(_))) => None,
+                (Claim::ApiKey(key), _) => Some(key),
+                _ => None,
+            };
+            if let Some(value) = hashed {
+                span.record("identity_hash", digest_hex(value).as_str());
+            }
         }
-        let ip = match identity {
-            Identity::Ip(ip) => ip,
-            _ => config.client_addr(headers, peer.ip()),
-        };
-        let tier = match identity {
-            Identity::Consumer(consumer) => consumer.tier.as_str(),
-            _ => ANONYMOUS_TIER,
-        };
-        Ok(Whose { identity, ip, tier })
+        resolved.map_err(rejection)
     }
 
     /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits. A store
@@ -410,14 +373,18 @@ impl Proxy {
                         .extend(self.limiter.hold(&asks.asks, &admission));
                     if let Some(v) = admission.verdict() {
                         let policy = asks.positions[v.headline_index];
-                        if !v.allowed && !runtime.shadow {
-                            return Err((
-                                Rejection::RateLimited(*v, policy),
-                                Some(DecisionLabel::Denied),
-                            ));
-                        }
-                        if !v.allowed {
-                            pass.label = DecisionLabel::ShadowDenied;
+                        match runtime.policy().step(v.allowed) {
+                            Step::Deny => {
+                                return Err((
+                                    Rejection::RateLimited(*v, policy),
+                                    Some(DecisionLabel::Denied),
+                                ));
+                            }
+                            Step::Forward { shadow_denied } => {
+                                if shadow_denied {
+                                    pass.label = DecisionLabel::ShadowDenied;
+                                }
+                            }
                         }
                         pass.headline = Some((*v, policy));
                     }

@@ -28,10 +28,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::{Budget, Config};
-use crate::identity::{ANONYMOUS_TIER, UnknownKey, ip_octets};
+use crate::identity::{Identity, ip_octets};
 use crate::limiter::{
     AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore,
 };
+use crate::policy::{Asks, Claim, Policy, Step, Whose};
 use crate::route::RouteTable;
 
 /// How far back in log time a line may be and still be put in order.
@@ -548,6 +549,9 @@ struct RouteStats {
     requests: u64,
     allowed: u64,
     denied: u64,
+    /// Forwarded although a limit said no (`shadow: true`, or a shadow limit): counted in
+    /// `allowed` too.
+    shadow_denied: u64,
     invalid_key: u64,
     /// Per enforced limit (by position in the enforced list): requests it said no to.
     limit_denials: Vec<u64>,
@@ -651,23 +655,13 @@ struct Plan {
     table: RouteTable,
 }
 
-/// Who a recorded request is, by the proxy's rules, borrowed from the plan and the record.
-enum Who<'a> {
-    Consumer(&'a crate::identity::Consumer),
-    Key([u8; 32]),
-    User([u8; 32]),
-    Ip,
-}
-
-impl Who<'_> {
-    /// How the report names it: hashed for keys and user ids.
-    fn label(&self, ip: IpAddr) -> String {
-        match self {
-            Who::Consumer(c) => format!("consumer:{}", c.name),
-            Who::Key(d) => format!("api_key:{}…", hex(&d[..6])),
-            Who::User(d) => format!("user_id:{}…", hex(&d[..6])),
-            Who::Ip => format!("ip:{ip}"),
-        }
+/// How the report names an identity: hashed for keys and user ids (the log holds digests).
+fn label(identity: &Identity<'_>) -> String {
+    match identity {
+        Identity::Consumer(c) => format!("consumer:{}", c.name),
+        Identity::ApiKey(d) => format!("api_key:{}…", hex(&d[..d.len().min(6)])),
+        Identity::UserId(d) => format!("user_id:{}…", hex(&d[..d.len().min(6)])),
+        Identity::Ip(ip) => format!("ip:{ip}"),
     }
 }
 
@@ -808,38 +802,24 @@ impl Replay {
             self.stats[i].allowed += 1;
             return;
         }
-        // Whose budgets: the proxy's rules, on the digests the log holds.
-        let who = match (record.identity, plan.config.consumers.as_deref()) {
-            (RecordedIdentity::ApiKey(digest), Some(consumers)) => {
-                match (consumers.find_digest(&digest), consumers.unknown_key) {
-                    (Some(consumer), _) => Who::Consumer(consumer),
-                    (None, UnknownKey::Reject) => {
-                        self.stats[i].invalid_key += 1;
-                        return;
-                    }
-                    (None, UnknownKey::Anonymous) => Who::Ip,
-                }
-            }
-            (RecordedIdentity::ApiKey(digest), None) => Who::Key(digest),
-            (RecordedIdentity::UserId(digest), _) => Who::User(digest),
-            (RecordedIdentity::Ip, _) => Who::Ip,
-        };
-        // The address a budget is kept for, as the proxy keys it (an IPv6 client's /64): nginx
-        // logs whole addresses; floodgate's own log already holds this one.
+        // Whose allowances: the proxy's rules (crate::policy), on the digests the log holds. The
+        // address is the one a budget is kept for (an IPv6 client's /64): nginx logs whole
+        // addresses; floodgate's own log already holds this one.
         let client = plan.config.identity.budget_addr(record.client_ip);
-        let mut ip_buf = [0u8; 16];
-        let ip = ip_octets(client, &mut ip_buf);
-        let (kind, value, tier): (KeyKind, &[u8], &str) = match &who {
-            Who::Consumer(c) => (KeyKind::Consumer, c.name.as_bytes(), c.tier.as_str()),
-            Who::Key(d) => (KeyKind::ApiKey, &d[..], ANONYMOUS_TIER),
-            Who::User(d) => (KeyKind::UserId, &d[..], ANONYMOUS_TIER),
-            Who::Ip => (KeyKind::Ip, ip, ANONYMOUS_TIER),
+        let claim = match &record.identity {
+            RecordedIdentity::ApiKey(digest) => Claim::ApiKeyDigest(digest),
+            RecordedIdentity::UserId(digest) => Claim::Keyless(Identity::UserId(&digest[..])),
+            RecordedIdentity::Ip => Claim::Keyless(Identity::Ip(client)),
         };
-        let whose = Whose {
-            kind,
-            value,
-            ip,
-            tier,
+        let policy = Policy {
+            identity: &plan.config.identity,
+            consumers: plan.config.consumers.as_deref(),
+            shadow: plan.config.shadow,
+        };
+        // A key no consumer has, under `unknown_key: anonymous`: the log knows only the address.
+        let Ok(whose) = policy.resolve(claim, || Ok(Identity::Ip(client)), || client) else {
+            self.stats[i].invalid_key += 1;
+            return;
         };
         let enforced = self.run_budget(
             i,
@@ -850,16 +830,24 @@ impl Replay {
             record.latency_us,
             false,
         );
+        let forwarded = enforced.is_none_or(|allowed| policy.step(allowed) != Step::Deny);
         if let Some(live) = record.recorded {
             self.stats[i].compared += 1;
-            self.stats[i].agreed += u64::from(live == (enforced != Some(false)));
+            self.stats[i].agreed += u64::from(live == forwarded);
         }
         if enforced == Some(false) {
-            self.stats[i].denied += 1;
-            self.stats[i].top.add(who.label(client));
-        } else {
+            self.stats[i].top.add(label(&whose.identity));
+        }
+        if forwarded {
+            let shadow =
+                self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true);
             self.stats[i].allowed += 1;
-            self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true);
+            // As the proxy labels it: a denial that was only logged, by `shadow: true` or by a
+            // shadow limit.
+            self.stats[i].shadow_denied +=
+                u64::from(enforced == Some(false) || shadow == Some(false));
+        } else {
+            self.stats[i].denied += 1;
         }
     }
 
@@ -875,23 +863,10 @@ impl Replay {
         latency_us: Option<u64>,
         shadow: bool,
     ) -> Option<bool> {
-        let Whose {
-            kind,
-            value,
-            ip,
-            tier,
-        } = *whose;
-        let mut asks = Vec::with_capacity(budget.limits.len());
-        let mut positions = [0usize; MAX_LIMITS];
-        for (position, limit) in budget.limits.iter().enumerate() {
-            if !limit.applies_to(tier) || asks.len() == MAX_LIMITS {
-                continue;
-            }
-            if let Some(ask) = limit.ask(Some((kind, value)), Some(ip)) {
-                positions[asks.len()] = position;
-                asks.push(ask);
-            }
-        }
+        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
+        let id = whose.identity.key_bytes(&mut id_buf);
+        let ip = ip_octets(whose.ip, &mut ip_buf);
+        let Asks { asks, positions } = whose.asks(budget, id, ip);
         let mut decisions = [Decision::EMPTY; MAX_LIMITS];
         let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;
         let stats = &mut self.stats[index];
@@ -973,6 +948,7 @@ impl Replay {
                 requests: s.requests,
                 allowed: s.allowed,
                 denied: s.denied,
+                shadow_denied: s.shadow_denied,
                 invalid_key: s.invalid_key,
                 compared: s.compared,
                 agreed: s.agreed,
@@ -1023,15 +999,6 @@ impl Replay {
     }
 }
 
-/// The client values one decision spends, with the request's tier.
-#[derive(Clone, Copy)]
-struct Whose<'a> {
-    kind: KeyKind,
-    value: &'a [u8],
-    ip: &'a [u8],
-    tier: &'a str,
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -1063,6 +1030,9 @@ pub struct RouteReport {
     pub requests: u64,
     pub allowed: u64,
     pub denied: u64,
+    /// Requests forwarded although a limit said no: an enforced one under `shadow: true`, or a
+    /// shadow limit (the proxy's `shadow_denied`; counted in `allowed` too).
+    pub shadow_denied: u64,
     /// Unknown API keys under `unknown_key: reject` (401, neither allowed nor denied).
     pub invalid_key: u64,
     /// Requests whose live decision the log records (floodgate's JSON log), and how many of
@@ -1108,6 +1078,7 @@ impl Report {
                 "requests": r.requests,
                 "allowed": r.allowed,
                 "denied": r.denied,
+                "shadow_denied": r.shadow_denied,
                 "invalid_key": r.invalid_key,
                 "agreement": {"compared": r.compared, "agreed": r.agreed},
                 "limits": r.limits.iter().map(|l| json!({

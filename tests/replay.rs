@@ -1,10 +1,11 @@
 //! `floodgate replay` against the live proxy: floodgate (memory store) serves a sequence of
 //! requests and writes its JSON access log; replaying that log with the same config must reach
-//! the same decision for every request.
+//! the same decision for every request, in every mode: plain keys, consumers with tiers (unknown
+//! keys rejected, or anonymous), and global `shadow: true` beside a route's shadow limit.
 
 mod common;
 
-use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get};
+use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get, metric};
 use http::StatusCode;
 
 #[tokio::test]
@@ -78,6 +79,115 @@ routes:
     assert_eq!(report["malformed"]["total"], 0);
     // The raw keys never reach the log.
     assert!(!fg.stderr().contains("key-1"));
+}
+
+/// The consumers of `tests/policies.rs`: acme (tier pro) has the keys `test` and `test2`,
+/// hobbyist (tier default) has `bar`; `unknown_key` as given.
+fn consumers(unknown_key: &str) -> String {
+    format!(
+        "consumers:
+  unknown_key: {unknown_key}
+  entries:
+    - name: acme
+      tier: pro
+      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
+                    60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
+    - name: hobbyist
+      keys_sha256: [fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9]
+"
+    )
+}
+
+#[tokio::test]
+async fn replay_agrees_with_the_live_proxy_in_every_mode() {
+    let upstream = Upstream::start().await;
+    // Limits that do not hang on milliseconds (slow refills, hour-long windows), per tier.
+    let tiered = "      - {algorithm: token_bucket, capacity: 5, refill_rate: 0.01, tiers: [pro]}
+      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01, tiers: [default, anonymous]}
+      - {algorithm: fixed_window, limit: 9, window: 1h, per: ip}
+";
+    let modes = [
+        (
+            "consumers, unknown keys rejected",
+            consumers("reject"),
+            tiered,
+        ),
+        (
+            "consumers, unknown keys anonymous",
+            consumers("anonymous"),
+            tiered,
+        ),
+        (
+            "global shadow mode, and a route's shadow limit",
+            "shadow: true\n".to_string(),
+            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}
+      - {algorithm: fixed_window, limit: 12, window: 1h, per: route, shadow: true}
+",
+        ),
+    ];
+    for (mode, head, limits) in modes {
+        let yaml = format!(
+            "log_format: json
+admin_listen: 127.0.0.1:0
+{head}routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    limits:
+{limits}",
+            upstream.url()
+        );
+        let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
+        let client = client();
+        let mut live = std::collections::HashMap::<u16, u64>::new();
+        for i in 0..40 {
+            let key = ["test", "test2", "bar", "nope", ""][i % 5];
+            let headers: Vec<(&str, &str)> = if key.is_empty() {
+                vec![]
+            } else {
+                vec![("x-api-key", key)]
+            };
+            let status = get(&client, &fg.url("/thing"), &headers).await.status;
+            *live.entry(status.as_u16()).or_default() += 1;
+        }
+        let shadow_denied = metric(
+            &fg,
+            r#"floodgate_requests_total{route="api",decision="shadow_denied"}"#,
+        )
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let log = TempFile::new(&fg.stderr());
+        let out = floodgate_command(&[
+            "replay".as_ref(),
+            "--config".as_ref(),
+            fg.config_path().as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            log.path().as_os_str(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let api = &report["routes"][0];
+        let count = |status| live.get(&status).copied().unwrap_or(0);
+        eprintln!("{mode}: live {live:?}, {shadow_denied} shadow_denied; replay {api}");
+        assert_eq!(api["requests"], 40, "{mode}");
+        assert_eq!(api["allowed"], count(200), "{mode}");
+        assert_eq!(api["denied"], count(429), "{mode}");
+        assert_eq!(api["invalid_key"], count(401), "{mode}");
+        assert_eq!(api["shadow_denied"], shadow_denied, "{mode}");
+        assert_eq!(
+            api["agreement"]["agreed"], api["agreement"]["compared"],
+            "{mode}"
+        );
+        assert!(
+            count(429) + shadow_denied + count(401) > 0,
+            "{mode}: nothing was limited"
+        );
+    }
 }
 
 #[test]

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 use super::Proxy;
 use crate::config::{Budget, Per};
-use crate::identity::{ANONYMOUS_TIER, Identity, UnknownKey, ip_octets};
+use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
 use crate::limiter::{Decision, KeyKind};
+use crate::policy::{self, Asks, Claim, Refusal};
 
 /// Why `/budgets` cannot answer: a status and a problem detail.
 #[derive(Debug)]
@@ -106,31 +107,37 @@ impl Proxy {
             ),
             None => None,
         };
-        let consumers = snapshot.consumers.as_deref();
-        let identity = if let Some(name) = param("consumer") {
-            let consumer = consumers.and_then(|c| c.named(name)).ok_or_else(|| {
-                bad(
+        // Whose allowance: the proxy's rules (crate::policy), on what the query names.
+        let claim = if let Some(name) = param("consumer") {
+            Some(Claim::Consumer(name))
+        } else if let Some(key) = param("api_key") {
+            Some(Claim::ApiKey(key.as_bytes()))
+        } else if let Some(user) = param("user_id") {
+            Some(Claim::Keyless(Identity::UserId(user.as_bytes())))
+        } else {
+            ip.map(|ip| Claim::Keyless(Identity::Ip(ip)))
+        };
+        let resolved = claim.map(|claim| {
+            snapshot.policy().resolve(
+                claim,
+                || ip.map(Identity::Ip).ok_or(Refusal::Unidentified),
+                || ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+            )
+        });
+        let whose = match resolved {
+            None | Some(Err(Refusal::Unidentified)) => None,
+            Some(Ok(whose)) => Some(whose),
+            Some(Err(Refusal::UnknownConsumer(name))) => {
+                return Err(bad(
                     404,
                     "unknown_consumer",
                     format!("no consumer named {name:?}"),
-                )
-            })?;
-            Some(Identity::Consumer(consumer))
-        } else if let Some(key) = param("api_key") {
-            match consumers {
-                None => Some(Identity::ApiKey(key.as_bytes())),
-                Some(c) => match (c.find(key.as_bytes()), c.unknown_key) {
-                    (Some(consumer), _) => Some(Identity::Consumer(consumer)),
-                    (None, UnknownKey::Reject) => {
-                        return Err(bad(404, "invalid_api_key", "no consumer has this key"));
-                    }
-                    (None, UnknownKey::Anonymous) => ip.map(Identity::Ip),
-                },
+                ));
             }
-        } else if let Some(user) = param("user_id") {
-            Some(Identity::UserId(user.as_bytes()))
-        } else {
-            ip.map(Identity::Ip)
+            Some(Err(Refusal::Identity(IdentityError::UnknownKey))) => {
+                return Err(bad(404, "invalid_api_key", "no consumer has this key"));
+            }
+            Some(Err(e)) => return Err(bad(400, "bad_request", e.to_string())),
         };
         let needs_identity = route
             .enforced
@@ -138,6 +145,7 @@ impl Proxy {
             .iter()
             .chain(&route.shadow.limits)
             .any(|l| l.per == Per::Identity);
+        let identity = whose.map(|w| w.identity);
         if identity.is_none() && needs_identity {
             return Err(bad(
                 400,
@@ -145,10 +153,7 @@ impl Proxy {
                 "give one of api_key=, consumer=, user_id=, ip=",
             ));
         }
-        let tier = match identity {
-            Some(Identity::Consumer(c)) => c.tier.as_str(),
-            _ => ANONYMOUS_TIER,
-        };
+        let tier = whose.map_or(ANONYMOUS_TIER, |w| w.tier);
         let mut id_buf = [0u8; 16];
         let id: &[u8] = match &identity {
             Some(identity) => identity.key_bytes(&mut id_buf),
@@ -180,20 +185,9 @@ impl Proxy {
         id: &[u8],
         ip: Option<&[u8]>,
     ) -> Result<Vec<Value>, BudgetsError> {
-        let applying: Vec<_> = budget
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(tier))
-            .collect();
-        let mut asks = Vec::new();
-        let mut slots = Vec::new(); // per applying limit: its position in `asks`, if asked
-        for limit in &applying {
-            let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
-            slots.push(limit.ask(identity, ip).map(|ask| {
-                asks.push(ask);
-                asks.len() - 1
-            }));
-        }
+        let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
+        let Asks { asks, positions } = policy::asks(budget, tier, identity, ip);
+        let positions = &positions[..asks.len()];
         let decisions = if asks.is_empty() {
             Vec::new()
         } else {
@@ -202,11 +196,16 @@ impl Proxy {
                 .await
                 .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?
         };
-        Ok(applying
+        // Every limit that applies to the tier, with figures when the query names its client.
+        Ok(budget
+            .limits
             .iter()
-            .zip(slots)
-            .map(|(limit, slot)| {
-                let figures = slot
+            .enumerate()
+            .filter(|(_, limit)| limit.applies_to(tier))
+            .map(|(position, limit)| {
+                let figures = positions
+                    .iter()
+                    .position(|&p| p == position)
                     .and_then(|i| decisions.get(i))
                     .map(|d| now_figures(d, limit.limit.cost()));
                 json!({

@@ -1,0 +1,194 @@
+//! Who spends which allowance: the one place that turns what is known about a request into the
+//! identity it is limited as, its client address, its tier, and the limits it asks.
+//!
+//! Three callers know different things about a request, and all three go through here, so they
+//! cannot disagree:
+//!
+//! - the proxy ([`crate::proxy`]) has the live request: its headers and its peer;
+//! - `floodgate replay` ([`crate::replay`]) has an access-log record: the digest of the API key
+//!   or user id (never the raw value) and the client address;
+//! - the admin `/budgets` endpoint ([`crate::proxy::budgets`]) has a query: a key, a consumer's
+//!   name, a user id or an address.
+//!
+//! Words used here and across the crate: a **limit** is one rule of a route (an algorithm and its
+//! numbers, `per:` and `tiers:`); a route's **budget** is its list of limits, enforced or shadow;
+//! an **allowance** is what one client may still spend from one limit, kept by the store under a
+//! **key** (`limiter::BudgetKey`): the limit's id, the client's kind and value.
+
+use std::net::IpAddr;
+
+use crate::config::Budget;
+use crate::identity::{
+    ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, UnknownKey,
+};
+use crate::limiter::{Ask, KeyKind, MAX_LIMITS};
+
+/// What a caller knows about who sent a request, before consumers are looked up.
+#[derive(Debug, Clone, Copy)]
+pub enum Claim<'a> {
+    /// An API key as sent (a live request, an admin query).
+    ApiKey(&'a [u8]),
+    /// An API key's SHA-256 (an access-log record: floodgate never logs a raw key). Without
+    /// `consumers:`, its allowance is kept under the digest: replay's own store, consistent
+    /// with itself.
+    ApiKeyDigest(&'a [u8; 32]),
+    /// A consumer by name (an admin query).
+    Consumer(&'a str),
+    /// No API key: a user id (from a trusted proxy) or the client address.
+    Keyless(Identity<'a>),
+}
+
+/// Why a claim cannot be limited.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The request itself is malformed (a conflicting header).
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// An admin query names a consumer the config does not have.
+    #[error("no consumer is named {0:?}")]
+    UnknownConsumer(String),
+    /// Nothing is known of the request without its key (an admin query with no address).
+    #[error("nothing identifies the request without its API key")]
+    Unidentified,
+}
+
+/// The rules that resolve a claim: the `identity:` and `consumers:` sections, and the global
+/// `shadow:` switch.
+#[derive(Clone, Copy)]
+pub struct Policy<'c> {
+    pub identity: &'c IdentityConfig,
+    pub consumers: Option<&'c Consumers>,
+    /// `shadow: true`: an enforced limit's denial is logged (`shadow_denied`), not answered.
+    pub shadow: bool,
+}
+
+/// Who a request is limited as.
+#[derive(Debug, Clone, Copy)]
+pub struct Whose<'a> {
+    pub identity: Identity<'a>,
+    /// The client address `per: ip` limits spend (an IPv6 client's prefix).
+    pub ip: IpAddr,
+    /// The consumer's tier, or `anonymous`: which limits apply.
+    pub tier: &'a str,
+}
+
+/// The limits of a budget that apply to one request, each with the allowance it spends.
+pub struct Asks<'a> {
+    pub asks: Vec<Ask<'a>>,
+    /// Each ask's limit's position in the budget.
+    pub positions: [usize; MAX_LIMITS],
+}
+
+/// What an enforced verdict means for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Answer 429; the upstream never sees it.
+    Deny,
+    /// Forward it (and run the route's shadow limits); `shadow_denied` when a limit denied it
+    /// under `shadow: true`.
+    Forward { shadow_denied: bool },
+}
+
+impl<'c> Policy<'c> {
+    /// Resolves `claim`: an API key becomes its consumer when there are consumers (an unknown
+    /// key is refused under `unknown_key: reject`, and under `anonymous` the request is
+    /// `keyless()` instead: user id, then address). `client()` is the client address, asked
+    /// for only when the identity is not the address itself.
+    pub fn resolve<'a>(
+        &self,
+        claim: Claim<'a>,
+        keyless: impl FnOnce() -> Result<Identity<'a>, Refusal>,
+        client: impl FnOnce() -> IpAddr,
+    ) -> Result<Whose<'a>, Refusal>
+    where
+        'c: 'a,
+    {
+        let consumer = |found: Option<&'c crate::identity::Consumer>| match (
+            found,
+            self.consumers.map(|c| c.unknown_key),
+        ) {
+            (Some(consumer), _) => Ok(Some(Identity::Consumer(consumer))),
+            (None, Some(UnknownKey::Reject)) => Err(IdentityError::UnknownKey),
+            (None, _) => Ok(None),
+        };
+        let identity = match (claim, self.consumers) {
+            (Claim::ApiKey(key), None) => Some(Identity::ApiKey(key)),
+            (Claim::ApiKeyDigest(digest), None) => Some(Identity::ApiKey(&digest[..])),
+            (Claim::ApiKey(key), Some(consumers)) => consumer(consumers.find(key))?,
+            (Claim::ApiKeyDigest(digest), Some(consumers)) => {
+                consumer(consumers.find_digest(digest))?
+            }
+            (Claim::Consumer(name), consumers) => Some(Identity::Consumer(
+                consumers
+                    .and_then(|c| c.named(name))
+                    .ok_or_else(|| Refusal::UnknownConsumer(name.to_string()))?,
+            )),
+            (Claim::Keyless(identity), _) => Some(identity),
+        };
+        let identity = match identity {
+            Some(identity) => identity,
+            None => keyless()?,
+        };
+        let ip = match identity {
+            Identity::Ip(ip) => ip,
+            _ => client(),
+        };
+        let tier = match identity {
+            Identity::Consumer(consumer) => consumer.tier.as_str(),
+            _ => ANONYMOUS_TIER,
+        };
+        Ok(Whose { identity, ip, tier })
+    }
+
+    /// What an enforced verdict (`allowed`) means for the request: a denial is answered, unless
+    /// `shadow: true` makes it a logged one.
+    pub fn step(&self, allowed: bool) -> Step {
+        match (allowed, self.shadow) {
+            (true, _) => Step::Forward {
+                shadow_denied: false,
+            },
+            (false, true) => Step::Forward {
+                shadow_denied: true,
+            },
+            (false, false) => Step::Deny,
+        }
+    }
+}
+
+impl<'a> Whose<'a> {
+    /// The asks of `budget`'s limits that apply to this request. `id` and `ip` are the
+    /// identity's and the address's bytes (`Identity::key_bytes`, `ip_octets`), which the keys
+    /// borrow.
+    pub fn asks(&self, budget: &'a Budget, id: &'a [u8], ip: &'a [u8]) -> Asks<'a> {
+        asks(
+            budget,
+            self.tier,
+            Some((KeyKind::from(self.identity.kind()), id)),
+            Some(ip),
+        )
+    }
+}
+
+/// The asks of `budget`'s limits that apply to tier `tier`, for a client known by `identity` and
+/// `ip` (either may be unknown to an admin query: limits that need it are left out).
+pub fn asks<'a>(
+    budget: &'a Budget,
+    tier: &str,
+    identity: Option<(KeyKind, &'a [u8])>,
+    ip: Option<&'a [u8]>,
+) -> Asks<'a> {
+    let mut out = Asks {
+        asks: Vec::with_capacity(budget.limits.len()),
+        positions: [0; MAX_LIMITS],
+    };
+    for (position, limit) in budget.limits.iter().enumerate() {
+        if !limit.applies_to(tier) || out.asks.len() == MAX_LIMITS {
+            continue;
+        }
+        if let Some(ask) = limit.ask(identity, ip) {
+            out.positions[out.asks.len()] = position;
+            out.asks.push(ask);
+        }
+    }
+    out
+}
