@@ -257,11 +257,15 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
             if config.storage.batch {
                 store = store.batched();
             }
-            Limiter::Postgres(Arc::new(Guarded::new(
+            let mut guarded = Guarded::new(
                 store,
                 config.storage.timeout,
                 Arc::new(local_store(&config)),
-            )))
+            );
+            if let Some(ttl) = config.storage.lease_ttl {
+                guarded = guarded.with_leases(ttl);
+            }
+            Limiter::Postgres(Arc::new(guarded))
         }
     };
     // The first requests should be decided by the store, not spend their timeout connecting and

@@ -15,9 +15,11 @@ pub struct StorageConfig {
     pub key_prefix: String,
     /// Memory store (and the `local` fallback): the most identities tracked at once.
     pub max_keys: usize,
-    /// Redis: decisions waiting while a call is in flight leave together in the next one.
+    /// Redis and PostgreSQL: decisions waiting while a call is in flight leave together in the
+    /// next one.
     pub batch: bool,
-    /// Redis: lease budgets this instance spends fast (`None`: `leases: disabled`), for at most
+    /// Redis and PostgreSQL: lease budgets this instance spends fast (`None`: `leases:
+    /// disabled`), for at most
     /// this long.
     pub lease_ttl: Option<Duration>,
 }

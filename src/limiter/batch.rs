@@ -122,7 +122,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn reply() -> Reply {
-        Reply::from_ints(&[1, 7, 1, 10, 9, 100, 0, 0], 1).unwrap()
+        Reply::from_ints(&[1, 7, 1, 10, 9, 100, 0, 0, 0], 1).unwrap()
     }
 
     #[tokio::test]

@@ -81,6 +81,35 @@ const SWEEP_PASS_PAUSE: Duration = Duration::from_secs(1);
 /// stays a row that is updated, not deleted and inserted again.
 const SWEEP_GRACE: Duration = Duration::from_secs(5);
 
+/// One decision's lease arguments as `decide.sql` takes them, one element per limit (0s where
+/// `wants` is shorter).
+#[derive(Debug, Default)]
+pub(crate) struct Leasing {
+    pub wants: Vec<i64>,
+    pub backs: Vec<i64>,
+    pub back_ats: Vec<i64>,
+    pub lease_us: Vec<i64>,
+}
+
+impl Leasing {
+    fn of(wants: &[super::lease::LeaseAsk], limits: usize) -> Leasing {
+        let mut out = Leasing::default();
+        if wants.is_empty() {
+            // NULL-free but all zeros: nothing leased, nothing given back.
+            return out;
+        }
+        for i in 0..limits {
+            let w = wants.get(i).copied().unwrap_or_default();
+            // Every figure is a count or a time in µs, far below 2^63.
+            out.wants.push(i64::from(w.want));
+            out.backs.push(w.back as i64);
+            out.back_ats.push(w.back_at as i64);
+            out.lease_us.push(w.lease_us as i64);
+        }
+        out
+    }
+}
+
 /// The SQL floodgate sends, with the functions' hashed names filled in.
 struct Sql {
     /// Every `CREATE OR REPLACE FUNCTION`.
@@ -103,10 +132,16 @@ impl Sql {
         let name = |f: &str| format!("floodgate_{f}{suffix}");
         Sql {
             functions: text.replace(NAME_SUFFIX, &suffix),
-            decide: format!("SELECT {}($1, $2, $3, $4, $5, $6)", name("decide")),
-            decide_at: format!("SELECT {}($1, $2, $3, $4, $5, $6, $7)", name("decide_at")),
+            decide: format!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                name("decide")
+            ),
+            decide_at: format!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                name("decide_at")
+            ),
             decide_batch: format!(
-                "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 name("decide_batch")
             ),
             release: format!("SELECT {}($1, $2)", name("release")),
@@ -468,7 +503,7 @@ impl PostgresStore {
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by the
     /// database's clock; its concurrency leases (if any) are named `lease`.
     pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, None, Some(lease)).await?.verdict)
+        Ok(self.invoke(asks, None, Some(lease), &[]).await?.verdict)
     }
 
     /// [`PostgresStore::decide`] at `now_us` instead of the database's clock, on a store made by
@@ -484,12 +519,15 @@ impl PostgresStore {
                 "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
             ));
         }
-        Ok(self.invoke(asks, Some(now_us), Some(lease)).await?.verdict)
+        Ok(self
+            .invoke(asks, Some(now_us), Some(lease), &[])
+            .await?
+            .verdict)
     }
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, None, None).await?.decisions)
+        Ok(self.invoke(asks, None, None, &[]).await?.decisions)
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
@@ -510,11 +548,13 @@ impl PostgresStore {
     }
 
     /// One decision call; `lease: None` peeks.
+    /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
     async fn invoke(
         &self,
         asks: &[Ask<'_>],
         now: Option<u64>,
         lease: Option<LeaseId>,
+        wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
@@ -536,6 +576,7 @@ impl PostgresStore {
             pb.push(b as i64);
             costs.push(i64::from(ask.limit.cost()));
         }
+        let leases = Leasing::of(wants, asks.len());
         let lease = lease.map(|l| l as i64);
         if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
             let job = batch::Job {
@@ -545,6 +586,7 @@ impl PostgresStore {
                 pb,
                 costs,
                 lease,
+                leases,
             };
             return super::batch::decide(batcher, job).await;
         }
@@ -554,7 +596,18 @@ impl PostgresStore {
                 self.db
                     .query(
                         &self.db.sql.decide,
-                        &[&keys, &algorithms, &pa, &pb, &costs, &lease],
+                        &[
+                            &keys,
+                            &algorithms,
+                            &pa,
+                            &pb,
+                            &costs,
+                            &lease,
+                            &leases.wants,
+                            &leases.backs,
+                            &leases.back_ats,
+                            &leases.lease_us,
+                        ],
                     )
                     .await?
             }
@@ -563,7 +616,19 @@ impl PostgresStore {
                 self.db
                     .query(
                         &self.db.sql.decide_at,
-                        &[&now, &keys, &algorithms, &pa, &pb, &costs, &lease],
+                        &[
+                            &now,
+                            &keys,
+                            &algorithms,
+                            &pa,
+                            &pb,
+                            &costs,
+                            &lease,
+                            &leases.wants,
+                            &leases.backs,
+                            &leases.back_ats,
+                            &leases.lease_us,
+                        ],
                     )
                     .await?
             }
@@ -585,7 +650,16 @@ impl PostgresStore {
 
 impl RemoteStore for PostgresStore {
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease)).await
+        self.invoke(asks, None, Some(lease), &[]).await
+    }
+
+    async fn decide_leasing(
+        &self,
+        asks: &[Ask<'_>],
+        lease: LeaseId,
+        wants: &[super::lease::LeaseAsk],
+    ) -> Result<Reply, LimiterError> {
+        self.invoke(asks, None, Some(lease), wants).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

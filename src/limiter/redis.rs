@@ -709,17 +709,7 @@ fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
             "reply item {at} is {other:?}, expected a number"
         ))),
     };
-    let Some(decided) = reply.len().checked_sub(limits) else {
-        return Err(LimiterError::Protocol(format!(
-            "reply has {} items for {limits} limits",
-            reply.len()
-        )));
-    };
-    let mut read = Reply::read(decided, limits, number)?;
-    read.leased = (decided..reply.len())
-        .map(number)
-        .collect::<Result<_, _>>()?;
-    Ok(read)
+    Reply::read_with_leases(reply.len(), limits, number)
 }
 
 #[cfg(test)]

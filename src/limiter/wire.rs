@@ -96,9 +96,26 @@ impl Reply {
         })
     }
 
-    /// [`Reply::read`] over signed integers (PostgreSQL's `bigint[]`).
+    /// [`Reply::read`] of a reply that ends with one leased count per limit (`Reply::leased`),
+    /// as both stores' scripts answer.
+    pub fn read_with_leases(
+        len: usize,
+        limits: usize,
+        item: impl Fn(usize) -> Result<u64, LimiterError>,
+    ) -> Result<Reply, LimiterError> {
+        let Some(decided) = len.checked_sub(limits) else {
+            return Err(LimiterError::Protocol(format!(
+                "reply has {len} items for {limits} limits"
+            )));
+        };
+        let mut read = Reply::read(decided, limits, &item)?;
+        read.leased = (decided..len).map(&item).collect::<Result<_, _>>()?;
+        Ok(read)
+    }
+
+    /// [`Reply::read_with_leases`] over signed integers (PostgreSQL's `bigint[]`).
     pub fn from_ints(items: &[i64], limits: usize) -> Result<Reply, LimiterError> {
-        Reply::read(items.len(), limits, |at| {
+        Reply::read_with_leases(items.len(), limits, |at| {
             u64::try_from(items[at]).map_err(|_| {
                 LimiterError::Protocol(format!(
                     "reply item {at} is {}, expected a non-negative number",
@@ -115,8 +132,9 @@ mod tests {
 
     #[test]
     fn a_reply_is_read_by_its_named_layout() {
-        let reply = [0, 7, 1, 10, 9, 100, 0, 0, 0, 5, 0, 300, 40, 0];
+        let reply = [0, 7, 1, 10, 9, 100, 0, 0, 0, 5, 0, 300, 40, 0, 3, 0];
         let read = Reply::from_ints(&reply, 2).unwrap();
+        assert_eq!(read.leased, vec![3, 0]);
         assert_eq!(read.decisions.len(), 2);
         assert!(!read.verdict.allowed);
         assert_eq!(read.verdict.now_us, 7);
@@ -128,10 +146,11 @@ mod tests {
     fn malformed_replies_are_protocol_errors() {
         for (bad, limits) in [
             (&[1, 7][..], 1),
-            (&[1, 7, 1, 10, 9][..], 1),
-            (&[1, 7, 1, 10, 9, 100, 0, -1][..], 1),
-            (&[0, 7, 1, 10, 9, 100, 0, 0][..], 1),
-            (&[1, 7, 1, 10, 9, 100, 0, 0][..], 2),
+            (&[1, 7, 1, 10, 9, 0][..], 1),
+            (&[1, 7, 1, 10, 9, 100, 0, -1, 0][..], 1),
+            (&[1, 7, 1, 10, 9, 100, 0, 0, -1][..], 1),
+            (&[0, 7, 1, 10, 9, 100, 0, 0, 0][..], 1),
+            (&[1, 7, 1, 10, 9, 100, 0, 0, 0][..], 2),
         ] {
             assert!(
                 matches!(

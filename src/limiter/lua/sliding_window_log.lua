@@ -6,7 +6,8 @@
 -- end: the instance holding them spends each between the grant and that end, so every entry
 -- counts from before its request was admitted until a window after it, and no window of admitted
 -- requests can ever hold more than `limit`. They are named after the grant's time, so that
--- unspent ones can be given back.
+-- unspent ones can be given back (if two leases share a grant time and so a stamp, a give-back
+-- may take the other's entries: entries of one stamp expire together, so the log is the same).
 
 -- The name prefix of the entries leased at `at`.
 local function log_lease_prefix(at)

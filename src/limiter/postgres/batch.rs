@@ -12,7 +12,7 @@
 
 use tokio::sync::mpsc;
 
-use super::Db;
+use super::{Db, Leasing};
 use crate::limiter::LimiterError;
 use crate::limiter::batch::{self, Pending, answer};
 use crate::limiter::wire::Reply;
@@ -25,6 +25,7 @@ pub struct Job {
     pub pb: Vec<i64>,
     pub costs: Vec<i64>,
     pub lease: i64,
+    pub leases: Leasing,
 }
 
 /// Starts the driver for `db`, with up to `in_flight` batches out at once.
@@ -53,6 +54,7 @@ async fn call(
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
+    let mut leasing = Leasing::default();
     for Pending { job, .. } in batch {
         limits.push(job.keys.len() as i32);
         leases.push(job.lease);
@@ -61,12 +63,37 @@ async fn call(
         pa.extend(&job.pa);
         pb.extend(&job.pb);
         costs.extend(&job.costs);
+        // A decision that leases nothing sends no lease arguments: 0s in its place.
+        let limits = job.keys.len();
+        let or_zeros = |v: &Vec<i64>| {
+            if v.is_empty() {
+                vec![0; limits]
+            } else {
+                v.clone()
+            }
+        };
+        leasing.wants.extend(or_zeros(&job.leases.wants));
+        leasing.backs.extend(or_zeros(&job.leases.backs));
+        leasing.back_ats.extend(or_zeros(&job.leases.back_ats));
+        leasing.lease_us.extend(or_zeros(&job.leases.lease_us));
     }
     db.count_call();
     let items: Vec<i64> = db
         .query(
             &db.sql.decide_batch,
-            &[&limits, &keys, &algorithms, &pa, &pb, &costs, &leases],
+            &[
+                &limits,
+                &keys,
+                &algorithms,
+                &pa,
+                &pb,
+                &costs,
+                &leases,
+                &leasing.wants,
+                &leasing.backs,
+                &leasing.back_ats,
+                &leasing.lease_us,
+            ],
         )
         .await?;
     read_batch_reply(&items, batch.iter().map(|p| p.job.keys.len()))
@@ -119,11 +146,11 @@ mod tests {
 
     #[test]
     fn each_decision_of_a_batch_gets_its_own_answer_and_an_unknown_algorithm_fails_alone() {
-        let allowed = [1, 7, 1, 10, 9, 100, 0, 0];
-        let denied = [0, 7, 0, 10, 0, 100, 50, 0];
-        let mut items = vec![1, 8];
+        let allowed = [1, 7, 1, 10, 9, 100, 0, 0, 0];
+        let denied = [0, 7, 0, 10, 0, 100, 50, 0, 0];
+        let mut items = vec![1, 9];
         items.extend(allowed);
-        items.extend([0, 0, 1, 8]);
+        items.extend([0, 0, 1, 9]);
         items.extend(denied);
         let answers = read_batch_reply(&items, [1, 1, 1].into_iter()).unwrap();
         assert!(answers[0].as_ref().unwrap().verdict.allowed);
@@ -133,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
-        let short = [1, 8, 1, 7, 1];
+        let short = [1, 9, 1, 7, 1];
         assert!(matches!(
             read_batch_reply(&short, [1].into_iter()),
             Err(LimiterError::Protocol(_))

@@ -4,7 +4,7 @@
 -- one reading of the clock. Mirrors src/limiter/lua/batch.lua.
 --
 -- Arguments: per decision, its number of limits (`limits`) and its lease token (`leases`); per
--- limit, as floodgate_decide_at__V takes them, the limits of each decision following the previous
+-- limit, as floodgate_decide_at__V takes them (with its lease arguments), the limits of each decision following the previous
 -- decision's. Every row the batch touches is locked first, once, in key order (the order
 -- floodgate_decide_at__V locks in), so batches and single decisions sharing budgets never
 -- deadlock.
@@ -15,7 +15,7 @@
 -- read (unlike Redis, where a key may hold another type).
 CREATE OR REPLACE FUNCTION floodgate_decide_batch__V(
   limits int[], keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[],
-  leases bigint[]
+  leases bigint[], wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   k text;
@@ -42,7 +42,9 @@ BEGIN
       reply := reply || ARRAY[0, 0]::bigint[];
     ELSE
       d := floodgate_decide_at__V(now, keys[k0 + 1 : k0 + n], algorithms[k0 + 1 : k0 + n],
-        pa[k0 + 1 : k0 + n], pb[k0 + 1 : k0 + n], costs[k0 + 1 : k0 + n], leases[i]);
+        pa[k0 + 1 : k0 + n], pb[k0 + 1 : k0 + n], costs[k0 + 1 : k0 + n], leases[i],
+        wants[k0 + 1 : k0 + n], backs[k0 + 1 : k0 + n], back_ats[k0 + 1 : k0 + n],
+        lease_us[k0 + 1 : k0 + n]);
       reply := reply || ARRAY[1, cardinality(d)]::bigint[] || d;
     END IF;
     k0 := k0 + n;

@@ -14,11 +14,35 @@
 -- deadlock, and no decision reads a budget another has read but not yet written. No SERIALIZABLE
 -- retries.
 --
+-- Leases (src/limiter/lease.rs; mirrors src/limiter/lua/decide.lua): per limit, `wants` more
+-- requests' worth to lease beyond this one, `backs` requests' worth of an ended lease given back,
+-- granted at `back_ats`, and `lease_us`, how long a lease lasts (NULL arrays: none of these). A
+-- lease is granted only when every limit allowed, for the token bucket, the windows and the log,
+-- at most `want` and half of what remains, debited here, now. Given back: a bucket's tat moves
+-- back; a window's count falls if its window is still the one the units were counted in; a log
+-- loses that many entries stamped with the lease's end (back_at + lease_us): entries are bare
+-- timestamps, but entries of one stamp expire together, so whichever go, the log is the same.
+--
 -- Reply (REPLY_HEADER and REPLY_FIELDS in src/limiter/wire.rs): { allowed, now_us, then per
--- limit: allowed, limit, remaining, reset_after_us, retry_after_us, delay_us }.
+-- limit: allowed, limit, remaining, reset_after_us, retry_after_us, delay_us; then per limit the
+-- requests' worth leased beyond this request }.
+CREATE OR REPLACE FUNCTION floodgate_check__V(
+  now bigint, r floodgate_budgets, algorithm text, pa bigint, pb bigint, cost bigint
+) RETURNS bigint[] LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE algorithm
+    WHEN 'token_bucket' THEN floodgate_gcra__V(now, r.a, pa, pb, cost, false)
+    WHEN 'leaky_bucket' THEN floodgate_gcra__V(now, r.a, pa, pb, cost, true)
+    WHEN 'fixed_window' THEN floodgate_fixed_window__V(now, r.a, r.b, pa, pb, cost)
+    WHEN 'sliding_window_log' THEN floodgate_sliding_window_log__V(now, r.entries, pa, pb, cost)
+    WHEN 'sliding_window_counter' THEN
+      floodgate_sliding_window_counter__V(now, r.a, r.b, r.c, pa, pb, cost)
+    WHEN 'concurrency' THEN floodgate_concurrency__V(now, r.entries, pa, pb, cost)
+  END
+$$;
+
 CREATE OR REPLACE FUNCTION floodgate_decide_at__V(
   clock bigint, keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[],
-  lease bigint
+  lease bigint, wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   n int := cardinality(keys);
@@ -32,7 +56,12 @@ DECLARE
   sa bigint[] := '{}';
   sb bigint[] := '{}';
   sc bigint[] := '{}';
+  leased bigint[] := array_fill(0::bigint, ARRAY[cardinality(keys)]);
   all_allowed bigint := 1;
+  units bigint;
+  at bigint;
+  want bigint;
+  extra bigint;
 BEGIN
   IF lease IS NOT NULL THEN
     -- Lock (and read) every row in key order; a row's values cannot change once it is locked.
@@ -66,18 +95,36 @@ BEGIN
     now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
   END IF;
 
+  -- Units an ended lease gives back, before anything is decided.
+  IF lease IS NOT NULL THEN
+    FOR i IN 1 .. n LOOP
+      units := coalesce(backs[i], 0) * costs[i];
+      at := coalesce(back_ats[i], 0);
+      CONTINUE WHEN units <= 0;
+      r := rows[i];
+      IF algorithms[i] = 'token_bucket' AND r.a > 0 THEN
+        r.a := CASE WHEN r.a - units * pb[i] <= now THEN 0 ELSE r.a - units * pb[i] END;
+        UPDATE floodgate_budgets SET a = r.a, expires_at = r.a WHERE key = keys[i];
+      ELSIF algorithms[i] IN ('fixed_window', 'sliding_window_counter')
+          AND r.a = now - now % pb[i] AND r.a = at - at % pb[i] THEN
+        r.b := greatest(r.b - units, 0);
+        UPDATE floodgate_budgets SET b = r.b WHERE key = keys[i];
+      ELSIF algorithms[i] = 'sliding_window_log' THEN
+        r.entries := ARRAY(
+          SELECT e FROM (
+            SELECT e, row_number() OVER (PARTITION BY e ORDER BY e) AS k FROM unnest(r.entries) e
+          ) x
+          WHERE NOT (e = at + coalesce(lease_us[i], 0) AND k <= units)
+          ORDER BY e);
+        UPDATE floodgate_budgets SET entries = r.entries WHERE key = keys[i];
+      END IF;
+      rows[i] := r;
+    END LOOP;
+  END IF;
+
   FOR i IN 1 .. n LOOP
     r := rows[i];
-    d := CASE algorithms[i]
-      WHEN 'token_bucket' THEN floodgate_gcra__V(now, r.a, pa[i], pb[i], costs[i], false)
-      WHEN 'leaky_bucket' THEN floodgate_gcra__V(now, r.a, pa[i], pb[i], costs[i], true)
-      WHEN 'fixed_window' THEN floodgate_fixed_window__V(now, r.a, r.b, pa[i], pb[i], costs[i])
-      WHEN 'sliding_window_log' THEN
-        floodgate_sliding_window_log__V(now, r.entries, pa[i], pb[i], costs[i])
-      WHEN 'sliding_window_counter' THEN
-        floodgate_sliding_window_counter__V(now, r.a, r.b, r.c, pa[i], pb[i], costs[i])
-      WHEN 'concurrency' THEN floodgate_concurrency__V(now, r.entries, pa[i], pb[i], costs[i])
-    END;
+    d := floodgate_check__V(now, r, algorithms[i], pa[i], pb[i], costs[i]);
     IF d IS NULL THEN
       RAISE EXCEPTION 'floodgate: unknown algorithm %', algorithms[i];
     END IF;
@@ -94,6 +141,26 @@ BEGIN
   -- UPDATE also sets expires_at as State::expires_at does in Rust.
   IF all_allowed = 1 AND lease IS NOT NULL THEN
     FOR i IN 1 .. n LOOP
+      want := coalesce(wants[i], 0);
+      IF algorithms[i] = 'sliding_window_log' AND coalesce(lease_us[i], 0) <= 0 THEN
+        want := 0;
+      END IF;
+      IF want > 0 AND costs[i] > 0 AND algorithms[i] IN
+          ('token_bucket', 'fixed_window', 'sliding_window_counter', 'sliding_window_log') THEN
+        extra := least(want, decisions[6 * (i - 1) + 3] / costs[i] / 2);
+        IF extra > 0 THEN
+          d := floodgate_check__V(now, rows[i], algorithms[i], pa[i], pb[i],
+            costs[i] * (1 + extra));
+          IF d[1] = 1 THEN
+            sa[i] := d[7];
+            sb[i] := d[8];
+            sc[i] := d[9];
+            leased[i] := extra;
+          END IF;
+        END IF;
+      END IF;
+    END LOOP;
+    FOR i IN 1 .. n LOOP
       CASE algorithms[i]
         WHEN 'token_bucket', 'leaky_bucket' THEN
           UPDATE floodgate_budgets SET a = sa[i], expires_at = sa[i] WHERE key = keys[i];
@@ -104,10 +171,15 @@ BEGIN
           UPDATE floodgate_budgets SET a = sa[i], b = sb[i], c = sc[i],
             expires_at = sa[i] + 2 * pb[i] WHERE key = keys[i];
         WHEN 'sliding_window_log' THEN
+          -- A lease's entries are stamped with its end (see sliding_window_log.lua).
           UPDATE floodgate_budgets t SET
-            entries = ARRAY(SELECT e FROM unnest(t.entries) e WHERE e + pb[i] > now ORDER BY e)
-              || array_fill(now, ARRAY[costs[i]::int]),
-            expires_at = now + pb[i]
+            entries = ARRAY(SELECT e FROM unnest(t.entries
+                || array_fill(now, ARRAY[costs[i]::int])
+                || array_fill(now + coalesce(lease_us[i], 0),
+                              ARRAY[(costs[i] * leased[i])::int])) e
+              WHERE e + pb[i] > now ORDER BY e),
+            expires_at = greatest(now + pb[i],
+              CASE WHEN leased[i] > 0 THEN now + lease_us[i] + pb[i] ELSE 0 END)
             WHERE key = keys[i];
         WHEN 'concurrency' THEN
           UPDATE floodgate_budgets t SET
@@ -122,12 +194,14 @@ BEGIN
       END CASE;
     END LOOP;
   END IF;
-  RETURN ARRAY[all_allowed, now] || decisions;
+  RETURN ARRAY[all_allowed, now] || decisions || leased;
 END $$;
 
 -- The production entry point: the database's clock, never a caller's.
 CREATE OR REPLACE FUNCTION floodgate_decide__V(
-  keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[], lease bigint
+  keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[], lease bigint,
+  wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
 ) RETURNS bigint[] LANGUAGE sql AS $$
-  SELECT floodgate_decide_at__V(NULL, keys, algorithms, pa, pb, costs, lease)
+  SELECT floodgate_decide_at__V(NULL, keys, algorithms, pa, pb, costs, lease, wants, backs,
+    back_ats, lease_us)
 $$;
