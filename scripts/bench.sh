@@ -39,7 +39,8 @@
 #                     a fresh cluster made with initdb in the work dir, default settings, fsync on)
 #   fg_postgres_deny  floodgate, PostgreSQL store, every request denied
 #   fg_postgres_allow_unbatched  fg_postgres_allow with storage.batch: false
-#   fg_postgres_allow_nolease    fg_postgres_allow with storage.leases: disabled
+#   fg_postgres_lease_allow, fg_postgres_lease_nolease_allow  as fg_redis_lease_allow and
+#                     fg_redis_lease_nolease_allow, on PostgreSQL (a budget of 10^6 being drained)
 # Figures are medians across rounds; each run also charges the CPU time (from /proc) of the target,
 # its upstream and its store's server (redis-server, or PostgreSQL's processes) to the requests it served. It checks that the allow targets answered
 # only 2xx and the deny target ~100% non-2xx (wrk's "Non-2xx or 3xx responses"; a probe first checks
@@ -505,19 +506,25 @@ if [ "$PG_PID" != - ]; then
     FG_PG_ALLOW_URL=$FG_URL FG_PG_ALLOW_PID=$FG_PID
     start_floodgate fg_postgres_deny "$PG_STORAGE" 1 0.001
     FG_PG_DENY_URL=$FG_URL FG_PG_DENY_PID=$FG_PID
-    FG_PG_UNBATCHED_URL=- FG_PG_UNBATCHED_PID=- FG_PG_NOLEASE_URL=- FG_PG_NOLEASE_PID=-
+    FG_PG_UNBATCHED_URL=- FG_PG_UNBATCHED_PID=- FG_PG_LEASE_URL=- FG_PG_LEASE_PID=-
+    FG_PG_NOLEASE_URL=- FG_PG_NOLEASE_PID=-
     if [[ " ${TARGETS[*]} " == *" fg_postgres_allow_unbatched "* ]]; then
         start_floodgate fg_postgres_allow_unbatched "$PG_STORAGE
   batch: false" 1000000000 1000000
         FG_PG_UNBATCHED_URL=$FG_URL FG_PG_UNBATCHED_PID=$FG_PID
     fi
-    if [[ " ${TARGETS[*]} " == *" fg_postgres_allow_nolease "* ]]; then
-        start_floodgate fg_postgres_allow_nolease "$PG_STORAGE
-  leases: disabled" 1000000000 1000000
+    if [[ " ${TARGETS[*]} " == *" fg_postgres_lease_allow "* ]]; then
+        start_floodgate fg_postgres_lease_allow "$PG_STORAGE" 1000000 0.01
+        FG_PG_LEASE_URL=$FG_URL FG_PG_LEASE_PID=$FG_PID
+    fi
+    if [[ " ${TARGETS[*]} " == *" fg_postgres_lease_nolease_allow "* ]]; then
+        start_floodgate fg_postgres_lease_nolease_allow "$PG_STORAGE
+  leases: disabled" 1000000 0.01
         FG_PG_NOLEASE_URL=$FG_URL FG_PG_NOLEASE_PID=$FG_PID
     fi
     # The schema is installed in the background: wait until both answer ready-made decisions.
-    for url in "$FG_PG_ALLOW_URL" "$FG_PG_DENY_URL" "$FG_PG_UNBATCHED_URL" "$FG_PG_NOLEASE_URL"; do
+    for url in "$FG_PG_ALLOW_URL" "$FG_PG_DENY_URL" "$FG_PG_UNBATCHED_URL" "$FG_PG_LEASE_URL" \
+        "$FG_PG_NOLEASE_URL"; do
         [ "$url" = - ] && continue
         for _ in $(seq 100); do
             [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-API-Key: warm-up' "$url/")" != 503 ] && break
@@ -549,7 +556,8 @@ pids_of() {
         fg_postgres_allow) echo "$FG_PG_ALLOW_PID $UPSTREAM_PID $PG_PID" ;;
         fg_postgres_deny) echo "$FG_PG_DENY_PID $UPSTREAM_PID $PG_PID" ;;
         fg_postgres_allow_unbatched) echo "$FG_PG_UNBATCHED_PID $UPSTREAM_PID $PG_PID" ;;
-        fg_postgres_allow_nolease) echo "$FG_PG_NOLEASE_PID $UPSTREAM_PID $PG_PID" ;;
+        fg_postgres_lease_allow) echo "$FG_PG_LEASE_PID $UPSTREAM_PID $PG_PID" ;;
+        fg_postgres_lease_nolease_allow) echo "$FG_PG_NOLEASE_PID $UPSTREAM_PID $PG_PID" ;;
     esac
 }
 
@@ -586,7 +594,8 @@ url_of() {
         fg_postgres_allow) echo "$FG_PG_ALLOW_URL/" ;;
         fg_postgres_deny) echo "$FG_PG_DENY_URL/" ;;
         fg_postgres_allow_unbatched) echo "$FG_PG_UNBATCHED_URL/" ;;
-        fg_postgres_allow_nolease) echo "$FG_PG_NOLEASE_URL/" ;;
+        fg_postgres_lease_allow) echo "$FG_PG_LEASE_URL/" ;;
+        fg_postgres_lease_nolease_allow) echo "$FG_PG_NOLEASE_URL/" ;;
     esac
 }
 
