@@ -3,8 +3,9 @@
 //! round trip, until they run out or the lease ends (`storage.lease_ttl`).
 //!
 //! **Never more than the budget.** A lease is taken *out of* the shared budget in the store
-//! (Redis: `lua/decide.lua`; PostgreSQL: `sql/decide.sql`) before any of it is spent: to every other instance those units are spent
-//! already. What keeps that exact over time depends on the algorithm:
+//! (Redis: `lua/decide.lua`; PostgreSQL: `sql/decide.sql`) before any of it is spent: to every
+//! other instance those units are spent already. What keeps that exact over time depends on the
+//! algorithm:
 //!
 //! - *fixed window* and *sliding window counter*: the units are counted in the window they were
 //!   leased in, so a lease ends at that window's end at the latest; within it, every decision the
