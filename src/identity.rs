@@ -21,7 +21,8 @@ use ipnet::IpNet;
 use crate::limiter::KeyKind;
 
 /// Which of the sources the identity came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IdentityKind {
     ApiKey,
     Consumer,
@@ -30,7 +31,21 @@ pub enum IdentityKind {
 }
 
 impl IdentityKind {
-    /// The name used in store keys, logs and metrics.
+    pub const ALL: [IdentityKind; 4] = [
+        IdentityKind::ApiKey,
+        IdentityKind::Consumer,
+        IdentityKind::UserId,
+        IdentityKind::Ip,
+    ];
+
+    /// The kind named `label` ([`IdentityKind::as_str`]).
+    pub fn from_label(label: &[u8]) -> Option<IdentityKind> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str().as_bytes() == label)
+    }
+
+    /// The name used in store keys, logs and metrics (and serde's).
     pub fn as_str(self) -> &'static str {
         match self {
             IdentityKind::ApiKey => "api_key",

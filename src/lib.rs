@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod deadline;

@@ -16,8 +16,9 @@ use prometheus_client::registry::Registry;
 use crate::limiter::Limiter;
 use crate::limiter::guard::{BreakerState, GuardStats};
 
-/// What happened to a request, as the `decision` label says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What happened to a request, as the `decision` label (and the access log) says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DecisionLabel {
     /// Every enforced limit allowed.
     Allowed,
@@ -34,7 +35,7 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
-    const ALL: [DecisionLabel; 6] = [
+    pub const ALL: [DecisionLabel; 6] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -43,7 +44,26 @@ impl DecisionLabel {
         DecisionLabel::InvalidKey,
     ];
 
-    /// The `decision` label's value.
+    /// The label named `label` ([`DecisionLabel::as_str`]).
+    pub fn from_label(label: &[u8]) -> Option<DecisionLabel> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.as_str().as_bytes() == label)
+    }
+
+    /// Whether the limits let the request through (`Some(false)`: a 429), when they decided it:
+    /// what `floodgate replay` compares its own decision with.
+    pub fn admitted_by_limits(self) -> Option<bool> {
+        match self {
+            DecisionLabel::Allowed | DecisionLabel::ShadowDenied => Some(true),
+            DecisionLabel::Denied => Some(false),
+            DecisionLabel::StoreError | DecisionLabel::Unlimited | DecisionLabel::InvalidKey => {
+                None
+            }
+        }
+    }
+
+    /// The `decision` label's value (and serde's).
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionLabel::Allowed => "allowed",

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tracing::field::Empty;
 
+use crate::access_log::{self, field};
 use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{
     Consumers, Identity, IdentityConfig, IdentityError, IdentityKind, ip_octets,
@@ -175,19 +175,7 @@ impl Proxy {
     /// Runs the pipeline for one request.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
-        let span = tracing::info_span!(
-            target: "floodgate::access",
-            "request",
-            method = %req.method(),
-            path = req.uri().path(),
-            route = Empty,
-            client_ip = Empty,
-            identity = Empty,
-            identity_hash = Empty,
-            decision = Empty,
-            status = Empty,
-            latency_ms = Empty,
-        );
+        let span = access_log::span(req.method(), req.uri().path());
         let runtime = self.snapshot.load_full();
         let route =
             match Self::normalize(&runtime, &mut req).and_then(|()| Self::route(&runtime, &req)) {
@@ -201,7 +189,7 @@ impl Proxy {
                     return response;
                 }
             };
-        span.record("route", &*route.config.name);
+        span.record(field::ROUTE, &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
         let pass = if unlimited && runtime.consumers.is_none() {
@@ -316,8 +304,8 @@ impl Proxy {
                 Ok(whose) => (whose.identity.kind(), whose.ip),
                 Err(_) => (IdentityKind::ApiKey, config.client_addr(headers, peer.ip())),
             };
-            span.record("identity", kind.as_str());
-            span.record("client_ip", tracing::field::display(ip));
+            span.record(field::IDENTITY, kind.as_str());
+            span.record(field::CLIENT_IP, tracing::field::display(ip));
             let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
                 (_, Ok(Identity::UserId(user))) => Some(user),
                 (_, Ok(Identity::Ip(_))) => None,
@@ -325,7 +313,7 @@ impl Proxy {
                 _ => None,
             };
             if let Some(value) = hashed {
-                span.record("identity_hash", digest_hex(value).as_str());
+                span.record(field::IDENTITY_HASH, digest_hex(value).as_str());
             }
         }
         resolved.map_err(rejection)
@@ -479,14 +467,14 @@ impl Proxy {
             return;
         }
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-        span.record("status", response.status().as_u16());
-        span.record("latency_ms", latency_ms);
+        span.record(field::STATUS, response.status().as_u16());
+        span.record(field::LATENCY_MS, latency_ms);
         if let Some(label) = label {
-            span.record("decision", label.as_str());
+            span.record(field::DECISION, label.as_str());
         }
         let _entered = span.enter();
         tracing::info!(
-            target: "floodgate::access",
+            target: access_log::TARGET,
             route = route.map(|r| &*r.config.name),
             status = response.status().as_u16(),
             "request done"

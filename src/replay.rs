@@ -17,6 +17,7 @@
 //! the budgets alive at once, and the most-denied identities are kept in a fixed-size table
 //! (Space-Saving: counts are exact for any identity whose count exceeds the smallest kept one).
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::BufRead;
@@ -27,11 +28,13 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::access_log::{self, AccessRecord};
 use crate::config::{Budget, Config};
-use crate::identity::{Identity, ip_octets};
+use crate::identity::{Identity, IdentityKind, ip_octets};
 use crate::limiter::{
     AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore,
 };
+use crate::metrics::DecisionLabel;
 use crate::policy::{Asks, Claim, Policy, Step, Whose};
 use crate::route::RouteTable;
 
@@ -105,6 +108,7 @@ pub fn parse_line(line: &str) -> Result<Option<Record>, String> {
     parse_bytes(line.as_bytes())
 }
 
+/// A line of floodgate's JSON log: its timestamp, target and request span.
 #[derive(Deserialize)]
 struct JsonLine<'a> {
     #[serde(borrow)]
@@ -112,25 +116,7 @@ struct JsonLine<'a> {
     #[serde(borrow, default)]
     target: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    span: Option<SpanFields<'a>>,
-}
-
-#[derive(Deserialize)]
-struct SpanFields<'a> {
-    #[serde(borrow, default)]
-    method: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    path: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    client_ip: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    identity: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    identity_hash: Option<Raw<'a>>,
-    #[serde(default)]
-    latency_ms: Option<f64>,
-    #[serde(borrow, default)]
-    decision: Option<Raw<'a>>,
+    span: Option<AccessRecord<'a>>,
 }
 
 /// A JSON string's bytes, borrowed without checking them as UTF-8: the fields read this way
@@ -161,7 +147,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
     }
 }
 
-/// The fields of floodgate's access-log line that replay reads, borrowed from the line.
+/// The fields of floodgate's access-log line that replay reads, as the scanner finds them: raw
+/// bytes, turned into an [`AccessRecord`] by [`Fields::record`].
 #[derive(Default)]
 struct Fields<'a> {
     timestamp: Option<&'a [u8]>,
@@ -264,84 +251,101 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
     Some(f)
 }
 
-fn parse_json(line: &[u8]) -> Result<Option<Record>, String> {
-    if let Some(f) = scan(line) {
-        return record_from(f);
+impl<'a> Fields<'a> {
+    /// The span these fields are, by the same types the general parser reads.
+    fn record(&self) -> Result<AccessRecord<'a>, String> {
+        let text = |bytes: &'a [u8], what: &str| {
+            std::str::from_utf8(bytes)
+                .map(Cow::Borrowed)
+                .map_err(|_| format!("{what} is not UTF-8"))
+        };
+        Ok(AccessRecord {
+            method: text(self.method.ok_or("no method")?, "the method")?,
+            path: text(self.path.ok_or("no path")?, "the path")?,
+            route: None,
+            client_ip: self.client_ip.map(|ip| text(ip, "client_ip")).transpose()?,
+            identity: self
+                .identity
+                .map(|i| IdentityKind::from_label(i).ok_or("unknown identity"))
+                .transpose()?,
+            identity_hash: self
+                .identity_hash
+                .map(|h| text(h, "identity_hash"))
+                .transpose()?,
+            decision: self
+                .decision
+                .map(|d| DecisionLabel::from_label(d).ok_or("unknown decision"))
+                .transpose()?,
+            status: None,
+            latency_ms: self.latency_ms,
+        })
     }
-    parse_json_general(line)
 }
 
-/// A record from scanned fields, by the same rules as the general parser.
-fn record_from(f: Fields<'_>) -> Result<Option<Record>, String> {
-    if f.target.is_some_and(|t| t != b"floodgate::access") {
+fn parse_json(line: &[u8]) -> Result<Option<Record>, String> {
+    let Some(f) = scan(line) else {
+        return parse_json_general(line);
+    };
+    if f.target.is_some_and(|t| t != access_log::TARGET.as_bytes()) {
         return Ok(None);
     }
     if f.method.is_none() && f.path.is_none() {
         return Err("no request span".into());
     }
-    let at_us = f
-        .timestamp
-        .and_then(|t| std::str::from_utf8(t).ok())
-        .and_then(parse_rfc3339_us)
-        .ok_or("timestamp is not RFC 3339")?;
-    let method = Method::from_bytes(f.method.ok_or("no method")?).map_err(|_| "invalid method")?;
-    let path = std::str::from_utf8(f.path.ok_or("no path")?)
-        .map_err(|_| "the path is not UTF-8")?
-        .to_string();
-    // A request rejected before identification (404, 400) has no client_ip: replay routes it
-    // only, so any address serves.
-    let client_ip = match f.client_ip {
-        Some(ip) => std::str::from_utf8(ip)
-            .ok()
-            .and_then(|ip| ip.parse().ok())
-            .ok_or("client_ip is not an address")?,
-        None => IpAddr::from([0, 0, 0, 0]),
-    };
-    let hash = f.identity_hash.map(parse_sha256).transpose()?;
-    let identity = match (f.identity, hash) {
-        (Some(b"api_key" | b"consumer"), Some(h)) => RecordedIdentity::ApiKey(h),
-        (Some(b"user_id"), Some(h)) => RecordedIdentity::UserId(h),
-        _ => RecordedIdentity::Ip,
-    };
-    // The line is written when the request has finished; the proxy decided `latency` earlier.
-    let latency_us = f.latency_ms.map(|ms| (ms * 1000.0) as u64);
-    let recorded = match f.decision {
-        Some(b"allowed" | b"shadow_denied") => Some(true),
-        Some(b"denied") => Some(false),
-        _ => None,
-    };
-    Ok(Some(Record {
-        at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
-        method,
-        path,
-        client_ip,
-        identity,
-        latency_us,
-        recorded,
-        whole_second: false,
-    }))
+    record_from(f.timestamp.ok_or("no timestamp")?, f.record()?).map(Some)
 }
 
-/// Any JSON line, through serde_json: the fields read, then the same [`record_from`].
+/// Any JSON line, through serde_json: the span as an [`AccessRecord`], then the same
+/// [`record_from`].
 fn parse_json_general(line: &[u8]) -> Result<Option<Record>, String> {
     let parsed: JsonLine<'_> =
         serde_json::from_slice(line).map_err(|e| format!("invalid JSON: {e}"))?;
-    let target = parsed.target.map(|t| t.0);
-    if target.is_some_and(|t| t != b"floodgate::access") {
+    if parsed
+        .target
+        .is_some_and(|t| t.0 != access_log::TARGET.as_bytes())
+    {
         return Ok(None);
     }
     let span = parsed.span.ok_or("no request span")?;
-    record_from(Fields {
-        timestamp: Some(parsed.timestamp.0),
-        target,
-        method: span.method.map(|m| m.0),
-        // An escaped path is owned by the Cow, which lives to the end of this call.
-        path: span.path.as_deref().map(str::as_bytes),
-        client_ip: span.client_ip.map(|ip| ip.0),
-        identity: span.identity.map(|i| i.0),
-        identity_hash: span.identity_hash.map(|h| h.0),
-        decision: span.decision.map(|d| d.0),
-        latency_ms: span.latency_ms,
+    record_from(parsed.timestamp.0, span).map(Some)
+}
+
+/// A replayable request from a line's timestamp and its request span.
+fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, String> {
+    let at_us = std::str::from_utf8(timestamp)
+        .ok()
+        .and_then(parse_rfc3339_us)
+        .ok_or("timestamp is not RFC 3339")?;
+    let method = Method::from_bytes(span.method.as_bytes()).map_err(|_| "invalid method")?;
+    // A request rejected before identification (404, 400) has no client_ip: replay routes it
+    // only, so any address serves.
+    let client_ip = match &span.client_ip {
+        Some(ip) => ip.parse().map_err(|_| "client_ip is not an address")?,
+        None => IpAddr::from([0, 0, 0, 0]),
+    };
+    let hash = span
+        .identity_hash
+        .as_deref()
+        .map(|h| parse_sha256(h.as_bytes()))
+        .transpose()?;
+    let identity = match (span.identity, hash) {
+        (Some(IdentityKind::ApiKey | IdentityKind::Consumer), Some(h)) => {
+            RecordedIdentity::ApiKey(h)
+        }
+        (Some(IdentityKind::UserId), Some(h)) => RecordedIdentity::UserId(h),
+        _ => RecordedIdentity::Ip,
+    };
+    // The line is written when the request has finished; the proxy decided `latency` earlier.
+    let latency_us = span.latency_ms.map(|ms| (ms * 1000.0) as u64);
+    Ok(Record {
+        at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
+        method,
+        path: span.path.into_owned(),
+        client_ip,
+        identity,
+        latency_us,
+        recorded: span.decision.and_then(DecisionLabel::admitted_by_limits),
+        whole_second: false,
     })
 }
 

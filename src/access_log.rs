@@ -1,0 +1,166 @@
+//! The access log: one line per request, written by the proxy ([`crate::proxy`]) under the
+//! target [`TARGET`] and read back by `floodgate replay` ([`crate::replay`]).
+//!
+//! The proxy opens a span per request ([`span`]) and records its fields as they become known
+//! (by the names in [`field`]); with `log_format: json`, tracing-subscriber writes them as the
+//! line's `span` object, which is an [`AccessRecord`]. Replay reads that object as the same type
+//! (serde), so what the proxy writes and what replay reads cannot drift apart: the test below
+//! writes a line through tracing-subscriber and reads it back.
+//!
+//! Nothing here is a secret: an API key or user id appears only as the SHA-256 of its value
+//! (`identity_hash`, the digest a consumer's `keys_sha256` holds, so replay can find it).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use tracing::field::Empty;
+
+use crate::identity::IdentityKind;
+use crate::metrics::DecisionLabel;
+
+/// The tracing target of the access log's events.
+pub const TARGET: &str = "floodgate::access";
+
+/// The span's field names, as the proxy records them and [`AccessRecord`] names them.
+pub mod field {
+    pub const ROUTE: &str = "route";
+    pub const CLIENT_IP: &str = "client_ip";
+    pub const IDENTITY: &str = "identity";
+    pub const IDENTITY_HASH: &str = "identity_hash";
+    pub const DECISION: &str = "decision";
+    pub const STATUS: &str = "status";
+    pub const LATENCY_MS: &str = "latency_ms";
+}
+
+/// One request's span as the access log holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccessRecord<'a> {
+    #[serde(borrow)]
+    pub method: Cow<'a, str>,
+    /// The normalised path (what was routed and limited).
+    #[serde(borrow)]
+    pub path: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub route: Option<Cow<'a, str>>,
+    /// The client address whose allowance `per: ip` limits spent (an IPv6 client's prefix);
+    /// absent for a request rejected before it was identified.
+    #[serde(borrow, default)]
+    pub client_ip: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub identity: Option<IdentityKind>,
+    /// The hex SHA-256 of the API key (also for a consumer, or a key refused) or user id.
+    #[serde(borrow, default)]
+    pub identity_hash: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub decision: Option<DecisionLabel>,
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// From the request's arrival to its response head (how long a concurrency slot was held).
+    #[serde(default)]
+    pub latency_ms: Option<f64>,
+}
+
+/// The span of one request: its method and path now, the other [`field`]s empty until the
+/// proxy records them.
+pub fn span(method: &http::Method, path: &str) -> tracing::Span {
+    tracing::info_span!(
+        target: TARGET,
+        "request",
+        method = %method,
+        path = path,
+        route = Empty,
+        client_ip = Empty,
+        identity = Empty,
+        identity_hash = Empty,
+        decision = Empty,
+        status = Empty,
+        latency_ms = Empty,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn what_the_proxy_writes_is_what_replay_reads() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_span_list(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = span(&http::Method::POST, "/api/x");
+            span.record(field::ROUTE, "api");
+            span.record(field::CLIENT_IP, tracing::field::display("2001:db8::"));
+            span.record(field::IDENTITY, IdentityKind::Consumer.as_str());
+            span.record(field::IDENTITY_HASH, "ab".repeat(32).as_str());
+            span.record(field::DECISION, DecisionLabel::ShadowDenied.as_str());
+            span.record(field::STATUS, 200u16);
+            span.record(field::LATENCY_MS, 1.5f64);
+            let _entered = span.enter();
+            tracing::info!(target: TARGET, "request done");
+        });
+        let line = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        #[derive(Deserialize)]
+        struct Line<'a> {
+            target: &'a str,
+            #[serde(borrow)]
+            span: AccessRecord<'a>,
+        }
+        let read: Line<'_> = serde_json::from_str(line.trim()).expect(&line);
+        assert_eq!(read.target, TARGET);
+        let hash = "ab".repeat(32);
+        assert_eq!(
+            read.span,
+            AccessRecord {
+                method: "POST".into(),
+                path: "/api/x".into(),
+                route: Some("api".into()),
+                client_ip: Some("2001:db8::".into()),
+                identity: Some(IdentityKind::Consumer),
+                identity_hash: Some(hash.as_str().into()),
+                decision: Some(DecisionLabel::ShadowDenied),
+                status: Some(200),
+                latency_ms: Some(1.5),
+            }
+        );
+    }
+
+    #[test]
+    fn every_label_is_written_and_read_by_one_name() {
+        for kind in IdentityKind::ALL {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+            assert_eq!(
+                IdentityKind::from_label(kind.as_str().as_bytes()),
+                Some(kind)
+            );
+        }
+        for label in DecisionLabel::ALL {
+            let json = serde_json::to_string(&label).unwrap();
+            assert_eq!(json, format!("\"{}\"", label.as_str()));
+            assert_eq!(
+                DecisionLabel::from_label(label.as_str().as_bytes()),
+                Some(label)
+            );
+        }
+    }
+}
