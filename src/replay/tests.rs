@@ -1,5 +1,11 @@
 //! Replay on logs whose right answer is known by construction.
 
+use std::net::IpAddr;
+
+use http::Method;
+
+use super::parse::{parse_json, parse_json_general};
+use super::time::parse_time_local;
 use super::*;
 
 /// 2026-11-22T00:00:00Z, in µs.
