@@ -148,7 +148,7 @@ fn label(identity: &Identity<'_>) -> String {
 impl Replay {
     /// A replay of `config`'s routes and limits.
     pub fn new(config: Config) -> Self {
-        let clock = Arc::new(ManualClock::new_for_test(0));
+        let clock = Arc::new(ManualClock::new(0));
         let stats = config
             .routes
             .iter()

@@ -106,7 +106,7 @@ fn agrees_with_the_rust_algorithms(rt: &tokio::runtime::Runtime, store: &impl On
                 value: &identity,
             },
         }).collect();
-        let memory = MemoryStore::new(Arc::new(ManualClock::new_for_test(T0)), 10);
+        let memory = MemoryStore::new(Arc::new(ManualClock::new(T0)), 10);
         for (i, &t) in times.iter().enumerate() {
             // Lease tokens unique per case and request; every third request, the one before it
             // finishes and gives its concurrency leases back, in both stores.

@@ -31,7 +31,7 @@ struct InProcess {
 impl InProcess {
     async fn start(yaml: &str) -> InProcess {
         let config = Config::from_yaml(&format!("listen: 127.0.0.1:0\n{yaml}")).expect("config");
-        let clock = Arc::new(ManualClock::new_for_test(T0));
+        let clock = Arc::new(ManualClock::new(T0));
         let limiter = Limiter::Memory(Arc::new(MemoryStore::new(clock.clone(), 1000)));
         let metrics = Arc::new(Metrics::with_limiter(&limiter));
         let proxy = Arc::new(Proxy::new(&config, limiter, metrics));

@@ -575,7 +575,7 @@ mod tests {
             Scripted {
                 mode: AtomicU8::new(ANSWER),
                 calls: AtomicU64::new(0),
-                state: MemoryStore::new(ManualClock::new_for_test(T0), 100),
+                state: MemoryStore::new(ManualClock::new(T0), 100),
             }
         }
     }
@@ -631,8 +631,8 @@ mod tests {
         /// A guard over a scripted store whose one limit is a token bucket of 1 at 1/s.
         fn new() -> Self {
             let store = Arc::new(Scripted::new());
-            let clock = Arc::new(ManualClock::new_for_test(1_000_000));
-            let local = Arc::new(MemoryStore::new(ManualClock::new_for_test(T0), 100));
+            let clock = Arc::new(ManualClock::new(1_000_000));
+            let local = Arc::new(MemoryStore::new(ManualClock::new(T0), 100));
             let guard = Guarded::with_clock(
                 store.clone(),
                 Duration::from_millis(50),

@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn a_denying_limit_spends_nothing_from_the_others() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let store = MemoryStore::new(ManualClock::new(T0), 100);
         // A generous bucket and a tight window: once the window denies, the bucket must stay put.
         let limits = [token_bucket(10, 1_000_000), fixed_window(2, 3_600_000_000)];
         let remaining: Vec<_> = (0..5)
@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_route_wide_denial_spends_nothing_from_the_callers_own_budget() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let store = MemoryStore::new(ManualClock::new(T0), 100);
         let own = token_bucket(10, 1_000_000);
         let route_cap = fixed_window(3, 3_600_000_000);
         let ask = |value: &'static [u8]| {
@@ -456,7 +456,7 @@ mod tests {
 
     #[test]
     fn the_headline_is_the_limit_with_the_fewest_remaining() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let store = MemoryStore::new(ManualClock::new(T0), 100);
         let limits = [token_bucket(10, 1_000_000), fixed_window(3, 60_000_000)];
         let v = decide(&store, &limits, b"k");
         assert_eq!((v.headline.limit, v.headline.remaining), (3, 2));
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn identities_kinds_and_budgets_are_separate() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 100);
+        let store = MemoryStore::new(ManualClock::new(T0), 100);
         let limits = [token_bucket(1, 1_000_000)];
         assert!(decide(&store, &limits, b"a").allowed);
         assert!(!decide(&store, &limits, b"a").allowed);
@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn sweeping_forgets_full_budgets_only() {
-        let clock = Arc::new(ManualClock::new_for_test(T0));
+        let clock = Arc::new(ManualClock::new(T0));
         let store = MemoryStore::new(clock.clone(), 100);
         decide(&store, &[token_bucket(5, 1_000_000)], b"short");
         decide(&store, &[token_bucket(5, 60_000_000)], b"long");
@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn a_full_store_limits_new_budgets_together_and_counts_them() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
+        let store = MemoryStore::new(ManualClock::new(T0), 2);
         let limits = [token_bucket(1, 1_000_000)];
         decide(&store, &limits, b"a");
         decide(&store, &limits, b"b");
@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn a_lease_taken_in_the_overflow_budget_is_released_there() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 1);
+        let store = MemoryStore::new(ManualClock::new(T0), 1);
         let slots = Limit::of(
             Algorithm::from_parts(crate::limiter::AlgorithmKind::Concurrency, 1, 60_000_000)
                 .unwrap(),
@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_tracked_route_budget_still_holds_when_the_table_is_full() {
-        let store = MemoryStore::new(ManualClock::new_for_test(T0), 2);
+        let store = MemoryStore::new(ManualClock::new(T0), 2);
         let own = token_bucket(100, 1_000_000);
         let route_cap = fixed_window(5, 3_600_000_000);
         let mut admitted = 0;
@@ -581,7 +581,7 @@ mod tests {
 
     #[test]
     fn concurrent_requests_never_overspend_one_key() {
-        let store = Arc::new(MemoryStore::new(ManualClock::new_for_test(T0), 100));
+        let store = Arc::new(MemoryStore::new(ManualClock::new(T0), 100));
         let limits = [token_bucket(50, 1_000_000)];
         let admitted: usize = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)

@@ -1,0 +1,145 @@
+//! Where time comes from: the stores read wall time in µs since the Unix epoch (to agree with
+//! Redis, PostgreSQL and logs), the guard's intervals a monotonic clock, tests and replay a
+//! clock they set.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of time in microseconds. The stores read wall time (µs since the Unix epoch, to agree
+/// with Redis and with logs); the guard's intervals read a monotonic clock.
+pub trait Clock: Send + Sync + 'static {
+    fn now_us(&self) -> u64;
+}
+
+/// The system's wall clock, made non-decreasing: if it steps back, time stands still until it
+/// catches up, so no limiter state ever sees time move backwards. (Standing still also freezes
+/// every budget for as long as the step: the stores use [`AnchoredClock`] instead.)
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    last: AtomicU64,
+}
+
+impl Clock for SystemClock {
+    fn now_us(&self) -> u64 {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let previous = self.last.fetch_max(wall, Ordering::Relaxed);
+        previous.max(wall)
+    }
+}
+
+/// Wall time read once, then advanced by a monotonic clock: µs since the Unix epoch that never
+/// step. The in-process store runs on it, so a wall-clock step (NTP, a VM restore) neither
+/// freezes limiting (a step back: [`SystemClock`] would stand still until the wall clock caught
+/// up, and every budget with it) nor refills every bucket at once (a step forward). It drifts
+/// from the wall clock only as much as the machine's oscillator does between restarts; only
+/// `X-RateLimit-Reset` (Unix seconds) shows that.
+#[derive(Debug, Clone, Copy)]
+pub struct AnchoredClock {
+    wall_at_start_us: u64,
+    start: Instant,
+}
+
+impl AnchoredClock {
+    /// A clock reading `wall_us` now.
+    pub fn starting_at(wall_us: u64) -> Self {
+        AnchoredClock {
+            wall_at_start_us: wall_us,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for AnchoredClock {
+    fn default() -> Self {
+        AnchoredClock::starting_at(SystemClock::default().now_us())
+    }
+}
+
+impl Clock for AnchoredClock {
+    fn now_us(&self) -> u64 {
+        self.wall_at_start_us + self.start.elapsed().as_micros() as u64
+    }
+}
+
+/// Microseconds since this clock was made, from [`Instant`]: unaffected by wall-clock steps.
+/// For intervals (breaker cool-down, deny-cache expiry), never for limiter state.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_us(&self) -> u64 {
+        // Starts at 1 s, so that 0 can mean "never" in the structures that read it.
+        self.origin.elapsed().as_micros() as u64 + 1_000_000
+    }
+}
+
+/// A clock that moves only when told to: for tests, and for `floodgate replay`, which runs on
+/// the log's own time.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock standing at `now_us`.
+    pub fn new(now_us: u64) -> Self {
+        ManualClock {
+            now: AtomicU64::new(now_us),
+        }
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.now.fetch_add(by.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the clock.
+    pub fn set(&self, now_us: u64) {
+        self.now.store(now_us, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_us(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+impl<C: Clock> Clock for Arc<C> {
+    fn now_us(&self) -> u64 {
+        (**self).now_us()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_anchored_clock_reads_the_wall_once_then_only_moves_forward_with_real_time() {
+        // Anchored far from the real wall clock: what it reads is that anchor plus elapsed time,
+        // whatever the system clock does meanwhile (a step back cannot stop it).
+        let clock = AnchoredClock::starting_at(5_000_000);
+        let first = clock.now_us();
+        std::thread::sleep(Duration::from_millis(2));
+        let second = clock.now_us();
+        assert!((5_000_000..6_000_000).contains(&first), "{first}");
+        // At least the 2 ms slept (sleep never returns early); the upper bound is loose because
+        // a loaded machine can delay the thread.
+        assert!(second >= first + 2_000, "{first} -> {second}");
+        assert!(second < first + 5_000_000);
+    }
+}

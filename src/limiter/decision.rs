@@ -1,0 +1,134 @@
+//! What a store answers: per limit a [`Decision`], per request a [`Verdict`] (all-or-nothing),
+//! and what the limiter made of it, an [`Admission`].
+
+use super::LeaseId;
+
+/// What one limit says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Capacity (buckets) or limit (windows): `X-RateLimit-Limit`.
+    pub limit: u64,
+    /// Units left after this request: `X-RateLimit-Remaining`.
+    pub remaining: u64,
+    /// Time until the budget is fully restored: `X-RateLimit-Reset` is now plus this.
+    pub reset_after_us: u64,
+    /// When denied, the time until the earliest retry that can pass; 0 when allowed.
+    pub retry_after_us: u64,
+    /// Leaky bucket only: how long to hold an admitted request before forwarding it.
+    pub delay_us: u64,
+}
+
+impl Decision {
+    /// An allowing decision with nothing in it: a placeholder for fixed-size buffers.
+    pub(crate) const EMPTY: Decision = Decision {
+        allowed: true,
+        limit: 0,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+    };
+}
+
+/// The decision of all the limits asked about one request, taken all-or-nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The time the decision was taken at (µs since the Unix epoch), by the store's clock.
+    pub now_us: u64,
+    /// The limit with the fewest remaining: the one whose figures go in the headers.
+    pub headline: Decision,
+    /// That limit's position in the list asked.
+    pub headline_index: usize,
+    pub allowed: bool,
+    /// When denied, the longest wait among the limits that denied.
+    pub retry_after_us: u64,
+    /// When allowed, the longest leaky-bucket delay among the limits.
+    pub delay_us: u64,
+}
+
+impl Verdict {
+    /// Folds per-limit decisions (in the order asked) into one verdict. `None` when empty.
+    pub fn from_decisions(now_us: u64, decisions: &[Decision]) -> Option<Verdict> {
+        let mut headline = *decisions.first()?;
+        let mut headline_index = 0;
+        let mut allowed = true;
+        let mut retry_after_us = 0;
+        let mut delay_us = 0;
+        for (i, d) in decisions.iter().enumerate() {
+            if d.remaining < headline.remaining {
+                headline = *d;
+                headline_index = i;
+            }
+            allowed &= d.allowed;
+            retry_after_us = retry_after_us.max(d.retry_after_us);
+            delay_us = delay_us.max(d.delay_us);
+        }
+        Some(Verdict {
+            now_us,
+            headline,
+            headline_index,
+            allowed,
+            retry_after_us: if allowed { 0 } else { retry_after_us },
+            delay_us: if allowed { delay_us } else { 0 },
+        })
+    }
+
+    /// `Retry-After` in whole seconds: the wait rounded up, at least 1.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry_after_us.div_ceil(1_000_000).max(1)
+    }
+
+    /// `X-RateLimit-Reset`: the Unix second by which the budget is fully restored, rounded up.
+    pub fn reset_unix_secs(&self) -> u64 {
+        (self.now_us + self.headline.reset_after_us).div_ceil(1_000_000)
+    }
+}
+
+/// What the limiter answered for one request. A store failure under `on_error: deny` is not an
+/// admission: [`Limiter::decide`] returns the error instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Nothing was asked: no limits apply.
+    Unlimited,
+    /// A store decided (allowed or denied). An allowed request holds the concurrency leases
+    /// named `lease` until [`Limiter::release`].
+    Limited {
+        verdict: Verdict,
+        source: Source,
+        lease: LeaseId,
+    },
+    /// The store failed and `on_error: allow` let the request through unlimited.
+    FailedOpen,
+}
+
+/// Which store a [`Admission::Limited`] verdict came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The configured store.
+    Store,
+    /// The in-process fallback, because the store failed and `on_error` is `local`.
+    Fallback,
+}
+
+impl Admission {
+    /// The verdict, if a store decided.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        match self {
+            Admission::Limited { verdict, .. } => Some(verdict),
+            _ => None,
+        }
+    }
+
+    /// True when the configured store failed and `on_error` answered.
+    pub fn store_failed(&self) -> bool {
+        matches!(
+            self,
+            Admission::FailedOpen
+                | Admission::Limited {
+                    source: Source::Fallback,
+                    ..
+                }
+        )
+    }
+}

@@ -1,0 +1,65 @@
+//! Whose allowance a limit spends: the store key ([`BudgetKey`]: the limit's id, the client's
+//! kind and value) and one limit asked about one request ([`Ask`]).
+
+use super::Limit;
+
+/// What a budget is keyed by, besides its route and limit: which kind of client value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// A raw API key (no `consumers:` section): hashed before it reaches any store.
+    ApiKey,
+    /// A known consumer, by name: all its keys share its budget.
+    Consumer,
+    /// A user id set by a trusted proxy.
+    UserId,
+    /// A client IP address (its octets).
+    Ip,
+    /// The whole route: one budget for every client (the value is empty).
+    Route,
+}
+
+impl KeyKind {
+    /// The name used in store keys, logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::ApiKey => "api_key",
+            KeyKind::Consumer => "consumer",
+            KeyKind::UserId => "user_id",
+            KeyKind::Ip => "ip",
+            KeyKind::Route => "route",
+        }
+    }
+}
+
+/// Whose budget one limit spends, as the stores see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetKey<'a> {
+    /// The limit's budget id: the route's name, the limit's position and a fingerprint of its
+    /// parameters, so that a reload that changes a limit starts it afresh while unchanged limits
+    /// keep their state.
+    pub budget: &'a str,
+    pub kind: KeyKind,
+    /// The client value's bytes (IP addresses as their octets; empty for [`KeyKind::Route`]).
+    pub value: &'a [u8],
+}
+
+impl BudgetKey<'_> {
+    /// A 64-bit hash of the key under `hasher` (a per-process random seed, so clients cannot
+    /// aim collisions). Separators keep `("ab", "c")` and `("a", "bc")` apart.
+    pub fn hash_with(&self, hasher: &std::hash::RandomState) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = hasher.build_hasher();
+        h.write(self.budget.as_bytes());
+        h.write_u8(0xff);
+        h.write_u8(self.kind as u8);
+        h.write(self.value);
+        h.finish()
+    }
+}
+
+/// One limit asked about one request: the limit and the budget it spends.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub limit: &'a Limit,
+    pub key: BudgetKey<'a>,
+}

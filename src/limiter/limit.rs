@@ -1,0 +1,288 @@
+//! What is allowed: the algorithms ([`AlgorithmKind`]), their checked parameters
+//! ([`Algorithm`]) and a limit's cost per request ([`Limit`]).
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+/// The rate-limiting algorithms, without their parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmKind {
+    /// Bursts up to a capacity, refilled at a steady rate (GCRA).
+    TokenBucket,
+    /// A queue drained at a steady rate: admitted requests are delayed so they leave evenly
+    /// spaced; one that would not fit in the queue is rejected (GCRA, keeping the delay).
+    LeakyBucket,
+    /// At most `limit` per window aligned to the Unix epoch.
+    FixedWindow,
+    /// At most `limit` in any span one window long (one timestamp kept per admitted unit).
+    SlidingWindowLog,
+    /// The current aligned window's count plus the previous one's, weighted by how much of the
+    /// previous window still overlaps the sliding window.
+    SlidingWindowCounter,
+    /// At most `limit` requests in flight at once. Each admitted request holds a lease until it
+    /// finishes (released by the proxy) or until the lease runs out (a crashed instance's
+    /// leases free themselves).
+    Concurrency,
+}
+
+impl AlgorithmKind {
+    /// Every algorithm, in the order the docs list them.
+    pub const ALL: [AlgorithmKind; 6] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::LeakyBucket,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindowLog,
+        AlgorithmKind::SlidingWindowCounter,
+        AlgorithmKind::Concurrency,
+    ];
+
+    /// The name used in the config file, logs and store keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgorithmKind::TokenBucket => "token_bucket",
+            AlgorithmKind::LeakyBucket => "leaky_bucket",
+            AlgorithmKind::FixedWindow => "fixed_window",
+            AlgorithmKind::SlidingWindowLog => "sliding_window_log",
+            AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
+            AlgorithmKind::Concurrency => "concurrency",
+        }
+    }
+
+    /// True for the token and leaky buckets, whose span is a per-unit interval rather than a
+    /// window.
+    pub fn is_bucket(self) -> bool {
+        matches!(
+            self,
+            AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket
+        )
+    }
+}
+
+/// Why a limit's parameters cannot be used. [`LimitError::field`] says which parameter is wrong,
+/// so the config can name it by path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("must be > 0")]
+    ZeroUnits,
+    #[error("must be > 0")]
+    RateNotPositive,
+    #[error("must be at most 1000000 per second")]
+    RateTooHigh,
+    #[error("must be at least 1ms")]
+    WindowTooShort,
+    #[error("the budget spans too long (more than about 285 years of microseconds)")]
+    SpanTooLong,
+    #[error("must be between 1 and {max} (a request costing more could never pass)")]
+    Cost { max: u32 },
+}
+
+/// Which parameter a [`LimitError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitField {
+    /// `capacity` (buckets) or `limit` (windows).
+    Units,
+    /// `refill_rate` or `leak_rate`.
+    Rate,
+    /// `window`.
+    Window,
+    /// `cost`.
+    Cost,
+    /// The limit as a whole.
+    Whole,
+}
+
+impl LimitError {
+    /// The parameter this error is about.
+    pub fn field(&self) -> LimitField {
+        match self {
+            LimitError::ZeroUnits => LimitField::Units,
+            LimitError::RateNotPositive | LimitError::RateTooHigh => LimitField::Rate,
+            LimitError::WindowTooShort => LimitField::Window,
+            LimitError::SpanTooLong => LimitField::Whole,
+            LimitError::Cost { .. } => LimitField::Cost,
+        }
+    }
+}
+
+/// A rate-limiting algorithm with its parameters, in the units the algorithms compute in: a
+/// count of units (capacity or limit) and a span in microseconds (the interval between two units
+/// of a bucket's rate, or a window's length).
+///
+/// Rates are stored as that interval rounded up to whole microseconds, so every algorithm runs
+/// on integers (and the Lua scripts mirror them exactly). Rounding up means a configured rate is
+/// never exceeded; the rate actually enforced is `1e6 / ceil(1e6 / rate)` per second, e.g.
+/// 2 999 991/s for 3 000 000/s, and exact for every rate that divides a million.
+///
+/// ```
+/// use floodgate::limiter::{Algorithm, LimitError};
+/// let bucket = Algorithm::token_bucket(20, 10.0).unwrap();
+/// assert_eq!(bucket.parameters(), (20, 100_000));
+/// assert_eq!(Algorithm::token_bucket(0, 10.0), Err(LimitError::ZeroUnits));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Algorithm {
+    kind: AlgorithmKind,
+    units: NonZeroU32,
+    span_us: NonZeroU64,
+}
+
+impl Algorithm {
+    /// A token bucket of `capacity` tokens refilled at `refill_per_second`.
+    pub fn token_bucket(capacity: u32, refill_per_second: f64) -> Result<Self, LimitError> {
+        Self::bucket(AlgorithmKind::TokenBucket, capacity, refill_per_second)
+    }
+
+    /// A leaky bucket queueing up to `capacity` requests, drained at `leak_per_second`.
+    pub fn leaky_bucket(capacity: u32, leak_per_second: f64) -> Result<Self, LimitError> {
+        Self::bucket(AlgorithmKind::LeakyBucket, capacity, leak_per_second)
+    }
+
+    /// At most `limit` per aligned `window`.
+    pub fn fixed_window(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::FixedWindow, limit, window)
+    }
+
+    /// At most `limit` in any span `window` long, exactly.
+    pub fn sliding_window_log(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::SlidingWindowLog, limit, window)
+    }
+
+    /// At most about `limit` in any span `window` long, estimated from two counters.
+    pub fn sliding_window_counter(limit: u32, window: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::SlidingWindowCounter, limit, window)
+    }
+
+    /// At most `limit` requests in flight, each lease lasting at most `lease`.
+    pub fn concurrency(limit: u32, lease: Duration) -> Result<Self, LimitError> {
+        Self::window(AlgorithmKind::Concurrency, limit, lease)
+    }
+
+    fn bucket(kind: AlgorithmKind, capacity: u32, per_second: f64) -> Result<Self, LimitError> {
+        let interval = Self::interval_for_rate(per_second)?;
+        Self::from_parts(kind, u64::from(capacity), interval)
+    }
+
+    fn window(kind: AlgorithmKind, limit: u32, window: Duration) -> Result<Self, LimitError> {
+        if window < Duration::from_millis(1) {
+            return Err(LimitError::WindowTooShort);
+        }
+        let window_us = u64::try_from(window.as_micros()).map_err(|_| LimitError::SpanTooLong)?;
+        Self::from_parts(kind, u64::from(limit), window_us)
+    }
+
+    /// The algorithm from its integer form: (capacity, interval µs) for the buckets, (limit,
+    /// window µs) for the windows. Checks what every constructor checks, except the windows'
+    /// 1 ms minimum (a config bound, not an arithmetic one): for tests and replay.
+    pub fn from_parts(kind: AlgorithmKind, units: u64, span_us: u64) -> Result<Self, LimitError> {
+        let units = u32::try_from(units)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or(LimitError::ZeroUnits)?;
+        let span_us = NonZeroU64::new(span_us).ok_or(if kind.is_bucket() {
+            LimitError::RateTooHigh
+        } else {
+            LimitError::WindowTooShort
+        })?;
+        // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
+        // The windows' sliding counter keeps two windows, so their bound is on twice the span.
+        let reach = u64::from(units.get()).max(2).checked_mul(span_us.get());
+        if reach.is_none_or(|r| r >= 1 << 53) {
+            return Err(LimitError::SpanTooLong);
+        }
+        Ok(Algorithm {
+            kind,
+            units,
+            span_us,
+        })
+    }
+
+    /// The interval between two units of a `per_second` rate, in microseconds, rounded up.
+    pub fn interval_for_rate(per_second: f64) -> Result<u64, LimitError> {
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(LimitError::RateNotPositive);
+        }
+        if per_second > 1e6 {
+            return Err(LimitError::RateTooHigh);
+        }
+        let interval = (1e6 / per_second).ceil();
+        if interval >= 1e15 {
+            return Err(LimitError::SpanTooLong);
+        }
+        Ok(interval as u64)
+    }
+
+    /// Which algorithm.
+    pub fn kind(&self) -> AlgorithmKind {
+        self.kind
+    }
+
+    /// The name used in the config file, logs and store keys.
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// Capacity (buckets) or limit (windows): what `X-RateLimit-Limit` says.
+    pub fn units(&self) -> u32 {
+        self.units.get()
+    }
+
+    /// The interval between two units (buckets) or the window's length (windows), in µs.
+    pub fn span_us(&self) -> u64 {
+        self.span_us.get()
+    }
+
+    /// The algorithm's two numbers: (capacity, interval µs) for the buckets, (limit, window µs)
+    /// for the windows. A budget of `units` spans `units × span` µs (buckets) or `span` (windows).
+    pub fn parameters(&self) -> (u64, u64) {
+        (u64::from(self.units.get()), self.span_us.get())
+    }
+
+    /// True for the token and leaky buckets.
+    pub fn is_bucket(&self) -> bool {
+        self.kind.is_bucket()
+    }
+
+    /// The most one request may cost: a request costing more could never pass.
+    pub fn max_cost(&self) -> u32 {
+        self.units.get()
+    }
+}
+
+/// One limit: an algorithm and what one request costs. Cannot be built with a cost the budget
+/// could never pay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    cost: NonZeroU32,
+}
+
+impl Limit {
+    /// A limit whose requests each cost `cost` units, between 1 and [`Algorithm::max_cost`].
+    pub fn new(algorithm: Algorithm, cost: u32) -> Result<Self, LimitError> {
+        match NonZeroU32::new(cost) {
+            Some(cost) if cost.get() <= algorithm.max_cost() => Ok(Limit { algorithm, cost }),
+            _ => Err(LimitError::Cost {
+                max: algorithm.max_cost(),
+            }),
+        }
+    }
+
+    /// A limit costing one unit per request.
+    pub fn of(algorithm: Algorithm) -> Self {
+        Limit {
+            algorithm,
+            cost: NonZeroU32::MIN,
+        }
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// Units one request spends.
+    pub fn cost(&self) -> u32 {
+        self.cost.get()
+    }
+}
