@@ -15,29 +15,26 @@
 //!   spend nothing and other requests (or instances) can only spend more, never less. Concurrency
 //!   limits are not remembered: a slot frees when a request ends, which no clock predicts.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::RandomState;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::memory::Prehashed;
 use super::wire::Reply;
-use super::{
-    Admission, AlgorithmKind, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore,
-    MonotonicClock, OnError, Source, Verdict,
-};
 
-/// Failures in a row that open the breaker.
-pub const FAILURES_TO_OPEN: u32 = 3;
-/// How long an open breaker keeps requests away from the store before probing it again.
-pub const COOL_DOWN: Duration = Duration::from_millis(500);
-/// The most budget sets the deny cache remembers at once.
-const DENY_CACHE_CAPACITY: usize = 100_000;
-const DENY_CACHE_SHARDS: usize = 16;
+mod breaker;
+mod deny_cache;
+
+use super::{
+    Admission, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore, MonotonicClock, OnError,
+    Source,
+};
+use breaker::Breaker;
+pub use breaker::{BreakerState, COOL_DOWN, FAILURES_TO_OPEN};
+use deny_cache::DenyCache;
+
 /// How often a store failure is logged at most.
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
@@ -359,191 +356,6 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             .await,
             Ok(Ok(()))
         )
-    }
-}
-
-/// The breaker's three states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Requests ask the store.
-    Closed,
-    /// Cooling down: no request asks the store.
-    Open,
-    /// Cool-down over: one probe at a time may ask the store.
-    HalfOpen,
-}
-
-impl BreakerState {
-    /// The metric label and log value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-
-    /// Every state, for metrics.
-    pub const ALL: [BreakerState; 3] = [
-        BreakerState::Closed,
-        BreakerState::Open,
-        BreakerState::HalfOpen,
-    ];
-}
-
-/// A consecutive-failure circuit breaker; times are µs on the guard's clock.
-#[derive(Default)]
-struct Breaker {
-    failures: AtomicU32,
-    /// 0 when closed; otherwise when the cool-down ends (µs).
-    open_until: AtomicU64,
-    probing: AtomicBool,
-}
-
-impl Breaker {
-    fn state(&self, now: u64) -> BreakerState {
-        match self.open_until.load(Ordering::Acquire) {
-            0 => BreakerState::Closed,
-            until if now < until => BreakerState::Open,
-            _ => BreakerState::HalfOpen,
-        }
-    }
-
-    /// May this request ask the store? While half-open, only one probe at a time may.
-    fn allow(&self, now: u64) -> bool {
-        match self.open_until.load(Ordering::Acquire) {
-            0 => true,
-            until if now < until => false,
-            _ => self
-                .probing
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok(),
-        }
-    }
-
-    fn success(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        self.open_until.store(0, Ordering::Release);
-        self.probing.store(false, Ordering::Release);
-    }
-
-    /// Records a failure; true when this failure opened (or re-opened) the breaker.
-    fn failure(&self, now: u64) -> bool {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let was_probing = self.probing.swap(false, Ordering::AcqRel);
-        if failures >= FAILURES_TO_OPEN || was_probing {
-            self.open_until
-                .store(now + COOL_DOWN.as_micros() as u64, Ordering::Release);
-            return true;
-        }
-        false
-    }
-}
-
-/// Denials remembered until their retry instant, by the budget that denied.
-///
-/// Keyed by a 64-bit hash of a budget key under a per-process random seed: two budgets whose
-/// hashes collide (about n²/2⁶⁵ for n remembered denials, ≈ 3·10⁻¹⁰ at the 100 000 held at
-/// most) would share a denial until its retry instant.
-struct DenyCache {
-    shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
-    hasher: RandomState,
-}
-
-#[derive(Clone, Copy)]
-struct CachedDenial {
-    /// Local time (µs) of the earliest retry that can pass.
-    retry_at: u64,
-    /// Local time (µs) by which the budget is fully restored.
-    reset_at: u64,
-    /// The store's time (Unix µs: Redis `TIME`, PostgreSQL's clock) less local time, when it
-    /// denied: a cached verdict's `now_us` is on the store's clock, as the store's own verdicts
-    /// are, so `X-RateLimit-Reset` is a Unix time whichever answered.
-    store_offset: i64,
-    /// The limit's decision when it denied.
-    decision: Decision,
-}
-
-/// Whether a limit's denials may be remembered: not a concurrency limit's (see the module docs).
-fn rememberable(ask: &Ask<'_>) -> bool {
-    ask.limit.algorithm().kind() != AlgorithmKind::Concurrency
-}
-
-impl DenyCache {
-    fn new() -> Self {
-        DenyCache {
-            shards: (0..DENY_CACHE_SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
-                .collect(),
-            hasher: RandomState::new(),
-        }
-    }
-
-    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
-        self.shards[(key >> 60) as usize % DENY_CACHE_SHARDS]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A denial of `asks` at `now` from the budgets remembered as denying (the one whose retry
-    /// comes last when several are), if any retry instant is still ahead.
-    fn get(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
-        let mut found: Option<(usize, CachedDenial)> = None;
-        for (i, ask) in asks.iter().enumerate().filter(|(_, a)| rememberable(a)) {
-            let key = ask.key.hash_with(&self.hasher);
-            let mut shard = self.shard(key);
-            let Some(&cached) = shard.get(&key) else {
-                continue;
-            };
-            if now >= cached.retry_at {
-                shard.remove(&key);
-            } else if found.is_none_or(|(_, f)| cached.retry_at > f.retry_at) {
-                found = Some((i, cached));
-            }
-        }
-        let (index, cached) = found?;
-        Some(Verdict {
-            now_us: now.saturating_add_signed(cached.store_offset),
-            headline: Decision {
-                reset_after_us: cached.reset_at.saturating_sub(now),
-                retry_after_us: cached.retry_at - now,
-                ..cached.decision
-            },
-            headline_index: index,
-            allowed: false,
-            retry_after_us: cached.retry_at - now,
-            delay_us: 0,
-        })
-    }
-
-    /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order), at
-    /// local time `now`, which the store called `store_now`.
-    fn insert(&self, asks: &[Ask<'_>], decisions: &[Decision], now: u64, store_now: u64) {
-        let store_offset =
-            (store_now as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
-        let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
-        for (ask, decision) in asks.iter().zip(decisions) {
-            if decision.allowed || !rememberable(ask) {
-                continue;
-            }
-            let key = ask.key.hash_with(&self.hasher);
-            let mut shard = self.shard(key);
-            if shard.len() >= per_shard {
-                shard.retain(|_, d| d.retry_at > now);
-                if shard.len() >= per_shard {
-                    continue;
-                }
-            }
-            shard.insert(
-                key,
-                CachedDenial {
-                    retry_at: now + decision.retry_after_us,
-                    reset_at: now + decision.reset_after_us,
-                    store_offset,
-                    decision: *decision,
-                },
-            );
-        }
     }
 }
 

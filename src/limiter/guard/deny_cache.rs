@@ -1,0 +1,126 @@
+//! The deny cache: a budget that denied is not asked again until its retry instant; the cached
+//! denial answers (with the store's clock offset, so the headers stay true) without a round trip.
+
+use std::collections::HashMap;
+use std::hash::RandomState;
+use std::sync::Mutex;
+
+use super::super::memory::Prehashed;
+use super::super::{AlgorithmKind, Ask, Decision, Verdict};
+
+/// The most budget sets the deny cache remembers at once.
+const DENY_CACHE_CAPACITY: usize = 100_000;
+const DENY_CACHE_SHARDS: usize = 16;
+
+/// Denials remembered until their retry instant, by the budget that denied.
+///
+/// Keyed by a 64-bit hash of a budget key under a per-process random seed: two budgets whose
+/// hashes collide (about n²/2⁶⁵ for n remembered denials, ≈ 3·10⁻¹⁰ at the 100 000 held at
+/// most) would share a denial until its retry instant.
+pub(super) struct DenyCache {
+    shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
+    hasher: RandomState,
+}
+
+#[derive(Clone, Copy)]
+struct CachedDenial {
+    /// Local time (µs) of the earliest retry that can pass.
+    retry_at: u64,
+    /// Local time (µs) by which the budget is fully restored.
+    reset_at: u64,
+    /// The store's time (Unix µs: Redis `TIME`, PostgreSQL's clock) less local time, when it
+    /// denied: a cached verdict's `now_us` is on the store's clock, as the store's own verdicts
+    /// are, so `X-RateLimit-Reset` is a Unix time whichever answered.
+    store_offset: i64,
+    /// The limit's decision when it denied.
+    decision: Decision,
+}
+
+/// Whether a limit's denials may be remembered: not a concurrency limit's (see the module docs).
+fn rememberable(ask: &Ask<'_>) -> bool {
+    ask.limit.algorithm().kind() != AlgorithmKind::Concurrency
+}
+
+impl DenyCache {
+    pub(super) fn new() -> Self {
+        DenyCache {
+            shards: (0..DENY_CACHE_SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
+        self.shards[(key >> 60) as usize % DENY_CACHE_SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A denial of `asks` at `now` from the budgets remembered as denying (the one whose retry
+    /// comes last when several are), if any retry instant is still ahead.
+    pub(super) fn get(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
+        let mut found: Option<(usize, CachedDenial)> = None;
+        for (i, ask) in asks.iter().enumerate().filter(|(_, a)| rememberable(a)) {
+            let key = ask.key.hash_with(&self.hasher);
+            let mut shard = self.shard(key);
+            let Some(&cached) = shard.get(&key) else {
+                continue;
+            };
+            if now >= cached.retry_at {
+                shard.remove(&key);
+            } else if found.is_none_or(|(_, f)| cached.retry_at > f.retry_at) {
+                found = Some((i, cached));
+            }
+        }
+        let (index, cached) = found?;
+        Some(Verdict {
+            now_us: now.saturating_add_signed(cached.store_offset),
+            headline: Decision {
+                reset_after_us: cached.reset_at.saturating_sub(now),
+                retry_after_us: cached.retry_at - now,
+                ..cached.decision
+            },
+            headline_index: index,
+            allowed: false,
+            retry_after_us: cached.retry_at - now,
+            delay_us: 0,
+        })
+    }
+
+    /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order), at
+    /// local time `now`, which the store called `store_now`.
+    pub(super) fn insert(
+        &self,
+        asks: &[Ask<'_>],
+        decisions: &[Decision],
+        now: u64,
+        store_now: u64,
+    ) {
+        let store_offset =
+            (store_now as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+        let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
+        for (ask, decision) in asks.iter().zip(decisions) {
+            if decision.allowed || !rememberable(ask) {
+                continue;
+            }
+            let key = ask.key.hash_with(&self.hasher);
+            let mut shard = self.shard(key);
+            if shard.len() >= per_shard {
+                shard.retain(|_, d| d.retry_at > now);
+                if shard.len() >= per_shard {
+                    continue;
+                }
+            }
+            shard.insert(
+                key,
+                CachedDenial {
+                    retry_at: now + decision.retry_after_us,
+                    reset_at: now + decision.reset_after_us,
+                    store_offset,
+                    decision: *decision,
+                },
+            );
+        }
+    }
+}
