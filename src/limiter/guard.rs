@@ -1,15 +1,16 @@
-//! What stands between a request and a remote store: the `on_error` policy, a circuit breaker,
-//! and a deny cache.
+//! What stands between a request and a remote store (Redis or PostgreSQL): the `on_error`
+//! policy, a circuit breaker, a deny cache, and this instance's leases.
 //!
-//! - **Timeout**: a decision waits at most `storage.timeout` for Redis; past it, `on_error`.
-//! - **Circuit breaker**: after [`FAILURES_TO_OPEN`] failures in a row the breaker opens, and for
-//!   [`COOL_DOWN`] no request asks Redis at all (an outage then costs no latency). Afterwards one
-//!   request at a time probes Redis; the first success closes the breaker. An error reply about
+//! - **Timeout**: a decision waits at most `storage.timeout` for the store; past it, `on_error`.
+//! - **Circuit breaker** (`guard/breaker.rs`): after [`FAILURES_TO_OPEN`] failures in a row the
+//!   breaker opens, and for [`COOL_DOWN`] no request asks the store at all (an outage then costs
+//!   no latency). Afterwards one request at a time probes it; the first success closes the
+//!   breaker. An error reply about
 //!   one request's keys ([`LimiterError::Refused`]) is not a failure of the store: it follows
 //!   `on_error` for that request and leaves the breaker alone.
-//! - **Deny cache**: a budget whose limit denied is remembered until that limit's retry instant,
+//! - **Deny cache** (`guard/deny_cache.rs`): a budget whose limit denied is remembered until that limit's retry instant,
 //!   and any request spending it meanwhile is answered 429 locally, with no round trip: a flood
-//!   from one client costs Redis nothing, and neither does a flood of ever-new API keys behind one
+//!   from one client costs the store nothing, and neither does a flood of ever-new API keys behind one
 //!   IP (its `per: ip` budget denies) or of ever-new clients against a spent `per: route` cap. This
 //!   changes no decision: until that instant the store would deny it too, since denied requests
 //!   spend nothing and other requests (or instances) can only spend more, never less. Concurrency

@@ -3,11 +3,12 @@
 //! so any number of floodgate instances share one budget exactly; under load, many decisions per
 //! call (`redis/batch.rs`).
 //!
-//! The script is `lua/prelude.lua`, one file per algorithm, `lua/clock_redis.lua`,
-//! `lua/decide.lua` and an entry point (`lua/main.lua`, or `lua/batch.lua` for a batch), joined
-//! at compile time. [`redis::Script`] computes its SHA1 once, sends
-//! `EVALSHA`, and on `NOSCRIPT` (a Redis restart, `SCRIPT FLUSH`, a failover) loads the script and
-//! retries, transparently. The differential tests use the same files with `lua/clock_test.lua`
+//! The script (`redis/script.rs`) is `lua/prelude.lua`, one file per algorithm,
+//! `lua/clock_redis.lua`, `lua/decide.lua` and an entry point (`lua/main.lua`, or `lua/batch.lua`
+//! for a batch), joined at compile time and loaded as a function library; before Redis 7,
+//! [`redis::Script`] sends `EVALSHA` and on `NOSCRIPT` (a restart, `SCRIPT FLUSH`, a failover)
+//! loads the script and retries, transparently. Where Redis is, and how it is followed through
+//! failovers, is `redis/connection.rs`. The differential tests use the same files with `lua/clock_test.lua`
 //! in place of the Redis clock ([`RedisStore::connect_for_test`]); the production script cannot
 //! read an injected time.
 //!
@@ -18,7 +19,7 @@
 //! mix `per:` scopes). Every key gets a TTL equal to the time until its budget is full again.
 //!
 //! Connections: one multiplexed connection ([`ConnectionManager`], which reconnects in the
-//! background) shared by every request, so concurrent `EVALSHA`s are pipelined on one socket;
+//! background) shared by every request, so concurrent calls are pipelined on one socket;
 //! see the README for the measurement against deadpool-redis. For `redis_cluster`, redis-rs's
 //! cluster connection, which follows `MOVED`/`ASK`.
 
@@ -27,113 +28,25 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Script, Value};
-use sha2::{Digest, Sha256};
+use redis::Script;
+use redis::aio::ConnectionManager;
 
 use super::wire::{self, Reply};
 
 mod batch;
+mod connection;
+mod script;
+
+pub use connection::RedisTarget;
+use connection::{Connection, MasterFollower, manager_config};
+pub use script::SCRIPT_SOURCE;
+use script::{
+    BATCH_SCRIPT_SOURCE, Caller, FUNCTIONS_UNKNOWN, FUNCTIONS_UNSUPPORTED, FunctionLibrary,
+    LIBRARY, RELEASE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE, push_limits, read_reply,
+};
 
 use super::guard::RemoteStore;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
-
-/// Everything before `main.lua`: helpers, the algorithms and a clock.
-macro_rules! limiter_library {
-    ($clock:literal) => {
-        concat!(
-            include_str!("lua/prelude.lua"),
-            include_str!("lua/gcra.lua"),
-            include_str!("lua/leaky_bucket.lua"),
-            include_str!("lua/fixed_window.lua"),
-            include_str!("lua/sliding_window_log.lua"),
-            include_str!("lua/sliding_window_counter.lua"),
-            include_str!("lua/concurrency.lua"),
-            include_str!($clock),
-            include_str!("lua/decide.lua"),
-        )
-    };
-}
-
-const LIBRARY: &str = limiter_library!("lua/clock_redis.lua");
-const TEST_LIBRARY: &str = limiter_library!("lua/clock_test.lua");
-const MAIN: &str = include_str!("lua/main.lua");
-const BATCH: &str = include_str!("lua/batch.lua");
-
-/// The limiter script, assembled from one file per algorithm, on Redis' clock.
-pub const SCRIPT_SOURCE: &str = concat!(
-    limiter_library!("lua/clock_redis.lua"),
-    include_str!("lua/main.lua")
-);
-/// The same script on a clock the caller passes as `ARGV[1]`: for the differential tests only.
-const TEST_SCRIPT_SOURCE: &str = concat!(
-    limiter_library!("lua/clock_test.lua"),
-    include_str!("lua/main.lua")
-);
-/// The batch script (many decisions per call) for `EVALSHA`, before Redis 7.
-const BATCH_SCRIPT_SOURCE: &str = concat!(
-    limiter_library!("lua/clock_redis.lua"),
-    include_str!("lua/batch.lua")
-);
-
-/// The same Lua as a Redis 7 function library: the helpers and algorithms are built once when
-/// the library loads, and each `FCALL` runs only `main.lua`, where an `EVALSHA` rebuilds every
-/// table and closure of the script on each call. Its name carries a hash of its text, so two
-/// floodgate versions sharing one Redis (a rolling upgrade) each call their own.
-struct FunctionLibrary {
-    /// `FUNCTION LOAD REPLACE` text.
-    code: String,
-    /// The decision function's name.
-    decide: String,
-    /// The batch function's name (`batch.lua`).
-    batch: String,
-}
-
-impl FunctionLibrary {
-    fn new(body: &str) -> Self {
-        let hash: String = Sha256::digest(format!("{body}{MAIN}{BATCH}").as_bytes())[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let decide = format!("floodgate_decide_{hash}");
-        let batch = format!("floodgate_batch_{hash}");
-        let code = format!(
-            "#!lua name=floodgate_{hash}\n{body}\nlocal function decide(KEYS, ARGV)\n{MAIN}\nend\n\
-             local function batch(KEYS, ARGV)\n{BATCH}\nend\n\
-             redis.register_function('{decide}', decide)\n\
-             redis.register_function('{batch}', batch)\n"
-        );
-        FunctionLibrary {
-            code,
-            decide,
-            batch,
-        }
-    }
-}
-
-/// Whether the server has the function library: not known yet, loaded, or not supported (Redis
-/// before 7), when `EVALSHA` is used for good.
-const FUNCTIONS_UNKNOWN: u8 = 0;
-const FUNCTIONS_LOADED: u8 = 1;
-const FUNCTIONS_UNSUPPORTED: u8 = 2;
-
-/// One command on either kind of connection.
-async fn query<T: redis::FromRedisValue>(
-    connection: &Connection,
-    cmd: &redis::Cmd,
-) -> redis::RedisResult<T> {
-    match connection.clone() {
-        Connection::Single(mut c) => cmd.query_async(&mut c).await,
-        Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
-    }
-}
-
-fn is_unknown_command(e: &redis::RedisError) -> bool {
-    e.to_string()
-        .to_ascii_lowercase()
-        .contains("unknown command")
-}
 
 /// A Redis error as the guard should see it: an error reply about this request's keys (a type
 /// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
@@ -146,199 +59,6 @@ fn classify(e: redis::RedisError) -> LimiterError {
         LimiterError::Refused(e.to_string())
     } else {
         LimiterError::Unavailable(e.to_string())
-    }
-}
-
-/// Gives back one request's concurrency leases.
-const RELEASE_SOURCE: &str = include_str!("lua/release.lua");
-
-/// Where Redis is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    Single(String),
-    Cluster(Vec<String>),
-    /// The master that these sentinels name `master_name`, followed through failovers.
-    Sentinel {
-        sentinels: Vec<String>,
-        master_name: String,
-    },
-}
-
-/// A connection to Redis or Redis Cluster.
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// The one-connection settings: the decision budget bounds a connection attempt and a reply.
-fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .set_response_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .set_max_delay(Duration::from_secs(2))
-        .set_number_of_retries(1)
-}
-
-/// Finds the master through Sentinel, and again after a failed decision (at most once a
-/// second): after a failover the old address is dead, or back as a replica that refuses writes
-/// with READONLY, and either failure sends floodgate to ask the sentinels anew. Sentinel's
-/// answer is checked with `ROLE` by redis-rs, so a replica is never taken for the master.
-struct MasterFollower {
-    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
-    timeout: Duration,
-    /// When the sentinels were last asked.
-    asked: std::sync::Mutex<Option<std::time::Instant>>,
-    /// True while a lookup is retrying: at most one at a time.
-    running: std::sync::atomic::AtomicBool,
-}
-
-impl MasterFollower {
-    /// Asks the sentinels for the master (retrying with backoff until one answers) and swaps
-    /// in a connection to it.
-    fn ask(self: Arc<Self>, slot: Arc<ArcSwapOption<Connection>>) {
-        if self.running.swap(true, Ordering::AcqRel) {
-            return; // a lookup is already retrying
-        }
-        if let Ok(mut asked) = self.asked.lock() {
-            *asked = Some(std::time::Instant::now());
-        }
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let found = self.client.lock().await.async_get_client().await;
-                let manager = found.and_then(|client| {
-                    ConnectionManager::new_lazy_with_config(client, manager_config(self.timeout))
-                });
-                match manager {
-                    Ok(manager) => {
-                        slot.store(Some(Arc::new(Connection::Single(manager))));
-                        tracing::info!("connected to the master Sentinel names");
-                        self.running.store(false, Ordering::Release);
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no master from Sentinel yet; asking again");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
-                    }
-                }
-            }
-        });
-    }
-
-    /// A decision failed: ask again, unless the sentinels were asked less than a second ago.
-    fn after_failure(self: &Arc<Self>, slot: &Arc<ArcSwapOption<Connection>>) {
-        let recent = self
-            .asked
-            .lock()
-            .map(|asked| asked.is_some_and(|at| at.elapsed() < Duration::from_secs(1)))
-            .unwrap_or(true);
-        if !recent {
-            self.clone().ask(slot.clone());
-        }
-    }
-}
-
-/// The two scripts' entry points.
-#[derive(Clone, Copy)]
-enum Entry {
-    Decide,
-    Batch,
-}
-
-/// What sends the scripts: the function library (or, before Redis 7, the scripts for `EVALSHA`),
-/// shared by the store and its batch driver.
-struct Caller {
-    library: FunctionLibrary,
-    /// `FUNCTIONS_*`: whether to `FCALL` or `EVALSHA`.
-    functions: std::sync::atomic::AtomicU8,
-    script: Script,
-    batch_script: Script,
-    /// Round trips (`floodgate_store_calls_total`), once the guard hands its counter over.
-    calls: std::sync::OnceLock<prometheus_client::metrics::counter::Counter>,
-}
-
-impl Caller {
-    /// `FUNCTION LOAD REPLACE`s the library; a server without functions (before Redis 7) sends
-    /// this store to `EVALSHA` for good.
-    async fn load_library(&self, connection: &Connection) -> redis::RedisResult<()> {
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&self.library.code);
-        match query::<String>(connection, &load).await {
-            Ok(_) => {
-                self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) if is_unknown_command(&e) => {
-                tracing::info!("Redis has no functions (before 7): using EVALSHA");
-                self.functions
-                    .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// One decision's script call: `FCALL` of the function library when the server has it (it
-    /// is loaded on first use, and again after `FUNCTION FLUSH` or a failover to a server
-    /// without it), else `EVALSHA` (Redis 6).
-    async fn call(
-        &self,
-        connection: &Connection,
-        keys: &[String],
-        args: &[Vec<u8>],
-    ) -> redis::RedisResult<Vec<Value>> {
-        self.call_entry(connection, Entry::Decide, keys, args).await
-    }
-
-    /// [`Caller::call`] of either entry point: one decision (`main.lua`) or a batch (`batch.lua`).
-    async fn call_entry(
-        &self,
-        connection: &Connection,
-        entry: Entry,
-        keys: &[String],
-        args: &[Vec<u8>],
-    ) -> redis::RedisResult<Vec<Value>> {
-        if let Some(calls) = self.calls.get() {
-            calls.inc();
-        }
-        let (function, script) = match entry {
-            Entry::Decide => (&self.library.decide, &self.script),
-            Entry::Batch => (&self.library.batch, &self.batch_script),
-        };
-        if self.functions.load(Ordering::Relaxed) != FUNCTIONS_UNSUPPORTED {
-            let fcall = || {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
-                cmd
-            };
-            match query(connection, &fcall()).await {
-                Err(e) if e.to_string().contains("Function not found") => {
-                    self.load_library(connection).await?;
-                    if self.functions.load(Ordering::Relaxed) == FUNCTIONS_LOADED {
-                        return query(connection, &fcall()).await;
-                    }
-                }
-                Err(e) if is_unknown_command(&e) => {
-                    tracing::info!("Redis has no FCALL (before 7): using EVALSHA");
-                    self.functions
-                        .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
-                }
-                other => return other,
-            }
-        }
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        for a in args {
-            invocation.arg(a.as_slice());
-        }
-        match connection.clone() {
-            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        }
     }
 }
 
@@ -677,53 +397,5 @@ impl RemoteStore for RedisStore {
     fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
         let _ = self.caller.calls.set(counter);
         true
-    }
-}
-
-/// Appends each limit's eight arguments (algorithm name, parameter a, parameter b, cost, and
-/// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, those
-/// of an ended lease given back with the store time it was granted at, and how long a lease
-/// lasts), as `decide.lua` reads them.
-fn push_limits(args: &mut Vec<Vec<u8>>, asks: &[Ask<'_>], wants: &[super::lease::LeaseAsk]) {
-    let number = |n: u64| n.to_string().into_bytes();
-    for (i, ask) in asks.iter().enumerate() {
-        let (a, b) = ask.limit.algorithm().parameters();
-        let lease = wants.get(i).copied().unwrap_or_default();
-        args.push(ask.limit.algorithm().name().as_bytes().to_vec());
-        args.push(number(a));
-        args.push(number(b));
-        args.push(number(u64::from(ask.limit.cost())));
-        args.push(number(u64::from(lease.want)));
-        args.push(number(lease.back));
-        args.push(number(lease.back_at));
-        args.push(number(lease.lease_us));
-    }
-}
-
-/// Reads the script's reply (the layout of [`wire::Reply`], then one leased count per limit) for
-/// a request of `limits` limits.
-fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
-    let number = |at: usize| match &reply[at] {
-        Value::Int(n) if *n >= 0 => Ok(*n as u64),
-        other => Err(LimiterError::Protocol(format!(
-            "reply item {at} is {other:?}, expected a number"
-        ))),
-    };
-    Reply::read_with_leases(reply.len(), limits, number)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reply_with_a_value_that_is_not_a_number_is_a_protocol_error() {
-        let mut reply: Vec<Value> = [1, 7, 1, 10, 9, 100, 0, 0, 3].map(Value::Int).to_vec();
-        assert!(read_reply(&reply, 1).is_ok());
-        reply[4] = Value::Nil;
-        assert!(matches!(
-            read_reply(&reply, 1),
-            Err(LimiterError::Protocol(_))
-        ));
     }
 }

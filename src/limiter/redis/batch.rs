@@ -17,7 +17,9 @@ use arc_swap::ArcSwapOption;
 use redis::Value;
 use tokio::sync::mpsc;
 
-use super::{Caller, Connection, Entry, classify, read_reply};
+use super::classify;
+use super::connection::Connection;
+use super::script::{Caller, Entry, read_reply};
 use crate::limiter::LimiterError;
 use crate::limiter::batch::{self, Pending, answer};
 use crate::limiter::wire::Reply;
