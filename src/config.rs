@@ -10,7 +10,6 @@
 
 pub mod env;
 pub mod file;
-pub mod tls;
 
 mod consumers;
 mod limit;
@@ -31,6 +30,7 @@ use ipnet::IpNet;
 
 use crate::identity::{Consumers, IdentityConfig};
 pub use crate::limiter::OnError;
+use crate::tls;
 use file::{Choice, FileConfig};
 
 /// Values from outside the file that replace what it says: the binary reads them from the

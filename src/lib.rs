@@ -23,9 +23,11 @@
 //!
 //! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
-//! Dependencies point one way: [`limiter`] knows nothing of the rest; [`identity`] only the
-//! limiter's key kinds; [`config`] builds on both; [`route`] on config; [`proxy`] on route;
-//! [`admin`] on proxy; [`server`] on admin and proxy; `main` on server.
+//! Dependencies point one way: [`tls`] (building rustls configs from PEM files) knows nothing
+//! of the rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`] only the
+//! limiter's key kinds; [`config`] builds on those; [`policy`] (whose allowance a request spends)
+//! and [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
+//! policy; [`admin`] on proxy; [`server`] on admin and proxy; `main` on server.
 
 #![forbid(unsafe_code)]
 
@@ -42,3 +44,4 @@ pub mod proxy;
 pub mod replay;
 pub mod route;
 pub mod server;
+pub mod tls;

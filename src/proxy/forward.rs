@@ -21,9 +21,9 @@ use std::sync::Arc;
 use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
 use super::pool::{Pool, PoolError};
 use super::response::{Body, BoxError, Rejection};
-use crate::config::tls;
 use crate::config::{RouteConfig, Upstream, UpstreamCa};
 use crate::identity::X_FORWARDED_FOR;
+use crate::tls;
 
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");

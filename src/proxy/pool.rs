@@ -362,7 +362,7 @@ impl Drop for PooledBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tls::crypto_provider;
+    use crate::tls::crypto_provider;
     use http_body_util::BodyExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -25,7 +25,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres::config::SslMode;
 
-use crate::config::tls;
+use crate::tls;
 
 /// What a PostgreSQL URL says: the driver's config, and TLS (`None`: plain connections).
 pub struct Options {
