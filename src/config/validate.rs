@@ -1,0 +1,233 @@
+//! The checks every field goes through: each problem is collected with the path of its field
+//! (`routes[2].limits[0].capacity`), so one run of `floodgate check` names them all.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use ipnet::IpNet;
+
+use super::*;
+
+/// Collects problems while checking fields one by one.
+#[derive(Default)]
+pub(super) struct Validator {
+    pub(super) problems: Vec<FieldProblem>,
+}
+
+impl Validator {
+    pub(super) fn problem(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(FieldProblem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    /// The value of a closed choice, or `default` when it is absent; an invalid one is a
+    /// problem at `path` (and `default` stands in, so validation goes on).
+    pub(super) fn choice<T>(&mut self, path: &str, choice: Option<Choice<T>>, default: T) -> T {
+        match choice {
+            None => default,
+            Some(Choice::Known(value)) => value,
+            Some(Choice::Invalid(message)) => {
+                self.problem(path, message);
+                default
+            }
+        }
+    }
+
+    pub(super) fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
+        text.parse()
+            .map_err(|_| {
+                self.problem(
+                    path,
+                    format!("{text:?} is not an address like 127.0.0.1:8080"),
+                )
+            })
+            .ok()
+    }
+
+    pub(super) fn tls(&mut self, t: file::TlsFile) -> Option<TlsConfig> {
+        let (cert, key) = (PathBuf::from(t.cert), PathBuf::from(t.key));
+        match tls::server_config(&cert, &key) {
+            Ok(server_config) => Some(TlsConfig {
+                cert,
+                key,
+                server_config,
+            }),
+            Err(problems) => {
+                for p in problems {
+                    self.problem(format!("tls.{}", p.field), p.message);
+                }
+                None
+            }
+        }
+    }
+
+    pub(super) fn upstream_ca(&mut self, path: String) -> Option<UpstreamCa> {
+        let path = PathBuf::from(path);
+        match tls::root_store(&path) {
+            Ok(roots) => Some(UpstreamCa {
+                path,
+                roots: Arc::new(roots),
+            }),
+            Err(message) => {
+                self.problem("upstream_ca", message);
+                None
+            }
+        }
+    }
+
+    pub(super) fn duration(
+        &mut self,
+        path: &str,
+        text: Option<&str>,
+        default: Duration,
+    ) -> Duration {
+        match text.map(parse_duration) {
+            None => default,
+            Some(Ok(d)) if !d.is_zero() => d,
+            Some(Ok(_)) => {
+                self.problem(path, "must be longer than 0");
+                default
+            }
+            Some(Err(message)) => {
+                self.problem(path, message);
+                default
+            }
+        }
+    }
+
+    pub(super) fn header_name(
+        &mut self,
+        path: &str,
+        text: Option<&str>,
+        default: &'static str,
+    ) -> Option<HeaderName> {
+        let text = text.unwrap_or(default);
+        HeaderName::try_from(text)
+            .map_err(|_| self.problem(path, format!("{text:?} is not a valid header name")))
+            .ok()
+    }
+
+    pub(super) fn identity(&mut self, i: file::IdentityFile) -> Option<IdentityConfig> {
+        let api_key_header = self.header_name(
+            "identity.api_key_header",
+            i.api_key_header.as_deref(),
+            "x-api-key",
+        );
+        let user_id_header = self.header_name(
+            "identity.user_id_header",
+            i.user_id_header.as_deref(),
+            "x-user-id",
+        );
+        let mut trusted_proxies = Vec::new();
+        for (n, text) in i.trusted_proxies.iter().enumerate() {
+            // A bare address means that one host.
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(net) => trusted_proxies.push(net.trunc()),
+                Err(_) => self.problem(
+                    format!("identity.trusted_proxies[{n}]"),
+                    format!("{text:?} is not a CIDR like 10.0.0.0/8 or an IP address"),
+                ),
+            }
+        }
+        let ipv6_prefix = match i.ipv6_prefix {
+            None => 64,
+            Some(n @ 1..=128) => n as u8,
+            Some(_) => {
+                self.problem("identity.ipv6_prefix", "must be between 1 and 128");
+                64
+            }
+        };
+        Some(IdentityConfig {
+            api_key_header: api_key_header?,
+            user_id_header: user_id_header?,
+            trusted_proxies,
+            ipv6_prefix,
+            strip_untrusted_user_id: i.strip_untrusted_user_id.unwrap_or(true),
+        })
+    }
+
+    pub(super) fn timeouts(&mut self, t: file::TimeoutsFile) -> Timeouts {
+        let d = Timeouts::default();
+        Timeouts {
+            header_read: self.duration(
+                "timeouts.header_read",
+                t.header_read.as_deref(),
+                d.header_read,
+            ),
+            upstream_connect: self.duration(
+                "timeouts.upstream_connect",
+                t.upstream_connect.as_deref(),
+                d.upstream_connect,
+            ),
+            upstream_response: self.duration(
+                "timeouts.upstream_response",
+                t.upstream_response.as_deref(),
+                d.upstream_response,
+            ),
+            drain: self.duration("timeouts.drain", t.drain.as_deref(), d.drain),
+            client_body: self.duration(
+                "timeouts.client_body",
+                t.client_body.as_deref(),
+                d.client_body,
+            ),
+            upstream_body: self.duration(
+                "timeouts.upstream_body",
+                t.upstream_body.as_deref(),
+                d.upstream_body,
+            ),
+            idle: self.duration("timeouts.idle", t.idle.as_deref(), d.idle),
+        }
+    }
+
+    /// A byte size: `1048576`, `512k`, `1m`, `1g` (powers of 1024), `0` for none.
+    /// A per-connection token bucket of `rate` per second with a burst of `burst_seconds` of it
+    /// (at least 1): `http2_max_streams_per_second`, `http2_max_resets_per_second`.
+    pub(super) fn per_connection_rate(
+        &mut self,
+        path: &str,
+        rate: f64,
+        burst_seconds: f64,
+    ) -> Option<crate::limiter::Limit> {
+        let burst = (rate * burst_seconds).clamp(1.0, f64::from(u32::MAX)) as u32;
+        crate::limiter::Algorithm::token_bucket(burst, rate)
+            .map(crate::limiter::Limit::of)
+            .map_err(|e| self.problem(path, e.to_string()))
+            .ok()
+    }
+
+    pub(super) fn size(&mut self, path: &str, text: Option<&str>, default: u64) -> u64 {
+        let Some(text) = text else {
+            return default;
+        };
+        let trimmed = text.trim();
+        let (digits, unit) = match trimmed.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+            Some((i, _)) => trimmed.split_at(i),
+            None => (trimmed, ""),
+        };
+        let multiplier = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => Some(1u64),
+            "k" | "kb" => Some(1 << 10),
+            "m" | "mb" => Some(1 << 20),
+            "g" | "gb" => Some(1 << 30),
+            _ => None,
+        };
+        match (digits.parse::<u64>().ok(), multiplier) {
+            (Some(n), Some(m)) if n.checked_mul(m).is_some() => n * m,
+            _ => {
+                self.problem(
+                    path,
+                    format!("{text:?} is not a size like 1m, 512k or 1048576"),
+                );
+                default
+            }
+        }
+    }
+}
