@@ -2,7 +2,8 @@
 # scripts/bench.sh: floodgate side by side with nginx, on this machine, in one run.
 #
 # One upstream (nginx `return 200`, one worker) and one load (wrk, 1 thread, 64 connections, 1000
-# rotating API keys in X-API-Key) for five targets, measured in interleaved rounds:
+# rotating API keys in X-API-Key) for each target below (`TARGETS` picks them; about twenty),
+# measured in interleaved rounds:
 #   upstream          the upstream alone: the ceiling
 #   nginx_proxy       nginx as a plain reverse proxy (worker_processes auto, upstream keepalive 64,
 #                     proxy_http_version 1.1, Connection "")       <- every ratio is against this one

@@ -1,4 +1,5 @@
-//! The five rate-limiting algorithms as pure functions of (state, now, parameters).
+//! The six algorithms (five rates and concurrency) as pure functions of (state, now,
+//! parameters).
 //!
 //! Every algorithm works in two steps, so that several limits on one route can be decided
 //! all-or-nothing:

@@ -1,8 +1,9 @@
 -- floodgate limiter script, part 1 of 9: shared helpers.
 --
--- The script Redis runs is the concatenation of prelude.lua, the five algorithm files, one
--- clock file (clock_redis.lua in production, clock_test.lua in the differential tests) and
--- main.lua (see src/limiter/redis.rs). Each algorithm file mirrors, operation for operation, the
+-- The script Redis runs is the concatenation of prelude.lua, the six algorithm files (the
+-- leaky bucket shares gcra.lua's code), one clock file (clock_redis.lua in production,
+-- clock_test.lua in the differential tests), decide.lua and an entry point, main.lua or
+-- batch.lua (see src/limiter/redis/script.rs). Each algorithm file mirrors, operation for operation, the
 -- Rust function of the same name in src/limiter/algorithm.rs, so both stores decide alike.
 --
 -- Time is an integer count of microseconds since the Unix epoch, held in a Lua number (a double:
