@@ -67,8 +67,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How request paths are normalised before routing.
     pub paths: crate::path::PathRules,
-    /// The largest request body accepted, in bytes; 0: no limit.
-    pub max_body_size: u64,
+    /// The largest request body accepted, in bytes; `None` (`max_body_size: 0`): no limit.
+    pub max_body_size: Option<std::num::NonZeroU64>,
     /// The most client connections open at once, on the proxy listener.
     pub max_connections: usize,
     /// New HTTP/2 streams per connection: a token bucket (see `server`); `None`: no cap.
@@ -323,11 +323,11 @@ impl Config {
             ),
             merge_slashes: file.merge_slashes.unwrap_or(true),
         };
-        let max_body_size = v.size(
+        let max_body_size = std::num::NonZeroU64::new(v.size(
             "max_body_size",
             file.max_body_size.as_ref().map(|s| s.0.as_str()),
             1 << 20,
-        );
+        ));
         // Outer `Option`: valid or not; inner: configured or not (no cap by default).
         let http2_streams = match file.http2_max_streams_per_second {
             None => Some(None),

@@ -32,10 +32,33 @@ struct Cli {
     config: Option<PathBuf>,
     /// Log format: human or json (default: the config's log_format, else human). `RUST_LOG`
     /// sets the filter; per-request access logs are target floodgate::access at info level.
-    #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"])]
-    log_format: Option<String>,
+    #[arg(long, value_name = "FORMAT", value_enum)]
+    log_format: Option<LogFormatFlag>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `--log-format`: the config's `log_format`, from the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormatFlag {
+    Human,
+    Json,
+}
+
+impl From<LogFormatFlag> for LogFormat {
+    fn from(flag: LogFormatFlag) -> LogFormat {
+        match flag {
+            LogFormatFlag::Human => LogFormat::Human,
+            LogFormatFlag::Json => LogFormat::Json,
+        }
+    }
+}
+
+/// How `floodgate replay` prints its report.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -51,8 +74,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
         /// text (default) or json.
-        #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"], default_value = "text")]
-        format: String,
+        #[arg(long, value_name = "FORMAT", value_enum, default_value_t = ReportFormat::Text)]
+        format: ReportFormat,
         /// Log files, read in order (`-` reads standard input).
         #[arg(value_name = "LOG", required = true)]
         logs: Vec<PathBuf>,
@@ -73,13 +96,13 @@ fn main() -> ExitCode {
             config,
             format,
             logs,
-        }) => replay(&config, &format, &logs),
+        }) => replay(&config, format, &logs),
         None => {
             let Some(path) = cli.config else {
                 eprintln!("floodgate: --config FILE is required (see floodgate --help)");
                 return ExitCode::from(2);
             };
-            match run(&path, cli.log_format.as_deref()) {
+            match run(&path, cli.log_format) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("floodgate: {e:#}");
@@ -115,7 +138,7 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn replay(config: &Path, format: &str, logs: &[PathBuf]) -> ExitCode {
+fn replay(config: &Path, format: ReportFormat, logs: &[PathBuf]) -> ExitCode {
     let config = match Config::load(config, &overrides()) {
         Ok(config) => config,
         Err(e) => {
@@ -141,7 +164,7 @@ fn replay(config: &Path, format: &str, logs: &[PathBuf]) -> ExitCode {
         }
     }
     let report = replay.finish();
-    if format == "json" {
+    if format == ReportFormat::Json {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.to_text());
@@ -176,7 +199,7 @@ fn raise_fd_limit() {
     }
 }
 
-fn init_logging(format: &str) {
+fn init_logging(format: LogFormat) {
     // Access logs (one line per request) are off unless RUST_LOG asks for floodgate::access=info.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,floodgate::access=warn"));
@@ -186,7 +209,7 @@ fn init_logging(format: &str) {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    if format == "json" {
+    if format == LogFormat::Json {
         // One line per event with the request span's fields once (`floodgate replay` reads them).
         builder.json().with_span_list(false).init();
     } else {
@@ -194,15 +217,10 @@ fn init_logging(format: &str) {
     }
 }
 
-fn run(path: &Path, log_format: Option<&str>) -> anyhow::Result<()> {
+fn run(path: &Path, log_format: Option<LogFormatFlag>) -> anyhow::Result<()> {
     let config = Config::load(path, &overrides())
         .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
-    let format = match (log_format, config.log_format) {
-        (Some(flag), _) => flag,
-        (None, LogFormat::Json) => "json",
-        (None, LogFormat::Human) => "human",
-    };
-    init_logging(format);
+    init_logging(log_format.map_or(config.log_format, LogFormat::from));
     raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

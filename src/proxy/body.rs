@@ -5,6 +5,7 @@
 //! ([`BodyFault`]), so a client's malformed chunked body is answered as the client's error (400),
 //! not as an upstream failure.
 
+use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -106,16 +107,21 @@ impl Watchdog {
 /// A client's request body on its way upstream (`None`: an empty body, for a retry).
 pub struct RequestBody {
     inner: Option<Incoming>,
-    limit: u64,
+    limit: Option<NonZeroU64>,
     seen: u64,
     watchdog: Watchdog,
     fault: Arc<BodyFault>,
 }
 
 impl RequestBody {
-    /// `inner`, cut off past `limit` bytes (0: no limit) or after `idle` without data; faults
-    /// are recorded in `fault`.
-    pub fn new(inner: Incoming, limit: u64, idle: Duration, fault: Arc<BodyFault>) -> Self {
+    /// `inner`, cut off past `limit` bytes (if any) or after `idle` without data; faults are
+    /// recorded in `fault`.
+    pub fn new(
+        inner: Incoming,
+        limit: Option<NonZeroU64>,
+        idle: Duration,
+        fault: Arc<BodyFault>,
+    ) -> Self {
         RequestBody {
             inner: Some(inner),
             limit,
@@ -129,7 +135,7 @@ impl RequestBody {
     pub fn empty() -> Self {
         RequestBody {
             inner: None,
-            limit: 0,
+            limit: None,
             seen: 0,
             watchdog: Watchdog::new(Duration::from_secs(3600)),
             fault: Arc::default(),
@@ -154,9 +160,11 @@ impl HttpBody for RequestBody {
                 this.watchdog.fed();
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;
-                    if this.limit > 0 && this.seen > this.limit {
+                    if let Some(limit) = this.limit
+                        && this.seen > limit.get()
+                    {
                         this.fault.set(Fault::TooLarge);
-                        return Poll::Ready(Some(Err(BodyError::TooLarge(this.limit))));
+                        return Poll::Ready(Some(Err(BodyError::TooLarge(limit.get()))));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))

@@ -51,8 +51,8 @@ pub struct Forwarder {
 /// The limits on bodies in flight (see [`super::body`]).
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits {
-    /// The most bytes a request body may have; 0: no limit.
-    pub max_request_bytes: u64,
+    /// The most bytes a request body may have, if limited.
+    pub max_request_bytes: Option<std::num::NonZeroU64>,
     /// How long a request body may go without data.
     pub client_idle: Duration,
     /// How long a response body may go without data.
@@ -111,7 +111,9 @@ impl Forwarder {
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if limit > 0 && announced.is_some_and(|n| n > limit) {
+        if let Some(limit) = limit
+            && announced.is_some_and(|n| n > limit.get())
+        {
             return Err(Rejection::PayloadTooLarge);
         }
         let fault = Arc::new(BodyFault::default());
