@@ -62,10 +62,10 @@ fn cases() -> Vec<(&'static str, Limit, Limit)> {
 /// One decision as the memory store takes it: check, then commit if allowed.
 fn decide(state: &mut State, limit: &Limit, now: u64) -> bool {
     let d = state.check(limit, now);
-    if d.allowed {
+    if d.allowed() {
         state.commit(limit, now, 0);
     }
-    d.allowed
+    d.allowed()
 }
 
 fn algorithms(c: &mut Criterion) {
@@ -124,7 +124,7 @@ fn memory_store(c: &mut Criterion) {
         for i in 0..KEYS {
             store.decide(&key(i));
         }
-        assert_eq!(store.decide(&key(0)).unwrap().allowed, outcome == "allow");
+        assert_eq!(store.decide(&key(0)).unwrap().allowed(), outcome == "allow");
         let mut i = 0;
         group.bench_function(format!("decide_1000_keys/{outcome}"), |b| {
             b.iter(|| {

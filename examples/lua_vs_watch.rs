@@ -115,7 +115,7 @@ async fn run(
                         store
                             .decide(&asks, 0)
                             .await
-                            .map(|v| (v.allowed, 1))
+                            .map(|v| (v.allowed(), 1))
                             .map_err(|e| {
                                 redis::RedisError::from(std::io::Error::other(e.to_string()))
                             })

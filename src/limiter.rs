@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use clock::{AnchoredClock, Clock, ManualClock, MonotonicClock, SystemClock};
-pub use decision::{Admission, Decision, Source, Verdict};
+pub use decision::{Admission, Decision, Outcome, Source, Verdict};
 pub use key::{Ask, BudgetKey, KeyKind};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
 pub use memory::MemoryStore;
@@ -213,7 +213,7 @@ impl Limiter {
         else {
             return None;
         };
-        if !verdict.allowed {
+        if !verdict.allowed() {
             return None;
         }
         let keys: Vec<OwnedKey> = asks

@@ -361,7 +361,7 @@ impl Proxy {
                         .extend(self.limiter.hold(&asks.asks, &admission));
                     if let Some(v) = admission.verdict() {
                         let policy = asks.positions[v.headline_index];
-                        match runtime.policy().step(v.allowed) {
+                        match runtime.policy().step(v.allowed()) {
                             Step::Deny => {
                                 return Err((
                                     Rejection::RateLimited(*v, policy),
@@ -390,7 +390,7 @@ impl Proxy {
                 verdict: shadow, ..
             }) = admission
             {
-                if !shadow.allowed {
+                if !shadow.allowed() {
                     pass.label = DecisionLabel::ShadowDenied;
                 }
                 // The headers speak for whichever budget has the fewest remaining.
@@ -426,9 +426,9 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Response<Body> {
         if let Some((verdict, _)) = &pass.headline
-            && verdict.delay_us > 0
+            && verdict.delay_us() > 0
         {
-            tokio::time::sleep(Duration::from_micros(verdict.delay_us)).await;
+            tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
         }
         let started = Instant::now();
         let mut response = match self

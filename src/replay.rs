@@ -356,7 +356,7 @@ impl Replay {
             &mut stats.limit_denials
         };
         for (d, &position) in decisions[..asks.len()].iter().zip(&positions) {
-            if !d.allowed {
+            if !d.allowed() {
                 counts[position] += 1;
             }
         }
@@ -366,7 +366,7 @@ impl Replay {
             .filter(|(a, _)| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
             .map(|(a, &p)| (p, a.key.kind, a.key.value.to_vec()))
             .collect();
-        if verdict.allowed && !concurrent.is_empty() {
+        if verdict.allowed() && !concurrent.is_empty() {
             // The slot is held for as long as the request took (as logged; else it ends at once).
             self.releases.push(Reverse(PendingRelease {
                 at_us: now + latency_us.unwrap_or(0),
@@ -376,7 +376,7 @@ impl Replay {
                 keys: concurrent,
             }));
         }
-        Some(verdict.allowed)
+        Some(verdict.allowed())
     }
 
     /// Gives back the concurrency leases of requests that had finished by `now`.

@@ -57,7 +57,7 @@ async fn decide_at_once(
                     .decide(&asks, i as u64)
                     .await
                     .expect("decided")
-                    .allowed
+                    .allowed()
             })
         })
         .collect();
@@ -92,7 +92,7 @@ async fn concurrent_decisions_leave_together_and_spend_exactly() {
             .decide(&[ask(&limit, b"alone")], 1)
             .await
             .expect("decided")
-            .allowed
+            .allowed()
     );
 }
 

@@ -625,7 +625,7 @@ async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
     let mut allowed = 0;
     for task in tasks {
         let verdict = task.await.expect("task").expect("decided, no deadlock");
-        allowed += usize::from(verdict.allowed);
+        allowed += usize::from(verdict.allowed());
     }
     assert_eq!(allowed, 150, "exactly the shared budget");
     // Beyond the pool's connections (8 per store here) decisions wait and leave together.
@@ -642,5 +642,5 @@ async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
             value: b"x",
         },
     }];
-    assert!(a.decide(&alone, 1).await.expect("decided").allowed);
+    assert!(a.decide(&alone, 1).await.expect("decided").allowed());
 }

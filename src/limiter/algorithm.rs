@@ -82,8 +82,8 @@ impl State {
         match self {
             State::Gcra { tat } => {
                 let d = gcra_check(tat, units, span, cost, now);
-                if kind == AlgorithmKind::TokenBucket {
-                    Decision { delay_us: 0, ..d }
+                if kind == AlgorithmKind::TokenBucket && d.allowed() {
+                    Decision::allow(d.limit, d.remaining, d.reset_after_us, 0)
                 } else {
                     d
                 }
@@ -150,24 +150,10 @@ fn concurrency_check(
     }
     let count = leases.len() as u64;
     if count + cost <= limit {
-        Decision {
-            allowed: true,
-            limit,
-            remaining: limit - count - cost,
-            reset_after_us: lease,
-            retry_after_us: 0,
-            delay_us: 0,
-        }
+        Decision::allow(limit, limit - count - cost, lease, 0)
     } else {
         let newest = leases.back().map_or(now, |&(end, _)| end);
-        Decision {
-            allowed: false,
-            limit,
-            remaining: limit.saturating_sub(count),
-            reset_after_us: newest - now,
-            retry_after_us: 1_000_000,
-            delay_us: 0,
-        }
+        Decision::deny(limit, limit.saturating_sub(count), newest - now, 1_000_000)
     }
 }
 
@@ -179,23 +165,19 @@ fn gcra_check(tat: &mut u64, capacity: u64, interval: u64, cost: u64, now: u64) 
     let burst = capacity * interval;
     let new_tat = *tat + cost * interval;
     if new_tat - now <= burst {
-        Decision {
-            allowed: true,
-            limit: capacity,
-            remaining: (burst - (new_tat - now)) / interval,
-            reset_after_us: new_tat - now,
-            retry_after_us: 0,
-            delay_us: *tat - now,
-        }
+        Decision::allow(
+            capacity,
+            (burst - (new_tat - now)) / interval,
+            new_tat - now,
+            *tat - now,
+        )
     } else {
-        Decision {
-            allowed: false,
-            limit: capacity,
-            remaining: burst.saturating_sub(*tat - now) / interval,
-            reset_after_us: *tat - now,
-            retry_after_us: new_tat - now - burst,
-            delay_us: 0,
-        }
+        Decision::deny(
+            capacity,
+            burst.saturating_sub(*tat - now) / interval,
+            *tat - now,
+            new_tat - now - burst,
+        )
     }
 }
 
@@ -213,14 +195,10 @@ fn fixed_window_check(
         *count = 0;
     }
     let reset_after_us = current + window - now;
-    let allowed = *count + cost <= limit;
-    Decision {
-        allowed,
-        limit,
-        remaining: limit - *count - if allowed { cost } else { 0 },
-        reset_after_us,
-        retry_after_us: if allowed { 0 } else { reset_after_us },
-        delay_us: 0,
+    if *count + cost <= limit {
+        Decision::allow(limit, limit - *count - cost, reset_after_us, 0)
+    } else {
+        Decision::deny(limit, limit - *count, reset_after_us, reset_after_us)
     }
 }
 
@@ -237,27 +215,18 @@ fn sliding_log_check(
     }
     let count = entries.len() as u64;
     if count + cost <= limit {
-        Decision {
-            allowed: true,
-            limit,
-            remaining: limit - count - cost,
-            reset_after_us: window,
-            retry_after_us: 0,
-            delay_us: 0,
-        }
+        Decision::allow(limit, limit - count - cost, window, 0)
     } else {
         // The retry passes once the oldest `count + cost - limit` entries have expired.
         let needed = (count + cost - limit) as usize;
         let freeing = entries.get(needed - 1).copied().unwrap_or(now);
         let newest = entries.back().copied().unwrap_or(now);
-        Decision {
-            allowed: false,
+        Decision::deny(
             limit,
-            remaining: limit.saturating_sub(count),
-            reset_after_us: (newest + window).saturating_sub(now),
-            retry_after_us: (freeing + window).saturating_sub(now).max(1),
-            delay_us: 0,
-        }
+            limit.saturating_sub(count),
+            (newest + window).saturating_sub(now),
+            (freeing + window).saturating_sub(now).max(1),
+        )
     }
 }
 
@@ -308,13 +277,11 @@ fn sliding_counter_check(
             .max(0.0) as u64;
         window - elapsed + t
     };
-    Decision {
-        allowed,
-        limit,
-        remaining: (limit as f64 - spent).floor().max(0.0) as u64,
-        reset_after_us,
-        retry_after_us,
-        delay_us: 0,
+    let remaining = (limit as f64 - spent).floor().max(0.0) as u64;
+    if allowed {
+        Decision::allow(limit, remaining, reset_after_us, 0)
+    } else {
+        Decision::deny(limit, remaining, reset_after_us, retry_after_us)
     }
 }
 

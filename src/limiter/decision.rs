@@ -3,32 +3,92 @@
 
 use super::LeaseId;
 
+/// Whether a request may pass, with what only that answer carries: a leaky bucket's delay
+/// when allowed, the wait before a retry can pass when denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted; held `delay_us` before forwarding (leaky bucket only; 0 otherwise).
+    Allowed { delay_us: u64 },
+    /// Refused; the earliest retry that can pass is `retry_after_us` from now.
+    Denied { retry_after_us: u64 },
+}
+
+impl Outcome {
+    pub fn allowed(self) -> bool {
+        matches!(self, Outcome::Allowed { .. })
+    }
+
+    /// The wait before a retry can pass; 0 when allowed.
+    pub fn retry_after_us(self) -> u64 {
+        match self {
+            Outcome::Denied { retry_after_us } => retry_after_us,
+            Outcome::Allowed { .. } => 0,
+        }
+    }
+
+    /// How long to hold an admitted request; 0 when denied.
+    pub fn delay_us(self) -> u64 {
+        match self {
+            Outcome::Allowed { delay_us } => delay_us,
+            Outcome::Denied { .. } => 0,
+        }
+    }
+}
+
 /// What one limit says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    pub allowed: bool,
+    pub outcome: Outcome,
     /// Capacity (buckets) or limit (windows): `X-RateLimit-Limit`.
     pub limit: u64,
     /// Units left after this request: `X-RateLimit-Remaining`.
     pub remaining: u64,
     /// Time until the budget is fully restored: `X-RateLimit-Reset` is now plus this.
     pub reset_after_us: u64,
-    /// When denied, the time until the earliest retry that can pass; 0 when allowed.
-    pub retry_after_us: u64,
-    /// Leaky bucket only: how long to hold an admitted request before forwarding it.
-    pub delay_us: u64,
 }
 
 impl Decision {
     /// An allowing decision with nothing in it: a placeholder for fixed-size buffers.
-    pub(crate) const EMPTY: Decision = Decision {
-        allowed: true,
-        limit: 0,
-        remaining: 0,
-        reset_after_us: 0,
-        retry_after_us: 0,
-        delay_us: 0,
-    };
+    pub(crate) const EMPTY: Decision = Decision::allow(0, 0, 0, 0);
+
+    /// An admission (held `delay_us` first: leaky bucket).
+    pub const fn allow(limit: u64, remaining: u64, reset_after_us: u64, delay_us: u64) -> Self {
+        Decision {
+            outcome: Outcome::Allowed { delay_us },
+            limit,
+            remaining,
+            reset_after_us,
+        }
+    }
+
+    /// A refusal, whose earliest retry can pass `retry_after_us` from now.
+    pub const fn deny(
+        limit: u64,
+        remaining: u64,
+        reset_after_us: u64,
+        retry_after_us: u64,
+    ) -> Self {
+        Decision {
+            outcome: Outcome::Denied { retry_after_us },
+            limit,
+            remaining,
+            reset_after_us,
+        }
+    }
+
+    pub fn allowed(&self) -> bool {
+        self.outcome.allowed()
+    }
+
+    /// When denied, the time until the earliest retry that can pass; 0 when allowed.
+    pub fn retry_after_us(&self) -> u64 {
+        self.outcome.retry_after_us()
+    }
+
+    /// Leaky bucket only: how long to hold an admitted request before forwarding it.
+    pub fn delay_us(&self) -> u64 {
+        self.outcome.delay_us()
+    }
 }
 
 /// The decision of all the limits asked about one request, taken all-or-nothing.
@@ -40,11 +100,9 @@ pub struct Verdict {
     pub headline: Decision,
     /// That limit's position in the list asked.
     pub headline_index: usize,
-    pub allowed: bool,
-    /// When denied, the longest wait among the limits that denied.
-    pub retry_after_us: u64,
-    /// When allowed, the longest leaky-bucket delay among the limits.
-    pub delay_us: u64,
+    /// Allowed when every limit allowed (with the longest leaky-bucket delay among them); else
+    /// denied, with the longest wait among the limits that denied.
+    pub outcome: Outcome,
 }
 
 impl Verdict {
@@ -60,23 +118,39 @@ impl Verdict {
                 headline = *d;
                 headline_index = i;
             }
-            allowed &= d.allowed;
-            retry_after_us = retry_after_us.max(d.retry_after_us);
-            delay_us = delay_us.max(d.delay_us);
+            allowed &= d.allowed();
+            retry_after_us = retry_after_us.max(d.retry_after_us());
+            delay_us = delay_us.max(d.delay_us());
         }
         Some(Verdict {
             now_us,
             headline,
             headline_index,
-            allowed,
-            retry_after_us: if allowed { 0 } else { retry_after_us },
-            delay_us: if allowed { delay_us } else { 0 },
+            outcome: if allowed {
+                Outcome::Allowed { delay_us }
+            } else {
+                Outcome::Denied { retry_after_us }
+            },
         })
+    }
+
+    pub fn allowed(&self) -> bool {
+        self.outcome.allowed()
+    }
+
+    /// When denied, the longest wait among the limits that denied; 0 when allowed.
+    pub fn retry_after_us(&self) -> u64 {
+        self.outcome.retry_after_us()
+    }
+
+    /// When allowed, the longest leaky-bucket delay among the limits; 0 when denied.
+    pub fn delay_us(&self) -> u64 {
+        self.outcome.delay_us()
     }
 
     /// `Retry-After` in whole seconds: the wait rounded up, at least 1.
     pub fn retry_after_secs(&self) -> u64 {
-        self.retry_after_us.div_ceil(1_000_000).max(1)
+        self.retry_after_us().div_ceil(1_000_000).max(1)
     }
 
     /// `X-RateLimit-Reset`: the Unix second by which the budget is fully restored, rounded up.

@@ -228,7 +228,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             Ok(Ok(reply)) => {
                 self.breaker.success();
                 let verdict = reply.verdict;
-                if !verdict.allowed {
+                if !verdict.allowed() {
                     self.deny_cache.insert(
                         asks,
                         &reply.decisions,
@@ -542,7 +542,7 @@ mod tests {
         f.set(ANSWER);
         let admission = f.decide(OnError::Allow).await.unwrap();
         assert!(
-            matches!(admission, Admission::Limited { source: Source::Store, verdict, .. } if verdict.allowed)
+            matches!(admission, Admission::Limited { source: Source::Store, verdict, .. } if verdict.allowed())
         );
         assert_eq!(f.guard.breaker_state(), "closed");
     }
@@ -576,17 +576,17 @@ mod tests {
                 .unwrap()
                 .verdict()
                 .unwrap()
-                .allowed
+                .allowed()
         );
         let denied = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
-        assert!(!denied.allowed);
-        assert_eq!(denied.retry_after_us, 1_000_000);
+        assert!(!denied.allowed());
+        assert_eq!(denied.retry_after_us(), 1_000_000);
         assert_eq!(f.calls(), 2);
         // Half way to the retry instant: answered locally, with the wait counted down.
         f.clock.advance(Duration::from_millis(500));
         let cached = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
-        assert!(!cached.allowed);
-        assert_eq!(cached.retry_after_us, 500_000);
+        assert!(!cached.allowed());
+        assert_eq!(cached.retry_after_us(), 500_000);
         // On the store's clock, as the store's own answer was: the budget is full again at the
         // same instant whichever answered (`X-RateLimit-Reset` is a Unix time from either).
         assert_eq!(
@@ -634,7 +634,7 @@ mod tests {
             .decide(&route_asks(&own, &cap, b"key-0"), 1, OnError::Allow)
             .await
             .unwrap();
-        assert!(first.verdict().unwrap().allowed);
+        assert!(first.verdict().unwrap().allowed());
         let denied = *f
             .guard
             .decide(&route_asks(&own, &cap, b"key-1"), 2, OnError::Allow)
@@ -642,7 +642,7 @@ mod tests {
             .unwrap()
             .verdict()
             .unwrap();
-        assert!(!denied.allowed);
+        assert!(!denied.allowed());
         assert_eq!(f.calls(), 2);
         // A flood of keys never seen before: the cap's denial answers each, locally, with the
         // cap's figures as the headline.
@@ -659,10 +659,10 @@ mod tests {
                 .unwrap()
                 .verdict()
                 .unwrap();
-            assert!(!v.allowed);
+            assert!(!v.allowed());
             assert_eq!(v.headline_index, 1);
             assert_eq!(v.headline.limit, 1);
-            assert_eq!(v.retry_after_us, denied.retry_after_us);
+            assert_eq!(v.retry_after_us(), denied.retry_after_us());
         }
         assert_eq!(f.calls(), 2, "the store was not asked for the flood");
         // A request that does not spend the capped budget is not affected by its denial, and the
@@ -673,7 +673,7 @@ mod tests {
             .decide(&elsewhere, 99, OnError::Allow)
             .await
             .unwrap();
-        assert!(v.verdict().unwrap().allowed);
+        assert!(v.verdict().unwrap().allowed());
         assert_eq!(f.calls(), 3);
     }
 
@@ -696,11 +696,11 @@ mod tests {
                 .unwrap()
                 .verdict()
                 .unwrap()
-                .allowed
+                .allowed()
         );
         for lease in 2..5 {
             let v = f.guard.decide(&asks, lease, OnError::Allow).await.unwrap();
-            assert!(!v.verdict().unwrap().allowed);
+            assert!(!v.verdict().unwrap().allowed());
         }
         assert_eq!(
             f.calls(),
@@ -710,7 +710,7 @@ mod tests {
         // The slot freed: the next request is admitted at once.
         f.guard.release(&asks, 1, Source::Store).await;
         let v = f.guard.decide(&asks, 9, OnError::Allow).await.unwrap();
-        assert!(v.verdict().unwrap().allowed);
+        assert!(v.verdict().unwrap().allowed());
     }
 
     #[tokio::test]
@@ -729,11 +729,11 @@ mod tests {
         let local = f.decide(OnError::Local).await.unwrap();
         assert!(local.store_failed());
         assert!(
-            matches!(local, Admission::Limited { source: Source::Fallback, verdict, .. } if verdict.allowed)
+            matches!(local, Admission::Limited { source: Source::Fallback, verdict, .. } if verdict.allowed())
         );
         let again = f.decide(OnError::Local).await.unwrap();
         assert!(
-            !again.verdict().unwrap().allowed,
+            !again.verdict().unwrap().allowed(),
             "the local budget is spent"
         );
     }

@@ -440,14 +440,7 @@ mod tests {
     }
 
     fn reply(leased: u64, remaining: u64, reset_after_us: u64) -> Reply {
-        let decision = Decision {
-            allowed: true,
-            limit: 100,
-            remaining,
-            reset_after_us,
-            retry_after_us: 0,
-            delay_us: 0,
-        };
+        let decision = Decision::allow(100, remaining, reset_after_us, 0);
         Reply {
             verdict: Verdict::from_decisions(1_700_000_000_000_000, &[decision]).unwrap(),
             decisions: vec![decision],
@@ -481,7 +474,7 @@ mod tests {
             let v = leases
                 .spend(&asks, 10 * MS)
                 .unwrap_or_else(|| panic!("unit {n}"));
-            assert!(v.allowed);
+            assert!(v.allowed());
             assert_eq!(
                 v.headline.remaining,
                 75 + 4 - n,
@@ -749,10 +742,10 @@ mod tests {
                         *tat = if back <= now { 0 } else { back };
                     }
                     let d = store.check(&limit, now);
-                    if d.allowed {
+                    if d.allowed() {
                         let extra = (d.remaining / 2).min(u64::from(ask.want));
                         let big = Limit::new(*limit.algorithm(), 1 + extra as u32).unwrap();
-                        let extra = if extra > 0 && store.check(&big, now).allowed {
+                        let extra = if extra > 0 && store.check(&big, now).allowed() {
                             store.commit(&big, now, 0);
                             extra
                         } else {
@@ -761,11 +754,11 @@ mod tests {
                         };
                         leases.grant(&asks, &reply(extra, d.remaining, d.reset_after_us), now);
                     }
-                    d.allowed
+                    d.allowed()
                 };
                 if admitted {
                     let r = reference.check(&limit, now);
-                    proptest::prop_assert!(r.allowed, "admitted at {} µs what one bucket would not", now);
+                    proptest::prop_assert!(r.allowed(), "admitted at {} µs what one bucket would not", now);
                     reference.commit(&limit, now, 0);
                 }
             }

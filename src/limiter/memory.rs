@@ -257,7 +257,7 @@ impl MemoryStore {
             else {
                 continue;
             };
-            if verdict.allowed {
+            if verdict.allowed() {
                 entry.state.commit(ask.limit, now, lease);
             }
             entry.expires_at = entry.state.expires_at(ask.limit);
@@ -398,7 +398,7 @@ mod tests {
         let limits = [token_bucket(10, 1_000_000), fixed_window(2, 3_600_000_000)];
         let remaining: Vec<_> = (0..5)
             .map(|_| decide(&store, &limits, b"k"))
-            .map(|v| (v.allowed, v.headline.remaining))
+            .map(|v| (v.allowed(), v.headline.remaining))
             .collect();
         assert_eq!(
             remaining,
@@ -442,10 +442,10 @@ mod tests {
         // Three clients spend the route's three; the fourth is denied by the route cap and
         // keeps its whole bucket.
         for client in [b"a", b"b", b"c"] {
-            assert!(store.decide(&ask(client)).unwrap().allowed);
+            assert!(store.decide(&ask(client)).unwrap().allowed());
         }
         let denied = store.decide(&ask(b"d")).unwrap();
-        assert!(!denied.allowed);
+        assert!(!denied.allowed());
         assert_eq!(denied.headline_index, 1, "the route cap is the headline");
         assert_eq!(
             state_of(&store, &ask(b"d")[0].key),
@@ -466,14 +466,14 @@ mod tests {
     fn identities_kinds_and_budgets_are_separate() {
         let store = MemoryStore::new(ManualClock::new(T0), 100);
         let limits = [token_bucket(1, 1_000_000)];
-        assert!(decide(&store, &limits, b"a").allowed);
-        assert!(!decide(&store, &limits, b"a").allowed);
-        assert!(decide(&store, &limits, b"b").allowed);
+        assert!(decide(&store, &limits, b"a").allowed());
+        assert!(!decide(&store, &limits, b"a").allowed());
+        assert!(decide(&store, &limits, b"b").allowed());
         let other_kind = asks(&limits, KeyKind::UserId, b"a");
-        assert!(store.decide(&other_kind).unwrap().allowed);
+        assert!(store.decide(&other_kind).unwrap().allowed());
         let mut other_budget = asks(&limits, KeyKind::ApiKey, b"a");
         other_budget[0].key.budget = "r#9";
-        assert!(store.decide(&other_budget).unwrap().allowed);
+        assert!(store.decide(&other_budget).unwrap().allowed());
     }
 
     #[test]
@@ -501,12 +501,12 @@ mod tests {
         // The table is full: c, d and e share one overflow bucket of 1.
         let rotating: Vec<bool> = [b"c", b"d", b"e"]
             .iter()
-            .map(|k| decide(&store, &limits, *k).allowed)
+            .map(|k| decide(&store, &limits, *k).allowed())
             .collect();
         assert_eq!(rotating, vec![true, false, false]);
         assert_eq!(store.untracked_total(), 3);
         assert!(
-            !decide(&store, &limits, b"a").allowed,
+            !decide(&store, &limits, b"a").allowed(),
             "tracked budgets keep their state"
         );
         assert_eq!(store.len(), 3, "two budgets and one overflow budget");
@@ -528,18 +528,18 @@ mod tests {
             },
         };
         assert!(
-            store.decide_leased(&[ask(b"a")], 1).unwrap().allowed,
+            store.decide_leased(&[ask(b"a")], 1).unwrap().allowed(),
             "fills the table"
         );
         // b cannot be tracked: its lease goes to the overflow budget of one slot.
-        assert!(store.decide_leased(&[ask(b"b")], 2).unwrap().allowed);
+        assert!(store.decide_leased(&[ask(b"b")], 2).unwrap().allowed());
         assert!(
-            !store.decide_leased(&[ask(b"c")], 3).unwrap().allowed,
+            !store.decide_leased(&[ask(b"c")], 3).unwrap().allowed(),
             "overflow slot taken"
         );
         store.release(&[ask(b"b")], 2);
         assert!(
-            store.decide_leased(&[ask(b"c")], 4).unwrap().allowed,
+            store.decide_leased(&[ask(b"c")], 4).unwrap().allowed(),
             "b's release freed the overflow slot"
         );
     }
@@ -570,7 +570,7 @@ mod tests {
                     },
                 },
             ];
-            admitted += usize::from(store.decide(&asks).unwrap().allowed);
+            admitted += usize::from(store.decide(&asks).unwrap().allowed());
         }
         assert_eq!(
             admitted, 5,
@@ -589,7 +589,7 @@ mod tests {
                     let store = store.clone();
                     s.spawn(move || {
                         (0..100)
-                            .filter(|_| decide(&store, &limits, b"hot").allowed)
+                            .filter(|_| decide(&store, &limits, b"hot").allowed())
                             .count()
                     })
                 })

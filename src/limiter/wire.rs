@@ -72,19 +72,17 @@ impl Reply {
         let decisions = (0..limits)
             .map(|i| {
                 let at = REPLY_HEADER + i * REPLY_FIELDS;
-                Ok(Decision {
-                    allowed: item(at)? == 1,
-                    limit: item(at + 1)?,
-                    remaining: item(at + 2)?,
-                    reset_after_us: item(at + 3)?,
-                    retry_after_us: item(at + 4)?,
-                    delay_us: item(at + 5)?,
+                let (limit, remaining, reset) = (item(at + 1)?, item(at + 2)?, item(at + 3)?);
+                Ok(if item(at)? == 1 {
+                    Decision::allow(limit, remaining, reset, item(at + 5)?)
+                } else {
+                    Decision::deny(limit, remaining, reset, item(at + 4)?)
                 })
             })
             .collect::<Result<Vec<_>, LimiterError>>()?;
         let verdict = Verdict::from_decisions(item(1)?, &decisions)
             .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
-        if verdict.allowed != (item(0)? == 1) {
+        if verdict.allowed() != (item(0)? == 1) {
             return Err(LimiterError::Protocol(
                 "the store's verdict disagrees with its decisions".to_string(),
             ));
@@ -136,9 +134,9 @@ mod tests {
         let read = Reply::from_ints(&reply, 2).unwrap();
         assert_eq!(read.leased, vec![3, 0]);
         assert_eq!(read.decisions.len(), 2);
-        assert!(!read.verdict.allowed);
+        assert!(!read.verdict.allowed());
         assert_eq!(read.verdict.now_us, 7);
-        assert_eq!(read.verdict.retry_after_us, 40);
+        assert_eq!(read.verdict.retry_after_us(), 40);
         assert_eq!(read.verdict.headline_index, 1);
     }
 

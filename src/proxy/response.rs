@@ -117,7 +117,7 @@ impl RateLimitHeaders {
                     headers.insert(RATELIMIT_POLICY, policy.clone());
                 }
                 let name = self.names.get(policy).map_or("default", String::as_str);
-                let t = if v.allowed {
+                let t = if v.allowed() {
                     v.headline.reset_after_us.div_ceil(1_000_000)
                 } else {
                     v.retry_after_secs()
@@ -423,21 +423,14 @@ mod tests {
 
     #[test]
     fn a_429_carries_retry_after_content_type_and_the_same_number_in_its_body() {
-        let headline = Decision {
-            allowed: false,
-            limit: 5,
-            remaining: 0,
-            reset_after_us: 4_000_000,
-            retry_after_us: 2_500_000,
-            delay_us: 0,
-        };
+        let headline = Decision::deny(5, 0, 4_000_000, 2_500_000);
         let verdict = Verdict {
             now_us: 1_700_000_000_000_000,
             headline,
             headline_index: 0,
-            allowed: false,
-            retry_after_us: 2_500_000,
-            delay_us: 0,
+            outcome: crate::limiter::Outcome::Denied {
+                retry_after_us: 2_500_000,
+            },
         };
         let response = Rejection::RateLimited(verdict, 0).into_response(&RateLimitHeaders::none());
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);

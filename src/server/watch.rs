@@ -190,10 +190,10 @@ impl Bucket {
         let now = self.clock.now_us();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let decision = state.check(&self.limit, now);
-        if decision.allowed {
+        if decision.allowed() {
             state.commit(&self.limit, now, 0);
         }
-        decision.allowed
+        decision.allowed()
     }
 }
 

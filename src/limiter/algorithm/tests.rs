@@ -34,7 +34,7 @@ fn sliding_counter(l: u32, window_us: u64) -> Limit {
 /// Runs one request at `now` through check and (if allowed) commit, as a store does.
 fn request(state: &mut State, limit: &Limit, now: u64) -> Decision {
     let d = state.check(limit, now);
-    if d.allowed {
+    if d.allowed() {
         state.commit(limit, now, 0);
     }
     d
@@ -45,7 +45,7 @@ fn pattern(limit: &Limit, times: &[u64]) -> Vec<bool> {
     let mut state = State::new(limit.algorithm().kind());
     times
         .iter()
-        .map(|&t| request(&mut state, limit, t).allowed)
+        .map(|&t| request(&mut state, limit, t).allowed())
         .collect()
 }
 
@@ -57,12 +57,13 @@ fn token_bucket_allows_a_burst_of_capacity_then_the_refill_rate() {
     assert_eq!(
         remaining
             .iter()
-            .map(|d| (d.allowed, d.remaining))
+            .map(|d| (d.allowed(), d.remaining))
             .collect::<Vec<_>>(),
         vec![(true, 2), (true, 1), (true, 0), (false, 0)]
     );
     assert_eq!(
-        remaining[3].retry_after_us, SEC,
+        remaining[3].retry_after_us(),
+        SEC,
         "one token takes a second to come back"
     );
     assert_eq!(
@@ -71,10 +72,10 @@ fn token_bucket_allows_a_burst_of_capacity_then_the_refill_rate() {
         "three tokens to refill"
     );
     // Just before the token is back: still denied. At the instant: allowed.
-    assert!(!request(&mut s, &l, T0 + SEC - 1).allowed);
+    assert!(!request(&mut s, &l, T0 + SEC - 1).allowed());
     let d = request(&mut s, &l, T0 + SEC);
-    assert!(d.allowed && d.remaining == 0);
-    assert_eq!(d.delay_us, 0, "a token bucket never delays");
+    assert!(d.allowed() && d.remaining == 0);
+    assert_eq!(d.delay_us(), 0, "a token bucket never delays");
 }
 
 #[test]
@@ -116,11 +117,11 @@ fn token_bucket_cost_spends_several_tokens() {
     let d: Vec<_> = (0..3).map(|_| request(&mut s, &l, T0)).collect();
     assert_eq!(
         d.iter()
-            .map(|d| (d.allowed, d.remaining))
+            .map(|d| (d.allowed(), d.remaining))
             .collect::<Vec<_>>(),
         vec![(true, 3), (true, 1), (false, 1)]
     );
-    assert_eq!(d[2].retry_after_us, SEC, "one more token is needed");
+    assert_eq!(d[2].retry_after_us(), SEC, "one more token is needed");
 }
 
 #[test]
@@ -140,7 +141,7 @@ fn leaky_bucket_delays_admitted_requests_to_the_leak_rate() {
     let d: Vec<_> = (0..4).map(|_| request(&mut s, &l, T0)).collect();
     assert_eq!(
         d.iter()
-            .map(|d| (d.allowed, d.delay_us, d.remaining))
+            .map(|d| (d.allowed(), d.delay_us(), d.remaining))
             .collect::<Vec<_>>(),
         vec![
             (true, 0, 2),
@@ -150,14 +151,16 @@ fn leaky_bucket_delays_admitted_requests_to_the_leak_rate() {
         ]
     );
     assert_eq!(
-        d[3].retry_after_us, 100_000,
+        d[3].retry_after_us(),
+        100_000,
         "the queue has room again after one leak"
     );
     // 150 ms later the first two have left: one queued (leaving at 200 ms), room for two more.
     let later = request(&mut s, &l, T0 + 150_000);
-    assert!(later.allowed);
+    assert!(later.allowed());
     assert_eq!(
-        later.delay_us, 150_000,
+        later.delay_us(),
+        150_000,
         "queued behind the request leaving at 200 ms"
     );
 }
@@ -174,18 +177,18 @@ fn fixed_window_counts_per_aligned_window() {
         .collect();
     assert_eq!(
         d.iter()
-            .map(|d| (d.allowed, d.remaining))
+            .map(|d| (d.allowed(), d.remaining))
             .collect::<Vec<_>>(),
         vec![(true, 1), (true, 0), (false, 0)]
     );
     assert_eq!(
-        d[2].retry_after_us,
+        d[2].retry_after_us(),
         w - 30,
         "retry at the end of the window"
     );
     assert_eq!(d[2].reset_after_us, w - 30);
     assert!(
-        request(&mut s, &l, start + w).allowed,
+        request(&mut s, &l, start + w).allowed(),
         "a new window starts afresh"
     );
 }
@@ -210,12 +213,13 @@ fn sliding_log_is_exact_over_any_span() {
     let l = sliding_log(3, w);
     let mut s = State::new(l.algorithm().kind());
     for t in [T0, T0 + SEC, T0 + 2 * SEC] {
-        assert!(request(&mut s, &l, t).allowed);
+        assert!(request(&mut s, &l, t).allowed());
     }
     let denied = request(&mut s, &l, T0 + 9 * SEC);
-    assert!(!denied.allowed);
+    assert!(!denied.allowed());
     assert_eq!(
-        denied.retry_after_us, SEC,
+        denied.retry_after_us(),
+        SEC,
         "the oldest entry leaves at T0 + 10 s"
     );
     assert_eq!(
@@ -223,8 +227,8 @@ fn sliding_log_is_exact_over_any_span() {
         3 * SEC,
         "the newest entry leaves at T0 + 12 s"
     );
-    assert!(!request(&mut s, &l, T0 + w - 1).allowed);
-    assert!(request(&mut s, &l, T0 + w).allowed);
+    assert!(!request(&mut s, &l, T0 + w - 1).allowed());
+    assert!(request(&mut s, &l, T0 + w).allowed());
     // No boundary burst: the pattern that doubles a fixed window is held to the limit.
     let start = T0 - T0 % w;
     let times: Vec<u64> = (0..3)
@@ -257,20 +261,20 @@ fn sliding_counter_weights_the_previous_window() {
     let l = sliding_counter(10, w);
     let mut s = State::new(l.algorithm().kind());
     for i in 0..10 {
-        assert!(request(&mut s, &l, start + i).allowed);
+        assert!(request(&mut s, &l, start + i).allowed());
     }
     // 40% into the next window the previous 10 weigh 6: four more pass, the fifth does not.
     let at = start + w + 4 * SEC;
     let d: Vec<_> = (0..5).map(|_| request(&mut s, &l, at)).collect();
     assert_eq!(
-        d.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        d.iter().map(|d| d.allowed()).collect::<Vec<_>>(),
         vec![true, true, true, true, false]
     );
     assert_eq!(d[3].remaining, 0);
     // Estimate 6 + 4 = 10: room for one more once the old weight drops below 5, i.e. at 50%.
-    assert_eq!(d[4].retry_after_us, SEC);
-    assert!(!request(&mut s, &l, at + SEC - 1).allowed);
-    assert!(request(&mut s, &l, at + SEC).allowed);
+    assert_eq!(d[4].retry_after_us(), SEC);
+    assert!(!request(&mut s, &l, at + SEC - 1).allowed());
+    assert!(request(&mut s, &l, at + SEC).allowed());
 }
 
 #[test]
@@ -345,9 +349,9 @@ proptest! {
         let mut releases = Vec::new();
         for &t in &times {
             let d = request(&mut s, &l, t);
-            if d.allowed {
-                prop_assert!(d.delay_us < u64::from(capacity) * interval, "waits at most a full queue");
-                releases.push(t + d.delay_us);
+            if d.allowed() {
+                prop_assert!(d.delay_us() < u64::from(capacity) * interval, "waits at most a full queue");
+                releases.push(t + d.delay_us());
             }
         }
         for pair in releases.windows(2) {
@@ -398,14 +402,14 @@ proptest! {
         for &t in &times {
             let d = request(&mut s, &lim, t);
             prop_assert!(d.remaining <= d.limit);
-            if d.allowed {
+            if d.allowed() {
                 // Exactly `remaining / cost` more requests pass at this instant.
                 let mut probe = s.clone();
                 let expected = d.remaining / u64::from(lim.cost());
                 for k in 0..expected {
-                    prop_assert!(request(&mut probe, &lim, t).allowed, "request {k} of {expected} denied");
+                    prop_assert!(request(&mut probe, &lim, t).allowed(), "request {k} of {expected} denied");
                 }
-                prop_assert!(!request(&mut probe, &lim, t).allowed, "more than {expected} passed");
+                prop_assert!(!request(&mut probe, &lim, t).allowed(), "more than {expected} passed");
             }
         }
     }
@@ -415,12 +419,12 @@ proptest! {
         let mut s = State::new(lim.algorithm().kind());
         for &t in &times {
             let d = request(&mut s, &lim, t);
-            if !d.allowed {
-                prop_assert!(d.retry_after_us > 0);
+            if !d.allowed() {
+                prop_assert!(d.retry_after_us() > 0);
                 let mut at_retry = s.clone();
-                prop_assert!(at_retry.check(&lim, t + d.retry_after_us).allowed, "denied at the retry instant");
+                prop_assert!(at_retry.check(&lim, t + d.retry_after_us()).allowed(), "denied at the retry instant");
                 let mut just_before = s.clone();
-                prop_assert!(!just_before.check(&lim, t + d.retry_after_us - 1).allowed, "retry_after is not the earliest");
+                prop_assert!(!just_before.check(&lim, t + d.retry_after_us() - 1).allowed(), "retry_after is not the earliest");
             }
         }
     }
@@ -436,7 +440,7 @@ fn concurrency_admits_up_to_the_limit_in_flight_and_frees_on_release() {
     let mut s = State::new(AlgorithmKind::Concurrency);
     let take = |s: &mut State, lease: u64| {
         let d = s.check(&l, T0);
-        if d.allowed {
+        if d.allowed() {
             s.commit(&l, T0, lease);
         }
         d
@@ -444,25 +448,28 @@ fn concurrency_admits_up_to_the_limit_in_flight_and_frees_on_release() {
     assert_eq!(take(&mut s, 1).remaining, 1);
     assert_eq!(take(&mut s, 2).remaining, 0);
     let denied = take(&mut s, 3);
-    assert!(!denied.allowed);
-    assert_eq!(denied.retry_after_us, SEC, "Retry-After: 1");
+    assert!(!denied.allowed());
+    assert_eq!(denied.retry_after_us(), SEC, "Retry-After: 1");
     s.release(1);
-    assert!(take(&mut s, 4).allowed, "a finished request's slot is free");
+    assert!(
+        take(&mut s, 4).allowed(),
+        "a finished request's slot is free"
+    );
     s.release(99); // an unknown lease releases nothing
-    assert!(!take(&mut s, 5).allowed);
+    assert!(!take(&mut s, 5).allowed());
 }
 
 #[test]
 fn concurrency_leases_end_on_their_own() {
     let l = concurrency(1, 10 * SEC);
     let mut s = State::new(AlgorithmKind::Concurrency);
-    assert!(request(&mut s, &l, T0).allowed);
+    assert!(request(&mut s, &l, T0).allowed());
     assert!(
-        !request(&mut s, &l, T0 + 10 * SEC - 1).allowed,
+        !request(&mut s, &l, T0 + 10 * SEC - 1).allowed(),
         "held until the lease ends"
     );
     assert!(
-        request(&mut s, &l, T0 + 10 * SEC).allowed,
+        request(&mut s, &l, T0 + 10 * SEC).allowed(),
         "a lost release is not forever"
     );
     assert_eq!(s.expires_at(&l), T0 + 20 * SEC);

@@ -6,7 +6,7 @@ use std::hash::RandomState;
 use std::sync::Mutex;
 
 use super::super::memory::Prehashed;
-use super::super::{AlgorithmKind, Ask, Decision, Verdict};
+use super::super::{AlgorithmKind, Ask, Decision, Outcome, Verdict};
 
 /// The most budget sets the deny cache remembers at once.
 const DENY_CACHE_CAPACITY: usize = 100_000;
@@ -74,17 +74,18 @@ impl DenyCache {
             }
         }
         let (index, cached) = found?;
+        let d = cached.decision;
+        let retry_after_us = cached.retry_at - now;
         Some(Verdict {
             now_us: now.saturating_add_signed(cached.store_offset),
-            headline: Decision {
-                reset_after_us: cached.reset_at.saturating_sub(now),
-                retry_after_us: cached.retry_at - now,
-                ..cached.decision
-            },
+            headline: Decision::deny(
+                d.limit,
+                d.remaining,
+                cached.reset_at.saturating_sub(now),
+                retry_after_us,
+            ),
             headline_index: index,
-            allowed: false,
-            retry_after_us: cached.retry_at - now,
-            delay_us: 0,
+            outcome: Outcome::Denied { retry_after_us },
         })
     }
 
@@ -101,7 +102,7 @@ impl DenyCache {
             (store_now as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
         let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
         for (ask, decision) in asks.iter().zip(decisions) {
-            if decision.allowed || !rememberable(ask) {
+            if decision.allowed() || !rememberable(ask) {
                 continue;
             }
             let key = ask.key.hash_with(&self.hasher);
@@ -115,7 +116,7 @@ impl DenyCache {
             shard.insert(
                 key,
                 CachedDenial {
-                    retry_at: now + decision.retry_after_us,
+                    retry_at: now + decision.retry_after_us(),
                     reset_at: now + decision.reset_after_us,
                     store_offset,
                     decision: *decision,

@@ -153,9 +153,9 @@ mod tests {
         items.extend([0, 0, 1, 9]);
         items.extend(denied);
         let answers = read_batch_reply(&items, [1, 1, 1].into_iter()).unwrap();
-        assert!(answers[0].as_ref().unwrap().verdict.allowed);
+        assert!(answers[0].as_ref().unwrap().verdict.allowed());
         assert!(matches!(&answers[1], Err(LimiterError::Refused(_))));
-        assert!(!answers[2].as_ref().unwrap().verdict.allowed);
+        assert!(!answers[2].as_ref().unwrap().verdict.allowed());
     }
 
     #[test]

@@ -167,9 +167,9 @@ mod tests {
             decision(0),
         ];
         let answers = read_batch_reply(&reply, [1, 1, 1].into_iter()).unwrap();
-        assert!(answers[0].as_ref().unwrap().verdict.allowed);
+        assert!(answers[0].as_ref().unwrap().verdict.allowed());
         assert!(matches!(&answers[1], Err(LimiterError::Refused(m)) if m.contains("WRONGTYPE")));
-        assert!(!answers[2].as_ref().unwrap().verdict.allowed);
+        assert!(!answers[2].as_ref().unwrap().verdict.allowed());
     }
 
     #[test]
