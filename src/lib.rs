@@ -11,16 +11,40 @@
 //! The modules, in the order a request meets them:
 //!
 //! 1. [`server`]: accepts connections (TLS, HTTP/1.1 and HTTP/2; each must open within
-//!    [`deadline`]'s first deadline), hands each request to the proxy, drains on shutdown;
-//! 2. [`proxy`]: the pipeline's phases, in order: route, identify, limit, forward or reject, log;
-//! 3. [`route`]: the first route whose prefix and methods match;
-//! 4. [`identity`]: whose budget a request spends (consumer or API key, user id, client IP);
-//! 5. [`limiter`]: the algorithms and the stores (memory, Redis, PostgreSQL) that decide all-or-nothing,
-//!    with the guard that applies `on_error` when a store fails;
+//!    [`deadline`]'s first deadline), watches HTTP/2 abuse and idleness, hands each request to
+//!    the proxy, drains on shutdown;
+//! 2. [`proxy`]: `Proxy::handle`, the pipeline's phases in order: route, identify, limit,
+//!    forward or reject, log ([`access_log`]);
+//! 3. [`route`]: the first route whose prefix and methods match (after [`path`] normalisation);
+//! 4. [`policy`]: whose allowance the request spends, by the rules of [`identity`] (API key or
+//!    consumer, user id, client IP) and the limits that apply to its tier; the one place that
+//!    says so, for the proxy, `floodgate replay` and `/budgets` alike;
+//! 5. [`limiter`]: the algorithms and the stores (memory, Redis, PostgreSQL) that decide
+//!    all-or-nothing, with the guard that applies `on_error` when a store fails, batches and
+//!    leases;
 //! 6. [`proxy::forward`] and [`proxy::response`]: the upstream call, and every status and header
 //!    floodgate writes itself;
-//! 7. [`metrics`] and [`admin`]: what was decided, on `/metrics`, `/healthz` and `/readyz`.
+//! 7. [`metrics`] and [`admin`]: what was decided, on `/metrics`, `/healthz`, `/readyz` and
+//!    `/budgets`.
 //!
+//! [`replay`] runs recorded traffic through the same policy and algorithms, on the log's clock.
+//!
+//! # Words
+//!
+//! - A **limit** is one rule of a route: an algorithm with its numbers (`capacity`, `window`…),
+//!   its `per:` (identity, ip, route), its `tiers:` and its cost ([`limiter::Limit`] and
+//!   [`config::RouteLimit`]).
+//! - A route's **budget** is its list of limits, enforced or shadow ([`config::Budget`]); a
+//!   request asks every limit of a budget that applies to it, all-or-nothing.
+//! - An **allowance** is what one client may still spend from one limit: the state a store keeps
+//!   under a **key** ([`limiter::BudgetKey`]: the limit's id, the client's kind and value).
+//! - An **ask** ([`limiter::Ask`]) is one limit asked about one request, naming the key it
+//!   spends; a **decision** is one limit's answer, a **verdict** all of them together, and an
+//!   **admission** what the limiter made of it (a store's verdict, or `on_error`'s answer).
+//! - A **lease** is either a concurrency slot held while a request is in flight, or an exact
+//!   lease of a shared allowance ([`limiter::lease`]): units debited in the store in advance and
+//!   spent in process.
+
 //! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
 //! Dependencies point one way: [`tls`] (building rustls configs from PEM files) knows nothing

@@ -7,7 +7,7 @@
 //! - the proxy ([`crate::proxy`]) has the live request: its headers and its peer;
 //! - `floodgate replay` ([`crate::replay`]) has an access-log record: the digest of the API key
 //!   or user id (never the raw value) and the client address;
-//! - the admin `/budgets` endpoint ([`crate::proxy::budgets`]) has a query: a key, a consumer's
+//! - the admin `/budgets` endpoint (`proxy/budgets.rs`) has a query: a key, a consumer's
 //!   name, a user id or an address.
 //!
 //! Words used here and across the crate: a **limit** is one rule of a route (an algorithm and its

@@ -160,13 +160,13 @@ impl Verdict {
 }
 
 /// What the limiter answered for one request. A store failure under `on_error: deny` is not an
-/// admission: [`Limiter::decide`] returns the error instead.
+/// admission: [`Limiter::decide`](super::Limiter::decide) returns the error instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// Nothing was asked: no limits apply.
     Unlimited,
     /// A store decided (allowed or denied). An allowed request holds the concurrency leases
-    /// named `lease` until [`Limiter::release`].
+    /// named `lease` until [`Limiter::release`](super::Limiter::release).
     Limited {
         verdict: Verdict,
         source: Source,

@@ -52,10 +52,7 @@ use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 /// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
 /// about the connection or the server's state is [`LimiterError::Unavailable`].
 fn classify(e: redis::RedisError) -> LimiterError {
-    let about_the_keys = e.code() == Some("WRONGTYPE")
-        || (e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
-            && e.detail().is_some_and(|d| d.contains("script")));
-    if about_the_keys {
+    if connection::ErrorReply::of(&e) == connection::ErrorReply::AboutTheKeys {
         LimiterError::Refused(e.to_string())
     } else {
         LimiterError::Unavailable(e.to_string())

@@ -108,9 +108,35 @@ pub(super) async fn query<T: redis::FromRedisValue>(
     }
 }
 
-/// Whether Redis does not know the command (a server before 7 and `FCALL`).
-pub(super) fn is_unknown_command(e: &redis::RedisError) -> bool {
-    e.to_string()
-        .to_ascii_lowercase()
-        .contains("unknown command")
+/// What an error from Redis means to floodgate. Redis sends most of these as `ERR` replies
+/// with no code of their own, so they are told apart by the code, then the start of the detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ErrorReply {
+    /// The server does not know the command (`FCALL` or `FUNCTION` before Redis 7, or renamed).
+    UnknownCommand,
+    /// `FCALL` of a function the server has not loaded (a restart, `FUNCTION FLUSH`).
+    FunctionNotFound,
+    /// About this request's keys: a key of another type, an error raised in the script.
+    AboutTheKeys,
+    /// Anything else: the connection, the server's state.
+    Other,
+}
+
+impl ErrorReply {
+    pub(super) fn of(e: &redis::RedisError) -> ErrorReply {
+        let detail = e.detail().unwrap_or("").trim_start();
+        let starts = |prefix: &str| {
+            detail
+                .get(..prefix.len())
+                .is_some_and(|d| d.eq_ignore_ascii_case(prefix))
+        };
+        let response = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError);
+        match e.code() {
+            Some("WRONGTYPE") => ErrorReply::AboutTheKeys,
+            Some("ERR") if starts("unknown command") => ErrorReply::UnknownCommand,
+            Some("ERR") if starts("function not found") => ErrorReply::FunctionNotFound,
+            _ if response && detail.contains("script") => ErrorReply::AboutTheKeys,
+            _ => ErrorReply::Other,
+        }
+    }
 }

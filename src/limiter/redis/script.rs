@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use redis::{Script, Value};
 use sha2::{Digest, Sha256};
 
-use super::connection::{Connection, is_unknown_command, query};
+use super::connection::{Connection, ErrorReply, query};
 use crate::limiter::wire::Reply;
 use crate::limiter::{Ask, LimiterError};
 
@@ -123,7 +123,7 @@ impl Caller {
                 self.functions.store(FUNCTIONS_LOADED, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) if is_unknown_command(&e) => {
+            Err(e) if ErrorReply::of(&e) == ErrorReply::UnknownCommand => {
                 tracing::info!("Redis has no functions (before 7): using EVALSHA");
                 self.functions
                     .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
@@ -167,13 +167,13 @@ impl Caller {
                 cmd
             };
             match query(connection, &fcall()).await {
-                Err(e) if e.to_string().contains("Function not found") => {
+                Err(e) if ErrorReply::of(&e) == ErrorReply::FunctionNotFound => {
                     self.load_library(connection).await?;
                     if self.functions.load(Ordering::Relaxed) == FUNCTIONS_LOADED {
                         return query(connection, &fcall()).await;
                     }
                 }
-                Err(e) if is_unknown_command(&e) => {
+                Err(e) if ErrorReply::of(&e) == ErrorReply::UnknownCommand => {
                     tracing::info!("Redis has no FCALL (before 7): using EVALSHA");
                     self.functions
                         .store(FUNCTIONS_UNSUPPORTED, Ordering::Relaxed);
