@@ -402,7 +402,7 @@ impl Replay {
                 let ask = Ask {
                     limit: &limit.limit,
                     key: BudgetKey {
-                        budget: &limit.budget_id,
+                        budget: &limit.budget_id(),
                         kind: *kind,
                         value,
                     },
@@ -447,7 +447,7 @@ impl Replay {
                             .map(|(l, &d)| (l, d, true)),
                     )
                     .map(|(l, denied, shadow)| LimitReport {
-                        position: l.position,
+                        position: l.position(),
                         algorithm: l.limit.algorithm().name(),
                         per: l.per.as_str(),
                         tiers: l.tiers.clone(),

@@ -95,7 +95,7 @@ impl Validator {
         for (i, route) in routes.iter().enumerate() {
             let limits = route.enforced.limits.iter().chain(&route.shadow.limits);
             for limit in limits {
-                let position = limit.position;
+                let position = limit.position();
                 for (t, tier) in limit.tiers.iter().flatten().enumerate() {
                     if !known.contains(tier.as_str()) {
                         self.problem(

@@ -99,17 +99,31 @@ pub struct RouteLimit {
     pub per: Per,
     /// The consumer tiers it applies to; `None`: every request.
     pub tiers: Option<Vec<String>>,
-    /// The store's id for this limit's budgets: the route's name, `~shadow` for shadow limits,
-    /// the limit's position in the file and a fingerprint of its parameters. A reload that
-    /// changes the limit starts it afresh; one that does not keeps its state.
-    pub budget_id: String,
-    /// The policy name for the IETF headers: `{route}-{position}`.
-    pub name: String,
-    /// The limit's position in the route's `limits:` list.
-    pub position: usize,
+    /// Derived from the route and the limit when the config is loaded (private, so that they
+    /// cannot drift from what they are derived from): see the accessors.
+    budget_id: String,
+    name: String,
+    position: usize,
 }
 
 impl RouteLimit {
+    /// The store's id for this limit's allowances: the route's name, `~shadow` for shadow
+    /// limits, the limit's position in the file and a fingerprint of its parameters. A reload
+    /// that changes the limit starts it afresh; one that does not keeps its state.
+    pub fn budget_id(&self) -> &str {
+        &self.budget_id
+    }
+
+    /// The policy name for the IETF headers: `{route}-{position}`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's position in the route's `limits:` list.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
     /// The ask this limit makes of a request whose identity is `identity` (its key kind and
     /// bytes) and whose client address is `ip` (its octets): the budget its `per:` names.
     /// `None` when that value is unknown (only `/budgets` asks without one).

@@ -767,7 +767,7 @@ fn the_budget_id_changes_with_the_limit_and_only_with_it() {
             .enforced
             .limits
             .iter()
-            .map(|l| l.budget_id.clone())
+            .map(|l| l.budget_id().to_string())
             .collect()
     };
     assert_eq!(ids(&a), ids(&same));

@@ -72,14 +72,14 @@ impl RateLimitHeaders {
             .iter()
             .chain(&route.shadow.limits)
             .collect();
-        let names: Vec<String> = limits.iter().map(|l| l.name.clone()).collect();
+        let names: Vec<String> = limits.iter().map(|l| l.name().to_string()).collect();
         let policy = (profile == HeaderProfile::Ietf && !names.is_empty())
             .then(|| {
                 let items: Vec<String> = limits
                     .iter()
                     .map(|l| {
                         let (quota, window) = quota_and_window(&l.limit);
-                        format!("\"{}\";q={quota};w={window}", l.name)
+                        format!("\"{}\";q={quota};w={window}", l.name())
                     })
                     .collect();
                 HeaderValue::from_str(&items.join(", ")).ok()
