@@ -44,7 +44,7 @@
 //! - A **lease** is either a concurrency slot held while a request is in flight, or an exact
 //!   lease of a shared allowance ([`limiter::lease`]): units debited in the store in advance and
 //!   spent in process.
-
+//!
 //! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
 //! Dependencies point one way: [`tls`] (building rustls configs from PEM files) knows nothing

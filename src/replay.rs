@@ -402,7 +402,7 @@ impl Replay {
                 let ask = Ask {
                     limit: &limit.limit,
                     key: BudgetKey {
-                        budget: &limit.budget_id(),
+                        budget: limit.budget_id(),
                         kind: *kind,
                         value,
                     },
