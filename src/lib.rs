@@ -56,6 +56,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod adaptive;
 pub mod admin;
 pub mod config;
 pub mod deadline;
