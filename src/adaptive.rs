@@ -10,8 +10,8 @@
 //!
 //! - upstream errors (502, 503, 504) or timeouts in the window: `limit × BACKOFF`;
 //! - `short > TOLERANCE × baseline` (requests queue in the upstream): `limit × BACKOFF`;
-//! - else, if the window kept the limit busy (in flight reached [`BUSY`] of it):
-//!   `limit + max(1, √limit / 2)`; if not, the limit stays.
+//! - else, if the limit bound in the window (a request found no room, or in flight reached
+//!   [`BUSY`] of it): `limit + max(1, √limit / 2)`; if not, the limit stays.
 //!
 //! within `[min_limit, max_limit]`. Why this shape, against the anchors' known failure modes:
 //!
@@ -139,6 +139,8 @@ pub struct Controller {
     errors: u32,
     /// The most requests in flight seen in this window.
     peak: u32,
+    /// A request found no room in this window (it waited, or was refused).
+    bound: bool,
 }
 
 impl Controller {
@@ -153,6 +155,7 @@ impl Controller {
             sum_us: 0.0,
             errors: 0,
             peak: 0,
+            bound: false,
         }
     }
 
@@ -174,6 +177,12 @@ impl Controller {
     /// Notes how many requests are in flight now (for the "busy" rule).
     pub fn in_flight(&mut self, n: u32) {
         self.peak = self.peak.max(n);
+    }
+
+    /// Notes that a request found no room under the limit (its priority's share of it): the
+    /// limit binds, whatever the count in flight.
+    pub fn bound(&mut self) {
+        self.bound = true;
     }
 
     /// Records one outcome at `now`; returns the new limit when this closed a window that moved it.
@@ -215,7 +224,7 @@ impl Controller {
         let queued = matches!((short, baseline), (Some(s), Some(b)) if s > TOLERANCE * b);
         if self.errors > 0 || queued {
             self.limit = (self.limit * BACKOFF).max(min);
-        } else if f64::from(self.peak) >= BUSY * self.limit.floor() {
+        } else if self.bound || f64::from(self.peak) >= BUSY * self.limit.floor() {
             self.limit = (self.limit + (self.limit.sqrt() / 2.0).max(1.0)).min(max);
         }
         self.window_start = now;
@@ -223,6 +232,7 @@ impl Controller {
         self.sum_us = 0.0;
         self.errors = 0;
         self.peak = 0;
+        self.bound = false;
         let after = self.limit();
         (after != before).then_some(after)
     }
@@ -315,6 +325,7 @@ impl Gate {
                 state.admit();
                 return Some(self.permit());
             }
+            state.controller.bound();
             let (tx, rx) = oneshot::channel();
             state.waiting[priority.index()].push_back(tx);
             rx

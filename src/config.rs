@@ -304,6 +304,7 @@ impl Config {
             }
         }
         v.known_tiers(&routes, consumers.as_deref());
+        v.shared_adaptive_bounds(&routes);
         if let Some(storage) = &storage
             && matches!(storage.backend, Backend::RedisCluster { .. })
         {

@@ -32,16 +32,19 @@ pub enum DecisionLabel {
     Unlimited,
     /// An API key no consumer has, rejected with 401.
     InvalidKey,
+    /// No slot under the upstream's learned limit within `queue_timeout`: 503, not forwarded.
+    Overloaded,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 6] = [
+    pub const ALL: [DecisionLabel; 7] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
         DecisionLabel::ShadowDenied,
         DecisionLabel::Unlimited,
         DecisionLabel::InvalidKey,
+        DecisionLabel::Overloaded,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -57,9 +60,10 @@ impl DecisionLabel {
         match self {
             DecisionLabel::Allowed | DecisionLabel::ShadowDenied => Some(true),
             DecisionLabel::Denied => Some(false),
-            DecisionLabel::StoreError | DecisionLabel::Unlimited | DecisionLabel::InvalidKey => {
-                None
-            }
+            DecisionLabel::StoreError
+            | DecisionLabel::Unlimited
+            | DecisionLabel::InvalidKey
+            | DecisionLabel::Overloaded => None,
         }
     }
 
@@ -72,6 +76,7 @@ impl DecisionLabel {
             DecisionLabel::ShadowDenied => "shadow_denied",
             DecisionLabel::Unlimited => "unlimited",
             DecisionLabel::InvalidKey => "invalid_key",
+            DecisionLabel::Overloaded => "overloaded",
         }
     }
 }
@@ -147,12 +152,18 @@ pub struct Metrics {
     breaker_state: Family<StateLabel, Gauge>,
     untracked: Counter,
     tracked_keys: Gauge,
+    adaptive_limit: Family<UpstreamLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabel {
+    upstream: String,
 }
 
 /// One route's metric handles, resolved when the config is loaded.
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
-    decisions: [Counter; 6],
+    decisions: [Counter; 7],
     status_classes: [Counter; 5],
     upstream_latency: Histogram,
 }
@@ -261,6 +272,12 @@ impl Metrics {
             "Identities the in-process store tracks now",
             tracked_keys.clone(),
         );
+        let adaptive_limit = Family::<UpstreamLabel, Gauge>::default();
+        registry.register(
+            "adaptive_limit",
+            "The learned limit of requests in flight to an upstream (adaptive_concurrency)",
+            adaptive_limit.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -276,7 +293,15 @@ impl Metrics {
             breaker_state,
             untracked,
             tracked_keys,
+            adaptive_limit,
         }
+    }
+
+    /// The gauge of `upstream`'s learned limit.
+    pub fn adaptive_limit(&self, upstream: &str) -> Gauge {
+        self.adaptive_limit.get_or_create_owned(&UpstreamLabel {
+            upstream: upstream.to_string(),
+        })
     }
 
     /// The metrics, with the limiter's guard counters (a remote store's) registered as they are.

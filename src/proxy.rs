@@ -27,6 +27,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
+use crate::adaptive::{Gate, Outcome, Permit};
 use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{
     Consumers, Identity, IdentityConfig, IdentityError, IdentityKind, ip_octets,
@@ -67,18 +68,58 @@ impl Snapshot {
 struct RouteExtras {
     metrics: RouteMetrics,
     headers: RateLimitHeaders,
+    /// The learned limit of the route's upstream, if any route to it asks for one.
+    gate: Option<Arc<Gate>>,
+}
+
+/// The gates of upstreams with `adaptive_concurrency`, by origin: kept across reloads, so a
+/// learned limit survives one (unless its bounds change).
+#[derive(Default)]
+pub struct Gates(std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>);
+
+impl Gates {
+    /// The gate of each route's upstream (`None` where no route to it has
+    /// `adaptive_concurrency`), reusing the ones with unchanged bounds.
+    fn for_routes(&self, config: &Config, metrics: &Metrics) -> Vec<Option<Arc<Gate>>> {
+        let mut gates = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wanted = std::collections::HashMap::new();
+        for route in &config.routes {
+            if let Some(bounds) = route.adaptive {
+                wanted.entry(route.upstream.origin()).or_insert(bounds);
+            }
+        }
+        gates.retain(|origin, gate| wanted.get(origin) == Some(&gate.bounds()));
+        for (origin, bounds) in wanted {
+            gates.entry(origin.clone()).or_insert_with(|| {
+                Gate::new(
+                    origin.as_str().into(),
+                    bounds,
+                    Arc::new(crate::limiter::MonotonicClock::default()),
+                    metrics.adaptive_limit(&origin),
+                )
+            });
+        }
+        config
+            .routes
+            .iter()
+            .map(|r| gates.get(&r.upstream.origin()).cloned())
+            .collect()
+    }
 }
 
 impl Snapshot {
-    /// Builds everything the request path needs from `config`.
-    pub fn from_config(config: &Config, metrics: &Metrics) -> Self {
+    /// Builds everything the request path needs from `config`; upstream gates come from (and
+    /// stay in) `gates`.
+    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates) -> Self {
         Snapshot {
             extras: config
                 .routes
                 .iter()
-                .map(|r| RouteExtras {
+                .zip(gates.for_routes(config, metrics))
+                .map(|(r, gate)| RouteExtras {
                     metrics: metrics.route(&r.name),
                     headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
+                    gate,
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
@@ -99,6 +140,7 @@ pub struct Proxy {
     forwarder: Forwarder,
     metrics: Arc<Metrics>,
     tls: bool,
+    gates: Gates,
 }
 
 /// What the limit phase decided for a request that goes on to the upstream.
@@ -129,8 +171,9 @@ struct Matched<'r> {
 
 impl Proxy {
     pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
+        let gates = Gates::default();
         Proxy {
-            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics)),
+            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates)),
             limiter,
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
@@ -144,6 +187,7 @@ impl Proxy {
             ),
             metrics,
             tls: config.tls.is_some(),
+            gates,
         }
     }
 
@@ -151,8 +195,11 @@ impl Proxy {
     /// with the snapshot they started with; limiter state of unchanged limits carries over
     /// because it is keyed by each limit's budget id.
     pub fn reload(&self, config: &Config) {
-        self.snapshot
-            .store(Arc::new(Snapshot::from_config(config, &self.metrics)));
+        self.snapshot.store(Arc::new(Snapshot::from_config(
+            config,
+            &self.metrics,
+            &self.gates,
+        )));
     }
 
     /// The answer to an HTTP/2 stream past its connection's stream budget (see `server`): 429
@@ -207,8 +254,19 @@ impl Proxy {
                 Err(rejection) => Err((rejection, None)),
             }
         };
+        // Phase 3b: a slot under the upstream's learned limit (adaptive_concurrency).
+        let pass = match (pass, &route.extras.gate) {
+            (Ok(pass), Some(gate)) => match gate.acquire(route.config.priority).await {
+                Some(permit) => Ok((pass, Some(permit))),
+                None => Err((
+                    Rejection::UpstreamOverloaded,
+                    Some(DecisionLabel::Overloaded),
+                )),
+            },
+            (pass, _) => pass.map(|pass| (pass, None)),
+        };
         let (response, label) = match pass {
-            Ok(pass) => {
+            Ok((pass, permit)) => {
                 let label = pass.label;
                 let identity = &runtime.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
@@ -217,7 +275,10 @@ impl Proxy {
                 {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
-                (self.forward(req, &route, pass, peer).await, Some(label))
+                (
+                    self.forward(req, &route, pass, permit, peer).await,
+                    Some(label),
+                )
             }
             Err((rejection, label)) => (rejection.into_response(&route.extras.headers), label),
         };
@@ -418,11 +479,14 @@ impl Proxy {
     }
 
     /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
+    /// `permit`, the request's slot under its upstream's learned limit, learns how the upstream
+    /// answered and is given back when the response head arrives.
     async fn forward(
         &self,
         req: Request<Incoming>,
         route: &Matched<'_>,
         pass: Pass,
+        permit: Option<Permit>,
         peer: SocketAddr,
     ) -> Response<Body> {
         if let Some((verdict, _)) = &pass.headline
@@ -439,10 +503,19 @@ impl Proxy {
             Ok(response) => response,
             Err(rejection) => rejection.into_response(&route.extras.headers),
         };
+        let status = response.status().as_u16();
         route
             .extras
             .metrics
-            .upstream(response.status().as_u16(), started.elapsed().as_secs_f64());
+            .upstream(status, started.elapsed().as_secs_f64());
+        if let Some(mut permit) = permit {
+            // 502 (unreachable), 503 (the upstream shedding) and 504 (no answer in time) are
+            // overload signals; any other answer is a latency sample.
+            permit.finish(match status {
+                502..=504 => Outcome::Overloaded,
+                _ => Outcome::Answered(started.elapsed()),
+            });
+        }
         if let Some((verdict, policy)) = &pass.headline {
             route
                 .extras

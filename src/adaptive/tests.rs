@@ -271,3 +271,31 @@ async fn a_freed_slot_goes_to_the_highest_priority_waiting() {
     // And then to the low one, which had not timed out yet (the high permit was dropped).
     assert_eq!(low.await.unwrap(), Some("low"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_gate_grows_its_limit_whatever_the_priority_of_its_traffic() {
+    for priority in [Priority::High, Priority::Normal, Priority::Low] {
+        let clock = Arc::new(crate::limiter::ManualClock::new(0));
+        let gate = Gate::new(
+            "t".into(),
+            bounds(4, 100),
+            clock.clone(),
+            Default::default(),
+        );
+        for _ in 0..20 {
+            // As many as the limit ask at once; a normal or low request past its share of the
+            // limit waits, then is refused: the limit binds all the same.
+            let mut permits = Vec::new();
+            for _ in 0..gate.limit() {
+                if let Some(p) = gate.acquire(priority).await {
+                    permits.push(p);
+                }
+            }
+            clock.advance(Duration::from_millis(50));
+            for mut p in permits {
+                p.finish(Outcome::Answered(Duration::from_millis(50)));
+            }
+        }
+        assert!(gate.limit() > 8, "{priority:?}: still {}", gate.limit());
+    }
+}

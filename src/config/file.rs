@@ -232,8 +232,27 @@ pub struct RouteFile {
     /// the origin the client used (default true, as nginx's `proxy_redirect default`).
     #[serde(default)]
     pub rewrite_redirects: Option<bool>,
+    /// `high`, `normal` (default) or `low`: how soon its requests are shed when the upstream's
+    /// learned limit binds.
+    #[serde(default)]
+    pub priority: Option<Choice<crate::adaptive::Priority>>,
+    /// Learn how many requests in flight the upstream can take.
+    #[serde(default)]
+    pub adaptive_concurrency: Option<AdaptiveFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
+}
+
+/// `adaptive_concurrency:` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveFile {
+    #[serde(default)]
+    pub min_limit: Option<i64>,
+    #[serde(default)]
+    pub max_limit: Option<i64>,
+    #[serde(default)]
+    pub queue_timeout: Option<String>,
 }
 
 /// One entry of a route's `limits:`. Which parameters apply depends on `algorithm`.

@@ -22,6 +22,11 @@ pub struct RouteConfig {
     pub upstream: Upstream,
     /// Rewrite `Location` / `Content-Location` pointing at the upstream to the client's origin.
     pub rewrite_redirects: bool,
+    /// How soon its requests are shed when the upstream's learned limit binds.
+    pub priority: crate::adaptive::Priority,
+    /// `adaptive_concurrency:`: the bounds of the upstream's learned limit, if this route asks
+    /// for one (routes to the same upstream share it: see `Config::adaptive_upstreams`).
+    pub adaptive: Option<crate::adaptive::Bounds>,
     /// The enforced limits: a request must pass every one that applies to it.
     pub enforced: Budget,
     /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
@@ -164,6 +169,14 @@ pub struct Upstream {
     pub host_header: http::HeaderValue,
 }
 
+impl Upstream {
+    /// `scheme://authority`: what names the upstream (in `floodgate_adaptive_limit{upstream}`,
+    /// and for the routes that share its learned limit).
+    pub fn origin(&self) -> String {
+        format!("{}://{}", self.scheme, self.authority)
+    }
+}
+
 impl Validator {
     pub(super) fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
         let before = self.problems.len();
@@ -249,6 +262,10 @@ impl Validator {
             r.path_match,
             PathMatch::Prefix,
         );
+        let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
+        let adaptive = r
+            .adaptive_concurrency
+            .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
         Some(RouteConfig {
             name: r.name.into(),
             path_prefix: r.path_prefix,
@@ -256,9 +273,68 @@ impl Validator {
             path_match,
             upstream: upstream?,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
+            priority,
+            adaptive,
             enforced,
             shadow,
         })
+    }
+
+    /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default
+    /// 1000) ≥ it, `queue_timeout` (default 50ms).
+    fn adaptive(&mut self, path: &str, a: super::file::AdaptiveFile) -> crate::adaptive::Bounds {
+        let mut count = |field: &str, value: Option<i64>, default: u32| match value {
+            None => default,
+            Some(n) if (1..=1_000_000).contains(&n) => n as u32,
+            Some(n) => {
+                self.problem(
+                    format!("{path}.{field}"),
+                    format!("{n} must be between 1 and 1000000"),
+                );
+                default
+            }
+        };
+        let min_limit = count("min_limit", a.min_limit, 4);
+        let max_limit = count("max_limit", a.max_limit, 1000);
+        if max_limit < min_limit {
+            self.problem(
+                format!("{path}.max_limit"),
+                format!("{max_limit} is below min_limit ({min_limit})"),
+            );
+        }
+        let queue_timeout = self.duration(
+            &format!("{path}.queue_timeout"),
+            a.queue_timeout.as_deref(),
+            std::time::Duration::from_millis(50),
+        );
+        crate::adaptive::Bounds {
+            min_limit,
+            max_limit: max_limit.max(min_limit),
+            queue_timeout,
+        }
+    }
+
+    /// Routes that forward to the same upstream share its learned limit, so they must agree on
+    /// its bounds.
+    pub(super) fn shared_adaptive_bounds(&mut self, routes: &[RouteConfig]) {
+        for (i, route) in routes.iter().enumerate() {
+            let Some(bounds) = route.adaptive else {
+                continue;
+            };
+            let earlier = routes[..i].iter().find(|r| {
+                r.upstream.origin() == route.upstream.origin()
+                    && r.adaptive.is_some_and(|b| b != bounds)
+            });
+            if let Some(earlier) = earlier {
+                self.problem(
+                    format!("routes[{i}].adaptive_concurrency"),
+                    format!(
+                        "route {:?} forwards to the same upstream with other bounds; routes to one upstream share its learned limit",
+                        &*earlier.name
+                    ),
+                );
+            }
+        }
     }
 
     /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The

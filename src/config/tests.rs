@@ -1019,3 +1019,69 @@ fn leases_are_on_by_default_and_can_be_turned_off_or_shortened() {
         "longer than 0",
     );
 }
+
+#[test]
+fn adaptive_concurrency_and_priority_are_checked_by_field() {
+    let config = valid(&with_route_field(
+        "adaptive_concurrency",
+        "{min_limit: 2, max_limit: 50, queue_timeout: 20ms}",
+    ));
+    let bounds = config.routes[0].adaptive.expect("adaptive");
+    assert_eq!(
+        (bounds.min_limit, bounds.max_limit, bounds.queue_timeout),
+        (2, 50, std::time::Duration::from_millis(20))
+    );
+    let defaults = valid(&with_route_field("adaptive_concurrency", "{}"));
+    let b = defaults.routes[0].adaptive.unwrap();
+    assert_eq!(
+        (b.min_limit, b.max_limit, b.queue_timeout),
+        (4, 1000, std::time::Duration::from_millis(50))
+    );
+    assert_eq!(
+        valid(&with_route_field("priority", "high")).routes[0].priority,
+        crate::adaptive::Priority::High
+    );
+    rejects(
+        &with_route_field("adaptive_concurrency", "{min_limit: 0}"),
+        "routes[0].adaptive_concurrency.min_limit",
+        "between 1 and",
+    );
+    rejects(
+        &with_route_field("adaptive_concurrency", "{min_limit: 10, max_limit: 5}"),
+        "routes[0].adaptive_concurrency.max_limit",
+        "below min_limit",
+    );
+    rejects(
+        &with_route_field("adaptive_concurrency", "{queue_timeout: soon}"),
+        "routes[0].adaptive_concurrency.queue_timeout",
+        "",
+    );
+    rejects(
+        &with_route_field("adaptive_concurrency", "{max: 5}"),
+        "routes[0].adaptive_concurrency.max",
+        "unknown field",
+    );
+    rejects(
+        &with_route_field("priority", "urgent"),
+        "routes[0].priority",
+        "urgent",
+    );
+}
+
+#[test]
+fn routes_to_one_upstream_must_agree_on_its_learned_limit() {
+    let yaml = "listen: 127.0.0.1:8080
+routes:
+  - name: a
+    path_prefix: /a
+    upstream: http://127.0.0.1:9000
+    adaptive_concurrency: {max_limit: 100}
+  - name: b
+    path_prefix: /b
+    upstream: http://127.0.0.1:9000
+    adaptive_concurrency: {max_limit: 200}
+";
+    rejects(yaml, "routes[1].adaptive_concurrency", "same upstream");
+    let agreeing = yaml.replace("max_limit: 200", "max_limit: 100");
+    valid(&agreeing);
+}

@@ -51,6 +51,9 @@ pub enum Rejection {
     RequestTimeout,
     /// An HTTP/2 connection opened streams faster than its stream budget: 429.
     TooManyStreams,
+    /// No slot under the upstream's learned limit within `queue_timeout`: 503 with
+    /// `Retry-After`, never forwarded.
+    UpstreamOverloaded,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -228,6 +231,18 @@ impl Rejection {
                 StatusCode::GATEWAY_TIMEOUT,
                 static_body(&GATEWAY_TIMEOUT_BODY),
             ),
+            Rejection::UpstreamOverloaded => {
+                let mut response = Response::new(full(Bytes::from(problem_json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream_overloaded",
+                    "the upstream is at the limit of what it serves now; retry after the number of seconds in Retry-After",
+                    Some(1),
+                ))));
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                response.headers_mut().insert(RETRY_AFTER, int_value(1));
+                response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+                return response;
+            }
             Rejection::TooManyStreams => {
                 let mut response = Response::new(full(Bytes::from(problem_json(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -468,6 +483,17 @@ mod tests {
             assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
             assert_eq!(body_of(response), problem_json(status, error, detail, None));
         }
+    }
+
+    #[test]
+    fn an_overloaded_upstream_is_a_503_with_retry_after_and_its_own_error() {
+        let response = Rejection::UpstreamOverloaded.into_response(&RateLimitHeaders::none());
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let body: serde_json::Value = serde_json::from_str(&body_of(response)).unwrap();
+        assert_eq!(body["error"], "upstream_overloaded");
+        assert_eq!(body["retry_after"], 1);
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub const HANG: Duration = Duration::from_secs(10);
 pub const SLOW: Duration = Duration::from_millis(1500);
 
 mod client;
+mod demo;
 mod postgres;
 mod process;
 mod redis;
@@ -46,4 +47,4 @@ mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
-pub use {client::*, postgres::*, process::*, redis::*, upstream::*};
+pub use {client::*, demo::*, postgres::*, process::*, redis::*, upstream::*};

@@ -1,0 +1,121 @@
+//! Adaptive concurrency end to end (`adaptive_concurrency:`, src/adaptive.rs): floodgate in
+//! front of the bundled demo upstream, which nobody told floodgate the capacity of, under more
+//! load than it can take; then the upstream gets sick (its knob) and heals.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{DemoUpstream, Floodgate, hammer, metric};
+
+/// One route to `upstream`, with `adaptive` under it (or nothing).
+fn config(upstream: &DemoUpstream, adaptive: &str) -> String {
+    format!(
+        "admin_listen: 127.0.0.1:0
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+{adaptive}",
+        upstream.url()
+    )
+}
+
+/// The upstream's own 503s over what reached it, since `before` (its stats then).
+async fn upstream_failure_rate(upstream: &DemoUpstream, before: &serde_json::Value) -> (u64, u64) {
+    let now = upstream.stats().await;
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let served = n(&now, "served") - n(before, "served");
+    let rejected = n(&now, "rejected") - n(before, "rejected");
+    (served, rejected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_concurrency_keeps_an_unmeasured_upstream_from_failing_and_follows_it() {
+    // The demo upstream as the load test runs it: 8 workers × 50 ms (about 160 requests/s), a
+    // 503 after 250 ms in its queue. 64 clients without pause are far more than it serves.
+    let upstream = DemoUpstream::start(8, "50ms", "250ms");
+
+    // Unprotected first: its queue overflows and it fails requests itself.
+    let fg = Floodgate::start(&config(&upstream, ""));
+    let before = upstream.stats().await;
+    hammer(&[fg.url("/api")], "k", 64, Duration::from_secs(3)).await;
+    let (served, rejected) = upstream_failure_rate(&upstream, &before).await;
+    eprintln!("unprotected: upstream served {served}, failed {rejected}");
+    assert!(
+        rejected > 0,
+        "the load must overload the unprotected upstream"
+    );
+    drop(fg);
+
+    // With adaptive concurrency and nothing else configured.
+    let fg = Floodgate::start(&config(
+        &upstream,
+        "    adaptive_concurrency: {min_limit: 4, max_limit: 200, queue_timeout: 50ms}\n",
+    ));
+    let gauge = format!(
+        "floodgate_adaptive_limit{{upstream=\"{}\"}}",
+        upstream.url()
+    );
+    let before = upstream.stats().await;
+    let totals = hammer(&[fg.url("/api")], "k", 64, Duration::from_secs(6)).await;
+    let (served, rejected) = upstream_failure_rate(&upstream, &before).await;
+    let limit = metric(&fg, &gauge).await;
+    let overloaded = metric(
+        &fg,
+        r#"floodgate_requests_total{route="api",decision="overloaded"}"#,
+    )
+    .await;
+    eprintln!(
+        "adaptive: {totals:?}; upstream served {served}, failed {rejected}; learned limit {limit}; {overloaded} shed"
+    );
+    // The target: the upstream's own failures at most 0.5% of what reaches it.
+    assert!(
+        rejected * 200 <= served + rejected,
+        "the upstream failed {rejected} of {}",
+        served + rejected
+    );
+    assert!(overloaded > 0, "the excess was shed by floodgate");
+    assert_eq!(
+        u64::from(totals.get(&503).copied().unwrap_or(0)),
+        overloaded + rejected,
+        "every 503 the clients saw is floodgate's (or the upstream's few)"
+    );
+    assert!(
+        (4..=20).contains(&limit),
+        "learned about the 8 workers: {limit}"
+    );
+
+    // Sick: every request takes 3 × as long (same workers). Then healed.
+    for (phase, knob) in [
+        ("sick", "service_time=150ms"),
+        ("healed", "service_time=50ms"),
+    ] {
+        upstream.set_capacity(knob).await;
+        let before = upstream.stats().await;
+        let started = Instant::now();
+        let load = tokio::spawn({
+            let url = fg.url("/api");
+            async move { hammer(&[url], "k", 64, Duration::from_secs(8)).await }
+        });
+        let mut limits = Vec::new();
+        while started.elapsed() < Duration::from_secs(8) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            limits.push(metric(&fg, &gauge).await);
+        }
+        load.await.unwrap();
+        let (served, rejected) = upstream_failure_rate(&upstream, &before).await;
+        eprintln!("{phase}: upstream served {served}, failed {rejected}; limits {limits:?}");
+        assert!(
+            rejected * 200 <= served + rejected,
+            "{phase}: the upstream failed {rejected} of {}",
+            served + rejected
+        );
+        // Whatever its service time, the upstream serves 8 at once: the limit stays near that.
+        let tail = &limits[limits.len() / 2..];
+        assert!(
+            tail.iter().all(|l| (4..=20).contains(l)),
+            "{phase}: limits {limits:?}"
+        );
+    }
+}
