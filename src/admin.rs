@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz` (the process serves), `/readyz` (the limiter store answers and
 //! the proxy is not draining), `/metrics` (Prometheus text), `/budgets` (one client's budgets on
-//! a route, spending nothing). It runs with the same header-read
+//! a route, spending nothing), `/top` (who is being limited right now). It runs with the same header-read
 //! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
 //! 503 to the load balancer), and stops when told.
 
@@ -102,7 +102,11 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         return response;
     }
     if req.uri().path() == "/budgets" {
-        return budgets(proxy, req.uri().query().unwrap_or("")).await;
+        let answer = proxy.budgets(req.uri().query().unwrap_or("")).await;
+        return json_answer(answer);
+    }
+    if req.uri().path() == "/top" {
+        return json_answer(proxy.top(req.uri().query().unwrap_or("")));
     }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
@@ -119,9 +123,9 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     response
 }
 
-/// `GET /budgets`: JSON, or a problem+json error.
-async fn budgets(proxy: &Proxy, query: &str) -> Response<Body> {
-    let (status, body) = match proxy.budgets(query).await {
+/// `GET /budgets` and `GET /top`: JSON, or a problem+json error.
+fn json_answer(answer: Result<serde_json::Value, crate::proxy::BudgetsError>) -> Response<Body> {
+    let (status, body) = match answer {
         Ok(value) => (StatusCode::OK, value),
         Err(e) => (
             StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),

@@ -70,3 +70,4 @@ pub mod replay;
 pub mod route;
 pub mod server;
 pub mod tls;
+pub mod top;

@@ -17,6 +17,7 @@ mod budgets;
 pub mod forward;
 mod pool;
 pub mod response;
+mod top;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ use crate::limiter::{Admission, Ask, HeldLeases, Limiter, LimiterError, Verdict}
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
 use crate::policy::{Claim, Policy, Refusal, Step, Whose};
 use crate::route::RouteTable;
+use crate::top::TopTable;
+pub use budgets::BudgetsError;
 pub use forward::Forwarder;
 pub use response::{Body, RateLimitHeaders, Rejection};
 
@@ -70,6 +73,30 @@ struct RouteExtras {
     headers: RateLimitHeaders,
     /// The learned limit of the route's upstream, if any route to it asks for one.
     gate: Option<Arc<Gate>>,
+    /// The route's heaviest identities of the recent past (`/top`).
+    top: Arc<TopTable>,
+}
+
+/// Each route's heavy-hitter table, by route name: kept across reloads.
+#[derive(Default)]
+pub struct Tops(std::sync::Mutex<std::collections::HashMap<Arc<str>, Arc<TopTable>>>);
+
+impl Tops {
+    fn for_routes(&self, config: &Config) -> Vec<Arc<TopTable>> {
+        let mut tops = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        tops.retain(|name, _| config.routes.iter().any(|r| r.name == *name));
+        config
+            .routes
+            .iter()
+            .map(|r| tops.entry(r.name.clone()).or_default().clone())
+            .collect()
+    }
+}
+
+/// Microseconds since the process started: the heavy-hitter tables' clock.
+fn uptime_us() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
 /// The gates of upstreams with `adaptive_concurrency`, by origin: kept across reloads, so a
@@ -110,16 +137,18 @@ impl Gates {
 impl Snapshot {
     /// Builds everything the request path needs from `config`; upstream gates come from (and
     /// stay in) `gates`.
-    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates) -> Self {
+    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates, tops: &Tops) -> Self {
         Snapshot {
             extras: config
                 .routes
                 .iter()
                 .zip(gates.for_routes(config, metrics))
-                .map(|(r, gate)| RouteExtras {
+                .zip(tops.for_routes(config))
+                .map(|((r, gate), top)| RouteExtras {
                     metrics: metrics.route(&r.name),
                     headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
                     gate,
+                    top,
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
@@ -141,6 +170,7 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     tls: bool,
     gates: Gates,
+    tops: Tops,
 }
 
 /// What the limit phase decided for a request that goes on to the upstream.
@@ -172,8 +202,9 @@ struct Matched<'r> {
 impl Proxy {
     pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
         let gates = Gates::default();
+        let tops = Tops::default();
         Proxy {
-            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates)),
+            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates, &tops)),
             limiter,
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
@@ -188,6 +219,7 @@ impl Proxy {
             metrics,
             tls: config.tls.is_some(),
             gates,
+            tops,
         }
     }
 
@@ -199,6 +231,7 @@ impl Proxy {
             config,
             &self.metrics,
             &self.gates,
+            &self.tops,
         )));
     }
 
@@ -239,6 +272,8 @@ impl Proxy {
         span.record(field::ROUTE, &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
+        // Whose the request is, once identified: counted in the route's `/top`.
+        let mut identity = None;
         let pass = if unlimited && runtime.consumers.is_none() {
             Ok(Pass {
                 headline: None,
@@ -247,7 +282,10 @@ impl Proxy {
             })
         } else {
             match Self::identify(&runtime, &req, peer, &span) {
-                Ok(whose) => self.limit(&runtime, &route, &whose).await,
+                Ok(whose) => {
+                    identity = Some(whose.identity);
+                    self.limit(&runtime, &route, &whose).await
+                }
                 Err(Rejection::InvalidApiKey) => {
                     Err((Rejection::InvalidApiKey, Some(DecisionLabel::InvalidKey)))
                 }
@@ -265,6 +303,12 @@ impl Proxy {
             },
             (pass, _) => pass.map(|pass| (pass, None)),
         };
+        if let Some(identity) = identity {
+            route
+                .extras
+                .top
+                .record(&identity, pass.is_ok(), uptime_us());
+        }
         let (response, label) = match pass {
             Ok((pass, permit)) => {
                 let label = pass.label;

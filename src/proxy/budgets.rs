@@ -26,7 +26,7 @@ pub struct BudgetsError {
     pub detail: String,
 }
 
-fn bad(status: u16, error: &'static str, detail: impl Into<String>) -> BudgetsError {
+pub(super) fn bad(status: u16, error: &'static str, detail: impl Into<String>) -> BudgetsError {
     BudgetsError {
         status,
         error,
@@ -35,7 +35,7 @@ fn bad(status: u16, error: &'static str, detail: impl Into<String>) -> BudgetsEr
 }
 
 /// Decodes `a=b&c=d` with `%XX` escapes and `+` for space.
-fn query_pairs(query: &str) -> Vec<(String, String)> {
+pub(super) fn query_pairs(query: &str) -> Vec<(String, String)> {
     fn hex(b: u8) -> Option<u8> {
         (b as char).to_digit(16).map(|d| d as u8)
     }

@@ -1,0 +1,67 @@
+//! `GET /top` on the admin listener: who is being limited right now ([`crate::top`]).
+//!
+//! Query: `route=NAME` (every route when absent), `n` (default 10, at most the table's
+//! capacity), `sort=denied` to put the most denied first (default: the most requests).
+//! Answer: `{"route": NAME, "identities": [{"identity", "kind", "allowed", "denied", "error"}]}`,
+//! or `{"routes": [...]}` of those without `route=`; API keys and user ids appear hashed.
+
+use serde_json::{Value, json};
+
+use super::Proxy;
+use super::budgets::{BudgetsError, bad, query_pairs};
+use crate::top::CAPACITY;
+
+impl Proxy {
+    /// The answer to `GET /top?{query}`.
+    pub fn top(&self, query: &str) -> Result<Value, BudgetsError> {
+        let pairs = query_pairs(query);
+        let param = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let n = match param("n") {
+            None => 10,
+            Some(text) => text
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| bad(400, "bad_request", format!("n={text:?} is not a count")))?
+                .min(CAPACITY),
+        };
+        let by_denied = match param("sort") {
+            None | Some("requests") => false,
+            Some("denied") => true,
+            Some(other) => {
+                return Err(bad(
+                    400,
+                    "bad_request",
+                    format!("sort={other:?}: requests or denied"),
+                ));
+            }
+        };
+        let snapshot = self.snapshot.load_full();
+        let now = super::uptime_us();
+        let table = |i: usize| {
+            json!({
+                "route": &*snapshot.routes.routes()[i].name,
+                "identities": snapshot.extras[i].top.top(n, by_denied, now),
+            })
+        };
+        match param("route") {
+            Some(name) => {
+                let i = snapshot
+                    .routes
+                    .routes()
+                    .iter()
+                    .position(|r| *r.name == *name)
+                    .ok_or_else(|| bad(404, "no_route", format!("no route named {name:?}")))?;
+                Ok(table(i))
+            }
+            None => Ok(json!({
+                "routes": (0..snapshot.extras.len()).map(table).collect::<Vec<_>>(),
+            })),
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Admin `GET /top`: who is being limited right now, per route, from a table of bounded memory
+//! (src/top.rs), through the real proxy.
+
+mod common;
+
+use common::{Floodgate, Upstream, client, get};
+use sha2::Digest;
+
+#[tokio::test]
+async fn top_names_the_heaviest_identities_of_a_route_hashed() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0
+routes:
+  - name: api
+    path_prefix: /api
+    upstream: {0}
+    limits:
+      - {{algorithm: token_bucket, capacity: 5, refill_rate: 0.01}}
+  - name: other
+    path_prefix: /
+    upstream: {0}
+    limits:
+      - {{algorithm: token_bucket, capacity: 5, refill_rate: 0.01}}
+",
+        upstream.url()
+    ));
+    let client = client();
+    // One heavy client among thirty light ones.
+    for _ in 0..60 {
+        get(&client, &fg.url("/api/x"), &[("x-api-key", "heavy")]).await;
+    }
+    for i in 0..30 {
+        let key = format!("light-{i}");
+        for _ in 0..2 {
+            get(&client, &fg.url("/api/x"), &[("x-api-key", key.as_str())]).await;
+        }
+    }
+    let top = get(&client, &fg.admin_url("/top?route=api&n=3"), &[]).await;
+    assert_eq!(top.status, 200);
+    let v = top.json();
+    assert_eq!(v["route"], "api");
+    let rows = v["identities"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let digest = sha2::Sha256::digest(b"heavy");
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(rows[0]["identity"], format!("api_key:{hex}…"));
+    assert_eq!(rows[0]["kind"], "api_key");
+    assert_eq!(
+        (rows[0]["allowed"].as_u64(), rows[0]["denied"].as_u64()),
+        (Some(5), Some(55))
+    );
+    assert_eq!(rows[1]["allowed"], 2);
+    assert!(!top.body.contains("heavy"), "no raw key: {}", top.body);
+    // Most denied first: the same one.
+    let by_denied = get(
+        &client,
+        &fg.admin_url("/top?route=api&sort=denied&n=1"),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(by_denied["identities"][0]["identity"], rows[0]["identity"]);
+    // Every route, without route=; the other route saw nobody.
+    let all = get(&client, &fg.admin_url("/top"), &[]).await.json();
+    assert_eq!(all["routes"][1]["route"], "other");
+    assert_eq!(all["routes"][1]["identities"].as_array().unwrap().len(), 0);
+    // Bad queries.
+    assert_eq!(
+        get(&client, &fg.admin_url("/top?route=nope"), &[])
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        get(&client, &fg.admin_url("/top?n=zero"), &[]).await.status,
+        400
+    );
+}
