@@ -9,9 +9,19 @@ use floodgate::top::TopTable;
 fn top(c: &mut Criterion) {
     let mut group = c.benchmark_group("top");
     let table = TopTable::default();
-    table.record(&Identity::ApiKey(b"a-hot-api-key-of-32-characters!!"), true, 1);
+    table.record(
+        &Identity::ApiKey(b"a-hot-api-key-of-32-characters!!"),
+        true,
+        1,
+    );
     group.bench_function("record, identity already counted", |b| {
-        b.iter(|| table.record(&Identity::ApiKey(b"a-hot-api-key-of-32-characters!!"), true, 1))
+        b.iter(|| {
+            table.record(
+                &Identity::ApiKey(b"a-hot-api-key-of-32-characters!!"),
+                true,
+                1,
+            )
+        })
     });
     let table = TopTable::default();
     let mut i: u64 = 0;

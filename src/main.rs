@@ -80,6 +80,25 @@ enum Command {
         #[arg(value_name = "LOG", required = true)]
         logs: Vec<PathBuf>,
     },
+    /// Show who is being limited right now (admin `/top`), live: d sorts by denials, r by
+    /// requests, q quits.
+    Top {
+        /// The admin listener, http://HOST:PORT.
+        #[arg(long, value_name = "URL")]
+        admin: String,
+        /// One route (default: every route).
+        #[arg(long, value_name = "NAME")]
+        route: Option<String>,
+        /// Identities per route.
+        #[arg(long, default_value_t = 10)]
+        n: usize,
+        /// How often to refresh (e.g. 1s).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = floodgate::config::parse_duration)]
+        interval: Duration,
+        /// Print one snapshot and exit (also when the output is not a terminal).
+        #[arg(long)]
+        once: bool,
+    },
     /// Print the hex SHA-256 of an API key, for a consumer's `keys_sha256`.
     HashKey {
         /// The raw key. Pass `-` to read it from standard input (keeps it out of shell history).
@@ -92,6 +111,28 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check { config }) => check(&config),
         Some(Command::HashKey { key }) => hash_key(&key),
+        Some(Command::Top {
+            admin,
+            route,
+            n,
+            interval,
+            once,
+        }) => {
+            let options = floodgate::top::view::Options {
+                admin,
+                route,
+                n,
+                interval,
+                once,
+            };
+            match floodgate::top::view::run(&options) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("floodgate top: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Some(Command::Replay {
             config,
             format,

@@ -22,6 +22,8 @@ use std::time::Duration;
 use crate::identity::{Identity, IdentityKind, ip_octets};
 use crate::limiter::memory::Prehashed;
 
+pub mod view;
+
 /// Counters per route.
 pub const CAPACITY: usize = 128;
 /// How often every count halves.

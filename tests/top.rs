@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Floodgate, Upstream, client, get};
+use common::{Floodgate, Upstream, client, floodgate_command, get};
 use sha2::Digest;
 
 #[tokio::test]
@@ -65,6 +65,33 @@ routes:
     let all = get(&client, &fg.admin_url("/top"), &[]).await.json();
     assert_eq!(all["routes"][1]["route"], "other");
     assert_eq!(all["routes"][1]["identities"].as_array().unwrap().len(), 0);
+    // `floodgate top` draws the same (here once: its output is not a terminal).
+    let admin = fg.admin_url("");
+    let out = floodgate_command(&[
+        "top".as_ref(),
+        "--admin".as_ref(),
+        admin.as_ref(),
+        "--route".as_ref(),
+        "api".as_ref(),
+        "--n".as_ref(),
+        "2".as_ref(),
+        "--once".as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("route api"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("api_key:{hex}")))
+        .unwrap_or_else(|| panic!("the heavy key in {text}"));
+    assert!(
+        line.trim_end().ends_with("91.7%"),
+        "55 of 60 denied: {line}"
+    );
     // Bad queries.
     assert_eq!(
         get(&client, &fg.admin_url("/top?route=nope"), &[])
