@@ -2,11 +2,18 @@
 # scripts/loadtest.sh: the ride-hailing surge scenario on this machine, without Docker.
 #
 # Starts redis-server, the demo upstream (an API with finite capacity) and floodgate as local processes on
-# 127.0.0.1, then runs Locust headless twice against floodgate:
-#   no_limit    floodgate with every route's limits removed (the unprotected baseline)
-#   with_limit  the ride-hailing config (token bucket, capacity 20, refill 10/s on rides and fares)
-# Both configs are derived from config/floodgate.docker.yaml. Results go to $RESULTS_DIR: Locust CSVs,
-# logs, summary.json, summary.md and surge.png.
+# 127.0.0.1, then runs Locust headless against floodgate, once per run in RUNS:
+#   no_limit          floodgate with every route's limits removed (the unprotected baseline)
+#   with_limit        the ride-hailing config (token bucket, capacity 20, refill 10/s on rides and fares)
+#   adaptive          no limits, only `adaptive_concurrency: {}` on every route: no number configured
+#   adaptive_degrade  the same, and the upstream gets sick a third of the way in (its service time × 3,
+#                     through its /__capacity knob) and heals two thirds of the way in
+# Every config is derived from config/floodgate.docker.yaml. Results go to $RESULTS_DIR: Locust CSVs,
+# logs, floodgate's learned limit over time (NAME_limit_timeline.csv), summary.json, summary.md and
+# surge.png.
+#
+# At the seeds' scale (2,000 users, spawn rate 100, 3 minutes): USERS=2000 SPAWN_RATE=100 DURATION=3m
+# LOCUST_PROCESSES=2 (Locust's --processes: one worker per process, one core each).
 #
 # Knobs (environment):
 #   USERS=100  SPAWN_RATE=20  DURATION=30s  RESULTS_DIR=loadtest/results
@@ -15,8 +22,10 @@
 #   UPSTREAM_WORKERS=8 UPSTREAM_SERVICE_TIME=50ms UPSTREAM_QUEUE_TIMEOUT=250ms   demo upstream capacity
 #   PIN_CPUS=1                   pin Locust to CPU 1 and the servers to CPU 0 (needs 2+ CPUs and taskset)
 #   BUILD=1                      rebuild the release binaries even if they exist
+#   RUNS="no_limit with_limit adaptive adaptive_degrade"   which runs, in order
+#   LOCUST_PROCESSES=1           Locust worker processes (--processes; more for thousands of users)
 # Setup (build, apt-get install redis-server, virtualenv) happens first, only when something is missing;
-# after that the runs finish within 2 x DURATION + 1 minute. Every process started here is stopped on exit.
+# after that the runs finish within (DURATION + 30 s) per run + 1 minute. Every process started here is stopped on exit.
 
 set -euo pipefail
 
@@ -36,7 +45,12 @@ BASE_CONFIG="$ROOT/config/floodgate.docker.yaml"
 VENV="$ROOT/loadtest/.venv"
 FLOODGATE="$ROOT/target/release/floodgate"
 DEMO_UPSTREAM="$ROOT/target/release/floodgate-demo-upstream"
-RUNS=(no_limit with_limit)
+read -r -a RUNS <<<"${RUNS:-no_limit with_limit adaptive adaptive_degrade}"
+LOCUST_PROCESSES="${LOCUST_PROCESSES:-1}"
+# One process by default: with --processes, a master aggregates its workers' stats, which arrive
+# every few seconds (the per-second history then comes in steps).
+PROCESSES=()
+if ((LOCUST_PROCESSES > 1)); then PROCESSES=(--processes "$LOCUST_PROCESSES"); fi
 
 log() { printf '[loadtest %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -141,10 +155,11 @@ fi
 
 mkdir -p "$RESULTS_DIR"
 RESULTS_DIR="$(cd "$RESULTS_DIR" && pwd)"
-rm -f "$RESULTS_DIR"/{no_limit,with_limit}_* "$RESULTS_DIR"/summary.{json,md} "$RESULTS_DIR"/surge.png
+for run in "${RUNS[@]}"; do rm -f "$RESULTS_DIR/${run}"_*; done
+rm -f "$RESULTS_DIR"/summary.{json,md} "$RESULTS_DIR"/surge.png
 
-# From here on the clock runs: both runs must end within 2 x DURATION + 60 s.
-DEADLINE=$((SECONDS + 2 * DUR_S + 60))
+# From here on the clock runs: every run must end within (DURATION + 30 s) each, plus 60 s.
+DEADLINE=$((SECONDS + ${#RUNS[@]} * (DUR_S + 30) + 60))
 remaining() { echo $((DEADLINE - SECONDS)); }
 
 # --- redis and the demo upstream (shared by both runs) -----------------------------------------------------
@@ -234,8 +249,17 @@ make_no_limit_config() {
   if grep -q 'algorithm:' "$1"; then die "could not remove the limits from $2"; fi
 }
 
+# Writes the adaptive config from the no_limit one: `adaptive_concurrency: {}` on every route (they all
+# forward to the demo upstream, so they share its one learned limit).
+make_adaptive_config() {
+  sed -E 's#^( +)upstream: (.*)$#\1upstream: \2\n\1adaptive_concurrency: {}#' "$2" >"$1"
+  grep -q 'adaptive_concurrency' "$1" || die "could not add adaptive_concurrency to $2"
+}
+
 make_with_limit_config "$RESULTS_DIR/with_limit_floodgate.yaml"
 make_no_limit_config "$RESULTS_DIR/no_limit_floodgate.yaml" "$RESULTS_DIR/with_limit_floodgate.yaml"
+make_adaptive_config "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/no_limit_floodgate.yaml"
+cp "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/adaptive_degrade_floodgate.yaml"
 
 cat >"$RESULTS_DIR/context.md" <<EOF
 Run on $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs$([[ "$PIN_CPUS" == 1 ]] && echo " (Locust pinned to CPU 1; floodgate, upstream and Redis on CPU 0)").
@@ -243,6 +267,33 @@ Locust: $USERS users, spawn rate $SPAWN_RATE/s, $DURATION per run, $API_KEYS sha
 Demo upstream: $(sed 's/^floodgate-demo-upstream: //' "$RESULTS_DIR/upstream.log"); it answers 503 after the queue timeout.
 floodgate storage backend: $STORE.
 EOF
+
+# floodgate's learned limit (floodgate_adaptive_limit, any upstream) once a second: unix_time,limit.
+poll_limit() {
+  local value sleeper=""
+  trap '[[ -n "$sleeper" ]] && kill "$sleeper" 2>/dev/null; exit 0' TERM
+  echo "unix_time,limit" >"$1"
+  while :; do
+    value="$(curl -fsS --max-time 1 "http://127.0.0.1:$ADMIN_PORT/metrics" 2>/dev/null \
+      | awk '/^floodgate_adaptive_limit\{/ {print $2; exit}')" || true
+    if [[ -n "$value" ]]; then echo "$(date +%s.%N),$value" >>"$1"; fi
+    sleep 1 &
+    sleeper=$!
+    wait "$sleeper" || true
+  done
+}
+
+# The upstream gets sick a third of the way into the run (service time × 3) and heals at two thirds.
+degrade_midrun() {
+  local third=$((DUR_S / 3)) sick
+  sick="$(awk -v t="$UPSTREAM_SERVICE_TIME" 'BEGIN { n = t + 0; u = t; sub(/^[0-9.]+/, "", u); print n * 3 u }')"
+  sleep "$third"
+  log "[$1] the upstream gets sick: service time $sick"
+  curl -fsS -o /dev/null -X POST "$UPSTREAM/__capacity?service_time=$sick"
+  sleep "$third"
+  log "[$1] the upstream heals: service time $UPSTREAM_SERVICE_TIME"
+  curl -fsS -o /dev/null -X POST "$UPSTREAM/__capacity?service_time=$UPSTREAM_SERVICE_TIME"
+}
 
 # --- one run ----------------------------------------------------------------------------------------------
 run_scenario() {
@@ -267,6 +318,15 @@ run_scenario() {
   poll_upstream "$RESULTS_DIR/${run}_upstream_timeline.csv" &
   poll_pid=$!
   PIDS+=("$poll_pid")
+  poll_limit "$RESULTS_DIR/${run}_limit_timeline.csv" &
+  local limit_pid=$!
+  PIDS+=("$limit_pid")
+  local sick_pid=""
+  if [[ "$run" == *degrade* ]]; then
+    degrade_midrun "$run" &
+    sick_pid=$!
+    PIDS+=("$sick_pid")
+  fi
 
   budget=$((DUR_S + 25))
   if ((budget > $(remaining) - 5)); then budget=$(($(remaining) - 5)); fi
@@ -274,7 +334,7 @@ run_scenario() {
   log "[$run] Locust: $USERS users for $DURATION against $proxy"
   "${CLIENT_PREFIX[@]}" env LOADTEST_API_KEYS="$API_KEYS" timeout --kill-after=5 "$budget" \
     "$VENV/bin/locust" -f "$ROOT/loadtest/locustfile.py" --headless \
-    -u "$USERS" -r "$SPAWN_RATE" -t "$DURATION" -H "$proxy" \
+    -u "$USERS" -r "$SPAWN_RATE" -t "$DURATION" -H "$proxy" "${PROCESSES[@]}" \
     --csv "$RESULTS_DIR/$run" --csv-full-history --only-summary --exit-code-on-error 0 \
     >"$RESULTS_DIR/${run}_locust.log" 2>&1 &
   locust_pid=$!
@@ -284,10 +344,15 @@ run_scenario() {
   forget_pid "$locust_pid"
   [[ "$rc" == 0 ]] || die "[$run] Locust exited with $rc; see $RESULTS_DIR/${run}_locust.log"
 
+  if [[ -n "$sick_pid" ]]; then stop_pid "$sick_pid"; forget_pid "$sick_pid"; fi
+  # Healthy again for whatever comes next.
+  curl -fsS -o /dev/null -X POST "$UPSTREAM/__capacity?service_time=$UPSTREAM_SERVICE_TIME" || true
   wait_upstream_idle
   after="$(upstream_stats)"
   stop_pid "$poll_pid"
   forget_pid "$poll_pid"
+  stop_pid "$limit_pid"
+  forget_pid "$limit_pid"
   printf '{"before": %s, "after": %s}\n' "$before" "$after" >"$RESULTS_DIR/${run}_upstream.json"
 
   if curl -fsS --max-time 2 "http://127.0.0.1:$ADMIN_PORT/metrics" >"$RESULTS_DIR/${run}_metrics.txt" 2>/dev/null; then
