@@ -27,6 +27,9 @@
 //! 7. [`metrics`] and [`admin`]: what was decided, on `/metrics`, `/healthz`, `/readyz` and
 //!    `/budgets`.
 //!
+//! Between limiting and forwarding, [`adaptive`] holds requests to an upstream at the limit it
+//! learned (`adaptive_concurrency`), by priority; [`top`] counts who is being limited (`/top`).
+//!
 //! [`replay`] runs recorded traffic through the same policy and algorithms, on the log's clock.
 //!
 //! # Words
