@@ -119,3 +119,42 @@ async fn adaptive_concurrency_keeps_an_unmeasured_upstream_from_failing_and_foll
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_flood_of_low_priority_requests_high_priority_ones_get_through() {
+    let upstream = DemoUpstream::start(8, "50ms", "250ms");
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0
+routes:
+  - name: rides
+    path_prefix: /rides
+    upstream: {0}
+    priority: high
+    adaptive_concurrency: {{queue_timeout: 100ms}}
+  - name: prefetch
+    path_prefix: /prefetch
+    upstream: {0}
+    priority: low
+    adaptive_concurrency: {{queue_timeout: 100ms}}
+",
+        upstream.url()
+    ));
+    // 64 clients of low priority without pause, far above what the upstream serves; 4 clients
+    // of high priority beside them.
+    let (low_url, high_url) = ([fg.url("/prefetch")], [fg.url("/rides")]);
+    let (low, high) = tokio::join!(
+        hammer(&low_url, "flood", 64, Duration::from_secs(6)),
+        hammer(&high_url, "rider", 4, Duration::from_secs(6))
+    );
+    let ok = |t: &std::collections::HashMap<u16, u32>| t.get(&200).copied().unwrap_or(0);
+    let all = |t: &std::collections::HashMap<u16, u32>| t.values().sum::<u32>();
+    eprintln!("low: {low:?}; high: {high:?}");
+    assert!(all(&low) > ok(&low), "the low flood was shed in part");
+    // The target: high priority requests succeed at least 99% of the time.
+    assert!(
+        ok(&high) * 100 >= all(&high) * 99,
+        "high priority: {} of {} succeeded",
+        ok(&high),
+        all(&high)
+    );
+}
