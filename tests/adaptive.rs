@@ -6,19 +6,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Route};
 use common::{DemoUpstream, Floodgate, hammer, metric};
 
-/// One route to `upstream`, with `adaptive` under it (or nothing).
-fn config(upstream: &DemoUpstream, adaptive: &str) -> String {
-    format!(
-        "admin_listen: 127.0.0.1:0
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-{adaptive}",
-        upstream.url()
-    )
+/// One route to `upstream`, with `adaptive_concurrency: {adaptive}` (or none).
+fn config(upstream: &DemoUpstream, adaptive: Option<&str>) -> String {
+    let route = Route::new("api", "/", upstream.url());
+    let route = match adaptive {
+        Some(bounds) => route.with("adaptive_concurrency", bounds),
+        None => route,
+    };
+    Config::new().route(route).yaml()
 }
 
 /// The upstream's own 503s over what reached it, since `before` (its stats then).
@@ -37,7 +35,7 @@ async fn adaptive_concurrency_keeps_an_unmeasured_upstream_from_failing_and_foll
     let upstream = DemoUpstream::start(8, "50ms", "250ms");
 
     // Unprotected first: its queue overflows and it fails requests itself.
-    let fg = Floodgate::start(&config(&upstream, ""));
+    let fg = Floodgate::start(&config(&upstream, None));
     let before = upstream.stats().await;
     hammer(&[fg.url("/api")], "k", 64, Duration::from_secs(3)).await;
     let (served, rejected) = upstream_failure_rate(&upstream, &before).await;
@@ -51,7 +49,7 @@ async fn adaptive_concurrency_keeps_an_unmeasured_upstream_from_failing_and_foll
     // With adaptive concurrency and nothing else configured.
     let fg = Floodgate::start(&config(
         &upstream,
-        "    adaptive_concurrency: {min_limit: 4, max_limit: 200, queue_timeout: 50ms}\n",
+        Some("{min_limit: 4, max_limit: 200, queue_timeout: 50ms}"),
     ));
     let gauge = format!(
         "floodgate_adaptive_limit{{upstream=\"{}\"}}",
@@ -123,22 +121,17 @@ async fn adaptive_concurrency_keeps_an_unmeasured_upstream_from_failing_and_foll
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_flood_of_low_priority_requests_high_priority_ones_get_through() {
     let upstream = DemoUpstream::start(8, "50ms", "250ms");
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0
-routes:
-  - name: rides
-    path_prefix: /rides
-    upstream: {0}
-    priority: high
-    adaptive_concurrency: {{queue_timeout: 100ms}}
-  - name: prefetch
-    path_prefix: /prefetch
-    upstream: {0}
-    priority: low
-    adaptive_concurrency: {{queue_timeout: 100ms}}
-",
-        upstream.url()
-    ));
+    let route = |name: &str, prefix: &str, priority: &str| {
+        Route::new(name, prefix, upstream.url())
+            .with("priority", priority)
+            .with("adaptive_concurrency", "{queue_timeout: 100ms}")
+    };
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(route("rides", "/rides", "high"))
+            .route(route("prefetch", "/prefetch", "low"))
+            .yaml(),
+    );
     // 64 clients of low priority without pause, far above what the upstream serves; 4 clients
     // of high priority beside them.
     let (low_url, high_url) = ([fg.url("/prefetch")], [fg.url("/rides")]);

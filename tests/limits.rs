@@ -6,25 +6,18 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{
     Floodgate, Reply, Upstream, assert_admitted, assert_rate_limited, client, get, h2c_client,
     keep_clear_of_window_boundary, next_window_start,
 };
 use http::StatusCode;
 
-/// A config with one route, `/` → `upstream`, limited by the one limit in `limit` (YAML lines
-/// after `- `, indented for the list).
-fn one_limit(upstream: &Upstream, limit: &str) -> String {
-    format!(
-        "routes:
-  - name: limited
-    path_prefix: /
-    upstream: {}
-    limits:
-      - {limit}
-",
-        upstream.url()
-    )
+/// A config with one route, `/` → `upstream`, limited by `limit`.
+fn one_limit(upstream: &Upstream, limit: Limit) -> String {
+    Config::new()
+        .route(Route::new("limited", "/", &upstream.url()).limit(limit))
+        .yaml()
 }
 
 /// Sends `n` GETs to `path` one after the other.
@@ -47,10 +40,7 @@ fn admitted(replies: &[Reply]) -> usize {
 #[tokio::test]
 async fn token_bucket_admits_its_capacity_then_answers_429() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&one_limit(
-        &upstream,
-        "algorithm: token_bucket\n        capacity: 3\n        refill_rate: 0.01",
-    ));
+    let fg = Floodgate::start(&one_limit(&upstream, Limit::token_bucket(3, 0.01)));
     let replies = sequentially(&fg, "/tb", 5).await;
 
     for (reply, remaining) in replies[..3].iter().zip([2, 1, 0]) {
@@ -127,10 +117,7 @@ async fn fixed_window_admits_its_limit_then_answers_429_until_the_window_ends() 
     keep_clear_of_window_boundary(3600, Duration::from_secs(10)).await;
     let window_end = next_window_start(3600);
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&one_limit(
-        &upstream,
-        "algorithm: fixed_window\n        limit: 3\n        window: 1h",
-    ));
+    let fg = Floodgate::start(&one_limit(&upstream, Limit::fixed_window(3, "1h")));
     let replies = sequentially(&fg, "/fw", 5).await;
 
     for (reply, remaining) in replies[..3].iter().zip([2, 1, 0]) {
@@ -160,10 +147,7 @@ async fn fixed_window_admits_its_limit_then_answers_429_until_the_window_ends() 
 #[tokio::test]
 async fn sliding_window_log_admits_its_limit_then_answers_429_until_the_oldest_expires() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&one_limit(
-        &upstream,
-        "algorithm: sliding_window_log\n        limit: 3\n        window: 1h",
-    ));
+    let fg = Floodgate::start(&one_limit(&upstream, Limit::sliding_window_log(3, "1h")));
     let replies = sequentially(&fg, "/swl", 5).await;
 
     for (reply, remaining) in replies[..3].iter().zip([2, 1, 0]) {
@@ -186,7 +170,7 @@ async fn sliding_window_counter_admits_its_limit_then_answers_429() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&one_limit(
         &upstream,
-        "algorithm: sliding_window_counter\n        limit: 3\n        window: 1h",
+        Limit::sliding_window_counter(3, "1h"),
     ));
     let replies = sequentially(&fg, "/swc", 5).await;
 
@@ -212,10 +196,7 @@ async fn sliding_window_counter_admits_its_limit_then_answers_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_requests_never_reach_the_upstream() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&one_limit(
-        &upstream,
-        "algorithm: token_bucket\n        capacity: 5\n        refill_rate: 0.001",
-    ));
+    let fg = Floodgate::start(&one_limit(&upstream, Limit::token_bucket(5, 0.001)));
     // A burst of 20 at once, each on its own path so the upstream's log says which got through.
     let client = client();
     let mut tasks = Vec::new();
@@ -336,4 +317,25 @@ async fn leaky_bucket_spaces_admitted_requests_at_the_upstream() {
     // The rejected request does not wait in the queue: it is answered before the last admitted
     // one (held about 400 ms) is even forwarded.
     assert!(*denied_at < arrivals[4], "429 came after the queue drained");
+}
+
+mod config_builder {
+    use super::*;
+
+    #[test]
+    fn renders_the_yaml_floodgate_reads() {
+        let yaml = Config::new()
+            .storage("backend", "memory")
+            .route(
+                Route::new("api", "/api", "http://127.0.0.1:9")
+                    .with("priority", "high")
+                    .limit(Limit::token_bucket(5, 0.5))
+                    .limit(Limit::fixed_window(9, "1h").per("route")),
+            )
+            .yaml();
+        assert_eq!(
+            yaml,
+            "admin_listen: 127.0.0.1:0\nstorage:\n  backend: memory\nroutes:\n  - name: api\n    path_prefix: /api\n    upstream: http://127.0.0.1:9\n    priority: high\n    limits:\n      - {algorithm: token_bucket, capacity: 5, refill_rate: 0.5}\n      - {algorithm: fixed_window, limit: 9, window: 1h, per: route}\n"
+        );
+    }
 }

@@ -6,17 +6,22 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, SLOW, Upstream, client};
 
-fn route(upstream: &Upstream, limits: &str) -> String {
-    format!(
-        "routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n{limits}",
-        upstream.url()
-    )
+/// The route `api`: every path to `upstream`, with `limits`.
+fn route(upstream: &Upstream, limits: &[Limit]) -> Route {
+    limits
+        .iter()
+        .fold(Route::new("api", "/", &upstream.url()), |route, limit| {
+            route.limit(limit.clone())
+        })
 }
 
-const CAPACITY_2: &str =
-    "      - algorithm: token_bucket\n        capacity: 2\n        refill_rate: 0.01\n";
+/// A token bucket of 2 that refills once in 100 s: within a test, two requests and no more.
+fn capacity_2() -> Limit {
+    Limit::token_bucket(2, 0.01)
+}
 
 async fn status(url: &str, key: &str) -> u16 {
     client()
@@ -47,10 +52,11 @@ fn sample(metrics: &str, line_prefix: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_allowed_and_denied_requests() {
     let upstream = Upstream::start().await;
-    let floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, CAPACITY_2)
-    ));
+    let floodgate = Floodgate::start(
+        &Config::new()
+            .route(route(&upstream, &[capacity_2()]))
+            .yaml(),
+    );
     for _ in 0..5 {
         status(&floodgate.url("/x"), "k").await;
     }
@@ -99,11 +105,12 @@ async fn metrics_count_allowed_and_denied_requests() {
 async fn readyz_follows_redis() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let config = format!(
-        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\n  on_error: allow\n{}",
-        redis.url(),
-        route(&upstream, CAPACITY_2)
-    );
+    let config = Config::new()
+        .storage("backend", "redis")
+        .storage("url", &redis.url())
+        .storage("on_error", "allow")
+        .route(route(&upstream, &[capacity_2()]))
+        .yaml();
     let floodgate = Floodgate::start(&config);
     let ready = floodgate.admin_url("/readyz");
     assert_eq!(text(&ready).await.0, 200);
@@ -137,21 +144,17 @@ async fn readyz_follows_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_a_new_limit_while_a_request_is_in_flight() {
     let upstream = Upstream::start().await;
-    let generous =
-        "      - algorithm: token_bucket\n        capacity: 100\n        refill_rate: 0.01\n";
-    let floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, generous)
-    ));
+    let generous = Limit::token_bucket(100, 0.01);
+    let floodgate = Floodgate::start(&Config::new().route(route(&upstream, &[generous])).yaml());
     // A long request (the upstream takes SLOW) on its own connection.
     let slow_url = floodgate.url("/slow");
     let in_flight = tokio::spawn(async move { status(&slow_url, "slowpoke").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let tight = format!(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, CAPACITY_2)
-    );
+    let tight = Config::new()
+        .with("listen", "127.0.0.1:0")
+        .route(route(&upstream, &[capacity_2()]))
+        .yaml();
     std::fs::write(floodgate.config_path(), tight).expect("rewrite config");
     floodgate.signal("HUP");
     // The reload is applied asynchronously; poll until the new limit (capacity 2) shows.
@@ -190,10 +193,11 @@ async fn sighup_applies_a_new_limit_while_a_request_is_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_config_on_sighup_keeps_the_running_one() {
     let upstream = Upstream::start().await;
-    let floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, CAPACITY_2)
-    ));
+    let floodgate = Floodgate::start(
+        &Config::new()
+            .route(route(&upstream, &[capacity_2()]))
+            .yaml(),
+    );
     let url = floodgate.url("/x");
     assert_eq!(status(&url, "a").await, 200);
     std::fs::write(floodgate.config_path(), "listen: 127.0.0.1:0\nroutes: [{name: x, path_prefix: nope, upstream: \"http://127.0.0.1:1\"}]\n")
@@ -225,10 +229,11 @@ async fn an_invalid_config_on_sighup_keeps_the_running_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let upstream = Upstream::start().await;
-    let mut floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, CAPACITY_2)
-    ));
+    let mut floodgate = Floodgate::start(
+        &Config::new()
+            .route(route(&upstream, &[capacity_2()]))
+            .yaml(),
+    );
     let ready = floodgate.admin_url("/readyz");
     let slow_url = floodgate.url("/slow");
     let started = Instant::now();
@@ -260,12 +265,11 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_limit_forwards_what_it_would_deny_and_counts_it() {
     let upstream = Upstream::start().await;
-    let limits = "      - algorithm: token_bucket\n        capacity: 100\n        refill_rate: 1\n\
-                  \x20     - algorithm: fixed_window\n        limit: 2\n        window: 1h\n        shadow: true\n";
-    let floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        route(&upstream, limits)
-    ));
+    let limits = [
+        Limit::token_bucket(100, 1.0),
+        Limit::fixed_window(2, "1h").shadow(),
+    ];
+    let floodgate = Floodgate::start(&Config::new().route(route(&upstream, &limits)).yaml());
     let client = client();
     let mut remaining = Vec::new();
     for _ in 0..4 {
@@ -306,10 +310,12 @@ async fn a_shadow_limit_forwards_what_it_would_deny_and_counts_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_shadow_mode_never_denies() {
     let upstream = Upstream::start().await;
-    let floodgate = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\nshadow: true\n{}",
-        route(&upstream, CAPACITY_2)
-    ));
+    let floodgate = Floodgate::start(
+        &Config::new()
+            .with("shadow", "true")
+            .route(route(&upstream, &[capacity_2()]))
+            .yaml(),
+    );
     for _ in 0..4 {
         assert_eq!(status(&floodgate.url("/x"), "k").await, 200);
     }
@@ -326,12 +332,13 @@ async fn global_shadow_mode_never_denies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ietf_profile_sends_ratelimit_policy_and_ratelimit() {
     let upstream = Upstream::start().await;
-    let limits = "      - algorithm: fixed_window\n        limit: 2\n        window: 1h\n\
-                  \x20     - algorithm: token_bucket\n        capacity: 10\n        refill_rate: 1\n";
-    let floodgate = Floodgate::start(&format!(
-        "rate_limit_headers: ietf\n{}",
-        route(&upstream, limits)
-    ));
+    let limits = [Limit::fixed_window(2, "1h"), Limit::token_bucket(10, 1.0)];
+    let floodgate = Floodgate::start(
+        &Config::new()
+            .with("rate_limit_headers", "ietf")
+            .route(route(&upstream, &limits))
+            .yaml(),
+    );
     common::keep_clear_of_window_boundary(3600, Duration::from_secs(5)).await;
     let client = client();
     let first = client
@@ -379,11 +386,11 @@ async fn the_grafana_dashboard_only_uses_metrics_floodgate_exports() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
     // With adaptive_concurrency, so that its gauge has a series.
-    let config = format!(
-        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\n{}    adaptive_concurrency: {{}}\n",
-        redis.url(),
-        route(&upstream, CAPACITY_2)
-    );
+    let config = Config::new()
+        .storage("backend", "redis")
+        .storage("url", &redis.url())
+        .route(route(&upstream, &[capacity_2()]).with("adaptive_concurrency", "{}"))
+        .yaml();
     let floodgate = Floodgate::start(&config);
     status(&floodgate.url("/x"), "k").await;
     let (_, metrics) = text(&floodgate.admin_url("/metrics")).await;

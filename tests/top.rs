@@ -3,28 +3,20 @@
 
 mod common;
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, Upstream, client, floodgate_command, get};
 use sha2::Digest;
 
 #[tokio::test]
 async fn top_names_the_heaviest_identities_of_a_route_hashed() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0
-routes:
-  - name: api
-    path_prefix: /api
-    upstream: {0}
-    limits:
-      - {{algorithm: token_bucket, capacity: 5, refill_rate: 0.01}}
-  - name: other
-    path_prefix: /
-    upstream: {0}
-    limits:
-      - {{algorithm: token_bucket, capacity: 5, refill_rate: 0.01}}
-",
-        upstream.url()
-    ));
+    let bucket = || Limit::token_bucket(5, 0.01);
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("api", "/api", &upstream.url()).limit(bucket()))
+            .route(Route::new("other", "/", &upstream.url()).limit(bucket()))
+            .yaml(),
+    );
     let client = client();
     // One heavy client among thirty light ones.
     for _ in 0..60 {

@@ -39,6 +39,7 @@ pub const HANG: Duration = Duration::from_secs(10);
 pub const SLOW: Duration = Duration::from_millis(1500);
 
 mod client;
+pub mod config;
 mod demo;
 mod postgres;
 mod process;

@@ -1,0 +1,184 @@
+//! One typed way for tests to write floodgate's config: a [`Config`] of [`Route`]s with typed
+//! [`Limit`]s, rendered as YAML. Tests say what they configure; the indentation is written here
+//! once.
+
+/// One limit of a route, as a YAML flow mapping.
+#[derive(Debug, Clone)]
+pub struct Limit(Vec<(String, String)>);
+
+impl Limit {
+    fn of(algorithm: &str, params: &[(&str, String)]) -> Limit {
+        let mut fields = vec![("algorithm".to_string(), algorithm.to_string())];
+        fields.extend(params.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        Limit(fields)
+    }
+
+    pub fn token_bucket(capacity: u64, refill_rate: f64) -> Limit {
+        Limit::of(
+            "token_bucket",
+            &[
+                ("capacity", capacity.to_string()),
+                ("refill_rate", refill_rate.to_string()),
+            ],
+        )
+    }
+
+    pub fn leaky_bucket(capacity: u64, leak_rate: f64) -> Limit {
+        Limit::of(
+            "leaky_bucket",
+            &[
+                ("capacity", capacity.to_string()),
+                ("leak_rate", leak_rate.to_string()),
+            ],
+        )
+    }
+
+    pub fn fixed_window(limit: u64, window: &str) -> Limit {
+        Limit::of(
+            "fixed_window",
+            &[("limit", limit.to_string()), ("window", window.to_string())],
+        )
+    }
+
+    pub fn sliding_window_log(limit: u64, window: &str) -> Limit {
+        Limit::of(
+            "sliding_window_log",
+            &[("limit", limit.to_string()), ("window", window.to_string())],
+        )
+    }
+
+    pub fn sliding_window_counter(limit: u64, window: &str) -> Limit {
+        Limit::of(
+            "sliding_window_counter",
+            &[("limit", limit.to_string()), ("window", window.to_string())],
+        )
+    }
+
+    pub fn concurrency(limit: u64) -> Limit {
+        Limit::of("concurrency", &[("limit", limit.to_string())])
+    }
+
+    /// Any other key (`per`, `shadow`, `tiers`, `cost`, `lease`), its value as YAML.
+    pub fn with(mut self, key: &str, value: &str) -> Limit {
+        self.0.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// `per: ip` or `per: route`.
+    pub fn per(self, per: &str) -> Limit {
+        self.with("per", per)
+    }
+
+    pub fn shadow(self) -> Limit {
+        self.with("shadow", "true")
+    }
+
+    fn yaml(&self) -> String {
+        let fields: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        format!("{{{}}}", fields.join(", "))
+    }
+}
+
+/// One route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    fields: Vec<(String, String)>,
+    limits: Vec<Limit>,
+}
+
+impl Route {
+    /// A route named `name` for paths under `path_prefix`, forwarding to `upstream`.
+    pub fn new(name: &str, path_prefix: &str, upstream: &str) -> Route {
+        Route {
+            fields: vec![
+                ("name".into(), name.into()),
+                ("path_prefix".into(), path_prefix.into()),
+                ("upstream".into(), upstream.into()),
+            ],
+            limits: Vec::new(),
+        }
+    }
+
+    pub fn limit(mut self, limit: Limit) -> Route {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Any other key of the route (`methods`, `priority`, `adaptive_concurrency`…), as YAML.
+    pub fn with(mut self, key: &str, value: &str) -> Route {
+        self.fields.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    fn yaml(&self, out: &mut String) {
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            out.push_str(if i == 0 { "  - " } else { "    " });
+            out.push_str(&format!("{k}: {v}\n"));
+        }
+        if !self.limits.is_empty() {
+            out.push_str("    limits:\n");
+            for limit in &self.limits {
+                out.push_str(&format!("      - {}\n", limit.yaml()));
+            }
+        }
+    }
+}
+
+/// A whole config: `admin_listen: 127.0.0.1:0` (tests read metrics), then what the test sets.
+#[derive(Debug, Clone)]
+pub struct Config {
+    top: Vec<(String, String)>,
+    storage: Vec<(String, String)>,
+    routes: Vec<Route>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new()
+    }
+}
+
+impl Config {
+    pub fn new() -> Config {
+        Config {
+            top: vec![("admin_listen".into(), "127.0.0.1:0".into())],
+            storage: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+
+    /// A top-level key, its value as YAML (a block value starts with a newline).
+    pub fn with(mut self, key: &str, value: &str) -> Config {
+        self.top.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// A `storage:` key.
+    pub fn storage(mut self, key: &str, value: &str) -> Config {
+        self.storage.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn route(mut self, route: Route) -> Config {
+        self.routes.push(route);
+        self
+    }
+
+    pub fn yaml(&self) -> String {
+        let mut out = String::new();
+        for (k, v) in &self.top {
+            out.push_str(&format!("{k}: {v}\n"));
+        }
+        if !self.storage.is_empty() {
+            out.push_str("storage:\n");
+            for (k, v) in &self.storage {
+                out.push_str(&format!("  {k}: {v}\n"));
+            }
+        }
+        out.push_str("routes:\n");
+        for route in &self.routes {
+            route.yaml(&mut out);
+        }
+        out
+    }
+}
