@@ -8,6 +8,25 @@ mod common;
 use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get, metric};
 use http::StatusCode;
 
+/// `floodgate replay --format json` of `fg`'s own access log (its stderr) with its own config.
+fn replay_own_log(fg: &Floodgate) -> serde_json::Value {
+    let log = TempFile::new(&fg.stderr());
+    let out = floodgate_command(&[
+        "replay".as_ref(),
+        "--config".as_ref(),
+        fg.config_path().as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        log.path().as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
 #[tokio::test]
 async fn replaying_the_proxys_own_log_agrees_with_every_decision_it_made() {
     let upstream = Upstream::start().await;
@@ -53,21 +72,7 @@ routes:
     );
     // Give the log lines of the last requests a moment to be written out.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let log = TempFile::new(&fg.stderr());
-    let out = floodgate_command(&[
-        "replay".as_ref(),
-        "--config".as_ref(),
-        fg.config_path().as_os_str(),
-        "--format".as_ref(),
-        "json".as_ref(),
-        log.path().as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let report = replay_own_log(&fg);
     let api = &report["routes"][0];
     assert_eq!(api["name"], "api");
     assert_eq!(api["requests"], 40);
@@ -156,21 +161,7 @@ admin_listen: 127.0.0.1:0
         )
         .await;
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        let log = TempFile::new(&fg.stderr());
-        let out = floodgate_command(&[
-            "replay".as_ref(),
-            "--config".as_ref(),
-            fg.config_path().as_os_str(),
-            "--format".as_ref(),
-            "json".as_ref(),
-            log.path().as_os_str(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let report = replay_own_log(&fg);
         let api = &report["routes"][0];
         let count = |status| live.get(&status).copied().unwrap_or(0);
         eprintln!("{mode}: live {live:?}, {shadow_denied} shadow_denied; replay {api}");

@@ -277,46 +277,26 @@ impl PostgresStore {
             return super::batch::decide(batcher, job).await;
         }
         self.db.count_call();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+            &keys,
+            &algorithms,
+            &pa,
+            &pb,
+            &costs,
+            &lease,
+            &leases.wants,
+            &leases.backs,
+            &leases.back_ats,
+            &leases.lease_us,
+        ];
         let items: Vec<i64> = match now {
-            None => {
-                self.db
-                    .query(
-                        &self.db.sql.decide,
-                        &[
-                            &keys,
-                            &algorithms,
-                            &pa,
-                            &pb,
-                            &costs,
-                            &lease,
-                            &leases.wants,
-                            &leases.backs,
-                            &leases.back_ats,
-                            &leases.lease_us,
-                        ],
-                    )
-                    .await?
-            }
+            None => self.db.query(&self.db.sql.decide, &params).await?,
             Some(now) => {
+                // The test entry point: the same arguments after the caller's clock.
                 let now = now as i64;
-                self.db
-                    .query(
-                        &self.db.sql.decide_at,
-                        &[
-                            &now,
-                            &keys,
-                            &algorithms,
-                            &pa,
-                            &pb,
-                            &costs,
-                            &lease,
-                            &leases.wants,
-                            &leases.backs,
-                            &leases.back_ats,
-                            &leases.lease_us,
-                        ],
-                    )
-                    .await?
+                let mut at: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&now];
+                at.extend(params);
+                self.db.query(&self.db.sql.decide_at, &at).await?
             }
         };
         Reply::from_ints(&items, asks.len())

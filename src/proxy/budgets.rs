@@ -75,16 +75,28 @@ pub(super) fn query_pairs(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An admin query's parameters, decoded.
+pub(super) struct Query(Vec<(String, String)>);
+
+impl Query {
+    pub(super) fn parse(query: &str) -> Query {
+        Query(query_pairs(query))
+    }
+
+    /// The first value of `name`, if given.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 impl Proxy {
     /// The answer to `GET /budgets?{query}`.
     pub async fn budgets(&self, query: &str) -> Result<Value, BudgetsError> {
-        let pairs = query_pairs(query);
-        let param = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let query = Query::parse(query);
+        let param = |name: &str| query.get(name);
         let snapshot = self.snapshot.load_full();
         let route_name =
             param("route").ok_or_else(|| bad(400, "bad_request", "route= is required"))?;

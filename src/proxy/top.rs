@@ -8,19 +8,14 @@
 use serde_json::{Value, json};
 
 use super::Proxy;
-use super::budgets::{BudgetsError, bad, query_pairs};
+use super::budgets::{BudgetsError, Query, bad};
 use crate::top::CAPACITY;
 
 impl Proxy {
     /// The answer to `GET /top?{query}`.
     pub fn top(&self, query: &str) -> Result<Value, BudgetsError> {
-        let pairs = query_pairs(query);
-        let param = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let query = Query::parse(query);
+        let param = |name: &str| query.get(name);
         let n = match param("n") {
             None => 10,
             Some(text) => text
