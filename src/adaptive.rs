@@ -330,18 +330,21 @@ impl Gate {
             state.waiting[priority.index()].push_back(tx);
             rx
         };
+        let mut waiter = waiter;
         let timeout = self.bounds().queue_timeout;
-        match tokio::time::timeout(timeout, waiter).await {
+        if let Ok(Ok(())) = tokio::time::timeout(timeout, &mut waiter).await {
             // Granted: `dispatch` counted the slot in flight already.
-            Ok(Ok(())) => Some(self.permit()),
-            _ => {
-                // Timed out. A grant that raced with the timeout is given back by dispatch,
-                // which finds this waiter's receiver gone.
-                let mut state = self.lock();
-                state.waiting[priority.index()].retain(|tx| !tx.is_closed());
-                None
-            }
+            return Some(self.permit());
         }
+        // Timed out. Closing the receiver makes any later grant fail (dispatch then frees the
+        // slot); a grant that came in between is taken, or its slot would be lost.
+        waiter.close();
+        if waiter.try_recv().is_ok() {
+            return Some(self.permit());
+        }
+        let mut state = self.lock();
+        state.waiting[priority.index()].retain(|tx| !tx.is_closed());
+        None
     }
 
     fn permit(self: &Arc<Self>) -> Permit {
