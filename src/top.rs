@@ -185,13 +185,13 @@ impl Inner {
             self.by_hash.insert(hash, i);
             return i;
         }
+        // (A full table has CAPACITY counters: the fallback is never taken.)
         let (i, smallest) = self
             .counters
             .iter()
             .enumerate()
             .min_by_key(|(_, c)| c.total())
-            .map(|(i, c)| (i, c.total()))
-            .expect("a full table has counters");
+            .map_or((0, 0), |(i, c)| (i, c.total()));
         let old = std::mem::replace(
             &mut self.counters[i],
             Counter {
@@ -215,17 +215,15 @@ impl Counter {
     fn row(&self) -> Row {
         let identity = match self.kind {
             IdentityKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(&self.value)),
-            IdentityKind::Ip => match self.value.len() {
-                4 => format!(
-                    "ip:{}",
-                    std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&self.value[..]).unwrap())
-                ),
-                16 => format!(
-                    "ip:{}",
-                    std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&self.value[..]).unwrap())
-                ),
-                _ => "ip:?".to_string(),
-            },
+            IdentityKind::Ip => {
+                if let Ok(v4) = <[u8; 4]>::try_from(&self.value[..]) {
+                    format!("ip:{}", std::net::Ipv4Addr::from(v4))
+                } else if let Ok(v6) = <[u8; 16]>::try_from(&self.value[..]) {
+                    format!("ip:{}", std::net::Ipv6Addr::from(v6))
+                } else {
+                    "ip:?".to_string()
+                }
+            }
             IdentityKind::ApiKey | IdentityKind::UserId => {
                 use sha2::Digest;
                 let digest = sha2::Sha256::digest(&self.value);

@@ -54,16 +54,10 @@ fn with_key(key: &str) -> Vec<(&str, &str)> {
     vec![("x-api-key", key)]
 }
 
-const CONSUMERS: &str = "consumers:
-  unknown_key: reject
-  entries:
-    - name: acme
-      tier: pro
-      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
-                    60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
-    - name: hobbyist
-      keys_sha256: [fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9]
-";
+/// The consumers, unknown keys rejected (`common::config::consumers`).
+fn consumers_rejecting() -> String {
+    common::config::consumers("reject")
+}
 // The keys above: acme has `test` and `test2`; hobbyist (tier default) has `bar`.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +67,7 @@ async fn rotating_unknown_keys_are_rejected_with_401_and_never_reach_the_upstrea
         "admin_listen: 127.0.0.1:0\n{}",
         config(
             &upstream,
-            CONSUMERS,
+            &consumers_rejecting(),
             "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n"
         )
     ));
@@ -102,7 +96,7 @@ async fn two_keys_of_one_consumer_share_one_budget() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        CONSUMERS,
+        &consumers_rejecting(),
         "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
     ));
     let got = statuses(
@@ -126,7 +120,7 @@ async fn two_keys_of_one_consumer_share_one_budget() {
 #[tokio::test]
 async fn unknown_keys_under_anonymous_share_the_clients_ip_budget() {
     let upstream = Upstream::start().await;
-    let consumers = CONSUMERS.replace("unknown_key: reject", "unknown_key: anonymous");
+    let consumers = common::config::consumers("anonymous");
     let fg = Floodgate::start(&config(
         &upstream,
         &consumers,
@@ -142,7 +136,7 @@ async fn unknown_keys_under_anonymous_share_the_clients_ip_budget() {
 #[tokio::test]
 async fn a_tier_limit_applies_only_to_that_tier() {
     let upstream = Upstream::start().await;
-    let consumers = CONSUMERS.replace("unknown_key: reject", "unknown_key: anonymous");
+    let consumers = common::config::consumers("anonymous");
     let fg = Floodgate::start(&config(
         &upstream,
         &consumers,
@@ -273,7 +267,7 @@ async fn consumers_and_tiers_hold_on_redis() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &format!("{}{CONSUMERS}", on_redis(&redis)),
+        &format!("{}{}", on_redis(&redis), consumers_rejecting()),
         "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
       - {algorithm: token_bucket, capacity: 1, refill_rate: 0.01, tiers: [default]}
       - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
@@ -455,7 +449,7 @@ async fn budgets_on_redis_follow_spending_and_never_spend() {
         "admin_listen: 127.0.0.1:0\n{}",
         config(
             &upstream,
-            &format!("{}{CONSUMERS}", on_redis(&redis)),
+            &format!("{}{}", on_redis(&redis), consumers_rejecting()),
             "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
       - {algorithm: fixed_window, limit: 50, window: 1h, per: route}
       - {algorithm: concurrency, limit: 4, per: route}

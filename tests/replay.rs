@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::config::consumers;
 use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get, metric};
 use http::StatusCode;
 
@@ -84,23 +85,6 @@ routes:
     assert_eq!(report["malformed"]["total"], 0);
     // The raw keys never reach the log.
     assert!(!fg.stderr().contains("key-1"));
-}
-
-/// The consumers of `tests/policies.rs`: acme (tier pro) has the keys `test` and `test2`,
-/// hobbyist (tier default) has `bar`; `unknown_key` as given.
-fn consumers(unknown_key: &str) -> String {
-    format!(
-        "consumers:
-  unknown_key: {unknown_key}
-  entries:
-    - name: acme
-      tier: pro
-      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
-                    60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
-    - name: hobbyist
-      keys_sha256: [fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9]
-"
-    )
 }
 
 #[tokio::test]

@@ -27,8 +27,14 @@ fn get(admin: &str, path: &str) -> Result<serde_json::Value, String> {
         .strip_prefix("http://")
         .ok_or_else(|| format!("--admin {admin:?}: expected http://HOST:PORT"))?
         .trim_end_matches('/');
-    let mut stream = TcpStream::connect(host).map_err(|e| format!("cannot reach {admin}: {e}"))?;
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(host)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| format!("--admin {admin:?}: cannot resolve {host}"))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("cannot reach {admin}: {e}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    stream.set_write_timeout(Some(Duration::from_secs(5))).ok();
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"

@@ -182,3 +182,20 @@ impl Config {
         out
     }
 }
+
+/// The test consumers (a `consumers:` block), with `unknown_key` as given: acme (tier pro) has
+/// the keys `test` and `test2`, hobbyist (tier default) has `bar`.
+pub fn consumers(unknown_key: &str) -> String {
+    format!(
+        "consumers:
+  unknown_key: {unknown_key}
+  entries:
+    - name: acme
+      tier: pro
+      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
+                    60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
+    - name: hobbyist
+      keys_sha256: [fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9]
+"
+    )
+}
