@@ -7,40 +7,29 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, RedisCluster, Upstream, client, get, hammer};
 use http::StatusCode;
 
 /// A one-route config on `cluster`. `on_error: deny` so any store error (a CROSSSLOT, say)
 /// shows as a 503; a 1 s decision budget because a debug build, six redis-servers and the test
 /// share two cores.
-fn config(cluster: &RedisCluster, upstream: &Upstream, limits: &str) -> String {
-    let urls: Vec<String> = cluster.urls();
-    format!(
-        "storage:
-  backend: redis_cluster
-  urls: [{}]
-  on_error: deny
-  timeout: 1s
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-{limits}",
-        urls.join(", "),
-        upstream.url()
-    )
+fn config(cluster: &RedisCluster, upstream: &Upstream, limits: &[Limit]) -> String {
+    let urls = format!("[{}]", cluster.urls().join(", "));
+    Config::new()
+        .storage("backend", "redis_cluster")
+        .storage("urls", &urls)
+        .storage("on_error", "deny")
+        .storage("timeout", "1s")
+        .route(Route::new("api", "/", &upstream.url()).limits(limits.iter().cloned()))
+        .yaml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_over_grant_test_passes_on_a_cluster_through_two_instances() {
     let cluster = RedisCluster::start(3);
     let upstream = Upstream::start().await;
-    let yaml = config(
-        &cluster,
-        &upstream,
-        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 10}\n",
-    );
+    let yaml = config(&cluster, &upstream, &[Limit::token_bucket(10, 10.0)]);
     let a = Floodgate::start(&yaml);
     let b = Floodgate::start(&yaml);
     // The cluster client connects in the background: wait until both instances decide.
@@ -80,13 +69,14 @@ async fn every_algorithm_decides_in_one_script_with_no_crossslot() {
     let fg = Floodgate::start(&config(
         &cluster,
         &upstream,
-        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 0.01}
-      - {algorithm: leaky_bucket, capacity: 10, leak_rate: 1000}
-      - {algorithm: fixed_window, limit: 3, window: 1h}
-      - {algorithm: sliding_window_log, limit: 10, window: 1h}
-      - {algorithm: sliding_window_counter, limit: 10, window: 1h}
-      - {algorithm: concurrency, limit: 10}
-",
+        &[
+            Limit::token_bucket(10, 0.01),
+            Limit::leaky_bucket(10, 1000.0),
+            Limit::fixed_window(3, "1h"),
+            Limit::sliding_window_log(10, "1h"),
+            Limit::sliding_window_counter(10, "1h"),
+            Limit::concurrency(10),
+        ],
     ));
     let client = client();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -127,7 +117,7 @@ async fn a_per_route_cap_holds_on_a_cluster() {
     let fg = Floodgate::start(&config(
         &cluster,
         &upstream,
-        "      - {algorithm: fixed_window, limit: 5, window: 1h, per: route}\n",
+        &[Limit::fixed_window(5, "1h").per("route")],
     ));
     let client = client();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -327,7 +317,7 @@ async fn slots_migrated_under_traffic_cause_no_5xx() {
     let fg = Floodgate::start(&config(
         &cluster,
         &upstream,
-        "      - {algorithm: token_bucket, capacity: 1000000, refill_rate: 0.001}\n",
+        &[Limit::token_bucket(1_000_000, 0.001)],
     ));
     let client = client();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -3,28 +3,21 @@
 
 mod common;
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, Reply, Upstream, assert_problem, client, get};
 use http::StatusCode;
 
 /// One route, `/` → `upstream`, with a token bucket of `capacity` that does not refill during a
-/// test (one token per 1000 s), behind `trusted_proxies`.
-fn config(upstream: &Upstream, capacity: u32, trusted_proxies: &str) -> String {
-    format!(
-        "identity:
-  api_key_header: X-API-Key
-  user_id_header: X-User-Id
-  trusted_proxies: {trusted_proxies}
-routes:
-  - name: limited
-    path_prefix: /
-    upstream: {}
-    limits:
-      - algorithm: token_bucket
-        capacity: {capacity}
-        refill_rate: 0.001
-",
-        upstream.url()
-    )
+/// test (one token per 1000 s), behind `trusted_proxies`, with the identity headers spelled out.
+fn config(upstream: &Upstream, capacity: u64, trusted_proxies: &str) -> String {
+    Config::new()
+        .set("identity", "api_key_header", "X-API-Key")
+        .set("identity", "user_id_header", "X-User-Id")
+        .trusted_proxies(trusted_proxies)
+        .route(
+            Route::new("limited", "/", &upstream.url()).limit(Limit::token_bucket(capacity, 0.001)),
+        )
+        .yaml()
 }
 
 /// A floodgate that trusts the test client's own address as a proxy, one request per identity.

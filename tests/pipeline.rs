@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::config::{Config, Limit, Route};
 use common::{Upstream, client, get};
-use floodgate::config::Config;
 use floodgate::limiter::{Limiter, ManualClock, MemoryStore};
 use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
@@ -29,8 +29,8 @@ struct InProcess {
 }
 
 impl InProcess {
-    async fn start(yaml: &str) -> InProcess {
-        let config = Config::from_yaml(&format!("listen: 127.0.0.1:0\n{yaml}")).expect("config");
+    async fn start(config: &Config) -> InProcess {
+        let config = parsed(config);
         let clock = Arc::new(ManualClock::new(T0));
         let limiter = Limiter::Memory(Arc::new(MemoryStore::new(clock.clone(), 1000)));
         let metrics = Arc::new(Metrics::with_limiter(&limiter));
@@ -68,29 +68,23 @@ impl Drop for InProcess {
     }
 }
 
-fn one_route(upstream: &Upstream, limits: &str) -> String {
-    format!(
-        "routes:
-  - name: api
-    path_prefix: /api
-    upstream: {}
-    limits:
-{limits}",
-        upstream.url()
-    )
+/// `config` as floodgate reads it, on port 0.
+fn parsed(config: &Config) -> floodgate::config::Config {
+    floodgate::config::Config::from_yaml(&config.clone().with("listen", "127.0.0.1:0").yaml())
+        .expect("config")
+}
+
+/// One route, `/api` → `upstream`, with `limits`.
+fn one_route(upstream: &Upstream, limits: impl IntoIterator<Item = Limit>) -> Config {
+    Config::new().route(Route::new("api", "/api", &upstream.url()).limits(limits))
 }
 
 #[tokio::test]
 async fn each_phase_answers_its_own_early_exit() {
     let upstream = Upstream::start().await;
-    let fg = InProcess::start(&format!(
-        "consumers:\n  unknown_key: reject\n  entries: []\n{}",
-        one_route(
-            &upstream,
-            "      - {algorithm: token_bucket, capacity: 1, refill_rate: 1}\n"
-        )
-    ))
-    .await;
+    let fg =
+        InProcess::start(&one_route(&upstream, [Limit::token_bucket(1, 1.0)]).consumers("reject"))
+            .await;
     let client = client();
     // Route: nothing matches.
     let reply = get(&client, &fg.url("/elsewhere"), &[]).await;
@@ -125,11 +119,7 @@ async fn each_phase_answers_its_own_early_exit() {
 #[tokio::test]
 async fn a_denied_client_passes_exactly_when_the_clock_reaches_retry_after() {
     let upstream = Upstream::start().await;
-    let fg = InProcess::start(&one_route(
-        &upstream,
-        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.5}\n",
-    ))
-    .await;
+    let fg = InProcess::start(&one_route(&upstream, [Limit::token_bucket(2, 0.5)])).await;
     let client = client();
     let url = fg.url("/api");
     assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
@@ -152,10 +142,12 @@ async fn a_denied_client_passes_exactly_when_the_clock_reaches_retry_after() {
 #[tokio::test]
 async fn a_reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
     let upstream = Upstream::start().await;
-    let limits = "      - {algorithm: fixed_window, limit: 2, window: 1h}
-      - {algorithm: fixed_window, limit: 3, window: 1h, per: route}
-";
-    let fg = InProcess::start(&one_route(&upstream, limits)).await;
+    let route_cap = Limit::fixed_window(3, "1h").per("route");
+    let fg = InProcess::start(&one_route(
+        &upstream,
+        [Limit::fixed_window(2, "1h"), route_cap.clone()],
+    ))
+    .await;
     let client = client();
     let url = fg.url("/api");
     for _ in 0..2 {
@@ -166,13 +158,8 @@ async fn a_reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() 
         StatusCode::TOO_MANY_REQUESTS
     );
     // The client's limit goes from 2 to 5; the route cap (3, of which 2 are spent) is unchanged.
-    let changed = limits.replace("limit: 2,", "limit: 5,");
-    let config = Config::from_yaml(&format!(
-        "listen: 127.0.0.1:0\n{}",
-        one_route(&upstream, &changed)
-    ))
-    .expect("config");
-    fg.proxy.reload(&config);
+    let changed = one_route(&upstream, [Limit::fixed_window(5, "1h"), route_cap]);
+    fg.proxy.reload(&parsed(&changed));
     assert_eq!(get(&client, &url, &[]).await.status, StatusCode::OK);
     assert_eq!(
         get(&client, &url, &[]).await.status,
@@ -184,15 +171,13 @@ async fn a_reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() 
 #[tokio::test]
 async fn budgets_show_a_budget_spent_and_restored_and_never_spend_it() {
     let upstream = Upstream::start().await;
-    let fg = InProcess::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        one_route(
-            &upstream,
-            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 1}
-      - {algorithm: fixed_window, limit: 100, window: 1h, per: route}
-      - {algorithm: token_bucket, capacity: 9, refill_rate: 1, per: ip}
-"
-        )
+    let fg = InProcess::start(&one_route(
+        &upstream,
+        [
+            Limit::token_bucket(3, 1.0),
+            Limit::fixed_window(100, "1h").per("route"),
+            Limit::token_bucket(9, 1.0).per("ip"),
+        ],
     ))
     .await;
     let client = client();
@@ -252,14 +237,7 @@ async fn budgets_show_a_budget_spent_and_restored_and_never_spend_it() {
 #[tokio::test]
 async fn budgets_answer_404_for_an_unknown_route_and_400_without_an_identity() {
     let upstream = Upstream::start().await;
-    let fg = InProcess::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        one_route(
-            &upstream,
-            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 1}\n"
-        )
-    ))
-    .await;
+    let fg = InProcess::start(&one_route(&upstream, [Limit::token_bucket(3, 1.0)])).await;
     let client = client();
     let r = get(
         &client,
@@ -285,13 +263,9 @@ async fn budgets_answer_404_for_an_unknown_route_and_400_without_an_identity() {
 async fn budgets_key_an_ipv6_client_by_its_prefix_as_the_proxy_does() {
     let upstream = Upstream::start().await;
     // The test client is 127.0.0.1, trusted, so its X-Forwarded-For names the client.
-    let fg = InProcess::start(&format!(
-        "admin_listen: 127.0.0.1:0\nidentity:\n  trusted_proxies: [127.0.0.1]\n{}",
-        one_route(
-            &upstream,
-            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.001}\n"
-        )
-    ))
+    let fg = InProcess::start(
+        &one_route(&upstream, [Limit::token_bucket(3, 0.001)]).trusted_proxies("[127.0.0.1]"),
+    )
     .await;
     let client = client();
     let spent = get(

@@ -5,18 +5,15 @@
 
 mod common;
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, RedisServer, Reply, Upstream, client, closed_port_addr, get, unix_now};
 
-/// Each route: a fixed window of 2 per 30 s, so a denial's earliest retry and the budget's
-/// full reset are the same instant: the window's end.
-const LIMITS: &str =
-    "    limits:\n      - algorithm: fixed_window\n        limit: 2\n        window: 30s\n";
-
-fn config(storage: &str, upstream: &Upstream) -> String {
-    format!(
-        "{storage}routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n{LIMITS}",
-        upstream.url()
-    )
+/// `stored` with its one route: a fixed window of 2 per 30 s, so a denial's earliest retry and
+/// the budget's full reset are the same instant: the window's end.
+fn config(stored: Config, upstream: &Upstream) -> String {
+    stored
+        .route(Route::new("api", "/", &upstream.url()).limit(Limit::fixed_window(2, "30s")))
+        .yaml()
 }
 
 /// Checks one 429: Reset within the window of now, and Retry-After landing on it.
@@ -53,7 +50,7 @@ async fn spend_then_deny(fg: &Floodgate, denials: usize) -> Vec<Reply> {
 #[tokio::test]
 async fn the_memory_store_answers_429_with_a_unix_reset() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&config("", &upstream));
+    let fg = Floodgate::start(&config(Config::new(), &upstream));
     for reply in spend_then_deny(&fg, 3).await {
         assert_reset_is_unix_time(&reply, "memory");
     }
@@ -63,11 +60,11 @@ async fn the_memory_store_answers_429_with_a_unix_reset() {
 async fn redis_and_its_deny_cache_answer_429_with_a_unix_reset() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let storage = format!(
-        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\n  timeout: 500ms\n",
-        redis.url()
-    );
-    let fg = Floodgate::start(&config(&storage, &upstream));
+    let stored = Config::new()
+        .storage("backend", "redis")
+        .storage("url", &redis.url())
+        .storage("timeout", "500ms");
+    let fg = Floodgate::start(&config(stored, &upstream));
     let replies = spend_then_deny(&fg, 4).await;
     // The first denial is the store's; the store was asked once for the rest of them at most
     // (each later one is the deny cache's answer).
@@ -85,11 +82,10 @@ async fn redis_and_its_deny_cache_answer_429_with_a_unix_reset() {
 #[tokio::test]
 async fn the_local_fallback_answers_429_with_a_unix_reset_while_redis_is_down() {
     let upstream = Upstream::start().await;
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: redis://{}\n  timeout: 50ms\n  on_error: local\n",
-        closed_port_addr()
-    );
-    let fg = Floodgate::start(&config(&storage, &upstream));
+    let stored = Config::new()
+        .redis(&format!("redis://{}", closed_port_addr()), "local")
+        .storage("timeout", "50ms");
+    let fg = Floodgate::start(&config(stored, &upstream));
     for reply in spend_then_deny(&fg, 3).await {
         assert_reset_is_unix_time(&reply, "local fallback");
     }

@@ -7,27 +7,20 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, RedisSentinelSet, Upstream, client, get};
 use http::StatusCode;
 
-fn config(set: &RedisSentinelSet, upstream: &Upstream, on_error: &str, limit: &str) -> String {
-    format!(
-        "storage:
-  backend: redis_sentinel
-  sentinels: [{}]
-  master_name: mymaster
-  on_error: {on_error}
-  timeout: 200ms
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-      - {limit}
-",
-        set.sentinel_urls().join(", "),
-        upstream.url()
-    )
+fn config(set: &RedisSentinelSet, upstream: &Upstream, on_error: &str, limit: Limit) -> String {
+    let sentinels = format!("[{}]", set.sentinel_urls().join(", "));
+    Config::new()
+        .storage("backend", "redis_sentinel")
+        .storage("sentinels", &sentinels)
+        .storage("master_name", "mymaster")
+        .storage("on_error", on_error)
+        .storage("timeout", "200ms")
+        .route(Route::new("api", "/", &upstream.url()).limit(limit))
+        .yaml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,7 +31,7 @@ async fn a_killed_master_is_followed_to_the_promoted_replica() {
         &set,
         &upstream,
         "allow",
-        "{algorithm: token_bucket, capacity: 1000000, refill_rate: 0.001}",
+        Limit::token_bucket(1_000_000, 0.001),
     ));
     let client = client();
     let url = fg.url("/x");
@@ -86,7 +79,7 @@ async fn a_killed_master_is_followed_to_the_promoted_replica() {
         &set,
         &upstream,
         "deny",
-        "{algorithm: token_bucket, capacity: 3, refill_rate: 0.01}",
+        Limit::token_bucket(3, 0.01),
     ));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut got = Vec::new();

@@ -104,6 +104,11 @@ impl Route {
         self
     }
 
+    pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Route {
+        self.limits.extend(limits);
+        self
+    }
+
     /// Any other key of the route (`methods`, `priority`, `adaptive_concurrency`…), as YAML.
     pub fn with(mut self, key: &str, value: &str) -> Route {
         self.fields.push((key.to_string(), value.to_string()));
@@ -128,7 +133,7 @@ impl Route {
 #[derive(Debug, Clone)]
 pub struct Config {
     top: Vec<(String, String)>,
-    storage: Vec<(String, String)>,
+    sections: Vec<(String, Vec<(String, String)>)>,
     routes: Vec<Route>,
 }
 
@@ -142,7 +147,7 @@ impl Config {
     pub fn new() -> Config {
         Config {
             top: vec![("admin_listen".into(), "127.0.0.1:0".into())],
-            storage: Vec::new(),
+            sections: Vec::new(),
             routes: Vec::new(),
         }
     }
@@ -153,9 +158,44 @@ impl Config {
         self
     }
 
+    /// `key: value` inside the top-level mapping `section` (`storage`, `identity`, `timeouts`…).
+    pub fn set(mut self, section: &str, key: &str, value: &str) -> Config {
+        let entry = (key.to_string(), value.to_string());
+        match self.sections.iter_mut().find(|(name, _)| name == section) {
+            Some((_, keys)) => keys.push(entry),
+            None => self.sections.push((section.to_string(), vec![entry])),
+        }
+        self
+    }
+
     /// A `storage:` key.
-    pub fn storage(mut self, key: &str, value: &str) -> Config {
-        self.storage.push((key.to_string(), value.to_string()));
+    pub fn storage(self, key: &str, value: &str) -> Config {
+        self.set("storage", key, value)
+    }
+
+    /// A `timeouts:` key.
+    pub fn timeout(self, key: &str, value: &str) -> Config {
+        self.set("timeouts", key, value)
+    }
+
+    /// `storage:` for one Redis server at `url`, with `on_error`.
+    pub fn redis(self, url: &str, on_error: &str) -> Config {
+        self.storage("backend", "redis")
+            .storage("url", url)
+            .storage("on_error", on_error)
+    }
+
+    /// `identity: {trusted_proxies: …}`, a YAML list of addresses or networks.
+    pub fn trusted_proxies(self, list: &str) -> Config {
+        self.set("identity", "trusted_proxies", list)
+    }
+
+    /// The test consumers ([`consumers`]), unknown keys handled as `unknown_key` says.
+    pub fn consumers(mut self, unknown_key: &str) -> Config {
+        let block = consumers(unknown_key);
+        let value = block.strip_prefix("consumers:").expect("a consumers block");
+        self.top
+            .push(("consumers".into(), value.trim_end().to_string()));
         self
     }
 
@@ -169,9 +209,9 @@ impl Config {
         for (k, v) in &self.top {
             out.push_str(&format!("{k}: {v}\n"));
         }
-        if !self.storage.is_empty() {
-            out.push_str("storage:\n");
-            for (k, v) in &self.storage {
+        for (section, keys) in &self.sections {
+            out.push_str(&format!("{section}:\n"));
+            for (k, v) in keys {
                 out.push_str(&format!("  {k}: {v}\n"));
             }
         }
