@@ -15,14 +15,23 @@ use http::StatusCode;
 /// shows as a 503; a 1 s decision budget because a debug build, six redis-servers and the test
 /// share two cores.
 fn config(cluster: &RedisCluster, upstream: &Upstream, limits: &[Limit]) -> String {
-    let urls = format!("[{}]", cluster.urls().join(", "));
+    on_cluster(&cluster.urls(), "deny")
+        .storage("timeout", "1s")
+        .route(api(upstream, limits))
+        .yaml()
+}
+
+/// `storage:` on the cluster's nodes at `urls`, with `on_error`.
+fn on_cluster(urls: &[String], on_error: &str) -> Config {
     Config::new()
         .storage("backend", "redis_cluster")
-        .storage("urls", &urls)
-        .storage("on_error", "deny")
-        .storage("timeout", "1s")
-        .route(Route::new("api", "/", &upstream.url()).limits(limits.iter().cloned()))
-        .yaml()
+        .storage("urls", &format!("[{}]", urls.join(", ")))
+        .storage("on_error", on_error)
+}
+
+/// The one route, `/` → `upstream`, with `limits`.
+fn api(upstream: &Upstream, limits: &[Limit]) -> Route {
+    Route::new("api", "/", &upstream.url()).limits(limits.iter().cloned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,22 +152,12 @@ async fn a_killed_master_costs_no_5xx_and_limiting_resumes_after_the_promotion()
     let mut cluster = RedisCluster::start(3);
     let upstream = Upstream::start().await;
     let urls = cluster.urls();
-    let fg = Floodgate::start(&format!(
-        "storage:
-  backend: redis_cluster
-  urls: [{}]
-  on_error: allow
-  timeout: 200ms
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-      - {{algorithm: token_bucket, capacity: 1000000, refill_rate: 0.001}}
-",
-        urls.join(", "),
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &on_cluster(&urls, "allow")
+            .storage("timeout", "200ms")
+            .route(api(&upstream, &[Limit::token_bucket(1_000_000, 0.001)]))
+            .yaml(),
+    );
     // (A slow refill: each request's key then lives for its 1000 s of refill, long enough to be
     // found on its master below.)
     let client = client();
@@ -215,22 +214,12 @@ routes:
     // client would otherwise wait on a dead master.
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
     // And exact again on the promoted master: a fresh client gets its capacity and no more.
-    let limited = Floodgate::start(&format!(
-        "storage:
-  backend: redis_cluster
-  urls: [{}]
-  on_error: deny
-  timeout: 1s
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.01}}
-",
-        urls.join(", "),
-        upstream.url()
-    ));
+    let limited = Floodgate::start(
+        &on_cluster(&urls, "deny")
+            .storage("timeout", "1s")
+            .route(api(&upstream, &[Limit::token_bucket(3, 0.01)]))
+            .yaml(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut got = Vec::new();
     while got.len() < 5 {
@@ -253,22 +242,11 @@ async fn a_cluster_down_at_start_is_joined_when_it_comes_up() {
         .iter()
         .map(|p| format!("redis://127.0.0.1:{p}"))
         .collect();
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0
-storage:
-  backend: redis_cluster
-  urls: [{}]
-  on_error: allow
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.01}}
-",
-        urls.join(", "),
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &on_cluster(&urls, "allow")
+            .route(api(&upstream, &[Limit::token_bucket(3, 0.01)]))
+            .yaml(),
+    );
     let client = client();
     // No cluster yet: floodgate serves (fail open) and says it is not ready.
     assert_eq!(

@@ -20,6 +20,14 @@ fn one_limit(upstream: &Upstream, limit: Limit) -> String {
         .yaml()
 }
 
+/// A route `warm` (`/warm`, no limits: it warms up the HTTP/2 connection), then `route`.
+fn warm_then(route: Route) -> String {
+    Config::new()
+        .route(Route::new("warm", "/warm", route.upstream()))
+        .route(route)
+        .yaml()
+}
+
 /// Sends `n` GETs to `path` one after the other.
 async fn sequentially(fg: &Floodgate, path: &str, n: usize) -> Vec<Reply> {
     let client = client();
@@ -64,20 +72,8 @@ async fn leaky_bucket_admits_its_queue_size_then_answers_429() {
     // One request leaves every 500 ms, so admitted requests are held 0, 500 and 1000 ms. A second
     // route without limits warms up the HTTP/2 connection first, so that no connection setup
     // sits between the four requests below.
-    let fg = Floodgate::start(&format!(
-        "routes:
-  - name: warm
-    path_prefix: /warm
-    upstream: {url}
-  - name: leaky
-    path_prefix: /
-    upstream: {url}
-    limits:
-      - algorithm: leaky_bucket
-        capacity: 3
-        leak_rate: 2
-",
-        url = upstream.url()
+    let fg = Floodgate::start(&warm_then(
+        Route::new("leaky", "/", &upstream.url()).limit(Limit::leaky_bucket(3, 2.0)),
     ));
     let client = h2c_client();
     assert_eq!(
@@ -229,10 +225,11 @@ async fn denied_requests_never_reach_the_upstream() {
 #[tokio::test]
 async fn a_route_without_limits_is_proxied_unlimited_without_rate_limit_headers() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "routes:\n  - name: open\n    path_prefix: /\n    upstream: {}\n",
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("open", "/", &upstream.url()))
+            .yaml(),
+    );
     for reply in sequentially(&fg, "/open", 20).await {
         assert_eq!(reply.status, StatusCode::OK);
         assert!(
@@ -246,20 +243,8 @@ async fn a_route_without_limits_is_proxied_unlimited_without_rate_limit_headers(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaky_bucket_spaces_admitted_requests_at_the_upstream() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "routes:
-  - name: warm
-    path_prefix: /warm
-    upstream: {url}
-  - name: paced
-    path_prefix: /
-    upstream: {url}
-    limits:
-      - algorithm: leaky_bucket
-        capacity: 5
-        leak_rate: 10
-",
-        url = upstream.url()
+    let fg = Floodgate::start(&warm_then(
+        Route::new("paced", "/", &upstream.url()).limit(Limit::leaky_bucket(5, 10.0)),
     ));
     // One warmed-up HTTP/2 connection carries all six requests, so they reach floodgate within
     // a millisecond or two of each other: well inside the 100 ms after which the queue's first

@@ -99,6 +99,11 @@ impl Route {
         }
     }
 
+    /// The route's upstream URL.
+    pub fn upstream(&self) -> &str {
+        &self.fields[2].1
+    }
+
     pub fn limit(mut self, limit: Limit) -> Route {
         self.limits.push(limit);
         self
