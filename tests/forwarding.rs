@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::{Config, Route};
 use common::{
     Floodgate, HANG, UPSTREAM_BODY, Upstream, assert_problem, client, closed_port_addr, get,
     h2c_client, raw_exchange, read_head,
@@ -14,23 +15,19 @@ use http::{StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// One unlimited route, `/` → `upstream_url`, with extra top-level YAML.
-fn open_route(upstream_url: &str, extra: &str) -> String {
-    format!("{extra}routes:\n  - name: open\n    path_prefix: /\n    upstream: {upstream_url}\n")
+/// One unlimited route, `/` → `upstream_url`.
+fn open_route(upstream_url: &str) -> Config {
+    Config::new().route(Route::new("open", "/", upstream_url))
 }
 
 #[tokio::test]
 async fn an_unknown_route_gets_404_problem_json() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "routes:
-  - name: api
-    path_prefix: /api
-    methods: [GET]
-    upstream: {}
-",
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("api", "/api", &upstream.url()).with("methods", "[GET]"))
+            .yaml(),
+    );
     let client = client();
     let reply = get(&client, &fg.url("/elsewhere"), &[]).await;
     assert_problem(&reply, StatusCode::NOT_FOUND, "no_route");
@@ -49,7 +46,7 @@ async fn an_unknown_route_gets_404_problem_json() {
 #[tokio::test]
 async fn a_closed_upstream_port_gets_502_problem_json() {
     let closed = closed_port_addr();
-    let fg = Floodgate::start(&open_route(&format!("http://{closed}"), ""));
+    let fg = Floodgate::start(&open_route(&format!("http://{closed}")).yaml());
     let reply = get(&client(), &fg.url("/anything"), &[]).await;
     assert_problem(&reply, StatusCode::BAD_GATEWAY, "upstream_unreachable");
 }
@@ -57,10 +54,11 @@ async fn a_closed_upstream_port_gets_502_problem_json() {
 #[tokio::test]
 async fn a_hanging_upstream_gets_504_problem_json() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&open_route(
-        &upstream.url(),
-        "timeouts:\n  upstream_response: 300ms\n",
-    ));
+    let fg = Floodgate::start(
+        &open_route(&upstream.url())
+            .timeout("upstream_response", "300ms")
+            .yaml(),
+    );
     // The upstream would answer only after HANG (10 s); a 504 at all proves floodgate gave up
     // first, so no timing is asserted.
     let reply = tokio::time::timeout(HANG, get(&client(), &fg.url("/hang"), &[]))
@@ -73,7 +71,7 @@ async fn a_hanging_upstream_gets_504_problem_json() {
 #[tokio::test]
 async fn http2_clients_reach_an_http1_upstream_with_forwarding_headers() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&open_route(&upstream.url(), ""));
+    let fg = Floodgate::start(&open_route(&upstream.url()).yaml());
     let reply = get(&h2c_client(), &fg.url("/h2/path?q=1"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.version, Version::HTTP_2);
@@ -100,7 +98,7 @@ async fn http2_clients_reach_an_http1_upstream_with_forwarding_headers() {
 #[tokio::test]
 async fn hop_by_hop_request_headers_never_reach_the_upstream() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&open_route(&upstream.url(), ""));
+    let fg = Floodgate::start(&open_route(&upstream.url()).yaml());
     // A raw request, so that no client library tidies the headers up first.
     let request = format!(
         "GET /hop-request HTTP/1.1\r\n\
@@ -156,7 +154,7 @@ async fn hop_by_hop_response_headers_never_reach_the_client() {
     assert!(direct.contains("\r\nx-foo: 1\r\n"), "{direct}");
     assert!(direct.contains("\r\nkeep-alive: timeout=5\r\n"), "{direct}");
 
-    let fg = Floodgate::start(&open_route(&upstream.url(), ""));
+    let fg = Floodgate::start(&open_route(&upstream.url()).yaml());
     let reply = get(&client(), &fg.url("/hop-response"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert!(!reply.headers.contains_key("x-foo"), "{reply:?}");
@@ -172,7 +170,7 @@ async fn hop_by_hop_response_headers_never_reach_the_client() {
 #[tokio::test]
 async fn websocket_upgrades_pass_through_and_echo() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&open_route(&upstream.url(), ""));
+    let fg = Floodgate::start(&open_route(&upstream.url()).yaml());
 
     let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
     let request = format!(
@@ -262,7 +260,11 @@ fn payload(seed: u64, len: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_of_every_size_cross_pooled_connections_whole_both_ways() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&open_route(&upstream.url(), "max_body_size: 4m\n"));
+    let fg = Floodgate::start(
+        &open_route(&upstream.url())
+            .with("max_body_size", "4m")
+            .yaml(),
+    );
     // 16 clients (HTTP/1.1 and HTTP/2), 6 requests each, alternating uploads of up to 3 MB (many chunks each way, the
     // upstream connection reused between them) with plain GETs.
     let mut clients = Vec::new();

@@ -11,14 +11,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, RawUpstream, Upstream, get, h2c_client, metric, raw_exchange};
 use tokio::net::TcpStream;
 
-/// One route, `/` → `upstream_url`, with extra route YAML and extra top-level YAML.
-fn route(upstream_url: &str, route_extra: &str, top: &str) -> String {
-    format!(
-        "admin_listen: 127.0.0.1:0\n{top}routes:\n  - name: open\n    path_prefix: /\n    upstream: {upstream_url}\n{route_extra}"
-    )
+/// One route named `open`, `/` → `upstream_url`.
+fn open(upstream_url: &str) -> Route {
+    Route::new("open", "/", upstream_url)
+}
+
+/// A config of `route` alone.
+fn only(route: Route) -> Config {
+    Config::new().route(route)
 }
 
 /// An nghttp2 command-line tool; `scripts/test.sh` installs them (Debian's nghttp2-client).
@@ -37,7 +41,7 @@ fn nghttp2_tool(name: &str) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_http2_cookies_reach_an_http1_upstream_as_one_header() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", ""));
+    let fg = Floodgate::start(&only(open(&upstream.url())).yaml());
     // nghttp sends each -H as a field of its own, as browsers do with cookies over HTTP/2.
     let url = fg.url("/cookies");
     let out = tokio::task::spawn_blocking(move || {
@@ -85,18 +89,15 @@ async fn redirects_to_the_upstream_point_at_floodgate_unless_the_route_says_not_
     let upstream = Upstream::start().await;
     // First match wins: /redirect-kept keeps the upstream's redirects, the rest of /redirect
     // has them rewritten.
-    let fg = Floodgate::start(&format!(
-        "routes:
-  - name: kept
-    path_prefix: /redirect-kept
-    upstream: {0}
-    rewrite_redirects: false
-  - name: rewritten
-    path_prefix: /redirect
-    upstream: {0}
-",
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(
+                Route::new("kept", "/redirect-kept", &upstream.url())
+                    .with("rewrite_redirects", "false"),
+            )
+            .route(Route::new("rewritten", "/redirect", &upstream.url()))
+            .yaml(),
+    );
     let request =
         b"GET /redirect/a HTTP/1.1\r\nHost: api.example:8443\r\nConnection: close\r\n\r\n";
     let response = raw_exchange(fg.addr(), request).await.to_ascii_lowercase();
@@ -161,7 +162,7 @@ async fn h2load(url: String, requests: u32, clients: u32, streams: u32) -> (u64,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiplexing_clients_are_never_refused_on_an_unlimited_route() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", ""));
+    let fg = Floodgate::start(&only(open(&upstream.url())).yaml());
     // 16 connections × 10 streams, then one connection × 100 streams (an edge proxy's or a
     // gRPC client's pattern): every stream completes, none is refused.
     for (requests, clients, streams) in [(10_000, 16, 10), (5_000, 1, 100)] {
@@ -234,11 +235,11 @@ async fn rapid_reset(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_reset_paced_under_hypers_threshold_closes_its_connection() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(
-        &upstream.url(),
-        "",
-        "http2_max_resets_per_second: 50\n",
-    ));
+    let fg = Floodgate::start(
+        &only(open(&upstream.url()))
+            .with("http2_max_resets_per_second", "50")
+            .yaml(),
+    );
     // 16 streams at a time (hyper counts streams reset before it accepts them, up to 64; these
     // are accepted first: 60 ms is ample even for a debug build on a loaded machine), each reset
     // while floodgate waits on the slow upstream.
@@ -275,7 +276,7 @@ async fn rapid_reset_paced_under_hypers_threshold_closes_its_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpaced_rapid_reset_is_cut_off_before_it_reaches_the_upstream_at_will() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", ""));
+    let fg = Floodgate::start(&only(open(&upstream.url())).yaml());
     // 5,000 streams, each reset as soon as it is sent.
     let (opened, connection) = rapid_reset(&fg, "/slow", 5_000, 1, Duration::ZERO).await;
     let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
@@ -297,11 +298,8 @@ async fn unpaced_rapid_reset_is_cut_off_before_it_reaches_the_upstream_at_will()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_reset_on_a_limited_route_reaches_the_upstream_no_faster_than_its_limits() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(
-        &upstream.url(),
-        "    limits:\n      - algorithm: token_bucket\n        capacity: 10\n        refill_rate: 5\n",
-        "",
-    ));
+    let fg =
+        Floodgate::start(&only(open(&upstream.url()).limit(Limit::token_bucket(10, 5.0))).yaml());
     let started = Instant::now();
     let (opened, _connection) = rapid_reset(&fg, "/slow", 20, 16, Duration::from_millis(30)).await;
     // Denied streams are answered 429 at once (not abandoned); admitted ones spend the budget
@@ -317,7 +315,7 @@ async fn rapid_reset_on_a_limited_route_reaches_the_upstream_no_faster_than_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_with_no_open_stream_is_closed_after_the_idle_timeout() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", "timeouts:\n  idle: 1s\n"));
+    let fg = Floodgate::start(&only(open(&upstream.url())).timeout("idle", "1s").yaml());
     // A client that completes the handshake (and answers pings) but never opens a stream.
     let started = Instant::now();
     let (_client, connection) = h2_connect(&fg).await;
@@ -355,7 +353,7 @@ async fn an_http2_connection_with_no_open_stream_is_closed_after_the_idle_timeou
 async fn a_body_the_upstream_cuts_short_is_relayed_as_far_as_it_came() {
     let upstream =
         RawUpstream::start(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", ""));
+    let fg = Floodgate::start(&only(open(&upstream.url())).yaml());
     let response = raw_exchange(
         fg.addr(),
         b"GET /short HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -385,7 +383,7 @@ async fn a_body_the_upstream_cuts_short_is_relayed_as_far_as_it_came() {
 #[tokio::test]
 async fn the_status_line_is_in_the_clients_http_version_not_the_upstreams() {
     let upstream = RawUpstream::start(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
-    let fg = Floodgate::start(&route(&upstream.url(), "", ""));
+    let fg = Floodgate::start(&only(open(&upstream.url())).yaml());
     let response = raw_exchange(
         fg.addr(),
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
