@@ -5,28 +5,26 @@
 mod common;
 
 use bytes::Bytes;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, Upstream, raw_exchange};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 /// The shipped layout: a limited route, then a catch-all without limits.
-fn limited_then_catch_all(upstream: &Upstream, extra: &str) -> String {
-    format!(
-        "{extra}
-routes:
-  - name: rides
-    path_prefix: /api/rides/request
-    methods: [POST]
-    upstream: {0}
-    limits:
-      - {{algorithm: token_bucket, capacity: 1, refill_rate: 0.001}}
-  - name: everything_else
-    path_prefix: /
-    upstream: {0}
-",
-        upstream.url()
-    )
+fn limited_then_catch_all(upstream: &Upstream) -> Config {
+    Config::new()
+        .route(
+            Route::new("rides", "/api/rides/request", &upstream.url())
+                .with("methods", "[POST]")
+                .limit(one_per_1000s()),
+        )
+        .route(Route::new("everything_else", "/", &upstream.url()))
+}
+
+/// One request, then one per 1000 s: no refill within a test.
+fn one_per_1000s() -> Limit {
+    Limit::token_bucket(1, 0.001)
 }
 
 /// The spellings of `/api/rides/request` that used to reach the unlimited catch-all.
@@ -79,7 +77,7 @@ async fn post_h2(fg: &Floodgate, path: &str) -> u16 {
 #[tokio::test]
 async fn every_spelling_of_a_limited_path_spends_its_budget_over_http1() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&limited_then_catch_all(&upstream, ""));
+    let fg = Floodgate::start(&limited_then_catch_all(&upstream).yaml());
     let mut statuses = Vec::new();
     for spelling in SPELLINGS {
         statuses.push(post_h1(&fg, spelling).await);
@@ -98,7 +96,7 @@ async fn every_spelling_of_a_limited_path_spends_its_budget_over_http1() {
 #[tokio::test]
 async fn every_spelling_of_a_limited_path_spends_its_budget_over_h2() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&limited_then_catch_all(&upstream, ""));
+    let fg = Floodgate::start(&limited_then_catch_all(&upstream).yaml());
     let mut statuses = Vec::new();
     for spelling in SPELLINGS {
         statuses.push(post_h2(&fg, spelling).await);
@@ -114,7 +112,7 @@ async fn every_spelling_of_a_limited_path_spends_its_budget_over_h2() {
 #[tokio::test]
 async fn encoded_slashes_and_bad_escapes_are_refused_by_default() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&limited_then_catch_all(&upstream, ""));
+    let fg = Floodgate::start(&limited_then_catch_all(&upstream).yaml());
     for target in [
         "/api%2Frides/request",
         "/api%5Crides/request",
@@ -130,10 +128,11 @@ async fn encoded_slashes_and_bad_escapes_are_refused_by_default() {
 #[tokio::test]
 async fn decode_turns_encoded_slashes_into_the_limited_path() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&limited_then_catch_all(
-        &upstream,
-        "path_normalization: decode",
-    ));
+    let fg = Floodgate::start(
+        &limited_then_catch_all(&upstream)
+            .with("path_normalization", "decode")
+            .yaml(),
+    );
     assert_eq!(post_h1(&fg, "/api%2Frides/request").await, 200);
     assert_eq!(post_h1(&fg, "/api\\rides%2frequest").await, 429);
     assert_eq!(upstream.seen()[0].path, "/api/rides/request");
@@ -142,7 +141,7 @@ async fn decode_turns_encoded_slashes_into_the_limited_path() {
 #[tokio::test]
 async fn a_query_survives_normalisation() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&limited_then_catch_all(&upstream, ""));
+    let fg = Floodgate::start(&limited_then_catch_all(&upstream).yaml());
     assert_eq!(post_h1(&fg, "/api//rides/request?x=1&y=%2F").await, 200);
     let seen = upstream.seen();
     assert_eq!(seen[0].path, "/api/rides/request");
@@ -151,20 +150,16 @@ async fn a_query_survives_normalisation() {
 #[tokio::test]
 async fn segment_matching_stops_a_prefix_at_a_path_boundary() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "routes:
-  - name: rides
-    path_prefix: /api/rides
-    path_match: segment
-    upstream: {0}
-    limits:
-      - {{algorithm: token_bucket, capacity: 1, refill_rate: 0.001}}
-  - name: rest
-    path_prefix: /
-    upstream: {0}
-",
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(
+                Route::new("rides", "/api/rides", &upstream.url())
+                    .with("path_match", "segment")
+                    .limit(one_per_1000s()),
+            )
+            .route(Route::new("rest", "/", &upstream.url()))
+            .yaml(),
+    );
     assert_eq!(post_h1(&fg, "/api/rides").await, 200);
     assert_eq!(post_h1(&fg, "/api/rides/7").await, 429, "same route");
     assert_eq!(post_h1(&fg, "/api/ridesX").await, 200, "another route");
@@ -175,7 +170,7 @@ async fn segment_matching_stops_a_prefix_at_a_path_boundary() {
 async fn human_logs_to_a_pipe_carry_no_colour_codes() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start_with_env(
-        &limited_then_catch_all(&upstream, ""),
+        &limited_then_catch_all(&upstream).yaml(),
         &[("RUST_LOG", "info")],
     );
     // "floodgate started" is logged at info on start; stderr is a pipe here.
@@ -212,19 +207,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A route to the upstream, with `timeouts.header_read` at 300 ms and `extra` at the top.
-fn quick(upstream: &Upstream, extra: &str) -> String {
-    format!(
-        "{extra}
-timeouts:
-  header_read: 300ms
-routes:
-  - name: all
-    path_prefix: /
-    upstream: {}
-",
-        upstream.url()
-    )
+/// A route to the upstream, with `timeouts.header_read` at 300 ms.
+fn quick(upstream: &Upstream) -> Config {
+    route_to(&upstream.url()).timeout("header_read", "300ms")
 }
 
 /// Sends `opening` (maybe nothing), then waits for floodgate to close the connection; how long
@@ -250,7 +235,7 @@ async fn closed_after_at(addr: std::net::SocketAddr, opening: &[u8]) -> Option<D
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_send_a_request_are_closed() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, ""));
+    let fg = Floodgate::start(&quick(&upstream).yaml());
     // Silent from the start (hyper's protocol detection used to wait forever).
     assert!(
         closed_after(&fg, b"").await.is_some(),
@@ -267,7 +252,7 @@ async fn connections_that_never_send_a_request_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_to_the_admin_listener_is_closed_too() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, "admin_listen: 127.0.0.1:0"));
+    let fg = Floodgate::start(&quick(&upstream).yaml());
     let admin: std::net::SocketAddr = fg
         .admin_url("")
         .trim_start_matches("http://")
@@ -282,7 +267,7 @@ async fn a_silent_connection_to_the_admin_listener_is_closed_too() {
 #[tokio::test]
 async fn a_request_without_a_host_or_with_two_is_refused() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, ""));
+    let fg = Floodgate::start(&quick(&upstream).yaml());
     let none = raw_exchange(fg.addr(), b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").await;
     assert!(none.starts_with("HTTP/1.1 400"), "{none}");
     let two = raw_exchange(
@@ -297,7 +282,7 @@ async fn a_request_without_a_host_or_with_two_is_refused() {
 #[tokio::test]
 async fn a_malformed_chunked_body_is_the_clients_error() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, ""));
+    let fg = Floodgate::start(&quick(&upstream).yaml());
     for body in [
         "zz\r\nhello\r\n0\r\n\r\n",
         "-5\r\nhello\r\n0\r\n\r\n",
@@ -317,7 +302,7 @@ async fn a_malformed_chunked_body_is_the_clients_error() {
 #[tokio::test]
 async fn a_body_over_max_body_size_gets_413() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, "max_body_size: 1k"));
+    let fg = Floodgate::start(&quick(&upstream).with("max_body_size", "1k").yaml());
     // Announced too large: refused before anything is forwarded.
     let big = format!(
         "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\nConnection: close\r\n\r\n{}",
@@ -347,13 +332,7 @@ async fn a_body_over_max_body_size_gets_413() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_that_goes_silent_gets_408() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(
-        &quick(
-            &upstream,
-            "timeouts:\n  client_body: 300ms\n  header_read: 300ms",
-        )
-        .replace("timeouts:\n  header_read: 300ms\nroutes", "routes"),
-    );
+    let fg = Floodgate::start(&quick(&upstream).timeout("client_body", "300ms").yaml());
     let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
     // One byte of a thousand, then silence.
     stream
@@ -389,8 +368,9 @@ async fn raw_upstream(response: &'static [u8]) -> std::net::SocketAddr {
     addr
 }
 
-fn route_to(addr: std::net::SocketAddr, extra: &str) -> String {
-    format!("{extra}\nroutes:\n  - name: all\n    path_prefix: /\n    upstream: http://{addr}\n")
+/// One route, `/` → `upstream_url`.
+fn route_to(upstream_url: &str) -> Config {
+    Config::new().route(Route::new("all", "/", upstream_url))
 }
 
 #[tokio::test]
@@ -399,7 +379,7 @@ async fn a_response_with_content_length_and_chunked_is_relayed_chunked_whole() {
         b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
     )
     .await;
-    let fg = Floodgate::start(&route_to(addr, ""));
+    let fg = Floodgate::start(&route_to(&format!("http://{addr}")).yaml());
     let response = raw_exchange(
         fg.addr(),
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -423,7 +403,11 @@ async fn an_upstream_body_that_goes_silent_is_cut_off() {
     // Headers and one chunk, then nothing (the raw upstream holds the connection 10 s).
     let addr =
         raw_upstream(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
-    let fg = Floodgate::start(&route_to(addr, "timeouts:\n  upstream_body: 300ms"));
+    let fg = Floodgate::start(
+        &route_to(&format!("http://{addr}"))
+            .timeout("upstream_body", "300ms")
+            .yaml(),
+    );
     let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -445,7 +429,7 @@ async fn an_upstream_body_that_goes_silent_is_cut_off() {
 #[tokio::test]
 async fn an_untrusted_user_id_is_not_forwarded() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&quick(&upstream, ""));
+    let fg = Floodgate::start(&quick(&upstream).yaml());
     let request = b"GET /x HTTP/1.1\r\nHost: x\r\nX-User-Id: admin\r\nConnection: close\r\n\r\n";
     assert!(
         raw_exchange(fg.addr(), request)
@@ -454,10 +438,11 @@ async fn an_untrusted_user_id_is_not_forwarded() {
     );
     assert_eq!(upstream.seen()[0].header("x-user-id"), None);
     // The operator can keep it (an upstream that checks the header's origin itself).
-    let keep = Floodgate::start(&quick(
-        &upstream,
-        "identity:\n  strip_untrusted_user_id: false",
-    ));
+    let keep = Floodgate::start(
+        &quick(&upstream)
+            .set("identity", "strip_untrusted_user_id", "false")
+            .yaml(),
+    );
     assert!(
         raw_exchange(keep.addr(), request)
             .await
@@ -492,7 +477,9 @@ async fn closes_reused_connections() -> std::net::SocketAddr {
 
 #[tokio::test]
 async fn an_idempotent_request_on_a_connection_the_upstream_just_closed_is_retried() {
-    let fg = Floodgate::start(&route_to(closes_reused_connections().await, ""));
+    let fg = Floodgate::start(
+        &route_to(&format!("http://{}", closes_reused_connections().await)).yaml(),
+    );
     let client = common::client();
     let mut statuses = Vec::new();
     for _ in 0..20 {
@@ -508,7 +495,9 @@ async fn an_idempotent_request_on_a_connection_the_upstream_just_closed_is_retri
 
 #[tokio::test]
 async fn a_request_with_a_body_is_not_sent_twice() {
-    let fg = Floodgate::start(&route_to(closes_reused_connections().await, ""));
+    let fg = Floodgate::start(
+        &route_to(&format!("http://{}", closes_reused_connections().await)).yaml(),
+    );
     let client = common::client();
     let mut statuses = Vec::new();
     for _ in 0..6 {
@@ -531,10 +520,11 @@ async fn a_request_with_a_body_is_not_sent_twice() {
 async fn with_a_stream_cap_an_http2_connection_opening_streams_too_fast_is_answered_429() {
     let upstream = Upstream::start().await;
     // No cap by default (tests/http_semantics.rs): this one is opted into.
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        quick(&upstream, "http2_max_streams_per_second: 1000")
-    ));
+    let fg = Floodgate::start(
+        &quick(&upstream)
+            .with("http2_max_streams_per_second", "1000")
+            .yaml(),
+    );
     let stream = TcpStream::connect(fg.addr()).await.expect("connect");
     let (sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
