@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{
     Floodgate, TempFile, UPSTREAM_BODY, Upstream, assert_admitted, assert_problem,
     assert_rate_limited, client, floodgate_command, get,
@@ -47,12 +48,12 @@ impl SelfSigned {
         }
     }
 
-    /// The `tls:` section that makes floodgate serve this certificate.
-    fn tls_yaml(&self) -> String {
-        format!(
-            "tls:\n  cert: {}\n  key: {}\n",
-            yaml_path(&self.cert_file),
-            yaml_path(&self.key_file)
+    /// `config` with the `tls:` section that makes floodgate serve this certificate.
+    fn served(&self, config: Config) -> Config {
+        config.set("tls", "cert", &yaml_path(&self.cert_file)).set(
+            "tls",
+            "key",
+            &yaml_path(&self.key_file),
         )
     }
 
@@ -91,11 +92,9 @@ fn yaml_path(file: &TempFile) -> String {
     format!("{:?}", file.path().display().to_string())
 }
 
-/// One route, `/` → `upstream_url`, with `limits` (YAML flow list) and extra top-level YAML.
-fn route(upstream_url: &str, limits: &str, extra: &str) -> String {
-    format!(
-        "{extra}routes:\n  - name: r\n    path_prefix: /\n    upstream: {upstream_url}\n    limits: {limits}\n"
-    )
+/// One route, `/` → `upstream_url`, without limits.
+fn route(upstream_url: &str) -> Config {
+    Config::new().route(Route::new("r", "/", upstream_url))
 }
 
 /// `https://localhost:PORT{path}` on floodgate's TLS listener.
@@ -107,7 +106,7 @@ fn https_url(fg: &Floodgate, path: &str) -> String {
 async fn a_tls_client_negotiates_h2_and_reaches_a_plain_http1_upstream() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "[]", &cert.tls_yaml()));
+    let fg = Floodgate::start(&cert.served(route(&upstream.url())).yaml());
 
     let reply = get(
         &cert.client(fg.addr(), false),
@@ -130,7 +129,7 @@ async fn a_tls_client_negotiates_h2_and_reaches_a_plain_http1_upstream() {
 async fn an_http1_only_tls_client_is_served_over_http1() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(&upstream.url(), "[]", &cert.tls_yaml()));
+    let fg = Floodgate::start(&cert.served(route(&upstream.url())).yaml());
 
     let reply = get(&cert.client(fg.addr(), true), &https_url(&fg, "/one"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -147,11 +146,8 @@ async fn rate_limits_apply_over_tls() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
     // A bucket of 2 that refills one token every 1000 s: the third request is denied.
-    let fg = Floodgate::start(&route(
-        &upstream.url(),
-        "[{algorithm: token_bucket, capacity: 2, refill_rate: 0.001}]",
-        &cert.tls_yaml(),
-    ));
+    let limited = Route::new("r", "/", &upstream.url()).limit(Limit::token_bucket(2, 0.001));
+    let fg = Floodgate::start(&cert.served(Config::new().route(limited)).yaml());
     let client = cert.client(fg.addr(), false);
     let url = https_url(&fg, "/limited");
 
@@ -171,11 +167,12 @@ async fn rate_limits_apply_over_tls() {
 async fn a_client_that_never_starts_the_handshake_is_disconnected() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&route(
-        &upstream.url(),
-        "[]",
-        &format!("{}timeouts:\n  header_read: 1s\n", cert.tls_yaml()),
-    ));
+    let fg = Floodgate::start(
+        &cert
+            .served(route(&upstream.url()))
+            .timeout("header_read", "1s")
+            .yaml(),
+    );
 
     let started = Instant::now();
     let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
@@ -268,12 +265,13 @@ fn check_names_a_bad_upstream_ca() {
 #[test]
 fn check_accepts_a_valid_tls_config_and_https_upstreams() {
     let cert = SelfSigned::new();
-    let config = TempFile::new(&format!(
-        "listen: 127.0.0.1:0\n{}upstream_ca: {}\n{}",
-        cert.tls_yaml(),
-        yaml_path(&cert.cert_file),
-        route("https://localhost:8443", "[]", "")
-    ));
+    let config = TempFile::new(
+        &cert
+            .served(route("https://localhost:8443"))
+            .with("listen", "127.0.0.1:0")
+            .with("upstream_ca", &yaml_path(&cert.cert_file))
+            .yaml(),
+    );
     let output = floodgate_command(&[
         OsStr::new("check"),
         OsStr::new("--config"),
@@ -291,11 +289,11 @@ async fn an_https_upstream_trusted_through_upstream_ca_gets_the_request() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start_tls(cert.server_config()).await;
     let upstream_url = format!("https://localhost:{}", upstream.addr().port());
-    let fg = Floodgate::start(&route(
-        &upstream_url,
-        "[]",
-        &format!("upstream_ca: {}\n", yaml_path(&cert.cert_file)),
-    ));
+    let fg = Floodgate::start(
+        &route(&upstream_url)
+            .with("upstream_ca", &yaml_path(&cert.cert_file))
+            .yaml(),
+    );
 
     let reply = get(&client(), &fg.url("/secure"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}\n{}", fg.stderr());
@@ -317,7 +315,7 @@ async fn an_https_upstream_with_an_untrusted_certificate_is_a_502() {
     let upstream = Upstream::start_tls(cert.server_config()).await;
     let upstream_url = format!("https://localhost:{}", upstream.addr().port());
     // No upstream_ca: the system's roots, which do not vouch for a self-signed certificate.
-    let fg = Floodgate::start(&route(&upstream_url, "[]", ""));
+    let fg = Floodgate::start(&route(&upstream_url).yaml());
 
     let reply = get(&client(), &fg.url("/secure"), &[]).await;
     let body = assert_problem(&reply, StatusCode::BAD_GATEWAY, "upstream_unreachable");
