@@ -6,6 +6,7 @@
 mod common;
 
 use common::RedisServer;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, Upstream, client, floodgate_command, get};
 use http::StatusCode;
 
@@ -17,27 +18,15 @@ fn random_key(n: usize) -> String {
     format!("rotating-{n}-{}", std::process::id())
 }
 
-/// One route, `/` → `upstream`, with `limits` (YAML list items indented by 6) and `extra` at
-/// the top level.
-fn config(upstream: &Upstream, extra: &str, limits: &str) -> String {
-    format!(
-        "{extra}
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-{limits}",
-        upstream.url()
-    )
+/// `base` with one route, `/` → `upstream`, limited by `limits`.
+fn config(upstream: &Upstream, base: Config, limits: &[Limit]) -> String {
+    base.route(Route::new("api", "/", &upstream.url()).limits(limits.iter().cloned()))
+        .yaml()
 }
 
-/// The `storage:` block for `redis`, failing closed (a store error would show as a 503).
-fn on_redis(redis: &RedisServer) -> String {
-    format!(
-        "storage:\n  backend: redis\n  url: {}\n  on_error: deny\n",
-        redis.url()
-    )
+/// Storage on `redis`, failing closed (a store error would show as a 503).
+fn on_redis(redis: &RedisServer) -> Config {
+    Config::new().redis(&redis.url(), "deny")
 }
 
 /// The statuses of GET / with each header set, one request after the other.
@@ -55,21 +44,18 @@ fn with_key(key: &str) -> Vec<(&str, &str)> {
 }
 
 /// The consumers, unknown keys rejected (`common::config::consumers`).
-fn consumers_rejecting() -> String {
-    common::config::consumers("reject")
+fn consumers_rejecting() -> Config {
+    Config::new().consumers("reject")
 }
 // The keys above: acme has `test` and `test2`; hobbyist (tier default) has `bar`.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotating_unknown_keys_are_rejected_with_401_and_never_reach_the_upstream() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        config(
-            &upstream,
-            &consumers_rejecting(),
-            "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n"
-        )
+    let fg = Floodgate::start(&config(
+        &upstream,
+        consumers_rejecting(),
+        &[Limit::token_bucket(100, 1.0)],
     ));
     let client = client();
     for n in 0..20 {
@@ -96,8 +82,8 @@ async fn two_keys_of_one_consumer_share_one_budget() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &consumers_rejecting(),
-        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+        consumers_rejecting(),
+        &[Limit::token_bucket(3, 0.01)],
     ));
     let got = statuses(
         &fg,
@@ -120,11 +106,11 @@ async fn two_keys_of_one_consumer_share_one_budget() {
 #[tokio::test]
 async fn unknown_keys_under_anonymous_share_the_clients_ip_budget() {
     let upstream = Upstream::start().await;
-    let consumers = common::config::consumers("anonymous");
+    let consumers = Config::new().consumers("anonymous");
     let fg = Floodgate::start(&config(
         &upstream,
-        &consumers,
-        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+        consumers,
+        &[Limit::token_bucket(3, 0.01)],
     ));
     let keys: Vec<String> = (0..6).map(random_key).collect();
     let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
@@ -136,13 +122,14 @@ async fn unknown_keys_under_anonymous_share_the_clients_ip_budget() {
 #[tokio::test]
 async fn a_tier_limit_applies_only_to_that_tier() {
     let upstream = Upstream::start().await;
-    let consumers = common::config::consumers("anonymous");
+    let consumers = Config::new().consumers("anonymous");
     let fg = Floodgate::start(&config(
         &upstream,
-        &consumers,
-        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01, tiers: [default, anonymous]}
-      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, tiers: [pro]}
-",
+        consumers,
+        &[
+            Limit::token_bucket(2, 0.01).tiers(&["default", "anonymous"]),
+            Limit::token_bucket(4, 0.01).tiers(&["pro"]),
+        ],
     ));
     let pro = statuses(&fg, &vec![with_key("test"); 5]).await;
     assert_eq!(pro, vec![200, 200, 200, 200, 429], "pro: 4");
@@ -158,10 +145,11 @@ async fn a_per_ip_ceiling_holds_while_the_client_rotates_keys() {
     // No consumers: every key is its own identity, with a generous budget each.
     let fg = Floodgate::start(&config(
         &upstream,
-        "",
-        "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}
-      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
-",
+        Config::new(),
+        &[
+            Limit::token_bucket(100, 1.0),
+            Limit::token_bucket(4, 0.01).per("ip"),
+        ],
     ));
     let keys: Vec<String> = (0..10).map(random_key).collect();
     let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
@@ -175,8 +163,8 @@ async fn a_per_route_cap_holds_across_many_identities() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        "",
-        "      - {algorithm: fixed_window, limit: 5, window: 1h, per: route}\n",
+        Config::new(),
+        &[Limit::fixed_window(5, "1h").per("route")],
     ));
     let keys: Vec<String> = (0..12).map(random_key).collect();
     let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
@@ -191,10 +179,11 @@ async fn a_denial_by_one_limit_spends_nothing_from_a_limit_of_another_scope() {
     // Each key may send 2; the whole route 3 (windows of an hour: no refill during the test).
     let fg = Floodgate::start(&config(
         &upstream,
-        "",
-        "      - {algorithm: fixed_window, limit: 2, window: 1h}
-      - {algorithm: fixed_window, limit: 3, window: 1h, per: route}
-",
+        Config::new(),
+        &[
+            Limit::fixed_window(2, "1h"),
+            Limit::fixed_window(3, "1h").per("route"),
+        ],
     ));
     let got = statuses(
         &fg,
@@ -216,10 +205,11 @@ async fn a_per_route_cap_holds_across_two_instances_sharing_redis() {
     let upstream = Upstream::start().await;
     let yaml = config(
         &upstream,
-        &on_redis(&redis),
-        "      - {algorithm: token_bucket, capacity: 50, refill_rate: 1}
-      - {algorithm: fixed_window, limit: 10, window: 1h, per: route}
-",
+        on_redis(&redis),
+        &[
+            Limit::token_bucket(50, 1.0),
+            Limit::fixed_window(10, "1h").per("route"),
+        ],
     );
     let a = Floodgate::start(&yaml);
     let b = Floodgate::start(&yaml);
@@ -245,10 +235,11 @@ async fn rotating_keys_behind_a_spent_ip_budget_cost_redis_nothing() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &on_redis(&redis),
-        "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}
-      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, per: ip}
-",
+        on_redis(&redis),
+        &[
+            Limit::token_bucket(100, 1.0),
+            Limit::token_bucket(3, 0.01).per("ip"),
+        ],
     ));
     let keys: Vec<String> = (0..60).map(random_key).collect();
     let requests: Vec<_> = keys.iter().map(|k| with_key(k)).collect();
@@ -267,11 +258,12 @@ async fn consumers_and_tiers_hold_on_redis() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &format!("{}{}", on_redis(&redis), consumers_rejecting()),
-        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
-      - {algorithm: token_bucket, capacity: 1, refill_rate: 0.01, tiers: [default]}
-      - {algorithm: token_bucket, capacity: 4, refill_rate: 0.01, per: ip}
-",
+        on_redis(&redis).consumers("reject"),
+        &[
+            Limit::token_bucket(3, 0.01).tiers(&["pro"]),
+            Limit::token_bucket(1, 0.01).tiers(&["default"]),
+            Limit::token_bucket(4, 0.01).per("ip"),
+        ],
     ));
     let got = statuses(
         &fg,
@@ -324,8 +316,8 @@ async fn a_concurrency_limit_never_lets_more_than_n_reach_a_slow_upstream() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        "",
-        "      - {algorithm: concurrency, limit: 3, per: route}\n",
+        Config::new(),
+        &[Limit::concurrency(3).per("route")],
     ));
     // Twelve clients at once against an upstream that takes 1.5 s (common::SLOW) per request.
     let tasks: Vec<_> = (0..12).map(|n| spawn_get(&fg, "/slow", n)).collect();
@@ -360,8 +352,8 @@ async fn a_concurrency_slot_is_freed_when_the_client_goes_away() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        "",
-        "      - {algorithm: concurrency, limit: 1, per: route}\n",
+        Config::new(),
+        &[Limit::concurrency(1).per("route")],
     ));
     // The client gives up after 200 ms on a request the upstream answers after 1.5 s.
     let gone = client()
@@ -392,8 +384,8 @@ async fn a_concurrency_slot_is_freed_when_the_upstream_times_out() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        "timeouts:\n  upstream_response: 300ms\n",
-        "      - {algorithm: concurrency, limit: 1, per: route}\n",
+        Config::new().timeout("upstream_response", "300ms"),
+        &[Limit::concurrency(1).per("route")],
     ));
     let first = get(&client(), &fg.url("/hang"), &[]).await;
     assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
@@ -409,8 +401,8 @@ async fn redis_leases_of_a_killed_instance_end_on_their_own() {
     let upstream = Upstream::start().await;
     let yaml = config(
         &upstream,
-        &on_redis(&redis),
-        "      - {algorithm: concurrency, limit: 1, lease: 1s, per: route}\n",
+        on_redis(&redis),
+        &[Limit::concurrency(1).with("lease", "1s").per("route")],
     );
     let doomed = Floodgate::start(&yaml);
     let survivor = Floodgate::start(&yaml);
@@ -445,16 +437,14 @@ async fn redis_leases_of_a_killed_instance_end_on_their_own() {
 async fn budgets_on_redis_follow_spending_and_never_spend() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        config(
-            &upstream,
-            &format!("{}{}", on_redis(&redis), consumers_rejecting()),
-            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01, tiers: [pro]}
-      - {algorithm: fixed_window, limit: 50, window: 1h, per: route}
-      - {algorithm: concurrency, limit: 4, per: route}
-",
-        )
+    let fg = Floodgate::start(&config(
+        &upstream,
+        on_redis(&redis).consumers("reject"),
+        &[
+            Limit::token_bucket(3, 0.01).tiers(&["pro"]),
+            Limit::fixed_window(50, "1h").per("route"),
+            Limit::concurrency(4).per("route"),
+        ],
     ));
     let client = client();
     let url = fg.admin_url("/budgets?route=api&consumer=acme");
@@ -497,13 +487,10 @@ async fn budgets_on_redis_follow_spending_and_never_spend() {
 async fn a_key_of_the_wrong_type_is_repaired_and_opens_no_breaker() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        config(
-            &upstream,
-            &on_redis(&redis),
-            "      - {algorithm: token_bucket, capacity: 100, refill_rate: 1}\n",
-        )
+    let fg = Floodgate::start(&config(
+        &upstream,
+        on_redis(&redis),
+        &[Limit::token_bucket(100, 1.0)],
     ));
     let client = client();
     assert_eq!(
@@ -540,8 +527,8 @@ async fn decisions_run_as_a_redis_function_and_survive_function_flush() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
         &upstream,
-        &on_redis(&redis),
-        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n",
+        on_redis(&redis),
+        &[Limit::token_bucket(3, 0.01)],
     ));
     let client = client();
     let statuses = |n: usize| {
@@ -573,13 +560,10 @@ async fn decisions_run_as_a_redis_function_and_survive_function_flush() {
 #[tokio::test]
 async fn a_shadow_concurrency_limit_gives_its_slots_back() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\n{}",
-        config(
-            &upstream,
-            "",
-            "      - {algorithm: concurrency, limit: 1, per: route, shadow: true}\n",
-        )
+    let fg = Floodgate::start(&config(
+        &upstream,
+        Config::new(),
+        &[Limit::concurrency(1).per("route").shadow()],
     ));
     let client = client();
     // One at a time: each request's slot is free again before the next, so none would have

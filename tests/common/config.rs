@@ -69,6 +69,11 @@ impl Limit {
         self.with("per", per)
     }
 
+    /// `tiers: [...]`: the limit applies only to consumers of these tiers.
+    pub fn tiers(self, tiers: &[&str]) -> Limit {
+        self.with("tiers", &format!("[{}]", tiers.join(", ")))
+    }
+
     pub fn shadow(self) -> Limit {
         self.with("shadow", "true")
     }
