@@ -9,28 +9,36 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, PostgresServer, Upstream, client, get, hammer};
 use http::StatusCode;
 
-/// A one-route config on `postgres`. The 1 s decision budget (where a test does not set its own)
-/// is for a debug build sharing two cores with PostgreSQL and the test itself.
-fn config(postgres: &PostgresServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
-    format!(
-        "admin_listen: 127.0.0.1:0
-storage:
-  backend: postgres
-  url: {}
-  on_error: {on_error}
-  timeout: 1s
-routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-{limits}",
-        postgres.url(),
-        upstream.url()
-    )
+/// One route, `/` → `upstream`, limited by `limits`, on `postgres` with `on_error`. The 1 s
+/// decision budget (where a test does not set its own) is for a debug build sharing two cores
+/// with PostgreSQL and the test itself.
+fn config(
+    postgres: &PostgresServer,
+    upstream: &Upstream,
+    on_error: &str,
+    limits: &[Limit],
+) -> String {
+    on_postgres(&postgres.url(), on_error, "1s")
+        .route(api("/", upstream, limits))
+        .yaml()
+}
+
+/// `storage:` on PostgreSQL at `url`, with `on_error` and the decision budget `timeout`.
+fn on_postgres(url: &str, on_error: &str, timeout: &str) -> Config {
+    Config::new()
+        .storage("backend", "postgres")
+        .storage("url", url)
+        .storage("on_error", on_error)
+        .storage("timeout", timeout)
+}
+
+/// A route named `api` for `prefix` → `upstream`, limited by `limits`.
+fn api(prefix: &str, upstream: &Upstream, limits: &[Limit]) -> Route {
+    Route::new("api", prefix, &upstream.url()).limits(limits.iter().cloned())
 }
 
 /// Waits until `fg` answers `/readyz` 200: the schema is installed and PostgreSQL answers.
@@ -65,7 +73,7 @@ async fn the_over_grant_test_passes_through_two_instances_on_one_database() {
         &postgres,
         &upstream,
         "deny",
-        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 10}\n",
+        &[Limit::token_bucket(10, 10.0)],
     );
     let a = Floodgate::start(&yaml);
     let b = Floodgate::start(&yaml);
@@ -105,7 +113,7 @@ async fn the_schema_is_installed_before_floodgate_listens() {
         &postgres,
         &upstream,
         "deny",
-        "      - {algorithm: token_bucket, capacity: 10, refill_rate: 10}\n",
+        &[Limit::token_bucket(10, 10.0)],
     ));
     // No waiting for /readyz: floodgate listened only once the schema was in place (it waits up
     // to 2 s at start, four times the lock's hold).
@@ -129,13 +137,14 @@ async fn a_route_mixing_scopes_is_decided_all_or_nothing() {
         &postgres,
         &upstream,
         "deny",
-        "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}
-      - {algorithm: fixed_window, limit: 5, window: 1h, per: route}
-      - {algorithm: sliding_window_log, limit: 100, window: 1h, per: ip}
-      - {algorithm: sliding_window_counter, limit: 100, window: 1h}
-      - {algorithm: leaky_bucket, capacity: 100, leak_rate: 1000}
-      - {algorithm: concurrency, limit: 10}
-",
+        &[
+            Limit::token_bucket(3, 0.01),
+            Limit::fixed_window(5, "1h").per("route"),
+            Limit::sliding_window_log(100, "1h").per("ip"),
+            Limit::sliding_window_counter(100, "1h"),
+            Limit::leaky_bucket(100, 1000.0),
+            Limit::concurrency(10),
+        ],
     ));
     until_ready(&fg).await;
     // A spends its 3; its 4th is denied by its own bucket and spends nothing from the route.
@@ -183,7 +192,7 @@ async fn concurrency_leases_are_held_while_in_flight_and_given_back() {
         &postgres,
         &upstream,
         "deny",
-        "      - {algorithm: concurrency, limit: 1}\n",
+        &[Limit::concurrency(1)],
     ));
     until_ready(&fg).await;
     let url = fg.url("/slow");
@@ -217,7 +226,7 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
         &postgres,
         &upstream,
         "deny",
-        "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n",
+        &[Limit::token_bucket(2, 0.01)],
     );
     // Two instances starting together install it once, without tripping over each other.
     let a = Floodgate::start(&yaml);
@@ -247,23 +256,12 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
 async fn expired_budgets_are_swept_and_live_ones_kept() {
     let postgres = PostgresServer::start();
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "{}
-  - name: long
-    path_prefix: /long
-    upstream: {}
-    limits:
-      - {{algorithm: fixed_window, limit: 5, window: 1h}}
-",
-        config(
-            &postgres,
-            &upstream,
-            "deny",
-            "      - {algorithm: fixed_window, limit: 5, window: 1s}\n",
-        )
-        .replace("path_prefix: /\n", "path_prefix: /short\n"),
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &on_postgres(&postgres.url(), "deny", "1s")
+            .route(api("/short", &upstream, &[Limit::fixed_window(5, "1s")]))
+            .route(Route::new("long", "/long", &upstream.url()).limit(Limit::fixed_window(5, "1h")))
+            .yaml(),
+    );
     until_ready(&fg).await;
     for key in 0..50 {
         let key = format!("k{key}");
@@ -294,28 +292,21 @@ async fn expired_budgets_are_swept_and_live_ones_kept() {
 async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
     let mut postgres = PostgresServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n";
+    let limits = [Limit::token_bucket(3, 0.01)];
     // The load goes to a route of its own whose budget never runs out, so every request of it
     // reaches PostgreSQL (a denied one would be answered from the deny cache).
+    let load =
+        Route::new("load", "/load", &upstream.url()).limit(Limit::token_bucket(1_000_000, 1000.0));
     let open = Floodgate::start(
-        &config(&postgres, &upstream, "allow", limits)
-            .replace("timeout: 1s", "timeout: 200ms")
-            .replace(
-                "routes:\n",
-                &format!(
-                    "routes:
-  - name: load
-    path_prefix: /load
-    upstream: {}
-    limits:
-      - {{algorithm: token_bucket, capacity: 1000000, refill_rate: 1000}}
-",
-                    upstream.url()
-                ),
-            ),
+        &on_postgres(&postgres.url(), "allow", "200ms")
+            .route(load)
+            .route(api("/", &upstream, &limits))
+            .yaml(),
     );
     let closed = Floodgate::start(
-        &config(&postgres, &upstream, "deny", limits).replace("timeout: 1s", "timeout: 200ms"),
+        &on_postgres(&postgres.url(), "deny", "200ms")
+            .route(api("/", &upstream, &limits))
+            .yaml(),
     );
     until_ready(&open).await;
     until_ready(&closed).await;
@@ -397,11 +388,9 @@ async fn sslmode_require_connects_over_verified_tls_and_nothing_else() {
         PostgresServer::start_with_tls(&cert_pem, &certified.signing_key.serialize_pem());
     let trusted = common::TempFile::new(&cert_pem);
     let upstream = Upstream::start().await;
-    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
-    let tls_yaml = config(&postgres, &upstream, "deny", limits).replace(
-        &postgres.url(),
-        &format!("{}?sslmode=require", postgres.url()),
-    );
+    let tls_yaml = on_postgres(&format!("{}?sslmode=require", postgres.url()), "deny", "1s")
+        .route(api("/", &upstream, &[Limit::token_bucket(2, 0.01)]))
+        .yaml();
     // Trusting the server's certificate (SSL_CERT_FILE replaces the system's roots): every
     // connection floodgate holds is TLS, and the store decides.
     let trusting = Floodgate::start_with_env(
@@ -468,9 +457,9 @@ fn issue(
 
 /// `config` with `query` after the PostgreSQL URL.
 fn with_query(postgres: &PostgresServer, upstream: &Upstream, query: &str) -> String {
-    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
-    config(postgres, upstream, "deny", limits)
-        .replace(&postgres.url(), &format!("{}?{query}", postgres.url()))
+    on_postgres(&format!("{}?{query}", postgres.url()), "deny", "1s")
+        .route(api("/", upstream, &[Limit::token_bucket(2, 0.01)]))
+        .yaml()
 }
 
 /// A floodgate whose store never connects: not ready, and `on_error: deny` answers 503.
