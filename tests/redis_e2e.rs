@@ -9,31 +9,39 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, Upstream, client, get, hammer};
 use http::StatusCode;
 
-/// A config with one limited route on the Redis store.
-fn redis_config(redis: &RedisServer, upstream: &Upstream, on_error: &str, limits: &str) -> String {
-    redis_config_with_timeout(redis, upstream, on_error, limits, "50ms")
-}
-
-fn redis_config_with_timeout(
+/// One route, `/` → `upstream`, limited by `limits`, on `redis` with `on_error` and a 50 ms
+/// decision budget.
+fn redis_config(
     redis: &RedisServer,
     upstream: &Upstream,
     on_error: &str,
-    limits: &str,
-    timeout: &str,
+    limits: &[Limit],
 ) -> String {
-    format!(
-        "storage:\n  backend: redis\n  url: {}\n  timeout: {timeout}\n  on_error: {on_error}\n\
-         routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n{limits}",
-        redis.url(),
-        upstream.url()
-    )
+    on_redis(&redis.url(), on_error, "50ms")
+        .route(api(upstream, limits))
+        .yaml()
 }
 
-const BUCKET_10_PER_SEC: &str =
-    "      - algorithm: token_bucket\n        capacity: 10\n        refill_rate: 10\n";
+/// `storage:` on the Redis at `url`, with `on_error` and the decision budget `timeout`.
+fn on_redis(url: &str, on_error: &str, timeout: &str) -> Config {
+    Config::new()
+        .redis(url, on_error)
+        .storage("timeout", timeout)
+}
+
+/// The route `api`, `/` → `upstream`, limited by `limits`.
+fn api(upstream: &Upstream, limits: &[Limit]) -> Route {
+    Route::new("api", "/", &upstream.url()).limits(limits.iter().cloned())
+}
+
+/// A token bucket of 10 that refills 10 a second.
+fn bucket_10_per_sec() -> Limit {
+    Limit::token_bucket(10, 10.0)
+}
 
 /// Sends `n` requests one after another with `key`; returns the statuses and the slowest latency.
 async fn sequential(url: &str, key: &str, n: usize) -> (Vec<u16>, Duration) {
@@ -61,7 +69,9 @@ async fn two_instances_sharing_redis_never_over_grant() {
     // This test is about exactness, not faults: a debug build of two proxies, Redis and 64
     // clients share 2 cores here, so a decision can exceed the default 50 ms budget; give it 1 s
     // so that every request is decided by Redis, and `deny` so that any store error would show.
-    let config = redis_config_with_timeout(&redis, &upstream, "deny", BUCKET_10_PER_SEC, "1s");
+    let config = on_redis(&redis.url(), "deny", "1s")
+        .route(api(&upstream, &[bucket_10_per_sec()]))
+        .yaml();
     let a = Floodgate::start(&config);
     let b = Floodgate::start(&config);
     // The seeds' over-grant test: 64 clients hammer one key for 3 s, half through each instance.
@@ -100,11 +110,13 @@ async fn two_instances_sharing_redis_never_over_grant() {
 async fn every_key_has_a_ttl_and_no_raw_api_key() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - algorithm: token_bucket\n        capacity: 5\n        refill_rate: 0.1\n\
-                  \x20     - algorithm: leaky_bucket\n        capacity: 50\n        leak_rate: 1\n\
-                  \x20     - algorithm: fixed_window\n        limit: 50\n        window: 1m\n\
-                  \x20     - algorithm: sliding_window_log\n        limit: 50\n        window: 1m\n\
-                  \x20     - algorithm: sliding_window_counter\n        limit: 50\n        window: 1m\n";
+    let limits = &[
+        Limit::token_bucket(5, 0.1),
+        Limit::leaky_bucket(50, 1.0),
+        Limit::fixed_window(50, "1m"),
+        Limit::sliding_window_log(50, "1m"),
+        Limit::sliding_window_counter(50, "1m"),
+    ];
     let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
     let secret = "sk-live-DO-NOT-LEAK-1234";
     // The leaky bucket spaces the five admitted requests a second apart (about 4 s in all), and
@@ -150,7 +162,7 @@ async fn every_key_has_a_ttl_and_no_raw_api_key() {
 async fn script_flush_and_redis_restart_cause_no_5xx_and_limiting_resumes() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - algorithm: token_bucket\n        capacity: 5\n        refill_rate: 2\n";
+    let limits = &[Limit::token_bucket(5, 2.0)];
     let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "allow", limits));
     let url = floodgate.url("/x");
 
@@ -229,8 +241,7 @@ async fn script_flush_and_redis_restart_cause_no_5xx_and_limiting_resumes() {
 async fn after_redis_dies(on_error: &str) -> (Vec<u16>, Duration, Vec<String>) {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits =
-        "      - algorithm: token_bucket\n        capacity: 3\n        refill_rate: 0.01\n";
+    let limits = &[Limit::token_bucket(3, 0.01)];
     let floodgate = Floodgate::start(&redis_config(&redis, &upstream, on_error, limits));
     let url = floodgate.url("/x");
     let (before, _) = sequential(&url, "k", 1).await;
@@ -299,7 +310,12 @@ async fn redis_down_with_on_error_local_keeps_limiting() {
 async fn paused_redis_decisions_are_bounded_by_the_timeout() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "allow", BUCKET_10_PER_SEC));
+    let floodgate = Floodgate::start(&redis_config(
+        &redis,
+        &upstream,
+        "allow",
+        &[bucket_10_per_sec()],
+    ));
     let url = floodgate.url("/x");
     assert_eq!(
         sequential(&url, "k", 1).await.0,
@@ -321,7 +337,12 @@ async fn paused_redis_decisions_are_bounded_by_the_timeout() {
 async fn the_store_is_ready_before_floodgate_listens() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", BUCKET_10_PER_SEC));
+    let floodgate = Floodgate::start(&redis_config(
+        &redis,
+        &upstream,
+        "deny",
+        &[bucket_10_per_sec()],
+    ));
     // Before any request: the function library is loaded, so the first decision does not spend
     // its 50 ms connecting and loading it (a loaded CI machine once answered it 503).
     let libraries: Vec<redis::Value> = redis.cmd(&["FUNCTION", "LIST"]);
@@ -342,7 +363,7 @@ async fn the_store_is_ready_before_floodgate_listens() {
 async fn a_denied_identity_is_answered_from_the_deny_cache() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - algorithm: token_bucket\n        capacity: 2\n        refill_rate: 0.1\n";
+    let limits = &[Limit::token_bucket(2, 0.1)];
     let floodgate = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
     let url = floodgate.url("/x");
     let (statuses, _) = sequential(&url, "flooder", 3).await;
@@ -378,11 +399,10 @@ async fn floodgate_redis_url_overrides_storage_url() {
     let upstream = Upstream::start().await;
     // The file points at a port where nothing listens; the environment at the real Redis.
     let dead = common::closed_port_addr();
-    let config = format!(
-        "storage:\n  backend: redis\n  url: redis://{dead}\n  on_error: deny\n\
-         routes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n{BUCKET_10_PER_SEC}",
-        upstream.url()
-    );
+    let config = Config::new()
+        .redis(&format!("redis://{dead}"), "deny")
+        .route(api(&upstream, &[bucket_10_per_sec()]))
+        .yaml();
     let floodgate = Floodgate::start_with_env(&config, &[("FLOODGATE_REDIS_URL", &redis.url())]);
     let (statuses, _) = sequential(&floodgate.url("/x"), "k", 1).await;
     assert_eq!(
@@ -401,8 +421,9 @@ async fn rediss_connects_over_verified_tls_and_nothing_else() {
     let cert_pem = certified.cert.pem();
     let redis = RedisServer::start_with_tls(&cert_pem, &certified.signing_key.serialize_pem());
     let upstream = Upstream::start().await;
-    let yaml = redis_config_with_timeout(&redis, &upstream, "deny", BUCKET_10_PER_SEC, "1s")
-        .replace(&redis.url(), &redis.tls_url());
+    let yaml = on_redis(&redis.tls_url(), "deny", "1s")
+        .route(api(&upstream, &[bucket_10_per_sec()]))
+        .yaml();
     // Trusting the server's certificate (SSL_CERT_FILE replaces the system's roots): the
     // decisions run on the server, through its TLS port.
     let trusted = common::TempFile::new(&cert_pem);
@@ -453,7 +474,12 @@ async fn a_redis_without_functions_decides_with_evalsha_loaded_before_the_first_
         "",
     ]);
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&redis_config(&redis, &upstream, "deny", BUCKET_10_PER_SEC));
+    let fg = Floodgate::start(&redis_config(
+        &redis,
+        &upstream,
+        "deny",
+        &[bucket_10_per_sec()],
+    ));
     // Before any request: the script is loaded (SCRIPT LOAD at start, not by a first decision
     // that would spend its 50 ms budget on it).
     let sha = redis::Script::new(floodgate::limiter::redis::SCRIPT_SOURCE)
@@ -478,15 +504,10 @@ async fn a_redis_without_functions_decides_with_evalsha_loaded_before_the_first_
 /// Two routes on one Redis whose limits differ a thousandfold: what a reply meant for one looks
 /// like if it reaches the other.
 fn two_routes_config(redis: &RedisServer, upstream: &Upstream) -> String {
-    format!(
-        "storage:\n  backend: redis\n  url: {}\n  timeout: 50ms\n  on_error: allow\n\
-         routes:\n  - name: wide\n    path_prefix: /wide\n    upstream: {up}\n    limits:\n\
-         \x20     - {{algorithm: fixed_window, limit: 1000, window: 1h}}\n\
-         \x20 - name: narrow\n    path_prefix: /narrow\n    upstream: {up}\n    limits:\n\
-         \x20     - {{algorithm: fixed_window, limit: 1, window: 1h}}\n",
-        redis.url(),
-        up = upstream.url()
-    )
+    on_redis(&redis.url(), "allow", "50ms")
+        .route(Route::new("wide", "/wide", &upstream.url()).limit(Limit::fixed_window(1000, "1h")))
+        .route(Route::new("narrow", "/narrow", &upstream.url()).limit(Limit::fixed_window(1, "1h")))
+        .yaml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,7 +563,7 @@ async fn replies_that_arrive_after_their_timeout_reach_no_other_request() {
 async fn a_redis_out_of_memory_follows_on_error_and_never_answers_500_or_429() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}\n";
+    let limits = &[Limit::token_bucket(3, 0.01)];
     let deny = Floodgate::start(&redis_config(&redis, &upstream, "deny", limits));
     let allow = Floodgate::start(&redis_config(&redis, &upstream, "allow", limits));
     // With maxmemory below what Redis already uses and no eviction, every write is refused.
@@ -573,14 +594,13 @@ async fn a_redis_out_of_memory_follows_on_error_and_never_answers_500_or_429() {
 async fn a_password_protected_redis_takes_the_url_password_and_a_wrong_one_is_logged() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let limits = "      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01}\n";
-    let yaml = redis_config(&redis, &upstream, "deny", limits);
+    let limits = &[Limit::token_bucket(2, 0.01)];
     let _: String = redis.cmd(&["CONFIG", "SET", "requirepass", "s3cret"]);
     let with_password = |password: &str| {
-        yaml.replace(
-            &redis.url(),
-            &format!("redis://:{password}@127.0.0.1:{}", redis.port),
-        )
+        let url = format!("redis://:{password}@127.0.0.1:{}", redis.port);
+        on_redis(&url, "deny", "50ms")
+            .route(api(&upstream, limits))
+            .yaml()
     };
     let right = Floodgate::start(&with_password("s3cret"));
     assert_eq!(
