@@ -9,54 +9,52 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, RedisServer, Upstream, hammer, metric};
 
-/// Routes on the Redis store: `/tb` a token bucket with `tb`'s parameters, and `/fw`, `/swc` and
-/// `/swl` a fixed window, a sliding window counter and a sliding window log with `fw`'s; a decision may take up to 1 s (a debug build of two proxies, Redis and the
-/// clients share 2 cores here) and a store error would be a 503 (`deny`), never a silent allow.
-fn config(redis: &RedisServer, upstream: &Upstream, tb: &str, fw: &str, leases: &str) -> String {
-    let storage = format!(
-        "  backend: redis\n  url: {}\n  leases: {leases}\n",
-        redis.url()
-    );
-    config_on(&storage, upstream, tb, fw)
+/// `storage` with leases on (`auto`, the default, said out loud), a decision budget of 1 s (a
+/// debug build of two proxies, the store and the clients share 2 cores here) and store errors
+/// as 503s (`deny`), never a silent allow.
+fn leased(storage: Config) -> Config {
+    storage
+        .storage("timeout", "1s")
+        .storage("on_error", "deny")
+        .storage("leases", "auto")
 }
 
-/// [`config`] on any `storage` (the lines of a `storage:` block).
-fn config_on(storage: &str, upstream: &Upstream, tb: &str, fw: &str) -> String {
-    format!(
-        "admin_listen: 127.0.0.1:0
-storage:
-{storage}  timeout: 1s
-  on_error: deny
-routes:
-  - name: tb
-    path_prefix: /tb
-    upstream: {0}
-    limits:
-      - algorithm: token_bucket
-{tb}
-  - name: fw
-    path_prefix: /fw
-    upstream: {0}
-    limits:
-      - algorithm: fixed_window
-{fw}
-  - name: swc
-    path_prefix: /swc
-    upstream: {0}
-    limits:
-      - algorithm: sliding_window_counter
-{fw}
-  - name: swl
-    path_prefix: /swl
-    upstream: {0}
-    limits:
-      - algorithm: sliding_window_log
-{fw}
-",
-        upstream.url()
+/// Leases on the Redis server `redis`.
+fn on_redis(redis: &RedisServer) -> Config {
+    leased(
+        Config::new()
+            .storage("backend", "redis")
+            .storage("url", &redis.url()),
     )
+}
+
+/// Leases on the PostgreSQL server `postgres`.
+fn on_postgres(postgres: &common::PostgresServer) -> Config {
+    leased(
+        Config::new()
+            .storage("backend", "postgres")
+            .storage("url", &postgres.url()),
+    )
+}
+
+/// A window's limit and length, for the three window algorithms.
+type Window = (u64, &'static str);
+
+/// `storage` with four routes: `/tb` limited by `bucket`, and `/fw`, `/swc` and `/swl` by a
+/// fixed window, a sliding window counter and a sliding window log of `window`.
+fn config(storage: Config, upstream: &Upstream, bucket: Limit, (limit, window): Window) -> String {
+    let route = |name: &str, limit: Limit| {
+        Route::new(name, &format!("/{name}"), &upstream.url()).limit(limit)
+    };
+    storage
+        .route(route("tb", bucket))
+        .route(route("fw", Limit::fixed_window(limit, window)))
+        .route(route("swc", Limit::sliding_window_counter(limit, window)))
+        .route(route("swl", Limit::sliding_window_log(limit, window)))
+        .yaml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,11 +62,10 @@ async fn a_budget_spent_fast_is_mostly_spent_without_a_round_trip() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&config(
-        &redis,
+        on_redis(&redis),
         &upstream,
-        "        capacity: 1000000\n        refill_rate: 1000000",
-        "        limit: 1000000\n        window: 1h",
-        "auto",
+        Limit::token_bucket(1_000_000, 1_000_000.0),
+        (1_000_000, "1h"),
     ));
     // A window of a million an hour. (A token bucket that is nearly full gains little: its
     // lease must drain as fast as the store's side could refill past the capacity, see lease.rs.)
@@ -128,14 +125,16 @@ async fn outstanding(instances: &[&Floodgate]) -> u64 {
 
 /// Budgets of 1,500 that do not refill within the test (a token per 1,000 s; an hour's window):
 /// large enough that both instances lease for a while before they run out.
-const BUCKET_1500: &str = "        capacity: 1500\n        refill_rate: 0.001";
-const WINDOW_1500: &str = "        limit: 1500\n        window: 1h";
+fn bucket_1500() -> Limit {
+    Limit::token_bucket(1500, 0.001)
+}
+const WINDOW_1500: Window = (1500, "1h");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_with_leases_never_admit_more_than_a_budget() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let yaml = config(&redis, &upstream, BUCKET_1500, WINDOW_1500, "auto");
+    let yaml = config(on_redis(&redis), &upstream, bucket_1500(), WINDOW_1500);
     never_more_than_1500(&yaml, &upstream).await;
 }
 
@@ -143,8 +142,12 @@ async fn two_instances_with_leases_never_admit_more_than_a_budget() {
 async fn two_instances_with_leases_on_postgres_never_admit_more_than_a_budget() {
     let postgres = common::PostgresServer::start();
     let upstream = Upstream::start().await;
-    let storage = format!("  backend: postgres\n  url: {}\n", postgres.url());
-    let yaml = config_on(&storage, &upstream, BUCKET_1500, WINDOW_1500);
+    let yaml = config(
+        on_postgres(&postgres),
+        &upstream,
+        bucket_1500(),
+        WINDOW_1500,
+    );
     never_more_than_1500(&yaml, &upstream).await;
 }
 
@@ -175,13 +178,13 @@ async fn never_more_than_1500(yaml: &str, upstream: &Upstream) {
     }
 }
 
-const WINDOW_100K: &str = "        limit: 100000\n        window: 1h";
+const WINDOW_100K: Window = (100_000, "1h");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_ends_unspent_gives_its_units_back() {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let yaml = config(&redis, &upstream, BUCKET_1500, WINDOW_100K, "auto");
+    let yaml = config(on_redis(&redis), &upstream, bucket_1500(), WINDOW_100K);
     given_back(&Floodgate::start(&yaml), &upstream).await;
 }
 
@@ -189,8 +192,12 @@ async fn a_lease_that_ends_unspent_gives_its_units_back() {
 async fn a_lease_that_ends_unspent_gives_its_units_back_on_postgres() {
     let postgres = common::PostgresServer::start();
     let upstream = Upstream::start().await;
-    let storage = format!("  backend: postgres\n  url: {}\n", postgres.url());
-    let yaml = config_on(&storage, &upstream, BUCKET_1500, WINDOW_100K);
+    let yaml = config(
+        on_postgres(&postgres),
+        &upstream,
+        bucket_1500(),
+        WINDOW_100K,
+    );
     given_back(&Floodgate::start(&yaml), &upstream).await;
 }
 
@@ -242,11 +249,10 @@ async fn two_instances_above_a_refilling_budget_get_nearly_all_of_it() {
     let upstream = Upstream::start().await;
     // A token bucket of 50 refilling 100 a second, and a sliding window log of 100 a second.
     let yaml = config(
-        &redis,
+        on_redis(&redis),
         &upstream,
-        "        capacity: 50\n        refill_rate: 100",
-        "        limit: 100\n        window: 1s",
-        "auto",
+        Limit::token_bucket(50, 100.0),
+        (100, "1s"),
     );
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     // 32 clients per route without pause, far above 100/s, for 10 s, both routes at once.
@@ -288,11 +294,10 @@ async fn an_instance_killed_holding_a_lease_costs_at_most_that_lease() {
     // A window of 6,000 an hour, spent by two instances: `a` takes leases, stops, and is killed
     // holding what it had not spent; `b` then spends the rest.
     let yaml = config(
-        &redis,
+        on_redis(&redis),
         &upstream,
-        "        capacity: 1000000\n        refill_rate: 1000000",
-        "        limit: 6000\n        window: 1h",
-        "auto",
+        Limit::token_bucket(1_000_000, 1_000_000.0),
+        (6000, "1h"),
     );
     let (mut a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     let by_a = hammer(&[a.url("/fw")], "shared", 16, Duration::from_secs(1)).await;
@@ -320,36 +325,26 @@ async fn an_instance_killed_holding_a_lease_costs_at_most_that_lease() {
     assert_eq!(admitted_a + admitted_b + held + left_b, 6000);
 }
 
-/// Seed 002's over-grant test on `storage` (a YAML `storage:` block): for each algorithm with a
-/// budget of 40 that does not refill, 64 clients through two instances, leases on; returns what
-/// each admitted.
-async fn seed_002(storage: &str) -> Vec<(&'static str, usize)> {
-    const LIMITS: [(&str, &str); 4] = [
-        (
-            "tb",
-            "{algorithm: token_bucket, capacity: 40, refill_rate: 0.0001}",
-        ),
-        ("fw", "{algorithm: fixed_window, limit: 40, window: 1h}"),
-        (
-            "swl",
-            "{algorithm: sliding_window_log, limit: 40, window: 1h}",
-        ),
-        (
-            "swc",
-            "{algorithm: sliding_window_counter, limit: 40, window: 1h}",
-        ),
+/// Seed 002's over-grant test on `storage` (leases on): for each algorithm with a budget of 40
+/// that does not refill, 64 clients through two instances; returns what each admitted.
+async fn seed_002(storage: Config) -> Vec<(&'static str, usize)> {
+    let limits = [
+        ("tb", Limit::token_bucket(40, 0.0001)),
+        ("fw", Limit::fixed_window(40, "1h")),
+        ("swl", Limit::sliding_window_log(40, "1h")),
+        ("swc", Limit::sliding_window_counter(40, "1h")),
     ];
     let upstream = Upstream::start().await;
-    let mut yaml = format!("admin_listen: 127.0.0.1:0\n{storage}routes:\n");
-    for (name, limit) in LIMITS {
-        yaml += &format!(
-            "  - name: {name}\n    path_prefix: /{name}\n    upstream: {}\n    limits: [{limit}]\n",
-            upstream.url()
-        );
-    }
+    let names = limits.each_ref().map(|(name, _)| *name);
+    let yaml = limits
+        .into_iter()
+        .fold(storage, |config, (name, limit)| {
+            config.route(Route::new(name, &format!("/{name}"), &upstream.url()).limit(limit))
+        })
+        .yaml();
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     let mut admitted = Vec::new();
-    for (name, _) in LIMITS {
+    for name in names {
         let path = format!("/{name}");
         let n = two_instances(&a, &b, &upstream, &path, Duration::from_millis(1500)).await;
         admitted.push((name, n));
@@ -359,30 +354,25 @@ async fn seed_002(storage: &str) -> Vec<(&'static str, usize)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_002s_over_grant_test_admits_exactly_40_with_leases_on_redis_cluster_and_sentinel() {
-    // A decision may take up to 1 s (a debug build of two proxies, the store and 64 clients on
-    // 2 cores), and a store error would be a 503 (`deny`), never a silent allow.
-    let common = "  timeout: 1s\n  on_error: deny\n  leases: auto\n";
     let redis = RedisServer::start();
-    let single = format!(
-        "storage:\n  backend: redis\n  url: {}\n{common}",
-        redis.url()
-    );
     let cluster = common::RedisCluster::start(3);
-    let clustered = format!(
-        "storage:\n  backend: redis_cluster\n  urls: [{}]\n{common}",
-        cluster.urls().join(", ")
-    );
+    let clustered = Config::new()
+        .storage("backend", "redis_cluster")
+        .storage("urls", &format!("[{}]", cluster.urls().join(", ")));
     let sentinels = common::RedisSentinelSet::start();
-    let followed = format!(
-        "storage:\n  backend: redis_sentinel\n  sentinels: [{}]\n  master_name: mymaster\n{common}",
-        sentinels.sentinel_urls().join(", ")
-    );
+    let followed = Config::new()
+        .storage("backend", "redis_sentinel")
+        .storage(
+            "sentinels",
+            &format!("[{}]", sentinels.sentinel_urls().join(", ")),
+        )
+        .storage("master_name", "mymaster");
     for (backend, storage) in [
-        ("redis", single),
-        ("redis_cluster", clustered),
-        ("redis_sentinel", followed),
+        ("redis", on_redis(&redis)),
+        ("redis_cluster", leased(clustered)),
+        ("redis_sentinel", leased(followed)),
     ] {
-        let admitted = seed_002(&storage).await;
+        let admitted = seed_002(storage).await;
         eprintln!("{backend}: {admitted:?}");
         for (algorithm, n) in admitted {
             assert_eq!(n, 40, "{backend}, {algorithm}: {n} admitted of 40");
@@ -393,11 +383,7 @@ async fn seed_002s_over_grant_test_admits_exactly_40_with_leases_on_redis_cluste
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_002s_over_grant_test_admits_exactly_40_with_leases_on_postgres() {
     let postgres = common::PostgresServer::start();
-    let storage = format!(
-        "storage:\n  backend: postgres\n  url: {}\n  timeout: 1s\n  on_error: deny\n  leases: auto\n",
-        postgres.url()
-    );
-    let admitted = seed_002(&storage).await;
+    let admitted = seed_002(on_postgres(&postgres)).await;
     eprintln!("postgres: {admitted:?}");
     for (algorithm, n) in admitted {
         assert_eq!(n, 40, "postgres, {algorithm}: {n} admitted of 40");
