@@ -8,15 +8,21 @@
 //!   rotating over 1000 API keys (all pre-inserted), on a token bucket that admits everything and
 //!   on one that denies everything.
 //!
+//! - `tiers/*`: [`policy::asks`], the step that picks a route's limits for a request, on three
+//!   limits without `tiers:` and on the same three with `tiers:` lists of two names each (the
+//!   request's tier matching the second name of each): what comparing tier names costs.
+//!
 //! Run: `cargo bench --bench limiter` (short: `-- --warm-up-time 1 --measurement-time 2`).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use floodgate::config::Config;
 use floodgate::limiter::algorithm::State;
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, MemoryStore, SystemClock,
 };
+use floodgate::policy;
 
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
@@ -200,5 +206,48 @@ fn policies(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, algorithms, memory_store, policies);
+/// [`policy::asks`] on three limits, with and without `tiers:`.
+fn tiers(c: &mut Criterion) {
+    let route = |tiers: &str| {
+        let yaml = format!(
+            "listen: 127.0.0.1:0
+consumers:
+  entries:
+    - {{name: a, tier: pro, keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]}}
+routes:
+  - name: api
+    path_prefix: /
+    upstream: http://127.0.0.1:9
+    limits:
+      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1{tiers}}}
+      - {{algorithm: fixed_window, limit: 100, window: 1h, per: ip{tiers}}}
+      - {{algorithm: sliding_window_counter, limit: 1000, window: 1m, per: route{tiers}}}
+"
+        );
+        Config::from_yaml(&yaml)
+            .expect("bench config")
+            .routes
+            .remove(0)
+    };
+    let plain = route("");
+    let tiered = route(", tiers: [anonymous, pro]");
+    let mut group = c.benchmark_group("tiers");
+    group.throughput(Throughput::Elements(1));
+    for (name, route) in [("three_limits", &plain), ("three_tiered_limits", &tiered)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let asks = policy::asks(
+                    black_box(&route.enforced),
+                    black_box("pro"),
+                    Some((KeyKind::ApiKey, b"key".as_slice())),
+                    Some([127, 0, 0, 1].as_slice()),
+                );
+                black_box(asks.asks.len())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, algorithms, memory_store, policies, tiers);
 criterion_main!(benches);

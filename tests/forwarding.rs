@@ -214,10 +214,11 @@ async fn websocket_upgrades_pass_through_and_echo() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
     let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&format!(
-        "timeouts:\n  header_read: 300ms\nroutes:\n  - name: all\n    path_prefix: /\n    upstream: {}\n",
-        upstream.url()
-    ));
+    let fg = Floodgate::start(
+        &open_route(&upstream.url())
+            .timeout("header_read", "300ms")
+            .yaml(),
+    );
     // Slowloris: a partial request head, then one more header byte now and then.
     let mut stream = TcpStream::connect(fg.addr()).await.expect("connect");
     stream

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::config::consumers;
+use common::config::{Config, Limit, Route};
 use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get, metric};
 use http::StatusCode;
 
@@ -33,22 +33,15 @@ async fn replaying_the_proxys_own_log_agrees_with_every_decision_it_made() {
     let upstream = Upstream::start().await;
     // Limits whose decisions do not hang on milliseconds (the log's timestamps are the ends of
     // requests, replay decides at end minus latency): slow refills and hour-long sliding windows.
-    let yaml = format!(
-        "log_format: json
-routes:
-  - name: api
-    path_prefix: /api
-    upstream: {0}
-    limits:
-      - {{algorithm: token_bucket, capacity: 4, refill_rate: 0.01}}
-      - {{algorithm: sliding_window_log, limit: 15, window: 1h, per: route}}
-      - {{algorithm: token_bucket, capacity: 9, refill_rate: 0.01, per: ip}}
-  - name: open
-    path_prefix: /
-    upstream: {0}
-",
-        upstream.url()
-    );
+    let yaml = Config::new()
+        .with("log_format", "json")
+        .route(Route::new("api", "/api", &upstream.url()).limits([
+            Limit::token_bucket(4, 0.01),
+            Limit::sliding_window_log(15, "1h").per("route"),
+            Limit::token_bucket(9, 0.01).per("ip"),
+        ]))
+        .route(Route::new("open", "/", &upstream.url()))
+        .yaml();
     let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
     let client = client();
     let mut live_allowed = 0;
@@ -91,41 +84,36 @@ routes:
 async fn replay_agrees_with_the_live_proxy_in_every_mode() {
     let upstream = Upstream::start().await;
     // Limits that do not hang on milliseconds (slow refills, hour-long windows), per tier.
-    let tiered = "      - {algorithm: token_bucket, capacity: 5, refill_rate: 0.01, tiers: [pro]}
-      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.01, tiers: [default, anonymous]}
-      - {algorithm: fixed_window, limit: 9, window: 1h, per: ip}
-";
+    let tiered = vec![
+        Limit::token_bucket(5, 0.01).tiers(&["pro"]),
+        Limit::token_bucket(2, 0.01).tiers(&["default", "anonymous"]),
+        Limit::fixed_window(9, "1h").per("ip"),
+    ];
+    let logged = Config::new().with("log_format", "json");
     let modes = [
         (
             "consumers, unknown keys rejected",
-            consumers("reject"),
-            tiered,
+            logged.clone().consumers("reject"),
+            tiered.clone(),
         ),
         (
             "consumers, unknown keys anonymous",
-            consumers("anonymous"),
+            logged.clone().consumers("anonymous"),
             tiered,
         ),
         (
             "global shadow mode, and a route's shadow limit",
-            "shadow: true\n".to_string(),
-            "      - {algorithm: token_bucket, capacity: 3, refill_rate: 0.01}
-      - {algorithm: fixed_window, limit: 12, window: 1h, per: route, shadow: true}
-",
+            logged.with("shadow", "true"),
+            vec![
+                Limit::token_bucket(3, 0.01),
+                Limit::fixed_window(12, "1h").per("route").shadow(),
+            ],
         ),
     ];
-    for (mode, head, limits) in modes {
-        let yaml = format!(
-            "log_format: json
-admin_listen: 127.0.0.1:0
-{head}routes:
-  - name: api
-    path_prefix: /
-    upstream: {}
-    limits:
-{limits}",
-            upstream.url()
-        );
+    for (mode, config, limits) in modes {
+        let yaml = config
+            .route(Route::new("api", "/", &upstream.url()).limits(limits))
+            .yaml();
         let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
         let client = client();
         let mut live = std::collections::HashMap::<u16, u64>::new();
@@ -168,14 +156,10 @@ admin_listen: 127.0.0.1:0
 #[test]
 fn replay_reports_text_by_default_and_rejects_a_bad_config() {
     let config = TempFile::new(
-        "listen: 127.0.0.1:0
-routes:
-  - name: api
-    path_prefix: /
-    upstream: http://127.0.0.1:9
-    limits:
-      - {algorithm: fixed_window, limit: 1, window: 1h}
-",
+        &Config::new()
+            .with("listen", "127.0.0.1:0")
+            .route(Route::new("api", "/", "http://127.0.0.1:9").limit(Limit::fixed_window(1, "1h")))
+            .yaml(),
     );
     let log = TempFile::new(
         r#"203.0.113.1 - - [22/Nov/2026:10:00:00 +0000] "GET /a HTTP/1.1" 200 1 "-" "-"

@@ -235,7 +235,7 @@ impl Config {
 
 /// The test consumers (a `consumers:` block), with `unknown_key` as given: acme (tier pro) has
 /// the keys `test` and `test2`, hobbyist (tier default) has `bar`.
-pub fn consumers(unknown_key: &str) -> String {
+fn consumers(unknown_key: &str) -> String {
     format!(
         "consumers:
   unknown_key: {unknown_key}
