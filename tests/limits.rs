@@ -323,4 +323,39 @@ mod config_builder {
             "admin_listen: 127.0.0.1:0\nstorage:\n  backend: memory\nroutes:\n  - name: api\n    path_prefix: /api\n    upstream: http://127.0.0.1:9\n    priority: high\n    limits:\n      - {algorithm: token_bucket, capacity: 5, refill_rate: 0.5}\n      - {algorithm: fixed_window, limit: 9, window: 1h, per: route}\n"
         );
     }
+
+    /// Every part of the builder, read back by floodgate's own parser: a key the builder
+    /// misplaced would be a config error or a default here.
+    #[test]
+    fn every_part_is_read_by_floodgate_where_it_belongs() {
+        let yaml = Config::new()
+            .with("listen", "127.0.0.1:0")
+            .with("shadow", "true")
+            .consumers("anonymous")
+            .trusted_proxies("[10.0.0.0/8]")
+            .timeout("idle", "7s")
+            .redis("redis://127.0.0.1:9", "local")
+            .storage("timeout", "20ms")
+            .route(Route::new("api", "/api", "http://127.0.0.1:9").limits([
+                Limit::token_bucket(5, 0.5).tiers(&["pro", "default"]),
+                Limit::fixed_window(9, "1h").per("route").shadow(),
+                Limit::concurrency(3).per("ip"),
+            ]))
+            .route(Route::new("rest", "/", "http://127.0.0.1:9"))
+            .yaml();
+        let config = floodgate::config::Config::from_yaml(&yaml).expect(&yaml);
+        assert!(config.shadow);
+        assert_eq!(config.consumers.expect("consumers").iter().count(), 2);
+        assert_eq!(config.identity.trusted_proxies.len(), 1);
+        assert_eq!(config.timeouts.idle, std::time::Duration::from_secs(7));
+        assert_eq!(config.storage.timeout, std::time::Duration::from_millis(20));
+        assert_eq!(config.storage.on_error, floodgate::limiter::OnError::Local);
+        let names: Vec<&str> = config.routes.iter().map(|r| &*r.name).collect();
+        assert_eq!(names, ["api", "rest"]);
+        let api = &config.routes[0];
+        assert_eq!(api.enforced.limits.len(), 2);
+        assert_eq!(api.shadow.limits.len(), 1);
+        assert!(api.enforced.limits[0].applies_to("pro"));
+        assert!(!api.enforced.limits[0].applies_to("anonymous"));
+    }
 }
