@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, SLOW, Upstream, client};
+use common::{Floodgate, SLOW, Upstream, client, keyed_status};
 
 /// The route `api`: every path to `upstream`, with `limits`.
 fn route(upstream: &Upstream, limits: &[Limit]) -> Route {
@@ -21,17 +21,6 @@ fn route(upstream: &Upstream, limits: &[Limit]) -> Route {
 /// A token bucket of 2 that refills once in 100 s: within a test, two requests and no more.
 fn capacity_2() -> Limit {
     Limit::token_bucket(2, 0.01)
-}
-
-async fn status(url: &str, key: &str) -> u16 {
-    client()
-        .get(url)
-        .header("x-api-key", key)
-        .send()
-        .await
-        .expect("floodgate answers")
-        .status()
-        .as_u16()
 }
 
 async fn text(url: &str) -> (u16, String) {
@@ -58,7 +47,7 @@ async fn metrics_count_allowed_and_denied_requests() {
             .yaml(),
     );
     for _ in 0..5 {
-        status(&floodgate.url("/x"), "k").await;
+        keyed_status(&floodgate.url("/x"), "k").await;
     }
     let (code, metrics) = text(&floodgate.admin_url("/metrics")).await;
     assert_eq!(code, 200);
@@ -122,7 +111,7 @@ async fn readyz_follows_redis() {
         "but alive"
     );
     // store errors are counted and the request is labelled store_error (fail-open forwards it)
-    assert_eq!(status(&floodgate.url("/x"), "k").await, 200);
+    assert_eq!(keyed_status(&floodgate.url("/x"), "k").await, 200);
     let (_, metrics) = text(&floodgate.admin_url("/metrics")).await;
     assert_eq!(
         sample(
@@ -148,7 +137,7 @@ async fn sighup_applies_a_new_limit_while_a_request_is_in_flight() {
     let floodgate = Floodgate::start(&Config::new().route(route(&upstream, &[generous])).yaml());
     // A long request (the upstream takes SLOW) on its own connection.
     let slow_url = floodgate.url("/slow");
-    let in_flight = tokio::spawn(async move { status(&slow_url, "slowpoke").await });
+    let in_flight = tokio::spawn(async move { keyed_status(&slow_url, "slowpoke").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let tight = Config::new()
@@ -162,9 +151,9 @@ async fn sighup_applies_a_new_limit_while_a_request_is_in_flight() {
     loop {
         let key = format!("k{}", Instant::now().elapsed().as_nanos());
         let statuses = [
-            status(&floodgate.url("/x"), &key).await,
-            status(&floodgate.url("/x"), &key).await,
-            status(&floodgate.url("/x"), &key).await,
+            keyed_status(&floodgate.url("/x"), &key).await,
+            keyed_status(&floodgate.url("/x"), &key).await,
+            keyed_status(&floodgate.url("/x"), &key).await,
         ];
         if statuses == [200, 200, 429] {
             break;
@@ -199,7 +188,7 @@ async fn an_invalid_config_on_sighup_keeps_the_running_one() {
             .yaml(),
     );
     let url = floodgate.url("/x");
-    assert_eq!(status(&url, "a").await, 200);
+    assert_eq!(keyed_status(&url, "a").await, 200);
     std::fs::write(floodgate.config_path(), "listen: 127.0.0.1:0\nroutes: [{name: x, path_prefix: nope, upstream: \"http://127.0.0.1:1\"}]\n")
         .expect("rewrite config");
     floodgate.signal("HUP");
@@ -217,8 +206,8 @@ async fn an_invalid_config_on_sighup_keeps_the_running_one() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The old config still serves: same route, same budget (one spent already).
-    assert_eq!(status(&url, "a").await, 200);
-    assert_eq!(status(&url, "a").await, 429);
+    assert_eq!(keyed_status(&url, "a").await, 200);
+    assert_eq!(keyed_status(&url, "a").await, 429);
     let log = floodgate.stderr();
     assert!(
         log.contains("routes[0].path_prefix"),
@@ -317,7 +306,7 @@ async fn global_shadow_mode_never_denies() {
             .yaml(),
     );
     for _ in 0..4 {
-        assert_eq!(status(&floodgate.url("/x"), "k").await, 200);
+        assert_eq!(keyed_status(&floodgate.url("/x"), "k").await, 200);
     }
     let (_, metrics) = text(&floodgate.admin_url("/metrics")).await;
     assert_eq!(
@@ -392,7 +381,7 @@ async fn the_grafana_dashboard_only_uses_metrics_floodgate_exports() {
         .route(route(&upstream, &[capacity_2()]).with("adaptive_concurrency", "{}"))
         .yaml();
     let floodgate = Floodgate::start(&config);
-    status(&floodgate.url("/x"), "k").await;
+    keyed_status(&floodgate.url("/x"), "k").await;
     let (_, metrics) = text(&floodgate.admin_url("/metrics")).await;
     let dashboard = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

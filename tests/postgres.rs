@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, PostgresServer, Upstream, client, get, hammer};
+use common::{Floodgate, PostgresServer, Upstream, client, get, hammer, keyed_statuses};
 use http::StatusCode;
 
 /// One route, `/` → `upstream`, limited by `limits`, on `postgres` with `on_error`. The 1 s
@@ -49,20 +49,6 @@ async fn until_ready(fg: &Floodgate) {
         assert!(Instant::now() < deadline, "never ready: {}", fg.stderr());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn statuses(fg: &Floodgate, path: &str, key: &str, n: usize) -> Vec<u16> {
-    let client = client();
-    let mut got = Vec::new();
-    for _ in 0..n {
-        got.push(
-            get(&client, &fg.url(path), &[("x-api-key", key)])
-                .await
-                .status
-                .as_u16(),
-        );
-    }
-    got
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +108,7 @@ async fn the_schema_is_installed_before_floodgate_listens() {
         Some("1".to_string()),
         "floodgate listened before its schema was installed"
     );
-    assert_eq!(statuses(&fg, "/x", "A", 1).await, vec![200]);
+    assert_eq!(keyed_statuses(&fg.url("/x"), "A", 1).await, vec![200]);
     assert!(
         holder.wait().is_ok_and(|s| s.success()),
         "the lock holder failed"
@@ -148,9 +134,15 @@ async fn a_route_mixing_scopes_is_decided_all_or_nothing() {
     ));
     until_ready(&fg).await;
     // A spends its 3; its 4th is denied by its own bucket and spends nothing from the route.
-    assert_eq!(statuses(&fg, "/x", "A", 4).await, vec![200, 200, 200, 429]);
+    assert_eq!(
+        keyed_statuses(&fg.url("/x"), "A", 4).await,
+        vec![200, 200, 200, 429]
+    );
     // So B still finds 2 of the route's 5, and is then denied by the route's window.
-    assert_eq!(statuses(&fg, "/x", "B", 3).await, vec![200, 200, 429]);
+    assert_eq!(
+        keyed_statuses(&fg.url("/x"), "B", 3).await,
+        vec![200, 200, 429]
+    );
     assert_eq!(upstream.count(), 5);
     // The figures, spending nothing: A's bucket is empty, the route's window is spent.
     let client = client();
@@ -204,12 +196,12 @@ async fn concurrency_leases_are_held_while_in_flight_and_given_back() {
         assert!(Instant::now() < deadline, "the slow request never arrived");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(statuses(&fg, "/x", "K", 1).await, vec![429]);
+    assert_eq!(keyed_statuses(&fg.url("/x"), "K", 1).await, vec![429]);
     assert_eq!(slow.await.expect("slow request"), StatusCode::OK);
     // Released in the background when its body ended: the slot is free again.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let got = statuses(&fg, "/x", "K", 1).await;
+        let got = keyed_statuses(&fg.url("/x"), "K", 1).await;
         if got == vec![200] {
             break;
         }
@@ -234,7 +226,7 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
     until_ready(&a).await;
     until_ready(&b).await;
     assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "1");
-    assert_eq!(statuses(&a, "/x", "K", 1).await, vec![200]);
+    assert_eq!(keyed_statuses(&a.url("/x"), "K", 1).await, vec![200]);
     // The database loses everything floodgate made (restored from an old dump, say).
     postgres.psql(
         "DO $$ DECLARE f text; BEGIN
@@ -246,10 +238,13 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
     );
     // The next decision finds its function missing, installs the schema again and is decided
     // (on_error: deny would answer 503 otherwise): a fresh budget of 2.
-    assert_eq!(statuses(&a, "/x", "K", 3).await, vec![200, 200, 429]);
+    assert_eq!(
+        keyed_statuses(&a.url("/x"), "K", 3).await,
+        vec![200, 200, 429]
+    );
     assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "1");
     // The other instance shares the reinstalled budget.
-    assert_eq!(statuses(&b, "/x", "K", 1).await, vec![429]);
+    assert_eq!(keyed_statuses(&b.url("/x"), "K", 1).await, vec![429]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,9 +260,9 @@ async fn expired_budgets_are_swept_and_live_ones_kept() {
     until_ready(&fg).await;
     for key in 0..50 {
         let key = format!("k{key}");
-        assert_eq!(statuses(&fg, "/short", &key, 1).await, vec![200]);
+        assert_eq!(keyed_statuses(&fg.url("/short"), &key, 1).await, vec![200]);
     }
-    assert_eq!(statuses(&fg, "/long", "kept", 1).await, vec![200]);
+    assert_eq!(keyed_statuses(&fg.url("/long"), "kept", 1).await, vec![200]);
     // Nothing is swept within the grace.
     assert_eq!(
         postgres.psql("SELECT count(*) FROM floodgate_budgets"),
@@ -347,7 +342,7 @@ async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
     // 200 ms budget plus scheduling on a loaded two-core machine.
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
     assert_eq!(
-        statuses(&closed, "/x", "down", 3).await,
+        keyed_statuses(&closed.url("/x"), "down", 3).await,
         vec![503, 503, 503]
     );
     assert_eq!(
@@ -365,7 +360,7 @@ async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         // The breaker may still be cooling down (0.5 s): wait for the store to decide.
-        let got = statuses(&closed, "/x", "after", 1).await;
+        let got = keyed_statuses(&closed.url("/x"), "after", 1).await;
         if got == vec![200] {
             break;
         }
@@ -373,10 +368,10 @@ async fn postgres_stopped_under_load_follows_on_error_and_limiting_resumes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        statuses(&closed, "/x", "after", 3).await,
+        keyed_statuses(&closed.url("/x"), "after", 3).await,
         vec![200, 200, 429]
     );
-    assert_eq!(statuses(&open, "/x", "after", 1).await, vec![429]);
+    assert_eq!(keyed_statuses(&open.url("/x"), "after", 1).await, vec![429]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,7 +396,10 @@ async fn sslmode_require_connects_over_verified_tls_and_nothing_else() {
         )],
     );
     until_ready(&trusting).await;
-    assert_eq!(statuses(&trusting, "/x", "K", 3).await, vec![200, 200, 429]);
+    assert_eq!(
+        keyed_statuses(&trusting.url("/x"), "K", 3).await,
+        vec![200, 200, 429]
+    );
     let connections = postgres.psql(
         "SELECT count(*) FILTER (WHERE ssl), count(*) FROM pg_stat_ssl
            JOIN pg_stat_activity USING (pid) WHERE application_name = 'floodgate'",
@@ -425,7 +423,10 @@ async fn sslmode_require_connects_over_verified_tls_and_nothing_else() {
             .status,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    assert_eq!(statuses(&distrusting, "/x", "L", 1).await, vec![503]);
+    assert_eq!(
+        keyed_statuses(&distrusting.url("/x"), "L", 1).await,
+        vec![503]
+    );
 }
 
 /// A test CA, for server and client certificates.
@@ -472,7 +473,11 @@ async fn assert_never_connects(fg: &Floodgate, why: &str) {
         StatusCode::SERVICE_UNAVAILABLE,
         "{why}"
     );
-    assert_eq!(statuses(fg, "/x", "N", 1).await, vec![503], "{why}");
+    assert_eq!(
+        keyed_statuses(&fg.url("/x"), "N", 1).await,
+        vec![503],
+        "{why}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,7 +498,10 @@ async fn sslrootcert_is_trusted_and_verify_ca_checks_the_chain_but_not_the_name(
         &format!("sslmode=verify-ca&sslrootcert={}", root_of(&root)),
     ));
     until_ready(&ca_only).await;
-    assert_eq!(statuses(&ca_only, "/x", "K", 3).await, vec![200, 200, 429]);
+    assert_eq!(
+        keyed_statuses(&ca_only.url("/x"), "K", 3).await,
+        vec![200, 200, 429]
+    );
 
     // verify-full checks the name too: 127.0.0.1 is not db.internal.
     let full = Floodgate::start(&with_query(
@@ -536,7 +544,7 @@ async fn a_client_certificate_from_sslcert_and_sslkey_passes_cert_authentication
     ));
     until_ready(&with_cert).await;
     assert_eq!(
-        statuses(&with_cert, "/x", "K", 3).await,
+        keyed_statuses(&with_cert.url("/x"), "K", 3).await,
         vec![200, 200, 429]
     );
     let authenticated = postgres.psql(

@@ -100,6 +100,29 @@ pub async fn metric(fg: &Floodgate, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in\n{body}"))
 }
 
+/// The status of one GET of `url` with `X-API-Key: key`.
+pub async fn keyed_status(url: &str, key: &str) -> u16 {
+    get(&client(), url, &[("x-api-key", key)])
+        .await
+        .status
+        .as_u16()
+}
+
+/// The statuses of `n` GETs of `url` with `X-API-Key: key`, one after the other on one client.
+pub async fn keyed_statuses(url: &str, key: &str, n: usize) -> Vec<u16> {
+    let client = client();
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        got.push(
+            get(&client, url, &[("x-api-key", key)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    got
+}
+
 /// Sends raw bytes over a fresh TCP connection and reads until the server closes it.
 pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
