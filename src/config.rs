@@ -99,21 +99,45 @@ pub enum LogFormat {
     Json,
 }
 
-/// Certificate and key files for TLS termination, read and checked at load.
+/// Certificate and key files for TLS termination, read and checked at load. Built only by the
+/// config's validation, so the rustls config is always the one the two files make.
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// The listener's rustls config built from `cert` and `key`, with ALPN `h2`, `http/1.1`.
-    pub server_config: Arc<rustls::ServerConfig>,
+    cert: PathBuf,
+    key: PathBuf,
+    server_config: Arc<rustls::ServerConfig>,
+}
+
+impl TlsConfig {
+    /// The certificate and key files, as the config names them.
+    pub fn files(&self) -> (&Path, &Path) {
+        (&self.cert, &self.key)
+    }
+
+    /// The listener's rustls config built from the two files, with ALPN `h2`, `http/1.1`.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server_config.clone()
+    }
 }
 
 /// `upstream_ca:`: a PEM bundle of CA certificates trusted for HTTPS upstreams in place of the
-/// system's roots.
+/// system's roots. Built only by the config's validation, from the file it names.
 #[derive(Debug, Clone)]
 pub struct UpstreamCa {
-    pub path: PathBuf,
-    pub roots: Arc<rustls::RootCertStore>,
+    path: PathBuf,
+    roots: Arc<rustls::RootCertStore>,
+}
+
+impl UpstreamCa {
+    /// The bundle's file, as the config names it.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The certificates read from it.
+    pub fn roots(&self) -> Arc<rustls::RootCertStore> {
+        self.roots.clone()
+    }
 }
 
 /// How long floodgate waits on clients and upstreams.

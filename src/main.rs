@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use floodgate::config::{Backend, Config, LogFormat, Overrides};
+use floodgate::config::{Backend, Config, LogFormat, Overrides, TlsConfig, UpstreamCa};
 use floodgate::limiter::guard::Guarded;
 use floodgate::limiter::postgres::PostgresStore;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
@@ -391,10 +391,10 @@ async fn reload(proxy: &Proxy, path: &Path, running: &Config) {
             let restart_only = new.listen != running.listen
                 || new.admin_listen != running.admin_listen
                 || new.storage.backend != running.storage.backend
-                || new.tls.as_ref().map(|t| (&t.cert, &t.key))
-                    != running.tls.as_ref().map(|t| (&t.cert, &t.key))
-                || new.upstream_ca.as_ref().map(|c| &c.path)
-                    != running.upstream_ca.as_ref().map(|c| &c.path);
+                || new.tls.as_ref().map(TlsConfig::files)
+                    != running.tls.as_ref().map(TlsConfig::files)
+                || new.upstream_ca.as_ref().map(UpstreamCa::path)
+                    != running.upstream_ca.as_ref().map(UpstreamCa::path);
             if restart_only {
                 tracing::warn!(
                     "listen, admin_listen, tls, upstream_ca and storage.backend changes take effect on restart only"

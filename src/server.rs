@@ -68,7 +68,7 @@ impl Server {
             tls: config
                 .tls
                 .as_ref()
-                .map(|tls| TlsAcceptor::from(tls.server_config.clone())),
+                .map(|tls| TlsAcceptor::from(tls.server_config())),
             header_read_timeout: config.timeouts.header_read,
             idle_timeout: config.timeouts.idle,
             drain_timeout: config.timeouts.drain,

@@ -397,7 +397,7 @@ fn is_stale_connection(e: &PoolError) -> bool {
 /// 502) and says so once in the log.
 fn upstream_tls_config(upstream_ca: Option<&UpstreamCa>) -> rustls::ClientConfig {
     match upstream_ca {
-        Some(ca) => tls::client_config(ca.roots.clone()),
+        Some(ca) => tls::client_config(ca.roots()),
         None => tls::client_config(tls::system_roots("https:// upstreams without upstream_ca")),
     }
 }
