@@ -99,7 +99,23 @@ async fn replay_agrees_with_the_live_proxy_in_every_mode() {
         (
             "consumers, unknown keys anonymous",
             logged.clone().consumers("anonymous"),
-            tiered,
+            tiered.clone(),
+        ),
+        (
+            "behind a trusted proxy (user ids, forwarded addresses), unknown keys anonymous",
+            logged
+                .clone()
+                .consumers("anonymous")
+                .trusted_proxies("[127.0.0.1]"),
+            tiered.clone(),
+        ),
+        (
+            "behind a trusted proxy, no consumers (every key its own identity)",
+            logged.clone().trusted_proxies("[127.0.0.1]"),
+            vec![
+                Limit::token_bucket(2, 0.01),
+                Limit::fixed_window(6, "1h").per("ip"),
+            ],
         ),
         (
             "global shadow mode, and a route's shadow limit",
@@ -118,12 +134,21 @@ async fn replay_agrees_with_the_live_proxy_in_every_mode() {
         let client = client();
         let mut live = std::collections::HashMap::<u16, u64>::new();
         for i in 0..40 {
+            // Keys of both consumers, of none, and no key; a user id on every third request and
+            // a forwarded address on every fourth (believed only from a trusted proxy).
             let key = ["test", "test2", "bar", "nope", ""][i % 5];
-            let headers: Vec<(&str, &str)> = if key.is_empty() {
-                vec![]
-            } else {
-                vec![("x-api-key", key)]
-            };
+            let user = format!("user-{}", i % 2);
+            let forwarded = format!("203.0.113.{}", i % 3);
+            let mut headers: Vec<(&str, &str)> = Vec::new();
+            if !key.is_empty() {
+                headers.push(("x-api-key", key));
+            }
+            if i % 3 == 0 {
+                headers.push(("x-user-id", &user));
+            }
+            if i % 4 == 1 {
+                headers.push(("x-forwarded-for", &forwarded));
+            }
             let status = get(&client, &fg.url("/thing"), &headers).await.status;
             *live.entry(status.as_u16()).or_default() += 1;
         }
