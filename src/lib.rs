@@ -50,11 +50,13 @@
 //!
 //! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
-//! Dependencies point one way: [`tls`] (building rustls configs from PEM files) knows nothing
-//! of the rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`] only the
-//! limiter's key kinds; [`config`] builds on those; [`policy`] (whose allowance a request spends)
-//! and [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
+//! Dependencies point one way: [`tls`], [`path`] and [`deadline`] know nothing of the rest;
+//! [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
+//! [`adaptive`] only the limiter (its key kinds, decisions and clocks), [`top`] the limiter and
+//! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends) and
+//! [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
 //! policy; [`admin`] on proxy; [`server`] on admin and proxy; `main` on server.
+//! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
 #![forbid(unsafe_code)]
 

@@ -1,0 +1,127 @@
+//! The dependency rule written in `src/lib.rs`, checked: each module's code names only the
+//! modules it may build on (doc comments may link anywhere). A `use crate::config` inside the
+//! limiter, say, fails here with the file and line.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and the modules its code may name, as `src/lib.rs` says.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("tls", &[]),
+    ("path", &[]),
+    ("deadline", &[]),
+    ("limiter", &["tls"]),
+    ("identity", &["limiter"]),
+    ("metrics", &["limiter"]),
+    ("adaptive", &["limiter"]),
+    ("top", &["limiter", "identity"]),
+    (
+        "config",
+        &["tls", "path", "limiter", "identity", "adaptive"],
+    ),
+    ("route", &["config", "path"]),
+    ("policy", &["config", "identity", "limiter"]),
+    ("access_log", &["identity", "metrics"]),
+    // The pipeline's top: anything below it, never each other (replay runs without a proxy;
+    // the proxy knows nothing of the admin listener or the server that calls it).
+    (
+        "proxy",
+        &[
+            "access_log",
+            "adaptive",
+            "config",
+            "deadline",
+            "identity",
+            "limiter",
+            "metrics",
+            "path",
+            "policy",
+            "route",
+            "tls",
+            "top",
+        ],
+    ),
+    (
+        "replay",
+        &[
+            "access_log",
+            "config",
+            "identity",
+            "limiter",
+            "metrics",
+            "path",
+            "policy",
+            "route",
+        ],
+    ),
+    ("admin", &["deadline", "proxy"]),
+];
+
+/// The module's files: `src/NAME.rs` and everything under `src/NAME/`.
+fn files_of(module: &str) -> Vec<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = vec![src.join(format!("{module}.rs"))];
+    let mut dirs = vec![src.join(module)];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.retain(|p| p.exists());
+    out
+}
+
+/// The top-level modules a line of code names through `crate::`.
+fn named(line: &str) -> BTreeSet<String> {
+    line.match_indices("crate::")
+        .map(|(at, m)| {
+            line[at + m.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn each_module_names_only_what_lib_rs_lets_it_build_on() {
+    let mut broken = Vec::new();
+    for (module, allowed) in ALLOWED {
+        let files = files_of(module);
+        assert!(!files.is_empty(), "no source for {module}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("read source");
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("//") {
+                    continue;
+                }
+                for name in named(line) {
+                    if name != *module && !allowed.contains(&name.as_str()) {
+                        broken.push(format!(
+                            "{}:{}: {module} names crate::{name}",
+                            file.display(),
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_check_sees_a_forbidden_name() {
+    assert_eq!(
+        named("use crate::config::tls; let x = crate::limiter::Limit::x();"),
+        BTreeSet::from(["config".to_string(), "limiter".to_string()])
+    );
+}
