@@ -174,7 +174,7 @@ pub struct Proxy {
 }
 
 /// What the limit phase decided for a request that goes on to the upstream.
-struct Pass {
+struct Admitted {
     /// The verdict whose figures go in the response headers, if any, and the route's policy
     /// index of its headline limit (enforced limits, then shadow limits).
     headline: Option<(Verdict, usize)>,
@@ -256,35 +256,36 @@ impl Proxy {
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let span = access_log::span(req.method(), req.uri().path());
-        let runtime = self.snapshot.load_full();
-        let route =
-            match Self::normalize(&runtime, &mut req).and_then(|()| Self::route(&runtime, &req)) {
-                Ok(route) => route,
-                Err(rejection) => {
-                    if rejection == Rejection::NoRoute {
-                        self.metrics.no_route();
-                    }
-                    let response = rejection.into_response(&runtime.no_limit_headers);
-                    Self::log(&span, None, None, &response, started);
-                    return response;
+        let snapshot = self.snapshot.load_full();
+        let route = match Self::normalize(&snapshot, &mut req)
+            .and_then(|()| Self::route(&snapshot, &req))
+        {
+            Ok(route) => route,
+            Err(rejection) => {
+                if rejection == Rejection::NoRoute {
+                    self.metrics.no_route();
                 }
-            };
+                let response = rejection.into_response(&snapshot.no_limit_headers);
+                Self::log(&span, None, None, &response, started);
+                return response;
+            }
+        };
         span.record(field::ROUTE, &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
         // Whose the request is, once identified: counted in the route's `/top`.
         let mut identity = None;
-        let pass = if unlimited && runtime.consumers.is_none() {
-            Ok(Pass {
+        let admitted = if unlimited && snapshot.consumers.is_none() {
+            Ok(Admitted {
                 headline: None,
                 label: DecisionLabel::Unlimited,
                 leases: Vec::new(),
             })
         } else {
-            match Self::identify(&runtime, &req, peer, &span) {
+            match Self::identify(&snapshot, &req, peer, &span) {
                 Ok(whose) => {
                     identity = Some(whose.identity);
-                    self.limit(&runtime, &route, &whose).await
+                    self.limit(&snapshot, &route, &whose).await
                 }
                 Err(Rejection::InvalidApiKey) => {
                     Err((Rejection::InvalidApiKey, Some(DecisionLabel::InvalidKey)))
@@ -293,26 +294,26 @@ impl Proxy {
             }
         };
         // Phase 3b: a slot under the upstream's learned limit (adaptive_concurrency).
-        let pass = match (pass, &route.extras.gate) {
-            (Ok(pass), Some(gate)) => match gate.acquire(route.config.priority).await {
-                Some(permit) => Ok((pass, Some(permit))),
+        let admitted = match (admitted, &route.extras.gate) {
+            (Ok(admitted), Some(gate)) => match gate.acquire(route.config.priority).await {
+                Some(permit) => Ok((admitted, Some(permit))),
                 None => Err((
                     Rejection::UpstreamOverloaded,
                     Some(DecisionLabel::Overloaded),
                 )),
             },
-            (pass, _) => pass.map(|pass| (pass, None)),
+            (admitted, _) => admitted.map(|admitted| (admitted, None)),
         };
         if let Some(identity) = identity {
             route
                 .extras
                 .top
-                .record(&identity, pass.is_ok(), uptime_us());
+                .record(&identity, admitted.is_ok(), uptime_us());
         }
-        let (response, label) = match pass {
-            Ok((pass, permit)) => {
-                let label = pass.label;
-                let identity = &runtime.identity;
+        let (response, label) = match admitted {
+            Ok((admitted, permit)) => {
+                let label = admitted.label;
+                let identity = &snapshot.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
                 if identity.strip_untrusted_user_id
                     && !identity.is_trusted(peer.ip().to_canonical())
@@ -320,7 +321,7 @@ impl Proxy {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
                 (
-                    self.forward(req, &route, pass, permit, peer).await,
+                    self.forward(req, &route, admitted, permit, peer).await,
                     Some(label),
                 )
             }
@@ -335,7 +336,7 @@ impl Proxy {
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
     /// and the request carries the normalised path on, so the upstream sees what was limited.
-    fn normalize(runtime: &Snapshot, req: &mut Request<Incoming>) -> Result<(), Rejection> {
+    fn normalize(snapshot: &Snapshot, req: &mut Request<Incoming>) -> Result<(), Rejection> {
         // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; none may have two.
         let hosts = req.headers().get_all(http::header::HOST).iter().count();
         if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
@@ -343,7 +344,7 @@ impl Proxy {
                 "an HTTP/1.1 request needs exactly one Host header".into(),
             ));
         }
-        let normalized = match runtime.paths.normalize(req.uri().path()) {
+        let normalized = match snapshot.paths.normalize(req.uri().path()) {
             Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
             Ok(std::borrow::Cow::Owned(path)) => path,
             Err(e) => return Err(Rejection::BadRequest(e.to_string())),
@@ -364,14 +365,17 @@ impl Proxy {
     }
 
     /// Phase 1: the first route that matches the method and path.
-    fn route<'r>(runtime: &'r Snapshot, req: &Request<Incoming>) -> Result<Matched<'r>, Rejection> {
-        let i = runtime
+    fn route<'r>(
+        snapshot: &'r Snapshot,
+        req: &Request<Incoming>,
+    ) -> Result<Matched<'r>, Rejection> {
+        let i = snapshot
             .routes
             .position(req.method(), req.uri().path())
             .ok_or(Rejection::NoRoute)?;
         Ok(Matched {
-            config: &runtime.routes.routes()[i],
-            extras: &runtime.extras[i],
+            config: &snapshot.routes.routes()[i],
+            extras: &snapshot.extras[i],
         })
     }
 
@@ -381,12 +385,12 @@ impl Proxy {
     /// Records on `span` what `floodgate replay` reads back (never a raw key): the identity's
     /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
     fn identify<'a>(
-        runtime: &'a Snapshot,
+        snapshot: &'a Snapshot,
         req: &'a Request<Incoming>,
         peer: SocketAddr,
         span: &tracing::Span,
     ) -> Result<Whose<'a>, Rejection> {
-        let config = &runtime.identity;
+        let config = &snapshot.identity;
         let headers = req.headers();
         let rejection = |e: Refusal| match e {
             Refusal::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
@@ -399,7 +403,7 @@ impl Proxy {
             Identity::ApiKey(key) => Claim::ApiKey(key),
             other => Claim::Keyless(other),
         };
-        let resolved = runtime.policy().resolve(
+        let resolved = snapshot.policy().resolve(
             claim,
             || Ok(config.identify_without_key(headers, peer.ip())?),
             || config.client_addr(headers, peer.ip()),
@@ -428,13 +432,13 @@ impl Proxy {
     /// failure follows `on_error`: never a 429 or a 500.
     async fn limit(
         &self,
-        runtime: &Snapshot,
+        snapshot: &Snapshot,
         route: &Matched<'_>,
         whose: &Whose<'_>,
-    ) -> Result<Pass, (Rejection, Option<DecisionLabel>)> {
+    ) -> Result<Admitted, (Rejection, Option<DecisionLabel>)> {
         let config = route.config;
         if config.enforced.is_empty() && config.shadow.is_empty() {
-            return Ok(Pass {
+            return Ok(Admitted {
                 headline: None,
                 label: DecisionLabel::Unlimited,
                 leases: Vec::new(),
@@ -444,14 +448,14 @@ impl Proxy {
         // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
-        let mut pass = Pass {
+        let mut admitted = Admitted {
             headline: None,
             label: DecisionLabel::Allowed,
             leases: Vec::new(),
         };
         if !config.enforced.is_empty() {
             let asks = whose.asks(&config.enforced, id, ip);
-            match self.ask(runtime, &asks.asks).await {
+            match self.ask(snapshot, &asks.asks).await {
                 Err(_) => {
                     return Err((
                         Rejection::LimiterUnavailable,
@@ -460,13 +464,14 @@ impl Proxy {
                 }
                 Ok(admission) => {
                     if admission.store_failed() {
-                        pass.label = DecisionLabel::StoreError;
+                        admitted.label = DecisionLabel::StoreError;
                     }
-                    pass.leases
+                    admitted
+                        .leases
                         .extend(self.limiter.hold(&asks.asks, &admission));
                     if let Some(v) = admission.verdict() {
                         let policy = asks.positions[v.headline_index];
-                        match runtime.policy().step(v.allowed()) {
+                        match snapshot.policy().step(v.allowed()) {
                             Step::Deny => {
                                 return Err((
                                     Rejection::RateLimited(*v, policy),
@@ -475,48 +480,50 @@ impl Proxy {
                             }
                             Step::Forward { shadow_denied } => {
                                 if shadow_denied {
-                                    pass.label = DecisionLabel::ShadowDenied;
+                                    admitted.label = DecisionLabel::ShadowDenied;
                                 }
                             }
                         }
-                        pass.headline = Some((*v, policy));
+                        admitted.headline = Some((*v, policy));
                     }
                 }
             }
         }
         if !config.shadow.is_empty() {
             let asks = whose.asks(&config.shadow, id, ip);
-            let admission = self.ask(runtime, &asks.asks).await;
+            let admission = self.ask(snapshot, &asks.asks).await;
             if let Ok(admission) = &admission {
                 // Shadow concurrency leases are held and given back like enforced ones.
-                pass.leases.extend(self.limiter.hold(&asks.asks, admission));
+                admitted
+                    .leases
+                    .extend(self.limiter.hold(&asks.asks, admission));
             }
             if let Ok(Admission::Limited {
                 verdict: shadow, ..
             }) = admission
             {
                 if !shadow.allowed() {
-                    pass.label = DecisionLabel::ShadowDenied;
+                    admitted.label = DecisionLabel::ShadowDenied;
                 }
                 // The headers speak for whichever budget has the fewest remaining.
-                let fewer = pass
+                let fewer = admitted
                     .headline
                     .is_none_or(|(v, _)| shadow.headline.remaining < v.headline.remaining);
                 if fewer {
                     let policy =
                         config.enforced.limits.len() + asks.positions[shadow.headline_index];
-                    pass.headline = Some((shadow, policy));
+                    admitted.headline = Some((shadow, policy));
                 }
             }
         }
-        Ok(pass)
+        Ok(admitted)
     }
 
     /// One limiter decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
     /// limits go through here too, but their errors only mean "no shadow verdict".
-    async fn ask(&self, runtime: &Snapshot, asks: &[Ask<'_>]) -> Result<Admission, LimiterError> {
+    async fn ask(&self, snapshot: &Snapshot, asks: &[Ask<'_>]) -> Result<Admission, LimiterError> {
         let started = Instant::now();
-        let admission = self.limiter.decide(asks, runtime.on_error).await;
+        let admission = self.limiter.decide(asks, snapshot.on_error).await;
         self.metrics
             .observe_limiter(started.elapsed().as_secs_f64());
         admission
@@ -529,11 +536,11 @@ impl Proxy {
         &self,
         req: Request<Incoming>,
         route: &Matched<'_>,
-        pass: Pass,
+        admitted: Admitted,
         permit: Option<Permit>,
         peer: SocketAddr,
     ) -> Response<Body> {
-        if let Some((verdict, _)) = &pass.headline
+        if let Some((verdict, _)) = &admitted.headline
             && verdict.delay_us() > 0
         {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
@@ -560,14 +567,14 @@ impl Proxy {
                 _ => Outcome::Answered(started.elapsed()),
             });
         }
-        if let Some((verdict, policy)) = &pass.headline {
+        if let Some((verdict, policy)) = &admitted.headline {
             route
                 .extras
                 .headers
                 .write(response.headers_mut(), verdict, *policy);
         }
-        if !pass.leases.is_empty() {
-            response = response.map(|body| response::holding(body, pass.leases));
+        if !admitted.leases.is_empty() {
+            response = response.map(|body| response::holding(body, admitted.leases));
         }
         response
     }

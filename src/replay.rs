@@ -106,7 +106,7 @@ impl Ord for PendingRelease {
 /// A replay in progress: feed it records in any order with [`Replay::push`], then
 /// [`Replay::finish`].
 pub struct Replay {
-    plan: Arc<Plan>,
+    proposal: Arc<Proposal>,
     store: MemoryStore,
     clock: Arc<ManualClock>,
     stats: Vec<RouteStats>,
@@ -129,8 +129,9 @@ pub struct Replay {
     malformed_total: u64,
 }
 
-/// The config being replayed, shared so a decision can borrow it while it updates the counts.
-struct Plan {
+/// The proposed config being replayed (with its route table), shared so a decision can borrow it
+/// while it updates the counts.
+struct Proposal {
     config: Config,
     table: RouteTable,
 }
@@ -159,7 +160,7 @@ impl Replay {
             })
             .collect();
         Replay {
-            plan: Arc::new(Plan {
+            proposal: Arc::new(Proposal {
                 table: RouteTable::new(config.routes.clone()),
                 config,
             }),
@@ -271,12 +272,12 @@ impl Replay {
             self.last_sweep = now;
         }
         self.requests += 1;
-        let plan = Arc::clone(&self.plan);
-        let Some(i) = plan.table.position(&record.method, &record.path) else {
+        let proposal = Arc::clone(&self.proposal);
+        let Some(i) = proposal.table.position(&record.method, &record.path) else {
             self.no_route += 1;
             return;
         };
-        let route = &plan.config.routes[i];
+        let route = &proposal.config.routes[i];
         self.stats[i].requests += 1;
         if route.enforced.is_empty() && route.shadow.is_empty() {
             self.stats[i].allowed += 1;
@@ -285,16 +286,16 @@ impl Replay {
         // Whose allowances: the proxy's rules (crate::policy), on the digests the log holds. The
         // address is the one a budget is kept for (an IPv6 client's /64): nginx logs whole
         // addresses; floodgate's own log already holds this one.
-        let client = plan.config.identity.budget_addr(record.client_ip);
+        let client = proposal.config.identity.budget_addr(record.client_ip);
         let claim = match &record.identity {
             RecordedIdentity::ApiKey(digest) => Claim::ApiKeyDigest(digest),
             RecordedIdentity::UserId(digest) => Claim::Keyless(Identity::UserId(&digest[..])),
             RecordedIdentity::Ip => Claim::Keyless(Identity::Ip(client)),
         };
         let policy = Policy {
-            identity: &plan.config.identity,
-            consumers: plan.config.consumers.as_deref(),
-            shadow: plan.config.shadow,
+            identity: &proposal.config.identity,
+            consumers: proposal.config.consumers.as_deref(),
+            shadow: proposal.config.shadow,
         };
         // A key no consumer has, under `unknown_key: anonymous`: the log knows only the address.
         let Ok(whose) = policy.resolve(claim, || Ok(Identity::Ip(client)), || client) else {
@@ -389,7 +390,7 @@ impl Replay {
             let Some(Reverse(release)) = self.releases.pop() else {
                 break;
             };
-            let route = &self.plan.config.routes[release.route];
+            let route = &self.proposal.config.routes[release.route];
             let budget = if release.shadow {
                 &route.shadow
             } else {
@@ -418,7 +419,7 @@ impl Replay {
             self.decide(record, seq);
         }
         let routes = self
-            .plan
+            .proposal
             .config
             .routes
             .iter()
