@@ -276,6 +276,13 @@ impl Proxy {
         // Whose the request is, once identified: counted in the route's `/top`.
         let mut identity = None;
         let admitted = if unlimited && snapshot.consumers.is_none() {
+            // Nothing to limit. When the upstream's gate may still shed the request, whose it is
+            // is worked out all the same (never refused for it), to be counted in `/top`.
+            if route.extras.gate.is_some() {
+                identity = Self::identify(&snapshot, &req, peer, &span)
+                    .ok()
+                    .map(|whose| whose.identity);
+            }
             Ok(Admitted {
                 headline: None,
                 label: DecisionLabel::Unlimited,

@@ -96,3 +96,39 @@ async fn top_names_the_heaviest_identities_of_a_route_hashed() {
         400
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_shed_by_the_upstreams_gate_are_counted_on_a_route_without_limits() {
+    let upstream = Upstream::start().await;
+    // No limits, no consumers: only the upstream's learned limit, pinned at one request.
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("gated", "/", &upstream.url()).with(
+                "adaptive_concurrency",
+                "{min_limit: 1, max_limit: 1, queue_timeout: 50ms}",
+            ))
+            .yaml(),
+    );
+    let client = client();
+    // The holder takes the one slot for SLOW (1.5 s); 200 ms is ample for it to get there
+    // first, and the five requests after it take about 50 ms each: all inside the 1.5 s.
+    let holder = {
+        let (client, url) = (client.clone(), fg.url("/slow"));
+        tokio::spawn(async move { get(&client, &url, &[("x-api-key", "holder")]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for _ in 0..5 {
+        let reply = get(&client, &fg.url("/x"), &[("x-api-key", "shed")]).await;
+        assert_eq!(reply.status, 503, "{reply:?}");
+    }
+    assert_eq!(holder.await.expect("holder").status, 200);
+    let v = get(&client, &fg.admin_url("/top?route=gated&sort=denied"), &[])
+        .await
+        .json();
+    let rows = v["identities"].as_array().expect("rows");
+    let digest = sha2::Sha256::digest(b"shed");
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(rows[0]["identity"], format!("api_key:{hex}…"), "{v}");
+    assert_eq!(rows[0]["denied"], 5, "{v}");
+    assert_eq!(rows[1]["allowed"], 1, "the holder: {v}");
+}
