@@ -5,56 +5,32 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Each top-level module and the modules its code may name, as `src/lib.rs` says.
-const ALLOWED: &[(&str, &[&str])] = &[
-    ("tls", &[]),
-    ("path", &[]),
-    ("deadline", &[]),
-    ("limiter", &["tls"]),
-    ("identity", &["limiter"]),
-    ("metrics", &["limiter"]),
-    ("adaptive", &["limiter"]),
-    ("top", &["limiter", "identity"]),
-    (
-        "config",
-        &["tls", "path", "limiter", "identity", "adaptive"],
-    ),
-    ("route", &["config", "path"]),
-    ("policy", &["config", "identity", "limiter"]),
-    ("access_log", &["identity", "metrics"]),
+/// Each top-level module and the modules its code may name (space-separated), as `src/lib.rs`
+/// says.
+const ALLOWED: &[(&str, &str)] = &[
+    ("tls", ""),
+    ("path", ""),
+    ("deadline", ""),
+    ("limiter", "tls"),
+    ("identity", "limiter"),
+    ("metrics", "limiter"),
+    ("adaptive", "limiter"),
+    ("top", "limiter identity"),
+    ("config", "tls path limiter identity adaptive"),
+    ("route", "config path"),
+    ("policy", "config identity limiter"),
+    ("access_log", "identity metrics"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        &[
-            "access_log",
-            "adaptive",
-            "config",
-            "deadline",
-            "identity",
-            "limiter",
-            "metrics",
-            "path",
-            "policy",
-            "route",
-            "tls",
-            "top",
-        ],
+        "access_log adaptive config deadline identity limiter metrics path policy route tls top",
     ),
     (
         "replay",
-        &[
-            "access_log",
-            "config",
-            "identity",
-            "limiter",
-            "metrics",
-            "path",
-            "policy",
-            "route",
-        ],
+        "access_log config identity limiter metrics path policy route",
     ),
-    ("admin", &["deadline", "proxy"]),
+    ("admin", "deadline proxy"),
 ];
 
 /// The module's files: `src/NAME.rs` and everything under `src/NAME/`.
@@ -79,14 +55,16 @@ fn files_of(module: &str) -> Vec<PathBuf> {
     out
 }
 
-/// The top-level modules a line of code names through `crate::`.
+/// The top-level modules a line of code names through `crate::` (`crate::{…}` as "{", which no
+/// module may use: it would hide the names from this check).
 fn named(line: &str) -> BTreeSet<String> {
     line.match_indices("crate::")
         .map(|(at, m)| {
-            line[at + m.len()..]
+            let name: String = line[at + m.len()..]
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect()
+                .collect();
+            if name.is_empty() { "{".into() } else { name }
         })
         .collect()
 }
@@ -104,7 +82,7 @@ fn each_module_names_only_what_lib_rs_lets_it_build_on() {
                     continue;
                 }
                 for name in named(line) {
-                    if name != *module && !allowed.contains(&name.as_str()) {
+                    if name != *module && !allowed.split(' ').any(|a| a == name) {
                         broken.push(format!(
                             "{}:{}: {module} names crate::{name}",
                             file.display(),
@@ -121,7 +99,7 @@ fn each_module_names_only_what_lib_rs_lets_it_build_on() {
 #[test]
 fn the_check_sees_a_forbidden_name() {
     assert_eq!(
-        named("use crate::config::tls; let x = crate::limiter::Limit::x();"),
-        BTreeSet::from(["config".to_string(), "limiter".to_string()])
+        named("use crate::config::tls; let x = crate::limiter::Limit::x(); use crate::{a, b};"),
+        BTreeSet::from(["config".into(), "limiter".into(), "{".into()])
     );
 }
