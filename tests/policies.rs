@@ -7,7 +7,7 @@ mod common;
 
 use common::RedisServer;
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, Upstream, client, floodgate_command, get};
+use common::{Floodgate, Upstream, client, floodgate_command, get, metric};
 use http::StatusCode;
 
 /// The SHA-256 of the key `test`, as in the contract's example.
@@ -70,10 +70,13 @@ async fn rotating_unknown_keys_are_rejected_with_401_and_never_reach_the_upstrea
         StatusCode::OK,
         "a known key passes"
     );
-    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
-    assert!(
-        metrics.contains("floodgate_requests_total{route=\"api\",decision=\"invalid_key\"} 20"),
-        "{metrics}"
+    assert_eq!(
+        metric(
+            &fg,
+            r#"floodgate_requests_total{route="api",decision="invalid_key"}"#
+        )
+        .await,
+        20
     );
 }
 
@@ -514,10 +517,9 @@ async fn a_key_of_the_wrong_type_is_repaired_and_opens_no_breaker() {
     }
     let kind: String = redis.cmd(&["TYPE", &keys[0]]);
     assert_eq!(kind, "string", "the key was replaced by a bucket");
-    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
-    assert!(
-        metrics.contains("floodgate_store_breaker_opened_total 0"),
-        "{metrics}"
+    assert_eq!(
+        metric(&fg, r#"floodgate_store_breaker_opened_total"#).await,
+        0
     );
 }
 
@@ -571,9 +573,12 @@ async fn a_shadow_concurrency_limit_gives_its_slots_back() {
     for _ in 0..3 {
         assert_eq!(get(&client, &fg.url("/"), &[]).await.status, StatusCode::OK);
     }
-    let metrics = get(&client, &fg.admin_url("/metrics"), &[]).await.body;
-    assert!(
-        metrics.contains("floodgate_requests_total{route=\"api\",decision=\"shadow_denied\"} 0"),
-        "{metrics}"
+    assert_eq!(
+        metric(
+            &fg,
+            r#"floodgate_requests_total{route="api",decision="shadow_denied"}"#
+        )
+        .await,
+        0
     );
 }

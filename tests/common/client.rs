@@ -93,11 +93,17 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
 /// the text format writes it); panics if it is missing.
 pub async fn metric(fg: &Floodgate, series: &str) -> u64 {
     let body = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
-    body.lines()
+    sample(&body, series) as u64
+}
+
+/// The value of exactly `series` (its name and labels, as `/metrics` writes them) in a
+/// Prometheus text exposition; panics, with the text, when there is no such series.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+        .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
 }
 
 /// The status of one GET of `url` with `X-API-Key: key`.
