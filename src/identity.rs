@@ -54,6 +54,13 @@ impl IdentityKind {
             IdentityKind::Ip => "ip",
         }
     }
+
+    /// How reports (`/top`, `floodgate replay`) name a hashed identity: its kind and the first
+    /// 6 bytes of its SHA-256 `digest`, `api_key:9f86d081884c…`.
+    pub fn short_label(self, digest: &[u8]) -> String {
+        let short = &digest[..digest.len().min(6)];
+        format!("{}:{}…", self.as_str(), crate::limiter::hex(short))
+    }
 }
 
 impl From<IdentityKind> for KeyKind {

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 pub use clock::{AnchoredClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use decision::{Admission, Decision, Outcome, Source, Verdict};
-pub use key::{Ask, BudgetKey, KeyKind};
+pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
 pub use memory::MemoryStore;
 

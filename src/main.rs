@@ -226,8 +226,7 @@ fn hash_key(key: &str) -> ExitCode {
         key.to_string()
     };
     let digest = sha2::Sha256::digest(key.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    println!("{hex}");
+    println!("{}", floodgate::limiter::hex(&digest));
     ExitCode::SUCCESS
 }
 

@@ -187,10 +187,7 @@ struct Admitted {
 /// `keys_sha256` holds, so replay can find the consumer) or of a user id.
 fn digest_hex(value: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(value)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::limiter::hex(&sha2::Sha256::digest(value))
 }
 
 /// A matched route with its prebuilt extras.

@@ -37,7 +37,6 @@ mod top;
 
 use parse::parse_bytes;
 pub use parse::{Malformed, Record, RecordedIdentity, parse_line};
-use report::hex;
 pub use report::{LimitReport, Report, RouteReport};
 pub use time::parse_rfc3339_us;
 use top::TopK;
@@ -140,8 +139,7 @@ struct Proposal {
 fn label(identity: &Identity<'_>) -> String {
     match identity {
         Identity::Consumer(c) => format!("consumer:{}", c.name),
-        Identity::ApiKey(d) => format!("api_key:{}…", hex(&d[..d.len().min(6)])),
-        Identity::UserId(d) => format!("user_id:{}…", hex(&d[..d.len().min(6)])),
+        Identity::ApiKey(d) | Identity::UserId(d) => identity.kind().short_label(d),
         Identity::Ip(ip) => format!("ip:{ip}"),
     }
 }

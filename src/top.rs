@@ -226,9 +226,7 @@ impl Counter {
             }
             IdentityKind::ApiKey | IdentityKind::UserId => {
                 use sha2::Digest;
-                let digest = sha2::Sha256::digest(&self.value);
-                let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-                format!("{}:{hex}…", self.kind.as_str())
+                self.kind.short_label(&sha2::Sha256::digest(&self.value))
             }
         };
         Row {

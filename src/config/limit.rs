@@ -187,5 +187,5 @@ pub(super) fn limit_fingerprint(limit: &Limit) -> String {
     let (a, b) = limit.algorithm().parameters();
     let spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
     let digest = Sha256::digest(spec.as_bytes());
-    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+    crate::limiter::hex(&digest[..4])
 }

@@ -3,6 +3,22 @@
 
 use super::Limit;
 
+/// Lowercase hex of `bytes`: how floodgate writes digests (store keys, log fields, names).
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends the lowercase hex of `bytes` to `out`.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+}
+
 /// What a budget is keyed by, besides its route and limit: which kind of client value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyKind {
@@ -62,4 +78,18 @@ impl BudgetKey<'_> {
 pub struct Ask<'a> {
     pub limit: &'a Limit,
     pub key: BudgetKey<'a>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_two_lowercase_digits_per_byte() {
+        assert_eq!(hex(&[0x00, 0x09, 0x9f, 0xa0, 0xff]), "00099fa0ff");
+        assert_eq!(hex(&[]), "");
+        let mut out = String::from("k:");
+        push_hex(&mut out, &[0xab, 0x01]);
+        assert_eq!(out, "k:ab01");
+    }
 }

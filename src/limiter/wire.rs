@@ -2,8 +2,6 @@
 //! is stored under, and the layout of a decision's reply. Both run the same algorithms server-side
 //! (Lua in Redis, PL/pgSQL in PostgreSQL) and answer with the same list of integers.
 
-use std::fmt::Write as _;
-
 use sha2::{Digest, Sha256};
 
 use super::{Ask, Decision, LimiterError, Verdict};
@@ -31,9 +29,7 @@ pub fn key_name(prefix: &str, ask: &Ask<'_>) -> String {
     name.push(':');
     name.push_str(key.kind.as_str());
     name.push_str(":{");
-    for b in &hash[..16] {
-        let _ = write!(name, "{b:02x}");
-    }
+    super::push_hex(&mut name, &hash[..16]);
     name.push_str("}:");
     name.push_str(ask.limit.algorithm().name());
     name

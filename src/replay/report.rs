@@ -4,10 +4,6 @@ use serde_json::{Value, json};
 
 use super::{Malformed, REORDER_WINDOW_US};
 
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// What a replay found.
 #[derive(Debug, Clone)]
 pub struct Report {

@@ -56,10 +56,7 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new() -> Sql {
         let text = FUNCTIONS.concat();
-        let hash: String = Sha256::digest(text.as_bytes())[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash = super::super::hex(&Sha256::digest(text.as_bytes())[..6]);
         let suffix = format!("_{hash}");
         let name = |f: &str| format!("floodgate_{f}{suffix}");
         Sql {

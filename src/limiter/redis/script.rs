@@ -64,10 +64,8 @@ pub(super) struct FunctionLibrary {
 
 impl FunctionLibrary {
     pub(super) fn new(body: &str) -> Self {
-        let hash: String = Sha256::digest(format!("{body}{MAIN}{BATCH}").as_bytes())[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash =
+            super::super::hex(&Sha256::digest(format!("{body}{MAIN}{BATCH}").as_bytes())[..6]);
         let decide = format!("floodgate_decide_{hash}");
         let batch = format!("floodgate_batch_{hash}");
         let code = format!(
