@@ -19,7 +19,7 @@ mod validate;
 
 use validate::Validator;
 
-pub use route::{Budget, PathMatch, Per, RouteConfig, RouteLimit, Upstream};
+pub use route::{Budget, PathMatch, Per, RouteConfig, RouteLimit, Upstream, UpstreamProtocol};
 pub use storage::{Backend, StorageConfig};
 
 use std::fmt;

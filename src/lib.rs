@@ -50,7 +50,8 @@
 //!
 //! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
-//! Dependencies point one way: [`tls`], [`path`] and [`deadline`] know nothing of the rest;
+//! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
+//! rest;
 //! [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), [`top`] the limiter and
 //! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends) and
@@ -65,6 +66,7 @@ pub mod adaptive;
 pub mod admin;
 pub mod config;
 pub mod deadline;
+pub mod grpc;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;

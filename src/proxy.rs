@@ -15,6 +15,7 @@
 pub mod body;
 mod budgets;
 pub mod forward;
+mod multiplex;
 mod pool;
 pub mod response;
 mod top;
@@ -40,7 +41,7 @@ use crate::route::RouteTable;
 use crate::top::TopTable;
 pub use budgets::BudgetsError;
 pub use forward::Forwarder;
-pub use response::{Body, RateLimitHeaders, Rejection};
+pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
 
 /// What a config reload can change without a restart: routes, identity rules, the error policy,
 /// shadow mode and the header profile. Everything derived from them is built here, once, and
@@ -183,6 +184,15 @@ struct Admitted {
     leases: Vec<HeldLeases>,
 }
 
+/// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
+/// it, so that the client reads the answer ([`body::linger`]). HTTP/2 needs none: a stream is
+/// closed on its own, and the connection stays.
+fn linger(req: Request<Incoming>) {
+    if req.version() <= http::Version::HTTP_11 && !hyper::body::Body::is_end_stream(req.body()) {
+        tokio::spawn(body::linger(req.into_body()));
+    }
+}
+
 /// The access log's `identity_hash`: the hex SHA-256 of an API key (the digest a consumer's
 /// `keys_sha256` holds, so replay can find the consumer) or of a user id.
 fn digest_hex(value: &[u8]) -> String {
@@ -233,10 +243,11 @@ impl Proxy {
     }
 
     /// The answer to an HTTP/2 stream past its connection's stream budget (see `server`): 429
-    /// at once, counted, with no routing or forwarding.
-    pub fn refuse_stream(&self) -> Response<Body> {
+    /// (a gRPC call: `RESOURCE_EXHAUSTED`) at once, counted, with no routing or forwarding.
+    pub fn refuse_stream(&self, req: &Request<Incoming>) -> Response<Body> {
         self.metrics.stream_refused();
-        Rejection::TooManyStreams.into_response(&RateLimitHeaders::none())
+        let dialect = Dialect::of(req.headers(), Default::default());
+        Rejection::TooManyStreams.respond(&RateLimitHeaders::none(), dialect)
     }
 
     /// The limiter this proxy asks.
@@ -262,11 +273,14 @@ impl Proxy {
                 if rejection == Rejection::NoRoute {
                     self.metrics.no_route();
                 }
-                let response = rejection.into_response(&snapshot.no_limit_headers);
+                let dialect = Dialect::of(req.headers(), Default::default());
+                let response = rejection.respond(&snapshot.no_limit_headers, dialect);
                 Self::log(&span, None, None, &response, started);
+                linger(req);
                 return response;
             }
         };
+        let dialect = Dialect::of(req.headers(), route.config.grpc_rate_limited);
         span.record(field::ROUTE, &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
         let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
@@ -325,11 +339,15 @@ impl Proxy {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
                 (
-                    self.forward(req, &route, admitted, permit, peer).await,
+                    self.forward(req, &route, admitted, permit, peer, dialect)
+                        .await,
                     Some(label),
                 )
             }
-            Err((rejection, label)) => (rejection.into_response(&route.extras.headers), label),
+            Err((rejection, label)) => {
+                linger(req);
+                (rejection.respond(&route.extras.headers, dialect), label)
+            }
         };
         if let Some(label) = label {
             route.extras.metrics.decision(label);
@@ -543,6 +561,7 @@ impl Proxy {
         admitted: Admitted,
         permit: Option<Permit>,
         peer: SocketAddr,
+        dialect: Dialect,
     ) -> Response<Body> {
         if let Some((verdict, _)) = &admitted.headline
             && verdict.delay_us() > 0
@@ -550,13 +569,18 @@ impl Proxy {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
         }
         let started = Instant::now();
+        // A gRPC client's deadline bounds the wait for the upstream too.
+        let deadline = match dialect {
+            Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
+            Dialect::Http => None,
+        };
         let mut response = match self
             .forwarder
-            .forward(req, route.config, peer.ip(), self.tls)
+            .forward(req, route.config, peer.ip(), self.tls, deadline)
             .await
         {
             Ok(response) => response,
-            Err(rejection) => rejection.into_response(&route.extras.headers),
+            Err(rejection) => rejection.respond(&route.extras.headers, dialect),
         };
         let status = response.status().as_u16();
         route

@@ -254,7 +254,7 @@ async fn serve_connection<S>(
             let response = if admitted {
                 proxy.handle(req, peer).await
             } else {
-                proxy.refuse_stream()
+                proxy.refuse_stream(&req)
             };
             Ok::<_, Infallible>(match stream {
                 Some(stream) => stream.answered(response),

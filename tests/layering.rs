@@ -11,12 +11,13 @@ const ALLOWED: &[(&str, &str)] = &[
     ("tls", ""),
     ("path", ""),
     ("deadline", ""),
+    ("grpc", ""),
     ("limiter", "tls"),
     ("identity", "limiter"),
     ("metrics", "limiter"),
     ("adaptive", "limiter"),
     ("top", "limiter identity"),
-    ("config", "tls path limiter identity adaptive"),
+    ("config", "tls path limiter identity adaptive grpc"),
     ("route", "config path"),
     ("policy", "config identity limiter"),
     ("access_log", "identity metrics"),
@@ -24,7 +25,7 @@ const ALLOWED: &[(&str, &str)] = &[
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive config deadline identity limiter metrics path policy route tls top",
+        "access_log adaptive config deadline grpc identity limiter metrics path policy route tls top",
     ),
     (
         "replay",

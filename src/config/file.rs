@@ -228,6 +228,14 @@ pub struct RouteFile {
     #[serde(default)]
     pub path_match: Option<Choice<super::PathMatch>>,
     pub upstream: String,
+    /// `http1` (default), `http2` (h2c by prior knowledge on `http://`, ALPN `h2` on
+    /// `https://`) or `auto` (ALPN picks on `https://`; HTTP/1.1 on `http://`).
+    #[serde(default)]
+    pub upstream_protocol: Option<Choice<super::UpstreamProtocol>>,
+    /// The gRPC status of a rate-limited gRPC call: `resource_exhausted` (default) or
+    /// `unavailable` (Envoy's default).
+    #[serde(default)]
+    pub grpc_rate_limited_status: Option<Choice<crate::grpc::RateLimitedStatus>>,
     /// Rewrite `Location` and `Content-Location` headers that point at the upstream's origin to
     /// the origin the client used (default true, as nginx's `proxy_redirect default`).
     #[serde(default)]

@@ -20,6 +20,8 @@ pub struct RouteConfig {
     /// How `path_prefix` is compared with the (normalised) path.
     pub path_match: PathMatch,
     pub upstream: Upstream,
+    /// The gRPC status a rate-limited gRPC call is refused with.
+    pub grpc_rate_limited: crate::grpc::RateLimitedStatus,
     /// Rewrite `Location` / `Content-Location` pointing at the upstream to the client's origin.
     pub rewrite_redirects: bool,
     /// How soon its requests are shed when the upstream's learned limit binds.
@@ -160,13 +162,41 @@ impl RouteLimit {
     }
 }
 
-/// An upstream origin: scheme and authority (the request's path is forwarded unchanged).
+/// An upstream origin: scheme and authority (the request's path is forwarded unchanged), and
+/// the HTTP version it is spoken to in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
     /// The `Host` header forwarded requests carry, built once.
     pub host_header: http::HeaderValue,
+    pub protocol: UpstreamProtocol,
+}
+
+/// How floodgate speaks to a route's upstream (`upstream_protocol:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on pooled keep-alive connections, one request at a time on each.
+    #[default]
+    Http1,
+    /// HTTP/2, many streams on each connection: cleartext by prior knowledge (h2c) on
+    /// `http://`, ALPN `h2` on `https://`. What gRPC upstreams need.
+    Http2,
+    /// On `https://`, whichever of `h2` and `http/1.1` the upstream picks in ALPN; HTTP/1.1 on
+    /// `http://` (cleartext has no negotiation that does not cost a round trip).
+    Auto,
+}
+
+impl UpstreamProtocol {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http1",
+            UpstreamProtocol::Http2 => "http2",
+            UpstreamProtocol::Auto => "auto",
+        }
+    }
 }
 
 impl Upstream {
@@ -208,7 +238,19 @@ impl Validator {
                 })
                 .collect::<Vec<_>>()
         });
-        let upstream = self.upstream(&format!("{path}.upstream"), &r.upstream);
+        let protocol = self.choice(
+            &format!("{path}.upstream_protocol"),
+            r.upstream_protocol,
+            UpstreamProtocol::Http1,
+        );
+        let upstream = self
+            .upstream(&format!("{path}.upstream"), &r.upstream)
+            .map(|u| Upstream { protocol, ..u });
+        let grpc_rate_limited = self.choice(
+            &format!("{path}.grpc_rate_limited_status"),
+            r.grpc_rate_limited_status,
+            Default::default(),
+        );
         let mut enforced = Budget::default();
         let mut shadow = Budget::default();
         if r.limits.len() > MAX_LIMITS {
@@ -272,6 +314,7 @@ impl Validator {
             methods,
             path_match,
             upstream: upstream?,
+            grpc_rate_limited,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
             priority,
             adaptive,
@@ -402,6 +445,7 @@ impl Validator {
             scheme: scheme.clone(),
             authority: authority.clone(),
             host_header,
+            protocol: UpstreamProtocol::Http1,
         })
     }
 }

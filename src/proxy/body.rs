@@ -64,6 +64,8 @@ pub enum BodyError {
     Idle(Duration),
     #[error(transparent)]
     Hyper(#[from] hyper::Error),
+    #[error("a retry of this request is sending its body")]
+    Superseded,
 }
 
 /// A body that must keep moving: once floodgate waits for a frame, it must come within `idle`.
@@ -111,16 +113,20 @@ pub struct RequestBody {
     seen: u64,
     watchdog: Watchdog,
     fault: Arc<BodyFault>,
+    /// An HTTP/1 client's body: refused for its size, the rest is read and discarded
+    /// ([`linger`]) so that the client reads the 413 instead of a reset connection.
+    linger: bool,
 }
 
 impl RequestBody {
     /// `inner`, cut off past `limit` bytes (if any) or after `idle` without data; faults are
-    /// recorded in `fault`.
+    /// recorded in `fault`. `linger`: the client speaks HTTP/1 (see [`linger`]).
     pub fn new(
         inner: Incoming,
         limit: Option<NonZeroU64>,
         idle: Duration,
         fault: Arc<BodyFault>,
+        linger: bool,
     ) -> Self {
         RequestBody {
             inner: Some(inner),
@@ -128,6 +134,7 @@ impl RequestBody {
             seen: 0,
             watchdog: Watchdog::new(idle),
             fault,
+            linger,
         }
     }
 
@@ -139,6 +146,7 @@ impl RequestBody {
             seen: 0,
             watchdog: Watchdog::new(Duration::from_secs(3600)),
             fault: Arc::default(),
+            linger: false,
         }
     }
 }
@@ -164,6 +172,11 @@ impl HttpBody for RequestBody {
                         && this.seen > limit.get()
                     {
                         this.fault.set(Fault::TooLarge);
+                        if this.linger
+                            && let Some(rest) = this.inner.take()
+                        {
+                            tokio::spawn(linger(rest));
+                        }
                         return Poll::Ready(Some(Err(BodyError::TooLarge(limit.get()))));
                     }
                 }
@@ -190,6 +203,150 @@ impl HttpBody for RequestBody {
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+/// How long [`linger`] reads at most, in all, and while no byte comes (nginx's
+/// `lingering_time` and `lingering_timeout`), and how many bytes it reads at most.
+const LINGER_TIME: Duration = Duration::from_secs(30);
+const LINGER_IDLE: Duration = Duration::from_secs(5);
+const LINGER_BYTES: u64 = 64 << 20;
+
+/// Reads and discards what is left of a request body that floodgate answered without reading
+/// (a 413, 429, 401, 503…), for at most [`LINGER_TIME`] and [`LINGER_BYTES`], so that the HTTP/1
+/// connection is not closed while the client is still sending: closing a socket with unread
+/// data resets it, and the client's stack may then discard the answer before it is read (nginx's
+/// `lingering_close`). When the body is read to its end, the connection may even be kept alive.
+pub async fn linger(body: Incoming) {
+    use http_body_util::BodyExt as _;
+    let started = Instant::now();
+    let mut body = body;
+    let mut read = 0u64;
+    while started.elapsed() < LINGER_TIME && read <= LINGER_BYTES {
+        match tokio::time::timeout(LINGER_IDLE, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |d| d.len() as u64);
+            }
+            // The end, the client's error, or silence: the connection may close now.
+            Ok(None | Some(Err(_))) | Err(_) => return,
+        }
+    }
+}
+
+/// A request body that can be sent again: an HTTP/2 upstream may refuse a stream it never
+/// processed (`REFUSED_STREAM`, or a GOAWAY naming a lower last stream), and then the request
+/// goes once more on another connection. Every frame read from the client is kept (up to
+/// [`REPLAY_BYTES`]) so that the next attempt sends them again before it reads on; past that,
+/// the request can no longer be retried ([`ReplayHandle::again`] says `None`).
+pub struct Replay {
+    shared: Arc<std::sync::Mutex<Recording>>,
+    /// Which attempt this is: an older attempt's body reads nothing more once a newer one began.
+    attempt: u32,
+    /// The next recorded frame this attempt sends.
+    next: usize,
+}
+
+/// The most bytes of a request body kept for a retry (Envoy buffers 64 KiB for its retries).
+pub const REPLAY_BYTES: usize = 64 * 1024;
+
+struct Recording {
+    source: RequestBody,
+    frames: Vec<Frame<Bytes>>,
+    bytes: usize,
+    /// False once more than [`REPLAY_BYTES`] were read: a retry can no longer send them all.
+    complete: bool,
+    attempts: u32,
+}
+
+fn copy_frame(frame: &Frame<Bytes>) -> Frame<Bytes> {
+    match frame.data_ref() {
+        Some(data) => Frame::data(data.clone()),
+        None => Frame::trailers(frame.trailers_ref().cloned().unwrap_or_default()),
+    }
+}
+
+impl Replay {
+    /// The first attempt's body.
+    pub fn new(source: RequestBody) -> Self {
+        Replay {
+            shared: Arc::new(std::sync::Mutex::new(Recording {
+                source,
+                frames: Vec::new(),
+                bytes: 0,
+                complete: true,
+                attempts: 1,
+            })),
+            attempt: 1,
+            next: 0,
+        }
+    }
+
+    /// A handle that can start the next attempt once this one has failed.
+    pub fn handle(&self) -> ReplayHandle {
+        ReplayHandle(self.shared.clone())
+    }
+}
+
+/// Starts another attempt of a [`Replay`]'s request.
+pub struct ReplayHandle(Arc<std::sync::Mutex<Recording>>);
+
+impl ReplayHandle {
+    /// The next attempt's body, sending again what the earlier one sent; `None` when the body
+    /// was too large to keep. The earlier attempt's body reads nothing more from the client.
+    pub fn again(&self) -> Option<Replay> {
+        let mut shared = self.0.lock().ok()?;
+        if !shared.complete {
+            return None;
+        }
+        shared.attempts += 1;
+        Some(Replay {
+            shared: self.0.clone(),
+            attempt: shared.attempts,
+            next: 0,
+        })
+    }
+}
+
+impl HttpBody for Replay {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let Ok(mut shared) = this.shared.lock() else {
+            return Poll::Ready(None);
+        };
+        if let Some(frame) = shared.frames.get(this.next) {
+            this.next += 1;
+            return Poll::Ready(Some(Ok(copy_frame(frame))));
+        }
+        if this.attempt != shared.attempts {
+            return Poll::Ready(Some(Err(BodyError::Superseded)));
+        }
+        let polled = Pin::new(&mut shared.source).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && shared.complete
+        {
+            shared.bytes += frame.data_ref().map_or(0, Bytes::len);
+            if shared.bytes > REPLAY_BYTES {
+                shared.complete = false;
+                shared.frames = Vec::new();
+            } else {
+                let copy = copy_frame(frame);
+                shared.frames.push(copy);
+                this.next += 1;
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.shared
+            .lock()
+            .is_ok_and(|s| self.next >= s.frames.len() && s.source.is_end_stream())
     }
 }
 

@@ -1,27 +1,39 @@
-//! Forwarding to the upstream: HTTP/1.1 over pooled keep-alive connections (plain or TLS by the
-//! upstream's scheme; the pool is `proxy/pool.rs`), hop-by-hop headers stripped both ways,
-//! `X-Forwarded-*` set, split HTTP/2 cookie fields joined, bodies streamed both ways, redirects
-//! to the upstream's origin rewritten to the client's, WebSocket upgrades spliced.
+//! Forwarding to the upstream, in three steps: the request filter ([`Forwarder::request_head`]:
+//! hop-by-hop headers stripped, `X-Forwarded-*` set, the URI and `Host` for the hop's HTTP
+//! version), the send with its one retry ([`Forwarder::send`]), and the response filter
+//! ([`Forwarder::response_head`]: hop-by-hop headers stripped, redirects to the upstream's origin
+//! rewritten to the client's, WebSocket upgrades spliced).
+//!
+//! An upstream is spoken to in the route's `upstream_protocol`: HTTP/1.1 over pooled keep-alive
+//! connections (`proxy/pool.rs`), HTTP/2 with many streams per connection
+//! (`proxy/multiplex.rs`: what gRPC needs, trailers included), or on `https://` whichever ALPN
+//! picks (`auto`, learned per upstream at its first connection). Bodies stream both ways, with
+//! their trailers where both hops are HTTP/2.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::IpAddr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LOCATION, COOKIE, HOST, LOCATION, UPGRADE};
-use http::uri::PathAndQuery;
+use http::header::{CONNECTION, CONTENT_LOCATION, COOKIE, HOST, LOCATION, TE, UPGRADE};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
 use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, Fault, RequestBody, ResponseBody};
-use super::pool::{Pool, PoolError};
+use super::body::{BodyFault, Fault, Replay, RequestBody, ResponseBody};
+use super::multiplex::Multiplex;
+use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
-use crate::config::{RouteConfig, Upstream, UpstreamCa};
+use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
 use crate::identity::X_FORWARDED_FOR;
 use crate::tls;
 
@@ -35,15 +47,21 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("proxy-connection"),
     http::header::PROXY_AUTHENTICATE,
     http::header::PROXY_AUTHORIZATION,
-    http::header::TE,
+    TE,
     http::header::TRAILER,
     http::header::TRANSFER_ENCODING,
 ];
 
-/// Sends requests to upstreams over pooled keep-alive connections.
-#[derive(Clone)]
+/// Sends requests to upstreams over pooled connections.
 pub struct Forwarder {
+    /// HTTP/1.1 connections (ALPN `http/1.1` on `https://`).
     pool: Arc<Pool>,
+    /// HTTP/2 connections (ALPN `h2`, or h2c by prior knowledge).
+    multiplex: Arc<Multiplex>,
+    /// Offers both in ALPN: the first connection to an `auto` upstream.
+    negotiating: HttpsConnector<HttpConnector>,
+    /// What ALPN chose for each `auto` upstream so far.
+    negotiated: Mutex<HashMap<Key, Version>>,
     response_timeout: Duration,
     limits: BodyLimits,
 }
@@ -59,8 +77,31 @@ pub struct BodyLimits {
     pub upstream_idle: Duration,
 }
 
+/// The HTTP version of the hop to the upstream, and for `auto` the connection whose ALPN
+/// chose it.
+enum Hop {
+    Http1(Option<Io>),
+    Http2(Option<Io>),
+}
+
+impl Hop {
+    fn version(&self) -> Version {
+        match self {
+            Hop::Http1(_) => Version::HTTP_11,
+            Hop::Http2(_) => Version::HTTP_2,
+        }
+    }
+}
+
+/// What the response filter needs to know of the client's side of the request.
+struct ClientSide {
+    version: Version,
+    /// For redirect rewriting: whether the client came over TLS, and the `Host` it used.
+    origin: Option<(bool, HeaderValue)>,
+}
+
 impl Forwarder {
-    /// A forwarder with its own connection pool. `https://` upstreams are verified against
+    /// A forwarder with its own connection pools. `https://` upstreams are verified against
     /// `upstream_ca` when given, else against the system's roots; the server name checked (and
     /// sent as SNI) is the upstream's host.
     pub fn new(
@@ -74,30 +115,40 @@ impl Forwarder {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
         http.set_keepalive(Some(Duration::from_secs(60)));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(upstream_tls_config(upstream_ca))
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let tls = upstream_tls_config(upstream_ca);
+        let builder = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http()
+        };
         // An idle timeout below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so
         // floodgate usually closes an idle connection first; with shorter ones (Node's 5 s) the
         // pool's check before reuse and the retry of idempotent requests cover the race.
-        let pool = Pool::new(connector, 1024, Duration::from_secs(30));
+        let idle = Duration::from_secs(30);
         Forwarder {
-            pool,
+            pool: Pool::new(
+                builder().enable_http1().wrap_connector(http.clone()),
+                1024,
+                idle,
+            ),
+            multiplex: Multiplex::new(builder().enable_http2().wrap_connector(http.clone()), idle),
+            negotiating: builder().enable_all_versions().wrap_connector(http),
+            negotiated: Mutex::new(HashMap::new()),
             response_timeout,
             limits,
         }
     }
 
     /// Forwards `req` to `route`'s upstream and returns its response, or the rejection that
-    /// replaces it.
+    /// replaces it. `deadline`, a gRPC client's `grpc-timeout`, shortens the wait for the
+    /// response head (never beyond `timeouts.upstream_response`).
     pub async fn forward(
         &self,
         mut req: Request<Incoming>,
         route: &RouteConfig,
         client_ip: IpAddr,
         client_tls: bool,
+        deadline: Option<Duration>,
     ) -> Result<Response<Body>, Rejection> {
         let upstream = &route.upstream;
         let upgrade = is_websocket_upgrade(&req);
@@ -114,88 +165,36 @@ impl Forwarder {
         if let Some(limit) = limit
             && announced.is_some_and(|n| n > limit.get())
         {
+            if parts.version <= Version::HTTP_11 {
+                tokio::spawn(super::body::linger(body));
+            }
             return Err(Rejection::PayloadTooLarge);
         }
         let fault = Arc::new(BodyFault::default());
-        let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone());
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let original_host = parts.headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        // Origin-form (`/path?query`): the upstream is named by the connection and `Host`.
-        parts.uri = Uri::from(path);
-        // Upstreams are spoken to in HTTP/1.1 whatever the client used; the version is per hop,
-        // so the response goes back in the client's.
-        let client_version = std::mem::replace(&mut parts.version, Version::HTTP_11);
-        join_cookies(&mut parts.headers);
-        let client_origin = (route.rewrite_redirects)
-            .then(|| {
-                original_host
-                    .as_ref()
-                    .map(|host| (client_tls, host.clone()))
-            })
-            .flatten();
+        let linger = parts.version <= Version::HTTP_11;
+        let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
 
-        let upgrade_value = if upgrade {
-            parts.headers.get(UPGRADE).cloned()
-        } else {
-            None
-        };
-        strip_hop_by_hop(&mut parts.headers);
-        if let Some(value) = upgrade_value {
-            parts
-                .headers
-                .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-            parts.headers.insert(UPGRADE, value);
-        }
-        append_forwarded_for(&mut parts.headers, client_ip);
-        parts.headers.insert(
-            X_FORWARDED_PROTO,
-            HeaderValue::from_static(if client_tls { "https" } else { "http" }),
-        );
-        if let Some(host) = original_host {
-            parts.headers.insert(X_FORWARDED_HOST, host);
-        }
-        parts.headers.insert(HOST, upstream.host_header.clone());
-
-        // An idempotent request without a body can be sent again if the upstream closed a pooled
-        // connection just as it was reused (nginx: proxy_next_upstream error): keep its head.
-        let retry =
-            (is_idempotent(&parts.method) && hyper::body::Body::is_end_stream(&body)).then(|| {
-                let mut head = Request::new(());
-                *head.method_mut() = parts.method.clone();
-                *head.uri_mut() = parts.uri.clone();
-                *head.version_mut() = parts.version;
-                *head.headers_mut() = parts.headers.clone();
-                head
-            });
-        let request = Request::from_parts(parts, body);
-        let (scheme, authority) = (&upstream.scheme, &upstream.authority);
-        let idle = self.limits.upstream_idle;
+        let wait = deadline.map_or(self.response_timeout, |d| d.min(self.response_timeout));
         let sent = async {
-            if upgrade {
-                let response = self.pool.send_upgrade(scheme, authority, request).await?;
-                return Ok(response.map(|b| relay(b, idle, route)));
-            }
-            let response = match self.pool.send(scheme, authority, request).await {
-                Err(e) if retry.is_some() && is_stale_connection(&e) => {
-                    tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
-                    let Some(head) = retry else { return Err(e) };
-                    let head = head.map(|()| RequestBody::empty());
-                    self.pool.send(scheme, authority, head).await?
-                }
-                other => other?,
+            // WebSocket upgrades are HTTP/1.1 only.
+            let hop = if upgrade {
+                Hop::Http1(None)
+            } else {
+                self.hop(upstream).await?
             };
-            Ok(response.map(|b| relay(b, idle, route)))
+            let client =
+                Self::request_head(&mut parts, route, client_ip, client_tls, &hop, upgrade);
+            let request = Request::from_parts(parts, body);
+            let response = if upgrade {
+                let (scheme, authority) = (&upstream.scheme, &upstream.authority);
+                let response = self.pool.send_upgrade(scheme, authority, request).await?;
+                response.map(|b| relay(b, self.limits.upstream_idle, route))
+            } else {
+                self.send(upstream, request, hop, route).await?
+            };
+            Ok::<_, PoolError>((response, client))
         };
-        let mut response = match tokio::time::timeout(self.response_timeout, sent).await {
+        let (response, client) = match tokio::time::timeout(wait, sent).await {
             Err(_) => return Err(Rejection::GatewayTimeout),
             // The request's own body failed: the client's error, not the upstream's.
             Ok(Err(_)) if fault.get() == Some(Fault::TooLarge) => {
@@ -220,36 +219,209 @@ impl Forwarder {
                 tracing::debug!(error = %e, upstream = %upstream.authority, "upstream request failed");
                 return Err(Rejection::BadGateway(detail));
             }
-            Ok(Ok(response)) => response,
+            Ok(Ok(sent)) => sent,
         };
+        Self::response_head(response, upstream, client, client_upgrade)
+    }
 
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_upgrade) = client_upgrade {
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                tokio::spawn(async move {
-                    match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                        Ok((client, upstream)) => {
-                            let mut client = TokioIo::new(client);
-                            let mut upstream = TokioIo::new(upstream);
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                        }
-                        Err(e) => tracing::debug!(error = %e, "upgrade failed"),
-                    }
-                });
-                let upgrade_value = response.headers().get(UPGRADE).cloned();
-                strip_hop_by_hop(response.headers_mut());
-                response
-                    .headers_mut()
-                    .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-                if let Some(value) = upgrade_value {
-                    response.headers_mut().insert(UPGRADE, value);
-                }
-                return Ok(response);
+    /// The HTTP version to speak to `upstream`: its `upstream_protocol`, and for `auto` on
+    /// `https://` what ALPN chose (learned at the first connection, which is then used).
+    async fn hop(&self, upstream: &Upstream) -> Result<Hop, PoolError> {
+        match upstream.protocol {
+            UpstreamProtocol::Http1 => return Ok(Hop::Http1(None)),
+            UpstreamProtocol::Http2 => return Ok(Hop::Http2(None)),
+            UpstreamProtocol::Auto if upstream.scheme != Scheme::HTTPS => {
+                return Ok(Hop::Http1(None));
             }
-            // The client asked for no upgrade: a 101 cannot be relayed.
-            return Err(Rejection::BadGateway(
-                "unexpected 101 from the upstream".to_string(),
-            ));
+            UpstreamProtocol::Auto => {}
+        }
+        let key = (upstream.scheme.clone(), upstream.authority.clone());
+        let known = self
+            .negotiated
+            .lock()
+            .ok()
+            .and_then(|n| n.get(&key).copied());
+        match known {
+            Some(Version::HTTP_2) => Ok(Hop::Http2(None)),
+            Some(_) => Ok(Hop::Http1(None)),
+            None => {
+                let io = dial(&self.negotiating, &key.0, &key.1).await?;
+                let h2 = io.connected().is_negotiated_h2();
+                let version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+                if let Ok(mut negotiated) = self.negotiated.lock() {
+                    negotiated.insert(key, version);
+                }
+                Ok(if h2 {
+                    Hop::Http2(Some(io))
+                } else {
+                    Hop::Http1(Some(io))
+                })
+            }
+        }
+    }
+
+    /// The request filter: the request as the upstream is sent it over `hop`. Hop-by-hop
+    /// headers go (but `te: trailers` on an HTTP/2 hop, which gRPC needs), `X-Forwarded-For`,
+    /// `-Proto` and `-Host` are set, the URI is origin-form with the upstream's `Host` on
+    /// HTTP/1.1 and absolute (its `:authority`) on HTTP/2, and split cookie fields are joined
+    /// for HTTP/1.1.
+    fn request_head(
+        parts: &mut Parts,
+        route: &RouteConfig,
+        client_ip: IpAddr,
+        client_tls: bool,
+        hop: &Hop,
+        upgrade: bool,
+    ) -> ClientSide {
+        let upstream = &route.upstream;
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let original_host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        // The version is per hop, so the response goes back in the client's.
+        let client_version = std::mem::replace(&mut parts.version, hop.version());
+        let origin = (route.rewrite_redirects)
+            .then(|| original_host.clone().map(|host| (client_tls, host)))
+            .flatten();
+        let trailers = hop.version() == Version::HTTP_2
+            && header_has_token(&parts.headers, &TE, "trailers");
+        let upgrade_value = upgrade.then(|| parts.headers.get(UPGRADE).cloned()).flatten();
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(value) = upgrade_value {
+            parts
+                .headers
+                .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(UPGRADE, value);
+        }
+        if trailers {
+            parts.headers.insert(TE, HeaderValue::from_static("trailers"));
+        }
+        append_forwarded_for(&mut parts.headers, client_ip);
+        parts.headers.insert(
+            X_FORWARDED_PROTO,
+            HeaderValue::from_static(if client_tls { "https" } else { "http" }),
+        );
+        if let Some(host) = original_host {
+            parts.headers.insert(X_FORWARDED_HOST, host);
+        }
+        match hop {
+            Hop::Http1(_) => {
+                // Origin-form (`/path?query`): the upstream is named by the connection and `Host`.
+                parts.uri = Uri::from(path);
+                join_cookies(&mut parts.headers);
+                parts.headers.insert(HOST, upstream.host_header.clone());
+            }
+            Hop::Http2(_) => {
+                // HTTP/2 names the upstream in `:authority`, taken from an absolute URI.
+                let mut uri = http::uri::Parts::default();
+                uri.scheme = Some(upstream.scheme.clone());
+                uri.authority = Some(upstream.authority.clone());
+                uri.path_and_query = Some(path);
+                if let Ok(uri) = Uri::from_parts(uri) {
+                    parts.uri = uri;
+                }
+                parts.headers.remove(HOST);
+            }
+        }
+        ClientSide {
+            version: client_version,
+            origin,
+        }
+    }
+
+    /// Sends the request over `hop`, once more when the upstream provably did not process it:
+    /// on HTTP/1.1 an idempotent request without a body whose reused connection the upstream
+    /// had just closed (nginx: `proxy_next_upstream error`), on HTTP/2 a stream the upstream
+    /// refused or dropped in a graceful GOAWAY, if its body so far was small enough to keep.
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        request: Request<RequestBody>,
+        hop: Hop,
+        route: &RouteConfig,
+    ) -> Result<Response<Body>, PoolError> {
+        let (scheme, authority) = (&upstream.scheme, &upstream.authority);
+        let idle = self.limits.upstream_idle;
+        match hop {
+            Hop::Http1(fresh) => {
+                // The head is copied only when the request could be sent again.
+                let retry = (is_idempotent(request.method())
+                    && hyper::body::Body::is_end_stream(request.body()))
+                .then(|| copy_head(&request));
+                let response = match self.pool.send(scheme, authority, request, fresh).await {
+                    Err(e) if retry.is_some() && is_stale_connection(&e) => {
+                        tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
+                        let Some(head) = retry else { return Err(e) };
+                        let head = head.map(|()| RequestBody::empty());
+                        self.pool.send(scheme, authority, head, None).await?
+                    }
+                    other => other?,
+                };
+                Ok(response.map(|b| relay(b, idle, route)))
+            }
+            Hop::Http2(fresh) => {
+                let key = (scheme.clone(), authority.clone());
+                let head = copy_head(&request);
+                let request = request.map(Replay::new);
+                let replay = request.body().handle();
+                let response = match self.multiplex.send(&key, request, fresh).await {
+                    Err(PoolError::Unprocessed(e)) => {
+                        let Some(body) = replay.again() else {
+                            return Err(PoolError::Unprocessed(e));
+                        };
+                        tracing::debug!(error = %e, "the upstream refused a stream it did not process; retrying once");
+                        self.multiplex.send(&key, head.map(|()| body), None).await?
+                    }
+                    other => other?,
+                };
+                Ok(response.map(|b| relay(b, idle, route)))
+            }
+        }
+    }
+
+    /// The response filter: hop-by-hop headers go, the response speaks the client's version,
+    /// redirects to the upstream's origin point at the client's, and a `101` to a WebSocket
+    /// handshake splices the two connections.
+    fn response_head(
+        mut response: Response<Body>,
+        upstream: &Upstream,
+        client: ClientSide,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ) -> Result<Response<Body>, Rejection> {
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let Some(client_upgrade) = client_upgrade else {
+                // The client asked for no upgrade: a 101 cannot be relayed.
+                return Err(Rejection::BadGateway(
+                    "unexpected 101 from the upstream".to_string(),
+                ));
+            };
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                    Ok((client, upstream)) => {
+                        let mut client = TokioIo::new(client);
+                        let mut upstream = TokioIo::new(upstream);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+                }
+            });
+            let upgrade_value = response.headers().get(UPGRADE).cloned();
+            strip_hop_by_hop(response.headers_mut());
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            if let Some(value) = upgrade_value {
+                response.headers_mut().insert(UPGRADE, value);
+            }
+            return Ok(response);
         }
         // Chunked framing wins over a Content-Length sent with it (RFC 9112 §6.3): relayed
         // chunked, the length would describe a body the client is not sent as such.
@@ -260,12 +432,22 @@ impl Forwarder {
             response.headers_mut().remove(http::header::CONTENT_LENGTH);
         }
         strip_hop_by_hop(response.headers_mut());
-        *response.version_mut() = client_version;
-        if let Some((tls, host)) = client_origin {
+        *response.version_mut() = client.version;
+        if let Some((tls, host)) = client.origin {
             rewrite_redirects(response.headers_mut(), upstream, tls, &host);
         }
         Ok(response)
     }
+}
+
+/// A copy of `request`'s head (method, URI, version, headers), to send it again.
+fn copy_head<B>(request: &Request<B>) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = request.method().clone();
+    *head.uri_mut() = request.uri().clone();
+    *head.version_mut() = request.version();
+    *head.headers_mut() = request.headers().clone();
+    head
 }
 
 /// An upstream response body as relayed to the client: cut off after `idle` without data, and
@@ -521,6 +703,7 @@ mod tests {
             scheme: uri.scheme().unwrap().clone(),
             host_header: HeaderValue::from_str(authority.as_str()).unwrap(),
             authority,
+            protocol: UpstreamProtocol::Http1,
         }
     }
 

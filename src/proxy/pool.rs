@@ -36,11 +36,12 @@ use tower_service::Service;
 use super::body::RequestBody;
 use super::response::BoxError;
 
-type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
+/// A connection to an upstream: TCP, or TLS over TCP.
+pub type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
 type Driver = Pin<Box<http1::Connection<Io, RequestBody>>>;
 
 /// Which connections may serve a request: the upstream's scheme and `host:port`.
-type Key = (Scheme, Authority);
+pub type Key = (Scheme, Authority);
 
 /// A connection: the handle requests are sent through, and the connection state machine that
 /// reads and writes the socket when polled.
@@ -77,6 +78,8 @@ pub enum PoolError {
     Request { error: hyper::Error, reused: bool },
     /// The connection ended before it answered, with no error of its own to say why.
     Closed { reused: bool },
+    /// An HTTP/2 upstream refused the stream without processing it (it may be sent again).
+    Unprocessed(hyper::Error),
 }
 
 impl std::fmt::Display for PoolError {
@@ -85,6 +88,7 @@ impl std::fmt::Display for PoolError {
             PoolError::Connect(e) => write!(f, "cannot connect to the upstream: {e}"),
             PoolError::Request { error, .. } => write!(f, "{error}"),
             PoolError::Closed { .. } => write!(f, "the upstream closed the connection"),
+            PoolError::Unprocessed(error) => write!(f, "the upstream refused the stream: {error}"),
         }
     }
 }
@@ -95,6 +99,7 @@ impl std::error::Error for PoolError {
             PoolError::Connect(e) => Some(e.as_ref()),
             PoolError::Request { error, .. } => Some(error),
             PoolError::Closed { .. } => None,
+            PoolError::Unprocessed(error) => Some(error),
         }
     }
 }
@@ -130,17 +135,25 @@ impl Pool {
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `scheme://authority` on a pooled connection,
-    /// or a new one, and returns the response head; its body drives the connection on.
+    /// or a new one (`fresh`, when the caller dialled it already: ALPN chose HTTP/1.1), and
+    /// returns the response head; its body drives the connection on.
     pub async fn send(
         self: &Arc<Self>,
         scheme: &Scheme,
         authority: &Authority,
         req: Request<RequestBody>,
+        fresh: Option<Io>,
     ) -> Result<Response<PooledBody>, PoolError> {
         let key = (scheme.clone(), authority.clone());
-        let (mut conn, reused) = match self.checkout(&key) {
-            Some(conn) => (conn, true),
-            None => (self.connect(&key).await?, false),
+        let (mut conn, reused) = match fresh {
+            Some(io) => (Self::handshake(io).await?, false),
+            None => match self.checkout(&key) {
+                Some(conn) => (conn, true),
+                None => (
+                    Self::handshake(dial(&self.connector, scheme, authority).await?).await?,
+                    false,
+                ),
+            },
         };
         let response = conn.sender.send_request(req);
         let mut response = std::pin::pin!(response);
@@ -183,7 +196,7 @@ impl Pool {
         authority: &Authority,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, PoolError> {
-        let io = self.dial(scheme, authority).await?;
+        let io = dial(&self.connector, scheme, authority).await?;
         let (mut sender, driver) =
             http1::handshake(io)
                 .await
@@ -234,8 +247,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self, key: &Key) -> Result<Conn, PoolError> {
-        let io = self.dial(&key.0, &key.1).await?;
+    async fn handshake(io: Io) -> Result<Conn, PoolError> {
         let (sender, driver) = http1::handshake(io)
             .await
             .map_err(|error| PoolError::Request {
@@ -246,21 +258,6 @@ impl Pool {
             sender,
             driver: Box::pin(driver),
         })
-    }
-
-    /// A TCP (and, for `https`, TLS) connection to the upstream.
-    async fn dial(&self, scheme: &Scheme, authority: &Authority) -> Result<Io, PoolError> {
-        let uri = Uri::builder()
-            .scheme(scheme.clone())
-            .authority(authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| PoolError::Connect(e.into()))?;
-        self.connector
-            .clone()
-            .call(uri)
-            .await
-            .map_err(PoolError::Connect)
     }
 
     /// Drops the connections idle for `idle_timeout` or more.
@@ -286,6 +283,25 @@ impl Pool {
             .lock()
             .map_or(0, |i| i.values().map(Vec::len).sum())
     }
+}
+
+/// A TCP (and, for `https`, TLS with the connector's ALPN offer) connection to the upstream.
+pub async fn dial(
+    connector: &HttpsConnector<HttpConnector>,
+    scheme: &Scheme,
+    authority: &Authority,
+) -> Result<Io, PoolError> {
+    let uri = Uri::builder()
+        .scheme(scheme.clone())
+        .authority(authority.clone())
+        .path_and_query("/")
+        .build()
+        .map_err(|e| PoolError::Connect(e.into()))?;
+    connector
+        .clone()
+        .call(uri)
+        .await
+        .map_err(PoolError::Connect)
 }
 
 /// Every `idle_timeout / 2` (at least a second), drops expired idle connections, until the pool
@@ -436,7 +452,9 @@ mod tests {
 
     /// Sends one GET and reads its body to the end.
     async fn fetch(pool: &Arc<Pool>, authority: &Authority) -> Result<Bytes, PoolError> {
-        let response = pool.send(&Scheme::HTTP, authority, get(authority)).await?;
+        let response = pool
+            .send(&Scheme::HTTP, authority, get(authority), None)
+            .await?;
         Ok(response.into_body().collect().await.unwrap().to_bytes())
     }
 
@@ -473,7 +491,7 @@ mod tests {
         let (authority, accepted, _) = upstream(None).await;
         let pool = pool(Duration::from_secs(30));
         let response = pool
-            .send(&Scheme::HTTP, &authority, get(&authority))
+            .send(&Scheme::HTTP, &authority, get(&authority), None)
             .await
             .unwrap();
         drop(response);

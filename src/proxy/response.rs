@@ -1,6 +1,7 @@
 //! The one place where floodgate chooses its own statuses and headers: rejections become
-//! `application/problem+json` responses (RFC 9457), and admitted responses get the rate-limit
-//! headers of the configured profile.
+//! `application/problem+json` responses (RFC 9457), or for a gRPC call trailers-only gRPC
+//! responses ([`crate::grpc`]); admitted responses get the rate-limit headers of the configured
+//! profile.
 
 use std::io::Write as _;
 use std::sync::LazyLock;
@@ -12,6 +13,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::config::{HeaderProfile, RouteConfig};
+use crate::grpc::{self, Code, RateLimitedStatus};
 use crate::limiter::{HeldLeases, Limit, Verdict};
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
@@ -54,6 +56,26 @@ pub enum Rejection {
     /// No slot under the upstream's learned limit within `queue_timeout`: 503 with
     /// `Retry-After`, never forwarded.
     UpstreamOverloaded,
+}
+
+/// The words a rejection is said in: HTTP's, or gRPC's for a gRPC call (its `content-type`),
+/// with the status the route gives a rate-limited call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Http,
+    Grpc(RateLimitedStatus),
+}
+
+impl Dialect {
+    /// The dialect of a request with `headers` on a route whose rate-limited gRPC calls get
+    /// `rate_limited`.
+    pub fn of(headers: &HeaderMap, rate_limited: RateLimitedStatus) -> Dialect {
+        if grpc::is_grpc(headers) {
+            Dialect::Grpc(rate_limited)
+        } else {
+            Dialect::Http
+        }
+    }
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -202,12 +224,68 @@ const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right n
 const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
 
 impl Rejection {
-    /// The response for this rejection; `headers` writes a 429's rate-limit fields.
+    /// The response for this rejection in `dialect`; `headers` writes a refusal's rate-limit
+    /// fields.
+    pub fn respond(self, headers: &RateLimitHeaders, dialect: Dialect) -> Response<Body> {
+        match dialect {
+            Dialect::Http => self.into_response(headers),
+            Dialect::Grpc(rate_limited) => self.into_grpc_response(headers, rate_limited),
+        }
+    }
+
+    /// The trailers-only gRPC response for this rejection: HTTP 200, the gRPC status and
+    /// message in the only HEADERS frame, and the retry delay where one is known.
+    fn into_grpc_response(
+        self,
+        headers: &RateLimitHeaders,
+        rate_limited: RateLimitedStatus,
+    ) -> Response<Body> {
+        let mut response = Response::new(full(Bytes::new()));
+        let h = response.headers_mut();
+        let one_second = Some(std::time::Duration::from_secs(1));
+        let (code, message, retry): (Code, &str, _) = match &self {
+            Rejection::RateLimited(v, policy) => {
+                headers.write(h, v, *policy);
+                let retry = std::time::Duration::from_micros(v.retry_after_us());
+                (rate_limited.code(), "rate limit exceeded", Some(retry))
+            }
+            Rejection::NoRoute => (Code::Unimplemented, NO_ROUTE_DETAIL, None),
+            Rejection::BadRequest(detail) => (Code::Internal, detail.as_str(), None),
+            Rejection::InvalidApiKey => (Code::Unauthenticated, INVALID_API_KEY_DETAIL, None),
+            Rejection::LimiterUnavailable => (Code::Unavailable, LIMITER_UNAVAILABLE_DETAIL, None),
+            Rejection::BadGateway(detail) => (Code::Unavailable, detail.as_str(), None),
+            Rejection::GatewayTimeout => (Code::DeadlineExceeded, GATEWAY_TIMEOUT_DETAIL, None),
+            Rejection::PayloadTooLarge => (
+                Code::ResourceExhausted,
+                "the request body is larger than this route accepts (max_body_size)",
+                None,
+            ),
+            Rejection::RequestTimeout => (
+                Code::DeadlineExceeded,
+                "the request body stopped arriving (timeouts.client_body)",
+                None,
+            ),
+            Rejection::TooManyStreams => (
+                Code::ResourceExhausted,
+                "this HTTP/2 connection opens streams too fast",
+                one_second,
+            ),
+            Rejection::UpstreamOverloaded => (
+                Code::Unavailable,
+                "the upstream is at the limit of what it serves now",
+                one_second,
+            ),
+        };
+        grpc::write_status(h, code, message, retry);
+        response
+    }
+
+    /// The HTTP response for this rejection; `headers` writes a 429's rate-limit fields.
     ///
     /// The bodies that never change (404, 503, 504) are built once; a 429's is built once around
     /// its one variable, `retry_after`, so a denial costs one allocation for its body instead of a
     /// JSON tree. Both come from `problem_json`, so they are the very bytes it would write.
-    pub fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
+    fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
         let (status, body) = match self {
             Rejection::RateLimited(v, policy) => {
                 let retry_after = v.retry_after_secs();

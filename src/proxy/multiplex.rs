@@ -1,0 +1,441 @@
+//! HTTP/2 upstream connections (`upstream_protocol: http2`, or `auto` when ALPN picks `h2`):
+//! many requests in flight on each, as streams.
+//!
+//! Each connection is driven by a task of its own (its streams belong to many requests at
+//! once), which also notes the upstream's current `SETTINGS_MAX_CONCURRENT_STREAMS`. A request
+//! takes the first connection to its upstream with a stream to spare, and a new connection is
+//! dialled (one at a time per upstream) only when every one is full or none is left. A stream
+//! is counted from its request until its response body ends or is dropped, so a long gRPC
+//! stream holds its place as long as it lives.
+//!
+//! A connection that the upstream closes, or that sent GOAWAY or refused a stream, takes no new
+//! streams. A stream the upstream never processed (`REFUSED_STREAM`, or above the last stream
+//! of a graceful GOAWAY: RFC 9113 §8.7) is [`PoolError::Unprocessed`], which the forwarder sends
+//! once more. Flow control is end to end: the upstream's data is acknowledged (its window
+//! reopened) only as the client's side reads it, so a slow client holds at most a stream window
+//! of a fast upstream's data here. Connections with no stream for `idle_timeout` are closed
+//! by a sweeper; a ping every 30 s finds upstreams that stopped answering.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::client::conn::http2;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::body::Replay;
+use super::pool::{Io, Key, PoolError, dial};
+
+type Sender = http2::SendRequest<Replay>;
+
+/// The per-connection stream window floodgate grants an upstream: how much of one response it
+/// may send before the client has read it.
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 8 << 20;
+
+/// HTTP/2 connections to upstreams, per scheme and authority.
+pub struct Multiplex {
+    connector: HttpsConnector<HttpConnector>,
+    conns: Mutex<HashMap<Key, Vec<Conn>>>,
+    /// One dial at a time per upstream: requests that find every connection full wait for it
+    /// instead of each opening one.
+    dialing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    idle_timeout: Duration,
+    started: Instant,
+}
+
+#[derive(Clone)]
+struct Conn {
+    sender: Sender,
+    state: Arc<ConnState>,
+}
+
+/// What requests and the connection's task know of one connection.
+struct ConnState {
+    /// Streams floodgate has open on it.
+    open: AtomicUsize,
+    /// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as last seen by the driving task.
+    max: AtomicUsize,
+    /// Set when it ended, sent GOAWAY or refused a stream: no new streams.
+    refusing: AtomicBool,
+    /// When its last stream ended, in µs since the pool started.
+    last_end_us: AtomicU64,
+}
+
+impl Conn {
+    /// Takes a stream on this connection if it has one to spare.
+    fn reserve(&self) -> Option<StreamSlot> {
+        let state = &self.state;
+        if state.refusing.load(Ordering::Acquire) || self.sender.is_closed() {
+            return None;
+        }
+        let max = state.max.load(Ordering::Acquire);
+        state
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .ok()?;
+        Some(StreamSlot {
+            state: state.clone(),
+            started: None,
+        })
+    }
+
+    fn usable(&self) -> bool {
+        !self.state.refusing.load(Ordering::Acquire) && !self.sender.is_closed()
+    }
+}
+
+/// One stream's place on its connection, given back when dropped.
+struct StreamSlot {
+    state: Arc<ConnState>,
+    /// The pool's start, to date the stream's end (set once the slot is handed out).
+    started: Option<Instant>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some(started) = self.started {
+            let now = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.state.last_end_us.store(now, Ordering::Relaxed);
+        }
+        self.state.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Multiplex {
+    /// A pool dialling through `connector` (which offers ALPN `h2` on `https://`). Within a
+    /// Tokio runtime it also starts the sweeper of idle connections.
+    pub fn new(connector: HttpsConnector<HttpConnector>, idle_timeout: Duration) -> Arc<Self> {
+        let pool = Arc::new(Multiplex {
+            connector,
+            conns: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
+            idle_timeout,
+            started: Instant::now(),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(sweep(Arc::downgrade(&pool), idle_timeout));
+        }
+        pool
+    }
+
+    /// Sends `req` (absolute URI, no `Host`) on a stream of a connection to `key`'s upstream,
+    /// `fresh` when the caller dialled it already (ALPN chose `h2`), and returns the response
+    /// head; its body holds the stream until it ends.
+    pub async fn send(
+        &self,
+        key: &Key,
+        req: Request<Replay>,
+        fresh: Option<Io>,
+    ) -> Result<Response<MultiplexBody>, PoolError> {
+        let (conn, mut slot) = match fresh {
+            Some(io) => {
+                let conn = self.handshake(key, io).await?;
+                let slot = conn.reserve().ok_or(PoolError::Closed { reused: false })?;
+                (conn, slot)
+            }
+            None => self.checkout(key).await?,
+        };
+        slot.started = Some(self.started);
+        let mut sender = conn.sender.clone();
+        match sender.send_request(req).await {
+            Ok(response) => Ok(response.map(|body| MultiplexBody { body, _slot: slot })),
+            Err(error) if unprocessed(&error) => {
+                conn.state.refusing.store(true, Ordering::Release);
+                Err(PoolError::Unprocessed(error))
+            }
+            Err(error) => Err(PoolError::Request {
+                error,
+                reused: true,
+            }),
+        }
+    }
+
+    /// A connection with a stream to spare, dialling one when there is none.
+    async fn checkout(&self, key: &Key) -> Result<(Conn, StreamSlot), PoolError> {
+        if let Some(found) = self.find(key) {
+            return Ok(found);
+        }
+        let gate = {
+            let mut dialing = self.dialing.lock().unwrap_or_else(|p| p.into_inner());
+            dialing.entry(key.clone()).or_default().clone()
+        };
+        let _dialing = gate.lock().await;
+        // Another request may have dialled while this one waited.
+        if let Some(found) = self.find(key) {
+            return Ok(found);
+        }
+        let io = dial(&self.connector, &key.0, &key.1).await?;
+        let conn = self.handshake(key, io).await?;
+        let slot = conn.reserve().ok_or(PoolError::Closed { reused: false })?;
+        Ok((conn, slot))
+    }
+
+    /// The first usable connection to `key` with a stream to spare; ended ones are dropped.
+    fn find(&self, key: &Key) -> Option<(Conn, StreamSlot)> {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let list = conns.get_mut(key)?;
+        list.retain(Conn::usable);
+        list.iter()
+            .find_map(|conn| conn.reserve().map(|slot| (conn.clone(), slot)))
+    }
+
+    /// Opens HTTP/2 on `io`, starts the task that drives it and adds it to the pool.
+    async fn handshake(&self, key: &Key, io: Io) -> Result<Conn, PoolError> {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .max_header_list_size(64 * 1024);
+        let (sender, connection) = builder
+            .handshake(io)
+            .await
+            .map_err(|error| PoolError::Request {
+                error,
+                reused: false,
+            })?;
+        let state = Arc::new(ConnState {
+            open: AtomicUsize::new(0),
+            max: AtomicUsize::new(connection.current_max_send_streams()),
+            refusing: AtomicBool::new(false),
+            last_end_us: AtomicU64::new(
+                u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            ),
+        });
+        tokio::spawn(Driven {
+            connection,
+            state: state.clone(),
+            authority: key.1.clone(),
+        });
+        let conn = Conn { sender, state };
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push(conn.clone());
+        Ok(conn)
+    }
+
+    /// Closes connections that have had no stream for `idle_timeout` (dropping the last sender
+    /// ends the connection with a GOAWAY).
+    fn evict_idle(&self) {
+        let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let idle_us = u64::try_from(self.idle_timeout.as_micros()).unwrap_or(u64::MAX);
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for list in conns.values_mut() {
+            list.retain(|c| {
+                c.usable()
+                    && (c.state.open.load(Ordering::Acquire) > 0
+                        || now.saturating_sub(c.state.last_end_us.load(Ordering::Relaxed))
+                            < idle_us)
+            });
+        }
+        conns.retain(|_, list| !list.is_empty());
+    }
+
+    /// How many connections the pool holds (tests).
+    #[cfg(test)]
+    fn connections(&self) -> usize {
+        self.conns.lock().map_or(0, |c| c.values().map(Vec::len).sum())
+    }
+}
+
+/// True when `error` says the upstream never processed the stream, so it can be sent again:
+/// it was refused (`REFUSED_STREAM`), it was above the last stream of a graceful GOAWAY, or
+/// the connection had closed before it was handed over.
+fn unprocessed(error: &hyper::Error) -> bool {
+    if error.is_canceled() {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR));
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// A connection's driving task: polls it, and notes the upstream's stream limit and its end.
+struct Driven {
+    connection: http2::Connection<Io, Replay, TokioExecutor>,
+    state: Arc<ConnState>,
+    authority: http::uri::Authority,
+}
+
+impl Future for Driven {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.connection).poll(cx);
+        this.state.max.store(
+            this.connection.current_max_send_streams(),
+            Ordering::Release,
+        );
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                this.state.refusing.store(true, Ordering::Release);
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, upstream = %this.authority, "upstream HTTP/2 connection ended");
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+/// Every `idle_timeout / 2` (at least a second), closes idle connections, until the pool is
+/// gone.
+async fn sweep(pool: Weak<Multiplex>, idle_timeout: Duration) {
+    let every = (idle_timeout / 2).max(Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        match pool.upgrade() {
+            Some(pool) => pool.evict_idle(),
+            None => return,
+        }
+    }
+}
+
+/// An upstream's HTTP/2 response body (data, then trailers), holding its stream's place on the
+/// connection until it ends or is dropped.
+pub struct MultiplexBody {
+    body: Incoming,
+    _slot: StreamSlot,
+}
+
+impl HttpBody for MultiplexBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::crypto_provider;
+    use http::uri::Scheme;
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioIo;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::net::TcpListener;
+
+    /// An h2c upstream that answers each request after `delay`, with at most `max_streams`
+    /// streams per connection; returns its authority and the count of connections it accepted.
+    async fn upstream(max_streams: u32, delay: Duration) -> (http::uri::Authority, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_req| async move {
+                        tokio::time::sleep(delay).await;
+                        let body = http_body_util::Full::new(Bytes::from_static(b"hi"));
+                        Ok::<_, std::convert::Infallible>(Response::new(body))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(max_streams)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (addr.to_string().parse().unwrap(), accepted)
+    }
+
+    fn pool() -> Arc<Multiplex> {
+        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(HttpConnector::new());
+        Multiplex::new(connector, Duration::from_secs(30))
+    }
+
+    async fn fetch(pool: Arc<Multiplex>, key: Key) -> Bytes {
+        let uri = format!("http://{}/", key.1);
+        let req = Request::builder()
+            .uri(uri)
+            .version(http::Version::HTTP_2)
+            .body(Replay::new(super::super::body::RequestBody::empty()))
+            .unwrap();
+        let response = pool.send(&key, req, None).await.unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_one_connection() {
+        let (authority, accepted) = upstream(100, Duration::from_millis(50)).await;
+        let pool = pool();
+        let key = (Scheme::HTTP, authority);
+        let mut all = tokio::task::JoinSet::new();
+        for _ in 0..20 {
+            all.spawn(fetch(pool.clone(), key.clone()));
+        }
+        for body in all.join_all().await {
+            assert_eq!(body, "hi");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_connection_makes_the_pool_open_another() {
+        // Two streams per connection, and each answer held 200 ms: six requests at once need
+        // three connections once the first connection's SETTINGS arrived (the first request
+        // learns the limit; the next ones open more).
+        let (authority, accepted) = upstream(2, Duration::from_millis(200)).await;
+        let pool = pool();
+        let key = (Scheme::HTTP, authority);
+        assert_eq!(fetch(pool.clone(), key.clone()).await, "hi");
+        let mut all = tokio::task::JoinSet::new();
+        for _ in 0..6 {
+            all.spawn(fetch(pool.clone(), key.clone()));
+        }
+        for body in all.join_all().await {
+            assert_eq!(body, "hi");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+}
