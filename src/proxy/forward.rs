@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 
 use super::body::{BodyFault, Fault, Replay, RequestBody, ResponseBody};
-use super::multiplex::Multiplex;
+use super::multiplex::{Multiplex, copy_head};
 use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
@@ -368,19 +368,8 @@ impl Forwarder {
             }
             Hop::Http2(fresh) => {
                 let key = (scheme.clone(), authority.clone());
-                let head = copy_head(&request);
                 let request = request.map(Replay::new);
-                let replay = request.body().handle();
-                let response = match self.multiplex.send(&key, request, fresh).await {
-                    Err(PoolError::Unprocessed(e)) => {
-                        let Some(body) = replay.again() else {
-                            return Err(PoolError::Unprocessed(e));
-                        };
-                        tracing::debug!(error = %e, "the upstream refused a stream it did not process; retrying once");
-                        self.multiplex.send(&key, head.map(|()| body), None).await?
-                    }
-                    other => other?,
-                };
+                let response = self.multiplex.send(&key, request, fresh).await?;
                 Ok(response.map(|b| relay(b, idle, route)))
             }
         }
@@ -440,15 +429,6 @@ impl Forwarder {
     }
 }
 
-/// A copy of `request`'s head (method, URI, version, headers), to send it again.
-fn copy_head<B>(request: &Request<B>) -> Request<()> {
-    let mut head = Request::new(());
-    *head.method_mut() = request.method().clone();
-    *head.uri_mut() = request.uri().clone();
-    *head.version_mut() = request.version();
-    *head.headers_mut() = request.headers().clone();
-    head
-}
 
 /// An upstream response body as relayed to the client: cut off after `idle` without data, and
 /// logged with `route` if the upstream ends it early.

@@ -59,12 +59,16 @@ struct Conn {
     state: Arc<ConnState>,
 }
 
+type Connection = http2::Connection<Io, Replay, TokioExecutor>;
+
 /// What requests and the connection's task know of one connection.
 struct ConnState {
     /// Streams floodgate has open on it.
     open: AtomicUsize,
-    /// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as last seen by the driving task.
-    max: AtomicUsize,
+    /// The connection, polled by its task, and asked by requests for the upstream's current
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (the lock is held for a poll or a read: h2's own
+    /// connection runs in a task of its own, so the poll only hands requests over).
+    connection: Mutex<Connection>,
     /// Set when it ended, sent GOAWAY or refused a stream: no new streams.
     refusing: AtomicBool,
     /// When its last stream ended, in µs since the pool started.
@@ -78,7 +82,10 @@ impl Conn {
         if state.refusing.load(Ordering::Acquire) || self.sender.is_closed() {
             return None;
         }
-        let max = state.max.load(Ordering::Acquire);
+        let max = state
+            .connection
+            .lock()
+            .map_or(0, |c| c.current_max_send_streams());
         state
             .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
@@ -133,7 +140,37 @@ impl Multiplex {
     /// Sends `req` (absolute URI, no `Host`) on a stream of a connection to `key`'s upstream,
     /// `fresh` when the caller dialled it already (ALPN chose `h2`), and returns the response
     /// head; its body holds the stream until it ends.
+    ///
+    /// A stream the upstream did not process is sent again on another stream, at most
+    /// [`ATTEMPTS`] times in all, while its body so far was small enough to keep: a fresh
+    /// connection's first streams go out before the upstream's SETTINGS say how many it takes,
+    /// and those past its limit come back `REFUSED_STREAM`.
     pub async fn send(
+        &self,
+        key: &Key,
+        req: Request<Replay>,
+        mut fresh: Option<Io>,
+    ) -> Result<Response<MultiplexBody>, PoolError> {
+        let head = copy_head(&req);
+        let replay = req.body().handle();
+        let mut req = req;
+        let mut attempt = 1;
+        loop {
+            let error = match self.send_once(key, req, fresh.take()).await {
+                Err(PoolError::Unprocessed(error)) => error,
+                other => return other,
+            };
+            let again = (attempt < ATTEMPTS).then(|| replay.again()).flatten();
+            let Some(body) = again else {
+                return Err(PoolError::Unprocessed(error));
+            };
+            tracing::debug!(%error, attempt, "the upstream did not process a stream; sending it again");
+            attempt += 1;
+            req = copy_head(&head).map(|()| body);
+        }
+    }
+
+    async fn send_once(
         &self,
         key: &Key,
         req: Request<Replay>,
@@ -151,14 +188,17 @@ impl Multiplex {
         let mut sender = conn.sender.clone();
         match sender.send_request(req).await {
             Ok(response) => Ok(response.map(|body| MultiplexBody { body, _slot: slot })),
-            Err(error) if unprocessed(&error) => {
-                conn.state.refusing.store(true, Ordering::Release);
-                Err(PoolError::Unprocessed(error))
-            }
-            Err(error) => Err(PoolError::Request {
-                error,
-                reused: true,
-            }),
+            Err(error) => match unprocessed(&error) {
+                Some(Unprocessed::Refused) => Err(PoolError::Unprocessed(error)),
+                Some(Unprocessed::GoingAway) => {
+                    conn.state.refusing.store(true, Ordering::Release);
+                    Err(PoolError::Unprocessed(error))
+                }
+                None => Err(PoolError::Request {
+                    error,
+                    reused: true,
+                }),
+            },
         }
     }
 
@@ -210,14 +250,13 @@ impl Multiplex {
             })?;
         let state = Arc::new(ConnState {
             open: AtomicUsize::new(0),
-            max: AtomicUsize::new(connection.current_max_send_streams()),
+            connection: Mutex::new(connection),
             refusing: AtomicBool::new(false),
             last_end_us: AtomicU64::new(
                 u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
             ),
         });
         tokio::spawn(Driven {
-            connection,
             state: state.clone(),
             authority: key.1.clone(),
         });
@@ -255,27 +294,50 @@ impl Multiplex {
     }
 }
 
-/// True when `error` says the upstream never processed the stream, so it can be sent again:
-/// it was refused (`REFUSED_STREAM`), it was above the last stream of a graceful GOAWAY, or
-/// the connection had closed before it was handed over.
-fn unprocessed(error: &hyper::Error) -> bool {
+/// How many times a stream the upstream did not process is sent at most.
+const ATTEMPTS: u32 = 3;
+
+/// Why the upstream did not process a stream.
+enum Unprocessed {
+    /// `REFUSED_STREAM`: this stream only (the connection was at its limit).
+    Refused,
+    /// A graceful GOAWAY below it, or the connection closed before it was handed over: the
+    /// connection takes no new streams.
+    GoingAway,
+}
+
+/// Whether `error` says the upstream never processed the stream (RFC 9113 §8.7), so that it
+/// can be sent again, and why.
+fn unprocessed(error: &hyper::Error) -> Option<Unprocessed> {
     if error.is_canceled() {
-        return true;
+        return Some(Unprocessed::GoingAway);
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
-                || (h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR));
+            if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                return Some(Unprocessed::Refused);
+            }
+            let graceful = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
+            return (graceful && h2.is_remote()).then_some(Unprocessed::GoingAway);
         }
         source = e.source();
     }
-    false
+    None
 }
 
-/// A connection's driving task: polls it, and notes the upstream's stream limit and its end.
+/// A copy of `request`'s head (method, URI, version, headers), to send it again.
+pub fn copy_head<B>(request: &Request<B>) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = request.method().clone();
+    *head.uri_mut() = request.uri().clone();
+    *head.version_mut() = request.version();
+    *head.headers_mut() = request.headers().clone();
+    head
+}
+
+/// A connection's driving task: polls it, and notes its end.
 struct Driven {
-    connection: http2::Connection<Io, Replay, TokioExecutor>,
     state: Arc<ConnState>,
     authority: http::uri::Authority,
 }
@@ -285,11 +347,10 @@ impl Future for Driven {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.connection).poll(cx);
-        this.state.max.store(
-            this.connection.current_max_send_streams(),
-            Ordering::Release,
-        );
+        let polled = match this.state.connection.lock() {
+            Ok(mut connection) => Pin::new(&mut *connection).poll(cx),
+            Err(_) => Poll::Ready(Ok(())),
+        };
         match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
@@ -423,8 +484,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_connection_makes_the_pool_open_another() {
         // Two streams per connection, and each answer held 200 ms: six requests at once need
-        // three connections once the first connection's SETTINGS arrived (the first request
-        // learns the limit; the next ones open more).
+        // three connections. The first request learns the first connection's limit; a new
+        // connection's first streams go out before its SETTINGS arrive, and those it refuses
+        // are sent again on the next connection, never a fourth.
         let (authority, accepted) = upstream(2, Duration::from_millis(200)).await;
         let pool = pool();
         let key = (Scheme::HTTP, authority);
