@@ -29,6 +29,7 @@ pub mod field {
     pub const IDENTITY_HASH: &str = "identity_hash";
     pub const DECISION: &str = "decision";
     pub const STATUS: &str = "status";
+    pub const GRPC_STATUS: &str = "grpc_status";
     pub const LATENCY_MS: &str = "latency_ms";
 }
 
@@ -55,6 +56,10 @@ pub struct AccessRecord<'a> {
     pub decision: Option<DecisionLabel>,
     #[serde(default)]
     pub status: Option<u16>,
+    /// The gRPC status of an answer floodgate gave a gRPC call itself (a trailers-only response,
+    /// whose HTTP status is 200).
+    #[serde(default)]
+    pub grpc_status: Option<u8>,
     /// From the request's arrival to its response head (how long a concurrency slot was held).
     #[serde(default)]
     pub latency_ms: Option<f64>,
@@ -74,6 +79,7 @@ pub fn span(method: &http::Method, path: &str) -> tracing::Span {
         identity_hash = Empty,
         decision = Empty,
         status = Empty,
+        grpc_status = Empty,
         latency_ms = Empty,
     )
 }
@@ -114,6 +120,7 @@ mod tests {
             span.record(field::IDENTITY_HASH, "ab".repeat(32).as_str());
             span.record(field::DECISION, DecisionLabel::ShadowDenied.as_str());
             span.record(field::STATUS, 200u16);
+            span.record(field::GRPC_STATUS, 8u8);
             span.record(field::LATENCY_MS, 1.5f64);
             let _entered = span.enter();
             tracing::info!(target: TARGET, "request done");
@@ -139,6 +146,7 @@ mod tests {
                 identity_hash: Some(hash.as_str().into()),
                 decision: Some(DecisionLabel::ShadowDenied),
                 status: Some(200),
+                grpc_status: Some(8),
                 latency_ms: Some(1.5),
             }
         );

@@ -22,8 +22,7 @@ pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-pub const GRPC_STATUS_DETAILS_BIN: HeaderName =
-    HeaderName::from_static("grpc-status-details-bin");
+pub const GRPC_STATUS_DETAILS_BIN: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 
 /// The gRPC status codes floodgate answers with (the numbers are the protocol's).
@@ -200,7 +199,10 @@ mod tests {
     #[test]
     fn grpc_calls_are_told_by_their_content_type() {
         assert!(is_grpc(&headers(&[("content-type", "application/grpc")])));
-        assert!(is_grpc(&headers(&[("content-type", "application/grpc+proto")])));
+        assert!(is_grpc(&headers(&[(
+            "content-type",
+            "application/grpc+proto"
+        )])));
         assert!(!is_grpc(&headers(&[("content-type", "application/json")])));
         assert!(!is_grpc(&headers(&[])));
     }
@@ -221,7 +223,10 @@ mod tests {
 
     #[test]
     fn messages_are_percent_encoded() {
-        assert_eq!(percent_encode("over 100% — slow"), "over 100%25 %E2%80%94 slow");
+        assert_eq!(
+            percent_encode("over 100% — slow"),
+            "over 100%25 %E2%80%94 slow"
+        );
     }
 
     /// Reads a protobuf message's fields as (number, wire type, varint or bytes).
@@ -266,7 +271,10 @@ mod tests {
         assert_eq!(h["content-type"], "application/grpc");
         assert_eq!(h["grpc-status"], "8");
         assert_eq!(h["grpc-message"], "rate limit exceeded");
-        assert_eq!(h["grpc-retry-pushback-ms"], "2501", "rounded up to the millisecond");
+        assert_eq!(
+            h["grpc-retry-pushback-ms"], "2501",
+            "rounded up to the millisecond"
+        );
         let bin = base64::engine::general_purpose::STANDARD_NO_PAD
             .decode(h["grpc-status-details-bin"].as_bytes())
             .unwrap();

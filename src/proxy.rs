@@ -574,15 +574,20 @@ impl Proxy {
             Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
             Dialect::Http => None,
         };
-        let mut response = match self
+        let forwarded = self
             .forwarder
             .forward(req, route.config, peer.ip(), self.tls, deadline)
-            .await
-        {
+            .await;
+        // The HTTP status of what happened, whatever the client is told (a gRPC client hears
+        // of floodgate's 502 and 504 as gRPC statuses in a 200).
+        let status = match &forwarded {
+            Ok(response) => response.status().as_u16(),
+            Err(rejection) => rejection.status().as_u16(),
+        };
+        let mut response = match forwarded {
             Ok(response) => response,
             Err(rejection) => rejection.respond(&route.extras.headers, dialect),
         };
-        let status = response.status().as_u16();
         route
             .extras
             .metrics
@@ -620,6 +625,13 @@ impl Proxy {
         }
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         span.record(field::STATUS, response.status().as_u16());
+        if let Some(code) = response
+            .headers()
+            .get(crate::grpc::GRPC_STATUS)
+            .and_then(|v| v.to_str().ok()?.parse::<u8>().ok())
+        {
+            span.record(field::GRPC_STATUS, code);
+        }
         span.record(field::LATENCY_MS, latency_ms);
         if let Some(label) = label {
             span.record(field::DECISION, label.as_str());

@@ -567,3 +567,79 @@ async fn with_a_stream_cap_an_http2_connection_opening_streams_too_fast_is_answe
     // Another connection has a budget of its own.
     assert_eq!(post_h2(&fg, "/fine").await, 200);
 }
+
+/// Sends a request head and then a chunked body of `megabytes` MiB in 64 KiB chunks, as a client
+/// like Python's requests does (all of it, then it reads the answer), and returns whether the
+/// whole body could be written, and the response head as far as it can be read.
+async fn upload(addr: std::net::SocketAddr, head: &str, megabytes: usize) -> (bool, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    let chunk = format!("10000\r\n{}\r\n", "a".repeat(0x10000));
+    let mut written = true;
+    for _ in 0..megabytes * 16 {
+        if stream.write_all(chunk.as_bytes()).await.is_err() {
+            written = false;
+            break;
+        }
+    }
+    written &= stream.write_all(b"0\r\n\r\n").await.is_ok();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+            Ok(Ok(n @ 1..)) => out.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    (written, String::from_utf8_lossy(&out).into_owned())
+}
+
+#[tokio::test]
+async fn a_client_still_sending_reads_the_answer_given_before_its_body_was_read() {
+    // floodgate answers 413 after 1 MiB of a 16 MiB upload, and 429 before reading any of it.
+    // Closed while the client is still sending (more than the sockets' buffers hold), the
+    // connection is reset and the client's next write fails (a broken pipe): a client that
+    // sends its whole body before it reads, as most do, never reads the answer. floodgate reads
+    // and discards the rest (lingering close), so every upload is taken whole and answered.
+    let upstream = Upstream::start().await;
+    let config = Config::new()
+        .with("max_body_size", "1m")
+        .route(
+            Route::new("limited", "/limited", &upstream.url()).limit(Limit::fixed_window(1, "1h")),
+        )
+        .route(Route::new("all", "/", &upstream.url()));
+    let fg = Floodgate::start(&config.yaml());
+    let chunked = |path: &str| {
+        format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    };
+    for attempt in 0..3 {
+        let (written, answer) = upload(fg.addr(), &chunked("/upload"), 16).await;
+        assert!(
+            written,
+            "attempt {attempt}: the connection was closed under the upload"
+        );
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {answer:?}"
+        );
+    }
+    // The first request spends the window's one; the others are refused unread.
+    let small =
+        "POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi";
+    assert!(
+        raw_exchange(fg.addr(), small.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    for attempt in 0..3 {
+        let (written, answer) = upload(fg.addr(), &chunked("/limited"), 16).await;
+        assert!(
+            written,
+            "attempt {attempt}: the connection was closed under the upload"
+        );
+        assert!(
+            answer.starts_with("HTTP/1.1 429"),
+            "attempt {attempt}: {answer:?}"
+        );
+    }
+}

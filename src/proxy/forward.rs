@@ -247,7 +247,11 @@ impl Forwarder {
             None => {
                 let io = dial(&self.negotiating, &key.0, &key.1).await?;
                 let h2 = io.connected().is_negotiated_h2();
-                let version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+                let version = if h2 {
+                    Version::HTTP_2
+                } else {
+                    Version::HTTP_11
+                };
                 if let Ok(mut negotiated) = self.negotiated.lock() {
                     negotiated.insert(key, version);
                 }
@@ -290,9 +294,11 @@ impl Forwarder {
         let origin = (route.rewrite_redirects)
             .then(|| original_host.clone().map(|host| (client_tls, host)))
             .flatten();
-        let trailers = hop.version() == Version::HTTP_2
-            && header_has_token(&parts.headers, &TE, "trailers");
-        let upgrade_value = upgrade.then(|| parts.headers.get(UPGRADE).cloned()).flatten();
+        let trailers =
+            hop.version() == Version::HTTP_2 && header_has_token(&parts.headers, &TE, "trailers");
+        let upgrade_value = upgrade
+            .then(|| parts.headers.get(UPGRADE).cloned())
+            .flatten();
         strip_hop_by_hop(&mut parts.headers);
         if let Some(value) = upgrade_value {
             parts
@@ -301,7 +307,9 @@ impl Forwarder {
             parts.headers.insert(UPGRADE, value);
         }
         if trailers {
-            parts.headers.insert(TE, HeaderValue::from_static("trailers"));
+            parts
+                .headers
+                .insert(TE, HeaderValue::from_static("trailers"));
         }
         append_forwarded_for(&mut parts.headers, client_ip);
         parts.headers.insert(
@@ -428,7 +436,6 @@ impl Forwarder {
         Ok(response)
     }
 }
-
 
 /// An upstream response body as relayed to the client: cut off after `idle` without data, and
 /// logged with `route` if the upstream ends it early.

@@ -241,13 +241,14 @@ impl Multiplex {
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20))
             .max_header_list_size(64 * 1024);
-        let (sender, connection) = builder
-            .handshake(io)
-            .await
-            .map_err(|error| PoolError::Request {
-                error,
-                reused: false,
-            })?;
+        let (sender, connection) =
+            builder
+                .handshake(io)
+                .await
+                .map_err(|error| PoolError::Request {
+                    error,
+                    reused: false,
+                })?;
         let state = Arc::new(ConnState {
             open: AtomicUsize::new(0),
             connection: Mutex::new(connection),
@@ -290,7 +291,9 @@ impl Multiplex {
     /// How many connections the pool holds (tests).
     #[cfg(test)]
     fn connections(&self) -> usize {
-        self.conns.lock().map_or(0, |c| c.values().map(Vec::len).sum())
+        self.conns
+            .lock()
+            .map_or(0, |c| c.values().map(Vec::len).sum())
     }
 }
 
@@ -416,7 +419,10 @@ mod tests {
 
     /// An h2c upstream that answers each request after `delay`, with at most `max_streams`
     /// streams per connection; returns its authority and the count of connections it accepted.
-    async fn upstream(max_streams: u32, delay: Duration) -> (http::uri::Authority, Arc<AtomicUsize>) {
+    async fn upstream(
+        max_streams: u32,
+        delay: Duration,
+    ) -> (http::uri::Authority, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));

@@ -224,6 +224,23 @@ const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right n
 const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
 
 impl Rejection {
+    /// The HTTP status of this rejection (what an HTTP client is answered).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::NoRoute => StatusCode::NOT_FOUND,
+            Rejection::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Rejection::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Rejection::RateLimited(..) | Rejection::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
+            Rejection::LimiterUnavailable | Rejection::UpstreamOverloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Rejection::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
     /// The response for this rejection in `dialect`; `headers` writes a refusal's rate-limit
     /// fields.
     pub fn respond(self, headers: &RateLimitHeaders, dialect: Dialect) -> Response<Body> {

@@ -238,6 +238,7 @@ impl<'a> Fields<'a> {
                 .map(|d| DecisionLabel::from_label(d).ok_or("unknown decision"))
                 .transpose()?,
             status: None,
+            grpc_status: None,
             latency_ms: self.latency_ms,
         })
     }

@@ -2,7 +2,8 @@
 //! front of a real HTTP/1.1 upstream started inside the test on port 0 that records every request.
 //!
 //! Split by what it starts: `process.rs` (floodgate itself), `upstream.rs`, `redis.rs`
-//! (redis-server), `postgres.rs` (a PostgreSQL cluster), and `client.rs` (clients and shared assertions).
+//! (redis-server), `postgres.rs` (a PostgreSQL cluster), `grpc.rs` (a grpcio server and client),
+//! and `client.rs` (clients and shared assertions).
 //!
 //! Each integration test file is its own crate and uses only part of this module; an item unused
 //! by one crate is used by another, hence the `dead_code` allowance.
@@ -41,6 +42,7 @@ pub const SLOW: Duration = Duration::from_millis(1500);
 mod client;
 pub mod config;
 mod demo;
+mod grpc;
 mod postgres;
 mod process;
 mod redis;
@@ -48,4 +50,4 @@ mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
-pub use {client::*, demo::*, postgres::*, process::*, redis::*, upstream::*};
+pub use {client::*, demo::*, grpc::*, postgres::*, process::*, redis::*, upstream::*};
