@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
-# tests (which start real redis-server, PostgreSQL, upstream and floodgate processes on free
-# ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
-# Debian's packages if they are missing.
+# tests (which start real redis-server, PostgreSQL, grpcio, upstream and floodgate processes on
+# free ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
+# Debian's packages, and the tests' Python packages into tests/.venv, if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +30,15 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && [ -z "${FLOODGATE_PG_BIN:-}" ]; then
   echo "== installing postgresql"
   apt_install postgresql
+fi
+
+# The tests drive real Python peers (a grpcio server and client): a venv of their own.
+test_venv=tests/.venv
+if [ ! -x "$test_venv/bin/python" ] \
+  || ! "$test_venv/bin/python" -c 'import grpc, grpc_health, grpc_status' 2>/dev/null; then
+  echo "== installing the tests' Python packages (tests/requirements.txt) into $test_venv"
+  python3 -m venv "$test_venv"
+  "$test_venv/bin/pip" install -q -r tests/requirements.txt
 fi
 
 echo "== cargo fmt --check"
