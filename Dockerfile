@@ -22,14 +22,17 @@ ENV CARGO_PROFILE_RELEASE_DEBUG=0 \
 #    cargo-chef's recipe does, with nothing to install).
 COPY Cargo.toml Cargo.lock ./
 COPY demo-upstream/Cargo.toml demo-upstream/
-RUN mkdir -p src benches demo-upstream/src \
+RUN mkdir -p src benches bench demo-upstream/src \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+ && for example in $(awk '/^\[\[example\]\]/ {e = 1; next} e && /^path *=/ {gsub(/^path *= *"|"$/, ""); print; e = 0}' Cargo.toml); do \
+      echo 'fn main() {}' > "$example"; \
+    done \
  && echo 'fn main() {}' > demo-upstream/src/main.rs \
  && for bench in $(awk '/^\[\[bench\]\]/ {b = 1; next} b && /^name *=/ {gsub(/^name *= *"|"$/, ""); print; b = 0}' Cargo.toml); do \
       echo 'fn main() {}' > "benches/$bench.rs"; \
     done \
  && cargo build --release --locked --workspace --bins \
- && rm -rf src benches demo-upstream/src
+ && rm -rf src benches bench demo-upstream/src
 
 # 2. floodgate itself. The sources are touched so cargo sees them newer than the stubs it built.
 COPY . .

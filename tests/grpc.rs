@@ -93,6 +93,40 @@ fn every_call_type_passes_through_h2c_with_trailers_intact() {
     assert_every_call_type_passes(&fg.addr().to_string(), &[]);
 }
 
+#[test]
+fn a_long_stream_outlives_the_body_timeouts_while_messages_flow() {
+    let server = GrpcServer::start();
+    let upstream = format!("http://127.0.0.1:{}", server.port());
+    // 12 messages 250 ms apart: 3 s of stream under 1 s body timeouts (the silence between
+    // messages is what they bound), and a concurrency limit of 1 that the stream holds.
+    let echo = Route::new("echo", ECHO, &upstream).limit(Limit::concurrency(1));
+    let config = grpc_routes(
+        Config::new()
+            .timeout("upstream_body", "1s")
+            .timeout("client_body", "1s"),
+        &upstream,
+        echo,
+    );
+    let fg = Floodgate::start(&config.yaml());
+    let target = fg.addr().to_string();
+    let stream = grpc_client(&target, &["ticks:12:250"], &[]);
+    // While it flows, its slot is taken: another call is refused (retried until the stream's
+    // process has started its call).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let call = grpc_calls(&target, &["unary"], &[]).remove(0);
+        if code(&call) != "OK" || std::time::Instant::now() > deadline {
+            break call;
+        }
+    };
+    assert_eq!(code(&refused), "RESOURCE_EXHAUSTED", "{refused}");
+    let streamed = read_calls(stream.wait_with_output().unwrap());
+    assert_eq!(code(&streamed[0]), "OK", "{}", streamed[0]);
+    assert_eq!(streamed[0]["count"], 12);
+    // Once it ended, the slot is free again.
+    assert_eq!(code(&grpc_calls(&target, &["unary"], &[])[0]), "OK");
+}
+
 /// A fresh self-signed certificate for `localhost` and 127.0.0.1, its PEM files on disk.
 struct SelfSigned {
     cert: TempFile,

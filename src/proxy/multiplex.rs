@@ -506,4 +506,176 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
+
+    /// A raw h2 upstream on its own task: `serve` handles each stream (its number on the
+    /// connection, from 0, and its request and respond handle).
+    async fn raw_upstream<F, Fut>(serve: F) -> http::uri::Authority
+    where
+        F: Fn(usize, Request<h2::RecvStream>, h2::server::SendResponse<Bytes>) -> Fut
+            + Clone
+            + Send
+            + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let serve = serve.clone();
+                tokio::spawn(async move {
+                    let mut conn = h2::server::handshake(stream).await.unwrap();
+                    let mut n = 0;
+                    while let Some(Ok((request, respond))) = conn.accept().await {
+                        tokio::spawn(serve.clone()(n, request, respond));
+                        n += 1;
+                    }
+                });
+            }
+        });
+        addr.to_string().parse().unwrap()
+    }
+
+    /// A request whose body comes through `body`'s channel, as a client's would.
+    fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Replay> {
+        let body = super::super::body::RequestBody::new(
+            body,
+            None,
+            Duration::from_secs(10),
+            Default::default(),
+            false,
+        );
+        Request::builder()
+            .method("POST")
+            .uri(format!("http://{authority}/"))
+            .version(http::Version::HTTP_2)
+            .body(Replay::new(body))
+            .unwrap()
+    }
+
+    /// A real `Incoming` body holding `bytes`: a hyper HTTP/1 server hands it to `take`.
+    async fn incoming(bytes: &'static [u8]) -> hyper::body::Incoming {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let tx = std::sync::Mutex::new(Some(tx));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(req.into_body());
+                }
+                async {
+                    Ok::<_, std::convert::Infallible>(Response::new(
+                        http_body_util::Empty::<Bytes>::new(),
+                    ))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        tokio::spawn(async move {
+            let req = Request::post("/")
+                .header("host", "x")
+                .body(http_body_util::Full::new(Bytes::from_static(bytes)))
+                .unwrap();
+            let _ = sender.send_request(req).await;
+        });
+        rx.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refused_stream_is_sent_again_with_its_body() {
+        // The upstream refuses its first stream; the second must carry the same body.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let bodies = seen.clone();
+        let authority = raw_upstream(move |n, request, mut respond| {
+            let bodies = bodies.clone();
+            async move {
+                if n == 0 {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    return;
+                }
+                let mut body = request.into_body();
+                let mut got = Vec::new();
+                while let Some(Ok(chunk)) = body.data().await {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    got.extend_from_slice(&chunk);
+                }
+                bodies.lock().unwrap().push(got);
+                let mut send = respond.send_response(Response::new(()), false).unwrap();
+                send.send_data(Bytes::from_static(b"done"), true).unwrap();
+            }
+        })
+        .await;
+        let pool = pool();
+        let key = (Scheme::HTTP, authority.clone());
+        let response = pool
+            .send(
+                &key,
+                post(&authority, incoming(b"the whole body").await),
+                None,
+            )
+            .await
+            .unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "done");
+        assert_eq!(*seen.lock().unwrap(), [b"the whole body".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_holds_back_a_fast_upstream_at_the_stream_window() {
+        // The upstream sends 8 MiB as fast as flow control lets it; nobody reads the response.
+        // What it managed to send is what floodgate would hold for the client: the stream
+        // window (1 MiB), not the 8 MiB.
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        let authority = raw_upstream(move |_, _request, mut respond| {
+            let counter = counter.clone();
+            async move {
+                let mut send = respond.send_response(Response::new(()), false).unwrap();
+                let chunk = Bytes::from(vec![0u8; 16 * 1024]);
+                for _ in 0..512 {
+                    send.reserve_capacity(chunk.len());
+                    let mut granted = 0;
+                    while granted < chunk.len() {
+                        match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                            Some(Ok(n)) => granted = n,
+                            _ => return,
+                        }
+                    }
+                    if send.send_data(chunk.clone(), false).is_err() {
+                        return;
+                    }
+                    counter.fetch_add(chunk.len(), Ordering::SeqCst);
+                }
+                let _ = send.send_data(Bytes::new(), true);
+            }
+        })
+        .await;
+        let pool = pool();
+        let key = (Scheme::HTTP, authority.clone());
+        let uri = format!("http://{authority}/");
+        let req = Request::builder()
+            .uri(uri)
+            .version(http::Version::HTTP_2)
+            .body(Replay::new(super::super::body::RequestBody::empty()))
+            .unwrap();
+        let response = pool.send(&key, req, None).await.unwrap();
+        // Long enough for 8 MiB to cross loopback many times over, were nothing holding it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = sent.load(Ordering::SeqCst);
+        assert!(
+            held <= STREAM_WINDOW as usize + 64 * 1024,
+            "the upstream sent {held} bytes nobody read"
+        );
+        // Reading it lets the rest come.
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), 8 << 20);
+    }
 }

@@ -16,6 +16,7 @@ methods are sent. Scenarios:
     slow:MS:DEADLINE_MS   Echo/Unary that the server answers after MS, with a client deadline
     fail                  Echo/Fail: NOT_FOUND with a message and trailing metadata
     server_stream:N       Echo/ServerStream: N messages back
+    ticks:N:MS            Echo/Ticks: a server stream of N messages, one every MS
     client_stream:N       Echo/ClientStream: N messages sent, their count and size back
     bidi:N                Echo/Bidi: N messages, each answered upper-cased as it comes
     big:BYTES             Echo/Unary with a message of BYTES
@@ -59,6 +60,13 @@ def server_stream(request, context):
     context.set_trailing_metadata((("x-count", str(n)),))
 
 
+def ticks(request, context):
+    n, ms = (int(x) for x in request.split(b":"))
+    for i in range(n):
+        time.sleep(ms / 1000)
+        yield b"tick-%d" % i
+
+
 def client_stream(request_iterator, context):
     count = size = 0
     for message in request_iterator:
@@ -78,6 +86,7 @@ def serve(args):
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Fail": grpc.unary_unary_rpc_method_handler(fail),
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
+        "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
     }
@@ -202,6 +211,10 @@ def run(scenario, target, args):
                 in_order=messages == [b"msg-%d" % i for i in range(int(rest))],
                 trailing=dict(call.trailing_metadata()),
             )
+        elif name == "ticks":
+            call = ch.unary_stream("/%s/Ticks" % SERVICE)(rest.encode(), metadata=md)
+            messages = [m for m in call]
+            out.update(code=call.code().name, count=len(messages))
         elif name == "client_stream":
             n = int(rest)
             response = ch.stream_unary("/%s/ClientStream" % SERVICE)(
