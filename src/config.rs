@@ -13,6 +13,7 @@ pub mod file;
 
 mod consumers;
 mod limit;
+pub mod reload;
 mod route;
 mod storage;
 mod validate;

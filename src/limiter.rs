@@ -107,6 +107,14 @@ macro_rules! by_store {
 }
 
 impl Limiter {
+    /// Applies a reloaded `storage` section to a remote store: the decision timeout, batching,
+    /// and leases (`None`: off). The memory store has none of these.
+    pub fn reconfigure(&self, timeout: Duration, batch: bool, lease_ttl: Option<Duration>) {
+        by_store!(self,
+            _store => {},
+            guarded => guarded.reconfigure(timeout, batch, lease_ttl))
+    }
+
     /// Decides one request against all `asks`, all-or-nothing. `Err` means the store failed and
     /// `on_error` is `deny`.
     pub async fn decide(

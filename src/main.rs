@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
-use floodgate::config::{Backend, Config, LogFormat, Overrides, TlsConfig, UpstreamCa};
+use floodgate::config::{Backend, Config, LogFormat, Overrides};
 use floodgate::limiter::guard::Guarded;
 use floodgate::limiter::postgres::PostgresStore;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{AnchoredClock, Limiter, MemoryStore};
 use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
-use floodgate::server::Server;
+use floodgate::server::{Server, Serving};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// mimalloc instead of glibc's malloc: measured 6% less CPU per proxied request (see the
@@ -359,10 +360,11 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let reload_proxy = proxy.clone();
+    let serving = server.settings();
     let running = config.clone();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            reload(&reload_proxy, &path, &running).await;
+            reload(&reload_proxy, &serving, &path, &running).await;
         }
     });
     let shutdown = async move {
@@ -377,26 +379,33 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
 }
 
 /// SIGHUP: re-reads and validates `path` on a blocking thread (a large file must not stall a
-/// runtime worker). A valid file is swapped in (and counted); an invalid one is logged with its
-/// field paths (and counted), and the running config stays. `running` is the config the process
-/// started with, to warn about changes that need a restart.
-async fn reload(proxy: &Proxy, path: &Path, running: &Config) {
+/// runtime worker). A valid file is applied to the proxy, the limiter and the server's new
+/// connections (and counted); what only a restart can change keeps its running value and is
+/// named in a warning (`config::reload` has the one list). An invalid file is logged with its
+/// field paths (and counted), and the running config stays. `running` is the config the
+/// process started with: the restart-only values still in force.
+async fn reload(proxy: &Proxy, serving: &ArcSwap<Serving>, path: &Path, running: &Config) {
     let file = path.to_path_buf();
     let loaded = tokio::task::spawn_blocking(move || Config::load(&file, &overrides())).await;
     match loaded {
         Ok(Ok(new)) => {
             proxy.reload(&new);
+            serving.store(Arc::new(Serving::from_config(&new)));
             proxy.metrics().reload(true);
-            let restart_only = new.listen != running.listen
-                || new.admin_listen != running.admin_listen
-                || new.storage.backend != running.storage.backend
-                || new.tls.as_ref().map(TlsConfig::files)
-                    != running.tls.as_ref().map(TlsConfig::files)
-                || new.upstream_ca.as_ref().map(UpstreamCa::path)
-                    != running.upstream_ca.as_ref().map(UpstreamCa::path);
-            if restart_only {
+            if let Some(ceiling) = floodgate::config::reload::storage_timeout_ceiling(running)
+                && new.storage.timeout > ceiling
+            {
                 tracing::warn!(
-                    "listen, admin_listen, tls, upstream_ca and storage.backend changes take effect on restart only"
+                    timeout = ?new.storage.timeout,
+                    ?ceiling,
+                    "storage.timeout: decisions wait at most the store connections' reply timeout, set at start, until a restart"
+                );
+            }
+            let restart_only = floodgate::config::reload::restart_only_changes(running, &new);
+            if !restart_only.is_empty() {
+                tracing::warn!(
+                    fields = restart_only.join(", "),
+                    "these settings changed in the file but take effect on restart only; their running values stay"
                 );
             }
             tracing::info!(routes = new.routes.len(), "config reloaded");

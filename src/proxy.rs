@@ -43,9 +43,10 @@ pub use budgets::BudgetsError;
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
 
-/// What a config reload can change without a restart: routes, identity rules, the error policy,
-/// shadow mode and the header profile. Everything derived from them is built here, once, and
-/// swapped whole on reload.
+/// What a config reload can change in the proxy: routes, identity rules, the error policy,
+/// shadow mode, the header profile, and forwarding (timeouts, body limits, `upstream_ca`).
+/// Everything derived from them is built here, once, and swapped whole on reload; a request
+/// keeps the snapshot it started with.
 pub struct Snapshot {
     pub routes: RouteTable,
     /// Per route, by position: metric handles and prebuilt header writers.
@@ -56,6 +57,11 @@ pub struct Snapshot {
     pub on_error: OnError,
     pub shadow: bool,
     no_limit_headers: RateLimitHeaders,
+    /// The upstream client, with its own connection pools: a reload makes a new one (new
+    /// connections with the new timeouts and `upstream_ca`; requests in flight keep theirs).
+    forwarder: Forwarder,
+    /// The listener terminates TLS (`X-Forwarded-Proto: https`).
+    tls: bool,
 }
 
 impl Snapshot {
@@ -159,6 +165,17 @@ impl Snapshot {
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
+            forwarder: Forwarder::new(
+                config.timeouts.upstream_connect,
+                config.timeouts.upstream_response,
+                forward::BodyLimits {
+                    max_request_bytes: config.max_body_size,
+                    client_idle: config.timeouts.client_body,
+                    upstream_idle: config.timeouts.upstream_body,
+                },
+                config.upstream_ca.as_ref(),
+            ),
+            tls: config.tls.is_some(),
         }
     }
 }
@@ -167,9 +184,7 @@ impl Snapshot {
 pub struct Proxy {
     snapshot: ArcSwap<Snapshot>,
     limiter: Limiter,
-    forwarder: Forwarder,
     metrics: Arc<Metrics>,
-    tls: bool,
     gates: Gates,
     tops: Tops,
 }
@@ -213,27 +228,20 @@ impl Proxy {
         Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates, &tops)),
             limiter,
-            forwarder: Forwarder::new(
-                config.timeouts.upstream_connect,
-                config.timeouts.upstream_response,
-                forward::BodyLimits {
-                    max_request_bytes: config.max_body_size,
-                    client_idle: config.timeouts.client_body,
-                    upstream_idle: config.timeouts.upstream_body,
-                },
-                config.upstream_ca.as_ref(),
-            ),
             metrics,
-            tls: config.tls.is_some(),
             gates,
             tops,
         }
     }
 
-    /// Swaps in a new snapshot for requests that start from now on. In-flight requests finish
-    /// with the snapshot they started with; limiter state of unchanged limits carries over
-    /// because it is keyed by each limit's budget id.
+    /// Swaps in a new snapshot for requests that start from now on, and applies the store's
+    /// reloadable settings. In-flight requests finish with the snapshot they started with;
+    /// limiter state of unchanged limits carries over because it is keyed by each limit's
+    /// budget id.
     pub fn reload(&self, config: &Config) {
+        let storage = &config.storage;
+        self.limiter
+            .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
         self.snapshot.store(Arc::new(Snapshot::from_config(
             config,
             &self.metrics,
@@ -339,7 +347,7 @@ impl Proxy {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
                 (
-                    self.forward(req, &route, admitted, permit, peer, dialect)
+                    self.forward(&snapshot, req, &route, admitted, permit, peer, dialect)
                         .await,
                     Some(label),
                 )
@@ -554,8 +562,10 @@ impl Proxy {
     /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
     /// `permit`, the request's slot under its upstream's learned limit, learns how the upstream
     /// answered and is given back when the response head arrives.
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
+        snapshot: &Snapshot,
         req: Request<Incoming>,
         route: &Matched<'_>,
         admitted: Admitted,
@@ -574,9 +584,9 @@ impl Proxy {
             Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
             Dialect::Http => None,
         };
-        let forwarded = self
+        let forwarded = snapshot
             .forwarder
-            .forward(req, route.config, peer.ip(), self.tls, deadline)
+            .forward(req, route.config, peer.ip(), snapshot.tls, deadline)
             .await;
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears
         // of floodgate's 502 and 504 as gRPC statuses in a 200).

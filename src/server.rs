@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -31,14 +32,59 @@ pub struct Server {
     health: Arc<Health>,
     listener: TcpListener,
     admin: Option<TcpListener>,
-    /// Set when the proxy listener terminates TLS.
+    max_connections: usize,
+    /// How connections are served; a reload swaps it for new connections ([`Server::settings`]).
+    settings: Arc<ArcSwap<Serving>>,
+}
+
+/// How new connections are served, as the config says: what a reload changes in the server
+/// (the listening sockets and `max_connections` stay until a restart).
+pub struct Serving {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    /// Set when the proxy listener terminates TLS (certificates read when the config was).
     tls: Option<TlsAcceptor>,
     header_read_timeout: Duration,
-    idle_timeout: Duration,
     drain_timeout: Duration,
-    max_connections: usize,
     /// What each connection is held to.
     per_connection: PerConnection,
+}
+
+impl Serving {
+    /// The settings `config` gives connections.
+    pub fn from_config(config: &Config) -> Serving {
+        let timeouts = &config.timeouts;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeouts.header_read)
+            .max_buf_size(64 * 1024);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(256)
+            .max_header_list_size(64 * 1024)
+            // A peer that stops answering pings is gone: close its connection.
+            .keep_alive_interval(Some(timeouts.idle / 3))
+            .keep_alive_timeout(timeouts.idle / 3)
+            // Resets the server answers for a misbehaving client count towards its limit too.
+            .max_local_error_reset_streams(Some(1024))
+            .max_pending_accept_reset_streams(Some(64));
+        Serving {
+            builder: Arc::new(builder),
+            tls: config
+                .tls
+                .as_ref()
+                .map(|tls| TlsAcceptor::from(tls.server_config())),
+            header_read_timeout: timeouts.header_read,
+            drain_timeout: timeouts.drain,
+            per_connection: PerConnection {
+                resets: config.http2_resets,
+                streams: config.http2_streams,
+                idle: timeouts.idle,
+            },
+        }
+    }
 }
 
 /// The limits every client connection is served under.
@@ -65,20 +111,15 @@ impl Server {
             health: Arc::new(Health::default()),
             listener,
             admin,
-            tls: config
-                .tls
-                .as_ref()
-                .map(|tls| TlsAcceptor::from(tls.server_config())),
-            header_read_timeout: config.timeouts.header_read,
-            idle_timeout: config.timeouts.idle,
-            drain_timeout: config.timeouts.drain,
             max_connections: config.max_connections,
-            per_connection: PerConnection {
-                resets: config.http2_resets,
-                streams: config.http2_streams,
-                idle: config.timeouts.idle,
-            },
+            settings: Arc::new(ArcSwap::from_pointee(Serving::from_config(config))),
         })
+    }
+
+    /// How new connections are served: store a new [`Serving`] to apply a reload (TLS
+    /// certificates, timeouts and HTTP/2 limits; connections already open keep theirs).
+    pub fn settings(&self) -> Arc<ArcSwap<Serving>> {
+        self.settings.clone()
     }
 
     /// The proxy listener's address (with the real port when the config said port 0).
@@ -94,29 +135,12 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, lets in-flight requests finish
     /// (for at most the drain timeout) and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout)
-            .max_buf_size(64 * 1024);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(256)
-            .max_header_list_size(64 * 1024)
-            // A peer that stops answering pings is gone: close its connection.
-            .keep_alive_interval(Some(self.idle_timeout / 3))
-            .keep_alive_timeout(self.idle_timeout / 3)
-            // Resets the server answers for a misbehaving client count towards its limit too.
-            .max_local_error_reset_streams(Some(1024))
-            .max_pending_accept_reset_streams(Some(64));
-        let builder = Arc::new(builder);
         // Every connection task holds one of these permits until it ends, and watches `drain`:
         // a drain tells each to finish what it has, then waits for all the permits.
         let (drain, draining) = tokio::sync::watch::channel(());
 
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = self.settings.load_full();
         let admin_task = self.admin.map(|admin| {
             let state = AdminState {
                 proxy: self.proxy.clone(),
@@ -125,8 +149,8 @@ impl Server {
             tokio::spawn(admin::serve(
                 admin,
                 state,
-                self.header_read_timeout,
-                self.drain_timeout,
+                serving.header_read_timeout,
+                serving.drain_timeout,
                 async move {
                     let _ = admin_stopped.await;
                 },
@@ -172,12 +196,13 @@ impl Server {
             };
             let _ = stream.set_nodelay(true);
             let proxy = self.proxy.clone();
-            let builder = builder.clone();
+            let serving = self.settings.load_full();
+            let builder = serving.builder.clone();
             let draining = draining.clone();
-            let tls = self.tls.clone();
+            let tls = serving.tls.clone();
             // Bounds the TLS handshake, and then the connection's opening bytes.
-            let header_read = self.header_read_timeout;
-            let limits = self.per_connection;
+            let header_read = serving.header_read_timeout;
+            let limits = serving.per_connection;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
             tokio::spawn(async move {
@@ -209,10 +234,11 @@ impl Server {
 
         self.health.start_draining();
         drop(self.listener);
-        tracing::info!(timeout = ?self.drain_timeout, "draining in-flight requests");
+        let drain_timeout = self.settings.load().drain_timeout;
+        tracing::info!(timeout = ?drain_timeout, "draining in-flight requests");
         let _ = drain.send(());
         let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
-        if tokio::time::timeout(self.drain_timeout, connections.acquire_many(all))
+        if tokio::time::timeout(drain_timeout, connections.acquire_many(all))
             .await
             .is_err()
         {

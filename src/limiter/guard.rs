@@ -82,6 +82,10 @@ pub trait RemoteStore: Send + Sync + 'static {
     fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
         self.ping()
     }
+    /// Turns batching (`storage.batch`) on or off for the decisions that follow; a store that
+    /// does not batch ignores it.
+    fn set_batching(&self, _on: bool) {}
+
     /// Counts its round trips in `counter` itself (a store that batches); false when it does
     /// not, and the guard counts one per decision.
     fn count_calls(&self, counter: Counter) -> bool {
@@ -108,19 +112,26 @@ pub struct GuardStats {
     pub leases: super::lease::LeaseStats,
 }
 
+/// Microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
 /// Its intervals (cool-down, deny-cache expiry, log rate) run on `C`, a monotonic clock in
 /// production, so a wall-clock step neither freezes nor skips them.
 pub struct Guarded<S, C = MonotonicClock> {
     store: S,
-    timeout: Duration,
+    /// `storage.timeout` in µs (a reload may change it).
+    timeout_us: AtomicU64,
     clock: C,
     breaker: Breaker,
     deny_cache: DenyCache,
     local: Arc<MemoryStore>,
     stats: GuardStats,
-    /// This instance's leases of shared budgets (`storage.leases`), if on.
-    leases: Option<super::lease::Leases>,
+    /// This instance's leases of shared budgets (`storage.leases`), if on (a reload may turn
+    /// them on or off, or change their ttl: see [`Guarded::reconfigure`]).
+    leases: arc_swap::ArcSwapOption<super::lease::Leases>,
     /// True when the store does not count its own round trips.
     count_calls: bool,
     /// When a store failure was last logged (µs on `clock`), 0 for never.
@@ -141,13 +152,13 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         let count_calls = !store.count_calls(stats.store_calls.clone());
         Guarded {
             store,
-            timeout,
+            timeout_us: AtomicU64::new(micros(timeout)),
             clock,
             breaker: Breaker::default(),
             deny_cache: DenyCache::new(),
             local,
             stats,
-            leases: None,
+            leases: arc_swap::ArcSwapOption::empty(),
             count_calls,
             last_warning: AtomicU64::new(0),
         }
@@ -155,10 +166,35 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
 
     /// This guard with leases of `ttl` (`storage.leases: auto`): budgets this instance spends
     /// fast are leased and spent here (see `lease.rs`).
-    pub fn with_leases(mut self, ttl: Duration) -> Self {
-        let ttl_us = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
-        self.leases = Some(super::lease::Leases::new(ttl_us, self.stats.leases.clone()));
+    pub fn with_leases(self, ttl: Duration) -> Self {
+        self.set_leases(Some(ttl));
         self
+    }
+
+    /// Applies a reloaded `storage` section: the decision timeout, batching, and leases (`None`:
+    /// off). A changed lease ttl starts a new set of leases; the units the old ones hold lapse
+    /// in the store when they end, as a stopped instance's would (at most one ttl).
+    pub fn reconfigure(&self, timeout: Duration, batch: bool, lease_ttl: Option<Duration>) {
+        self.timeout_us.store(micros(timeout), Ordering::Relaxed);
+        self.store.set_batching(batch);
+        let current = self.leases.load().as_ref().map(|l| l.ttl_us());
+        if current != lease_ttl.map(micros) {
+            self.set_leases(lease_ttl);
+        }
+    }
+
+    fn set_leases(&self, ttl: Option<Duration>) {
+        self.leases.store(ttl.map(|ttl| {
+            Arc::new(super::lease::Leases::new(
+                micros(ttl),
+                self.stats.leases.clone(),
+            ))
+        }));
+    }
+
+    /// How long a decision waits for the store (`storage.timeout`).
+    pub fn timeout(&self) -> Duration {
+        Duration::from_micros(self.timeout_us.load(Ordering::Relaxed))
     }
 
     /// The counters.
@@ -192,7 +228,8 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             return Ok(Admission::Unlimited);
         }
         let now = self.clock.now_us();
-        if let Some(verdict) = self.leases.as_ref().and_then(|l| l.spend(asks, now)) {
+        let leases = self.leases.load();
+        if let Some(verdict) = leases.as_ref().and_then(|l| l.spend(asks, now)) {
             return Ok(Admission::Limited {
                 verdict,
                 source: Source::Store,
@@ -216,15 +253,16 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 LimiterError::Unavailable("circuit breaker open".into()),
             );
         }
-        let wants = match &self.leases {
+        let wants = match leases.as_ref() {
             Some(leases) => leases.wants(asks, now),
             None => Vec::new(),
         };
+        let timeout = self.timeout();
         if self.count_calls {
             self.stats.store_calls.inc();
         }
         let decided = self.store.decide_leasing(asks, lease, &wants);
-        let error = match tokio::time::timeout(self.timeout, decided).await {
+        let error = match tokio::time::timeout(timeout, decided).await {
             Ok(Ok(reply)) => {
                 self.breaker.success();
                 let verdict = reply.verdict;
@@ -235,7 +273,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                         self.clock.now_us(),
                         verdict.now_us,
                     );
-                } else if let Some(leases) = &self.leases
+                } else if let Some(leases) = leases.as_ref()
                     && !reply.leased.is_empty()
                 {
                     // Timed from before the call: see lease.rs, "Whose clock".
@@ -248,7 +286,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 });
             }
             Ok(Err(e)) => e,
-            Err(_) => LimiterError::Timeout(self.timeout),
+            Err(_) => LimiterError::Timeout(timeout),
         };
         self.stats.store_errors.inc();
         match &error {
@@ -270,10 +308,10 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         match source {
             Source::Fallback => self.local.release(asks, lease),
             Source::Store => {
-                let released = tokio::time::timeout(self.timeout, self.store.release(asks, lease));
-                if let Ok(Err(e)) | Err(e) = released
-                    .await
-                    .map_err(|_| LimiterError::Timeout(self.timeout))
+                let timeout = self.timeout();
+                let released = tokio::time::timeout(timeout, self.store.release(asks, lease));
+                if let Ok(Err(e)) | Err(e) =
+                    released.await.map_err(|_| LimiterError::Timeout(timeout))
                 {
                     tracing::debug!(error = %e, "lease release failed; the lease will end on its own");
                 }
@@ -326,9 +364,10 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
 
     /// What `asks` would decide now, per limit, spending nothing, within the timeout.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        tokio::time::timeout(self.timeout, self.store.peek(asks))
+        let timeout = self.timeout();
+        tokio::time::timeout(timeout, self.store.peek(asks))
             .await
-            .map_err(|_| LimiterError::Timeout(self.timeout))?
+            .map_err(|_| LimiterError::Timeout(timeout))?
     }
 
     /// Readies the store for its first decision ([`RemoteStore::prepare`]), waiting at most
@@ -351,7 +390,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
     pub async fn is_ready(&self) -> bool {
         matches!(
             tokio::time::timeout(
-                self.timeout.max(Duration::from_millis(200)),
+                self.timeout().max(Duration::from_millis(200)),
                 self.store.ping()
             )
             .await,

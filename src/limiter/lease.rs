@@ -211,6 +211,11 @@ impl Leases {
         }
     }
 
+    /// The longest a lease lasts (`storage.lease_ttl`), in local µs.
+    pub fn ttl_us(&self) -> u64 {
+        self.ttl_us
+    }
+
     /// How long a lease of `ask`'s limit may last: `ttl`, and a log's at most one window (its
     /// units count until a window after the lease's end).
     fn lifetime(&self, ask: &Ask<'_>) -> u64 {

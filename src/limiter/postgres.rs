@@ -88,8 +88,11 @@ pub struct PostgresStore {
     /// True when decisions may take the caller's time (tests only).
     test_clock: bool,
     prefix: String,
-    /// Where decisions wait to leave in a batch, when batching is on ([`PostgresStore::batched`]).
-    batcher: Option<mpsc::UnboundedSender<Pending<batch::Job>>>,
+    /// Where decisions wait to leave in a batch, once batching was turned on
+    /// ([`PostgresStore::batched`]).
+    batcher: std::sync::OnceLock<mpsc::UnboundedSender<Pending<batch::Job>>>,
+    /// Batching is on (`storage.batch`, which a reload may change).
+    batching: std::sync::atomic::AtomicBool,
     /// The background tasks (installer, sweeper) hold a weak reference and end with the store.
     _alive: Arc<()>,
 }
@@ -170,7 +173,8 @@ impl PostgresStore {
             db,
             test_clock,
             prefix: prefix.to_string(),
-            batcher: None,
+            batcher: std::sync::OnceLock::new(),
+            batching: std::sync::atomic::AtomicBool::new(false),
             _alive: alive,
         })
     }
@@ -178,10 +182,21 @@ impl PostgresStore {
     /// This store with batched decisions (`storage.batch`, see `postgres/batch.rs`): decisions
     /// that would wait for a connection leave together, as many batches at once as the pool has
     /// connections.
-    pub fn batched(mut self) -> Self {
-        let in_flight = self.db.pool.status().max_size;
-        self.batcher = Some(batch::start(self.db.clone(), in_flight));
+    pub fn batched(self) -> Self {
+        self.batch(true);
         self
+    }
+
+    /// Turns batching on or off for the decisions that follow (the batcher starts the first
+    /// time it is turned on, and stays).
+    fn batch(&self, on: bool) {
+        if on {
+            let in_flight = self.db.pool.status().max_size;
+            self.batcher
+                .get_or_init(|| batch::start(self.db.clone(), in_flight));
+        }
+        self.batching
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -264,7 +279,12 @@ impl PostgresStore {
         }
         let leases = Leasing::of(wants, asks.len());
         let lease = lease.map(|l| l as i64);
-        if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
+        let batcher = self
+            .batching
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| self.batcher.get())
+            .flatten();
+        if let (Some(batcher), None, Some(lease)) = (batcher, now, lease) {
             let job = batch::Job {
                 keys,
                 algorithms,
@@ -315,6 +335,10 @@ impl PostgresStore {
 }
 
 impl RemoteStore for PostgresStore {
+    fn set_batching(&self, on: bool) {
+        self.batch(on);
+    }
+
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
         self.invoke(asks, None, Some(lease), &[]).await
     }

@@ -63,8 +63,13 @@ fn classify(e: redis::RedisError) -> LimiterError {
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
     caller: Arc<Caller>,
-    /// Where decisions wait to leave in a batch, when batching is on ([`RedisStore::batched`]).
-    batcher: Option<tokio::sync::mpsc::UnboundedSender<crate::limiter::batch::Pending<batch::Job>>>,
+    /// Where decisions wait to leave in a batch, once batching was turned on
+    /// ([`RedisStore::batched`]).
+    batcher: std::sync::OnceLock<
+        tokio::sync::mpsc::UnboundedSender<crate::limiter::batch::Pending<batch::Job>>,
+    >,
+    /// Batching is on (`storage.batch`, which a reload may change).
+    batching: std::sync::atomic::AtomicBool,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     release: Script,
@@ -171,7 +176,8 @@ impl RedisStore {
                 batch_script: Script::new(BATCH_SCRIPT_SOURCE),
                 calls: std::sync::OnceLock::new(),
             }),
-            batcher: None,
+            batcher: std::sync::OnceLock::new(),
+            batching: std::sync::atomic::AtomicBool::new(false),
             sentinel,
             release: Script::new(RELEASE_SOURCE),
             test_clock,
@@ -182,11 +188,20 @@ impl RedisStore {
     /// This store with batched decisions (`storage.batch`, see `redis/batch.rs`): decisions waiting
     /// while one call is in flight leave together in the next (on Redis Cluster, one call per
     /// hash tag).
-    pub fn batched(mut self) -> Self {
-        if !self.test_clock {
-            self.batcher = Some(batch::start(self.connection.clone(), self.caller.clone()));
-        }
+    pub fn batched(self) -> Self {
+        self.batch(true);
         self
+    }
+
+    /// Turns batching on or off for the decisions that follow (the batcher starts the first
+    /// time it is turned on, and stays).
+    fn batch(&self, on: bool) {
+        if on && !self.test_clock {
+            self.batcher
+                .get_or_init(|| batch::start(self.connection.clone(), self.caller.clone()));
+        }
+        self.batching
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
@@ -268,7 +283,12 @@ impl RedisStore {
         }
         let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
         let number = |n: u64| n.to_string().into_bytes();
-        if let (Some(batcher), None, Some(lease)) = (&self.batcher, now, lease) {
+        let batcher = self
+            .batching
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| self.batcher.get())
+            .flatten();
+        if let (Some(batcher), None, Some(lease)) = (batcher, now, lease) {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
             // then eight per limit.
             let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
@@ -356,6 +376,10 @@ impl RedisStore {
 }
 
 impl RemoteStore for RedisStore {
+    fn set_batching(&self, on: bool) {
+        self.batch(on);
+    }
+
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
         self.invoke(asks, None, Some(lease), &[]).await
     }

@@ -1,0 +1,226 @@
+//! What SIGHUP changes, against `config::reload`'s one list: each reloadable setting is changed
+//! in the file, the process is sent SIGHUP, and the new value is seen to take effect; each
+//! restart-only setting is changed and its path is found in the warning (and its running value
+//! kept).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::config::{Config, Limit, Route};
+use common::{Floodgate, RedisServer, SLOW, Upstream, client, metric, raw_exchange};
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Rewrites floodgate's config with `config` (its `listen: 127.0.0.1:0` kept, as it started),
+/// sends SIGHUP and waits until the reload is counted.
+async fn reload(fg: &Floodgate, config: &Config) {
+    let before = metric(fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    std::fs::write(
+        fg.config_path(),
+        format!("listen: 127.0.0.1:0\n{}", config.yaml()),
+    )
+    .expect("rewrite the config");
+    fg.signal("HUP");
+    // The reload runs on its own task: a few ms; 10 s for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(fg, r#"floodgate_config_reloads_total{result="success"}"#).await == before {
+        assert!(
+            Instant::now() < deadline,
+            "the reload was not applied: {}",
+            fg.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn status_of(url: &str) -> StatusCode {
+    client().get(url).send().await.expect("a response").status()
+}
+
+#[tokio::test]
+async fn timeouts_and_body_size_take_effect_on_sighup() {
+    let upstream = Upstream::start().await;
+    let config = |response: &str, body: &str| {
+        Config::new()
+            .timeout("upstream_response", response)
+            .with("max_body_size", body)
+            .route(Route::new("all", "/", &upstream.url()))
+    };
+    let fg = Floodgate::start(&config("30s", "1m").yaml());
+    // The upstream answers /slow after SLOW (1.5 s); a body of 2 kB is within 1m.
+    assert_eq!(status_of(&fg.url("/slow")).await, StatusCode::OK);
+    let post = |fg: &Floodgate| {
+        let url = fg.url("/upload");
+        async move {
+            client()
+                .post(url)
+                .body(vec![b'a'; 2048])
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(post(&fg).await, StatusCode::OK);
+
+    reload(&fg, &config("300ms", "1k")).await;
+    assert!(SLOW > Duration::from_millis(300));
+    assert_eq!(
+        status_of(&fg.url("/slow")).await,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert_eq!(post(&fg).await, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn header_read_timeout_applies_to_new_connections_after_sighup() {
+    let upstream = Upstream::start().await;
+    let config = |header_read: &str| {
+        Config::new()
+            .timeout("header_read", header_read)
+            .route(Route::new("all", "/", &upstream.url()))
+    };
+    let fg = Floodgate::start(&config("20s").yaml());
+    reload(&fg, &config("300ms")).await;
+    // A connection that sends half a request head is closed once header_read passes: well
+    // within 10 s now (it would take 20 s with the old value).
+    let mut stream = tokio::net::TcpStream::connect(fg.addr()).await.unwrap();
+    stream.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "the connection outlived the reloaded header_read"
+    );
+}
+
+#[tokio::test]
+async fn upstream_ca_is_read_again_on_sighup() {
+    // An HTTPS upstream with a self-signed certificate: untrusted (502) until upstream_ca names
+    // it, then trusted on the next request.
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("a certificate");
+    let cert_file = common::TempFile::new(&certified.cert.pem());
+    let key_der =
+        rustls::pki_types::PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
+    let server_config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![certified.cert.der().clone()], key_der.into())
+    .unwrap();
+    let upstream = Upstream::start_tls(std::sync::Arc::new(server_config)).await;
+    let url = format!("https://localhost:{}", upstream.addr().port());
+    let route = Route::new("all", "/", &url);
+    let fg = Floodgate::start(&Config::new().route(route.clone()).yaml());
+    assert_eq!(status_of(&fg.url("/x")).await, StatusCode::BAD_GATEWAY);
+    let ca = cert_file.path().to_str().unwrap();
+    reload(&fg, &Config::new().with("upstream_ca", ca).route(route)).await;
+    assert_eq!(status_of(&fg.url("/x")).await, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stores_timeout_batching_and_leases_take_effect_on_sighup() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let config = |timeout: &str, batch: &str, leases: &str| {
+        Config::new()
+            .redis(&redis.url(), "deny")
+            .storage("timeout", timeout)
+            .storage("batch", batch)
+            .storage("leases", leases)
+            .route(
+                Route::new("all", "/", &upstream.url())
+                    .limit(Limit::token_bucket(1_000_000, 0.001).per("route")),
+            )
+    };
+    let fg = Floodgate::start(&config("3s", "false", "disabled").yaml());
+    let url = fg.url("/x");
+    let pause = |ms: &str| {
+        let _: String = redis.cmd(&["CLIENT", "PAUSE", ms, "ALL"]);
+    };
+    let burst = |n: usize| {
+        let url = url.clone();
+        async move {
+            let mut all = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                let url = url.clone();
+                all.spawn(async move { status_of(&url).await });
+            }
+            for status in all.join_all().await {
+                assert_eq!(status, StatusCode::OK);
+            }
+        }
+    };
+    let granted = r#"floodgate_lease_units_total{outcome="granted"}"#;
+
+    // Before: a 3 s timeout waits out a store paused for 600 ms; without batching or leases,
+    // every decision is one script call, exactly.
+    pause("600");
+    assert_eq!(
+        status_of(&url).await,
+        StatusCode::OK,
+        "waited out the pause"
+    );
+    let before = redis.decisions();
+    burst(100).await;
+    assert_eq!(redis.decisions() - before, 100, "unbatched: one call each");
+    assert_eq!(metric(&fg, granted).await, 0, "leases disabled");
+
+    // Reloaded: a 200 ms timeout (on_error deny), batching on, leases on.
+    reload(&fg, &config("200ms", "true", "auto")).await;
+    pause("600");
+    assert_eq!(
+        status_of(&url).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the paused store is given up on after 200 ms"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // 300 decisions at once take fewer calls (batched, and leased: the budget is spent fast).
+    let before = redis.decisions();
+    burst(300).await;
+    let calls = redis.decisions() - before;
+    assert!(
+        calls < 300,
+        "batched or leased: {calls} calls for 300 decisions"
+    );
+    assert!(metric(&fg, granted).await > 0, "leases on after the reload");
+}
+
+#[tokio::test]
+async fn restart_only_settings_are_named_in_the_warning_and_keep_their_values() {
+    let upstream = Upstream::start().await;
+    let route = Route::new("all", "/", &upstream.url());
+    let fg = Floodgate::start(&Config::new().route(route.clone()).yaml());
+    reload(
+        &fg,
+        &Config::new()
+            .with("max_connections", "7")
+            .storage("key_prefix", "\"other:\"")
+            .storage("max_keys", "1000")
+            .route(route),
+    )
+    .await;
+    let log = fg.stderr();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("take effect on restart only"))
+        .unwrap_or_else(|| panic!("no restart warning: {log}"));
+    for path in ["max_connections", "storage.key_prefix", "storage.max_keys"] {
+        assert!(warning.contains(path), "{path} not named: {warning}");
+    }
+    assert!(
+        !warning.contains("listen"),
+        "listen did not change: {warning}"
+    );
+    // Still serving on the same address.
+    let reply = raw_exchange(
+        fg.addr(),
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
