@@ -17,12 +17,15 @@
 
 use super::{Backend, Config};
 
+/// Reads one setting's value from a config, for comparison.
+pub type ValueOf = fn(&Config) -> String;
+
 /// The settings only a restart can change, by their path in the config file, with how to read
 /// each one's value for comparison. Why each one: the listening sockets are bound once (as
 /// nginx keeps its own); `max_connections` sizes the accept loop's semaphore; `log_format` is
 /// the global log subscriber's; the store's identity and layout (`storage.backend`, its
 /// address, `key_prefix`, `max_keys`) are where and how the budgets already live.
-pub const RESTART_ONLY: &[(&str, fn(&Config) -> String)] = &[
+pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     ("listen", |c| c.listen.to_string()),
     ("admin_listen", |c| format!("{:?}", c.admin_listen)),
     ("max_connections", |c| c.max_connections.to_string()),
