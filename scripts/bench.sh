@@ -10,7 +10,7 @@
 #   haproxy_proxy     HAProxy as a plain reverse proxy (http-reuse always), if asked for in TARGETS
 #   haproxy_limit     HAProxy with a stick-table request-rate limit keyed on X-API-Key (allowing)
 #   hyper_serve       the floor under floodgate's 429 path: hyper's HTTP/1.1 server answering 200
-#                     with nothing else (examples/stack_floor.rs, tokio + hyper + mimalloc as floodgate)
+#                     with nothing else (bench/stack_floor.rs, tokio + hyper + mimalloc as floodgate)
 #   hyper_proxy       the floor under floodgate's allow path: the smallest hyper reverse proxy (one
 #                     upstream connection per client connection, requests passed through untouched)
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
@@ -29,7 +29,7 @@
 #                     keep-alive pool, then proxy_pass as nginx_proxy (if asked for in TARGETS)
 #   fg_redis_allow_unbatched  fg_redis_allow with storage.batch: false (one script call per decision)
 #   fg_redis_relay_allow, fg_redis_relay_allow_unbatched  the same two with Redis behind a delaying
-#                     relay (examples/delay_relay.rs: every chunk forwarded RELAY_DELAY_US later, both
+#                     relay (bench/delay_relay.rs: every chunk forwarded RELAY_DELAY_US later, both
 #                     ways; default 250, so 0.5 ms of round trip, as between hosts). The relay's CPU
 #                     is not charged to the target: it stands for the network.
 #   fg_memory_flood_deny, fg_redis_flood_deny  the 429 path under a flood from ever-new identities
@@ -46,7 +46,8 @@
 # its upstream and its store's server (redis-server, or PostgreSQL's processes) to the requests it served. It checks that the allow targets answered
 # only 2xx and the deny target ~100% non-2xx (wrk's "Non-2xx or 3xx responses"; a probe first checks
 # that those are 429 rate_limit_exceeded with Retry-After), and exits 1 if not.
-# Results: $RESULTS_DIR/bench.md (markdown tables) and $RESULTS_DIR/raw/*.txt (wrk's own output plus
+# Results: $RESULTS_DIR/bench.md (markdown tables, the one summary kept in git) and
+# $RESULTS_DIR/raw/*.txt (ignored by git: wrk's own output plus
 # a BENCH line of exact figures and a CPU line, one file per target and round).
 #
 # Knobs (environment):
@@ -101,10 +102,10 @@ fi
 if [ "$BUILD" = 1 ]; then
     log "cargo build --release (no-op when fresh)"
     if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
-        (cd "$ROOT" && cargo build --release --example stack_floor) || die "cannot build examples/stack_floor.rs"
+        (cd "$ROOT" && cargo build --release --example stack_floor) || die "cannot build bench/stack_floor.rs"
     fi
     if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
-        (cd "$ROOT" && cargo build --release --example delay_relay) || die "cannot build examples/delay_relay.rs"
+        (cd "$ROOT" && cargo build --release --example delay_relay) || die "cannot build bench/delay_relay.rs"
     fi
     if ! (cd "$ROOT" && cargo build --release --bin floodgate); then
         [ -x "$FLOODGATE" ] || die "build failed and there is no $FLOODGATE"
@@ -282,7 +283,7 @@ if [[ " ${TARGETS[*]} " == *" haproxy_"* ]]; then
 fi
 NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 
-# --- the stack's floor: hyper alone, serving and proxying (examples/stack_floor.rs) -------------
+# --- the stack's floor: hyper alone, serving and proxying (bench/stack_floor.rs) -------------
 STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/release/examples/stack_floor}"
 start_stack_floor() { # name mode [upstream]  -> sets FLOOR_PID, FLOOR_URL
     local name=$1 dir="$WORK/$1"

@@ -27,7 +27,8 @@ pub struct RouteConfig {
     /// How soon its requests are shed when the upstream's learned limit binds.
     pub priority: crate::adaptive::Priority,
     /// `adaptive_concurrency:`: the bounds of the upstream's learned limit, if this route asks
-    /// for one (routes to the same upstream share it: see `Config::adaptive_upstreams`).
+    /// for one (routes to the same upstream share one learned limit, and must agree on its
+    /// bounds: `floodgate check` says so).
     pub adaptive: Option<crate::adaptive::Bounds>,
     /// The enforced limits: a request must pass every one that applies to it.
     pub enforced: Budget,
