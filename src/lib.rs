@@ -54,7 +54,8 @@
 //! rest;
 //! [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), [`top`] the limiter and
-//! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends) and
+//! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
+//! one limit phase; it names decisions by [`metrics`]' labels) and
 //! [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
 //! policy; [`admin`] on proxy; [`server`] on admin and proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.

@@ -23,6 +23,9 @@ use crate::identity::{
 };
 use crate::limiter::{Ask, KeyKind, MAX_LIMITS};
 
+mod phase;
+pub use phase::{LimitPhase, LimitRef, Refused};
+
 /// What a caller knows about who sent a request, before consumers are looked up.
 #[derive(Debug, Clone, Copy)]
 pub enum Claim<'a> {
@@ -79,16 +82,6 @@ pub struct Asks<'a> {
     pub positions: [usize; MAX_LIMITS],
 }
 
-/// What an enforced verdict means for the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Answer 429; the upstream never sees it.
-    Deny,
-    /// Forward it (and run the route's shadow limits); `shadow_denied` when a limit denied it
-    /// under `shadow: true`.
-    Forward { shadow_denied: bool },
-}
-
 impl<'c> Policy<'c> {
     /// Resolves `claim`: an API key becomes its consumer when there are consumers (an unknown
     /// key is refused under `unknown_key: reject`, and under `anonymous` the request is
@@ -138,20 +131,6 @@ impl<'c> Policy<'c> {
             _ => ANONYMOUS_TIER,
         };
         Ok(Whose { identity, ip, tier })
-    }
-
-    /// What an enforced verdict (`allowed`) means for the request: a denial is answered, unless
-    /// `shadow: true` makes it a logged one.
-    pub fn step(&self, allowed: bool) -> Step {
-        match (allowed, self.shadow) {
-            (true, _) => Step::Forward {
-                shadow_denied: false,
-            },
-            (false, true) => Step::Forward {
-                shadow_denied: true,
-            },
-            (false, false) => Step::Deny,
-        }
     }
 }
 

@@ -36,7 +36,7 @@ use crate::identity::{
 };
 use crate::limiter::{Admission, Ask, HeldLeases, Limiter, LimiterError, Verdict};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
-use crate::policy::{Claim, Policy, Refusal, Step, Whose};
+use crate::policy::{Claim, LimitPhase, LimitRef, Policy, Refusal, Refused, Whose};
 use crate::route::RouteTable;
 use crate::top::TopTable;
 pub use budgets::BudgetsError;
@@ -191,9 +191,8 @@ pub struct Proxy {
 
 /// What the limit phase decided for a request that goes on to the upstream.
 struct Admitted {
-    /// The verdict whose figures go in the response headers, if any, and the route's policy
-    /// index of its headline limit (enforced limits, then shadow limits).
-    headline: Option<(Verdict, usize)>,
+    /// The verdict whose figures go in the response headers, if any, and its limit.
+    headline: Option<(Verdict, LimitRef)>,
     label: DecisionLabel,
     /// Concurrency leases the request holds until its response body ends.
     leases: Vec<HeldLeases>,
@@ -291,7 +290,7 @@ impl Proxy {
         let dialect = Dialect::of(req.headers(), route.config.grpc_rate_limited);
         span.record(field::ROUTE, &*route.config.name);
         // With `consumers:` every API key is checked, on unlimited routes too.
-        let unlimited = route.config.enforced.is_empty() && route.config.shadow.is_empty();
+        let unlimited = !route.config.is_limited();
         // Whose the request is, once identified: counted in the route's `/top`.
         let mut identity = None;
         let admitted = if unlimited && snapshot.consumers.is_none() {
@@ -458,8 +457,9 @@ impl Proxy {
         resolved.map_err(rejection)
     }
 
-    /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits. A store
-    /// failure follows `on_error`: never a 429 or a 500.
+    /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits, asked
+    /// of the store and read by the one limit phase ([`LimitPhase`], which replay shares). A
+    /// store failure follows `on_error`: never a 429 or a 500.
     async fn limit(
         &self,
         snapshot: &Snapshot,
@@ -467,7 +467,7 @@ impl Proxy {
         whose: &Whose<'_>,
     ) -> Result<Admitted, (Rejection, Option<DecisionLabel>)> {
         let config = route.config;
-        if config.enforced.is_empty() && config.shadow.is_empty() {
+        if !config.is_limited() {
             return Ok(Admitted {
                 headline: None,
                 label: DecisionLabel::Unlimited,
@@ -478,75 +478,48 @@ impl Proxy {
         // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
-        let mut admitted = Admitted {
-            headline: None,
-            label: DecisionLabel::Allowed,
-            leases: Vec::new(),
+        let mut phase = LimitPhase::new(&snapshot.policy());
+        let mut leases = Vec::new();
+        let refuse = |refused: Refused| {
+            let rejection = match refused {
+                Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
+                Refused::StoreUnavailable => Rejection::LimiterUnavailable,
+            };
+            (rejection, Some(refused.label()))
         };
         if !config.enforced.is_empty() {
             let asks = whose.asks(&config.enforced, id, ip);
-            match self.ask(snapshot, &asks.asks).await {
-                Err(_) => {
-                    return Err((
-                        Rejection::LimiterUnavailable,
-                        Some(DecisionLabel::StoreError),
-                    ));
-                }
-                Ok(admission) => {
-                    if admission.store_failed() {
-                        admitted.label = DecisionLabel::StoreError;
-                    }
-                    admitted
-                        .leases
-                        .extend(self.limiter.hold(&asks.asks, &admission));
-                    if let Some(v) = admission.verdict() {
-                        let policy = asks.positions[v.headline_index];
-                        match snapshot.policy().step(v.allowed()) {
-                            Step::Deny => {
-                                return Err((
-                                    Rejection::RateLimited(*v, policy),
-                                    Some(DecisionLabel::Denied),
-                                ));
-                            }
-                            Step::Forward { shadow_denied } => {
-                                if shadow_denied {
-                                    admitted.label = DecisionLabel::ShadowDenied;
-                                }
-                            }
-                        }
-                        admitted.headline = Some((*v, policy));
-                    }
-                }
-            }
+            let admission = match self.ask(snapshot, &asks.asks).await {
+                Ok(admission) => admission,
+                Err(_) => return Err(refuse(phase.store_unavailable())),
+            };
+            leases.extend(self.limiter.hold(&asks.asks, &admission));
+            phase
+                .enforced(
+                    admission.verdict().copied(),
+                    &asks.positions,
+                    admission.store_failed(),
+                )
+                .map_err(refuse)?;
         }
         if !config.shadow.is_empty() {
             let asks = whose.asks(&config.shadow, id, ip);
-            let admission = self.ask(snapshot, &asks.asks).await;
-            if let Ok(admission) = &admission {
+            // A shadow budget's store failure only means "no shadow verdict".
+            if let Ok(admission) = self.ask(snapshot, &asks.asks).await {
                 // Shadow concurrency leases are held and given back like enforced ones.
-                admitted
-                    .leases
-                    .extend(self.limiter.hold(&asks.asks, admission));
-            }
-            if let Ok(Admission::Limited {
-                verdict: shadow, ..
-            }) = admission
-            {
-                if !shadow.allowed() {
-                    admitted.label = DecisionLabel::ShadowDenied;
-                }
-                // The headers speak for whichever budget has the fewest remaining.
-                let fewer = admitted
-                    .headline
-                    .is_none_or(|(v, _)| shadow.headline.remaining < v.headline.remaining);
-                if fewer {
-                    let policy =
-                        config.enforced.limits.len() + asks.positions[shadow.headline_index];
-                    admitted.headline = Some((shadow, policy));
-                }
+                leases.extend(self.limiter.hold(&asks.asks, &admission));
+                let verdict = match admission {
+                    Admission::Limited { verdict, .. } => Some(verdict),
+                    _ => None,
+                };
+                phase.shadow(verdict, &asks.positions);
             }
         }
-        Ok(admitted)
+        Ok(Admitted {
+            headline: phase.headline(),
+            label: phase.label(),
+            leases,
+        })
     }
 
     /// One limiter decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
@@ -610,11 +583,11 @@ impl Proxy {
                 _ => Outcome::Answered(started.elapsed()),
             });
         }
-        if let Some((verdict, policy)) = &admitted.headline {
+        if let Some((verdict, limit)) = &admitted.headline {
             route
                 .extras
                 .headers
-                .write(response.headers_mut(), verdict, *policy);
+                .write(response.headers_mut(), verdict, *limit);
         }
         if !admitted.leases.is_empty() {
             response = response.map(|body| response::holding(body, admitted.leases));

@@ -25,9 +25,10 @@ use std::sync::Arc;
 use crate::config::{Budget, Config};
 use crate::identity::{Identity, ip_octets};
 use crate::limiter::{
-    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore,
+    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore, Verdict,
 };
-use crate::policy::{Asks, Claim, Policy, Step, Whose};
+use crate::metrics::DecisionLabel;
+use crate::policy::{Asks, Claim, LimitPhase, Policy, Whose};
 use crate::route::RouteTable;
 
 mod parse;
@@ -277,7 +278,7 @@ impl Replay {
         };
         let route = &proposal.config.routes[i];
         self.stats[i].requests += 1;
-        if route.enforced.is_empty() && route.shadow.is_empty() {
+        if !route.is_limited() {
             self.stats[i].allowed += 1;
             return;
         }
@@ -300,6 +301,8 @@ impl Replay {
             self.stats[i].invalid_key += 1;
             return;
         };
+        // The one limit phase the proxy runs too (crate::policy::LimitPhase), on replay's store.
+        let mut phase = LimitPhase::new(&policy);
         let enforced = self.run_budget(
             i,
             &route.enforced,
@@ -309,28 +312,33 @@ impl Replay {
             record.latency_us,
             false,
         );
-        let forwarded = enforced.is_none_or(|allowed| policy.step(allowed) != Step::Deny);
+        let forwarded = match &enforced {
+            Some((verdict, positions)) => phase.enforced(Some(*verdict), positions, false).is_ok(),
+            None => true,
+        };
         if let Some(live) = record.recorded {
             self.stats[i].compared += 1;
             self.stats[i].agreed += u64::from(live == forwarded);
         }
-        if enforced == Some(false) {
+        if enforced.is_some_and(|(v, _)| !v.allowed()) {
             self.stats[i].top.add(label(&whose.identity));
         }
         if forwarded {
-            let shadow =
-                self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true);
+            if let Some((verdict, positions)) =
+                self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true)
+            {
+                phase.shadow(Some(verdict), &positions);
+            }
             self.stats[i].allowed += 1;
-            // As the proxy labels it: a denial that was only logged, by `shadow: true` or by a
-            // shadow limit.
-            self.stats[i].shadow_denied +=
-                u64::from(enforced == Some(false) || shadow == Some(false));
+            // A denial that was only logged, by `shadow: true` or by a shadow limit.
+            self.stats[i].shadow_denied += u64::from(phase.label() == DecisionLabel::ShadowDenied);
         } else {
             self.stats[i].denied += 1;
         }
     }
 
-    /// Decides one budget; counts its limits' denials. `None`: no limit applied.
+    /// Decides one budget; counts its limits' denials. `None`: no limit applied; else the
+    /// verdict, and each ask's limit's position in the budget.
     #[allow(clippy::too_many_arguments)]
     fn run_budget(
         &mut self,
@@ -341,7 +349,7 @@ impl Replay {
         lease: u64,
         latency_us: Option<u64>,
         shadow: bool,
-    ) -> Option<bool> {
+    ) -> Option<(Verdict, [usize; MAX_LIMITS])> {
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
@@ -375,7 +383,7 @@ impl Replay {
                 keys: concurrent,
             }));
         }
-        Some(verdict.allowed())
+        Some((verdict, positions))
     }
 
     /// Gives back the concurrency leases of requests that had finished by `now`.

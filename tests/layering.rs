@@ -19,7 +19,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("top", "limiter identity"),
     ("config", "tls path limiter identity adaptive grpc"),
     ("route", "config path"),
-    ("policy", "config identity limiter"),
+    ("policy", "config identity limiter metrics"),
     ("access_log", "identity metrics"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).

@@ -114,6 +114,14 @@ pub struct RouteLimit {
     position: usize,
 }
 
+impl RouteConfig {
+    /// True when the route has a limit, enforced or shadow (a route without one is proxied
+    /// unlimited: no identity is needed to limit it).
+    pub fn is_limited(&self) -> bool {
+        !(self.enforced.is_empty() && self.shadow.is_empty())
+    }
+}
+
 impl RouteLimit {
     /// The store's id for this limit's allowances: the route's name, `~shadow` for shadow
     /// limits, the limit's position in the file and a fingerprint of its parameters. A reload

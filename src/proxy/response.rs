@@ -15,6 +15,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use crate::config::{HeaderProfile, RouteConfig};
 use crate::grpc::{self, Code, RateLimitedStatus};
 use crate::limiter::{HeldLeases, Limit, Verdict};
+use crate::policy::LimitRef;
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -38,9 +39,8 @@ pub enum Rejection {
     BadRequest(String),
     /// An API key no consumer has, under `consumers.unknown_key: reject`: 401.
     InvalidApiKey,
-    /// A limit denied: 429 with `Retry-After`. The `usize` is the headline limit's policy index
-    /// (see [`RateLimitHeaders::write`]).
-    RateLimited(Verdict, usize),
+    /// A limit denied: 429 with `Retry-After`; the verdict and the limit that speaks for it.
+    RateLimited(Verdict, LimitRef),
     /// The limiter store failed and `on_error` is `deny`: 503.
     LimiterUnavailable,
     /// The upstream could not be reached: 502.
@@ -86,6 +86,8 @@ pub struct RateLimitHeaders {
     policy: Option<HeaderValue>,
     /// IETF profile: the policy names, enforced limits then shadow limits.
     names: Vec<String>,
+    /// How many of the route's limits are enforced (the shadow ones' names follow).
+    enforced: usize,
 }
 
 impl RateLimitHeaders {
@@ -114,6 +116,7 @@ impl RateLimitHeaders {
             profile,
             policy,
             names,
+            enforced: route.enforced.limits.len(),
         }
     }
 
@@ -123,13 +126,13 @@ impl RateLimitHeaders {
             profile: HeaderProfile::None,
             policy: None,
             names: Vec::new(),
+            enforced: 0,
         }
     }
 
-    /// Writes the fields for `verdict`, whose headline limit is the route's limit number
-    /// `policy`, counting enforced limits then shadow limits in file order. On a 429, the IETF
-    /// `t` is the `Retry-After` instant.
-    pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, policy: usize) {
+    /// Writes the fields for `verdict`, whose headline limit is `limit`. On a 429, the IETF `t`
+    /// is the `Retry-After` instant.
+    pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, limit: LimitRef) {
         match self.profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
@@ -141,7 +144,10 @@ impl RateLimitHeaders {
                 if let Some(policy) = &self.policy {
                     headers.insert(RATELIMIT_POLICY, policy.clone());
                 }
-                let name = self.names.get(policy).map_or("default", String::as_str);
+                let name = self
+                    .names
+                    .get(limit.index(self.enforced))
+                    .map_or("default", String::as_str);
                 let t = if v.allowed() {
                     v.headline.reset_after_us.div_ceil(1_000_000)
                 } else {
@@ -261,8 +267,8 @@ impl Rejection {
         let h = response.headers_mut();
         let one_second = Some(std::time::Duration::from_secs(1));
         let (code, message, retry): (Code, &str, _) = match &self {
-            Rejection::RateLimited(v, policy) => {
-                headers.write(h, v, *policy);
+            Rejection::RateLimited(v, limit) => {
+                headers.write(h, v, *limit);
                 let retry = std::time::Duration::from_micros(v.retry_after_us());
                 (rate_limited.code(), "rate limit exceeded", Some(retry))
             }
@@ -304,13 +310,13 @@ impl Rejection {
     /// JSON tree. Both come from `problem_json`, so they are the very bytes it would write.
     fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
         let (status, body) = match self {
-            Rejection::RateLimited(v, policy) => {
+            Rejection::RateLimited(v, limit) => {
                 let retry_after = v.retry_after_secs();
                 let mut response = Response::new(full(rate_limited_body(retry_after)));
                 *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
                 let h = response.headers_mut();
                 h.insert(RETRY_AFTER, int_value(retry_after));
-                headers.write(h, &v, policy);
+                headers.write(h, &v, limit);
                 h.insert(CONTENT_TYPE, PROBLEM_JSON);
                 return response;
             }
@@ -542,7 +548,8 @@ mod tests {
                 retry_after_us: 2_500_000,
             },
         };
-        let response = Rejection::RateLimited(verdict, 0).into_response(&RateLimitHeaders::none());
+        let response = Rejection::RateLimited(verdict, LimitRef::Enforced(0))
+            .into_response(&RateLimitHeaders::none());
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[RETRY_AFTER], "3");
         assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
