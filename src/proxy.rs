@@ -1,19 +1,27 @@
-//! The request pipeline. Every request goes through the same phases, in this order:
+//! The request pipeline. Every request goes through the same phases, in this order, over one
+//! per-request [`context`] (`Context`) that each phase reads and writes:
 //!
 //! 1. `Proxy::normalize`, then `Proxy::route`: normalise the path (one path, one route; 400 if
 //!    it cannot be), then find the first matching route, or reject with 404;
-//! 2. `Proxy::identify`: work out whose budget the request spends (only on limited routes);
+//! 2. `Proxy::identify`: work out whose budget the request spends ([`crate::policy`]);
 //! 3. `Proxy::limit`: ask the route's enforced limits that apply to the request,
 //!    all-or-nothing whatever budget each spends (or apply `on_error`), then its shadow limits,
-//!    which count but never deny;
-//! 4. `Proxy::forward`: hold the request for a leaky bucket's delay, send it upstream and add
-//!    the rate-limit headers to the response;
-//! 5. `Proxy::log`: count the outcome and record it on the request's span.
+//!    which count but never deny; what the answers mean is the one limit phase
+//!    ([`crate::policy::LimitPhase`]), which replay runs too;
+//! 4. `Proxy::gate`: a slot under the upstream's learned limit (`adaptive_concurrency`);
+//! 5. `Proxy::forward`: hold the request for a leaky bucket's delay, send it upstream
+//!    ([`forward`]) and add the rate-limit headers to the response;
+//! 6. `Proxy::respond`: count the decision (its label derived once, by the context), record
+//!    the outcome on the request's span (the access log);
+//! 7. after the response (`context::AfterResponse`): when the response body ends or is
+//!    dropped, what the request held is given back (concurrency leases).
 //!
-//! An early exit is a typed [`Rejection`], turned into a response in `response.rs`.
+//! Phases 2 to 4 run as `Proxy::admit`. An early exit is a typed [`Rejection`], turned into a
+//! response in `response.rs`: the one place where a status is chosen.
 
 pub mod body;
 mod budgets;
+mod context;
 pub mod forward;
 mod multiplex;
 mod pool;
@@ -29,17 +37,18 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
-use crate::adaptive::{Gate, Outcome, Permit};
+use crate::adaptive::{Gate, Outcome};
 use crate::config::{Config, OnError, RouteConfig};
 use crate::identity::{
     Consumers, Identity, IdentityConfig, IdentityError, IdentityKind, ip_octets,
 };
-use crate::limiter::{Admission, Ask, HeldLeases, Limiter, LimiterError, Verdict};
+use crate::limiter::{Admission, Ask, Limiter, LimiterError};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
-use crate::policy::{Claim, LimitPhase, LimitRef, Policy, Refusal, Refused, Whose};
+use crate::policy::{Claim, LimitPhase, Policy, Refusal, Refused, Whose};
 use crate::route::RouteTable;
 use crate::top::TopTable;
 pub use budgets::BudgetsError;
+use context::{Admitted, Context};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
 
@@ -189,15 +198,6 @@ pub struct Proxy {
     tops: Tops,
 }
 
-/// What the limit phase decided for a request that goes on to the upstream.
-struct Admitted {
-    /// The verdict whose figures go in the response headers, if any, and its limit.
-    headline: Option<(Verdict, LimitRef)>,
-    label: DecisionLabel,
-    /// Concurrency leases the request holds until its response body ends.
-    leases: Vec<HeldLeases>,
-}
-
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
 /// it, so that the client reads the answer ([`body::linger`]). HTTP/2 needs none: a stream is
 /// closed on its own, and the connection stays.
@@ -267,11 +267,11 @@ impl Proxy {
         &self.metrics
     }
 
-    /// Runs the pipeline for one request.
+    /// Runs the pipeline for one request: its phases, in order, over one [`Context`]. An early
+    /// exit is a typed [`Rejection`], answered in `response.rs`.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let started = Instant::now();
-        let span = access_log::span(req.method(), req.uri().path());
         let snapshot = self.snapshot.load_full();
+        let mut ctx = Context::new(&req, peer);
         let route = match Self::normalize(&snapshot, &mut req)
             .and_then(|()| Self::route(&snapshot, &req))
         {
@@ -280,64 +280,15 @@ impl Proxy {
                 if rejection == Rejection::NoRoute {
                     self.metrics.no_route();
                 }
-                let dialect = Dialect::of(req.headers(), Default::default());
-                let response = rejection.respond(&snapshot.no_limit_headers, dialect);
-                Self::log(&span, None, None, &response, started);
+                let response = rejection.respond(&snapshot.no_limit_headers, ctx.dialect);
                 linger(req);
-                return response;
+                return Self::respond(ctx, None, response);
             }
         };
-        let dialect = Dialect::of(req.headers(), route.config.grpc_rate_limited);
-        span.record(field::ROUTE, &*route.config.name);
-        // With `consumers:` every API key is checked, on unlimited routes too.
-        let unlimited = !route.config.is_limited();
-        // Whose the request is, once identified: counted in the route's `/top`.
-        let mut identity = None;
-        let admitted = if unlimited && snapshot.consumers.is_none() {
-            // Nothing to limit. When the upstream's gate may still shed the request, whose it is
-            // is worked out all the same (never refused for it), to be counted in `/top`.
-            if route.extras.gate.is_some() {
-                identity = Self::identify(&snapshot, &req, peer, &span)
-                    .ok()
-                    .map(|whose| whose.identity);
-            }
-            Ok(Admitted {
-                headline: None,
-                label: DecisionLabel::Unlimited,
-                leases: Vec::new(),
-            })
-        } else {
-            match Self::identify(&snapshot, &req, peer, &span) {
-                Ok(whose) => {
-                    identity = Some(whose.identity);
-                    self.limit(&snapshot, &route, &whose).await
-                }
-                Err(Rejection::InvalidApiKey) => {
-                    Err((Rejection::InvalidApiKey, Some(DecisionLabel::InvalidKey)))
-                }
-                Err(rejection) => Err((rejection, None)),
-            }
-        };
-        // Phase 3b: a slot under the upstream's learned limit (adaptive_concurrency).
-        let admitted = match (admitted, &route.extras.gate) {
-            (Ok(admitted), Some(gate)) => match gate.acquire(route.config.priority).await {
-                Some(permit) => Ok((admitted, Some(permit))),
-                None => Err((
-                    Rejection::UpstreamOverloaded,
-                    Some(DecisionLabel::Overloaded),
-                )),
-            },
-            (admitted, _) => admitted.map(|admitted| (admitted, None)),
-        };
-        if let Some(identity) = identity {
-            route
-                .extras
-                .top
-                .record(&identity, admitted.is_ok(), uptime_us());
-        }
-        let (response, label) = match admitted {
-            Ok((admitted, permit)) => {
-                let label = admitted.label;
+        ctx.dialect = Dialect::of(req.headers(), route.config.grpc_rate_limited);
+        ctx.span.record(field::ROUTE, &*route.config.name);
+        let response = match self.admit(&snapshot, &route, &req, &mut ctx).await {
+            Ok(()) => {
                 let identity = &snapshot.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
                 if identity.strip_untrusted_user_id
@@ -345,22 +296,89 @@ impl Proxy {
                 {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
-                (
-                    self.forward(&snapshot, req, &route, admitted, permit, peer, dialect)
-                        .await,
-                    Some(label),
-                )
+                self.forward(&snapshot, &route, req, &mut ctx).await
             }
-            Err((rejection, label)) => {
+            Err(rejection) => {
+                ctx.refuse(rejection.label());
                 linger(req);
-                (rejection.respond(&route.extras.headers, dialect), label)
+                rejection.respond(&route.extras.headers, ctx.dialect)
             }
         };
-        if let Some(label) = label {
+        Self::respond(ctx, Some(&route), response)
+    }
+
+    /// Phases 2 to 4: identify, limit, gate. Whose the request is, once known, is counted in the
+    /// route's `/top` (admitted or not).
+    async fn admit(
+        &self,
+        snapshot: &Snapshot,
+        route: &Matched<'_>,
+        req: &Request<Incoming>,
+        ctx: &mut Context,
+    ) -> Result<(), Rejection> {
+        // With `consumers:` every API key is checked, on unlimited routes too.
+        let (identity, admitted) = if !route.config.is_limited() && snapshot.consumers.is_none() {
+            // Nothing to limit. When the upstream's gate may still shed the request, whose it is
+            // is worked out all the same (never refused for it), to be counted in `/top`.
+            let identity = route
+                .extras
+                .gate
+                .is_some()
+                .then(|| Self::identify(snapshot, req, ctx.peer, &ctx.span).ok())
+                .flatten()
+                .map(|whose| whose.identity);
+            (identity, Ok(Admitted::unlimited()))
+        } else {
+            match Self::identify(snapshot, req, ctx.peer, &ctx.span) {
+                Ok(whose) => (
+                    Some(whose.identity),
+                    self.limit(snapshot, route, &whose).await,
+                ),
+                Err(rejection) => (None, Err(rejection)),
+            }
+        };
+        let admitted = match admitted {
+            Ok(admitted) => self.gate(route, ctx).await.map(|()| admitted),
+            Err(rejection) => Err(rejection),
+        };
+        if let Some(identity) = identity {
+            route
+                .extras
+                .top
+                .record(&identity, admitted.is_ok(), uptime_us());
+        }
+        ctx.admitted = Some(admitted?);
+        Ok(())
+    }
+
+    /// Phase 4: a slot under the upstream's learned limit (`adaptive_concurrency`), if the
+    /// route's upstream has one.
+    async fn gate(&self, route: &Matched<'_>, ctx: &mut Context) -> Result<(), Rejection> {
+        if let Some(gate) = &route.extras.gate {
+            let permit = gate.acquire(route.config.priority).await;
+            ctx.permit = Some(permit.ok_or(Rejection::UpstreamOverloaded)?);
+        }
+        Ok(())
+    }
+
+    /// Phase 6: the response goes out. Counts the decision, records the outcome on the
+    /// request's span (the access log, target `floodgate::access`), and sets up the phase after
+    /// the response ([`context::AfterResponse`]) on its body.
+    fn respond(
+        mut ctx: Context,
+        route: Option<&Matched<'_>>,
+        response: Response<Body>,
+    ) -> Response<Body> {
+        let label = ctx.label();
+        if let (Some(route), Some(label)) = (route, label) {
             route.extras.metrics.decision(label);
         }
-        Self::log(&span, Some(&route), label, &response, started);
-        response
+        Self::log(&ctx, route, label, &response);
+        let after = ctx.after_response();
+        if after.is_empty() {
+            return response;
+        }
+        response.map(|body| response::with_after_response(body, after))
     }
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
@@ -465,14 +483,10 @@ impl Proxy {
         snapshot: &Snapshot,
         route: &Matched<'_>,
         whose: &Whose<'_>,
-    ) -> Result<Admitted, (Rejection, Option<DecisionLabel>)> {
+    ) -> Result<Admitted, Rejection> {
         let config = route.config;
         if !config.is_limited() {
-            return Ok(Admitted {
-                headline: None,
-                label: DecisionLabel::Unlimited,
-                leases: Vec::new(),
-            });
+            return Ok(Admitted::unlimited());
         }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
@@ -480,12 +494,9 @@ impl Proxy {
         let ip = ip_octets(whose.ip, &mut ip_buf);
         let mut phase = LimitPhase::new(&snapshot.policy());
         let mut leases = Vec::new();
-        let refuse = |refused: Refused| {
-            let rejection = match refused {
-                Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
-                Refused::StoreUnavailable => Rejection::LimiterUnavailable,
-            };
-            (rejection, Some(refused.label()))
+        let refuse = |refused: Refused| match refused {
+            Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
+            Refused::StoreUnavailable => Rejection::LimiterUnavailable,
         };
         if !config.enforced.is_empty() {
             let asks = whose.asks(&config.enforced, id, ip);
@@ -532,34 +543,31 @@ impl Proxy {
         admission
     }
 
-    /// Phase 4: delay (leaky bucket), forward, and add the rate-limit headers to the response.
-    /// `permit`, the request's slot under its upstream's learned limit, learns how the upstream
-    /// answered and is given back when the response head arrives.
-    #[allow(clippy::too_many_arguments)]
+    /// Phase 5: delay (leaky bucket), forward, and add the rate-limit headers to the response.
+    /// The request's permit under its upstream's learned limit learns how the upstream answered
+    /// and is given back when the response head arrives.
     async fn forward(
         &self,
         snapshot: &Snapshot,
-        req: Request<Incoming>,
         route: &Matched<'_>,
-        admitted: Admitted,
-        permit: Option<Permit>,
-        peer: SocketAddr,
-        dialect: Dialect,
+        req: Request<Incoming>,
+        ctx: &mut Context,
     ) -> Response<Body> {
-        if let Some((verdict, _)) = &admitted.headline
+        let headline = ctx.admitted.as_ref().and_then(|a| a.headline);
+        if let Some((verdict, _)) = &headline
             && verdict.delay_us() > 0
         {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
         }
         let started = Instant::now();
         // A gRPC client's deadline bounds the wait for the upstream too.
-        let deadline = match dialect {
+        let deadline = match ctx.dialect {
             Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
             Dialect::Http => None,
         };
         let forwarded = snapshot
             .forwarder
-            .forward(req, route.config, peer.ip(), snapshot.tls, deadline)
+            .forward(req, route.config, ctx.peer.ip(), snapshot.tls, deadline)
             .await;
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears
         // of floodgate's 502 and 504 as gRPC statuses in a 200).
@@ -569,13 +577,13 @@ impl Proxy {
         };
         let mut response = match forwarded {
             Ok(response) => response,
-            Err(rejection) => rejection.respond(&route.extras.headers, dialect),
+            Err(rejection) => rejection.respond(&route.extras.headers, ctx.dialect),
         };
         route
             .extras
             .metrics
             .upstream(status, started.elapsed().as_secs_f64());
-        if let Some(mut permit) = permit {
+        if let Some(mut permit) = ctx.permit.take() {
             // 502 (unreachable), 503 (the upstream shedding) and 504 (no answer in time) are
             // overload signals; any other answer is a latency sample.
             permit.finish(match status {
@@ -583,30 +591,27 @@ impl Proxy {
                 _ => Outcome::Answered(started.elapsed()),
             });
         }
-        if let Some((verdict, limit)) = &admitted.headline {
+        if let Some((verdict, limit)) = &headline {
             route
                 .extras
                 .headers
                 .write(response.headers_mut(), verdict, *limit);
         }
-        if !admitted.leases.is_empty() {
-            response = response.map(|body| response::holding(body, admitted.leases));
-        }
         response
     }
 
-    /// Phase 5: the request's outcome on its span (the access log, target `floodgate::access`).
+    /// The request's outcome on its span (the access log, target `floodgate::access`).
     fn log(
-        span: &tracing::Span,
+        ctx: &Context,
         route: Option<&Matched<'_>>,
         label: Option<DecisionLabel>,
         response: &Response<Body>,
-        started: Instant,
     ) {
+        let span = &ctx.span;
         if span.is_disabled() {
             return;
         }
-        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let latency_ms = ctx.started.elapsed().as_secs_f64() * 1000.0;
         span.record(field::STATUS, response.status().as_u16());
         if let Some(code) = response
             .headers()

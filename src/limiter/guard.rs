@@ -228,7 +228,8 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             return Ok(Admission::Unlimited);
         }
         let now = self.clock.now_us();
-        let leases = self.leases.load();
+        // An Arc, not a borrowed guard: it is held across the store call.
+        let leases = self.leases.load_full();
         if let Some(verdict) = leases.as_ref().and_then(|l| l.spend(asks, now)) {
             return Ok(Admission::Limited {
                 verdict,

@@ -12,9 +12,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
+use super::context::AfterResponse;
 use crate::config::{HeaderProfile, RouteConfig};
 use crate::grpc::{self, Code, RateLimitedStatus};
-use crate::limiter::{HeldLeases, Limit, Verdict};
+use crate::limiter::{Limit, Verdict};
 use crate::policy::LimitRef;
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
@@ -175,22 +176,18 @@ fn quota_and_window(limit: &Limit) -> (u64, u64) {
     (units, window_us.div_ceil(1_000_000).max(1))
 }
 
-/// `body`, holding `leases` until it ends (its last frame or an error is read) or is dropped
-/// (the client went away): a concurrency slot is held exactly as long as the response.
-pub fn holding(body: Body, leases: Vec<HeldLeases>) -> Body {
-    Holding {
-        inner: body,
-        leases,
-    }
-    .boxed_unsync()
+/// `body`, which runs `after` (the phase after the response) when it ends (its last frame or an
+/// error is read) or is dropped (the client went away).
+pub(super) fn with_after_response(body: Body, after: AfterResponse) -> Body {
+    Ending { inner: body, after }.boxed_unsync()
 }
 
-struct Holding {
+struct Ending {
     inner: Body,
-    leases: Vec<HeldLeases>,
+    after: AfterResponse,
 }
 
-impl hyper::body::Body for Holding {
+impl hyper::body::Body for Ending {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -201,7 +198,7 @@ impl hyper::body::Body for Holding {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
-            this.leases.clear();
+            this.after.run();
         }
         polled
     }
@@ -230,6 +227,19 @@ const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right n
 const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
 
 impl Rejection {
+    /// The decision label of a refusal that is a limiting decision (a malformed request, say,
+    /// decided nothing).
+    pub fn label(&self) -> Option<crate::metrics::DecisionLabel> {
+        use crate::metrics::DecisionLabel;
+        match self {
+            Rejection::InvalidApiKey => Some(DecisionLabel::InvalidKey),
+            Rejection::RateLimited(..) => Some(DecisionLabel::Denied),
+            Rejection::LimiterUnavailable => Some(DecisionLabel::StoreError),
+            Rejection::UpstreamOverloaded => Some(DecisionLabel::Overloaded),
+            _ => None,
+        }
+    }
+
     /// The HTTP status of this rejection (what an HTTP client is answered).
     pub fn status(&self) -> StatusCode {
         match self {
