@@ -1,5 +1,5 @@
 //! The request pipeline. Every request goes through the same phases, in this order, over one
-//! per-request [`context`] (`Context`) that each phase reads and writes:
+//! per-request context (`proxy/context.rs`) that each phase reads and writes:
 //!
 //! 1. `Proxy::normalize`, then `Proxy::route`: normalise the path (one path, one route; 400 if
 //!    it cannot be), then find the first matching route, or reject with 404;
@@ -26,6 +26,7 @@ pub mod forward;
 mod multiplex;
 mod pool;
 pub mod response;
+mod snapshot;
 mod top;
 
 use std::net::SocketAddr;
@@ -37,157 +38,18 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
-use crate::adaptive::{Gate, Outcome};
-use crate::config::{Config, OnError, RouteConfig};
-use crate::identity::{
-    Consumers, Identity, IdentityConfig, IdentityError, IdentityKind, ip_octets,
-};
+use crate::adaptive::Outcome;
+use crate::config::{Config, RouteConfig};
+use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
 use crate::limiter::{Admission, Ask, Limiter, LimiterError};
-use crate::metrics::{DecisionLabel, Metrics, RouteMetrics};
-use crate::policy::{Claim, LimitPhase, Policy, Refusal, Refused, Whose};
-use crate::route::RouteTable;
-use crate::top::TopTable;
+use crate::metrics::{DecisionLabel, Metrics};
+use crate::policy::{Claim, LimitPhase, Refusal, Refused, Whose};
 pub use budgets::BudgetsError;
 use context::{Admitted, Context};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
-
-/// What a config reload can change in the proxy: routes, identity rules, the error policy,
-/// shadow mode, the header profile, and forwarding (timeouts, body limits, `upstream_ca`).
-/// Everything derived from them is built here, once, and swapped whole on reload; a request
-/// keeps the snapshot it started with.
-pub struct Snapshot {
-    pub routes: RouteTable,
-    /// Per route, by position: metric handles and prebuilt header writers.
-    extras: Vec<RouteExtras>,
-    pub identity: IdentityConfig,
-    pub consumers: Option<Arc<Consumers>>,
-    pub paths: crate::path::PathRules,
-    pub on_error: OnError,
-    pub shadow: bool,
-    no_limit_headers: RateLimitHeaders,
-    /// The upstream client, with its own connection pools: a reload makes a new one (new
-    /// connections with the new timeouts and `upstream_ca`; requests in flight keep theirs).
-    forwarder: Forwarder,
-    /// The listener terminates TLS (`X-Forwarded-Proto: https`).
-    tls: bool,
-}
-
-impl Snapshot {
-    /// The rules that say whose allowance a request spends ([`crate::policy`]).
-    pub fn policy(&self) -> Policy<'_> {
-        Policy {
-            identity: &self.identity,
-            consumers: self.consumers.as_deref(),
-            shadow: self.shadow,
-        }
-    }
-}
-
-struct RouteExtras {
-    metrics: RouteMetrics,
-    headers: RateLimitHeaders,
-    /// The learned limit of the route's upstream, if any route to it asks for one.
-    gate: Option<Arc<Gate>>,
-    /// The route's heaviest identities of the recent past (`/top`).
-    top: Arc<TopTable>,
-}
-
-/// Each route's heavy-hitter table, by route name: kept across reloads.
-#[derive(Default)]
-pub struct Tops(std::sync::Mutex<std::collections::HashMap<Arc<str>, Arc<TopTable>>>);
-
-impl Tops {
-    fn for_routes(&self, config: &Config) -> Vec<Arc<TopTable>> {
-        let mut tops = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        tops.retain(|name, _| config.routes.iter().any(|r| r.name == *name));
-        config
-            .routes
-            .iter()
-            .map(|r| tops.entry(r.name.clone()).or_default().clone())
-            .collect()
-    }
-}
-
-/// Microseconds since the process started: the heavy-hitter tables' clock.
-fn uptime_us() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// The gates of upstreams with `adaptive_concurrency`, by origin: kept across reloads, so a
-/// learned limit survives one (unless its bounds change).
-#[derive(Default)]
-pub struct Gates(std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>);
-
-impl Gates {
-    /// The gate of each route's upstream (`None` where no route to it has
-    /// `adaptive_concurrency`), reusing the ones with unchanged bounds.
-    fn for_routes(&self, config: &Config, metrics: &Metrics) -> Vec<Option<Arc<Gate>>> {
-        let mut gates = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut wanted = std::collections::HashMap::new();
-        for route in &config.routes {
-            if let Some(bounds) = route.adaptive {
-                wanted.entry(route.upstream.origin()).or_insert(bounds);
-            }
-        }
-        gates.retain(|origin, gate| wanted.get(origin) == Some(&gate.bounds()));
-        for (origin, bounds) in wanted {
-            gates.entry(origin.clone()).or_insert_with(|| {
-                Gate::new(
-                    origin.as_str().into(),
-                    bounds,
-                    Arc::new(crate::limiter::MonotonicClock::default()),
-                    metrics.adaptive_limit(&origin),
-                )
-            });
-        }
-        config
-            .routes
-            .iter()
-            .map(|r| gates.get(&r.upstream.origin()).cloned())
-            .collect()
-    }
-}
-
-impl Snapshot {
-    /// Builds everything the request path needs from `config`; upstream gates come from (and
-    /// stay in) `gates`.
-    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates, tops: &Tops) -> Self {
-        Snapshot {
-            extras: config
-                .routes
-                .iter()
-                .zip(gates.for_routes(config, metrics))
-                .zip(tops.for_routes(config))
-                .map(|((r, gate), top)| RouteExtras {
-                    metrics: metrics.route(&r.name),
-                    headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
-                    gate,
-                    top,
-                })
-                .collect(),
-            routes: RouteTable::new(config.routes.clone()),
-            identity: config.identity.clone(),
-            consumers: config.consumers.clone(),
-            paths: config.paths,
-            on_error: config.storage.on_error,
-            shadow: config.shadow,
-            no_limit_headers: RateLimitHeaders::none(),
-            forwarder: Forwarder::new(
-                config.timeouts.upstream_connect,
-                config.timeouts.upstream_response,
-                forward::BodyLimits {
-                    max_request_bytes: config.max_body_size,
-                    client_idle: config.timeouts.client_body,
-                    upstream_idle: config.timeouts.upstream_body,
-                },
-                config.upstream_ca.as_ref(),
-            ),
-            tls: config.tls.is_some(),
-        }
-    }
-}
+pub use snapshot::{Gates, Snapshot, Tops};
+use snapshot::{RouteExtras, uptime_us};
 
 /// The proxy: shared by every connection.
 pub struct Proxy {
@@ -267,7 +129,7 @@ impl Proxy {
         &self.metrics
     }
 
-    /// Runs the pipeline for one request: its phases, in order, over one [`Context`]. An early
+    /// Runs the pipeline for one request: its phases, in order, over one `Context`. An early
     /// exit is a typed [`Rejection`], answered in `response.rs`.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let snapshot = self.snapshot.load_full();

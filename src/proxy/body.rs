@@ -213,7 +213,7 @@ const LINGER_IDLE: Duration = Duration::from_secs(5);
 const LINGER_BYTES: u64 = 64 << 20;
 
 /// Reads and discards what is left of a request body that floodgate answered without reading
-/// (a 413, 429, 401, 503…), for at most [`LINGER_TIME`] and [`LINGER_BYTES`], so that the HTTP/1
+/// (a 413, 429, 401, 503…), for at most `LINGER_TIME` (30 s) and `LINGER_BYTES` (64 MiB), so that the HTTP/1
 /// connection is not closed while the client is still sending: closing a socket with unread
 /// data resets it, and the client's stack may then discard the answer before it is read (nginx's
 /// `lingering_close`). When the body is read to its end, the connection may even be kept alive.

@@ -1,7 +1,7 @@
-//! Forwarding to the upstream, in three steps: the request filter ([`Forwarder::request_head`]:
+//! Forwarding to the upstream, in three steps: the request filter (`Forwarder::request_head`:
 //! hop-by-hop headers stripped, `X-Forwarded-*` set, the URI and `Host` for the hop's HTTP
-//! version), the send with its one retry ([`Forwarder::send`]), and the response filter
-//! ([`Forwarder::response_head`]: hop-by-hop headers stripped, redirects to the upstream's origin
+//! version), the send with its one retry (`Forwarder::send`), and the response filter
+//! (`Forwarder::response_head`: hop-by-hop headers stripped, redirects to the upstream's origin
 //! rewritten to the client's, WebSocket upgrades spliced).
 //!
 //! An upstream is spoken to in the route's `upstream_protocol`: HTTP/1.1 over pooled keep-alive
@@ -11,16 +11,15 @@
 //! their trailers where both hops are HTTP/2.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LOCATION, COOKIE, HOST, LOCATION, TE, UPGRADE};
+use http::header::{CONNECTION, HOST, TE, UPGRADE};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -34,23 +33,16 @@ use super::multiplex::{Multiplex, copy_head};
 use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
-use crate::identity::X_FORWARDED_FOR;
-use crate::tls;
 
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+mod failure;
+mod headers;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1), plus the non-standard ones proxies also drop.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
-    TE,
-    http::header::TRAILER,
-    http::header::TRANSFER_ENCODING,
-];
+use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_config};
+pub use headers::strip_hop_by_hop;
+use headers::{
+    X_FORWARDED_HOST, X_FORWARDED_PROTO, append_forwarded_for, header_has_token,
+    is_websocket_upgrade, join_cookies, rewrite_redirects,
+};
 
 /// Sends requests to upstreams over pooled connections.
 pub struct Forwarder {
@@ -446,314 +438,4 @@ where
     ResponseBody::new(body, idle, route.name.clone())
         .map_err(BoxError::from)
         .boxed_unsync()
-}
-
-/// Joins split `cookie` fields into one, separated by `"; "`. HTTP/2 clients may send each
-/// cookie in a field of its own (RFC 9113 §8.2.3), and those MUST be joined before an HTTP/1.1
-/// hop: most HTTP/1.1 servers read only one `Cookie` line or join lines with `,`.
-fn join_cookies(headers: &mut HeaderMap) {
-    let mut fields = headers.get_all(COOKIE).iter();
-    let (Some(first), Some(_)) = (fields.next(), fields.next()) else {
-        return;
-    };
-    let mut joined = Vec::with_capacity(first.len() * 2);
-    for field in headers.get_all(COOKIE) {
-        if !joined.is_empty() {
-            joined.extend_from_slice(b"; ");
-        }
-        joined.extend_from_slice(field.as_bytes());
-    }
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
-        headers.insert(COOKIE, value);
-    }
-}
-
-/// Rewrites `Location` and `Content-Location` values that point at `upstream`'s origin to the
-/// origin the client used (`https` when it came over TLS, and its `Host`), as nginx's
-/// `proxy_redirect default` does: a redirect must not send the client around the proxy. Relative
-/// references and other origins are left as they are.
-fn rewrite_redirects(
-    headers: &mut HeaderMap,
-    upstream: &Upstream,
-    client_tls: bool,
-    host: &HeaderValue,
-) {
-    for name in [LOCATION, CONTENT_LOCATION] {
-        let Some(value) = headers.get(&name) else {
-            continue;
-        };
-        let Some(rest) = value.to_str().ok().and_then(|v| strip_origin(v, upstream)) else {
-            continue;
-        };
-        let scheme = if client_tls { "https" } else { "http" };
-        let Ok(host) = host.to_str() else { return };
-        if let Ok(rewritten) = HeaderValue::from_str(&format!("{scheme}://{host}{rest}")) {
-            headers.insert(name, rewritten);
-        }
-    }
-}
-
-/// What follows `upstream`'s origin in the absolute URL `value` (the path, query and fragment,
-/// possibly empty), or `None` when `value` is not on that origin. Scheme and host compare
-/// without case, and a default port (80, 443) may be written or left out.
-fn strip_origin<'v>(value: &'v str, upstream: &Upstream) -> Option<&'v str> {
-    let (scheme, rest) = value.split_once("://")?;
-    if !scheme.eq_ignore_ascii_case(upstream.scheme.as_str()) {
-        return None;
-    }
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority: http::uri::Authority = authority.parse().ok()?;
-    let default_port = if upstream.scheme == http::uri::Scheme::HTTPS {
-        443
-    } else {
-        80
-    };
-    let port = |a: &http::uri::Authority| a.port_u16().unwrap_or(default_port);
-    let same = authority
-        .host()
-        .eq_ignore_ascii_case(upstream.authority.host())
-        && port(&authority) == port(&upstream.authority);
-    same.then_some(tail)
-}
-
-/// Methods a request may be sent twice with (RFC 9110 §9.2.2).
-fn is_idempotent(method: &http::Method) -> bool {
-    matches!(
-        *method,
-        http::Method::GET
-            | http::Method::HEAD
-            | http::Method::OPTIONS
-            | http::Method::PUT
-            | http::Method::DELETE
-            | http::Method::TRACE
-    )
-}
-
-/// True when a request failed because a reused connection was already closed by the upstream
-/// (closed before the response began, or reset), not because the upstream refused or timed out.
-fn is_stale_connection(e: &PoolError) -> bool {
-    let error = match e {
-        PoolError::Request {
-            error,
-            reused: true,
-        } => error,
-        PoolError::Closed { reused } => return *reused,
-        _ => return false,
-    };
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(err) = source {
-        if let Some(hyper_err) = err.downcast_ref::<hyper::Error>()
-            && (hyper_err.is_incomplete_message() || hyper_err.is_canceled())
-        {
-            return true;
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-            )
-        {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// The rustls client config for `https://` upstreams. Without `upstream_ca` it trusts the
-/// system's roots; if there are none, it trusts nothing (every HTTPS upstream then fails with
-/// 502) and says so once in the log.
-fn upstream_tls_config(upstream_ca: Option<&UpstreamCa>) -> rustls::ClientConfig {
-    match upstream_ca {
-        Some(ca) => tls::client_config(ca.roots()),
-        None => tls::client_config(tls::system_roots("https:// upstreams without upstream_ca")),
-    }
-}
-
-/// True when a failed upstream request failed in the TLS handshake (an untrusted certificate,
-/// a name mismatch, no common protocol version).
-fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(e);
-    while let Some(e) = next {
-        if e.is::<rustls::Error>() {
-            return true;
-        }
-        next = match e.downcast_ref::<std::io::Error>() {
-            // An io::Error's `source()` skips the error it wraps: look at that one itself.
-            Some(io) => io
-                .get_ref()
-                .map(|inner| inner as &(dyn std::error::Error + 'static)),
-            None => e.source(),
-        };
-    }
-    false
-}
-
-/// True for an HTTP/1.1 `Connection: upgrade` + `Upgrade: websocket` request.
-fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
-    req.version() == Version::HTTP_11
-        && header_has_token(req.headers(), &CONNECTION, "upgrade")
-        && header_has_token(req.headers(), &UPGRADE, "websocket")
-}
-
-fn header_has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    })
-}
-
-/// Removes the hop-by-hop headers and every header named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // The `Connection` lines are copied out (a reference count each, no bytes) so that the names
-    // in them can be removed as they are read, looked up by `&str` without building `HeaderName`s.
-    let mut lines = headers.get_all(CONNECTION).iter();
-    if let Some(first) = lines.next().cloned() {
-        let more: Vec<HeaderValue> = lines.cloned().collect();
-        for line in std::iter::once(&first).chain(&more) {
-            let Ok(line) = line.to_str() else { continue };
-            for token in line.split(',') {
-                // A token that is no header name (empty, spaces) matches nothing.
-                headers.remove(token.trim());
-            }
-        }
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(UPGRADE);
-}
-
-/// Appends the client's address to `X-Forwarded-For`, keeping earlier hops in one header line.
-fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
-    // One buffer, formatted into directly, that becomes the header value without a copy.
-    let mut value = Vec::with_capacity(48);
-    for line in headers.get_all(X_FORWARDED_FOR) {
-        if !value.is_empty() {
-            value.extend_from_slice(b", ");
-        }
-        value.extend_from_slice(line.as_bytes());
-    }
-    if !value.is_empty() {
-        value.extend_from_slice(b", ");
-    }
-    let _ = write!(value, "{client_ip}");
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
-        let mut headers = HeaderMap::new();
-        headers.append(
-            CONNECTION,
-            HeaderValue::from_static("Keep-Alive, X-Trace ,,"),
-        );
-        headers.append(CONNECTION, HeaderValue::from_static("x-other"));
-        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        headers.insert("x-trace", HeaderValue::from_static("1"));
-        headers.insert("x-other", HeaderValue::from_static("2"));
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        headers.insert(UPGRADE, HeaderValue::from_static("h2c"));
-        headers.insert("x-kept", HeaderValue::from_static("3"));
-        strip_hop_by_hop(&mut headers);
-        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
-        assert_eq!(left, ["x-kept"]);
-    }
-
-    #[test]
-    fn split_cookie_fields_are_joined_into_one() {
-        let mut headers = HeaderMap::new();
-        headers.append(COOKIE, HeaderValue::from_static("a=1"));
-        headers.append(COOKIE, HeaderValue::from_static("b=2"));
-        headers.append(COOKIE, HeaderValue::from_static("c=3; d=4"));
-        join_cookies(&mut headers);
-        let fields: Vec<_> = headers.get_all(COOKIE).iter().collect();
-        assert_eq!(fields, ["a=1; b=2; c=3; d=4"]);
-
-        let mut one = HeaderMap::new();
-        one.insert(COOKIE, HeaderValue::from_static("a=1; b=2"));
-        join_cookies(&mut one);
-        assert_eq!(one[COOKIE], "a=1; b=2");
-    }
-
-    fn upstream(url: &str) -> Upstream {
-        let uri: Uri = url.parse().unwrap();
-        let authority = uri.authority().unwrap().clone();
-        Upstream {
-            scheme: uri.scheme().unwrap().clone(),
-            host_header: HeaderValue::from_str(authority.as_str()).unwrap(),
-            authority,
-            protocol: UpstreamProtocol::Http1,
-        }
-    }
-
-    #[test]
-    fn redirects_to_the_upstream_origin_are_rewritten_to_the_clients() {
-        let up = upstream("http://127.0.0.1:9000");
-        let rewrite = |location: &str, tls: bool| {
-            let mut headers = HeaderMap::new();
-            headers.insert(LOCATION, HeaderValue::from_str(location).unwrap());
-            headers.insert(CONTENT_LOCATION, HeaderValue::from_str(location).unwrap());
-            rewrite_redirects(
-                &mut headers,
-                &up,
-                tls,
-                &HeaderValue::from_static("api.example"),
-            );
-            assert_eq!(headers[LOCATION], headers[CONTENT_LOCATION]);
-            headers[LOCATION].to_str().unwrap().to_string()
-        };
-        assert_eq!(
-            rewrite("http://127.0.0.1:9000/a?b=1#c", false),
-            "http://api.example/a?b=1#c"
-        );
-        assert_eq!(
-            rewrite("HTTP://127.0.0.1:9000", true),
-            "https://api.example"
-        );
-        assert_eq!(
-            rewrite("http://127.0.0.1:9000?q", false),
-            "http://api.example?q"
-        );
-        // Other origins, other ports, relative references and look-alike hosts stay.
-        for kept in [
-            "http://127.0.0.1:9001/a",
-            "https://127.0.0.1:9000/a",
-            "http://127.0.0.1:90000/a",
-            "http://127.0.0.1:9000.evil.example/a",
-            "/relative",
-            "//127.0.0.1:9000/scheme-relative",
-        ] {
-            assert_eq!(rewrite(kept, false), kept);
-        }
-        // A default port may be written or left out.
-        let up80 = upstream("http://backend");
-        let mut headers = HeaderMap::new();
-        headers.insert(LOCATION, HeaderValue::from_static("http://BACKEND:80/x"));
-        rewrite_redirects(
-            &mut headers,
-            &up80,
-            false,
-            &HeaderValue::from_static("h:8080"),
-        );
-        assert_eq!(headers[LOCATION], "http://h:8080/x");
-    }
-
-    #[test]
-    fn the_client_is_appended_to_forwarded_for_in_one_line() {
-        let mut headers = HeaderMap::new();
-        append_forwarded_for(&mut headers, "192.0.2.1".parse().unwrap());
-        assert_eq!(headers[X_FORWARDED_FOR], "192.0.2.1");
-        headers.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.2"));
-        append_forwarded_for(&mut headers, "2001:db8::1".parse().unwrap());
-        let lines: Vec<_> = headers.get_all(X_FORWARDED_FOR).iter().collect();
-        assert_eq!(lines, ["192.0.2.1, 198.51.100.2, 2001:db8::1"]);
-    }
 }

@@ -1,0 +1,153 @@
+//! What a config reload swaps in the proxy: the [`Snapshot`] of everything the request path
+//! reads, built once per config, and what outlives snapshots (each route's `/top` table, each
+//! upstream's learned limit).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::forward::{self, Forwarder};
+use super::response::RateLimitHeaders;
+use crate::adaptive::Gate;
+use crate::config::{Config, OnError};
+use crate::identity::{Consumers, IdentityConfig};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::policy::Policy;
+use crate::route::RouteTable;
+use crate::top::TopTable;
+
+/// What a config reload can change in the proxy: routes, identity rules, the error policy,
+/// shadow mode, the header profile, and forwarding (timeouts, body limits, `upstream_ca`).
+/// Everything derived from them is built here, once, and swapped whole on reload; a request
+/// keeps the snapshot it started with.
+pub struct Snapshot {
+    pub routes: RouteTable,
+    /// Per route, by position: metric handles and prebuilt header writers.
+    pub(super) extras: Vec<RouteExtras>,
+    pub identity: IdentityConfig,
+    pub consumers: Option<Arc<Consumers>>,
+    pub paths: crate::path::PathRules,
+    pub on_error: OnError,
+    pub shadow: bool,
+    pub(super) no_limit_headers: RateLimitHeaders,
+    /// The upstream client, with its own connection pools: a reload makes a new one (new
+    /// connections with the new timeouts and `upstream_ca`; requests in flight keep theirs).
+    pub(super) forwarder: Forwarder,
+    /// The listener terminates TLS (`X-Forwarded-Proto: https`).
+    pub(super) tls: bool,
+}
+
+impl Snapshot {
+    /// The rules that say whose allowance a request spends ([`crate::policy`]).
+    pub fn policy(&self) -> Policy<'_> {
+        Policy {
+            identity: &self.identity,
+            consumers: self.consumers.as_deref(),
+            shadow: self.shadow,
+        }
+    }
+}
+
+pub(super) struct RouteExtras {
+    pub metrics: RouteMetrics,
+    pub headers: RateLimitHeaders,
+    /// The learned limit of the route's upstream, if any route to it asks for one.
+    pub gate: Option<Arc<Gate>>,
+    /// The route's heaviest identities of the recent past (`/top`).
+    pub top: Arc<TopTable>,
+}
+
+/// Each route's heavy-hitter table, by route name: kept across reloads.
+#[derive(Default)]
+pub struct Tops(std::sync::Mutex<std::collections::HashMap<Arc<str>, Arc<TopTable>>>);
+
+impl Tops {
+    fn for_routes(&self, config: &Config) -> Vec<Arc<TopTable>> {
+        let mut tops = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        tops.retain(|name, _| config.routes.iter().any(|r| r.name == *name));
+        config
+            .routes
+            .iter()
+            .map(|r| tops.entry(r.name.clone()).or_default().clone())
+            .collect()
+    }
+}
+
+/// Microseconds since the process started: the heavy-hitter tables' clock.
+pub(super) fn uptime_us() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// The gates of upstreams with `adaptive_concurrency`, by origin: kept across reloads, so a
+/// learned limit survives one (unless its bounds change).
+#[derive(Default)]
+pub struct Gates(std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>);
+
+impl Gates {
+    /// The gate of each route's upstream (`None` where no route to it has
+    /// `adaptive_concurrency`), reusing the ones with unchanged bounds.
+    fn for_routes(&self, config: &Config, metrics: &Metrics) -> Vec<Option<Arc<Gate>>> {
+        let mut gates = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wanted = std::collections::HashMap::new();
+        for route in &config.routes {
+            if let Some(bounds) = route.adaptive {
+                wanted.entry(route.upstream.origin()).or_insert(bounds);
+            }
+        }
+        gates.retain(|origin, gate| wanted.get(origin) == Some(&gate.bounds()));
+        for (origin, bounds) in wanted {
+            gates.entry(origin.clone()).or_insert_with(|| {
+                Gate::new(
+                    origin.as_str().into(),
+                    bounds,
+                    Arc::new(crate::limiter::MonotonicClock::default()),
+                    metrics.adaptive_limit(&origin),
+                )
+            });
+        }
+        config
+            .routes
+            .iter()
+            .map(|r| gates.get(&r.upstream.origin()).cloned())
+            .collect()
+    }
+}
+
+impl Snapshot {
+    /// Builds everything the request path needs from `config`; upstream gates come from (and
+    /// stay in) `gates`.
+    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates, tops: &Tops) -> Self {
+        Snapshot {
+            extras: config
+                .routes
+                .iter()
+                .zip(gates.for_routes(config, metrics))
+                .zip(tops.for_routes(config))
+                .map(|((r, gate), top)| RouteExtras {
+                    metrics: metrics.route(&r.name),
+                    headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
+                    gate,
+                    top,
+                })
+                .collect(),
+            routes: RouteTable::new(config.routes.clone()),
+            identity: config.identity.clone(),
+            consumers: config.consumers.clone(),
+            paths: config.paths,
+            on_error: config.storage.on_error,
+            shadow: config.shadow,
+            no_limit_headers: RateLimitHeaders::none(),
+            forwarder: Forwarder::new(
+                config.timeouts.upstream_connect,
+                config.timeouts.upstream_response,
+                forward::BodyLimits {
+                    max_request_bytes: config.max_body_size,
+                    client_idle: config.timeouts.client_body,
+                    upstream_idle: config.timeouts.upstream_body,
+                },
+                config.upstream_ca.as_ref(),
+            ),
+            tls: config.tls.is_some(),
+        }
+    }
+}
