@@ -10,10 +10,8 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
 use floodgate::config::{Backend, Config, LogFormat, Overrides};
-use floodgate::limiter::guard::Guarded;
-use floodgate::limiter::postgres::PostgresStore;
-use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{AnchoredClock, Limiter, MemoryStore};
+use floodgate::limiter::redis::RedisTarget;
+use floodgate::limiter::{LimiterSpec, StoreSpec};
 use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
 use floodgate::server::{Server, Serving};
@@ -273,60 +271,36 @@ fn run(path: &Path, log_format: Option<LogFormatFlag>) -> anyhow::Result<()> {
 /// How long floodgate waits at start for a remote store to be ready before it serves anyway.
 const STORE_START_WAIT: Duration = Duration::from_secs(2);
 
-fn redis_limiter(config: &Config, target: RedisTarget) -> anyhow::Result<Limiter> {
-    let mut store =
-        RedisStore::connect(&target, &config.storage.key_prefix, config.storage.timeout)
-            .context("invalid storage.url")?;
-    if config.storage.batch {
-        store = store.batched();
-    }
-    let mut guarded = Guarded::new(store, config.storage.timeout, Arc::new(local_store(config)));
-    if let Some(ttl) = config.storage.lease_ttl {
-        guarded = guarded.with_leases(ttl);
-    }
-    Ok(Limiter::Redis(Arc::new(guarded)))
-}
-
-/// The in-process store: the whole store on `memory`, the `local` fallback otherwise.
-fn local_store(config: &Config) -> MemoryStore {
-    MemoryStore::new(AnchoredClock::default(), config.storage.max_keys)
-}
-
-async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
-    let limiter = match &config.storage.backend {
-        Backend::Memory => Limiter::Memory(Arc::new(local_store(&config))),
-        Backend::Redis { url } => redis_limiter(&config, RedisTarget::Single(url.clone()))?,
-        Backend::RedisCluster { urls } => {
-            redis_limiter(&config, RedisTarget::Cluster(urls.clone()))?
-        }
+/// The limiter's spec from the `storage:` section (the limiter knows nothing of the config).
+fn limiter_spec(config: &Config) -> LimiterSpec {
+    let storage = &config.storage;
+    let store = match &storage.backend {
+        Backend::Memory => StoreSpec::Memory,
+        Backend::Redis { url } => StoreSpec::Redis(RedisTarget::Single(url.clone())),
+        Backend::RedisCluster { urls } => StoreSpec::Redis(RedisTarget::Cluster(urls.clone())),
         Backend::RedisSentinel {
             sentinels,
             master_name,
-        } => redis_limiter(
-            &config,
-            RedisTarget::Sentinel {
-                sentinels: sentinels.clone(),
-                master_name: master_name.clone(),
-            },
-        )?,
-        Backend::Postgres { url } => {
-            let mut store =
-                PostgresStore::connect(url, &config.storage.key_prefix, config.storage.timeout)
-                    .context("invalid storage.url")?;
-            if config.storage.batch {
-                store = store.batched();
-            }
-            let mut guarded = Guarded::new(
-                store,
-                config.storage.timeout,
-                Arc::new(local_store(&config)),
-            );
-            if let Some(ttl) = config.storage.lease_ttl {
-                guarded = guarded.with_leases(ttl);
-            }
-            Limiter::Postgres(Arc::new(guarded))
-        }
+        } => StoreSpec::Redis(RedisTarget::Sentinel {
+            sentinels: sentinels.clone(),
+            master_name: master_name.clone(),
+        }),
+        Backend::Postgres { url } => StoreSpec::Postgres(url.clone()),
     };
+    LimiterSpec {
+        store,
+        timeout: storage.timeout,
+        batch: storage.batch,
+        lease_ttl: storage.lease_ttl,
+        key_prefix: storage.key_prefix.clone(),
+        max_keys: storage.max_keys,
+    }
+}
+
+async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
+    let limiter = limiter_spec(&config)
+        .build()
+        .context("invalid storage.url")?;
     // The first requests should be decided by the store, not spend their timeout connecting and
     // loading scripts: wait a little for it. A store still down after that is joined in the
     // background, and requests follow `on_error` meanwhile.

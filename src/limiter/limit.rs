@@ -286,3 +286,7 @@ impl Limit {
         self.cost.get()
     }
 }
+
+/// The most limits one request may be decided against (the config checks it per route), so the
+/// stores can keep one request's working set on the stack.
+pub const MAX_LIMITS: usize = 16;

@@ -1,0 +1,258 @@
+//! The front of the limiter: [`Limiter`], what the proxy asks (a store, and what to do when it
+//! fails), and [`LimiterSpec`], the one way to build one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Admission, AlgorithmKind, AnchoredClock, Ask, BudgetKey, Decision, KeyKind, LeaseId, Limit,
+    LimiterError, MemoryStore, OnError, Source, guard, next_lease, postgres, redis,
+};
+
+/// Where budgets live.
+#[derive(Debug, Clone)]
+pub enum StoreSpec {
+    /// In this process.
+    Memory,
+    /// Redis: one server, a cluster, or a master behind Sentinel.
+    Redis(redis::RedisTarget),
+    /// PostgreSQL, at this URL.
+    Postgres(String),
+}
+
+/// Everything a [`Limiter`] is built from: the `storage:` section in the limiter's own terms.
+#[derive(Debug, Clone)]
+pub struct LimiterSpec {
+    pub store: StoreSpec,
+    /// How long a decision waits for a remote store.
+    pub timeout: Duration,
+    /// Decisions waiting for the same store leave together.
+    pub batch: bool,
+    /// Leases of shared budgets, lasting at most this long (`None`: off).
+    pub lease_ttl: Option<Duration>,
+    /// What every store key starts with.
+    pub key_prefix: String,
+    /// The most budgets the in-process store keeps (the whole store, or the `local` fallback).
+    pub max_keys: usize,
+}
+
+impl LimiterSpec {
+    /// The limiter: the store connected (lazily: a remote server need not be up yet), behind
+    /// its guard for a remote store. `Err` for an address that cannot be used at all.
+    pub fn build(&self) -> Result<Limiter, LimiterError> {
+        let local = || MemoryStore::new(AnchoredClock::default(), self.max_keys);
+        Ok(match &self.store {
+            StoreSpec::Memory => Limiter::Memory(Arc::new(local())),
+            StoreSpec::Redis(target) => {
+                let store = redis::RedisStore::connect(target, &self.key_prefix, self.timeout)?;
+                let store = if self.batch { store.batched() } else { store };
+                Limiter::Redis(Arc::new(self.guard(store, local())))
+            }
+            StoreSpec::Postgres(url) => {
+                let store = postgres::PostgresStore::connect(url, &self.key_prefix, self.timeout)?;
+                let store = if self.batch { store.batched() } else { store };
+                Limiter::Postgres(Arc::new(self.guard(store, local())))
+            }
+        })
+    }
+
+    fn guard<S: guard::RemoteStore>(&self, store: S, local: MemoryStore) -> guard::Guarded<S> {
+        let guarded = guard::Guarded::new(store, self.timeout, Arc::new(local));
+        match self.lease_ttl {
+            Some(ttl) => guarded.with_leases(ttl),
+            None => guarded,
+        }
+    }
+}
+
+/// What the proxy asks: a store, and what to do when it fails.
+#[derive(Clone)]
+pub enum Limiter {
+    /// State in this process: never fails.
+    Memory(Arc<MemoryStore>),
+    /// State in Redis, behind the timeout, breaker and deny cache of [`guard::Guarded`].
+    Redis(Arc<guard::Guarded<redis::RedisStore>>),
+    /// State in PostgreSQL, behind the same guard.
+    Postgres(Arc<guard::Guarded<postgres::PostgresStore>>),
+}
+
+/// `$remote` for either remote store (the guard is generic over the store, so each needs its own
+/// arm), `$memory` for the memory store.
+macro_rules! by_store {
+    ($limiter:expr, $store:ident => $memory:expr, $guarded:ident => $remote:expr) => {
+        match $limiter {
+            Limiter::Memory($store) => $memory,
+            Limiter::Redis($guarded) => $remote,
+            Limiter::Postgres($guarded) => $remote,
+        }
+    };
+}
+
+impl Limiter {
+    /// Applies a reloaded `storage` section to a remote store: the decision timeout, batching,
+    /// and leases (`None`: off). The memory store has none of these.
+    pub fn reconfigure(&self, timeout: Duration, batch: bool, lease_ttl: Option<Duration>) {
+        by_store!(self,
+            _store => {},
+            guarded => guarded.reconfigure(timeout, batch, lease_ttl))
+    }
+
+    /// Decides one request against all `asks`, all-or-nothing. `Err` means the store failed and
+    /// `on_error` is `deny`.
+    pub async fn decide(
+        &self,
+        asks: &[Ask<'_>],
+        on_error: OnError,
+    ) -> Result<Admission, LimiterError> {
+        let lease = next_lease();
+        by_store!(self,
+            store => Ok(match store.decide_leased(asks, lease) {
+                Some(verdict) => Admission::Limited {
+                    verdict,
+                    source: Source::Store,
+                    lease,
+                },
+                None => Admission::Unlimited,
+            }),
+            guarded => guarded.decide(asks, lease, on_error).await
+        )
+    }
+
+    /// Gives back the concurrency leases `lease` holds in `asks` (those of other algorithms are
+    /// skipped), in the store that granted them. Never fails: a lease that cannot be released
+    /// runs out on its own.
+    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
+        by_store!(self,
+            store => store.release(asks, lease),
+            guarded => guarded.release(asks, lease, source).await
+        )
+    }
+
+    /// What `asks` would decide now, per limit (in the order asked), spending nothing.
+    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
+        by_store!(self,
+            store => Ok(store.peek(asks)),
+            guarded => guarded.peek(asks).await
+        )
+    }
+
+    /// Readies a remote store for its first decision (connects, loads its scripts or schema),
+    /// waiting at most `within`: true when it is ready. The memory store always is.
+    pub async fn prepare(&self, within: Duration) -> bool {
+        by_store!(self, _store => true, guarded => guarded.prepare(within).await)
+    }
+
+    /// True when the store answers: `/readyz`.
+    pub async fn is_ready(&self) -> bool {
+        by_store!(self, _store => true, guarded => guarded.is_ready().await)
+    }
+
+    /// The in-process store (the fallback, for a remote store).
+    pub fn memory(&self) -> &Arc<MemoryStore> {
+        by_store!(self, store => store, guarded => guarded.local())
+    }
+
+    /// The guard's counters, when there is a remote store.
+    /// The store's name for metric labels: `memory`, `redis` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Limiter::Memory(_) => "memory",
+            Limiter::Redis(_) => "redis",
+            Limiter::Postgres(_) => "postgres",
+        }
+    }
+
+    pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
+        by_store!(self, _store => None, guarded => Some(guarded.stats()))
+    }
+
+    /// The breaker's state, when there is a remote store.
+    pub fn breaker_state(&self) -> Option<guard::BreakerState> {
+        by_store!(self, _store => None, guarded => Some(guarded.breaker_now()))
+    }
+}
+
+/// A budget key that owns its bytes: for leases held past the request's borrow.
+#[derive(Debug, Clone)]
+struct OwnedKey {
+    limit: Limit,
+    budget: String,
+    kind: KeyKind,
+    value: Vec<u8>,
+}
+
+/// The concurrency leases one admitted request holds. Dropping it gives them back (at once on
+/// the memory store, in a spawned task on a remote store), so the proxy ties it to the response body:
+/// every way a request can end (body sent, upstream error or timeout, client gone, a panic
+/// unwinding the task) drops it.
+pub struct HeldLeases {
+    limiter: Limiter,
+    keys: Vec<OwnedKey>,
+    lease: LeaseId,
+    source: Source,
+}
+
+impl Limiter {
+    /// The leases `admission` granted in `asks`, if it allowed and any ask is a concurrency limit.
+    pub fn hold(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<HeldLeases> {
+        let Admission::Limited {
+            verdict,
+            source,
+            lease,
+        } = *admission
+        else {
+            return None;
+        };
+        if !verdict.allowed() {
+            return None;
+        }
+        let keys: Vec<OwnedKey> = asks
+            .iter()
+            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+            .map(|a| OwnedKey {
+                limit: *a.limit,
+                budget: a.key.budget.to_string(),
+                kind: a.key.kind,
+                value: a.key.value.to_vec(),
+            })
+            .collect();
+        (!keys.is_empty()).then(|| HeldLeases {
+            limiter: self.clone(),
+            keys,
+            lease,
+            source,
+        })
+    }
+}
+
+fn borrowed(keys: &[OwnedKey]) -> Vec<Ask<'_>> {
+    keys.iter()
+        .map(|k| Ask {
+            limit: &k.limit,
+            key: BudgetKey {
+                budget: &k.budget,
+                kind: k.kind,
+                value: &k.value,
+            },
+        })
+        .collect()
+}
+
+impl Drop for HeldLeases {
+    fn drop(&mut self) {
+        match &self.limiter {
+            Limiter::Memory(store) => store.release(&borrowed(&self.keys), self.lease),
+            Limiter::Redis(_) | Limiter::Postgres(_) => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return; // no runtime (process exit): the leases end on their own
+                };
+                let limiter = self.limiter.clone();
+                let keys = std::mem::take(&mut self.keys);
+                let (lease, source) = (self.lease, self.source);
+                runtime.spawn(async move {
+                    limiter.release(&borrowed(&keys), lease, source).await;
+                });
+            }
+        }
+    }
+}
