@@ -145,7 +145,7 @@ pub struct StorageFile {
     pub batch: Option<bool>,
     /// Redis: `auto` (default) leases budgets this instance spends fast; `disabled`.
     #[serde(default)]
-    pub leases: Option<Choice<super::storage::LeaseMode>>,
+    pub leases: Option<Choice<LeaseMode>>,
     /// How long a lease lasts at most (default 250ms).
     #[serde(default)]
     pub lease_ttl: Option<String>,
@@ -193,6 +193,14 @@ pub struct ConsumerFile {
     /// The hex SHA-256 of each of its keys (`floodgate hash-key KEY` prints it).
     #[serde(default)]
     pub keys_sha256: Vec<String>,
+}
+
+/// `storage.leases`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseMode {
+    Auto,
+    Disabled,
 }
 
 /// `timeouts:` — how long floodgate waits on clients and upstreams.

@@ -24,14 +24,6 @@ pub struct StorageConfig {
     pub lease_ttl: Option<Duration>,
 }
 
-/// `storage.leases`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseMode {
-    Auto,
-    Disabled,
-}
-
 /// The limiter store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -173,7 +165,8 @@ impl Validator {
                     s.lease_ttl.as_deref(),
                     Duration::from_millis(250),
                 );
-                (self.choice("storage.leases", s.leases, LeaseMode::Auto) == LeaseMode::Auto)
+                (self.choice("storage.leases", s.leases, file::LeaseMode::Auto)
+                    == file::LeaseMode::Auto)
                     .then_some(ttl)
             },
         })
