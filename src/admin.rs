@@ -19,6 +19,12 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+mod budgets;
+mod query;
+mod top;
+
+pub use query::AdminError;
+
 use crate::deadline::FirstByteDeadline;
 use crate::proxy::{Body, Proxy, response};
 
@@ -102,11 +108,11 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         return response;
     }
     if req.uri().path() == "/budgets" {
-        let answer = proxy.budgets(req.uri().query().unwrap_or("")).await;
+        let answer = budgets::budgets(proxy, req.uri().query().unwrap_or("")).await;
         return json_answer(answer);
     }
     if req.uri().path() == "/top" {
-        return json_answer(proxy.top(req.uri().query().unwrap_or("")));
+        return json_answer(top::top(proxy, req.uri().query().unwrap_or("")));
     }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
@@ -124,7 +130,7 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
 }
 
 /// `GET /budgets` and `GET /top`: JSON, or a problem+json error.
-fn json_answer(answer: Result<serde_json::Value, crate::proxy::BudgetsError>) -> Response<Body> {
+fn json_answer(answer: Result<serde_json::Value, AdminError>) -> Response<Body> {
     let (status, body) = match answer {
         Ok(value) => (StatusCode::OK, value),
         Err(e) => (

@@ -20,14 +20,12 @@
 //! response in `response.rs`: the one place where a status is chosen.
 
 pub mod body;
-mod budgets;
 mod context;
 pub mod forward;
 mod multiplex;
 mod pool;
 pub mod response;
 mod snapshot;
-mod top;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,12 +42,12 @@ use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
 use crate::limiter::{Admission, Ask, Limiter, LimiterError};
 use crate::metrics::{DecisionLabel, Metrics};
 use crate::policy::{Claim, LimitPhase, Refusal, Refused, Whose};
-pub use budgets::BudgetsError;
 use context::{Admitted, Context};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
+use snapshot::RouteExtras;
+pub use snapshot::uptime_us;
 pub use snapshot::{Gates, Snapshot, Tops};
-use snapshot::{RouteExtras, uptime_us};
 
 /// The proxy: shared by every connection.
 pub struct Proxy {
@@ -117,6 +115,11 @@ impl Proxy {
         self.metrics.stream_refused();
         let dialect = Dialect::of(req.headers(), Default::default());
         Rejection::TooManyStreams.respond(&RateLimitHeaders::none(), dialect)
+    }
+
+    /// The config snapshot new requests are served with.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
     }
 
     /// The limiter this proxy asks.

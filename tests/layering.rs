@@ -31,7 +31,7 @@ const ALLOWED: &[(&str, &str)] = &[
         "replay",
         "access_log config identity limiter metrics path policy route",
     ),
-    ("admin", "deadline proxy"),
+    ("admin", "config deadline identity limiter policy proxy top"),
 ];
 
 /// The module's files: `src/NAME.rs` and everything under `src/NAME/`.

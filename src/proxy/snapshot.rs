@@ -37,6 +37,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The `/top` table of the route at `index`.
+    pub fn top_of(&self, index: usize) -> &TopTable {
+        &self.extras[index].top
+    }
+
     /// The rules that say whose allowance a request spends ([`crate::policy`]).
     pub fn policy(&self) -> Policy<'_> {
         Policy {
@@ -73,7 +78,7 @@ impl Tops {
 }
 
 /// Microseconds since the process started: the heavy-hitter tables' clock.
-pub(super) fn uptime_us() -> u64 {
+pub fn uptime_us() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }

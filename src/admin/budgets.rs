@@ -1,0 +1,177 @@
+//! `GET /budgets` on the admin listener: one client's budgets on one route, now, per limit,
+//! computed by the same algorithms on the store's state without spending anything (memory: a
+//! copy of the state; Redis: the limiter script with its commits skipped).
+//!
+//! Query: `route=NAME` and one of `api_key=K` (resolved to its consumer when `consumers:` is
+//! configured), `consumer=NAME`, `user_id=U`, `ip=ADDR` (`ip` also names the budget of `per: ip`
+//! limits). Per limit: `algorithm`, `per`, `limit`, `remaining` (units left now; `null` for a
+//! `per: ip` limit when no `ip` is given), `reset_after_s` (when the budget would be full again if
+//! the next request were admitted: the `X-RateLimit-Reset` that request would get), `shadow`.
+
+use std::net::IpAddr;
+
+use serde_json::{Value, json};
+
+use super::query::{AdminError, Query, bad};
+use crate::config::{Budget, Per};
+use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
+use crate::limiter::Limiter;
+use crate::limiter::{Decision, KeyKind};
+use crate::policy::{self, Asks, Claim, Refusal};
+use crate::proxy::Proxy;
+
+/// The answer to `GET /budgets?{query}`.
+pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
+    let query = Query::parse(query);
+    let param = |name: &str| query.get(name);
+    let snapshot = proxy.snapshot();
+    let route_name = param("route").ok_or_else(|| bad(400, "bad_request", "route= is required"))?;
+    let route = snapshot
+        .routes
+        .routes()
+        .iter()
+        .find(|r| *r.name == *route_name)
+        .ok_or_else(|| bad(404, "no_route", format!("no route named {route_name:?}")))?;
+    let ip: Option<IpAddr> = match param("ip") {
+        Some(text) => Some(
+            // The address a budget is kept for (an IPv6 client's /64, by default).
+            snapshot.identity.budget_addr(
+                text.parse::<IpAddr>()
+                    .map_err(|_| bad(400, "bad_request", format!("{text:?} is not an IP address")))?
+                    .to_canonical(),
+            ),
+        ),
+        None => None,
+    };
+    // Whose allowance: the proxy's rules (crate::policy), on what the query names.
+    let claim = if let Some(name) = param("consumer") {
+        Some(Claim::Consumer(name))
+    } else if let Some(key) = param("api_key") {
+        Some(Claim::ApiKey(key.as_bytes()))
+    } else if let Some(user) = param("user_id") {
+        Some(Claim::Keyless(Identity::UserId(user.as_bytes())))
+    } else {
+        ip.map(|ip| Claim::Keyless(Identity::Ip(ip)))
+    };
+    let resolved = claim.map(|claim| {
+        snapshot.policy().resolve(
+            claim,
+            || ip.map(Identity::Ip).ok_or(Refusal::Unidentified),
+            || ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+        )
+    });
+    let whose = match resolved {
+        None | Some(Err(Refusal::Unidentified)) => None,
+        Some(Ok(whose)) => Some(whose),
+        Some(Err(Refusal::UnknownConsumer(name))) => {
+            return Err(bad(
+                404,
+                "unknown_consumer",
+                format!("no consumer named {name:?}"),
+            ));
+        }
+        Some(Err(Refusal::Identity(IdentityError::UnknownKey))) => {
+            return Err(bad(404, "invalid_api_key", "no consumer has this key"));
+        }
+        Some(Err(e)) => return Err(bad(400, "bad_request", e.to_string())),
+    };
+    let needs_identity = route
+        .enforced
+        .limits
+        .iter()
+        .chain(&route.shadow.limits)
+        .any(|l| l.per == Per::Identity);
+    let identity = whose.map(|w| w.identity);
+    if identity.is_none() && needs_identity {
+        return Err(bad(
+            400,
+            "missing_identity",
+            "give one of api_key=, consumer=, user_id=, ip=",
+        ));
+    }
+    let tier = whose.map_or(ANONYMOUS_TIER, |w| w.tier);
+    let mut id_buf = [0u8; 16];
+    let id: &[u8] = match &identity {
+        Some(identity) => identity.key_bytes(&mut id_buf),
+        None => &[],
+    };
+    let mut ip_buf = [0u8; 16];
+    let ip_bytes = ip.map(|ip| ip_octets(ip, &mut ip_buf));
+    let mut limits = Vec::new();
+    for (budget, shadow) in [(&route.enforced, false), (&route.shadow, true)] {
+        limits.extend(
+            peek_budget(
+                proxy.limiter(),
+                budget,
+                shadow,
+                tier,
+                identity.as_ref(),
+                id,
+                ip_bytes,
+            )
+            .await?,
+        );
+    }
+    Ok(json!({
+        "route": &*route.name,
+        "identity": identity.map(|i| i.kind().as_str()),
+        "tier": tier,
+        "limits": limits,
+    }))
+}
+
+/// One budget's limits, with figures of now where the query names their client.
+async fn peek_budget(
+    limiter: &Limiter,
+    budget: &Budget,
+    shadow: bool,
+    tier: &str,
+    identity: Option<&Identity<'_>>,
+    id: &[u8],
+    ip: Option<&[u8]>,
+) -> Result<Vec<Value>, AdminError> {
+    let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
+    let Asks { asks, positions } = policy::asks(budget, tier, identity, ip);
+    let positions = &positions[..asks.len()];
+    let decisions = if asks.is_empty() {
+        Vec::new()
+    } else {
+        limiter
+            .peek(&asks)
+            .await
+            .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?
+    };
+    // Every limit that applies to the tier, with figures when the query names its client.
+    Ok(budget
+        .limits
+        .iter()
+        .enumerate()
+        .filter(|(_, limit)| limit.applies_to(tier))
+        .map(|(position, limit)| {
+            let figures = positions
+                .iter()
+                .position(|&p| p == position)
+                .and_then(|i| decisions.get(i))
+                .map(|d| now_figures(d, limit.limit.cost()));
+            json!({
+                "algorithm": limit.limit.algorithm().name(),
+                "per": limit.per.as_str(),
+                "limit": limit.limit.algorithm().units(),
+                "remaining": figures.map(|(remaining, _)| remaining),
+                "reset_after_s": figures.map(|(_, reset)| reset),
+                "shadow": shadow,
+            })
+        })
+        .collect())
+}
+
+/// A peeked decision as figures of now: the units left before the next request (a check that
+/// allowed counted that request's cost), and `reset_after_s`.
+fn now_figures(d: &Decision, cost: u32) -> (u64, f64) {
+    let remaining = if d.allowed() {
+        d.remaining + u64::from(cost)
+    } else {
+        d.remaining
+    };
+    (remaining.min(d.limit), d.reset_after_us as f64 / 1e6)
+}
