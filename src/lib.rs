@@ -57,8 +57,9 @@
 //! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
 //! [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
-//! policy; [`admin`] on proxy (and what `/budgets` and `/top` read: config, identity, limiter,
-//! policy, top); [`server`] on admin and proxy; `main` on server.
+//! policy (and replay on [`top`]'s Space-Saving table); [`admin`] on proxy (and what
+//! `/budgets` and `/top` read: config, identity, limiter, policy, top); [`server`] on admin and
+//! proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
 #![forbid(unsafe_code)]

@@ -1,7 +1,7 @@
 //! Who is being limited right now: per route, the heaviest identities of the recent past, in
 //! memory bounded whatever the number of identities (admin `GET /top`, `floodgate top`).
 //!
-//! Space-Saving (Metwally, Agrawal and El Abbadi, 2005) with [`CAPACITY`] counters per route:
+//! Space-Saving ([`space_saving`]) with [`CAPACITY`] counters per route:
 //! an identity already counted adds to its counter; a new one takes a free counter, or replaces
 //! the smallest and starts from its count (an overestimate of at most that count, reported as
 //! `error`). Any identity with more than `1 / CAPACITY` of a route's requests is guaranteed a
@@ -14,15 +14,16 @@
 //! (a linear scan of the counters only when a new identity replaces the smallest; measured with
 //! `cargo bench --bench top`).
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::identity::{Identity, IdentityKind, ip_octets};
-use crate::limiter::memory::Prehashed;
 
+pub mod space_saving;
 pub mod view;
+
+use space_saving::{Counted, SpaceSaving};
 
 /// Counters per route.
 pub const CAPACITY: usize = 128;
@@ -31,23 +32,8 @@ pub const DECAY: Duration = Duration::from_secs(10);
 /// The longest identity value kept (longer API keys are cut; they are shown hashed anyway).
 pub const MAX_KEY_BYTES: usize = 64;
 
-/// One identity's counts.
-#[derive(Debug, Clone)]
-struct Counter {
-    hash: u64,
-    kind: IdentityKind,
-    value: Box<[u8]>,
-    allowed: u64,
-    denied: u64,
-    /// Overestimate inherited from the counter it replaced.
-    error: u64,
-}
-
-impl Counter {
-    fn total(&self) -> u64 {
-        self.allowed + self.denied
-    }
-}
+/// What a counter counts: an identity's kind and key bytes.
+type Key = (IdentityKind, Box<[u8]>);
 
 /// One route's heavy hitters.
 pub struct TopTable {
@@ -56,8 +42,7 @@ pub struct TopTable {
 }
 
 struct Inner {
-    counters: Vec<Counter>,
-    by_hash: HashMap<u64, usize, Prehashed>,
+    counts: SpaceSaving<Key>,
     /// When the counts last halved (µs, the caller's clock).
     decayed_at: u64,
 }
@@ -80,8 +65,7 @@ impl Default for TopTable {
         TopTable {
             hasher: RandomState::new(),
             inner: Mutex::new(Inner {
-                counters: Vec::with_capacity(CAPACITY),
-                by_hash: HashMap::default(),
+                counts: SpaceSaving::new(CAPACITY),
                 decayed_at: 0,
             }),
         }
@@ -102,23 +86,14 @@ impl TopTable {
         let hash = self.hasher.hash_one((kind as u8, value));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.decay(now_us);
-        let slot = match inner.by_hash.get(&hash) {
-            Some(&i) => i,
-            None => inner.insert(hash, kind, value),
-        };
-        let counter = &mut inner.counters[slot];
-        if allowed {
-            counter.allowed += 1;
-        } else {
-            counter.denied += 1;
-        }
+        inner.counts.count(hash, || (kind, value.into()), allowed);
     }
 
     /// The `n` heaviest identities, most requests first, or most denied first when `by_denied`.
     pub fn top(&self, n: usize, by_denied: bool, now_us: u64) -> Vec<Row> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.decay(now_us);
-        let mut counters: Vec<Counter> = inner.counters.clone();
+        let mut counters: Vec<Counted<Key>> = inner.counts.counters().to_vec();
         drop(inner);
         if by_denied {
             counters.sort_by(|a, b| b.denied.cmp(&a.denied).then(b.total().cmp(&a.total())));
@@ -126,7 +101,7 @@ impl TopTable {
             counters.sort_by_key(|c| std::cmp::Reverse(c.total()));
         }
         counters.truncate(n);
-        counters.into_iter().map(|c| c.row()).collect()
+        counters.iter().map(row).collect()
     }
 
     /// How many identities are counted now (at most [`CAPACITY`]).
@@ -134,7 +109,8 @@ impl TopTable {
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .counters
+            .counts
+            .counters()
             .len()
     }
 
@@ -156,69 +132,20 @@ impl Inner {
             return;
         }
         self.decayed_at += periods * period;
-        let shift = periods.min(63) as u32;
-        for c in &mut self.counters {
-            c.allowed >>= shift;
-            c.denied >>= shift;
-            c.error >>= shift;
-        }
-        self.counters.retain(|c| c.total() > 0);
-        self.by_hash.clear();
-        for (i, c) in self.counters.iter().enumerate() {
-            self.by_hash.insert(c.hash, i);
-        }
-    }
-
-    /// A counter for a new identity: a free one, or the smallest, whose count it inherits as
-    /// its error (Space-Saving).
-    fn insert(&mut self, hash: u64, kind: IdentityKind, value: &[u8]) -> usize {
-        if self.counters.len() < CAPACITY {
-            self.counters.push(Counter {
-                hash,
-                kind,
-                value: value.into(),
-                allowed: 0,
-                denied: 0,
-                error: 0,
-            });
-            let i = self.counters.len() - 1;
-            self.by_hash.insert(hash, i);
-            return i;
-        }
-        // (A full table has CAPACITY counters: the fallback is never taken.)
-        let (i, smallest) = self
-            .counters
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, c)| c.total())
-            .map_or((0, 0), |(i, c)| (i, c.total()));
-        let old = std::mem::replace(
-            &mut self.counters[i],
-            Counter {
-                hash,
-                kind,
-                value: value.into(),
-                // The replaced counter's count, attributed to the newcomer as allowed: Space-
-                // Saving's overestimate, reported as `error`.
-                allowed: smallest,
-                denied: 0,
-                error: smallest,
-            },
-        );
-        self.by_hash.remove(&old.hash);
-        self.by_hash.insert(hash, i);
-        i
+        self.counts.halve(periods.min(63) as u32);
     }
 }
 
-impl Counter {
-    fn row(&self) -> Row {
-        let identity = match self.kind {
-            IdentityKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(&self.value)),
+/// A counter as a row of `/top`.
+fn row(c: &Counted<Key>) -> Row {
+    let (kind, value) = &c.key;
+    {
+        let identity = match kind {
+            IdentityKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(value)),
             IdentityKind::Ip => {
-                if let Ok(v4) = <[u8; 4]>::try_from(&self.value[..]) {
+                if let Ok(v4) = <[u8; 4]>::try_from(&value[..]) {
                     format!("ip:{}", std::net::Ipv4Addr::from(v4))
-                } else if let Ok(v6) = <[u8; 16]>::try_from(&self.value[..]) {
+                } else if let Ok(v6) = <[u8; 16]>::try_from(&value[..]) {
                     format!("ip:{}", std::net::Ipv6Addr::from(v6))
                 } else {
                     "ip:?".to_string()
@@ -226,15 +153,15 @@ impl Counter {
             }
             IdentityKind::ApiKey | IdentityKind::UserId => {
                 use sha2::Digest;
-                self.kind.short_label(&sha2::Sha256::digest(&self.value))
+                kind.short_label(&sha2::Sha256::digest(value))
             }
         };
         Row {
             identity,
-            kind: self.kind.as_str(),
-            allowed: self.allowed,
-            denied: self.denied,
-            error: self.error,
+            kind: kind.as_str(),
+            allowed: c.allowed,
+            denied: c.denied,
+            error: c.error,
         }
     }
 }

@@ -29,7 +29,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     (
         "replay",
-        "access_log config identity limiter metrics path policy route",
+        "access_log config identity limiter metrics path policy route top",
     ),
     ("admin", "config deadline identity limiter policy proxy top"),
 ];

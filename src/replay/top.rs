@@ -1,35 +1,44 @@
-//! The identities denied most, per route, in fixed memory.
+//! The identities denied most, per route, in fixed memory: the one Space-Saving table `/top`
+//! uses ([`crate::top::space_saving`]), fed only denials and never decayed (a log is counted
+//! whole).
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 
 use super::{TOP_REPORTED, TOP_TRACKED};
+use crate::top::space_saving::SpaceSaving;
 
-/// The Space-Saving summary of the most frequent items, in fixed memory.
-#[derive(Debug, Default, Clone)]
+/// The denied identities of one route, by their report label.
+#[derive(Debug, Clone)]
 pub(super) struct TopK {
-    counts: HashMap<String, u64>,
+    hasher: RandomState,
+    counts: SpaceSaving<String>,
+}
+
+impl Default for TopK {
+    fn default() -> Self {
+        TopK {
+            hasher: RandomState::new(),
+            counts: SpaceSaving::new(TOP_TRACKED),
+        }
+    }
 }
 
 impl TopK {
+    /// Counts one denial of `item`.
     pub(super) fn add(&mut self, item: String) {
-        if let Some(n) = self.counts.get_mut(&item) {
-            *n += 1;
-        } else if self.counts.len() < TOP_TRACKED {
-            self.counts.insert(item, 1);
-        } else if let Some((smallest, n)) = self
-            .counts
-            .iter()
-            .min_by_key(|(_, n)| **n)
-            .map(|(k, n)| (k.clone(), *n))
-        {
-            // The newcomer inherits the evicted count: an overestimate by at most that much.
-            self.counts.remove(&smallest);
-            self.counts.insert(item, n + 1);
-        }
+        let hash = self.hasher.hash_one(&item);
+        self.counts.count(hash, || item, false);
     }
 
+    /// The most denied, most first (a newcomer's count includes what it inherited: an
+    /// overestimate by at most that much).
     pub(super) fn top(&self) -> Vec<(&str, u64)> {
-        let mut all: Vec<_> = self.counts.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        let mut all: Vec<_> = self
+            .counts
+            .counters()
+            .iter()
+            .map(|c| (c.key.as_str(), c.total()))
+            .collect();
         all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         all.truncate(TOP_REPORTED);
         all
