@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `floodgate top`: the terminal view of `/top` (the binary's own; the library serves `/top`).
+#[path = "cli/top.rs"]
+mod top_view;
+
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
@@ -117,14 +121,14 @@ fn main() -> ExitCode {
             interval,
             once,
         }) => {
-            let options = floodgate::top::view::Options {
+            let options = top_view::Options {
                 admin,
                 route,
                 n,
                 interval,
                 once,
             };
-            match floodgate::top::view::run(&options) {
+            match top_view::run(&options) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("floodgate top: {e}");

@@ -21,7 +21,6 @@ use std::time::Duration;
 use crate::identity::{Identity, IdentityKind, ip_octets};
 
 pub mod space_saving;
-pub mod view;
 
 use space_saving::{Counted, SpaceSaving};
 
