@@ -433,7 +433,8 @@ impl Proxy {
         let forwarded = snapshot
             .forwarder
             .forward(req, route.config, ctx.peer.ip(), snapshot.tls, deadline)
-            .await;
+            .await
+            .map_err(Rejection::from);
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears
         // of floodgate's 502 and 504 as gRPC statuses in a 200).
         let status = match &forwarded {

@@ -85,6 +85,50 @@ impl Hop {
     }
 }
 
+/// Why a request could not be forwarded, by whose fault: the client's or the upstream's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForwardError {
+    Client(ClientFault),
+    Upstream(UpstreamFault),
+}
+
+/// What the client did wrong on the way through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFault {
+    /// Its body is larger than `max_body_size` (announced, or once streamed): 413.
+    TooLarge,
+    /// Its body went silent for `timeouts.client_body`: 408.
+    Idle,
+    /// Its body's framing was invalid, or it went away mid-body: 400.
+    Malformed,
+}
+
+/// What the upstream did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamFault {
+    /// It could not be reached, or its connection failed (with what floodgate can say): 502.
+    Unreachable(String),
+    /// No response head within `timeouts.upstream_response` (or the client's `grpc-timeout`):
+    /// 504.
+    Timeout,
+}
+
+impl From<ForwardError> for Rejection {
+    fn from(error: ForwardError) -> Rejection {
+        match error {
+            ForwardError::Client(ClientFault::TooLarge) => Rejection::PayloadTooLarge,
+            ForwardError::Client(ClientFault::Idle) => Rejection::RequestTimeout,
+            ForwardError::Client(ClientFault::Malformed) => {
+                Rejection::BadRequest("the request body is malformed or was cut short".into())
+            }
+            ForwardError::Upstream(UpstreamFault::Unreachable(detail)) => {
+                Rejection::BadGateway(detail)
+            }
+            ForwardError::Upstream(UpstreamFault::Timeout) => Rejection::GatewayTimeout,
+        }
+    }
+}
+
 /// What the response filter needs to know of the client's side of the request.
 struct ClientSide {
     version: Version,
@@ -141,7 +185,7 @@ impl Forwarder {
         client_ip: IpAddr,
         client_tls: bool,
         deadline: Option<Duration>,
-    ) -> Result<Response<Body>, Rejection> {
+    ) -> Result<Response<Body>, ForwardError> {
         let upstream = &route.upstream;
         let upgrade = is_websocket_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -160,7 +204,7 @@ impl Forwarder {
             if parts.version <= Version::HTTP_11 {
                 tokio::spawn(super::body::linger(body));
             }
-            return Err(Rejection::PayloadTooLarge);
+            return Err(ForwardError::Client(ClientFault::TooLarge));
         }
         let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
@@ -187,18 +231,16 @@ impl Forwarder {
             Ok::<_, PoolError>((response, client))
         };
         let (response, client) = match tokio::time::timeout(wait, sent).await {
-            Err(_) => return Err(Rejection::GatewayTimeout),
+            Err(_) => return Err(ForwardError::Upstream(UpstreamFault::Timeout)),
             // The request's own body failed: the client's error, not the upstream's.
             Ok(Err(_)) if fault.get() == Some(Fault::TooLarge) => {
-                return Err(Rejection::PayloadTooLarge);
+                return Err(ForwardError::Client(ClientFault::TooLarge));
             }
             Ok(Err(_)) if fault.get() == Some(Fault::Idle) => {
-                return Err(Rejection::RequestTimeout);
+                return Err(ForwardError::Client(ClientFault::Idle));
             }
             Ok(Err(_)) if fault.get() == Some(Fault::Malformed) => {
-                return Err(Rejection::BadRequest(
-                    "the request body is malformed or was cut short".into(),
-                ));
+                return Err(ForwardError::Client(ClientFault::Malformed));
             }
             Ok(Err(e)) => {
                 let detail = if is_tls_error(&e) {
@@ -209,7 +251,7 @@ impl Forwarder {
                     "the upstream connection failed".to_string()
                 };
                 tracing::debug!(error = %e, upstream = %upstream.authority, "upstream request failed");
-                return Err(Rejection::BadGateway(detail));
+                return Err(ForwardError::Upstream(UpstreamFault::Unreachable(detail)));
             }
             Ok(Ok(sent)) => sent,
         };
@@ -383,13 +425,13 @@ impl Forwarder {
         upstream: &Upstream,
         client: ClientSide,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-    ) -> Result<Response<Body>, Rejection> {
+    ) -> Result<Response<Body>, ForwardError> {
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             let Some(client_upgrade) = client_upgrade else {
                 // The client asked for no upgrade: a 101 cannot be relayed.
-                return Err(Rejection::BadGateway(
+                return Err(ForwardError::Upstream(UpstreamFault::Unreachable(
                     "unexpected 101 from the upstream".to_string(),
-                ));
+                )));
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             tokio::spawn(async move {
