@@ -31,7 +31,7 @@ pub mod redis;
 pub mod wire;
 
 pub use clock::{AnchoredClock, Clock, ManualClock, MonotonicClock, SystemClock};
-pub use decision::{Admission, Decision, Outcome, Source, Verdict};
+pub use decision::{Admission, Decision, Figures, Outcome, Source, Verdict};
 pub use error::{LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};

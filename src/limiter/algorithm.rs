@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use super::{AlgorithmKind, Decision, Limit};
+use super::{AlgorithmKind, Decision, Figures, Limit};
 
 /// The state one limit keeps for one budget.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,7 +83,14 @@ impl State {
             State::Gcra { tat } => {
                 let d = gcra_check(tat, units, span, cost, now);
                 if kind == AlgorithmKind::TokenBucket && d.allowed() {
-                    Decision::allow(d.limit, d.remaining, d.reset_after_us, 0)
+                    Decision::allow(
+                        Figures {
+                            limit: d.limit,
+                            remaining: d.remaining,
+                            reset_after_us: d.reset_after_us,
+                        },
+                        0,
+                    )
                 } else {
                     d
                 }
@@ -150,10 +157,24 @@ fn concurrency_check(
     }
     let count = leases.len() as u64;
     if count + cost <= limit {
-        Decision::allow(limit, limit - count - cost, lease, 0)
+        Decision::allow(
+            Figures {
+                limit,
+                remaining: limit - count - cost,
+                reset_after_us: lease,
+            },
+            0,
+        )
     } else {
         let newest = leases.back().map_or(now, |&(end, _)| end);
-        Decision::deny(limit, limit.saturating_sub(count), newest - now, 1_000_000)
+        Decision::deny(
+            Figures {
+                limit,
+                remaining: limit.saturating_sub(count),
+                reset_after_us: newest - now,
+            },
+            1_000_000,
+        )
     }
 }
 
@@ -166,16 +187,20 @@ fn gcra_check(tat: &mut u64, capacity: u64, interval: u64, cost: u64, now: u64) 
     let new_tat = *tat + cost * interval;
     if new_tat - now <= burst {
         Decision::allow(
-            capacity,
-            (burst - (new_tat - now)) / interval,
-            new_tat - now,
+            Figures {
+                limit: capacity,
+                remaining: (burst - (new_tat - now)) / interval,
+                reset_after_us: new_tat - now,
+            },
             *tat - now,
         )
     } else {
         Decision::deny(
-            capacity,
-            burst.saturating_sub(*tat - now) / interval,
-            *tat - now,
+            Figures {
+                limit: capacity,
+                remaining: burst.saturating_sub(*tat - now) / interval,
+                reset_after_us: *tat - now,
+            },
             new_tat - now - burst,
         )
     }
@@ -196,9 +221,23 @@ fn fixed_window_check(
     }
     let reset_after_us = current + window - now;
     if *count + cost <= limit {
-        Decision::allow(limit, limit - *count - cost, reset_after_us, 0)
+        Decision::allow(
+            Figures {
+                limit,
+                remaining: limit - *count - cost,
+                reset_after_us,
+            },
+            0,
+        )
     } else {
-        Decision::deny(limit, limit - *count, reset_after_us, reset_after_us)
+        Decision::deny(
+            Figures {
+                limit,
+                remaining: limit - *count,
+                reset_after_us,
+            },
+            reset_after_us,
+        )
     }
 }
 
@@ -215,16 +254,25 @@ fn sliding_log_check(
     }
     let count = entries.len() as u64;
     if count + cost <= limit {
-        Decision::allow(limit, limit - count - cost, window, 0)
+        Decision::allow(
+            Figures {
+                limit,
+                remaining: limit - count - cost,
+                reset_after_us: window,
+            },
+            0,
+        )
     } else {
         // The retry passes once the oldest `count + cost - limit` entries have expired.
         let needed = (count + cost - limit) as usize;
         let freeing = entries.get(needed - 1).copied().unwrap_or(now);
         let newest = entries.back().copied().unwrap_or(now);
         Decision::deny(
-            limit,
-            limit.saturating_sub(count),
-            (newest + window).saturating_sub(now),
+            Figures {
+                limit,
+                remaining: limit.saturating_sub(count),
+                reset_after_us: (newest + window).saturating_sub(now),
+            },
             (freeing + window).saturating_sub(now).max(1),
         )
     }
@@ -279,9 +327,23 @@ fn sliding_counter_check(
     };
     let remaining = (limit as f64 - spent).floor().max(0.0) as u64;
     if allowed {
-        Decision::allow(limit, remaining, reset_after_us, 0)
+        Decision::allow(
+            Figures {
+                limit,
+                remaining,
+                reset_after_us,
+            },
+            0,
+        )
     } else {
-        Decision::deny(limit, remaining, reset_after_us, retry_after_us)
+        Decision::deny(
+            Figures {
+                limit,
+                remaining,
+                reset_after_us,
+            },
+            retry_after_us,
+        )
     }
 }
 

@@ -35,6 +35,17 @@ impl Outcome {
     }
 }
 
+/// What a decision reports of its budget, whatever its outcome (the rate-limit headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figures {
+    /// Capacity (buckets) or limit (windows).
+    pub limit: u64,
+    /// Units left after this request.
+    pub remaining: u64,
+    /// Time until the budget is fully restored.
+    pub reset_after_us: u64,
+}
+
 /// What one limit says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -49,30 +60,31 @@ pub struct Decision {
 
 impl Decision {
     /// An allowing decision with nothing in it: a placeholder for fixed-size buffers.
-    pub(crate) const EMPTY: Decision = Decision::allow(0, 0, 0, 0);
+    pub(crate) const EMPTY: Decision = Decision::allow(
+        Figures {
+            limit: 0,
+            remaining: 0,
+            reset_after_us: 0,
+        },
+        0,
+    );
 
-    /// An admission (held `delay_us` first: leaky bucket).
-    pub const fn allow(limit: u64, remaining: u64, reset_after_us: u64, delay_us: u64) -> Self {
-        Decision {
-            outcome: Outcome::Allowed { delay_us },
-            limit,
-            remaining,
-            reset_after_us,
-        }
+    /// An admission with these figures (held `delay_us` first: leaky bucket).
+    pub const fn allow(figures: Figures, delay_us: u64) -> Self {
+        Decision::new(Outcome::Allowed { delay_us }, figures)
     }
 
-    /// A refusal, whose earliest retry can pass `retry_after_us` from now.
-    pub const fn deny(
-        limit: u64,
-        remaining: u64,
-        reset_after_us: u64,
-        retry_after_us: u64,
-    ) -> Self {
+    /// A refusal with these figures, whose earliest retry can pass `retry_after_us` from now.
+    pub const fn deny(figures: Figures, retry_after_us: u64) -> Self {
+        Decision::new(Outcome::Denied { retry_after_us }, figures)
+    }
+
+    const fn new(outcome: Outcome, figures: Figures) -> Self {
         Decision {
-            outcome: Outcome::Denied { retry_after_us },
-            limit,
-            remaining,
-            reset_after_us,
+            outcome,
+            limit: figures.limit,
+            remaining: figures.remaining,
+            reset_after_us: figures.reset_after_us,
         }
     }
 

@@ -429,7 +429,7 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, BudgetKey, KeyKind, Limit};
+    use crate::limiter::{Algorithm, BudgetKey, Figures, KeyKind, Limit};
 
     const MS: u64 = 1_000;
 
@@ -445,7 +445,14 @@ mod tests {
     }
 
     fn reply(leased: u64, remaining: u64, reset_after_us: u64) -> Reply {
-        let decision = Decision::allow(100, remaining, reset_after_us, 0);
+        let decision = Decision::allow(
+            Figures {
+                limit: 100,
+                remaining,
+                reset_after_us,
+            },
+            0,
+        );
         Reply {
             verdict: Verdict::from_decisions(1_700_000_000_000_000, &[decision]).unwrap(),
             decisions: vec![decision],

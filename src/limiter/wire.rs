@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::{Ask, Decision, LimiterError, Verdict};
+use super::{Ask, Decision, Figures, LimiterError, Verdict};
 
 /// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
 pub const REPLY_HEADER: usize = 2;
@@ -70,9 +70,23 @@ impl Reply {
                 let at = REPLY_HEADER + i * REPLY_FIELDS;
                 let (limit, remaining, reset) = (item(at + 1)?, item(at + 2)?, item(at + 3)?);
                 Ok(if item(at)? == 1 {
-                    Decision::allow(limit, remaining, reset, item(at + 5)?)
+                    Decision::allow(
+                        Figures {
+                            limit,
+                            remaining,
+                            reset_after_us: reset,
+                        },
+                        item(at + 5)?,
+                    )
                 } else {
-                    Decision::deny(limit, remaining, reset, item(at + 4)?)
+                    Decision::deny(
+                        Figures {
+                            limit,
+                            remaining,
+                            reset_after_us: reset,
+                        },
+                        item(at + 4)?,
+                    )
                 })
             })
             .collect::<Result<Vec<_>, LimiterError>>()?;

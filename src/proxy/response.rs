@@ -453,6 +453,7 @@ fn int_value(n: u64) -> HeaderValue {
 mod tests {
     use super::*;
     use crate::limiter::Decision;
+    use crate::limiter::Figures;
 
     /// The whole body of a response floodgate made itself.
     fn body_of(response: Response<Body>) -> String {
@@ -484,7 +485,14 @@ mod tests {
 
     #[test]
     fn a_429_carries_retry_after_content_type_and_the_same_number_in_its_body() {
-        let headline = Decision::deny(5, 0, 4_000_000, 2_500_000);
+        let headline = Decision::deny(
+            Figures {
+                limit: 5,
+                remaining: 0,
+                reset_after_us: 4_000_000,
+            },
+            2_500_000,
+        );
         let verdict = Verdict {
             now_us: 1_700_000_000_000_000,
             headline,

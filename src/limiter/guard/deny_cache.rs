@@ -6,7 +6,7 @@ use std::hash::RandomState;
 use std::sync::Mutex;
 
 use super::super::memory::Prehashed;
-use super::super::{AlgorithmKind, Ask, Decision, Outcome, Verdict};
+use super::super::{AlgorithmKind, Ask, Decision, Figures, Outcome, Verdict};
 
 /// The most budget sets the deny cache remembers at once.
 const DENY_CACHE_CAPACITY: usize = 100_000;
@@ -79,9 +79,11 @@ impl DenyCache {
         Some(Verdict {
             now_us: now.saturating_add_signed(cached.store_offset),
             headline: Decision::deny(
-                d.limit,
-                d.remaining,
-                cached.reset_at.saturating_sub(now),
+                Figures {
+                    limit: d.limit,
+                    remaining: d.remaining,
+                    reset_after_us: cached.reset_at.saturating_sub(now),
+                },
                 retry_after_us,
             ),
             headline_index: index,
