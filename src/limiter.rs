@@ -36,5 +36,5 @@ pub use error::{LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};
-pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS};
+pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};
 pub use memory::MemoryStore;

@@ -184,7 +184,7 @@ impl Validator {
 /// A short, stable fingerprint of a limit: the same limit gives the same fingerprint on every
 /// instance and across restarts.
 pub(super) fn limit_fingerprint(limit: &Limit) -> String {
-    let (a, b) = limit.algorithm().parameters();
+    let (a, b) = limit.algorithm().wire();
     let spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
     let digest = Sha256::digest(spec.as_bytes());
     crate::limiter::hex(&digest[..4])

@@ -77,7 +77,8 @@ impl State {
         if !self.fits(kind) {
             *self = State::new(kind);
         }
-        let (units, span) = algorithm.parameters();
+        // The scripts' two numbers: each state below reads them as its algorithm's own.
+        let (units, span) = algorithm.wire();
         let cost = u64::from(limit.cost());
         match self {
             State::Gcra { tat } => {

@@ -51,7 +51,7 @@ use prometheus_client::metrics::family::Family;
 
 use super::memory::Prehashed;
 use super::wire::Reply;
-use super::{AlgorithmKind, Ask, Decision, Verdict};
+use super::{AlgorithmKind, Ask, Decision, Parameters, Verdict};
 
 const SHARDS: usize = 16;
 /// The most budgets tracked at once (per shard: this / `SHARDS`); past it, new budgets are not
@@ -220,10 +220,7 @@ impl Leases {
     /// units count until a window after the lease's end).
     fn lifetime(&self, ask: &Ask<'_>) -> u64 {
         match ask.limit.algorithm().kind() {
-            AlgorithmKind::SlidingWindowLog => {
-                let (_, window) = ask.limit.algorithm().parameters();
-                self.ttl_us.min(window).max(1)
-            }
+            AlgorithmKind::SlidingWindowLog => self.ttl_us.min(window_us(ask)).max(1),
             _ => self.ttl_us,
         }
     }
@@ -378,7 +375,13 @@ impl Leases {
             let cost = u64::from(ask.limit.cost());
             let (drain_us, headroom_us, lifetime) = match ask.limit.algorithm().kind() {
                 AlgorithmKind::TokenBucket => {
-                    let (capacity, interval) = ask.limit.algorithm().parameters();
+                    let Parameters::Bucket {
+                        capacity,
+                        interval_us: interval,
+                    } = ask.limit.algorithm().parameters()
+                    else {
+                        continue;
+                    };
                     let drain_us = interval.saturating_mul(cost).max(1);
                     // The store held `remaining` after this request, before the lease (rounded
                     // down: up to one token more): it can refill at least
@@ -391,7 +394,7 @@ impl Leases {
                 // A window's units count in that window only: the lease ends with it, on the
                 // store's clock.
                 _ => {
-                    let (_, window) = ask.limit.algorithm().parameters();
+                    let window = window_us(ask);
                     let left = window - reply.verdict.now_us % window.max(1);
                     (0, 0, self.ttl_us.min(left))
                 }
@@ -423,6 +426,14 @@ impl Leases {
             }
             self.stats.granted.inc_by(units);
         }
+    }
+}
+
+/// A window limit's window, in µs (a bucket's budget span, for any other).
+fn window_us(ask: &Ask<'_>) -> u64 {
+    match ask.limit.algorithm().parameters() {
+        Parameters::Window { window_us, .. } => window_us,
+        Parameters::Bucket { .. } => ask.limit.algorithm().budget_span_us(),
     }
 }
 
@@ -749,7 +760,7 @@ mod tests {
                     if ask.back > 0
                         && let State::Gcra { tat } = &mut store
                     {
-                        let (_, interval) = limit.algorithm().parameters();
+                        let interval = limit.algorithm().span_us();
                         let back = tat.saturating_sub(ask.back * interval);
                         *tat = if back <= now { 0 } else { back };
                     }

@@ -117,7 +117,10 @@ impl LimitError {
 /// ```
 /// use floodgate::limiter::{Algorithm, LimitError};
 /// let bucket = Algorithm::token_bucket(20, 10.0).unwrap();
-/// assert_eq!(bucket.parameters(), (20, 100_000));
+/// assert_eq!(
+///     bucket.parameters(),
+///     floodgate::limiter::Parameters::Bucket { capacity: 20, interval_us: 100_000 }
+/// );
 /// assert_eq!(Algorithm::token_bucket(0, 10.0), Err(LimitError::ZeroUnits));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,10 +235,37 @@ impl Algorithm {
         self.span_us.get()
     }
 
-    /// The algorithm's two numbers: (capacity, interval µs) for the buckets, (limit, window µs)
-    /// for the windows. A budget of `units` spans `units × span` µs (buckets) or `span` (windows).
-    pub fn parameters(&self) -> (u64, u64) {
+    /// The algorithm's parameters, by its shape.
+    pub fn parameters(&self) -> Parameters {
+        let (units, span_us) = self.wire();
+        if self.is_bucket() {
+            Parameters::Bucket {
+                capacity: units,
+                interval_us: span_us,
+            }
+        } else {
+            Parameters::Window {
+                limit: units,
+                window_us: span_us,
+            }
+        }
+    }
+
+    /// The two numbers the stores' scripts and functions take for every algorithm: the units
+    /// (capacity or limit) and the span in µs (a bucket's interval, or a window).
+    pub fn wire(&self) -> (u64, u64) {
         (u64::from(self.units.get()), self.span_us.get())
+    }
+
+    /// How long the whole budget spans: a bucket's time to refill from empty, or its window.
+    pub fn budget_span_us(&self) -> u64 {
+        match self.parameters() {
+            Parameters::Bucket {
+                capacity,
+                interval_us,
+            } => capacity * interval_us,
+            Parameters::Window { window_us, .. } => window_us,
+        }
     }
 
     /// True for the token and leaky buckets.
@@ -247,6 +277,16 @@ impl Algorithm {
     pub fn max_cost(&self) -> u32 {
         self.units.get()
     }
+}
+
+/// An algorithm's parameters, in the units the algorithms compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parameters {
+    /// The token and leaky buckets: `capacity` units, one more every `interval_us`.
+    Bucket { capacity: u64, interval_us: u64 },
+    /// The windows and concurrency: `limit` units per `window_us` (a concurrency lease's
+    /// longest life).
+    Window { limit: u64, window_us: u64 },
 }
 
 /// One limit: an algorithm and what one request costs. Cannot be built with a cost the budget

@@ -272,7 +272,7 @@ impl PostgresStore {
         );
         for ask in asks {
             // Every parameter is below 2^53 (the constructors check it): the casts are exact.
-            let (a, b) = ask.limit.algorithm().parameters();
+            let (a, b) = ask.limit.algorithm().wire();
             pa.push(a as i64);
             pb.push(b as i64);
             costs.push(i64::from(ask.limit.cost()));

@@ -149,13 +149,12 @@ impl RateLimitHeaders {
 /// The IETF policy's quota and window (seconds) of a limit: a bucket's window is the time it
 /// takes to refill from empty.
 fn quota_and_window(limit: &Limit) -> (u64, u64) {
-    let (units, span) = limit.algorithm().parameters();
-    let window_us = if limit.algorithm().is_bucket() {
-        units * span
-    } else {
-        span
-    };
-    (units, window_us.div_ceil(1_000_000).max(1))
+    let algorithm = limit.algorithm();
+    let window_us = algorithm.budget_span_us();
+    (
+        u64::from(algorithm.units()),
+        window_us.div_ceil(1_000_000).max(1),
+    )
 }
 
 /// `body`, which runs `after` (the phase after the response) when it ends (its last frame or an

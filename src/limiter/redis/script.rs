@@ -204,7 +204,7 @@ pub(super) fn push_limits(
 ) {
     let number = |n: u64| n.to_string().into_bytes();
     for (i, ask) in asks.iter().enumerate() {
-        let (a, b) = ask.limit.algorithm().parameters();
+        let (a, b) = ask.limit.algorithm().wire();
         let lease = wants.get(i).copied().unwrap_or_default();
         args.push(ask.limit.algorithm().name().as_bytes().to_vec());
         args.push(number(a));
