@@ -40,6 +40,7 @@ use tokio::sync::mpsc;
 
 use super::batch::Pending;
 use super::guard::RemoteStore;
+use super::wire::Call;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
@@ -204,7 +205,10 @@ impl PostgresStore {
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by the
     /// database's clock; its concurrency leases (if any) are named `lease`.
     pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, None, Some(lease), &[]).await?.verdict)
+        Ok(self
+            .invoke(asks, Call::Decide { lease }, &[])
+            .await?
+            .verdict)
     }
 
     /// [`PostgresStore::decide`] at `now_us` instead of the database's clock, on a store made by
@@ -221,14 +225,14 @@ impl PostgresStore {
             ));
         }
         Ok(self
-            .invoke(asks, Some(now_us), Some(lease), &[])
+            .invoke(asks, Call::DecideAt { lease, now_us }, &[])
             .await?
             .verdict)
     }
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, None, None, &[]).await?.decisions)
+        Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
@@ -248,15 +252,15 @@ impl PostgresStore {
             .map(|_| ())
     }
 
-    /// One decision call; `lease: None` peeks.
+    /// One decision call, doing what `call` says.
     /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
     async fn invoke(
         &self,
         asks: &[Ask<'_>],
-        now: Option<u64>,
-        lease: Option<LeaseId>,
+        call: Call,
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
+        let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
@@ -284,7 +288,7 @@ impl PostgresStore {
             .load(std::sync::atomic::Ordering::Relaxed)
             .then(|| self.batcher.get())
             .flatten();
-        if let (Some(batcher), None, Some(lease)) = (batcher, now, lease) {
+        if let (Some(batcher), true, Some(lease)) = (batcher, call.batchable(), lease) {
             let job = batch::Job {
                 keys,
                 algorithms,
@@ -340,7 +344,7 @@ impl RemoteStore for PostgresStore {
     }
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease), &[]).await
+        self.invoke(asks, Call::Decide { lease }, &[]).await
     }
 
     async fn decide_leasing(
@@ -349,7 +353,7 @@ impl RemoteStore for PostgresStore {
         lease: LeaseId,
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease), wants).await
+        self.invoke(asks, Call::Decide { lease }, wants).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

@@ -46,6 +46,7 @@ use script::{
 };
 
 use super::guard::RemoteStore;
+use super::wire::Call;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
 /// A Redis error as the guard should see it: an error reply about this request's keys (a type
@@ -207,7 +208,7 @@ impl RedisStore {
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
     /// its concurrency leases (if any) are named `lease`.
     pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        self.run(asks, None, lease).await
+        self.run(asks, Call::Decide { lease }).await
     }
 
     /// [`RedisStore::decide`] at `now_us` instead of Redis time, on a store made by
@@ -223,7 +224,7 @@ impl RedisStore {
                 "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
             ));
         }
-        self.run(asks, Some(now_us), lease).await
+        self.run(asks, Call::DecideAt { lease, now_us }).await
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
@@ -257,27 +258,22 @@ impl RedisStore {
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, None, None, &[]).await?.decisions)
+        Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
     }
 
-    async fn run(
-        &self,
-        asks: &[Ask<'_>],
-        now: Option<u64>,
-        lease: LeaseId,
-    ) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, now, Some(lease), &[]).await?.verdict)
+    async fn run(&self, asks: &[Ask<'_>], call: Call) -> Result<Verdict, LimiterError> {
+        Ok(self.invoke(asks, call, &[]).await?.verdict)
     }
 
-    /// One script call; `lease: None` peeks. `wants`: per ask, the requests' worth of units to
-    /// lease beyond this request (see `lease.rs`); may be empty.
+    /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
+    /// to lease beyond this request (see `lease.rs`); may be empty.
     async fn invoke(
         &self,
         asks: &[Ask<'_>],
-        now: Option<u64>,
-        lease: Option<LeaseId>,
+        call: Call,
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
+        let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
             return Err(LimiterError::Protocol("nothing to decide".into()));
         }
@@ -288,7 +284,7 @@ impl RedisStore {
             .load(std::sync::atomic::Ordering::Relaxed)
             .then(|| self.batcher.get())
             .flatten();
-        if let (Some(batcher), None, Some(lease)) = (batcher, now, lease) {
+        if let (Some(batcher), true, Some(lease)) = (batcher, call.batchable(), lease) {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
             // then eight per limit.
             let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
@@ -381,7 +377,7 @@ impl RemoteStore for RedisStore {
     }
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease), &[]).await
+        self.invoke(asks, Call::Decide { lease }, &[]).await
     }
 
     async fn decide_leasing(
@@ -390,7 +386,7 @@ impl RemoteStore for RedisStore {
         lease: LeaseId,
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, None, Some(lease), wants).await
+        self.invoke(asks, Call::Decide { lease }, wants).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

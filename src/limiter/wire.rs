@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::{Ask, Decision, Figures, LimiterError, Verdict};
+use super::{Ask, Decision, Figures, LeaseId, LimiterError, Verdict};
 
 /// The reply's leading items: the all-or-nothing verdict (0/1) and the time decided at (µs).
 pub const REPLY_HEADER: usize = 2;
@@ -131,6 +131,41 @@ impl Reply {
                 ))
             })
         })
+    }
+}
+
+/// What one call to a remote store does: its mode, in place of optional arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Decide and spend, on the store's own clock; the request's concurrency leases are named
+    /// `lease`.
+    Decide { lease: LeaseId },
+    /// The same at `now_us` on the caller's clock (a test store's entry point).
+    DecideAt { lease: LeaseId, now_us: u64 },
+    /// Decide without spending anything (`/budgets`).
+    Peek,
+}
+
+impl Call {
+    /// The lease token, when the call spends.
+    pub fn lease(self) -> Option<LeaseId> {
+        match self {
+            Call::Decide { lease } | Call::DecideAt { lease, .. } => Some(lease),
+            Call::Peek => None,
+        }
+    }
+
+    /// The caller's instant, when the call does not read the store's clock.
+    pub fn at(self) -> Option<u64> {
+        match self {
+            Call::DecideAt { now_us, .. } => Some(now_us),
+            _ => None,
+        }
+    }
+
+    /// True for the calls a batch can carry: decisions on the store's clock.
+    pub fn batchable(self) -> bool {
+        matches!(self, Call::Decide { .. })
     }
 }
 
