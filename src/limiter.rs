@@ -30,7 +30,9 @@ pub mod postgres;
 pub mod redis;
 pub mod wire;
 
-pub use clock::{AnchoredClock, Clock, ManualClock, MonotonicClock, SystemClock};
+pub use clock::{
+    AnchoredClock, Clock, ClockOffset, LocalUs, ManualClock, MonotonicClock, StoreUs, SystemClock,
+};
 pub use decision::{Admission, Decision, Figures, Outcome, Source, Verdict};
 pub use error::{LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, StoreSpec};

@@ -6,6 +6,50 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// An instant on this process' own clock (the guard's monotonic one), in µs: when a lease was
+/// granted here, when it ends. Not comparable with a [`StoreUs`]: a lease converts between the
+/// two with the [`ClockOffset`] it measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalUs(pub u64);
+
+/// An instant on the store's clock (Redis `TIME`, PostgreSQL's `clock_timestamp()`), in µs
+/// since the Unix epoch: what the store decided at, and what it is told about its own past.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreUs(pub u64);
+
+/// How far the store's clock is ahead of this process' (negative: behind), as measured by one
+/// reply: converts a local instant to the store's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockOffset(i64);
+
+impl LocalUs {
+    /// The µs from `earlier` to this instant (0 when `earlier` is later).
+    pub fn since(self, earlier: LocalUs) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// The instant `us` later.
+    pub fn plus(self, us: u64) -> LocalUs {
+        LocalUs(self.0.saturating_add(us))
+    }
+}
+
+impl ClockOffset {
+    /// The offset between the store's clock reading `store` and the local one reading `local`
+    /// at (about) the same moment.
+    pub fn between(store: StoreUs, local: LocalUs) -> ClockOffset {
+        ClockOffset(
+            (i128::from(store.0) - i128::from(local.0)).clamp(i64::MIN.into(), i64::MAX.into())
+                as i64,
+        )
+    }
+
+    /// `local` on the store's clock.
+    pub fn to_store(self, local: LocalUs) -> StoreUs {
+        StoreUs(local.0.saturating_add_signed(self.0))
+    }
+}
+
 /// A source of time in microseconds. The stores read wall time (µs since the Unix epoch, to agree
 /// with Redis and with logs); the guard's intervals read a monotonic clock.
 pub trait Clock: Send + Sync + 'static {

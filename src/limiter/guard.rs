@@ -29,8 +29,8 @@ mod breaker;
 mod deny_cache;
 
 use super::{
-    Admission, Ask, Clock, Decision, LeaseId, LimiterError, MemoryStore, MonotonicClock, OnError,
-    Source,
+    Admission, Ask, Clock, Decision, LeaseId, LimiterError, LocalUs, MemoryStore, MonotonicClock,
+    OnError, Source,
 };
 use breaker::Breaker;
 pub use breaker::{BreakerState, COOL_DOWN, FAILURES_TO_OPEN};
@@ -230,7 +230,9 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         let now = self.clock.now_us();
         // An Arc, not a borrowed guard: it is held across the store call.
         let leases = self.leases.load_full();
-        if let Some(verdict) = leases.as_ref().and_then(|l| l.spend(asks, now)) {
+        // The leases' clock is this process' own (the breaker and deny cache read it raw).
+        let local = LocalUs(now);
+        if let Some(verdict) = leases.as_ref().and_then(|l| l.spend(asks, local)) {
             return Ok(Admission::Limited {
                 verdict,
                 source: Source::Store,
@@ -255,7 +257,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             );
         }
         let wants = match leases.as_ref() {
-            Some(leases) => leases.wants(asks, now),
+            Some(leases) => leases.wants(asks, local),
             None => Vec::new(),
         };
         let timeout = self.timeout();
@@ -278,7 +280,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                     && !reply.leased.is_empty()
                 {
                     // Timed from before the call: see lease.rs, "Whose clock".
-                    leases.grant(asks, &reply, now);
+                    leases.grant(asks, &reply, local);
                 }
                 return Ok(Admission::Limited {
                     verdict,

@@ -51,7 +51,7 @@ use prometheus_client::metrics::family::Family;
 
 use super::memory::Prehashed;
 use super::wire::Reply;
-use super::{AlgorithmKind, Ask, Decision, Parameters, Verdict};
+use super::{AlgorithmKind, Ask, ClockOffset, Decision, LocalUs, Parameters, StoreUs, Verdict};
 
 const SHARDS: usize = 16;
 /// The most budgets tracked at once (per shard: this / `SHARDS`); past it, new budgets are not
@@ -67,9 +67,9 @@ pub struct LeaseAsk {
     pub want: u32,
     /// Requests' worth of an ended lease given back unspent.
     pub back: u64,
-    /// The store's time (µs) that lease was granted at: a window takes units back only into the
+    /// The store's time that lease was granted at: a window takes units back only into the
     /// window they were counted in.
-    pub back_at: u64,
+    pub back_at: StoreUs,
     /// How long (µs) a lease of this limit lasts at most: a sliding window log stamps leased units
     /// with the lease's end.
     pub lease_us: u64,
@@ -119,13 +119,13 @@ pub struct Leases {
 #[derive(Default)]
 struct Slot {
     /// Requests spending the budget in the current `ttl`-long period, and in the one before.
-    period_start: u64,
+    period_start: LocalUs,
     demand: u32,
     previous: u32,
     held: Option<Held>,
     /// A lease has been asked for and not granted yet (until then, or for at most a `ttl`, no
     /// other request asks: concurrent asks would replace each other's leases).
-    asking_until: u64,
+    asking_until: LocalUs,
 }
 
 struct Held {
@@ -134,16 +134,15 @@ struct Held {
     spent: u64,
     /// Token bucket: requests' worth drained before they were spent (written off).
     drained: u64,
-    /// Local µs.
-    granted_at: u64,
-    expires_at: u64,
+    granted_at: LocalUs,
+    expires_at: LocalUs,
     /// Token bucket: µs in which one request's worth drains; 0 for windows.
     drain_us: u64,
     /// Token bucket: how long after the grant the drain starts (the store's side can refill
     /// that long before it and the lease together could hold more than the capacity).
     headroom_us: u64,
     /// The store's clock less the local one when granted.
-    store_offset: i64,
+    store_offset: ClockOffset,
     /// The store's decision for the request that took the lease, `remaining` net of the lease.
     decision: Decision,
 }
@@ -157,14 +156,14 @@ impl Held {
     /// (the running maximum of `elapsed / drain - spent`, rounded up). Spending alone would not
     /// do: a lease spent late could then be spent together with what the store refilled
     /// meanwhile, beyond the capacity.
-    fn usable(&mut self, now: u64) -> u64 {
+    fn usable(&mut self, now: LocalUs) -> u64 {
         if now >= self.expires_at {
             return 0;
         }
         if self.drain_us > 0 {
             // A request that read the clock before this lease was granted is served as of then.
             let drained = now
-                .saturating_sub(self.granted_at)
+                .since(self.granted_at)
                 .saturating_sub(self.headroom_us)
                 .div_ceil(self.drain_us);
             self.drained = self.drained.max(drained.saturating_sub(self.spent));
@@ -174,11 +173,11 @@ impl Held {
 
     /// Requests' worth this lease could give back at local time `at`, the store applying it no
     /// earlier (what drains by then is not given back). Expiry aside, as `usable`.
-    fn unspent_at(&self, at: u64) -> u64 {
+    fn unspent_at(&self, at: LocalUs) -> u64 {
         let mut drained = self.drained;
         if self.drain_us > 0 {
             let by_then = at
-                .saturating_sub(self.granted_at)
+                .since(self.granted_at)
                 .saturating_sub(self.headroom_us)
                 .div_ceil(self.drain_us);
             drained = drained.max(by_then.saturating_sub(self.spent));
@@ -232,8 +231,8 @@ impl Leases {
     }
 
     /// Counts one request of demand on `slot` at `now`.
-    fn note_demand(&self, slot: &mut Slot, now: u64) {
-        let age = now.saturating_sub(slot.period_start);
+    fn note_demand(&self, slot: &mut Slot, now: LocalUs) {
+        let age = now.since(slot.period_start);
         if age >= self.ttl_us {
             slot.previous = if age < 2 * self.ttl_us {
                 slot.demand
@@ -249,7 +248,7 @@ impl Leases {
     /// Serves a request from this instance's leases at local time `now`: when every limit of
     /// `asks` holds a lease with a request's worth left, spends one from each and returns the
     /// verdict; else spends nothing and returns `None`.
-    pub fn spend(&self, asks: &[Ask<'_>], now: u64) -> Option<Verdict> {
+    pub fn spend(&self, asks: &[Ask<'_>], now: LocalUs) -> Option<Verdict> {
         if asks.is_empty() || !asks.iter().all(leasable) {
             return None;
         }
@@ -269,12 +268,10 @@ impl Leases {
                 let d = held.decision;
                 let decision = Decision {
                     remaining: (d.remaining + (usable - 1) * cost).min(d.limit),
-                    reset_after_us: d
-                        .reset_after_us
-                        .saturating_sub(now.saturating_sub(held.granted_at)),
+                    reset_after_us: d.reset_after_us.saturating_sub(now.since(held.granted_at)),
                     ..d
                 };
-                let at = now.saturating_add_signed(held.store_offset);
+                let at = held.store_offset.to_store(now);
                 self.note_demand(slot, now);
                 Some((decision, at))
             });
@@ -301,7 +298,7 @@ impl Leases {
         }
         // A request's worth from each limit's lease, as `granted` counts them.
         self.stats.spent.inc_by(asks.len() as u64);
-        Verdict::from_decisions(store_now?, &decisions)
+        Verdict::from_decisions(store_now?.0, &decisions)
     }
 
     /// Counts this request's demand on each leasable limit and says, per ask, how many more
@@ -310,7 +307,7 @@ impl Leases {
     /// an ended lease left unspent (a request goes to the store only when its lease is spent,
     /// drained or ended). A token bucket's units are counted as of one `ttl` later: the store
     /// applies them within the request's timeout, and must not get back what has drained.
-    pub fn wants(&self, asks: &[Ask<'_>], now: u64) -> Vec<LeaseAsk> {
+    pub fn wants(&self, asks: &[Ask<'_>], now: LocalUs) -> Vec<LeaseAsk> {
         asks.iter()
             .map(|ask| {
                 let mut out = LeaseAsk::default();
@@ -325,7 +322,7 @@ impl Leases {
                     let lapsed = &self.stats.lapsed;
                     shard.retain(|_, slot| {
                         let live = slot.held.as_mut().is_some_and(|h| h.usable(now) > 0)
-                            || now.saturating_sub(slot.period_start) < 2 * ttl;
+                            || now.since(slot.period_start) < 2 * ttl;
                         if !live && let Some(held) = &slot.held {
                             lapsed.inc_by(held.units.saturating_sub(held.spent));
                         }
@@ -340,8 +337,8 @@ impl Leases {
                 if let Some(held) = slot.held.as_mut()
                     && held.usable(now) == 0
                 {
-                    out.back = held.unspent_at(now.saturating_add(self.ttl_us));
-                    out.back_at = held.granted_at.saturating_add_signed(held.store_offset);
+                    out.back = held.unspent_at(now.plus(self.ttl_us));
+                    out.back_at = held.store_offset.to_store(held.granted_at);
                     self.stats.returned.inc_by(out.back);
                     self.stats
                         .lapsed
@@ -354,7 +351,7 @@ impl Leases {
                 if holding || slot.previous < 2 || slot.asking_until > now {
                     return out;
                 }
-                slot.asking_until = now + self.ttl_us;
+                slot.asking_until = now.plus(self.ttl_us);
                 out.want = slot.previous.min(MAX_WANT);
                 out
             })
@@ -363,7 +360,7 @@ impl Leases {
 
     /// Takes the leases the store granted with a request (`reply.leased`), the request having
     /// been sent at local time `now` (see "Whose clock" above). A lease this replaces lapses.
-    pub fn grant(&self, asks: &[Ask<'_>], reply: &Reply, now: u64) {
+    pub fn grant(&self, asks: &[Ask<'_>], reply: &Reply, now: LocalUs) {
         for (i, ask) in asks.iter().enumerate() {
             let units = reply.leased.get(i).copied().unwrap_or(0);
             let Some(&decision) = reply.decisions.get(i) else {
@@ -399,14 +396,13 @@ impl Leases {
                     (0, 0, self.ttl_us.min(left))
                 }
             };
-            let store_offset = (reply.verdict.now_us as i128 - now as i128)
-                .clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+            let store_offset = ClockOffset::between(StoreUs(reply.verdict.now_us), now);
             let held = Held {
                 units,
                 spent: 0,
                 drained: 0,
                 granted_at: now,
-                expires_at: now + lifetime,
+                expires_at: now.plus(lifetime),
                 drain_us,
                 headroom_us,
                 store_offset,
@@ -418,7 +414,7 @@ impl Leases {
             let key = ask.key.hash_with(&self.hasher);
             let mut shard = self.shard(key);
             let slot = shard.entry(key).or_default();
-            slot.asking_until = 0;
+            slot.asking_until = LocalUs(0);
             if let Some(old) = slot.held.replace(held) {
                 self.stats
                     .lapsed
@@ -490,12 +486,12 @@ mod tests {
             Limit::of(Algorithm::fixed_window(100, std::time::Duration::from_millis(100)).unwrap());
         let asks = [ask(&limit, b"k")];
         let (leases, stats) = leases();
-        assert!(leases.spend(&asks, 0).is_none(), "no lease yet");
+        assert!(leases.spend(&asks, LocalUs(0)).is_none(), "no lease yet");
         // The window ends 100 ms from the store's now: the lease ends there, before its ttl.
-        leases.grant(&asks, &reply(5, 80, 100 * MS), 0);
+        leases.grant(&asks, &reply(5, 80, 100 * MS), LocalUs(0));
         for n in 0..5 {
             let v = leases
-                .spend(&asks, 10 * MS)
+                .spend(&asks, LocalUs(10 * MS))
                 .unwrap_or_else(|| panic!("unit {n}"));
             assert!(v.allowed());
             assert_eq!(
@@ -505,13 +501,13 @@ mod tests {
             );
         }
         assert!(
-            leases.spend(&asks, 10 * MS).is_none(),
+            leases.spend(&asks, LocalUs(10 * MS)).is_none(),
             "five units, five requests"
         );
-        leases.grant(&asks, &reply(5, 70, 100 * MS), 20 * MS);
-        assert!(leases.spend(&asks, 119 * MS).is_some());
+        leases.grant(&asks, &reply(5, 70, 100 * MS), LocalUs(20 * MS));
+        assert!(leases.spend(&asks, LocalUs(119 * MS)).is_some());
         assert!(
-            leases.spend(&asks, 120 * MS).is_none(),
+            leases.spend(&asks, LocalUs(120 * MS)).is_none(),
             "the window has ended"
         );
         assert_eq!((stats.granted.get(), stats.spent.get()), (10, 6));
@@ -525,20 +521,20 @@ mod tests {
         let (leases, _) = leases();
         // The store had 99 left after the request (99.x: `remaining` is rounded down): it may be
         // full again at once, and the lease drains a request's worth every 100 ms from the start.
-        leases.grant(&asks, &reply(4, 99, 0), 0);
+        leases.grant(&asks, &reply(4, 99, 0), LocalUs(0));
         // 150 ms on, two have drained (rounded up): two of the four are left, and spending them
         // does not bring back what drained.
         for _ in 0..2 {
-            assert!(leases.spend(&asks, 150 * MS).is_some());
+            assert!(leases.spend(&asks, LocalUs(150 * MS)).is_some());
         }
-        assert!(leases.spend(&asks, 150 * MS).is_none());
-        assert!(leases.spend(&asks, 220 * MS).is_none());
+        assert!(leases.spend(&asks, LocalUs(150 * MS)).is_none());
+        assert!(leases.spend(&asks, LocalUs(220 * MS)).is_none());
         // With room below the capacity (50 left: 5 s of refill), nothing drains within the ttl.
-        leases.grant(&asks, &reply(4, 50, 0), 1_000 * MS);
+        leases.grant(&asks, &reply(4, 50, 0), LocalUs(1_000 * MS));
         for _ in 0..4 {
-            assert!(leases.spend(&asks, 1_240 * MS).is_some());
+            assert!(leases.spend(&asks, LocalUs(1_240 * MS)).is_some());
         }
-        assert!(leases.spend(&asks, 1_240 * MS).is_none());
+        assert!(leases.spend(&asks, LocalUs(1_240 * MS)).is_none());
     }
 
     #[test]
@@ -548,36 +544,42 @@ mod tests {
             Limit::of(Algorithm::fixed_window(100, std::time::Duration::from_secs(60)).unwrap());
         let asks = [ask(&own, b"k"), ask(&cap, b"")];
         let (leases, stats) = leases();
-        leases.grant(&asks[..1], &reply(3, 50, 0), 0);
-        assert!(leases.spend(&asks, 0).is_none(), "the cap holds no lease");
+        leases.grant(&asks[..1], &reply(3, 50, 0), LocalUs(0));
+        assert!(
+            leases.spend(&asks, LocalUs(0)).is_none(),
+            "the cap holds no lease"
+        );
         // Nothing was spent from the bucket's lease by the refused request.
-        assert!(leases.spend(&asks[..1], 0).is_some());
-        assert!(leases.spend(&asks[..1], 0).is_some());
-        assert!(leases.spend(&asks[..1], 0).is_some());
-        assert!(leases.spend(&asks[..1], 0).is_none());
+        assert!(leases.spend(&asks[..1], LocalUs(0)).is_some());
+        assert!(leases.spend(&asks[..1], LocalUs(0)).is_some());
+        assert!(leases.spend(&asks[..1], LocalUs(0)).is_some());
+        assert!(leases.spend(&asks[..1], LocalUs(0)).is_none());
         assert_eq!(stats.spent.get(), 3);
         // The cap holds no lease and the bucket's is spent: a request with both goes to the
         // store, and with demand behind it asks the bucket for a new lease.
         for _ in 0..3 {
-            leases.wants(&asks, 300 * MS);
+            leases.wants(&asks, LocalUs(300 * MS));
         }
-        leases.grant(&asks[..1], &reply(3, 50, 0), 600 * MS);
+        leases.grant(&asks[..1], &reply(3, 50, 0), LocalUs(600 * MS));
         assert_eq!(
-            leases.wants(&asks, 600 * MS)[0].want,
+            leases.wants(&asks, LocalUs(600 * MS))[0].want,
             0,
             "the bucket's lease still has units: no new one to replace it"
         );
         // Both limits leased: a request spends a unit of each.
-        leases.grant(&asks[1..], &reply(3, 50, 60_000 * MS), 0);
-        leases.grant(&asks[..1], &reply(3, 50, 0), 0);
-        assert!(leases.spend(&asks, 0).is_some());
+        leases.grant(&asks[1..], &reply(3, 50, 60_000 * MS), LocalUs(0));
+        leases.grant(&asks[..1], &reply(3, 50, 0), LocalUs(0));
+        assert!(leases.spend(&asks, LocalUs(0)).is_some());
         assert_eq!(stats.spent.get(), 5);
         // A leaky bucket is never leased: its delay is decided per request.
         let leaky = Limit::of(Algorithm::leaky_bucket(100, 10.0).unwrap());
         for _ in 0..3 {
-            leases.wants(&[ask(&leaky, b"k")], 0);
+            leases.wants(&[ask(&leaky, b"k")], LocalUs(0));
         }
-        assert_eq!(leases.wants(&[ask(&leaky, b"k")], 300 * MS)[0].want, 0);
+        assert_eq!(
+            leases.wants(&[ask(&leaky, b"k")], LocalUs(300 * MS))[0].want,
+            0
+        );
     }
 
     #[test]
@@ -590,22 +592,25 @@ mod tests {
         );
         let asks = [ask(&log, b"k")];
         for _ in 0..3 {
-            leases.wants(&asks, 0);
+            leases.wants(&asks, LocalUs(0));
         }
-        let wanted = leases.wants(&asks, 300 * MS)[0];
+        let wanted = leases.wants(&asks, LocalUs(300 * MS))[0];
         assert_eq!((wanted.want, wanted.lease_us), (3, 100 * MS));
         // Sent at 300 ms, answered later: the lease's time runs from 300 ms all the same.
-        leases.grant(&asks, &reply(3, 50, 100 * MS), 300 * MS);
-        assert!(leases.spend(&asks, 399 * MS).is_some());
+        leases.grant(&asks, &reply(3, 50, 100 * MS), LocalUs(300 * MS));
+        assert!(leases.spend(&asks, LocalUs(399 * MS)).is_some());
         assert!(
-            leases.spend(&asks, 400 * MS).is_none(),
+            leases.spend(&asks, LocalUs(400 * MS)).is_none(),
             "the lease has ended"
         );
         // A long window: the lease lasts the ttl.
         let long = Limit::of(
             Algorithm::sliding_window_log(100, std::time::Duration::from_secs(60)).unwrap(),
         );
-        assert_eq!(leases.wants(&[ask(&long, b"k")], 0)[0].lease_us, 250 * MS);
+        assert_eq!(
+            leases.wants(&[ask(&long, b"k")], LocalUs(0))[0].lease_us,
+            250 * MS
+        );
     }
 
     #[test]
@@ -613,8 +618,8 @@ mod tests {
         let limit = Limit::of(Algorithm::token_bucket(100, 10.0).unwrap());
         let asks = [ask(&limit, b"k")];
         let (leases, _) = leases();
-        leases.grant(&asks, &reply(4, 50, 0), 10 * MS);
-        assert!(leases.spend(&asks, 9 * MS).is_some());
+        leases.grant(&asks, &reply(4, 50, 0), LocalUs(10 * MS));
+        assert!(leases.spend(&asks, LocalUs(9 * MS)).is_some());
     }
 
     #[test]
@@ -622,16 +627,16 @@ mod tests {
         let limit = Limit::of(Algorithm::token_bucket(100, 10.0).unwrap());
         let asks = [ask(&limit, b"k")];
         let (leases, _) = leases();
-        assert_eq!(leases.wants(&asks, 0)[0].want, 0);
+        assert_eq!(leases.wants(&asks, LocalUs(0))[0].want, 0);
         for _ in 0..9 {
-            leases.wants(&asks, MS);
+            leases.wants(&asks, LocalUs(MS));
         }
         // The next period wants what the last one spent, once: until that lease arrives, other
         // requests ask for none.
-        assert_eq!(leases.wants(&asks, 260 * MS)[0].want, 10);
-        assert_eq!(leases.wants(&asks, 261 * MS)[0].want, 0);
+        assert_eq!(leases.wants(&asks, LocalUs(260 * MS))[0].want, 10);
+        assert_eq!(leases.wants(&asks, LocalUs(261 * MS))[0].want, 0);
         // A period of silence in between: nothing to go on.
-        assert_eq!(leases.wants(&asks, 2_000 * MS)[0].want, 0);
+        assert_eq!(leases.wants(&asks, LocalUs(2_000 * MS))[0].want, 0);
     }
 
     proptest::proptest! {
@@ -680,13 +685,13 @@ mod tests {
                 // When the request was admitted, on the store's clock (the model's only clock):
                 // spent from a lease now, or decided by the store.
                 let mut at = now;
-                let served = leases.spend(&asks, now).is_some() || {
-                    let ask = leases.wants(&asks, now)[0];
+                let served = leases.spend(&asks, LocalUs(now)).is_some() || {
+                    let ask = leases.wants(&asks, LocalUs(now))[0];
                     let decided = now + d1;
                     if ask.back > 0 {
                         let mut left = ask.back;
                         store.retain(|&(stamp, tag)| {
-                            let theirs = tag == Some(ask.back_at) && stamp == ask.back_at + ask.lease_us;
+                            let theirs = tag == Some(ask.back_at.0) && stamp == ask.back_at.0 + ask.lease_us;
                             let keep = !(theirs && left > 0);
                             if !keep {
                                 left -= 1;
@@ -704,7 +709,7 @@ mod tests {
                         for _ in 0..extra {
                             store.push((decided + ask.lease_us, Some(decided)));
                         }
-                        leases.grant(&asks, &reply_at(decided, extra, remaining), now);
+                        leases.grant(&asks, &reply_at(decided, extra, remaining), LocalUs(now));
                     }
                     // The answer arrives d2 after the decision.
                     at = decided;
@@ -753,10 +758,10 @@ mod tests {
             for (step, second) in events {
                 now += step;
                 let leases = &instances[usize::from(second)];
-                let admitted = leases.spend(&asks, now).is_some() || {
+                let admitted = leases.spend(&asks, LocalUs(now)).is_some() || {
                     // As decide.lua: take back an ended lease's unspent units first, then
                     // decide, then lease at most `want` and half of what remains.
-                    let ask = leases.wants(&asks, now)[0];
+                    let ask = leases.wants(&asks, LocalUs(now))[0];
                     if ask.back > 0
                         && let State::Gcra { tat } = &mut store
                     {
@@ -775,7 +780,7 @@ mod tests {
                             store.commit(&limit, now, 0);
                             0
                         };
-                        leases.grant(&asks, &reply(extra, d.remaining, d.reset_after_us), now);
+                        leases.grant(&asks, &reply(extra, d.remaining, d.reset_after_us), LocalUs(now));
                     }
                     d.allowed()
                 };

@@ -76,7 +76,7 @@ impl Leasing {
             // Every figure is a count or a time in µs, far below 2^63.
             out.wants.push(i64::from(w.want));
             out.backs.push(w.back as i64);
-            out.back_ats.push(w.back_at as i64);
+            out.back_ats.push(w.back_at.0 as i64);
             out.lease_us.push(w.lease_us as i64);
         }
         out

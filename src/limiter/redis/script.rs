@@ -212,7 +212,7 @@ pub(super) fn push_limits(
         args.push(number(u64::from(ask.limit.cost())));
         args.push(number(u64::from(lease.want)));
         args.push(number(lease.back));
-        args.push(number(lease.back_at));
+        args.push(number(lease.back_at.0));
         args.push(number(lease.lease_us));
     }
 }
