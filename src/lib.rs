@@ -1,11 +1,14 @@
 //! floodgate: an HTTP reverse proxy that rate-limits requests before they reach the API behind it.
 //!
 //! ```text
-//!            ┌──────────── floodgate ─────────────────────────────────────┐
-//! client ──▶ │ accept ─▶ route ─▶ identify ─▶ limit ─┬─▶ forward ─────────│──▶ upstream
-//!            │ (server)  (route)  (identity)  (limiter)  (proxy/forward)  │
-//!            │                                       └─▶ reject: 429/503  │
-//!            └────────────────────────────────────────────────────────────┘
+//!            ┌──────────────────── floodgate ──────────────────────────────────────────┐
+//! client ──▶ │ accept ─▶ route ─▶ identify ─▶ limit ─▶ gate ─┬─▶ forward ─▶ respond ──│──▶ upstream
+//!            │ (server)  (route)  (policy)    (policy,  (adaptive)  (proxy/     │       │  HTTP/1.1
+//!            │                                limiter)      │    forward)     │       │  or HTTP/2
+//!            │                                              └─▶ reject ───────┤       │
+//!            │                                  429/503, or a gRPC status     ▼       │
+//!            │                                            after the response: leases │
+//!            └────────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
 //! The modules, in the order a request meets them:
@@ -13,24 +16,27 @@
 //! 1. [`server`]: accepts connections (TLS, HTTP/1.1 and HTTP/2; each must open within
 //!    [`deadline`]'s first deadline), watches HTTP/2 abuse and idleness, hands each request to
 //!    the proxy, drains on shutdown;
-//! 2. [`proxy`]: `Proxy::handle`, the pipeline's phases in order: route, identify, limit,
-//!    forward or reject, log ([`access_log`]);
+//! 2. [`proxy`]: `Proxy::handle`, the pipeline's phases in order over one per-request context:
+//!    route, identify, limit, gate, forward, respond, and after the response;
 //! 3. [`route`]: the first route whose prefix and methods match (after [`path`] normalisation);
 //! 4. [`policy`]: whose allowance the request spends, by the rules of [`identity`] (API key or
-//!    consumer, user id, client IP) and the limits that apply to its tier; the one place that
-//!    says so, for the proxy, `floodgate replay` and `/budgets` alike;
+//!    consumer, user id, client IP) and the limits that apply to its tier, and the one limit
+//!    phase that reads the store's answers; for the proxy, `floodgate replay` and `/budgets`
+//!    alike;
 //! 5. [`limiter`]: the algorithms and the stores (memory, Redis, PostgreSQL) that decide
 //!    all-or-nothing, with the guard that applies `on_error` when a store fails, batches and
 //!    leases;
-//! 6. [`proxy::forward`] and [`proxy::response`]: the upstream call, and every status and header
-//!    floodgate writes itself;
-//! 7. [`metrics`] and [`admin`]: what was decided, on `/metrics`, `/healthz`, `/readyz` and
-//!    `/budgets`.
+//! 6. [`adaptive`]: holds requests to an upstream at the limit it learned
+//!    (`adaptive_concurrency`), by priority;
+//! 7. [`proxy::forward`] and [`proxy::response`]: the upstream call (HTTP/1.1 or HTTP/2, with
+//!    trailers), and every status and header floodgate writes itself (in [`grpc`]'s words for
+//!    a gRPC call);
+//! 8. [`access_log`], [`metrics`], [`top`] and [`admin`]: what was decided, on the access log,
+//!    `/metrics`, `/healthz`, `/readyz`, `/budgets` and `/top`.
 //!
-//! Between limiting and forwarding, [`adaptive`] holds requests to an upstream at the limit it
-//! learned (`adaptive_concurrency`), by priority; [`top`] counts who is being limited (`/top`).
-//!
-//! [`replay`] runs recorded traffic through the same policy and algorithms, on the log's clock.
+//! [`replay`] runs recorded traffic through the same policy, limit phase and algorithms, on the
+//! log's clock. [`config`] turns the YAML file into the typed values all of these are built
+//! from, and says what a reload changes ([`config::reload`]).
 //!
 //! # Words
 //!
@@ -48,7 +54,6 @@
 //!   lease of a shared allowance ([`limiter::lease`]): units debited in the store in advance and
 //!   spent in process.
 //!
-//! [`config`] turns the YAML file into the typed values all of these are built from.
 //!
 //! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
 //! rest;
