@@ -54,10 +54,8 @@
 //!   lease of a shared allowance ([`limiter::lease`]): units debited in the store in advance and
 //!   spent in process.
 //!
-//!
 //! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
-//! rest;
-//! [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
+//! rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), [`top`] the limiter and
 //! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
