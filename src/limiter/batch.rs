@@ -27,6 +27,41 @@ use super::wire::Reply;
 /// 64 × 10 µs in Redis).
 pub const MAX_BATCH: usize = 64;
 
+/// Whether a store batches now (`storage.batch`, which a reload may turn on or off), and the
+/// driver's queue once it was started (the first time batching was turned on; it stays).
+pub struct Batching<T> {
+    queue: std::sync::OnceLock<mpsc::UnboundedSender<Pending<T>>>,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl<T> Default for Batching<T> {
+    fn default() -> Self {
+        Batching {
+            queue: std::sync::OnceLock::new(),
+            on: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl<T> Batching<T> {
+    /// Turns batching on (starting the driver with `start` the first time) or off.
+    pub fn set(&self, on: bool, start: impl FnOnce() -> mpsc::UnboundedSender<Pending<T>>) {
+        if on {
+            self.queue.get_or_init(start);
+        }
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The queue decisions go to while batching is on.
+    pub fn queue(&self) -> Option<&mpsc::UnboundedSender<Pending<T>>> {
+        if self.on.load(std::sync::atomic::Ordering::Relaxed) {
+            self.queue.get()
+        } else {
+            None
+        }
+    }
+}
+
 /// One decision waiting for a batch: what the store needs to send it, and where its answer goes.
 pub struct Pending<T> {
     pub job: T,

@@ -36,9 +36,6 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use tokio::sync::mpsc;
-
-use super::batch::Pending;
 use super::guard::RemoteStore;
 use super::wire::Call;
 use super::wire::{self, Reply};
@@ -89,11 +86,9 @@ pub struct PostgresStore {
     /// True when decisions may take the caller's time (tests only).
     test_clock: bool,
     prefix: String,
-    /// Where decisions wait to leave in a batch, once batching was turned on
+    /// Where decisions wait to leave in a batch, while batching is on
     /// ([`PostgresStore::batched`]).
-    batcher: std::sync::OnceLock<mpsc::UnboundedSender<Pending<batch::Job>>>,
-    /// Batching is on (`storage.batch`, which a reload may change).
-    batching: std::sync::atomic::AtomicBool,
+    batching: super::batch::Batching<batch::Job>,
     /// The background tasks (installer, sweeper) hold a weak reference and end with the store.
     _alive: Arc<()>,
 }
@@ -174,8 +169,7 @@ impl PostgresStore {
             db,
             test_clock,
             prefix: prefix.to_string(),
-            batcher: std::sync::OnceLock::new(),
-            batching: std::sync::atomic::AtomicBool::new(false),
+            batching: Default::default(),
             _alive: alive,
         })
     }
@@ -191,13 +185,9 @@ impl PostgresStore {
     /// Turns batching on or off for the decisions that follow (the batcher starts the first
     /// time it is turned on, and stays).
     fn batch(&self, on: bool) {
-        if on {
-            let in_flight = self.db.pool.status().max_size;
-            self.batcher
-                .get_or_init(|| batch::start(self.db.clone(), in_flight));
-        }
+        let in_flight = self.db.pool.status().max_size;
         self.batching
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+            .set(on, || batch::start(self.db.clone(), in_flight));
     }
 }
 
@@ -283,12 +273,8 @@ impl PostgresStore {
         }
         let leases = Leasing::of(wants, asks.len());
         let lease = lease.map(|l| l as i64);
-        let batcher = self
-            .batching
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then(|| self.batcher.get())
-            .flatten();
-        if let (Some(batcher), true, Some(lease)) = (batcher, call.batchable(), lease) {
+        if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
+        {
             let job = batch::Job {
                 keys,
                 algorithms,

@@ -64,13 +64,8 @@ fn classify(e: redis::RedisError) -> LimiterError {
 pub struct RedisStore {
     connection: Arc<ArcSwapOption<Connection>>,
     caller: Arc<Caller>,
-    /// Where decisions wait to leave in a batch, once batching was turned on
-    /// ([`RedisStore::batched`]).
-    batcher: std::sync::OnceLock<
-        tokio::sync::mpsc::UnboundedSender<crate::limiter::batch::Pending<batch::Job>>,
-    >,
-    /// Batching is on (`storage.batch`, which a reload may change).
-    batching: std::sync::atomic::AtomicBool,
+    /// Where decisions wait to leave in a batch, while batching is on ([`RedisStore::batched`]).
+    batching: crate::limiter::batch::Batching<batch::Job>,
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     release: Script,
@@ -177,8 +172,7 @@ impl RedisStore {
                 batch_script: Script::new(BATCH_SCRIPT_SOURCE),
                 calls: std::sync::OnceLock::new(),
             }),
-            batcher: std::sync::OnceLock::new(),
-            batching: std::sync::atomic::AtomicBool::new(false),
+            batching: Default::default(),
             sentinel,
             release: Script::new(RELEASE_SOURCE),
             test_clock,
@@ -197,12 +191,10 @@ impl RedisStore {
     /// Turns batching on or off for the decisions that follow (the batcher starts the first
     /// time it is turned on, and stays).
     fn batch(&self, on: bool) {
-        if on && !self.test_clock {
-            self.batcher
-                .get_or_init(|| batch::start(self.connection.clone(), self.caller.clone()));
-        }
-        self.batching
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+        // A test store decides on the caller's clock, which a batch does not carry.
+        self.batching.set(on && !self.test_clock, || {
+            batch::start(self.connection.clone(), self.caller.clone())
+        });
     }
 
     /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
@@ -279,12 +271,8 @@ impl RedisStore {
         }
         let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
         let number = |n: u64| n.to_string().into_bytes();
-        let batcher = self
-            .batching
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then(|| self.batcher.get())
-            .flatten();
-        if let (Some(batcher), true, Some(lease)) = (batcher, call.batchable(), lease) {
+        if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
+        {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
             // then eight per limit.
             let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::Replay;
-use super::pool::{Io, Key, PoolError, dial};
+use super::pool::{Io, Key, PoolError, dial, sweep};
 
 type Sender = http2::SendRequest<Replay>;
 
@@ -132,7 +132,11 @@ impl Multiplex {
             started: Instant::now(),
         });
         if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(sweep(Arc::downgrade(&pool), idle_timeout));
+            tokio::spawn(sweep(
+                Arc::downgrade(&pool),
+                idle_timeout,
+                Multiplex::evict_idle,
+            ));
         }
         pool
     }
@@ -363,19 +367,6 @@ impl Future for Driven {
                 }
                 Poll::Ready(())
             }
-        }
-    }
-}
-
-/// Every `idle_timeout / 2` (at least a second), closes idle connections, until the pool is
-/// gone.
-async fn sweep(pool: Weak<Multiplex>, idle_timeout: Duration) {
-    let every = (idle_timeout / 2).max(Duration::from_secs(1));
-    loop {
-        tokio::time::sleep(every).await;
-        match pool.upgrade() {
-            Some(pool) => pool.evict_idle(),
-            None => return,
         }
     }
 }

@@ -129,7 +129,7 @@ impl Pool {
         });
         if tokio::runtime::Handle::try_current().is_ok() {
             let weak = Arc::downgrade(&pool);
-            tokio::spawn(sweep(weak, idle_timeout));
+            tokio::spawn(sweep(weak, idle_timeout, Pool::evict_expired));
         }
         pool
     }
@@ -304,14 +304,14 @@ pub async fn dial(
         .map_err(PoolError::Connect)
 }
 
-/// Every `idle_timeout / 2` (at least a second), drops expired idle connections, until the pool
-/// is gone.
-async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
+/// Every `idle_timeout / 2` (at least a second), runs `evict` on `pool`, until the pool is
+/// gone: the sweeper of idle connections, for both pools.
+pub async fn sweep<P>(pool: Weak<P>, idle_timeout: Duration, evict: fn(&P)) {
     let every = (idle_timeout / 2).max(Duration::from_secs(1));
     loop {
         tokio::time::sleep(every).await;
         match pool.upgrade() {
-            Some(pool) => pool.evict_expired(),
+            Some(pool) => evict(&pool),
             None => return,
         }
     }
