@@ -330,3 +330,24 @@ async fn an_https_upstream_with_an_untrusted_certificate_is_a_502() {
         "no request is sent over an unverified connection"
     );
 }
+
+#[tokio::test]
+async fn auto_speaks_http1_to_an_https_upstream_whose_alpn_offers_no_h2() {
+    // The upstream's TLS offers no ALPN (an HTTP/1.1 server): `auto` offers h2 and http/1.1,
+    // gets neither chosen, and speaks HTTP/1.1, on the first connection and the pooled ones.
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start_tls(cert.server_config()).await;
+    let upstream_url = format!("https://localhost:{}", upstream.addr().port());
+    let fg = Floodgate::start(
+        &Config::new()
+            .with("upstream_ca", &yaml_path(&cert.cert_file))
+            .route(Route::new("all", "/", &upstream_url).with("upstream_protocol", "auto"))
+            .yaml(),
+    );
+    for _ in 0..3 {
+        let reply = get(&client(), &fg.url("/secure"), &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}\n{}", fg.stderr());
+        assert_eq!(reply.body, UPSTREAM_BODY);
+    }
+    assert_eq!(upstream.count(), 3);
+}
