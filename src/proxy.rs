@@ -150,7 +150,10 @@ impl Proxy {
                 return Self::respond(ctx, None, response);
             }
         };
-        ctx.dialect = Dialect::of(req.headers(), route.config.grpc_rate_limited);
+        // A gRPC call's refusals take the route's status for a rate-limited call.
+        if let Dialect::Grpc(_) = ctx.dialect {
+            ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
+        }
         ctx.span.record(field::ROUTE, &*route.config.name);
         let response = match self.admit(&snapshot, &route, &req, &mut ctx).await {
             Ok(()) => {
