@@ -72,8 +72,8 @@ pub struct BodyLimits {
 /// The HTTP version of the hop to the upstream, and for `auto` the connection whose ALPN
 /// chose it.
 enum Hop {
-    Http1(Option<Io>),
-    Http2(Option<Io>),
+    Http1(Option<Box<Io>>),
+    Http2(Option<Box<Io>>),
 }
 
 impl Hop {
@@ -223,7 +223,8 @@ impl Forwarder {
             let request = Request::from_parts(parts, body);
             let response = if upgrade {
                 let (scheme, authority) = (&upstream.scheme, &upstream.authority);
-                let response = self.pool.send_upgrade(scheme, authority, request).await?;
+                // Boxed: rare, and large (see `Pool::send`).
+                let response = Box::pin(self.pool.send_upgrade(scheme, authority, request)).await?;
                 response.map(|b| relay(b, self.limits.upstream_idle, route))
             } else {
                 self.send(upstream, request, hop, route).await?
@@ -279,7 +280,9 @@ impl Forwarder {
             Some(Version::HTTP_2) => Ok(Hop::Http2(None)),
             Some(_) => Ok(Hop::Http1(None)),
             None => {
-                let io = dial(&self.negotiating, &key.0, &key.1).await?;
+                // Boxed, as the HTTP/2 send below: rare paths must not grow every request's
+                // future (hyper moves it into place once per request).
+                let io = Box::new(Box::pin(dial(&self.negotiating, &key.0, &key.1)).await?);
                 let h2 = io.connected().is_negotiated_h2();
                 let version = if h2 {
                     Version::HTTP_2
@@ -402,7 +405,7 @@ impl Forwarder {
                         tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
                         let Some(head) = retry else { return Err(e) };
                         let head = head.map(|()| RequestBody::empty());
-                        self.pool.send(scheme, authority, head, None).await?
+                        Box::pin(self.pool.send(scheme, authority, head, None)).await?
                     }
                     other => other?,
                 };
@@ -411,7 +414,7 @@ impl Forwarder {
             Hop::Http2(fresh) => {
                 let key = (scheme.clone(), authority.clone());
                 let request = request.map(Replay::new);
-                let response = self.multiplex.send(&key, request, fresh).await?;
+                let response = Box::pin(self.multiplex.send(&key, request, fresh)).await?;
                 Ok(response.map(|b| relay(b, idle, route)))
             }
         }

@@ -153,7 +153,7 @@ impl Multiplex {
         &self,
         key: &Key,
         req: Request<Replay>,
-        mut fresh: Option<Io>,
+        mut fresh: Option<Box<Io>>,
     ) -> Result<Response<MultiplexBody>, PoolError> {
         let head = copy_head(&req);
         let replay = req.body().handle();
@@ -178,11 +178,11 @@ impl Multiplex {
         &self,
         key: &Key,
         req: Request<Replay>,
-        fresh: Option<Io>,
+        fresh: Option<Box<Io>>,
     ) -> Result<Response<MultiplexBody>, PoolError> {
         let (conn, mut slot) = match fresh {
             Some(io) => {
-                let conn = self.handshake(key, io).await?;
+                let conn = self.handshake(key, *io).await?;
                 let slot = conn.reserve().ok_or(PoolError::Closed { reused: false })?;
                 (conn, slot)
             }

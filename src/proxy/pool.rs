@@ -142,17 +142,16 @@ impl Pool {
         scheme: &Scheme,
         authority: &Authority,
         req: Request<RequestBody>,
-        fresh: Option<Io>,
+        fresh: Option<Box<Io>>,
     ) -> Result<Response<PooledBody>, PoolError> {
         let key = (scheme.clone(), authority.clone());
+        // A new connection's dial and handshake are boxed: they happen once per connection, and
+        // inline they would grow every request's future (which hyper moves into place).
         let (mut conn, reused) = match fresh {
-            Some(io) => (Self::handshake(io).await?, false),
+            Some(io) => (Box::pin(Self::handshake(*io)).await?, false),
             None => match self.checkout(&key) {
                 Some(conn) => (conn, true),
-                None => (
-                    Self::handshake(dial(&self.connector, scheme, authority).await?).await?,
-                    false,
-                ),
+                None => (Box::pin(self.connect(scheme, authority)).await?, false),
             },
         };
         let response = conn.sender.send_request(req);
@@ -245,6 +244,11 @@ impl Pool {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// A new connection to `scheme://authority`.
+    async fn connect(&self, scheme: &Scheme, authority: &Authority) -> Result<Conn, PoolError> {
+        Self::handshake(dial(&self.connector, scheme, authority).await?).await
     }
 
     async fn handshake(io: Io) -> Result<Conn, PoolError> {
