@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# scripts/callgrind.sh: instructions per proxied request, floodgate beside nginx, counted by
+# valgrind's callgrind (user space only; repeatable whatever else the machine does).
+#
+# Each proxy runs under callgrind in front of one upstream (nginx `return 200`, not measured) and
+# serves N1, then (in a second run) N2 keep-alive requests from h2load --h1 on one connection;
+# the instructions per request are (total(N2) - total(N1)) / (N2 - N1), so start-up and shutdown
+# cancel out. floodgate runs its memory store with one token bucket every request passes (the
+# X-API-Key of every request is the same); nginx is a plain reverse proxy (upstream keepalive).
+#
+# Knobs (environment): N1=1000 N2=3000 FLOODGATE=target/release/floodgate BUILD=1
+# Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
+# All traffic goes to 127.0.0.1; every process started here is stopped on exit.
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+N1="${N1:-1000}"
+N2="${N2:-3000}"
+BUILD="${BUILD:-1}"
+FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
+
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || missing+=(nginx-light)
+command -v h2load >/dev/null || missing+=(nghttp2-client)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ "$BUILD" = 1 ]; then
+    (cd "$ROOT" && cargo build --release --bin floodgate)
+fi
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-callgrind.XXXXXX")"
+chmod 755 "$WORK"
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+nginx_conf() { # dir port body
+    cat >"$1/nginx.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $1/b; proxy_temp_path $1/p; fastcgi_temp_path $1/f;
+    uwsgi_temp_path $1/u; scgi_temp_path $1/s;
+    keepalive_requests 10000000;
+$3
+}
+EOF
+}
+
+UP_PORT="$(free_port)"
+mkdir -p "$WORK/up"
+nginx_conf "$WORK/up" "$UP_PORT" "    server { listen 127.0.0.1:$UP_PORT; location / { return 200 \"ok\n\"; } }"
+nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >/dev/null 2>&1 &
+PIDS+=("$!")
+
+PORT="$(free_port)"
+cat >"$WORK/floodgate.yaml" <<EOF
+listen: 127.0.0.1:$PORT
+identity:
+  api_key_header: X-API-Key
+routes:
+  - name: bench
+    path_prefix: /
+    upstream: http://127.0.0.1:$UP_PORT
+    limits:
+      - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000}
+EOF
+mkdir -p "$WORK/proxy"
+nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
+    server { listen 127.0.0.1:$PORT; location / { proxy_pass http://backend;
+        proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
+
+# total instructions of one proxy process serving $2 requests: run_one NAME N COMMAND...
+run_one() {
+    local name=$1 n=$2 out="$WORK/$1.$2.out"
+    shift 2
+    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 &
+    local pid=$!
+    for _ in $(seq 300); do
+        curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
+        sleep 0.1
+    done
+    h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "http://127.0.0.1:$PORT/" >"$WORK/$name.$n.h2load" 2>&1
+    grep -q "$n succeeded" "$WORK/$name.$n.h2load" || { echo "$name: not every request succeeded" >&2; exit 1; }
+    kill -TERM "$pid"
+    wait "$pid" 2>/dev/null || true
+    sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1
+}
+
+per_request() { # NAME COMMAND...
+    local name=$1
+    shift
+    local a b
+    a=$(run_one "$name" "$N1" "$@")
+    b=$(run_one "$name" "$N2" "$@")
+    echo $(((b - a) / (N2 - N1)))
+}
+
+fg=$(per_request floodgate "$FLOODGATE" --config "$WORK/floodgate.yaml")
+ng=$(per_request nginx nginx -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf")
+echo "floodgate (memory store, one token bucket): $fg instructions per proxied request"
+echo "nginx reverse proxy:                        $ng instructions per proxied request"
+python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x')"
