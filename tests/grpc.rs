@@ -13,7 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::config::{Config, Limit, Route};
 use common::{
-    Floodgate, GrpcServer, TempFile, grpc_calls, grpc_client, metric, read_calls, unix_now_ms,
+    Floodgate, GrpcServer, SelfSigned, grpc_calls, grpc_client, metric, read_calls, unix_now_ms,
+    yaml_path,
 };
 use serde_json::Value;
 
@@ -127,51 +128,29 @@ fn a_long_stream_outlives_the_body_timeouts_while_messages_flow() {
     assert_eq!(code(&grpc_calls(&target, &["unary"], &[])[0]), "OK");
 }
 
-/// A fresh self-signed certificate for `localhost` and 127.0.0.1, its PEM files on disk.
-struct SelfSigned {
-    cert: TempFile,
-    key: TempFile,
-}
-
-impl SelfSigned {
-    fn new() -> SelfSigned {
-        let certified = rcgen::generate_simple_self_signed(vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ])
-        .expect("generate a self-signed certificate");
-        SelfSigned {
-            cert: TempFile::new(&certified.cert.pem()),
-            key: TempFile::new(&certified.signing_key.serialize_pem()),
-        }
-    }
-
-    fn cert_path(&self) -> &str {
-        self.cert.path().to_str().expect("a UTF-8 temp path")
-    }
-}
-
 #[test]
 fn every_call_type_passes_over_tls_on_both_hops() {
     // The client speaks TLS to floodgate (ALPN h2), floodgate speaks TLS to the grpcio server:
     // once with `http2` (ALPN h2 only), once with `auto` (ALPN picks h2).
     let upstream_cert = SelfSigned::new();
-    let server = GrpcServer::start_tls(upstream_cert.cert.path(), upstream_cert.key.path());
+    let server = GrpcServer::start_tls(
+        upstream_cert.cert_file.path(),
+        upstream_cert.key_file.path(),
+    );
     let upstream = format!("https://localhost:{}", server.port());
     let front = SelfSigned::new();
     for protocol in ["http2", "auto"] {
         let config = Config::new()
-            .with("upstream_ca", upstream_cert.cert_path())
-            .set("tls", "cert", front.cert_path())
-            .set("tls", "key", front.key.path().to_str().unwrap())
+            .with("upstream_ca", &yaml_path(&upstream_cert.cert_file))
             .route(Route::new("echo", ECHO, &upstream).with("upstream_protocol", protocol))
             .route(
                 Route::new("health", "/grpc.health.v1.Health/", &upstream)
                     .with("upstream_protocol", protocol),
             );
-        let fg = Floodgate::start(&config.yaml());
+        let fg = Floodgate::start(&front.served(config).yaml());
         let target = format!("localhost:{}", fg.addr().port());
-        assert_every_call_type_passes(&target, &["--tls-ca", front.cert_path()]);
+        let ca = front.cert_file.path().to_str().expect("a UTF-8 temp path");
+        assert_every_call_type_passes(&target, &["--tls-ca", ca]);
     }
 }
 

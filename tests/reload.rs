@@ -99,26 +99,14 @@ async fn header_read_timeout_applies_to_new_connections_after_sighup() {
 async fn upstream_ca_is_read_again_on_sighup() {
     // An HTTPS upstream with a self-signed certificate: untrusted (502) until upstream_ca names
     // it, then trusted on the next request.
-    let certified =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("a certificate");
-    let cert_file = common::TempFile::new(&certified.cert.pem());
-    let key_der =
-        rustls::pki_types::PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
-    let server_config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![certified.cert.der().clone()], key_der.into())
-    .unwrap();
-    let upstream = Upstream::start_tls(std::sync::Arc::new(server_config)).await;
+    let cert = common::SelfSigned::new();
+    let upstream = Upstream::start_tls(cert.server_config()).await;
     let url = format!("https://localhost:{}", upstream.addr().port());
     let route = Route::new("all", "/", &url);
     let fg = Floodgate::start(&Config::new().route(route.clone()).yaml());
     assert_eq!(status_of(&fg.url("/x")).await, StatusCode::BAD_GATEWAY);
-    let ca = cert_file.path().to_str().unwrap();
-    reload(&fg, &Config::new().with("upstream_ca", ca).route(route)).await;
+    let ca = common::yaml_path(&cert.cert_file);
+    reload(&fg, &Config::new().with("upstream_ca", &ca).route(route)).await;
     assert_eq!(status_of(&fg.url("/x")).await, StatusCode::OK);
 }
 

@@ -7,90 +7,16 @@
 mod common;
 
 use std::ffi::OsStr;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::config::{Config, Limit, Route};
 use common::{
-    Floodgate, TempFile, UPSTREAM_BODY, Upstream, assert_admitted, assert_problem,
-    assert_rate_limited, client, floodgate_command, get,
+    Floodgate, SelfSigned, TempFile, UPSTREAM_BODY, Upstream, assert_admitted, assert_problem,
+    assert_rate_limited, client, floodgate_command, get, yaml_path,
 };
 use http::{StatusCode, Version};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-
-/// A fresh self-signed certificate for `localhost` and 127.0.0.1, its PEM files on disk.
-struct SelfSigned {
-    cert_pem: String,
-    cert_der: CertificateDer<'static>,
-    key_der: PrivatePkcs8KeyDer<'static>,
-    cert_file: TempFile,
-    key_file: TempFile,
-}
-
-impl SelfSigned {
-    fn new() -> SelfSigned {
-        let certified = rcgen::generate_simple_self_signed(vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ])
-        .expect("generate a self-signed certificate");
-        let cert_pem = certified.cert.pem();
-        let key_pem = certified.signing_key.serialize_pem();
-        SelfSigned {
-            cert_der: certified.cert.der().clone(),
-            key_der: PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()),
-            cert_file: TempFile::new(&cert_pem),
-            key_file: TempFile::new(&key_pem),
-            cert_pem,
-        }
-    }
-
-    /// `config` with the `tls:` section that makes floodgate serve this certificate.
-    fn served(&self, config: Config) -> Config {
-        config.set("tls", "cert", &yaml_path(&self.cert_file)).set(
-            "tls",
-            "key",
-            &yaml_path(&self.key_file),
-        )
-    }
-
-    /// A rustls server config serving this certificate (HTTP/1.1 only, no ALPN).
-    fn server_config(&self) -> Arc<rustls::ServerConfig> {
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("default TLS versions")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![self.cert_der.clone()],
-            PrivateKeyDer::Pkcs8(self.key_der.clone_key()),
-        )
-        .expect("server config");
-        Arc::new(config)
-    }
-
-    /// An HTTPS client that trusts only this certificate and sends `localhost` to `addr`.
-    fn client(&self, addr: SocketAddr, http1_only: bool) -> reqwest::Client {
-        let cert = reqwest::Certificate::from_pem(self.cert_pem.as_bytes()).expect("PEM cert");
-        let mut builder = reqwest::Client::builder()
-            .no_proxy()
-            .tls_certs_only([cert])
-            .resolve("localhost", addr);
-        if http1_only {
-            builder = builder.http1_only();
-        }
-        builder.build().expect("build HTTPS client")
-    }
-}
-
-/// A temp file's path as a YAML scalar.
-fn yaml_path(file: &TempFile) -> String {
-    format!("{:?}", file.path().display().to_string())
-}
 
 /// One route, `/` → `upstream_url`, without limits.
 fn route(upstream_url: &str) -> Config {

@@ -46,8 +46,9 @@ mod grpc;
 mod postgres;
 mod process;
 mod redis;
+mod tls;
 mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
-pub use {client::*, demo::*, grpc::*, postgres::*, process::*, redis::*, upstream::*};
+pub use {client::*, demo::*, grpc::*, postgres::*, process::*, redis::*, tls::*, upstream::*};

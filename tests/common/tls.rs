@@ -1,0 +1,76 @@
+//! Test certificates: a fresh self-signed one per test (rcgen), with its PEM files on disk.
+
+use super::*;
+use crate::common::config::Config;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// A fresh self-signed certificate for `localhost` and 127.0.0.1, its PEM files on disk.
+pub struct SelfSigned {
+    pub cert_pem: String,
+    pub cert_der: CertificateDer<'static>,
+    pub key_der: PrivatePkcs8KeyDer<'static>,
+    pub cert_file: TempFile,
+    pub key_file: TempFile,
+}
+
+impl SelfSigned {
+    pub fn new() -> SelfSigned {
+        let certified = rcgen::generate_simple_self_signed(vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ])
+        .expect("generate a self-signed certificate");
+        let cert_pem = certified.cert.pem();
+        let key_pem = certified.signing_key.serialize_pem();
+        SelfSigned {
+            cert_der: certified.cert.der().clone(),
+            key_der: PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()),
+            cert_file: TempFile::new(&cert_pem),
+            key_file: TempFile::new(&key_pem),
+            cert_pem,
+        }
+    }
+
+    /// `config` with the `tls:` section that makes floodgate serve this certificate.
+    pub fn served(&self, config: Config) -> Config {
+        config.set("tls", "cert", &yaml_path(&self.cert_file)).set(
+            "tls",
+            "key",
+            &yaml_path(&self.key_file),
+        )
+    }
+
+    /// A rustls server config serving this certificate (HTTP/1.1 only, no ALPN).
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("default TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![self.cert_der.clone()],
+            PrivateKeyDer::Pkcs8(self.key_der.clone_key()),
+        )
+        .expect("server config");
+        Arc::new(config)
+    }
+
+    /// An HTTPS client that trusts only this certificate and sends `localhost` to `addr`.
+    pub fn client(&self, addr: SocketAddr, http1_only: bool) -> reqwest::Client {
+        let cert = reqwest::Certificate::from_pem(self.cert_pem.as_bytes()).expect("PEM cert");
+        let mut builder = reqwest::Client::builder()
+            .no_proxy()
+            .tls_certs_only([cert])
+            .resolve("localhost", addr);
+        if http1_only {
+            builder = builder.http1_only();
+        }
+        builder.build().expect("build HTTPS client")
+    }
+}
+
+/// A temp file's path as a YAML scalar.
+pub fn yaml_path(file: &TempFile) -> String {
+    format!("{:?}", file.path().display().to_string())
+}
