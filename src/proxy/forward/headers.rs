@@ -127,7 +127,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // One look at the names present first: most requests and responses carry none of these,
     // and a pass of comparisons costs less than nine removals that each hash a name.
-    if headers.keys().any(|name| name == UPGRADE || HOP_BY_HOP.contains(name)) {
+    if headers
+        .keys()
+        .any(|name| name == UPGRADE || HOP_BY_HOP.contains(name))
+    {
         for name in HOP_BY_HOP {
             headers.remove(name);
         }
