@@ -369,7 +369,6 @@ async fn reload(proxy: &Proxy, serving: &ArcSwap<Serving>, path: &Path, running:
         Ok(Ok(new)) => {
             proxy.reload(&new);
             serving.store(Arc::new(Serving::from_config(&new)));
-            proxy.metrics().reload(true);
             if let Some(ceiling) = floodgate::config::reload::storage_timeout_ceiling(running)
                 && new.storage.timeout > ceiling
             {
@@ -387,6 +386,8 @@ async fn reload(proxy: &Proxy, serving: &ArcSwap<Serving>, path: &Path, running:
                 );
             }
             tracing::info!(routes = new.routes.len(), "config reloaded");
+            // Counted last: whoever waits for the count finds the warnings written.
+            proxy.metrics().reload(true);
         }
         Ok(Err(e)) => {
             proxy.metrics().reload(false);
