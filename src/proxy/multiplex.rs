@@ -71,6 +71,8 @@ struct ConnState {
     connection: Mutex<Connection>,
     /// Set when it ended, sent GOAWAY or refused a stream: no new streams.
     refusing: AtomicBool,
+    /// When the pool started: what `last_end_us` counts from.
+    epoch: Instant,
     /// When its last stream ended, in µs since the pool started.
     last_end_us: AtomicU64,
 }
@@ -94,7 +96,6 @@ impl Conn {
             .ok()?;
         Some(StreamSlot {
             state: state.clone(),
-            started: None,
         })
     }
 
@@ -106,16 +107,12 @@ impl Conn {
 /// One stream's place on its connection, given back when dropped.
 struct StreamSlot {
     state: Arc<ConnState>,
-    /// The pool's start, to date the stream's end (set once the slot is handed out).
-    started: Option<Instant>,
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        if let Some(started) = self.started {
-            let now = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            self.state.last_end_us.store(now, Ordering::Relaxed);
-        }
+        let now = u64::try_from(self.state.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.state.last_end_us.store(now, Ordering::Relaxed);
         self.state.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -180,7 +177,7 @@ impl Multiplex {
         req: Request<Replay>,
         fresh: Option<Box<Io>>,
     ) -> Result<Response<MultiplexBody>, PoolError> {
-        let (conn, mut slot) = match fresh {
+        let (conn, slot) = match fresh {
             Some(io) => {
                 let conn = self.handshake(key, *io).await?;
                 let slot = conn.reserve().ok_or(PoolError::Closed { reused: false })?;
@@ -188,7 +185,6 @@ impl Multiplex {
             }
             None => self.checkout(key).await?,
         };
-        slot.started = Some(self.started);
         let mut sender = conn.sender.clone();
         match sender.send_request(req).await {
             Ok(response) => Ok(response.map(|body| MultiplexBody { body, _slot: slot })),
@@ -256,6 +252,7 @@ impl Multiplex {
         let state = Arc::new(ConnState {
             open: AtomicUsize::new(0),
             connection: Mutex::new(connection),
+            epoch: self.started,
             refusing: AtomicBool::new(false),
             last_end_us: AtomicU64::new(
                 u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
