@@ -21,6 +21,7 @@ mod decision;
 mod error;
 mod front;
 pub mod guard;
+pub mod hold;
 mod key;
 pub mod lease;
 mod lease_id;

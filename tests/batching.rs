@@ -117,7 +117,8 @@ async fn an_error_in_one_decision_of_a_batch_fails_that_decision_alone() {
         .unwrap_or_else(|| panic!("no batch function in {text}"))
         .to_string();
     // Two decisions in one call: the first names an algorithm the script does not know, the
-    // second is an ordinary token bucket (capacity 10, one token per 100 ms).
+    // second is an ordinary token bucket (capacity 10, one token per 100 ms); nine arguments a
+    // limit (decide.lua).
     let reply: Vec<redis::Value> = redis::cmd("FCALL")
         .arg(&name)
         .arg(2)
@@ -135,12 +136,14 @@ async fn an_error_in_one_decision_of_a_batch_fails_that_decision_alone() {
         .arg(0)
         .arg(0)
         .arg(0)
+        .arg(0)
         .arg(2)
         .arg(1)
         .arg("token_bucket")
         .arg(10)
         .arg(100_000)
         .arg(1)
+        .arg(0)
         .arg(0)
         .arg(0)
         .arg(0)

@@ -9,11 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{PostgresServer, RedisServer};
+use floodgate::limiter::hold::HeldBucket;
+use floodgate::limiter::lease::LeaseAsk;
 use floodgate::limiter::postgres::PostgresStore;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
+use floodgate::limiter::wire::Reply;
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, LeaseId, Limit, LimiterError, ManualClock,
-    MemoryStore, Verdict,
+    MemoryStore, StoreUs, Verdict,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -173,6 +176,118 @@ fn sql_functions_decide_exactly_like_the_rust_algorithms() {
     let rt = runtime();
     let store = postgres_store(&rt, &postgres, true);
     agrees_with_the_rust_algorithms(&rt, &store);
+}
+
+/// A remote store's decision with leases, on a fake clock.
+trait LeasesOnFakeClock {
+    async fn decide_leasing_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        wants: &[LeaseAsk],
+    ) -> Result<Reply, LimiterError>;
+}
+
+impl LeasesOnFakeClock for RedisStore {
+    async fn decide_leasing_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        wants: &[LeaseAsk],
+    ) -> Result<Reply, LimiterError> {
+        self.decide_leasing_at_for_test(asks, now, 1, wants).await
+    }
+}
+
+impl LeasesOnFakeClock for PostgresStore {
+    async fn decide_leasing_at(
+        &self,
+        asks: &[Ask<'_>],
+        now: u64,
+        wants: &[LeaseAsk],
+    ) -> Result<Reply, LimiterError> {
+        self.decide_leasing_at_for_test(asks, now, 1, wants).await
+    }
+}
+
+/// Runs 64 generated cases through `store` and the Rust model of a leased token bucket
+/// ([`HeldBucket`]): requests that lease, and leases that end, are released early or expire,
+/// giving back some of their units. Every decision and every lease must agree, and so must a
+/// plain decision after each step (the holds' effect on the bucket).
+fn leases_agree_with_the_rust_model(rt: &tokio::runtime::Runtime, store: &impl LeasesOnFakeClock) {
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    };
+    let steps = prop::collection::vec(
+        (
+            prop_oneof![Just(0u64), 0u64..50_000, 200_000u64..400_000],
+            0u32..20,
+            // Which earlier lease (if any) ends with this request, and how much of it is left.
+            prop::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>())),
+        ),
+        1..40,
+    );
+    proptest!(config, |(
+        capacity in 2u32..40,
+        per_second in prop_oneof![Just(1.0f64), Just(10.0), Just(1_000.0)],
+        cost in 1u32..3,
+        lease_us in prop_oneof![Just(100_000u64), Just(250_000), Just(SEC)],
+        steps in steps,
+    )| {
+        let identity = case.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+        let limit = Limit::new(Algorithm::token_bucket(capacity, per_second).unwrap(), cost).unwrap();
+        let asks = [Ask {
+            limit: &limit,
+            key: BudgetKey { budget: "leases", kind: KeyKind::ApiKey, value: &identity },
+        }];
+        let mut model = HeldBucket::default();
+        // Leases granted and not yet ended: (store time granted, requests' worth).
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut t = T0;
+        for (i, (step, want, ends)) in steps.into_iter().enumerate() {
+            t += step;
+            let mut ask = LeaseAsk { want, lease_us, ..LeaseAsk::default() };
+            if let Some((which, left)) = ends.filter(|_| !out.is_empty()) {
+                let (at, lent) = out.remove(which.index(out.len()));
+                ask.lent = lent;
+                ask.back = left.index(lent as usize + 1) as u64;
+                ask.back_at = StoreUs(at);
+            }
+            let (expected, leased) = model.decide(&limit, t, &ask);
+            let got = rt.block_on(store.decide_leasing_at(&asks, t, &[ask]))
+                .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
+            prop_assert_eq!(got.decisions[0], expected, "request {} at +{} µs: {:?}", i, t - T0, ask);
+            prop_assert_eq!(got.leased.first().copied().unwrap_or(0), leased, "request {} leased", i);
+            if leased > 0 {
+                out.push((t, leased));
+            }
+        }
+    });
+}
+
+#[test]
+fn lua_leases_hold_a_bucket_exactly_like_the_rust_model() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = rt.block_on(async {
+        RedisStore::connect_for_test(
+            &RedisTarget::Single(redis.url()),
+            "fgtest:",
+            std::time::Duration::from_secs(2),
+        )
+        .expect("store")
+    });
+    leases_agree_with_the_rust_model(&rt, &store);
+}
+
+#[test]
+fn sql_leases_hold_a_bucket_exactly_like_the_rust_model() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = postgres_store(&rt, &postgres, true);
+    leases_agree_with_the_rust_model(&rt, &store);
 }
 
 /// A one-hour fixed window of 5 on a fixed IP: long enough that no test crosses a window.

@@ -59,6 +59,7 @@ pub(crate) struct Leasing {
     pub backs: Vec<i64>,
     pub back_ats: Vec<i64>,
     pub lease_us: Vec<i64>,
+    pub lents: Vec<i64>,
 }
 
 impl Leasing {
@@ -75,6 +76,7 @@ impl Leasing {
             out.backs.push(w.back as i64);
             out.back_ats.push(w.back_at.0 as i64);
             out.lease_us.push(w.lease_us as i64);
+            out.lents.push(w.lent as i64);
         }
         out
     }
@@ -220,6 +222,24 @@ impl PostgresStore {
             .verdict)
     }
 
+    /// [`PostgresStore::decide_at_for_test`] asking `wants` of each limit's lease (what to
+    /// lease, what an ended lease gives back), answering with what was leased.
+    pub async fn decide_leasing_at_for_test(
+        &self,
+        asks: &[Ask<'_>],
+        now_us: u64,
+        lease: LeaseId,
+        wants: &[super::lease::LeaseAsk],
+    ) -> Result<Reply, LimiterError> {
+        if !self.test_clock {
+            return Err(LimiterError::Protocol(
+                "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
+            ));
+        }
+        self.invoke(asks, Call::DecideAt { lease, now_us }, wants)
+            .await
+    }
+
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
@@ -287,7 +307,7 @@ impl PostgresStore {
             return super::batch::decide(batcher, job).await;
         }
         self.db.count_call();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
             &keys,
             &algorithms,
             &pa,
@@ -298,6 +318,7 @@ impl PostgresStore {
             &leases.backs,
             &leases.back_ats,
             &leases.lease_us,
+            &leases.lents,
         ];
         let items: Vec<i64> = match now {
             None => self.db.query(&self.db.sql.decide, &params).await?,

@@ -248,6 +248,24 @@ impl RedisStore {
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
     }
 
+    /// [`RedisStore::decide_at_for_test`] asking `wants` of each limit's lease (what to lease,
+    /// what an ended lease gives back), answering with what was leased.
+    pub async fn decide_leasing_at_for_test(
+        &self,
+        asks: &[Ask<'_>],
+        now_us: u64,
+        lease: LeaseId,
+        wants: &[super::lease::LeaseAsk],
+    ) -> Result<Reply, LimiterError> {
+        if !self.test_clock {
+            return Err(LimiterError::Protocol(
+                "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
+            ));
+        }
+        self.invoke(asks, Call::DecideAt { lease, now_us }, wants)
+            .await
+    }
+
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
@@ -274,8 +292,8 @@ impl RedisStore {
         if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
         {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
-            // then eight per limit.
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
+            // then nine per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
             args.push(number(lease));
             args.push(number(asks.len() as u64));
             push_limits(&mut args, asks, wants);
@@ -286,8 +304,8 @@ impl RedisStore {
             };
             return crate::limiter::batch::decide(batcher, job).await;
         }
-        // ARGV as main.lua reads it: the clock, the lease token, then eight per limit.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 8 * asks.len());
+        // ARGV as main.lua reads it: the clock, the lease token, then nine per limit.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
         push_limits(&mut args, asks, wants);

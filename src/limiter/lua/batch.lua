@@ -3,7 +3,7 @@
 -- an earlier one spent).
 --
 -- ARGV[1]: the test clock, as in main.lua. ARGV[2]: the number of decisions, m. Then per
--- decision: its lease token, its number of limits n, and 8 arguments per limit (decide.lua);
+-- decision: its lease token, its number of limits n, and 9 arguments per limit (decide.lua);
 -- its n keys follow the previous decisions' in KEYS.
 -- Reply: { now_us, then per decision: decide.lua's reply, or a string "error: ..." when that
 -- decision raised an error (a key Redis refuses, an unknown algorithm): it fails alone. (A

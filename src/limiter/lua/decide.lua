@@ -1,13 +1,14 @@
 -- floodgate limiter script, part 9 of 9: one decision over all the limits of a request, all-or-nothing; the
 -- body of both entry points, main.lua (one decision per call) and batch.lua (many).
 --
--- keys[k0 + i]: the state of limit i. argv[a0 + 8(i-1) ..]: limit i as algorithm name,
--- parameter a, parameter b, cost, want, back, back_at, lease_us, where (a, b) is (capacity,
+-- keys[k0 + i]: the state of limit i. argv[a0 + 9(i-1) ..]: limit i as algorithm name,
+-- parameter a, parameter b, cost, want, back, back_at, lease_us, lent, where (a, b) is (capacity,
 -- interval µs) for the buckets and (limit, window µs) for the windows; want is how many more
 -- requests' worth of units the caller would like to lease (0: none); back is how many requests'
--- worth of an earlier lease it gives back unspent, granted at the store's time back_at (0: none);
--- lease_us is how long the caller spends a lease for (the sliding window log stamps leased units
--- with the lease's end). lease: the request's lease token, naming its concurrency leases; "-" to
+-- worth of an earlier lease of `lent` it gives back unspent, granted at the store's time back_at
+-- (lent 0: no lease ends with this request); lease_us is how long the caller spends a lease for
+-- (the sliding window log stamps leased units with the lease's end, a bucket holds them until
+-- then). lease: the request's lease token, naming its concurrency leases; "-" to
 -- peek (decide and reply as usual, but spend nothing: floodgate's /budgets).
 -- Returns (REPLY_HEADER and REPLY_FIELDS in wire.rs): { allowed, now_us, then per limit: allowed,
 -- limit, remaining, reset_after_us, retry_after_us, delay_us; then per limit the requests' worth
@@ -17,28 +18,28 @@
 -- Leases (src/limiter/lease.rs): only when every limit allowed, and only for the algorithms in
 -- LEASABLE, a limit grants at most `want` and at most half of what remains after this request,
 -- debited here, now, as if that many more requests had come: the units are spent before anyone
--- else can have them, so no instance can ever be granted what another holds.
+-- else can have them, so no instance can ever be granted what another holds; a token bucket also
+-- holds them (gcra.lua) until the lease ends, refilling only to its capacity less what is held.
 
 local LEASABLE = {
   token_bucket = true, fixed_window = true, sliding_window_counter = true, sliding_window_log = true,
 }
-local ARGS = 8
+local ARGS = 9
 
--- Gives `units` back to a budget they were leased from at `at` for `lease_us`: a bucket's TAT
--- moves back (a bucket fuller than full is just full); a window's count falls, if the window is
--- still the one they were counted in (after it, they are gone with it); a log loses that many of
--- the lease's entries (sliding_window_log.lua names them), if they are still there.
-local function give_back(name, key, now, b, units, at, lease_us)
+-- Ends a lease of `lent` units granted at `at` for `lease_us`, giving back `units` of it unspent:
+-- a bucket releases the lease's hold, if it is still out (it ended in the store otherwise, and
+-- the bucket has refilled past it), and moves its tat back by what is unspent (a bucket fuller
+-- than full is just full); a window's count falls, if the window is still the one they were
+-- counted in (after it, they are gone with it); a log loses that many of the lease's entries
+-- (sliding_window_log.lua names them), if they are still there.
+local function give_back(name, key, now, b, units, at, lease_us, lent)
   if name == 'token_bucket' then
-    local tat = tonumber(read('GET', key))
-    if tat then
-      local back = tat - units * b
-      if back <= now then
-        redis.call('DEL', key)
-      else
-        redis.call('SET', key, fmt(back), 'PX', ttl_ms(back, now))
-      end
+    local tat, holds = bucket_read(key, now)
+    if hold_release(holds, at + lease_us, lent * b) then
+      bucket_write(key, now, math.max(tat - units * b, now), holds)
     end
+  elseif units <= 0 then
+    return
   elseif name == 'fixed_window' or name == 'sliding_window_counter' then
     local current = now - (now % b)
     if current == at - (at % b) then
@@ -68,10 +69,12 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
   if lease ~= '-' then
     for i = 1, n do
       local base = a0 + ARGS * (i - 1)
-      local back = tonumber(argv[base + 5]) or 0
-      if back > 0 and LEASABLE[argv[base]] then
+      local lent = tonumber(argv[base + 8]) or 0
+      if lent > 0 and LEASABLE[argv[base]] then
+        local cost = tonumber(argv[base + 3])
         give_back(argv[base], keys[k0 + i], now, tonumber(argv[base + 2]),
-          back * tonumber(argv[base + 3]), tonumber(argv[base + 6]), tonumber(argv[base + 7]) or 0)
+          (tonumber(argv[base + 5]) or 0) * cost, tonumber(argv[base + 6]),
+          tonumber(argv[base + 7]) or 0, lent * cost)
       end
     end
   end

@@ -76,6 +76,7 @@ async fn call(
         leasing.backs.extend(or_zeros(&job.leases.backs));
         leasing.back_ats.extend(or_zeros(&job.leases.back_ats));
         leasing.lease_us.extend(or_zeros(&job.leases.lease_us));
+        leasing.lents.extend(or_zeros(&job.leases.lents));
     }
     db.count_call();
     let items: Vec<i64> = db
@@ -93,6 +94,7 @@ async fn call(
                 &leasing.backs,
                 &leasing.back_ats,
                 &leasing.lease_us,
+                &leasing.lents,
             ],
         )
         .await?;

@@ -62,15 +62,15 @@ impl Sql {
         Sql {
             functions: text.replace(NAME_SUFFIX, &suffix),
             decide: format!(
-                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 name("decide")
             ),
             decide_at: format!(
-                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 name("decide_at")
             ),
             decide_batch: format!(
-                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 name("decide_batch")
             ),
             release: format!("SELECT {}($1, $2)", name("release")),

@@ -28,7 +28,7 @@ use crate::limiter::wire::Reply;
 pub struct Job {
     /// Its limits' keys, in order.
     pub keys: Vec<String>,
-    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 8 per limit.
+    /// Its arguments as `batch.lua` reads them: lease token, number of limits, then 9 per limit.
     pub args: Vec<Vec<u8>>,
     /// How many limits it asks (to read its reply).
     pub limits: usize,

@@ -193,10 +193,10 @@ impl Caller {
     }
 }
 
-/// Appends each limit's eight arguments (algorithm name, parameter a, parameter b, cost, and
+/// Appends each limit's nine arguments (algorithm name, parameter a, parameter b, cost, and
 /// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, those
-/// of an ended lease given back with the store time it was granted at, and how long a lease
-/// lasts), as `decide.lua` reads them.
+/// of an ended lease given back with the store time it was granted at, how long a lease lasts,
+/// and the ended lease's size), as `decide.lua` reads them.
 pub(super) fn push_limits(
     args: &mut Vec<Vec<u8>>,
     asks: &[Ask<'_>],
@@ -214,6 +214,7 @@ pub(super) fn push_limits(
         args.push(number(lease.back));
         args.push(number(lease.back_at.0));
         args.push(number(lease.lease_us));
+        args.push(number(lease.lent));
     }
 }
 

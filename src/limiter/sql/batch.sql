@@ -15,7 +15,8 @@
 -- read (unlike Redis, where a key may hold another type).
 CREATE OR REPLACE FUNCTION floodgate_decide_batch__V(
   limits int[], keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[],
-  leases bigint[], wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
+  leases bigint[], wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[],
+  lents bigint[]
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   k text;
@@ -44,7 +45,7 @@ BEGIN
       d := floodgate_decide_at__V(now, keys[k0 + 1 : k0 + n], algorithms[k0 + 1 : k0 + n],
         pa[k0 + 1 : k0 + n], pb[k0 + 1 : k0 + n], costs[k0 + 1 : k0 + n], leases[i],
         wants[k0 + 1 : k0 + n], backs[k0 + 1 : k0 + n], back_ats[k0 + 1 : k0 + n],
-        lease_us[k0 + 1 : k0 + n]);
+        lease_us[k0 + 1 : k0 + n], lents[k0 + 1 : k0 + n]);
       reply := reply || ARRAY[1, cardinality(d)]::bigint[] || d;
     END IF;
     k0 := k0 + n;

@@ -15,11 +15,12 @@
 -- retries.
 --
 -- Leases (src/limiter/lease.rs; mirrors src/limiter/lua/decide.lua): per limit, `wants` more
--- requests' worth to lease beyond this one, `backs` requests' worth of an ended lease given back,
--- granted at `back_ats`, and `lease_us`, how long a lease lasts (NULL arrays: none of these). A
--- lease is granted only when every limit allowed, for the token bucket, the windows and the log,
--- at most `want` and half of what remains, debited here, now. Given back: a bucket's tat moves
--- back; a window's count falls if its window is still the one the units were counted in; a log
+-- requests' worth to lease beyond this one, `backs` requests' worth of an ended lease of `lents`
+-- given back, granted at `back_ats`, and `lease_us`, how long a lease lasts (NULL arrays: none of
+-- these). A lease is granted only when every limit allowed, for the token bucket, the windows and
+-- the log, at most `want` and half of what remains, debited here, now; a bucket also holds it
+-- until it ends (gcra.sql: the holds in `entries`). Given back: a bucket releases the lease's
+-- hold, if it is still out, and its tat moves back; a window's count falls if its window is still the one the units were counted in; a log
 -- loses that many entries stamped with the lease's end (back_at + lease_us): entries are bare
 -- timestamps, but entries of one stamp expire together, so whichever go, the log is the same.
 --
@@ -42,7 +43,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION floodgate_decide_at__V(
   clock bigint, keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[],
-  lease bigint, wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
+  lease bigint, wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[],
+  lents bigint[]
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   n int := cardinality(keys);
@@ -62,6 +64,7 @@ DECLARE
   at bigint;
   want bigint;
   extra bigint;
+  pos int;
 BEGIN
   IF lease IS NOT NULL THEN
     -- Lock (and read) every row in key order; a row's values cannot change once it is locked.
@@ -94,17 +97,35 @@ BEGIN
   IF now IS NULL THEN
     now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
   END IF;
+  -- A token bucket's holds, brought up to now: those ended folded into its tat.
+  FOR i IN 1 .. n LOOP
+    IF algorithms[i] = 'token_bucket' AND cardinality(rows[i].entries) > 0 THEN
+      r := rows[i];
+      r.a := floodgate_hold_fold__V(now, r.a, r.entries);
+      r.entries := floodgate_hold_live__V(now, r.entries);
+      rows[i] := r;
+    END IF;
+  END LOOP;
 
   -- Units an ended lease gives back, before anything is decided.
   IF lease IS NOT NULL THEN
     FOR i IN 1 .. n LOOP
       units := coalesce(backs[i], 0) * costs[i];
       at := coalesce(back_ats[i], 0);
-      CONTINUE WHEN units <= 0;
+      CONTINUE WHEN coalesce(lents[i], 0) <= 0;
       r := rows[i];
-      IF algorithms[i] = 'token_bucket' AND r.a > 0 THEN
-        r.a := CASE WHEN r.a - units * pb[i] <= now THEN 0 ELSE r.a - units * pb[i] END;
-        UPDATE floodgate_budgets SET a = r.a, expires_at = r.a WHERE key = keys[i];
+      IF algorithms[i] = 'token_bucket' THEN
+        pos := floodgate_hold_find__V(r.entries, at + coalesce(lease_us[i], 0),
+          lents[i] * costs[i] * pb[i]);
+        IF pos > 0 THEN
+          r.entries := r.entries[1 : pos - 1] || r.entries[pos + 2 :];
+          r.a := greatest(r.a - units * pb[i], now);
+          UPDATE floodgate_budgets SET a = r.a, entries = r.entries,
+            expires_at = greatest(r.a, coalesce(r.entries[cardinality(r.entries) - 1], 0))
+            WHERE key = keys[i];
+        END IF;
+      ELSIF units <= 0 THEN
+        CONTINUE;
       ELSIF algorithms[i] IN ('fixed_window', 'sliding_window_counter')
           AND r.a = now - now % pb[i] AND r.a = at - at % pb[i] THEN
         r.b := greatest(r.b - units, 0);
@@ -162,7 +183,16 @@ BEGIN
     END LOOP;
     FOR i IN 1 .. n LOOP
       CASE algorithms[i]
-        WHEN 'token_bucket', 'leaky_bucket' THEN
+        WHEN 'token_bucket' THEN
+          r := rows[i];
+          IF leased[i] > 0 THEN
+            r.entries := floodgate_hold_add__V(r.entries, now + coalesce(lease_us[i], 0),
+              costs[i] * leased[i] * pb[i]);
+          END IF;
+          UPDATE floodgate_budgets SET a = sa[i], entries = r.entries,
+            expires_at = greatest(sa[i], coalesce(r.entries[cardinality(r.entries) - 1], 0))
+            WHERE key = keys[i];
+        WHEN 'leaky_bucket' THEN
           UPDATE floodgate_budgets SET a = sa[i], expires_at = sa[i] WHERE key = keys[i];
         WHEN 'fixed_window' THEN
           UPDATE floodgate_budgets SET a = sa[i], b = sb[i], expires_at = sa[i] + pb[i]
@@ -200,8 +230,8 @@ END $$;
 -- The production entry point: the database's clock, never a caller's.
 CREATE OR REPLACE FUNCTION floodgate_decide__V(
   keys text[], algorithms text[], pa bigint[], pb bigint[], costs bigint[], lease bigint,
-  wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[]
+  wants bigint[], backs bigint[], back_ats bigint[], lease_us bigint[], lents bigint[]
 ) RETURNS bigint[] LANGUAGE sql AS $$
   SELECT floodgate_decide_at__V(NULL, keys, algorithms, pa, pb, costs, lease, wants, backs,
-    back_ats, lease_us)
+    back_ats, lease_us, lents)
 $$;

@@ -27,3 +27,69 @@ BEGIN
                new_tat - now - burst, 0,
                tat, 0, 0];
 END $$;
+
+-- A token bucket's holds (src/limiter/hold.rs, whose arithmetic these mirror; leased units the
+-- bucket may not refill into until the lease ends) are kept in its row's `entries` as a flat
+-- list end, held_us, end, held_us, ..., soonest end first.
+--
+-- The bucket's tat at `now` with its holds applied (Holds::fold): an ended hold missed the refill
+-- of every hold still out when it ended, made up after its end.
+CREATE OR REPLACE FUNCTION floodgate_hold_fold__V(now bigint, tat bigint, holds bigint[])
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  held bigint := 0;
+  n int := cardinality(holds) / 2;
+BEGIN
+  IF n = 0 THEN
+    RETURN tat;
+  END IF;
+  FOR i IN 1 .. n LOOP
+    held := held + holds[2 * i];
+  END LOOP;
+  FOR i IN 1 .. n LOOP
+    EXIT WHEN holds[2 * i - 1] > now;
+    tat := greatest(tat, holds[2 * i - 1] + held);
+    held := held - holds[2 * i];
+  END LOOP;
+  RETURN greatest(tat, now + held);
+END $$;
+
+-- The holds still out at `now`.
+CREATE OR REPLACE FUNCTION floodgate_hold_live__V(now bigint, holds bigint[])
+RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  n int := cardinality(holds) / 2;
+BEGIN
+  FOR i IN 1 .. n LOOP
+    IF holds[2 * i - 1] > now THEN
+      RETURN holds[2 * i - 1 :];
+    END IF;
+  END LOOP;
+  RETURN '{}';
+END $$;
+
+-- `holds` with the hold (e, h) added after those ending no later (Holds::hold).
+CREATE OR REPLACE FUNCTION floodgate_hold_add__V(holds bigint[], e bigint, h bigint)
+RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  n int := cardinality(holds) / 2;
+  at int := n;
+BEGIN
+  WHILE at > 0 AND holds[2 * at - 1] > e LOOP
+    at := at - 1;
+  END LOOP;
+  RETURN holds[1 : 2 * at] || ARRAY[e, h] || holds[2 * at + 1 :];
+END $$;
+
+-- The position (1-based, of its end) of the hold (e, h) in `holds`, or 0 (Holds::release finds
+-- it so).
+CREATE OR REPLACE FUNCTION floodgate_hold_find__V(holds bigint[], e bigint, h bigint)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  FOR i IN 1 .. cardinality(holds) / 2 LOOP
+    IF holds[2 * i - 1] = e AND holds[2 * i] = h THEN
+      RETURN 2 * i - 1;
+    END IF;
+  END LOOP;
+  RETURN 0;
+END $$;
