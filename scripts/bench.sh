@@ -16,13 +16,14 @@
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
-#   fg_redis_allow    floodgate, Redis store, every request allowed
+#   fg_redis_allow    floodgate, Redis store, every request allowed (a bucket of 1e9 refilled at
+#                     1e6/s: it stays nearly full, the typical request's budget)
+#   fg_redis_allow_nolease  the same with leases: disabled
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
 #   fg_redis_lease_allow, fg_redis_relay_lease_allow (and _nolease: leases: disabled)  the allow
 #                     path on a budget that leases can serve: a bucket of 1e6 per key refilled once
 #                     per 100 s (spent down, never denying in a run), directly and behind the relay.
-#                     (The other targets' bucket refills at 1e6/s and stays full: a lease on a full
-#                     bucket drains as fast as it refills, see src/limiter/lease.rs.)
+#                     (The other targets' bucket refills at 1e6/s and stays nearly full.)
 #   openresty_limit   the design Kong and APISIX ship: nginx + lua-nginx-module (Debian's
 #                     libnginx-mod-http-lua), an access_by_lua_block sending one EVALSHA of seed 000's
 #                     token bucket (bench/token_bucket_seed000.lua) per request over a cosocket
@@ -471,6 +472,11 @@ if [[ " ${TARGETS[*]} " == *" fg_redis_allow_unbatched "* ]]; then
   batch: false" 1000000000 1000000
     FG_REDIS_UNBATCHED_URL=$FG_URL FG_REDIS_UNBATCHED_PID=$FG_PID
 fi
+if [[ " ${TARGETS[*]} " == *" fg_redis_allow_nolease "* ]]; then
+    start_floodgate fg_redis_allow_nolease "$REDIS_STORAGE
+  leases: disabled" 1000000000 1000000
+    FG_REDIS_NOLEASE_URL=$FG_URL FG_REDIS_NOLEASE_PID=$FG_PID
+fi
 for t in fg_redis_lease_allow fg_redis_lease_nolease_allow fg_redis_relay_lease_allow fg_redis_relay_lease_nolease_allow; do
     [[ " ${TARGETS[*]} " == *" $t "* ]] || continue
     case $t in
@@ -549,6 +555,7 @@ pids_of() {
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
+        fg_redis_allow_nolease) echo "$FG_REDIS_NOLEASE_PID $UPSTREAM_PID $REDIS_PID" ;;
         openresty_limit) echo "$OPENRESTY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_*lease*) eval "echo \"\$LEASE_PID_$1 $UPSTREAM_PID $REDIS_PID\"" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_PID $UPSTREAM_PID $REDIS_PID" ;;
@@ -587,6 +594,7 @@ url_of() {
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_URL/" ;;
+        fg_redis_allow_nolease) echo "$FG_REDIS_NOLEASE_URL/" ;;
         openresty_limit) echo "$OPENRESTY_URL/" ;;
         fg_redis_*lease*) eval "echo \"\$LEASE_URL_$1/\"" ;;
         fg_redis_relay_allow) echo "$FG_RELAY_URL/" ;;

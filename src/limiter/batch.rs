@@ -11,7 +11,8 @@
 //!
 //! The caller's `storage.timeout` still bounds each decision (the guard drops its receiver when
 //! it gives up): a decision whose caller has gone is left out of the next batch, and a late
-//! batch's answers go to nobody. How a batch is sent, and how one decision's error is kept from
+//! batch's answer to a decision that had left goes to the decision's [`Late`] handler, if it has
+//! one (the guard's leases owe back what it granted). How a batch is sent, and how one decision's error is kept from
 //! the others, is the store's (`redis/batch.rs`, `postgres/batch.rs`).
 
 use std::future::Future;
@@ -66,7 +67,13 @@ impl<T> Batching<T> {
 pub struct Pending<T> {
     pub job: T,
     pub reply: oneshot::Sender<Result<Reply, LimiterError>>,
+    /// What to do with an answer that came after the caller gave up.
+    pub late: Option<Late>,
 }
+
+/// Takes the store's answer to a decision whose caller had given up (timed out) after the
+/// decision was sent.
+pub type Late = Box<dyn FnOnce(Reply) + Send + Sync>;
 
 /// Starts a driver that hands the decisions sent on the returned channel to `send`, a batch at a
 /// time, with at most `in_flight` batches out at once, until the sender is dropped. `send` must
@@ -109,14 +116,18 @@ where
     sender
 }
 
-/// Hands `job` to a driver and waits for its answer.
+/// Hands `job` to a driver and waits for its answer (an answer that comes after this future was
+/// dropped goes to `late`).
 pub async fn decide<T>(
     driver: &mpsc::UnboundedSender<Pending<T>>,
     job: T,
+    late: Option<Late>,
 ) -> Result<Reply, LimiterError> {
     let stopped = || LimiterError::Unavailable("the batch driver has stopped".to_string());
     let (reply, answer) = oneshot::channel();
-    driver.send(Pending { job, reply }).map_err(|_| stopped())?;
+    driver
+        .send(Pending { job, reply, late })
+        .map_err(|_| stopped())?;
     answer.await.map_err(|_| stopped())?
 }
 
@@ -128,7 +139,11 @@ pub fn answer<T>(
     match answers {
         Ok(answers) => {
             for (pending, answer) in batch.into_iter().zip(answers) {
-                let _ = pending.reply.send(answer);
+                if let Err(Ok(reply)) = pending.reply.send(answer)
+                    && let Some(late) = pending.late
+                {
+                    late(reply);
+                }
             }
         }
         Err(e) => {
@@ -178,7 +193,7 @@ mod tests {
         });
         let first = tokio::spawn({
             let driver = driver.clone();
-            async move { decide(&driver, 0).await }
+            async move { decide(&driver, 0, None).await }
         });
         // The first call is out (held at the gate); three more arrive meanwhile.
         while calls.lock().unwrap().is_empty() {
@@ -187,7 +202,7 @@ mod tests {
         let rest: Vec<_> = (1..4)
             .map(|job| {
                 let driver = driver.clone();
-                tokio::spawn(async move { decide(&driver, job).await })
+                tokio::spawn(async move { decide(&driver, job, None).await })
             })
             .collect();
         tokio::task::yield_now().await;
@@ -204,7 +219,7 @@ mod tests {
         let driver = start(4, |batch: Vec<Pending<()>>| async move {
             answer(batch, Err(LimiterError::Unavailable("down".into())));
         });
-        let e = decide(&driver, ()).await.unwrap_err();
+        let e = decide(&driver, (), None).await.unwrap_err();
         assert!(matches!(e, LimiterError::Unavailable(m) if m.contains("down")));
     }
 
@@ -229,7 +244,7 @@ mod tests {
         let mut tasks = Vec::new();
         for _ in 0..12 {
             let driver = driver.clone();
-            tasks.push(tokio::spawn(async move { decide(&driver, ()).await }));
+            tasks.push(tokio::spawn(async move { decide(&driver, (), None).await }));
             for _ in 0..4 {
                 tokio::task::yield_now().await;
             }

@@ -51,14 +51,17 @@ pub trait RemoteStore: Send + Sync + 'static {
     /// [`RemoteStore::decide`], also leasing, per ask, up to `wants[i].want` more requests' worth
     /// of units for this instance to spend itself (`Reply::leased`), and first taking back what
     /// an ended lease left unspent (`wants[i].back`). A store that cannot lease decides as
-    /// `decide` does and leases nothing (and is never given anything back).
+    /// `decide` does and leases nothing (and is never given anything back). An answer that
+    /// comes after the caller gave up goes to `late`, where the store can tell (a batched
+    /// decision that had left).
     fn decide_leasing(
         &self,
         asks: &[Ask<'_>],
         lease: LeaseId,
         wants: &[super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
     ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
-        let _ = wants;
+        let _ = (wants, late);
         self.decide(asks, lease)
     }
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
@@ -115,6 +118,17 @@ pub struct GuardStats {
 /// Microseconds, saturating.
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Where an answer that comes after the request gave up goes: what it granted is owed back
+/// (see `Leases::owe`), given back with the budget's next call.
+fn owe_late(
+    leases: &Arc<super::lease::Leases>,
+    asks: &[Ask<'_>],
+    sent: LocalUs,
+) -> super::batch::Late {
+    let (leases, slots) = (leases.clone(), leases.slots(asks, sent));
+    Box::new(move |reply| leases.owe(&slots, &reply))
 }
 
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
@@ -181,14 +195,16 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         if current != lease_ttl.map(micros) {
             self.set_leases(lease_ttl);
         }
+        if let Some(leases) = self.leases.load().as_ref() {
+            leases.set_timeout(micros(timeout));
+        }
     }
 
     fn set_leases(&self, ttl: Option<Duration>) {
         self.leases.store(ttl.map(|ttl| {
-            Arc::new(super::lease::Leases::new(
-                micros(ttl),
-                self.stats.leases.clone(),
-            ))
+            let leases = super::lease::Leases::new(micros(ttl), self.stats.leases.clone());
+            leases.set_timeout(self.timeout_us.load(Ordering::Relaxed));
+            Arc::new(leases)
         }));
     }
 
@@ -239,7 +255,9 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 lease,
             });
         }
-        if let Some(verdict) = self.deny_cache.get(asks, now) {
+        if let Some(verdict) = self.deny_cache.get(asks, now)
+            && !leases.as_ref().is_some_and(|l| l.owes(asks, local))
+        {
             self.stats.deny_cache_hits.inc();
             return Ok(Admission::Limited {
                 verdict,
@@ -256,15 +274,18 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 LimiterError::Unavailable("circuit breaker open".into()),
             );
         }
-        let wants = match leases.as_ref() {
-            Some(leases) => leases.wants(asks, local),
-            None => Vec::new(),
+        let (wants, late) = match leases.as_ref() {
+            Some(leases) => (
+                leases.wants(asks, local),
+                Some(owe_late(leases, asks, local)),
+            ),
+            None => (Vec::new(), None),
         };
         let timeout = self.timeout();
         if self.count_calls {
             self.stats.store_calls.inc();
         }
-        let decided = self.store.decide_leasing(asks, lease, &wants);
+        let decided = self.store.decide_leasing(asks, lease, &wants, late);
         let error = match tokio::time::timeout(timeout, decided).await {
             Ok(Ok(reply)) => {
                 self.breaker.success();

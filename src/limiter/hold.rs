@@ -97,7 +97,8 @@ pub struct HeldBucket {
 
 impl HeldBucket {
     /// One request at `now` on `limit` (a token bucket), asking `ask` of its lease: the ended
-    /// lease's hold is released and its unspent units credited, the request decided, and if it
+    /// lease's hold is released and its unspent units credited (or, with no lease, a decision's
+    /// units given back), the request decided, and if it
     /// is allowed, at most `ask.want` and half of what remains leased and held until
     /// `now + ask.lease_us`. Returns the decision and the requests' worth leased.
     pub fn decide(&mut self, limit: &Limit, now: u64, ask: &LeaseAsk) -> (Decision, u64) {
@@ -108,8 +109,12 @@ impl HeldBucket {
             end: ask.back_at.0 + ask.lease_us,
             held_us: ask.lent * cost * span,
         };
-        if ask.lent > 0 && self.holds.release(ended) {
-            self.tat = credit(self.tat, ask.back * cost * span, now);
+        // A lease's unspent units come back only while its hold is out (after its end the
+        // bucket has refilled past it); a decision's own, which nothing held, always.
+        if (ask.lent > 0 && self.holds.release(ended)) || (ask.lent == 0 && ask.back > 0) {
+            // Never past what the holds still out allow.
+            let credited = credit(self.tat, ask.back * cost * span, now);
+            self.tat = self.holds.fold(credited, now);
         }
         let mut state = State::Gcra { tat: self.tat };
         let d = state.check(limit, now);

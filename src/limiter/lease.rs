@@ -112,9 +112,19 @@ impl Default for LeaseStats {
     }
 }
 
+/// Where a decision's grant is owed back should its answer come late ([`Leases::slots`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OweSlot {
+    key: u64,
+    sent: LocalUs,
+    /// A token bucket's µs per request's worth.
+    bucket: Option<u64>,
+}
+
 /// This instance's leases, by budget.
 pub struct Leases {
     ttl_us: u64,
+    timeout_us: std::sync::atomic::AtomicU64,
     shards: Box<[Mutex<HashMap<u64, Slot, Prehashed>>]>,
     hasher: RandomState,
     stats: LeaseStats,
@@ -131,6 +141,41 @@ struct Slot {
     /// A lease has been asked for and not granted yet (until then, or for at most a `ttl`, no
     /// other request asks: concurrent asks would replace each other's leases).
     asking_until: LocalUs,
+    /// What decisions abandoned at the timeout were granted, to give back (see [`Leases::owe`]).
+    owed: Vec<Owed>,
+}
+
+/// A decision's grant that reached nobody: the request's own requests' worth and the lease
+/// that came with it, to give back.
+#[derive(Clone, Copy)]
+struct Owed {
+    /// The lease that came with it (released whole: nothing of it was spent).
+    lent: u64,
+    /// The store's time of the decision.
+    at: StoreUs,
+    /// A token bucket's own request's worth, which nothing held in the store, drains as a lease
+    /// used to (see [`Owed::own_at`]): when the request was sent (local), how long after it a
+    /// bucket that never lost it could stand full, and the µs one request's worth takes to
+    /// refill.
+    /// `None` for a window, whose units never refill and come back whole.
+    drain: Option<(LocalUs, u64, u64)>,
+}
+
+impl Owed {
+    /// The request's own requests' worth (1, or 0 once drained) the store may take back when it
+    /// applies the give-back at local time `at` at the latest. A bucket's units debited for a
+    /// request that was never admitted cannot simply be credited back later: while a bucket
+    /// that never lost them would have stood full (and wasted its refill), the store's, short of
+    /// them, went on refilling. So they count as drained once such a bucket could stand full
+    /// (timed from when the request was sent, which is earlier); a contended bucket (far from
+    /// full) gets them back, and a bucket full but for them loses at most that request's worth.
+    fn own_at(&self, at: LocalUs) -> u64 {
+        match self.drain {
+            None => 1,
+            Some((sent, headroom_us, _)) if at.since(sent) <= headroom_us => 1,
+            Some(_) => 0,
+        }
+    }
 }
 
 struct Held {
@@ -173,6 +218,7 @@ impl Leases {
     pub fn new(ttl_us: u64, stats: LeaseStats) -> Self {
         Leases {
             ttl_us: ttl_us.max(1),
+            timeout_us: std::sync::atomic::AtomicU64::new(0),
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
@@ -292,7 +338,8 @@ impl Leases {
                     let lapsed = &self.stats.lapsed;
                     shard.retain(|_, slot| {
                         let live = slot.held.as_ref().is_some_and(|h| h.usable(now) > 0)
-                            || now.since(slot.period_start) < 2 * ttl;
+                            || now.since(slot.period_start) < 2 * ttl
+                            || !slot.owed.is_empty();
                         if !live && let Some(held) = &slot.held {
                             lapsed.inc_by(held.units.saturating_sub(held.spent));
                         }
@@ -315,6 +362,12 @@ impl Leases {
                         .lapsed
                         .inc_by(held.units.saturating_sub(held.spent + out.back));
                     slot.held = None;
+                } else if let Some(owed) = slot.owed.pop() {
+                    // One give-back a call: an abandoned decision's, when no lease ends. The
+                    // store applies it within this call's timeout (see `horizon_us`).
+                    out.back = owed.lent + owed.own_at(now.plus(self.horizon_us()));
+                    out.lent = owed.lent;
+                    out.back_at = owed.at;
                 }
                 // A limit that still holds units (the request came here for another limit's sake)
                 // asks for no more: a new lease would replace this one and lapse its units.
@@ -327,6 +380,90 @@ impl Leases {
                 out
             })
             .collect()
+    }
+
+    /// Records the answer to a decision abandoned at the timeout (`reply`, late): when the store
+    /// allowed it, what it spent (the request's own requests' worth, and any lease with it) is
+    /// owed back, and given back with the budget's next call to the store ([`Leases::wants`]),
+    /// so that a slow store costs latency, not budget. The lease itself is not taken up: its
+    /// time ran from when the request was sent, most of it spent waiting.
+    pub fn owe(&self, slots: &[Option<OweSlot>], reply: &Reply) {
+        if !reply.verdict.allowed() {
+            return;
+        }
+        for (i, slot) in slots.iter().enumerate() {
+            let (Some(slot), Some(decision)) = (slot, reply.decisions.get(i)) else {
+                continue;
+            };
+            let lent = reply.leased.get(i).copied().unwrap_or(0);
+            // The store's side is full again `reset_after_us` after the decision; a bucket that
+            // never lost this request's worth, a request's worth sooner.
+            let drain = slot.bucket.map(|drain_us| {
+                (
+                    slot.sent,
+                    decision.reset_after_us.saturating_sub(drain_us),
+                    drain_us,
+                )
+            });
+            let mut shard = self.shard(slot.key);
+            if !shard.contains_key(&slot.key) && shard.len() >= CAPACITY / SHARDS {
+                continue;
+            }
+            shard.entry(slot.key).or_default().owed.push(Owed {
+                lent,
+                at: StoreUs(reply.verdict.now_us),
+                drain,
+            });
+        }
+    }
+
+    /// Where [`Leases::owe`] records each ask's debt (`None`: not leasable), for a decision sent
+    /// at `sent`: taken when the decision is sent, for its answer to find should it come late.
+    pub fn slots(&self, asks: &[Ask<'_>], sent: LocalUs) -> Vec<Option<OweSlot>> {
+        asks.iter()
+            .map(|ask| {
+                let cost = u64::from(ask.limit.cost());
+                let bucket = match ask.limit.algorithm().parameters() {
+                    Parameters::Bucket { interval_us, .. } => {
+                        Some(interval_us.saturating_mul(cost).max(1))
+                    }
+                    Parameters::Window { .. } => None,
+                };
+                leasable(ask).then(|| OweSlot {
+                    key: ask.key.hash_with(&self.hasher),
+                    sent,
+                    bucket,
+                })
+            })
+            .collect()
+    }
+
+    /// How far ahead a give-back's effect is reckoned: the store applies it within the call's
+    /// timeout (or the lease's ttl, if longer).
+    fn horizon_us(&self) -> u64 {
+        self.ttl_us
+            .max(self.timeout_us.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// `storage.timeout` in µs, which bounds when the store applies a give-back.
+    pub fn set_timeout(&self, timeout_us: u64) {
+        self.timeout_us
+            .store(timeout_us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True when one of `asks`' budgets has something to give back: its next request goes to
+    /// the store even if a denial is cached (the give-back may be what it needs).
+    pub fn owes(&self, asks: &[Ask<'_>], now: LocalUs) -> bool {
+        asks.iter().filter(|ask| leasable(ask)).any(|ask| {
+            let key = ask.key.hash_with(&self.hasher);
+            self.shard(key).get(&key).is_some_and(|slot| {
+                !slot.owed.is_empty()
+                    || slot
+                        .held
+                        .as_ref()
+                        .is_some_and(|h| h.usable(now) == 0 && h.spent < h.units)
+            })
+        })
     }
 
     /// Takes the leases the store granted with a request (`reply.leased`), the request having
@@ -417,6 +554,15 @@ mod tests {
         );
         Reply {
             verdict: Verdict::from_decisions(1_700_000_000_000_000, &[decision]).unwrap(),
+            decisions: vec![decision],
+            leased: vec![leased],
+        }
+    }
+
+    /// The store's reply at `now_us` with `decision`, leasing `leased`.
+    fn reply_of(now_us: u64, decision: Decision, leased: u64) -> Reply {
+        Reply {
+            verdict: Verdict::from_decisions(now_us, &[decision]).unwrap(),
             decisions: vec![decision],
             leased: vec![leased],
         }
@@ -711,6 +857,9 @@ mod tests {
                     // One event in 50 kills the instance before it acts: its lease is never
                     // spent or given back.
                     proptest::prop_oneof![49 => proptest::strategy::Just(false), 1 => proptest::strategy::Just(true)],
+                    // One in 10 store answers comes after the request gave up (refused, on_error:
+                    // deny): what it granted is owed back.
+                    proptest::prop_oneof![9 => proptest::strategy::Just(false), 1 => proptest::strategy::Just(true)],
                 ),
                 1..300,
             ),
@@ -722,9 +871,9 @@ mod tests {
     }
 
     /// One event of [`drive_bucket`]: a step of time (µs), the instance that gets a request, the
-    /// store's delay in deciding it and in answering (µs), and whether that instance was killed
-    /// (and restarted with no leases) first.
-    type Event = (u64, usize, u64, u64, bool);
+    /// store's delay in deciding it and in answering (µs), whether that instance was killed (and
+    /// restarted with no leases) first, and whether the answer came too late for the request.
+    type Event = (u64, usize, u64, u64, bool, bool);
 
     /// Drives three instances' leases and a store modelled as decide.lua runs it
     /// ([`crate::limiter::hold::HeldBucket`]) through `events`, each instance serving from its
@@ -741,7 +890,7 @@ mod tests {
             .map(|_| Leases::new(250 * MS, LeaseStats::default()))
             .collect();
         let mut now = 0u64;
-        for &(step, which, d1, d2, kill) in events {
+        for &(step, which, d1, d2, kill, late) in events {
             now += step;
             if kill {
                 instances[which] = Leases::new(250 * MS, LeaseStats::default());
@@ -749,15 +898,24 @@ mod tests {
             let leases = &instances[which];
             let mut at = now;
             let admitted = leases.spend(&asks, LocalUs(now)).is_some() || {
-                let ask = leases.wants(&asks, LocalUs(now))[0];
+                let (sent, ask) = (now, leases.wants(&asks, LocalUs(now))[0]);
                 let decided = now + d1;
                 let (d, extra) = store.decide(&limit, decided, &ask);
-                if d.allowed() {
-                    leases.grant(&asks, &reply_at(decided, extra, d.remaining), LocalUs(now));
-                }
                 at = decided;
                 now = decided + d2;
-                d.allowed()
+                if late {
+                    // Refused at the timeout; the store's grant is owed back.
+                    if d.allowed() {
+                        let slots = leases.slots(&asks, LocalUs(sent));
+                        leases.owe(&slots, &reply_of(decided, d, extra));
+                    }
+                    false
+                } else {
+                    if d.allowed() {
+                        leases.grant(&asks, &reply_of(decided, d, extra), LocalUs(sent));
+                    }
+                    d.allowed()
+                }
             };
             if admitted {
                 if !reference.check(&limit, at).allowed() {
@@ -770,6 +928,27 @@ mod tests {
     }
 
     #[test]
+    fn a_late_answer_is_given_back_only_while_a_bucket_without_it_could_not_stand_full() {
+        // 2 tokens, one per 500 ms; no leases (half of what remains is never a whole request).
+        // At 0 instance 0 spends one. At 100 ms (instance 0) and 567 ms (instance 1) requests are
+        // refused at the timeout, but the store had allowed both. Without the first, the bucket
+        // would have stood full from 500 ms on, wasting its refill, while the store's went on
+        // refilling: at 597 ms instance 0 must not get it back. At 630 ms instance 1 gets the
+        // second back (it came while the bucket was still short of full), and at 1,001 ms one
+        // more request comes.
+        let ev = |step: u64, which: usize, late: bool| (step * MS, which, 0, 0, false, late);
+        let events: Vec<Event> = vec![
+            ev(0, 0, false),
+            ev(100, 0, true),
+            ev(467, 1, true),
+            ev(30, 0, false),
+            ev(33, 1, false),
+            ev(371, 0, false),
+        ];
+        assert_eq!(drive_bucket(2, 2, &events), Ok(()));
+    }
+
+    #[test]
     fn a_lease_spent_just_before_its_hold_ends_leaves_the_bucket_as_one_bucket_would() {
         // 10 tokens, one a millisecond. Instance 0 spends 6 through the store at 0 and 1 ms
         // (leasing nothing yet), then at 300 ms is leased 4 (half of what remains), and spends
@@ -777,13 +956,13 @@ mod tests {
         // the bucket refilled to its capacity less the hold by 310 ms, and missed the rest of the
         // refill until 550 ms, so at 551 ms it holds 7 tokens, not 10. Instance 1 then asks for
         // 10 at once.
-        let mut events: Vec<Event> = vec![(0, 0, 0, 0, false); 3];
-        events.extend([(MS, 0, 0, 0, false); 3]);
-        events.push((299 * MS, 0, 0, 0, false));
-        events.push((249 * MS, 0, 0, 0, false));
-        events.extend([(0, 0, 0, 0, false); 3]);
-        events.push((2 * MS, 1, 0, 0, false));
-        events.extend([(0, 1, 0, 0, false); 9]);
+        let mut events: Vec<Event> = vec![(0, 0, 0, 0, false, false); 3];
+        events.extend([(MS, 0, 0, 0, false, false); 3]);
+        events.push((299 * MS, 0, 0, 0, false, false));
+        events.push((249 * MS, 0, 0, 0, false, false));
+        events.extend([(0, 0, 0, 0, false, false); 3]);
+        events.push((2 * MS, 1, 0, 0, false, false));
+        events.extend([(0, 1, 0, 0, false, false); 9]);
         assert_eq!(drive_bucket(10, 1_000, &events), Ok(()));
     }
 }

@@ -198,7 +198,7 @@ impl PostgresStore {
     /// database's clock; its concurrency leases (if any) are named `lease`.
     pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
         Ok(self
-            .invoke(asks, Call::Decide { lease }, &[])
+            .invoke(asks, Call::Decide { lease }, &[], None)
             .await?
             .verdict)
     }
@@ -217,7 +217,7 @@ impl PostgresStore {
             ));
         }
         Ok(self
-            .invoke(asks, Call::DecideAt { lease, now_us }, &[])
+            .invoke(asks, Call::DecideAt { lease, now_us }, &[], None)
             .await?
             .verdict)
     }
@@ -236,13 +236,13 @@ impl PostgresStore {
                 "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
             ));
         }
-        self.invoke(asks, Call::DecideAt { lease, now_us }, wants)
+        self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
             .await
     }
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
+        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
@@ -269,6 +269,7 @@ impl PostgresStore {
         asks: &[Ask<'_>],
         call: Call,
         wants: &[super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
     ) -> Result<Reply, LimiterError> {
         let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
@@ -304,7 +305,7 @@ impl PostgresStore {
                 lease,
                 leases,
             };
-            return super::batch::decide(batcher, job).await;
+            return super::batch::decide(batcher, job, late).await;
         }
         self.db.count_call();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
@@ -351,7 +352,7 @@ impl RemoteStore for PostgresStore {
     }
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, &[]).await
+        self.invoke(asks, Call::Decide { lease }, &[], None).await
     }
 
     async fn decide_leasing(
@@ -359,8 +360,9 @@ impl RemoteStore for PostgresStore {
         asks: &[Ask<'_>],
         lease: LeaseId,
         wants: &[super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
     ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, wants).await
+        self.invoke(asks, Call::Decide { lease }, wants, late).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

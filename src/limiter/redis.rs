@@ -262,17 +262,17 @@ impl RedisStore {
                 "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
             ));
         }
-        self.invoke(asks, Call::DecideAt { lease, now_us }, wants)
+        self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
             .await
     }
 
     /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[]).await?.decisions)
+        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
     async fn run(&self, asks: &[Ask<'_>], call: Call) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, call, &[]).await?.verdict)
+        Ok(self.invoke(asks, call, &[], None).await?.verdict)
     }
 
     /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
@@ -282,6 +282,7 @@ impl RedisStore {
         asks: &[Ask<'_>],
         call: Call,
         wants: &[super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
     ) -> Result<Reply, LimiterError> {
         let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
@@ -302,7 +303,7 @@ impl RedisStore {
                 args,
                 limits: asks.len(),
             };
-            return crate::limiter::batch::decide(batcher, job).await;
+            return crate::limiter::batch::decide(batcher, job, late).await;
         }
         // ARGV as main.lua reads it: the clock, the lease token, then nine per limit.
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
@@ -383,7 +384,7 @@ impl RemoteStore for RedisStore {
     }
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, &[]).await
+        self.invoke(asks, Call::Decide { lease }, &[], None).await
     }
 
     async fn decide_leasing(
@@ -391,8 +392,9 @@ impl RemoteStore for RedisStore {
         asks: &[Ask<'_>],
         lease: LeaseId,
         wants: &[super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
     ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, wants).await
+        self.invoke(asks, Call::Decide { lease }, wants, late).await
     }
 
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {

@@ -26,16 +26,22 @@ local LEASABLE = {
 }
 local ARGS = 9
 
--- Ends a lease of `lent` units granted at `at` for `lease_us`, giving back `units` of it unspent:
--- a bucket releases the lease's hold, if it is still out (it ended in the store otherwise, and
--- the bucket has refilled past it), and moves its tat back by what is unspent (a bucket fuller
--- than full is just full); a window's count falls, if the window is still the one they were
--- counted in (after it, they are gone with it); a log loses that many of the lease's entries
--- (sliding_window_log.lua names them), if they are still there.
+-- Ends a lease of `lent` units granted at `at` for `lease_us`, giving back `units` unspent (of
+-- the lease, and beyond it those of a decision made at `at` whose answer reached nobody,
+-- src/limiter/lease.rs `owe`): a bucket releases the lease's hold, if it is still out (it ended in
+-- the store otherwise, and the bucket has refilled past it), and moves its tat back by what is
+-- given back (a bucket fuller than full is just full); a window's count falls, if the window is
+-- still the one they were counted in (after it, they are gone with it); a log loses that many of
+-- the lease's entries (sliding_window_log.lua names them) and then of the decision's own,
+-- stamped `at`, if they are still there.
 local function give_back(name, key, now, b, units, at, lease_us, lent)
   if name == 'token_bucket' then
     local tat, holds = bucket_read(key, now)
-    if hold_release(holds, at + lease_us, lent * b) then
+    if lent > 0 then
+      if hold_release(holds, at + lease_us, lent * b) then
+        bucket_write(key, now, math.max(tat - units * b, now), holds)
+      end
+    elseif units > 0 then
       bucket_write(key, now, math.max(tat - units * b, now), holds)
     end
   elseif units <= 0 then
@@ -51,7 +57,8 @@ local function give_back(name, key, now, b, units, at, lease_us, lent)
   elseif name == 'sliding_window_log' then
     local prefix = log_lease_prefix(at)
     local stamp = fmt(at + lease_us)
-    local left = units
+    local left = math.min(units, lent)
+    local own = units - left
     for _, member in ipairs(read('ZRANGEBYSCORE', key, stamp, stamp)) do
       if left == 0 then
         break
@@ -59,6 +66,12 @@ local function give_back(name, key, now, b, units, at, lease_us, lent)
       if string.sub(member, 1, #prefix) == prefix then
         redis.call('ZREM', key, member)
         left = left - 1
+      end
+    end
+    -- Entries of one stamp expire together: whichever go, the log is the same.
+    if own > 0 then
+      for _, member in ipairs(read('ZRANGEBYSCORE', key, fmt(at), fmt(at), 'LIMIT', 0, own)) do
+        redis.call('ZREM', key, member)
       end
     end
   end
@@ -70,10 +83,11 @@ local function decide_one(keys, k0, argv, a0, n, now, lease)
     for i = 1, n do
       local base = a0 + ARGS * (i - 1)
       local lent = tonumber(argv[base + 8]) or 0
-      if lent > 0 and LEASABLE[argv[base]] then
+      local back = tonumber(argv[base + 5]) or 0
+      if (lent > 0 or back > 0) and LEASABLE[argv[base]] then
         local cost = tonumber(argv[base + 3])
         give_back(argv[base], keys[k0 + i], now, tonumber(argv[base + 2]),
-          (tonumber(argv[base + 5]) or 0) * cost, tonumber(argv[base + 6]),
+          back * cost, tonumber(argv[base + 6]),
           tonumber(argv[base + 7]) or 0, lent * cost)
       end
     end

@@ -112,14 +112,19 @@ BEGIN
     FOR i IN 1 .. n LOOP
       units := coalesce(backs[i], 0) * costs[i];
       at := coalesce(back_ats[i], 0);
-      CONTINUE WHEN coalesce(lents[i], 0) <= 0;
+      CONTINUE WHEN coalesce(lents[i], 0) <= 0 AND units <= 0;
       r := rows[i];
       IF algorithms[i] = 'token_bucket' THEN
-        pos := floodgate_hold_find__V(r.entries, at + coalesce(lease_us[i], 0),
-          lents[i] * costs[i] * pb[i]);
+        -- Without a lease, a decision's own units (nothing held them): credited as they are.
+        pos := CASE WHEN coalesce(lents[i], 0) = 0 THEN -1 ELSE
+          floodgate_hold_find__V(r.entries, at + coalesce(lease_us[i], 0),
+            lents[i] * costs[i] * pb[i]) END;
         IF pos > 0 THEN
           r.entries := r.entries[1 : pos - 1] || r.entries[pos + 2 :];
-          r.a := greatest(r.a - units * pb[i], now);
+        END IF;
+        IF pos <> 0 THEN
+          -- Never past what the holds still out allow.
+          r.a := floodgate_hold_fold__V(now, greatest(r.a - units * pb[i], now), r.entries);
           UPDATE floodgate_budgets SET a = r.a, entries = r.entries,
             expires_at = greatest(r.a, coalesce(r.entries[cardinality(r.entries) - 1], 0))
             WHERE key = keys[i];
@@ -135,7 +140,11 @@ BEGIN
           SELECT e FROM (
             SELECT e, row_number() OVER (PARTITION BY e ORDER BY e) AS k FROM unnest(r.entries) e
           ) x
-          WHERE NOT (e = at + coalesce(lease_us[i], 0) AND k <= units)
+          -- The lease's entries (stamped with its end), then the decision's own (stamped
+          -- `at`) beyond them: entries of one stamp expire together, whichever go.
+          WHERE NOT (e = at + coalesce(lease_us[i], 0)
+                       AND k <= least(units, coalesce(lents[i], 0) * costs[i]))
+            AND NOT (e = at AND k <= units - least(units, coalesce(lents[i], 0) * costs[i]))
           ORDER BY e);
         UPDATE floodgate_budgets SET entries = r.entries WHERE key = keys[i];
       END IF;
