@@ -72,8 +72,8 @@ pub struct Pending<T> {
 }
 
 /// Takes the store's answer to a decision whose caller had given up (timed out) after the
-/// decision was sent.
-pub type Late = Box<dyn FnOnce(Reply) + Send + Sync>;
+/// decision was sent, or `None` for one that was never sent because its caller had given up.
+pub type Late = Box<dyn FnOnce(Option<Reply>) + Send + Sync>;
 
 /// Starts a driver that hands the decisions sent on the returned channel to `send`, a batch at a
 /// time, with at most `in_flight` batches out at once, until the sender is dropped. `send` must
@@ -99,7 +99,11 @@ where
                 break;
             }
             // Callers that gave up (their timeout passed while they waited) are not decided for.
-            batch.retain(|p: &Pending<T>| !p.reply.is_closed());
+            for gone in batch.extract_if(.., |p: &mut Pending<T>| p.reply.is_closed()) {
+                if let Some(late) = gone.late {
+                    late(None);
+                }
+            }
             if batch.is_empty() {
                 continue;
             }
@@ -142,7 +146,7 @@ pub fn answer<T>(
                 if let Err(Ok(reply)) = pending.reply.send(answer)
                     && let Some(late) = pending.late
                 {
-                    late(reply);
+                    late(Some(reply));
                 }
             }
         }

@@ -121,14 +121,19 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// Where an answer that comes after the request gave up goes: what it granted is owed back
-/// (see `Leases::owe`), given back with the budget's next call.
+/// (see `Leases::owe`), given back with the budget's next call; and if the call never left,
+/// what it was to give back (`taken`) is put back for the next.
 fn owe_late(
     leases: &Arc<super::lease::Leases>,
     asks: &[Ask<'_>],
     sent: LocalUs,
+    taken: Vec<Option<super::lease::Owed>>,
 ) -> super::batch::Late {
     let (leases, slots) = (leases.clone(), leases.slots(asks, sent));
-    Box::new(move |reply| leases.owe(&slots, &reply))
+    Box::new(move |reply| match reply {
+        Some(reply) => leases.owe(&slots, &reply),
+        None => leases.restore(&slots, &taken),
+    })
 }
 
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
@@ -275,10 +280,10 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             );
         }
         let (wants, late) = match leases.as_ref() {
-            Some(leases) => (
-                leases.wants(asks, local),
-                Some(owe_late(leases, asks, local)),
-            ),
+            Some(leases) => {
+                let (wants, taken) = leases.wants_taking(asks, local);
+                (wants, Some(owe_late(leases, asks, local, taken)))
+            }
             None => (Vec::new(), None),
         };
         let timeout = self.timeout();

@@ -141,40 +141,53 @@ struct Slot {
     /// A lease has been asked for and not granted yet (until then, or for at most a `ttl`, no
     /// other request asks: concurrent asks would replace each other's leases).
     asking_until: LocalUs,
-    /// What decisions abandoned at the timeout were granted, to give back (see [`Leases::owe`]).
+    /// What to give back besides an ended lease (see [`Leases::owe`]).
     owed: Vec<Owed>,
 }
 
-/// A decision's grant that reached nobody: the request's own requests' worth and the lease
-/// that came with it, to give back.
-#[derive(Clone, Copy)]
-struct Owed {
-    /// The lease that came with it (released whole: nothing of it was spent).
+/// Units owed back to a budget's store: a decision's grant that reached nobody (the request's
+/// own requests' worth and the lease that came with it), or a give-back whose call was never
+/// sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Owed {
+    /// Requests' worth to give back besides the decision's own.
+    back: u64,
+    /// The lease they belong to (its hold is released), 0: none.
     lent: u64,
-    /// The store's time of the decision.
+    /// The store's time of the decision (or of the lease's grant).
     at: StoreUs,
-    /// A token bucket's own request's worth, which nothing held in the store, drains as a lease
-    /// used to (see [`Owed::own_at`]): when the request was sent (local), how long after it a
-    /// bucket that never lost it could stand full, and the µs one request's worth takes to
-    /// refill.
-    /// `None` for a window, whose units never refill and come back whole.
-    drain: Option<(LocalUs, u64, u64)>,
+    /// The decision's own request's worth, when it is owed too.
+    own: Option<Own>,
+}
+
+/// A decision's own request's worth owed back. A window's always comes back whole. A token
+/// bucket's, which nothing held in the store, cannot simply be credited back later: while a
+/// bucket that never lost it would have stood full (and wasted its refill), the store's, short of
+/// it, went on refilling. So it counts as drained once such a bucket could stand full, timed
+/// from when the request was sent (which is earlier): a contended bucket (far from full) gets it
+/// back, and a bucket full but for it loses at most that request's worth.
+#[derive(Debug, Clone, Copy)]
+struct Own {
+    sent: LocalUs,
+    /// A bucket's: how long after `sent` a bucket that never lost it could stand full.
+    headroom_us: Option<u64>,
 }
 
 impl Owed {
-    /// The request's own requests' worth (1, or 0 once drained) the store may take back when it
-    /// applies the give-back at local time `at` at the latest. A bucket's units debited for a
-    /// request that was never admitted cannot simply be credited back later: while a bucket
-    /// that never lost them would have stood full (and wasted its refill), the store's, short of
-    /// them, went on refilling. So they count as drained once such a bucket could stand full
-    /// (timed from when the request was sent, which is earlier); a contended bucket (far from
-    /// full) gets them back, and a bucket full but for them loses at most that request's worth.
-    fn own_at(&self, at: LocalUs) -> u64 {
-        match self.drain {
-            None => 1,
-            Some((sent, headroom_us, _)) if at.since(sent) <= headroom_us => 1,
-            Some(_) => 0,
-        }
+    /// Requests' worth the store may take back when it applies the give-back at local time
+    /// `at` at the latest.
+    fn back_at(&self, at: LocalUs) -> u64 {
+        let own = match self.own {
+            None => 0,
+            Some(Own {
+                headroom_us: None, ..
+            }) => 1,
+            Some(Own {
+                sent,
+                headroom_us: Some(headroom),
+            }) => u64::from(at.since(sent) <= headroom),
+        };
+        self.back + own
     }
 }
 
@@ -324,9 +337,22 @@ impl Leases {
     /// an ended lease left unspent (a request goes to the store only when its lease is spent,
     /// or ended).
     pub fn wants(&self, asks: &[Ask<'_>], now: LocalUs) -> Vec<LeaseAsk> {
-        asks.iter()
+        self.wants_taking(asks, now).0
+    }
+
+    /// [`Leases::wants`], also saying, per ask, what it gives back, for [`Leases::restore`] to
+    /// put back should the call never be sent.
+    pub fn wants_taking(
+        &self,
+        asks: &[Ask<'_>],
+        now: LocalUs,
+    ) -> (Vec<LeaseAsk>, Vec<Option<Owed>>) {
+        let mut taken = Vec::with_capacity(asks.len());
+        let wants = asks
+            .iter()
             .map(|ask| {
                 let mut out = LeaseAsk::default();
+                taken.push(None);
                 if !leasable(ask) {
                     return out;
                 }
@@ -357,6 +383,12 @@ impl Leases {
                     out.back = held.units - held.spent;
                     out.lent = held.units;
                     out.back_at = held.granted_store;
+                    *taken.last_mut().expect("pushed") = Some(Owed {
+                        back: out.back,
+                        lent: out.lent,
+                        at: out.back_at,
+                        own: None,
+                    });
                     self.stats.returned.inc_by(out.back);
                     self.stats
                         .lapsed
@@ -365,9 +397,10 @@ impl Leases {
                 } else if let Some(owed) = slot.owed.pop() {
                     // One give-back a call: an abandoned decision's, when no lease ends. The
                     // store applies it within this call's timeout (see `horizon_us`).
-                    out.back = owed.lent + owed.own_at(now.plus(self.horizon_us()));
+                    out.back = owed.back_at(now.plus(self.horizon_us()));
                     out.lent = owed.lent;
                     out.back_at = owed.at;
+                    *taken.last_mut().expect("pushed") = Some(owed);
                 }
                 // A limit that still holds units (the request came here for another limit's sake)
                 // asks for no more: a new lease would replace this one and lapse its units.
@@ -379,7 +412,22 @@ impl Leases {
                 out.want = slot.previous.min(MAX_WANT);
                 out
             })
-            .collect()
+            .collect();
+        (wants, taken)
+    }
+
+    /// Puts back what [`Leases::wants_taking`] took to give back, for a call that was never sent
+    /// (its request gave up while it waited to leave in a batch): the next call gives it back.
+    pub fn restore(&self, slots: &[Option<OweSlot>], taken: &[Option<Owed>]) {
+        for (slot, owed) in slots.iter().zip(taken) {
+            if let (Some(slot), Some(owed)) = (slot, owed) {
+                self.shard(slot.key)
+                    .entry(slot.key)
+                    .or_default()
+                    .owed
+                    .push(*owed);
+            }
+        }
     }
 
     /// Records the answer to a decision abandoned at the timeout (`reply`, late): when the store
@@ -398,21 +446,21 @@ impl Leases {
             let lent = reply.leased.get(i).copied().unwrap_or(0);
             // The store's side is full again `reset_after_us` after the decision; a bucket that
             // never lost this request's worth, a request's worth sooner.
-            let drain = slot.bucket.map(|drain_us| {
-                (
-                    slot.sent,
-                    decision.reset_after_us.saturating_sub(drain_us),
-                    drain_us,
-                )
-            });
+            let own = Own {
+                sent: slot.sent,
+                headroom_us: slot
+                    .bucket
+                    .map(|drain_us| decision.reset_after_us.saturating_sub(drain_us)),
+            };
             let mut shard = self.shard(slot.key);
             if !shard.contains_key(&slot.key) && shard.len() >= CAPACITY / SHARDS {
                 continue;
             }
             shard.entry(slot.key).or_default().owed.push(Owed {
+                back: lent,
                 lent,
                 at: StoreUs(reply.verdict.now_us),
-                drain,
+                own: Some(own),
             });
         }
     }
