@@ -10,7 +10,9 @@
 //!   metrics).
 //!
 //! Both print `listening on http://ADDR` once bound (ADDR may be `127.0.0.1:0`) and run a
-//! multi-threaded runtime with one worker per CPU, as floodgate does.
+//! multi-threaded runtime with one worker per CPU, as floodgate does; `serve-tpc` and
+//! `proxy-tpc` run thread per core instead (one current-thread runtime per CPU, each with its
+//! own `SO_REUSEPORT` listener), the experiment #30 asked for.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,21 +30,82 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: stack_floor serve ADDR | stack_floor proxy ADDR UPSTREAM(host:port)";
+    let usage = "usage: stack_floor serve|serve-tpc ADDR | stack_floor proxy|proxy-tpc ADDR \
+                 UPSTREAM(host:port)";
     let (mode, addr) = match (args.get(1), args.get(2)) {
         (Some(mode), Some(addr)) => (mode.as_str(), addr.parse::<SocketAddr>()?),
         _ => return Err(usage.into()),
+    };
+    let (mode, per_core) = match mode.strip_suffix("-tpc") {
+        Some(mode) => (mode, true),
+        None => (mode, false),
     };
     let upstream = match mode {
         "serve" => None,
         "proxy" => Some(args.get(3).ok_or(usage)?.clone()),
         _ => return Err(usage.into()),
     };
-    let listener = TcpListener::bind(addr).await?;
-    println!("listening on http://{}", listener.local_addr()?);
+    if !per_core {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        return runtime.block_on(async {
+            let listener = TcpListener::bind(addr).await?;
+            println!("listening on http://{}", listener.local_addr()?);
+            accept(listener, upstream).await
+        });
+    }
+    // Thread per core: one current-thread runtime per CPU, each accepting on its own
+    // SO_REUSEPORT listener (the kernel spreads connections over them); nothing moves between
+    // threads.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let first = reuseport(addr)?;
+    let bound = first.local_addr()?;
+    let mut sockets = vec![first];
+    for _ in 1..cores {
+        sockets.push(reuseport(bound)?);
+    }
+    println!("listening on http://{bound}");
+    let threads: Vec<_> = sockets
+        .into_iter()
+        .map(|socket| {
+            let upstream = upstream.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime
+                    .block_on(async {
+                        let listener = TcpListener::from_std(socket)?;
+                        accept(listener, upstream).await
+                    })
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().map_err(|_| "a thread panicked")??;
+    }
+    Ok(())
+}
+
+/// A non-blocking listener on `addr` with SO_REUSEPORT, so that several can share the port.
+fn reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_reuseport(true)?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(1024)?;
+    listener.into_std()
+}
+
+async fn accept(
+    listener: TcpListener,
+    upstream: Option<String>,
+) -> Result<(), Box<dyn std::error::Error>> {
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;

@@ -13,6 +13,8 @@
 #                     with nothing else (bench/stack_floor.rs, tokio + hyper + mimalloc as floodgate)
 #   hyper_proxy       the floor under floodgate's allow path: the smallest hyper reverse proxy (one
 #                     upstream connection per client connection, requests passed through untouched)
+#   hyper_proxy_tpc   hyper_proxy thread per core (one current-thread runtime per CPU, each with an
+#                     SO_REUSEPORT listener): #30's runtime experiment, on the floor first
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
@@ -307,6 +309,8 @@ if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
     HYPER_SERVE_PID=$FLOOR_PID HYPER_SERVE_URL=$FLOOR_URL
     start_stack_floor hyper_proxy proxy "127.0.0.1:$UPSTREAM_PORT"
     HYPER_PROXY_PID=$FLOOR_PID HYPER_PROXY_URL=$FLOOR_URL
+    start_stack_floor hyper_proxy_tpc proxy-tpc "127.0.0.1:$UPSTREAM_PORT"
+    HYPER_PROXY_TPC_PID=$FLOOR_PID HYPER_PROXY_TPC_URL=$FLOOR_URL
 fi
 
 # --- redis -------------------------------------------------------------------------------------
@@ -550,6 +554,7 @@ pids_of() {
         haproxy_limit) echo "$HAPROXY_LIMIT_PID $UPSTREAM_PID -" ;;
         hyper_serve) echo "$HYPER_SERVE_PID - -" ;;
         hyper_proxy) echo "$HYPER_PROXY_PID $UPSTREAM_PID -" ;;
+        hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_PID $UPSTREAM_PID -" ;;
         fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
@@ -589,6 +594,7 @@ url_of() {
         haproxy_limit) echo "$HAPROXY_LIMIT_URL/" ;;
         hyper_serve) echo "$HYPER_SERVE_URL/" ;;
         hyper_proxy) echo "$HYPER_PROXY_URL/" ;;
+        hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_URL/" ;;
         fg_memory_allow) echo "$FG_MEMORY_URL/" ;;
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;

@@ -6,7 +6,9 @@
 # serves N1, then (in a second run) N2 keep-alive requests from h2load --h1 on one connection;
 # the instructions per request are (total(N2) - total(N1)) / (N2 - N1), so start-up and shutdown
 # cancel out. floodgate runs its memory store with one token bucket every request passes (the
-# X-API-Key of every request is the same); nginx is a plain reverse proxy (upstream keepalive).
+# X-API-Key of every request is the same); nginx is a plain reverse proxy (upstream keepalive);
+# hyper_proxy is the floor under floodgate's allow path (bench/stack_floor.rs `proxy`: the
+# smallest hyper reverse proxy, one upstream connection per client connection, nothing else).
 #
 # Knobs (environment): N1=1000 N2=3000 FLOODGATE=target/release/floodgate BUILD=1
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
@@ -29,8 +31,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin floodgate)
+    (cd "$ROOT" && cargo build --release --bin floodgate --example stack_floor)
 fi
+STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/release/examples/stack_floor}"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-callgrind.XXXXXX")"
 chmod 755 "$WORK"
@@ -115,6 +118,8 @@ per_request() { # NAME COMMAND...
 
 fg=$(per_request floodgate "$FLOODGATE" --config "$WORK/floodgate.yaml")
 ng=$(per_request nginx nginx -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf")
+hp=$(per_request hyper_proxy "$STACK_FLOOR" proxy "127.0.0.1:$PORT" "127.0.0.1:$UP_PORT")
 echo "floodgate (memory store, one token bucket): $fg instructions per proxied request"
 echo "nginx reverse proxy:                        $ng instructions per proxied request"
-python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x')"
+echo "hyper_proxy (the stack's floor):            $hp instructions per proxied request"
+python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x; hyper_proxy / nginx: {$hp / $ng:.2f}x')"

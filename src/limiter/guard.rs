@@ -122,17 +122,12 @@ fn micros(d: Duration) -> u64 {
 
 /// Where an answer that comes after the request gave up goes: what it granted is owed back
 /// (see `Leases::owe`), given back with the budget's next call; and if the call never left,
-/// what it was to give back (`taken`) is put back for the next.
-fn owe_late(
-    leases: &Arc<super::lease::Leases>,
-    asks: &[Ask<'_>],
-    sent: LocalUs,
-    taken: Vec<Option<super::lease::Owed>>,
-) -> super::batch::Late {
-    let (leases, slots) = (leases.clone(), leases.slots(asks, sent));
+/// what it was to give back is put back for the next.
+fn owe_late(leases: &Arc<super::lease::Leases>, debts: super::lease::Debts) -> super::batch::Late {
+    let leases = leases.clone();
     Box::new(move |reply| match reply {
-        Some(reply) => leases.owe(&slots, &reply),
-        None => leases.restore(&slots, &taken),
+        Some(reply) => leases.owe(&debts.slots, &reply),
+        None => leases.restore(&debts),
     })
 }
 
@@ -281,8 +276,8 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         }
         let (wants, late) = match leases.as_ref() {
             Some(leases) => {
-                let (wants, taken) = leases.wants_taking(asks, local);
-                (wants, Some(owe_late(leases, asks, local, taken)))
+                let (wants, debts) = leases.wants_taking(asks, local);
+                (wants, Some(owe_late(leases, debts)))
             }
             None => (Vec::new(), None),
         };

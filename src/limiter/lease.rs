@@ -121,6 +121,13 @@ pub struct OweSlot {
     bucket: Option<u64>,
 }
 
+/// What a call to the store leaves to settle should its answer come late, or never leave: where
+/// each ask's grant is owed, and what the call gives back ([`Leases::wants_taking`]).
+pub struct Debts {
+    pub slots: Vec<Option<OweSlot>>,
+    pub taken: Vec<Option<Owed>>,
+}
+
 /// This instance's leases, by budget.
 pub struct Leases {
     ttl_us: u64,
@@ -340,24 +347,26 @@ impl Leases {
         self.wants_taking(asks, now).0
     }
 
-    /// [`Leases::wants`], also saying, per ask, what it gives back, for [`Leases::restore`] to
-    /// put back should the call never be sent.
-    pub fn wants_taking(
-        &self,
-        asks: &[Ask<'_>],
-        now: LocalUs,
-    ) -> (Vec<LeaseAsk>, Vec<Option<Owed>>) {
-        let mut taken = Vec::with_capacity(asks.len());
+    /// [`Leases::wants`] for a call sent at `now`, also saying where a late answer's grant is
+    /// owed ([`Leases::owe`]) and what the call gives back, for [`Leases::restore`] to put back
+    /// should it never be sent.
+    pub fn wants_taking(&self, asks: &[Ask<'_>], now: LocalUs) -> (Vec<LeaseAsk>, Debts) {
+        let mut debts = Debts {
+            slots: Vec::with_capacity(asks.len()),
+            taken: Vec::with_capacity(asks.len()),
+        };
         let wants = asks
             .iter()
             .map(|ask| {
                 let mut out = LeaseAsk::default();
-                taken.push(None);
+                debts.taken.push(None);
                 if !leasable(ask) {
+                    debts.slots.push(None);
                     return out;
                 }
                 out.lease_us = self.lifetime(ask);
                 let key = ask.key.hash_with(&self.hasher);
+                debts.slots.push(Some(self.owe_slot(ask, key, now)));
                 let mut shard = self.shard(key);
                 if !shard.contains_key(&key) && shard.len() >= CAPACITY / SHARDS {
                     let ttl = self.ttl_us;
@@ -383,7 +392,7 @@ impl Leases {
                     out.back = held.units - held.spent;
                     out.lent = held.units;
                     out.back_at = held.granted_store;
-                    *taken.last_mut().expect("pushed") = Some(Owed {
+                    *debts.taken.last_mut().expect("pushed") = Some(Owed {
                         back: out.back,
                         lent: out.lent,
                         at: out.back_at,
@@ -400,7 +409,7 @@ impl Leases {
                     out.back = owed.back_at(now.plus(self.horizon_us()));
                     out.lent = owed.lent;
                     out.back_at = owed.at;
-                    *taken.last_mut().expect("pushed") = Some(owed);
+                    *debts.taken.last_mut().expect("pushed") = Some(owed);
                 }
                 // A limit that still holds units (the request came here for another limit's sake)
                 // asks for no more: a new lease would replace this one and lapse its units.
@@ -413,13 +422,13 @@ impl Leases {
                 out
             })
             .collect();
-        (wants, taken)
+        (wants, debts)
     }
 
     /// Puts back what [`Leases::wants_taking`] took to give back, for a call that was never sent
     /// (its request gave up while it waited to leave in a batch): the next call gives it back.
-    pub fn restore(&self, slots: &[Option<OweSlot>], taken: &[Option<Owed>]) {
-        for (slot, owed) in slots.iter().zip(taken) {
+    pub fn restore(&self, debts: &Debts) {
+        for (slot, owed) in debts.slots.iter().zip(&debts.taken) {
             if let (Some(slot), Some(owed)) = (slot, owed) {
                 self.shard(slot.key)
                     .entry(slot.key)
@@ -470,20 +479,18 @@ impl Leases {
     pub fn slots(&self, asks: &[Ask<'_>], sent: LocalUs) -> Vec<Option<OweSlot>> {
         asks.iter()
             .map(|ask| {
-                let cost = u64::from(ask.limit.cost());
-                let bucket = match ask.limit.algorithm().parameters() {
-                    Parameters::Bucket { interval_us, .. } => {
-                        Some(interval_us.saturating_mul(cost).max(1))
-                    }
-                    Parameters::Window { .. } => None,
-                };
-                leasable(ask).then(|| OweSlot {
-                    key: ask.key.hash_with(&self.hasher),
-                    sent,
-                    bucket,
-                })
+                leasable(ask).then(|| self.owe_slot(ask, ask.key.hash_with(&self.hasher), sent))
             })
             .collect()
+    }
+
+    fn owe_slot(&self, ask: &Ask<'_>, key: u64, sent: LocalUs) -> OweSlot {
+        let cost = u64::from(ask.limit.cost());
+        let bucket = match ask.limit.algorithm().parameters() {
+            Parameters::Bucket { interval_us, .. } => Some(interval_us.saturating_mul(cost).max(1)),
+            Parameters::Window { .. } => None,
+        };
+        OweSlot { key, sent, bucket }
     }
 
     /// How far ahead a give-back's effect is reckoned: the store applies it within the call's

@@ -125,16 +125,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    // One look at the names present first: most requests and responses carry none of these,
-    // and a pass of comparisons costs less than nine removals that each hash a name.
-    if headers
-        .keys()
-        .any(|name| name == UPGRADE || HOP_BY_HOP.contains(name))
-    {
+    // One look at the names present first, and only those removed: most requests carry none
+    // of these and most responses one or two (`Connection: keep-alive`), and a pass of
+    // comparisons costs less than ten removals that each hash a name.
+    let mut found: [Option<HeaderName>; 4] = Default::default();
+    let mut count = 0;
+    for name in headers.keys() {
+        if name == UPGRADE || HOP_BY_HOP.contains(name) {
+            if let Some(slot) = found.get_mut(count) {
+                *slot = Some(name.clone());
+            }
+            count += 1;
+        }
+    }
+    if count > found.len() {
         for name in HOP_BY_HOP {
             headers.remove(name);
         }
         headers.remove(UPGRADE);
+    } else {
+        for name in found.into_iter().flatten() {
+            headers.remove(name);
+        }
     }
 }
 
@@ -151,9 +163,33 @@ pub(super) fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
     if !value.is_empty() {
         value.extend_from_slice(b", ");
     }
-    let _ = write!(value, "{client_ip}");
+    push_ip(&mut value, client_ip);
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR, v);
+    }
+}
+
+/// Writes `ip` as `Display` does; an IPv4 address digit by digit (`write!` costs about a
+/// thousand instructions a request, a fifth of forwarding's own header work).
+fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(_) => {
+            let _ = write!(out, "{ip}");
+        }
     }
 }
 #[cfg(test)]
@@ -161,6 +197,25 @@ mod tests {
     use super::*;
     use crate::config::UpstreamProtocol;
     use http::Uri;
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.30.40",
+            "255.255.255.255",
+            "192.168.100.9",
+            "::1",
+            "2001:db8::7",
+            "::ffff:10.0.0.1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(String::from_utf8(out).unwrap(), ip.to_string());
+        }
+    }
 
     #[test]
     fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
