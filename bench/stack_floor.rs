@@ -94,6 +94,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// A non-blocking listener on `addr` with SO_REUSEPORT, so that several can share the port.
 fn reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    // tokio's listener registers with a reactor: a throwaway one, left at `into_std`.
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let _entered = setup.enter();
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.set_reuseport(true)?;
     socket.set_reuseaddr(true)?;
