@@ -12,6 +12,7 @@ pub mod env;
 pub mod file;
 
 mod consumers;
+mod exempt;
 mod limit;
 pub mod reload;
 mod route;
@@ -20,6 +21,7 @@ mod validate;
 
 use validate::Validator;
 
+pub use exempt::Exempt;
 pub use route::{Budget, PathMatch, Per, RouteConfig, RouteLimit, Upstream, UpstreamProtocol};
 pub use storage::{Backend, StorageConfig};
 
@@ -316,9 +318,17 @@ impl Config {
             .consumers
             .map(|c| Arc::new(v.consumers(c, overrides.base_dir.as_deref())));
         let timeouts = v.timeouts(file.timeouts);
+        let exempt = v.exempt("exempt", file.exempt, consumers.as_deref());
         let mut routes = Vec::with_capacity(file.routes.len());
-        for (i, route) in file.routes.into_iter().enumerate() {
-            if let Some(route) = v.route(&format!("routes[{i}]"), route) {
+        for (i, mut route) in file.routes.into_iter().enumerate() {
+            let path = format!("routes[{i}]");
+            let own = v.exempt(
+                &format!("{path}.exempt"),
+                route.exempt.take(),
+                consumers.as_deref(),
+            );
+            if let Some(mut route) = v.route(&path, route) {
+                route.exempt = exempt.with(&own);
                 if routes.iter().any(|r: &RouteConfig| r.name == route.name) {
                     v.problem(
                         format!("routes[{i}].name"),

@@ -30,6 +30,8 @@ pub enum DecisionLabel {
     ShadowDenied,
     /// The route has no limits.
     Unlimited,
+    /// The request is exempt (`exempt:`): forwarded, no limit asked.
+    Exempt,
     /// An API key no consumer has, rejected with 401.
     InvalidKey,
     /// No slot under the upstream's learned limit within `queue_timeout`: 503, not forwarded.
@@ -37,12 +39,13 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 7] = [
+    pub const ALL: [DecisionLabel; 8] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
         DecisionLabel::ShadowDenied,
         DecisionLabel::Unlimited,
+        DecisionLabel::Exempt,
         DecisionLabel::InvalidKey,
         DecisionLabel::Overloaded,
     ];
@@ -62,6 +65,7 @@ impl DecisionLabel {
             DecisionLabel::Denied => Some(false),
             DecisionLabel::StoreError
             | DecisionLabel::Unlimited
+            | DecisionLabel::Exempt
             | DecisionLabel::InvalidKey
             | DecisionLabel::Overloaded => None,
         }
@@ -75,6 +79,7 @@ impl DecisionLabel {
             DecisionLabel::StoreError => "store_error",
             DecisionLabel::ShadowDenied => "shadow_denied",
             DecisionLabel::Unlimited => "unlimited",
+            DecisionLabel::Exempt => "exempt",
             DecisionLabel::InvalidKey => "invalid_key",
             DecisionLabel::Overloaded => "overloaded",
         }
@@ -163,7 +168,7 @@ struct UpstreamLabel {
 /// One route's metric handles, resolved when the config is loaded.
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
-    decisions: [Counter; 7],
+    decisions: [Counter; DecisionLabel::ALL.len()],
     status_classes: [Counter; 5],
     upstream_latency: Histogram,
 }

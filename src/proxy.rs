@@ -356,6 +356,9 @@ impl Proxy {
         if !config.is_limited() {
             return Ok(Admitted::unlimited());
         }
+        if config.exempt.covers(whose.ip, &whose.identity) {
+            return Ok(Admitted::exempt());
+        }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
         let id = whose.identity.key_bytes(&mut id_buf);

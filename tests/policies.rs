@@ -582,3 +582,94 @@ async fn a_shadow_concurrency_limit_gives_its_slots_back() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exempt_networks_tiers_and_consumers_are_forwarded_without_spending() {
+    let upstream = Upstream::start().await;
+    let once_an_hour = || Limit::fixed_window(1, "1h");
+    // Globally: clients in 10.9.0.0/16 (the address a trusted proxy names) and the tier `pro`
+    // (acme); on /private also the consumer hobbyist.
+    let yaml = Config::new()
+        .consumers("anonymous")
+        .trusted_proxies("[127.0.0.1]")
+        .with("exempt", "{networks: [10.9.0.0/16], tiers: [pro]}")
+        .route(Route::new("public", "/public", &upstream.url()).limit(once_an_hour()))
+        .route(
+            Route::new("private", "/private", &upstream.url())
+                .with("exempt", "{consumers: [hobbyist]}")
+                .limit(once_an_hour()),
+        )
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    let client = client();
+    let mut seen = Vec::new();
+    for (path, headers, n) in [
+        ("/public", vec![("x-api-key", "test")], 3),
+        ("/public", vec![("x-api-key", "bar")], 2),
+        ("/private", vec![("x-api-key", "bar")], 3),
+        ("/public", vec![("x-forwarded-for", "10.9.1.2")], 3),
+        ("/public", vec![("x-forwarded-for", "10.8.0.1")], 2),
+    ] {
+        let mut statuses = Vec::new();
+        for _ in 0..n {
+            let reply = get(&client, &fg.url(path), &headers).await;
+            if reply.status == StatusCode::OK {
+                // An exempt response carries no rate-limit figures: nothing was spent.
+                assert_eq!(
+                    reply.headers.get("x-ratelimit-remaining").is_none(),
+                    n == 3,
+                    "{path} {headers:?}"
+                );
+            }
+            statuses.push(reply.status.as_u16());
+        }
+        seen.push(statuses);
+    }
+    assert_eq!(
+        seen,
+        [
+            vec![200, 200, 200], // acme: tier pro
+            vec![200, 429],      // hobbyist on /public: limited
+            vec![200, 200, 200], // hobbyist on /private: exempt there
+            vec![200, 200, 200], // 10.9.1.2: in the network
+            vec![200, 429],      // 10.8.0.1: not
+        ]
+    );
+    let exempt =
+        |route: &str| format!("floodgate_requests_total{{route=\"{route}\",decision=\"exempt\"}}");
+    assert_eq!(metric(&fg, &exempt("public")).await, 6);
+    assert_eq!(metric(&fg, &exempt("private")).await, 3);
+    assert_eq!(upstream.seen().len(), 11, "13 requests, two refused");
+}
+
+#[test]
+fn check_names_every_bad_exemption() {
+    let yaml = Config::new()
+        .with("listen", "127.0.0.1:0")
+        .with(
+            "exempt",
+            "{networks: [10.0.0.0/8, 10.0.0.0/33], tiers: [pro]}",
+        )
+        .route(
+            Route::new("api", "/", "http://127.0.0.1:9")
+                .with("exempt", "{consumers: [nobody], networks: [nope]}")
+                .limit(Limit::fixed_window(1, "1h")),
+        )
+        .yaml();
+    let file = common::TempFile::new(&yaml);
+    let out = floodgate_command(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        file.path().as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for field in [
+        "exempt.networks[1]",
+        "exempt.tiers",
+        "routes[0].exempt.consumers[0]",
+        "routes[0].exempt.networks[0]",
+    ] {
+        assert!(stderr.contains(field), "{field} not named in:\n{stderr}");
+    }
+}

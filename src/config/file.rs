@@ -61,6 +61,9 @@ pub struct FileConfig {
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
+    /// Who no limit applies to, on every route.
+    #[serde(default)]
+    pub exempt: Option<ExemptFile>,
     /// Which rate-limit response headers to send: `x_ratelimit`, `ietf` or `none`.
     #[serde(default)]
     pub rate_limit_headers: Option<Choice<HeaderProfile>>,
@@ -255,8 +258,26 @@ pub struct RouteFile {
     /// Learn how many requests in flight the upstream can take.
     #[serde(default)]
     pub adaptive_concurrency: Option<AdaptiveFile>,
+    /// Who no limit of this route applies to (beside the global `exempt:`).
+    #[serde(default)]
+    pub exempt: Option<ExemptFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
+}
+
+/// `exempt:`, global or on a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptFile {
+    /// CIDRs (or bare addresses) of clients no limit applies to.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// Consumer tiers no limit applies to.
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    /// Consumers (by name) no limit applies to.
+    #[serde(default)]
+    pub consumers: Vec<String>,
 }
 
 /// `adaptive_concurrency:` on a route.

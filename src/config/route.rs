@@ -34,6 +34,8 @@ pub struct RouteConfig {
     pub enforced: Budget,
     /// Limits in shadow mode: decided and counted, never denying; budgets of their own.
     pub shadow: Budget,
+    /// Who none of its limits apply to: the global `exempt:` and the route's own.
+    pub exempt: super::Exempt,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).
@@ -329,6 +331,7 @@ impl Validator {
             adaptive,
             enforced,
             shadow,
+            exempt: super::Exempt::default(),
         })
     }
 
