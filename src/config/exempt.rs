@@ -32,8 +32,7 @@ impl Exempt {
         }
         match identity {
             Identity::Consumer(consumer) => {
-                self.tiers.contains(&consumer.tier)
-                    || self.consumers.contains(&consumer.name)
+                self.tiers.contains(&consumer.tier) || self.consumers.contains(&consumer.name)
             }
             _ => false,
         }
