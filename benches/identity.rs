@@ -21,6 +21,7 @@ fn config() -> IdentityConfig {
             .collect(),
         ipv6_prefix: 64,
         strip_untrusted_user_id: true,
+        jwt: None,
     }
 }
 

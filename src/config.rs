@@ -313,7 +313,7 @@ impl Config {
         let tls = file.tls.and_then(|t| v.tls(t));
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let storage = v.storage(file.storage);
-        let identity = v.identity(file.identity);
+        let identity = v.identity(file.identity, overrides.base_dir.as_deref());
         let consumers = file
             .consumers
             .map(|c| Arc::new(v.consumers(c, overrides.base_dir.as_deref())));
@@ -338,7 +338,11 @@ impl Config {
                 routes.push(route);
             }
         }
-        v.known_tiers(&routes, consumers.as_deref());
+        let tiers_from_tokens = identity
+            .as_ref()
+            .and_then(|i| i.jwt.as_ref())
+            .is_some_and(|jwt| jwt.tier_claim.is_some());
+        v.known_tiers(&routes, consumers.as_deref(), tiers_from_tokens);
         v.shared_adaptive_bounds(&routes);
         if let Some(storage) = &storage
             && matches!(storage.backend, Backend::RedisCluster { .. })

@@ -26,14 +26,17 @@ use crate::limiter::KeyKind;
 pub enum IdentityKind {
     ApiKey,
     Consumer,
+    /// A verified JWT's subject (`identity.jwt`).
+    Jwt,
     UserId,
     Ip,
 }
 
 impl IdentityKind {
-    pub const ALL: [IdentityKind; 4] = [
+    pub const ALL: [IdentityKind; 5] = [
         IdentityKind::ApiKey,
         IdentityKind::Consumer,
+        IdentityKind::Jwt,
         IdentityKind::UserId,
         IdentityKind::Ip,
     ];
@@ -50,6 +53,7 @@ impl IdentityKind {
         match self {
             IdentityKind::ApiKey => "api_key",
             IdentityKind::Consumer => "consumer",
+            IdentityKind::Jwt => "jwt",
             IdentityKind::UserId => "user_id",
             IdentityKind::Ip => "ip",
         }
@@ -68,6 +72,7 @@ impl From<IdentityKind> for KeyKind {
         match kind {
             IdentityKind::ApiKey => KeyKind::ApiKey,
             IdentityKind::Consumer => KeyKind::Consumer,
+            IdentityKind::Jwt => KeyKind::Jwt,
             IdentityKind::UserId => KeyKind::UserId,
             IdentityKind::Ip => KeyKind::Ip,
         }
@@ -81,6 +86,8 @@ pub enum Identity<'a> {
     ApiKey(&'a [u8]),
     /// A known consumer, found by one of its keys.
     Consumer(&'a Consumer),
+    /// A verified JWT's subject.
+    Jwt(&'a [u8]),
     UserId(&'a [u8]),
     Ip(IpAddr),
 }
@@ -90,6 +97,7 @@ impl Identity<'_> {
         match self {
             Identity::ApiKey(_) => IdentityKind::ApiKey,
             Identity::Consumer(_) => IdentityKind::Consumer,
+            Identity::Jwt(_) => IdentityKind::Jwt,
             Identity::UserId(_) => IdentityKind::UserId,
             Identity::Ip(_) => IdentityKind::Ip,
         }
@@ -98,7 +106,7 @@ impl Identity<'_> {
     /// The identity's bytes for a store key; `buf` holds an IP's octets.
     pub fn key_bytes<'b>(&'b self, buf: &'b mut [u8; 16]) -> &'b [u8] {
         match self {
-            Identity::ApiKey(v) | Identity::UserId(v) => v,
+            Identity::ApiKey(v) | Identity::Jwt(v) | Identity::UserId(v) => v,
             Identity::Consumer(c) => c.name.as_bytes(),
             Identity::Ip(ip) => ip_octets(*ip, buf),
         }
@@ -243,6 +251,8 @@ pub struct IdentityConfig {
     /// Remove the user id header from requests whose peer is not a trusted proxy before
     /// forwarding them (default true): floodgate ignored it, and the upstream should too.
     pub strip_untrusted_user_id: bool,
+    /// `identity.jwt`: verified bearer tokens, with their keys.
+    pub jwt: Option<std::sync::Arc<jwt::JwtConfig>>,
 }
 
 /// How many `X-Forwarded-For` entries the walk looks at before giving up on the header.
@@ -359,5 +369,6 @@ fn single_value<'a>(
     Ok((!first.is_empty()).then_some(first))
 }
 
+pub mod jwt;
 #[cfg(test)]
 mod tests;

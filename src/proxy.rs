@@ -38,6 +38,7 @@ use hyper::body::Incoming;
 use crate::access_log::{self, field};
 use crate::adaptive::Outcome;
 use crate::config::{Config, RouteConfig};
+use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
 use crate::limiter::{Admission, Ask, Limiter, LimiterError};
 use crate::metrics::{DecisionLabel, Metrics};
@@ -184,6 +185,9 @@ impl Proxy {
         req: &Request<Incoming>,
         ctx: &mut Context,
     ) -> Result<(), Rejection> {
+        // A bearer token is verified on every route when `identity.jwt` is set: an invalid one
+        // never reaches the upstream.
+        let verified = Self::verify_token(snapshot, req, &ctx.span)?;
         // With `consumers:` every API key is checked, on unlimited routes too.
         let (identity, admitted) = if !route.config.is_limited() && snapshot.consumers.is_none() {
             // Nothing to limit. When the upstream's gate may still shed the request, whose it is
@@ -192,12 +196,12 @@ impl Proxy {
                 .extras
                 .gate
                 .is_some()
-                .then(|| Self::identify(snapshot, req, ctx.peer, &ctx.span).ok())
+                .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
                 .flatten()
                 .map(|whose| whose.identity);
             (identity, Ok(Admitted::unlimited()))
         } else {
-            match Self::identify(snapshot, req, ctx.peer, &ctx.span) {
+            match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
                 Ok(whose) => (
                     Some(whose.identity),
                     self.limit(snapshot, route, &whose).await,
@@ -302,6 +306,7 @@ impl Proxy {
     fn identify<'a>(
         snapshot: &'a Snapshot,
         req: &'a Request<Incoming>,
+        verified: Option<&'a Verified>,
         peer: SocketAddr,
         span: &tracing::Span,
     ) -> Result<Whose<'a>, Rejection> {
@@ -311,18 +316,37 @@ impl Proxy {
             Refusal::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
             other => Rejection::BadRequest(other.to_string()),
         };
+        // The order: an API key, then a verified token's subject, then the trusted user id,
+        // then the address.
+        let keyless = || -> Result<Identity<'a>, IdentityError> {
+            match verified {
+                Some(v) => Ok(Identity::Jwt(v.subject.as_bytes())),
+                None => config.identify_without_key(headers, peer.ip()),
+            }
+        };
         let claim = match config
             .identify(headers, peer.ip())
             .map_err(|e| rejection(e.into()))?
         {
             Identity::ApiKey(key) => Claim::ApiKey(key),
-            other => Claim::Keyless(other),
+            _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
         };
-        let resolved = snapshot.policy().resolve(
+        let mut resolved = snapshot.policy().resolve(
             claim,
-            || Ok(config.identify_without_key(headers, peer.ip())?),
+            || Ok(keyless()?),
             || config.client_addr(headers, peer.ip()),
         );
+        // A token's tier claim picks its tier.
+        if let (
+            Ok(whose),
+            Some(Verified {
+                tier: Some(tier), ..
+            }),
+        ) = (&mut resolved, verified)
+            && matches!(whose.identity, Identity::Jwt(_))
+        {
+            whose.tier = tier;
+        }
         if !span.is_disabled() {
             let (kind, ip) = match &resolved {
                 Ok(whose) => (whose.identity.kind(), whose.ip),
@@ -331,7 +355,7 @@ impl Proxy {
             span.record(field::IDENTITY, kind.as_str());
             span.record(field::CLIENT_IP, tracing::field::display(ip));
             let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
-                (_, Ok(Identity::UserId(user))) => Some(user),
+                (_, Ok(Identity::UserId(user) | Identity::Jwt(user))) => Some(user),
                 (_, Ok(Identity::Ip(_))) => None,
                 (Claim::ApiKey(key), _) => Some(key),
                 _ => None,
@@ -341,6 +365,28 @@ impl Proxy {
             }
         }
         resolved.map_err(rejection)
+    }
+
+    /// Phase 2a: the request's bearer token, verified, when `identity.jwt` is set. A token that
+    /// does not verify (or none, under `when_missing: reject`) is refused: 401 `invalid_token`.
+    /// Why is logged at debug level, never the token.
+    fn verify_token(
+        snapshot: &Snapshot,
+        req: &Request<Incoming>,
+        span: &tracing::Span,
+    ) -> Result<Option<Verified>, Rejection> {
+        let Some(jwt) = &snapshot.identity.jwt else {
+            return Ok(None);
+        };
+        match jwt.verify(req.headers()) {
+            Ok(Some(verified)) => Ok(Some(verified)),
+            Ok(None) if jwt.when_missing == WhenMissing::Reject => Err(Rejection::InvalidToken),
+            Ok(None) => Ok(None),
+            Err(why) => {
+                span.in_scope(|| tracing::debug!(%why, "bearer token refused"));
+                Err(Rejection::InvalidToken)
+            }
+        }
     }
 
     /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits, asked

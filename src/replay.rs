@@ -140,7 +140,9 @@ struct Proposal {
 fn label(identity: &Identity<'_>) -> String {
     match identity {
         Identity::Consumer(c) => format!("consumer:{}", c.name),
-        Identity::ApiKey(d) | Identity::UserId(d) => identity.kind().short_label(d),
+        Identity::ApiKey(d) | Identity::Jwt(d) | Identity::UserId(d) => {
+            identity.kind().short_label(d)
+        }
         Identity::Ip(ip) => format!("ip:{ip}"),
     }
 }
@@ -289,6 +291,9 @@ impl Replay {
         let claim = match &record.identity {
             RecordedIdentity::ApiKey(digest) => Claim::ApiKeyDigest(digest),
             RecordedIdentity::UserId(digest) => Claim::Keyless(Identity::UserId(&digest[..])),
+            // A subject's budget kept under its digest: replay's own store, consistent with
+            // itself (the log never holds a token or a raw subject).
+            RecordedIdentity::Jwt(digest) => Claim::Keyless(Identity::Jwt(&digest[..])),
             RecordedIdentity::Ip => Claim::Keyless(Identity::Ip(client)),
         };
         let policy = Policy {

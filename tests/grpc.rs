@@ -112,8 +112,9 @@ fn a_long_stream_outlives_the_body_timeouts_while_messages_flow() {
     let target = fg.addr().to_string();
     let stream = grpc_client(&target, &["ticks:12:250"], &[]);
     // While it flows, its slot is taken: another call is refused (retried until the stream's
-    // process has started its call).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // process has started its call: each try starts a Python process, and on a loaded 2-core
+    // machine the stream's own start has taken most of 10 s, so 30 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let refused = loop {
         let call = grpc_calls(&target, &["unary"], &[]).remove(0);
         if code(&call) != "OK" || std::time::Instant::now() > deadline {

@@ -87,7 +87,17 @@ impl Validator {
     }
 
     /// Every tier a limit names must be one a request can have.
-    pub(super) fn known_tiers(&mut self, routes: &[RouteConfig], consumers: Option<&Consumers>) {
+    /// Every tier a limit names must be one a request can have; with `identity.jwt.tier_claim`,
+    /// a token can name any tier, so any is.
+    pub(super) fn known_tiers(
+        &mut self,
+        routes: &[RouteConfig],
+        consumers: Option<&Consumers>,
+        tiers_from_tokens: bool,
+    ) {
+        if tiers_from_tokens {
+            return;
+        }
         let mut known: std::collections::HashSet<&str> = [ANONYMOUS_TIER].into();
         if let Some(consumers) = consumers {
             known.extend(consumers.iter().map(|c| c.tier.as_str()));

@@ -170,6 +170,39 @@ pub struct IdentityFile {
     /// Remove the user id header from untrusted peers' requests before forwarding (default true).
     #[serde(default)]
     pub strip_untrusted_user_id: Option<bool>,
+    /// Bearer tokens, verified: their subject is the identity after the API key.
+    #[serde(default)]
+    pub jwt: Option<JwtFile>,
+}
+
+/// `identity.jwt:` — verified bearer tokens.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtFile {
+    /// The header carrying `Bearer <token>` (default Authorization).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// A JWKS (JSON Web Key Set) file, re-read at every reload.
+    #[serde(default)]
+    pub jwks_file: Option<String>,
+    /// A JWKS URL (not supported yet: `check` says so).
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// The signature algorithms accepted (default RS256, ES256, EdDSA); `none` never is.
+    #[serde(default)]
+    pub algorithms: Option<Vec<String>>,
+    #[serde(default)]
+    pub subject_claim: Option<String>,
+    #[serde(default)]
+    pub tier_claim: Option<String>,
+    #[serde(default)]
+    pub leeway: Option<String>,
+    #[serde(default)]
+    pub when_missing: Option<Choice<crate::identity::jwt::WhenMissing>>,
 }
 
 /// `consumers:` — the API keys floodgate knows.

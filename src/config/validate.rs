@@ -112,7 +112,12 @@ impl Validator {
             .ok()
     }
 
-    pub(super) fn identity(&mut self, i: file::IdentityFile) -> Option<IdentityConfig> {
+    pub(super) fn identity(
+        &mut self,
+        i: file::IdentityFile,
+        base_dir: Option<&std::path::Path>,
+    ) -> Option<IdentityConfig> {
+        let jwt = i.jwt.and_then(|j| self.jwt(j, base_dir));
         let api_key_header = self.header_name(
             "identity.api_key_header",
             i.api_key_header.as_deref(),
@@ -151,7 +156,107 @@ impl Validator {
             trusted_proxies,
             ipv6_prefix,
             strip_untrusted_user_id: i.strip_untrusted_user_id.unwrap_or(true),
+            jwt,
         })
+    }
+
+    /// `identity.jwt`: every setting checked, the JWKS file read and every key in it usable.
+    fn jwt(
+        &mut self,
+        j: file::JwtFile,
+        base_dir: Option<&std::path::Path>,
+    ) -> Option<std::sync::Arc<crate::identity::jwt::JwtConfig>> {
+        use crate::identity::jwt::{ALGORITHMS, DEFAULT_ALGORITHMS, JwtConfig, JwtSettings};
+        let before = self.problems.len();
+        let header = self.header_name("identity.jwt.header", j.header.as_deref(), "authorization");
+        let allowed = match &j.algorithms {
+            None => DEFAULT_ALGORITHMS.to_vec(),
+            Some(names) => names
+                .iter()
+                .enumerate()
+                .filter_map(|(n, name)| {
+                    let found = ALGORITHMS.iter().find(|(known, _)| known == name);
+                    if found.is_none() {
+                        let why = if name.eq_ignore_ascii_case("none") {
+                            "`none` (an unsigned token) is never accepted".to_string()
+                        } else if name.starts_with("HS") {
+                            format!("{name:?} needs a shared secret, which a JWKS does not hold")
+                        } else {
+                            format!(
+                                "{name:?} is not one of {}",
+                                ALGORITHMS.map(|(n, _)| n).join(", ")
+                            )
+                        };
+                        self.problem(format!("identity.jwt.algorithms[{n}]"), why);
+                    }
+                    found.map(|(_, alg)| *alg)
+                })
+                .collect(),
+        };
+        if allowed.is_empty() && j.algorithms.is_some() && self.problems.len() == before {
+            self.problem("identity.jwt.algorithms", "allows no algorithm");
+        }
+        let leeway = self.duration(
+            "identity.jwt.leeway",
+            j.leeway.as_deref(),
+            std::time::Duration::from_secs(30),
+        );
+        let when_missing = self.choice(
+            "identity.jwt.when_missing",
+            j.when_missing,
+            Default::default(),
+        );
+        if j.jwks_url.is_some() {
+            self.problem(
+                "identity.jwt.jwks_url",
+                "fetching a JWKS over HTTP is not supported yet: use jwks_file",
+            );
+        }
+        let jwks = match &j.jwks_file {
+            None => {
+                self.problem(
+                    "identity.jwt.jwks_file",
+                    "is required (the keys tokens are verified with)",
+                );
+                None
+            }
+            Some(file) => {
+                let path = match base_dir {
+                    Some(dir) => dir.join(file),
+                    None => std::path::PathBuf::from(file),
+                };
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => Some(text),
+                    Err(e) => {
+                        self.problem(
+                            "identity.jwt.jwks_file",
+                            format!("cannot read {}: {e}", path.display()),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        if self.problems.len() > before {
+            return None;
+        }
+        let settings = JwtSettings {
+            header: header?,
+            allowed,
+            issuer: j.issuer,
+            audiences: j.audiences,
+            leeway_secs: leeway.as_secs(),
+            subject_claim: j.subject_claim.unwrap_or_else(|| "sub".into()),
+            tier_claim: j.tier_claim,
+            when_missing,
+        };
+        match JwtConfig::new(settings, &jwks?) {
+            Ok(config) => Some(std::sync::Arc::new(config)),
+            Err(why) => {
+                self.problem("identity.jwt.jwks_file", why);
+                None
+            }
+        }
     }
 
     pub(super) fn timeouts(&mut self, t: file::TimeoutsFile) -> Timeouts {

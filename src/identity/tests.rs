@@ -28,6 +28,7 @@ fn trusting(nets: &[&str]) -> IdentityConfig {
         // Whole addresses, so the walk's answers are the addresses themselves.
         ipv6_prefix: 128,
         strip_untrusted_user_id: true,
+        jwt: None,
     }
 }
 
@@ -282,6 +283,7 @@ fn custom_header_names_are_used() {
         trusted_proxies: vec!["10.0.0.0/8".parse().expect("CIDR")],
         ipv6_prefix: 128,
         strip_untrusted_user_id: true,
+        jwt: None,
     };
     let map = headers(&[("x-api-key", "ignored"), ("x-account", "acct-1")]);
     assert_eq!(config.identify(&map, PEER), Ok(Identity::UserId(b"acct-1")));

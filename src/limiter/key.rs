@@ -26,6 +26,8 @@ pub enum KeyKind {
     ApiKey,
     /// A known consumer, by name: all its keys share its budget.
     Consumer,
+    /// A verified JWT's subject.
+    Jwt,
     /// A user id set by a trusted proxy.
     UserId,
     /// A client IP address (its octets).
@@ -40,6 +42,7 @@ impl KeyKind {
         match self {
             KeyKind::ApiKey => "api_key",
             KeyKind::Consumer => "consumer",
+            KeyKind::Jwt => "jwt",
             KeyKind::UserId => "user_id",
             KeyKind::Ip => "ip",
             KeyKind::Route => "route",

@@ -13,9 +13,9 @@
 //!   leased and store units together never exceed the limit.
 //! - *token bucket*: a bucket refills, and a lease held while the store's side refilled to full
 //!   would let the two together hold more than the capacity. So the store *holds* the leased
-//!   units ([`super::hold`]): until the lease ends on the store's clock (`lease_ttl` after the
-//!   grant) or is released, the bucket refills only to its capacity less what leases hold. The
-//!   store's tokens plus every lease's units never exceed one bucket's, so every sequence of
+//!   units ([`super::hold`]): until the lease's hold ends on the store's clock (two `lease_ttl`s
+//!   after the grant, the lease being spent here for one) or is released, the bucket refills
+//!   only to its capacity less what leases hold. The store's tokens plus every lease's units never exceed one bucket's, so every sequence of
 //!   admissions is one a single bucket would admit, and a full bucket can be leased as freely as
 //!   a drained one. A killed instance's lease stops counting when it ends.
 //! - *sliding window log*: the leased units are entered in the log when leased, stamped with the
@@ -252,11 +252,16 @@ impl Leases {
         self.ttl_us
     }
 
-    /// How long a lease of `ask`'s limit may last: `ttl`, and a log's at most one window (its
-    /// units count until a window after the lease's end).
+    /// How long the store keeps what a lease of `ask`'s limit holds (`LeaseAsk::lease_us`): a
+    /// log's entries are stamped with the lease's end (`ttl`, at most one window: its units count
+    /// until a window after it); a bucket holds a lease **two** `ttl`s, though it is spent here
+    /// for one: the lease's give-back comes with the next request after it ends, and must find
+    /// its hold still out to be credited (after the hold ends, a bucket that is not refilling
+    /// would never get those units back).
     fn lifetime(&self, ask: &Ask<'_>) -> u64 {
         match ask.limit.algorithm().kind() {
             AlgorithmKind::SlidingWindowLog => self.ttl_us.min(window_us(ask)).max(1),
+            AlgorithmKind::TokenBucket => self.ttl_us.saturating_mul(2),
             _ => self.ttl_us,
         }
     }
@@ -534,7 +539,7 @@ impl Leases {
             }
             let cost = u64::from(ask.limit.cost());
             let lifetime = match ask.limit.algorithm().kind() {
-                // A bucket's lease is held in the store until `ttl` after its grant.
+                // A bucket's lease is spent here for `ttl` (the store holds it twice as long).
                 AlgorithmKind::TokenBucket => self.ttl_us,
                 AlgorithmKind::SlidingWindowLog => self.lifetime(ask),
                 // A window's units count in that window only: the lease ends with it, on the
@@ -685,7 +690,8 @@ mod tests {
         let ask = leases.wants(&asks, LocalUs(250 * MS))[0];
         assert_eq!(
             (ask.back, ask.lent, ask.back_at, ask.lease_us),
-            (1, 4, StoreUs(5_000), 250 * MS)
+            (1, 4, StoreUs(5_000), 500 * MS),
+            "held in the store two ttls: the give-back finds its hold"
         );
         assert_eq!((stats.returned.get(), stats.lapsed.get()), (1, 0));
         // A lease spent to the end releases its hold too, with nothing to give back.
@@ -1004,13 +1010,12 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_spent_just_before_its_hold_ends_leaves_the_bucket_as_one_bucket_would() {
+    fn a_lease_spent_at_the_last_moment_leaves_the_bucket_as_one_bucket_would() {
         // 10 tokens, one a millisecond. Instance 0 spends 6 through the store at 0 and 1 ms
         // (leasing nothing yet), then at 300 ms is leased 4 (half of what remains), and spends
-        // them at 549 ms, just before the hold ends at 550 ms. Nobody asked the store meanwhile:
-        // the bucket refilled to its capacity less the hold by 310 ms, and missed the rest of the
-        // refill until 550 ms, so at 551 ms it holds 7 tokens, not 10. Instance 1 then asks for
-        // 10 at once.
+        // them at 549 ms, the last moment of its lease here (the store holds them until 800 ms).
+        // Nobody asks the store meanwhile: the bucket stood at its capacity less the hold from
+        // 310 ms. Instance 1 then asks for 10 at once at 551 ms: the store has 6 to give.
         let mut events: Vec<Event> = vec![(0, 0, 0, 0, false, false); 3];
         events.extend([(MS, 0, 0, 0, false, false); 3]);
         events.push((299 * MS, 0, 0, 0, false, false));

@@ -42,6 +42,9 @@ pub enum Rejection {
     BadRequest(String),
     /// An API key no consumer has, under `consumers.unknown_key: reject`: 401.
     InvalidApiKey,
+    /// A bearer token that does not verify (`identity.jwt`), or none under `when_missing:
+    /// reject`: 401 with `WWW-Authenticate: Bearer error="invalid_token"`, never forwarded.
+    InvalidToken,
     /// A limit denied: 429 with `Retry-After`; the verdict and the limit that speaks for it.
     RateLimited(Verdict, LimitRef),
     /// The limiter store failed and `on_error` is `deny`: 503.
@@ -203,6 +206,7 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 const RATE_LIMITED_DETAIL: &str =
     "rate limit exceeded; retry after the number of seconds in Retry-After";
 const INVALID_API_KEY_DETAIL: &str = "the API key is not known";
+const INVALID_TOKEN_DETAIL: &str = "the bearer token is missing, malformed, expired, not yet valid, or not signed by a trusted key";
 const NO_ROUTE_DETAIL: &str = "no route matches this request";
 const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now";
 const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
@@ -213,7 +217,7 @@ impl Rejection {
     pub fn label(&self) -> Option<crate::metrics::DecisionLabel> {
         use crate::metrics::DecisionLabel;
         match self {
-            Rejection::InvalidApiKey => Some(DecisionLabel::InvalidKey),
+            Rejection::InvalidApiKey | Rejection::InvalidToken => Some(DecisionLabel::InvalidKey),
             Rejection::RateLimited(..) => Some(DecisionLabel::Denied),
             Rejection::LimiterUnavailable => Some(DecisionLabel::StoreError),
             Rejection::UpstreamOverloaded => Some(DecisionLabel::Overloaded),
@@ -226,7 +230,7 @@ impl Rejection {
         match self {
             Rejection::NoRoute => StatusCode::NOT_FOUND,
             Rejection::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Rejection::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Rejection::InvalidApiKey | Rejection::InvalidToken => StatusCode::UNAUTHORIZED,
             Rejection::RateLimited(..) | Rejection::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Rejection::LimiterUnavailable | Rejection::UpstreamOverloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -267,6 +271,22 @@ impl Rejection {
             Rejection::NoRoute => (StatusCode::NOT_FOUND, static_body(&NO_ROUTE_BODY)),
             Rejection::InvalidApiKey => {
                 (StatusCode::UNAUTHORIZED, static_body(&INVALID_API_KEY_BODY))
+            }
+            Rejection::InvalidToken => {
+                let mut response = Response::new(full(Bytes::from(problem_json(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_token",
+                    INVALID_TOKEN_DETAIL,
+                    None,
+                ))));
+                *response.status_mut() = StatusCode::UNAUTHORIZED;
+                let h = response.headers_mut();
+                h.insert(
+                    http::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+                h.insert(CONTENT_TYPE, PROBLEM_JSON);
+                return response;
             }
             Rejection::LimiterUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -35,6 +35,8 @@ pub struct Record {
 pub enum RecordedIdentity {
     /// The SHA-256 of its API key.
     ApiKey([u8; 32]),
+    /// The SHA-256 of its verified JWT's subject.
+    Jwt([u8; 32]),
     /// The SHA-256 of its user id (set by a trusted proxy).
     UserId([u8; 32]),
     /// Nothing but the client IP.
@@ -294,6 +296,7 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
         (Some(IdentityKind::ApiKey | IdentityKind::Consumer), Some(h)) => {
             RecordedIdentity::ApiKey(h)
         }
+        (Some(IdentityKind::Jwt), Some(h)) => RecordedIdentity::Jwt(h),
         (Some(IdentityKind::UserId), Some(h)) => RecordedIdentity::UserId(h),
         _ => RecordedIdentity::Ip,
     };

@@ -5,8 +5,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 
 use super::{
-    Body, GATEWAY_TIMEOUT_DETAIL, INVALID_API_KEY_DETAIL, LIMITER_UNAVAILABLE_DETAIL,
-    NO_ROUTE_DETAIL, RateLimitHeaders, Rejection, full,
+    Body, GATEWAY_TIMEOUT_DETAIL, INVALID_API_KEY_DETAIL, INVALID_TOKEN_DETAIL,
+    LIMITER_UNAVAILABLE_DETAIL, NO_ROUTE_DETAIL, RateLimitHeaders, Rejection, full,
 };
 use crate::grpc::{self, Code, RateLimitedStatus};
 
@@ -50,6 +50,7 @@ impl Rejection {
             Rejection::NoRoute => (Code::Unimplemented, NO_ROUTE_DETAIL, None),
             Rejection::BadRequest(detail) => (Code::Internal, detail.as_str(), None),
             Rejection::InvalidApiKey => (Code::Unauthenticated, INVALID_API_KEY_DETAIL, None),
+            Rejection::InvalidToken => (Code::Unauthenticated, INVALID_TOKEN_DETAIL, None),
             Rejection::LimiterUnavailable => (Code::Unavailable, LIMITER_UNAVAILABLE_DETAIL, None),
             Rejection::BadGateway(detail) => (Code::Unavailable, detail.as_str(), None),
             Rejection::GatewayTimeout => (Code::DeadlineExceeded, GATEWAY_TIMEOUT_DETAIL, None),

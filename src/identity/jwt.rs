@@ -1,0 +1,252 @@
+//! Verified bearer tokens (`identity.jwt`): a JWT's signature checked against a JWKS, its
+//! algorithm against an allow-list (never `none`), its `iss`, `aud`, `exp` and `nbf` with a
+//! leeway. A valid token's subject claim is the request's identity after an API key; a tier
+//! claim picks its tier. The verification is `jsonwebtoken`'s; floodgate picks the key (by the
+//! token's `kid`, else every key of the token's algorithm) and reads the two claims.
+
+use std::collections::HashSet;
+
+use http::{HeaderMap, HeaderName};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+
+/// What to do with a request that carries no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenMissing {
+    /// Identify it as before: the trusted user id, then the address.
+    #[default]
+    FallThrough,
+    /// 401 `invalid_token`.
+    Reject,
+}
+
+/// The algorithms a JWKS key may verify, by name, as `identity.jwt.algorithms` takes them.
+/// HMAC (`HS256`…) needs a shared secret, which a JWKS of public keys does not carry: not taken.
+pub const ALGORITHMS: [(&str, Algorithm); 7] = [
+    ("RS256", Algorithm::RS256),
+    ("RS384", Algorithm::RS384),
+    ("RS512", Algorithm::RS512),
+    ("PS256", Algorithm::PS256),
+    ("ES256", Algorithm::ES256),
+    ("ES384", Algorithm::ES384),
+    ("EdDSA", Algorithm::EdDSA),
+];
+
+/// The default allow-list.
+pub const DEFAULT_ALGORITHMS: [Algorithm; 3] =
+    [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA];
+
+/// One key of the set, with the algorithms it may verify.
+struct Key {
+    kid: Option<String>,
+    algorithms: Vec<Algorithm>,
+    key: DecodingKey,
+}
+
+/// `identity.jwt`, validated, with its keys.
+pub struct JwtConfig {
+    pub header: HeaderName,
+    keys: Vec<Key>,
+    allowed: Vec<Algorithm>,
+    issuer: Option<String>,
+    audiences: Vec<String>,
+    leeway_secs: u64,
+    pub subject_claim: String,
+    pub tier_claim: Option<String>,
+    pub when_missing: WhenMissing,
+}
+
+impl std::fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("header", &self.header)
+            .field("keys", &self.keys.len())
+            .field("allowed", &self.allowed)
+            .field("issuer", &self.issuer)
+            .field("audiences", &self.audiences)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A verified token's identity: its subject, and its tier if the tier claim is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub subject: String,
+    pub tier: Option<String>,
+}
+
+/// Why a token was refused. The message is for the log (never the token itself).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid bearer token: {0}")]
+pub struct InvalidToken(pub String);
+
+/// The settings `identity.jwt` was validated into, before its keys are read.
+pub struct JwtSettings {
+    pub header: HeaderName,
+    pub allowed: Vec<Algorithm>,
+    pub issuer: Option<String>,
+    pub audiences: Vec<String>,
+    pub leeway_secs: u64,
+    pub subject_claim: String,
+    pub tier_claim: Option<String>,
+    pub when_missing: WhenMissing,
+}
+
+impl JwtConfig {
+    /// The config with the keys of `jwks` (a JWKS document's text). Err names the first key
+    /// that cannot be used, or says the document does not parse.
+    pub fn new(settings: JwtSettings, jwks: &str) -> Result<JwtConfig, String> {
+        let set: JwkSet =
+            serde_json::from_str(jwks).map_err(|e| format!("is not a JWKS document: {e}"))?;
+        let mut keys = Vec::with_capacity(set.keys.len());
+        for (n, jwk) in set.keys.iter().enumerate() {
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("keys[{n}]: {e}"))?;
+            keys.push(Key {
+                kid: jwk.common.key_id.clone(),
+                algorithms: algorithms_of(jwk),
+                key,
+            });
+        }
+        if keys.is_empty() {
+            return Err("holds no keys".into());
+        }
+        Ok(JwtConfig {
+            header: settings.header,
+            keys,
+            allowed: settings.allowed,
+            issuer: settings.issuer,
+            audiences: settings.audiences,
+            leeway_secs: settings.leeway_secs,
+            subject_claim: settings.subject_claim,
+            tier_claim: settings.tier_claim,
+            when_missing: settings.when_missing,
+        })
+    }
+
+    /// The request's bearer token, verified: `Ok(None)` when it carries none.
+    pub fn verify(&self, headers: &HeaderMap) -> Result<Option<Verified>, InvalidToken> {
+        let mut values = headers.get_all(&self.header).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(InvalidToken(format!(
+                "more than one {} header",
+                self.header
+            )));
+        }
+        let value = value
+            .to_str()
+            .map_err(|_| InvalidToken("the header is not ASCII".into()))?;
+        let token = match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            // Another scheme (Basic…) is not a bearer token: no token.
+            _ => return Ok(None),
+        };
+        self.verify_token(token).map(Some)
+    }
+
+    /// `token` verified: its signature by a key of the set, its algorithm allowed, its claims
+    /// in time and for this issuer and audience.
+    pub fn verify_token(&self, token: &str) -> Result<Verified, InvalidToken> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| InvalidToken(format!("malformed: {e}")))?;
+        if !self.allowed.contains(&header.alg) {
+            return Err(InvalidToken(format!(
+                "algorithm {:?} is not allowed",
+                header.alg
+            )));
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = self.leeway_secs;
+        validation.validate_nbf = true;
+        validation.required_spec_claims = HashSet::from(["exp".to_string()]);
+        if let Some(issuer) = &self.issuer {
+            validation.set_issuer(&[issuer]);
+        }
+        if self.audiences.is_empty() {
+            validation.validate_aud = false;
+        } else {
+            validation.set_audience(&self.audiences);
+        }
+        let candidates = self.keys.iter().filter(|k| {
+            k.algorithms.contains(&header.alg)
+                && match (&header.kid, &k.kid) {
+                    (Some(want), Some(have)) => want == have,
+                    _ => true,
+                }
+        });
+        let mut last = InvalidToken("no key of the set verifies its algorithm or kid".into());
+        for key in candidates {
+            match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+                token,
+                &key.key,
+                &validation,
+            ) {
+                Ok(data) => return self.identity_of(&data.claims),
+                Err(e) => last = InvalidToken(e.to_string()),
+            }
+        }
+        Err(last)
+    }
+
+    fn identity_of(
+        &self,
+        claims: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Verified, InvalidToken> {
+        let text = |name: &str| match claims.get(name) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let subject = text(&self.subject_claim).ok_or_else(|| {
+            InvalidToken(format!(
+                "no {:?} claim to identify it by",
+                self.subject_claim
+            ))
+        })?;
+        Ok(Verified {
+            subject,
+            tier: self.tier_claim.as_deref().and_then(text),
+        })
+    }
+}
+
+/// The algorithms a JWK may verify: its `alg` if it names one, else every algorithm of its key
+/// type (an RSA key: RS*, PS*; a P-256 key: ES256; a P-384 key: ES384; an Ed25519 key: EdDSA).
+fn algorithms_of(jwk: &Jwk) -> Vec<Algorithm> {
+    if let Some(alg) = jwk.common.key_algorithm {
+        let named = match alg {
+            KeyAlgorithm::RS256 => Some(Algorithm::RS256),
+            KeyAlgorithm::RS384 => Some(Algorithm::RS384),
+            KeyAlgorithm::RS512 => Some(Algorithm::RS512),
+            KeyAlgorithm::PS256 => Some(Algorithm::PS256),
+            KeyAlgorithm::PS384 => Some(Algorithm::PS384),
+            KeyAlgorithm::PS512 => Some(Algorithm::PS512),
+            KeyAlgorithm::ES256 => Some(Algorithm::ES256),
+            KeyAlgorithm::ES384 => Some(Algorithm::ES384),
+            KeyAlgorithm::EdDSA => Some(Algorithm::EdDSA),
+            _ => None,
+        };
+        return named.into_iter().collect();
+    }
+    match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => vec![
+            Algorithm::RS256,
+            Algorithm::RS384,
+            Algorithm::RS512,
+            Algorithm::PS256,
+            Algorithm::PS384,
+            Algorithm::PS512,
+        ],
+        AlgorithmParameters::EllipticCurve(p) => match p.curve {
+            EllipticCurve::P256 => vec![Algorithm::ES256],
+            EllipticCurve::P384 => vec![Algorithm::ES384],
+            _ => Vec::new(),
+        },
+        AlgorithmParameters::OctetKeyPair(_) => vec![Algorithm::EdDSA],
+        // A shared secret (`oct`) is never taken from a JWKS; nor is anything newer.
+        _ => Vec::new(),
+    }
+}

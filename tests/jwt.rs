@@ -1,0 +1,276 @@
+//! Verified bearer tokens (`identity.jwt`) end to end: tokens signed by PyJWT with
+//! `cryptography`'s keys (RS256, ES256, EdDSA; `tests/jwt/tokens.py`, in the venv
+//! `scripts/test.sh` makes), a JWKS file floodgate reads, and the real binary in front of an
+//! upstream that counts what reaches it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::config::{Config, Limit, Route};
+use common::{Floodgate, Upstream, client, get, metric, python};
+use http::StatusCode;
+
+/// A folder of its own under the system's temporary one, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("floodgate-jwt-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary folder");
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Keys, JWKS files and named tokens, made fresh by PyJWT in a temporary folder.
+struct Tokens {
+    dir: TempDir,
+    tokens: HashMap<String, String>,
+}
+
+impl Tokens {
+    fn make() -> Tokens {
+        let dir = TempDir::new();
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jwt/tokens.py");
+        let out = std::process::Command::new(python())
+            .arg(&script)
+            .arg(dir.path())
+            .output()
+            .expect("run tokens.py");
+        assert!(
+            out.status.success(),
+            "tokens.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tokens = serde_json::from_slice(&out.stdout).expect("tokens.py prints JSON");
+        Tokens { dir, tokens }
+    }
+
+    fn get(&self, name: &str) -> &str {
+        &self.tokens[name]
+    }
+
+    fn jwks(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+/// `identity.jwt` reading `jwks_file`, issuer and audience as tokens.py signs them, the tier from
+/// `plan`; one route `/` allowing 2 requests an hour per identity, 3 for the tier `pro`.
+fn config(upstream: &Upstream, jwks_file: &str) -> Config {
+    Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_file: {jwks_file}, issuer: \"https://issuer.test/\", audiences: [rides-api], \
+                 algorithms: [RS256, ES256, EdDSA], tier_claim: plan}}"
+            ),
+        )
+        .route(
+            Route::new("api", "/", &upstream.url())
+                .limit(Limit::fixed_window(2, "1h").tiers(&["anonymous"]))
+                .limit(Limit::fixed_window(3, "1h").tiers(&["pro"])),
+        )
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// The statuses of `n` requests with `token`.
+async fn statuses(fg: &Floodgate, token: &str, n: usize) -> Vec<u16> {
+    let client = client();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let auth = bearer(token);
+        let reply = get(&client, &fg.url("/"), &[("authorization", auth.as_str())]).await;
+        out.push(reply.status.as_u16());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_with_valid_tokens_have_their_own_budgets_and_bad_tokens_never_reach_the_upstream() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&config(&upstream, &tokens.jwks("jwks.json")).yaml());
+
+    // Two users, two budgets of 2; alice's second token is the same subject, the same budget.
+    assert_eq!(statuses(&fg, tokens.get("alice"), 2).await, [200, 200]);
+    assert_eq!(statuses(&fg, tokens.get("alice_again"), 1).await, [429]);
+    assert_eq!(statuses(&fg, tokens.get("bob"), 3).await, [200, 200, 429]);
+    // carol's token says `plan: pro`: the pro tier's limit applies to her.
+    assert_eq!(
+        statuses(&fg, tokens.get("carol_pro"), 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(upstream.seen().len(), 7);
+
+    // Each refused for one reason; none reaches the upstream, each is told why in the
+    // standard way (RFC 6750).
+    let client = client();
+    for name in [
+        "forged",
+        "expired",
+        "not_yet",
+        "wrong_audience",
+        "wrong_issuer",
+        "alg_none",
+        "garbage",
+        "dave_rotated",
+    ] {
+        let auth = bearer(tokens.get(name));
+        let reply = get(&client, &fg.url("/"), &[("authorization", auth.as_str())]).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{name}");
+        assert_eq!(
+            reply.headers["www-authenticate"], "Bearer error=\"invalid_token\"",
+            "{name}"
+        );
+        assert_eq!(
+            reply.headers["content-type"], "application/problem+json",
+            "{name}"
+        );
+        assert!(
+            reply.body.contains("\"invalid_token\""),
+            "{name}: {}",
+            reply.body
+        );
+    }
+    assert_eq!(upstream.seen().len(), 7, "no refused token was forwarded");
+
+    // No token: the address is the identity (falls through, the default).
+    let reply = get(&client, &fg.url("/"), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    // The keys in the store and the log never hold a token.
+    let log = fg.stderr();
+    for token in tokens.tokens.values() {
+        assert!(!log.contains(token.as_str()), "a token is in the log");
+    }
+    assert_eq!(
+        metric(
+            &fg,
+            "floodgate_requests_total{route=\"api\",decision=\"invalid_key\"}"
+        )
+        .await,
+        8
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_rotated_on_sighup_verifies_the_new_key_and_no_longer_the_old() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let jwks = tokens.jwks("jwks.json");
+    let fg = Floodgate::start(&config(&upstream, &jwks).yaml());
+    assert_eq!(statuses(&fg, tokens.get("alice"), 1).await, [200]);
+    assert_eq!(statuses(&fg, tokens.get("dave_rotated"), 1).await, [401]);
+
+    // The issuer rotates its keys: the file is rewritten, floodgate told with SIGHUP.
+    let rotated = std::fs::read(tokens.jwks("jwks-rotated.json")).expect("read");
+    std::fs::write(&jwks, rotated).expect("rotate the JWKS");
+    let reloads = r#"floodgate_config_reloads_total{result="success"}"#;
+    let before = metric(&fg, reloads).await;
+    fg.signal("HUP");
+    // The reload runs on its own task: a few ms; 10 s for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&fg, reloads).await == before {
+        assert!(Instant::now() < deadline, "no reload: {}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(statuses(&fg, tokens.get("dave_rotated"), 1).await, [200]);
+    assert_eq!(statuses(&fg, tokens.get("alice"), 1).await, [401]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_missing_reject_refuses_a_request_without_a_token() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let yaml = Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_file: {}, audiences: [rides-api], when_missing: reject}}",
+                tokens.jwks("jwks.json")
+            ),
+        )
+        .route(Route::new("open", "/", &upstream.url()))
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    let reply = get(&client(), &fg.url("/"), &[]).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    // Even on a route without limits, a token is checked.
+    assert_eq!(statuses(&fg, tokens.get("forged"), 1).await, [401]);
+    assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
+    assert_eq!(upstream.seen().len(), 1);
+}
+
+#[test]
+fn check_names_every_bad_jwt_setting() {
+    let tokens = Tokens::make();
+    let broken = tokens.dir.path().join("broken.json");
+    std::fs::write(&broken, "{\"keys\": [{\"kty\": \"RSA\"}]}").expect("write");
+    let cases = [
+        (
+            format!(
+                "{{jwks_file: {}, algorithms: [RS256, none]}}",
+                tokens.jwks("jwks.json")
+            ),
+            "identity.jwt.algorithms[1]",
+        ),
+        (
+            format!(
+                "{{jwks_file: {}, algorithms: [HS256]}}",
+                tokens.jwks("jwks.json")
+            ),
+            "identity.jwt.algorithms[0]",
+        ),
+        (
+            format!("{{jwks_file: {}}}", broken.display()),
+            "identity.jwt.jwks_file",
+        ),
+        (
+            "{jwks_file: /no/such/jwks.json}".to_string(),
+            "identity.jwt.jwks_file",
+        ),
+        ("{audiences: [x]}".to_string(), "identity.jwt.jwks_file"),
+        (
+            format!("{{jwks_file: {}, leeway: soon}}", tokens.jwks("jwks.json")),
+            "identity.jwt.leeway",
+        ),
+    ];
+    for (jwt, field) in cases {
+        let yaml = Config::new()
+            .with("listen", "127.0.0.1:0")
+            .set("identity", "jwt", &jwt)
+            .route(Route::new("api", "/", "http://127.0.0.1:9"))
+            .yaml();
+        let file = common::TempFile::new(&yaml);
+        let out = common::floodgate_command(&[
+            "check".as_ref(),
+            "--config".as_ref(),
+            file.path().as_os_str(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{jwt} was accepted");
+        assert!(
+            stderr.contains(field),
+            "{field} not named for {jwt}:\n{stderr}"
+        );
+    }
+}
