@@ -127,18 +127,23 @@ fn agrees_with_the_rust_algorithms(rt: &tokio::runtime::Runtime, store: &impl On
     });
 }
 
-#[test]
-fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
-    let redis = RedisServer::start();
-    let rt = runtime();
-    let store = rt.block_on(async {
+/// A Redis store on `redis`, on a test clock.
+fn redis_store(rt: &tokio::runtime::Runtime, redis: &RedisServer) -> RedisStore {
+    rt.block_on(async {
         RedisStore::connect_for_test(
             &RedisTarget::Single(redis.url()),
             "fgtest:",
             std::time::Duration::from_secs(2),
         )
         .expect("store")
-    });
+    })
+}
+
+#[test]
+fn lua_scripts_decide_exactly_like_the_rust_algorithms() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = redis_store(&rt, &redis);
     agrees_with_the_rust_algorithms(&rt, &store);
 }
 
@@ -273,14 +278,7 @@ fn leases_agree_with_the_rust_model(rt: &tokio::runtime::Runtime, store: &impl L
 fn lua_leases_hold_a_bucket_exactly_like_the_rust_model() {
     let redis = RedisServer::start();
     let rt = runtime();
-    let store = rt.block_on(async {
-        RedisStore::connect_for_test(
-            &RedisTarget::Single(redis.url()),
-            "fgtest:",
-            std::time::Duration::from_secs(2),
-        )
-        .expect("store")
-    });
+    let store = redis_store(&rt, &redis);
     leases_agree_with_the_rust_model(&rt, &store);
 }
 

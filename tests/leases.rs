@@ -115,14 +115,14 @@ async fn two_instances(
     admitted
 }
 
-/// Requests one at a time on `a` and `b` in turn until each is refused 3 times running: what
+/// Requests one at a time on `a` and `b` in turn until each is refused 5 times running: what
 /// the instances owe the store (late answers' grants, ended leases) goes back with them, and is
 /// spent by them if anything is left.
 async fn settle(a: &Floodgate, b: &Floodgate, path: &str) {
     let client = common::client();
     let mut refused = [0, 0];
     for i in 0..200 {
-        if refused.iter().all(|&n| n >= 3) {
+        if refused.iter().all(|&n| n >= 5) {
             break;
         }
         let which = i % 2;
@@ -356,9 +356,9 @@ async fn an_instance_killed_holding_a_lease_costs_at_most_that_lease() {
     assert_eq!(admitted_a + admitted_b + held + left_b, 6000);
 }
 
-/// Seed 002's over-grant test on `storage` (leases on): for each algorithm with a budget of 40
-/// that does not refill, 64 clients through two instances; returns what each admitted.
-async fn seed_002(storage: Config) -> Vec<(&'static str, usize)> {
+/// Seed 002's routes on `storage`: `/tb`, `/fw`, `/swl` and `/swc`, each a budget of 40 that
+/// does not refill, behind two instances; the upstream, the routes' names and the instances.
+async fn seed_002_setup(storage: Config) -> (Upstream, [&'static str; 4], Floodgate, Floodgate) {
     let limits = [
         ("tb", Limit::token_bucket(40, 0.0001)),
         ("fw", Limit::fixed_window(40, "1h")),
@@ -374,6 +374,13 @@ async fn seed_002(storage: Config) -> Vec<(&'static str, usize)> {
         })
         .yaml();
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    (upstream, names, a, b)
+}
+
+/// Seed 002's over-grant test on `storage` (leases on): for each algorithm with a budget of 40
+/// that does not refill, 64 clients through two instances; returns what each admitted.
+async fn seed_002(storage: Config) -> Vec<(&'static str, usize)> {
+    let (upstream, names, a, b) = seed_002_setup(storage).await;
     let mut admitted = Vec::new();
     for name in names {
         let path = format!("/{name}");
@@ -454,25 +461,10 @@ impl Drop for BusyLoops {
 /// budget of 40 spent by 64 clients through two instances while two busy loops share the two
 /// cores. Many decisions are abandoned at the timeout after the store made them; what the store
 /// granted them comes back with the budget's next call. Afterwards, with the machine quiet,
-/// requests go on one at a time until both instances are refused five times running (the last
-/// give-backs ride on them). Returns what each algorithm admitted and how many 503s the
+/// [`settle`] sends the last give-backs. Returns what each algorithm admitted and how many 503s the
 /// contended phase saw.
 async fn seed_002_busy(storage: Config) -> Vec<(&'static str, usize, u32)> {
-    let limits = [
-        ("tb", Limit::token_bucket(40, 0.0001)),
-        ("fw", Limit::fixed_window(40, "1h")),
-        ("swl", Limit::sliding_window_log(40, "1h")),
-        ("swc", Limit::sliding_window_counter(40, "1h")),
-    ];
-    let upstream = Upstream::start().await;
-    let names = limits.each_ref().map(|(name, _)| *name);
-    let yaml = limits
-        .into_iter()
-        .fold(storage, |config, (name, limit)| {
-            config.route(Route::new(name, &format!("/{name}"), &upstream.url()).limit(limit))
-        })
-        .yaml();
-    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    let (upstream, names, a, b) = seed_002_setup(storage).await;
     let client = common::client();
     let mut out = Vec::new();
     for name in names {
@@ -501,15 +493,7 @@ async fn seed_002_busy(storage: Config) -> Vec<(&'static str, usize, u32)> {
             totals.keys().all(|s| [200, 429, 503].contains(s)),
             "only 200, 429 and 503: {totals:?}"
         );
-        let mut refused = [0, 0];
-        for i in 0..400 {
-            if refused.iter().all(|&n| n >= 5) {
-                break;
-            }
-            let which = i % 2;
-            let status = post([&a, &b][which]).await.expect("send").status();
-            refused[which] = if status == 429 { refused[which] + 1 } else { 0 };
-        }
+        settle(&a, &b, &path).await;
         let admitted = upstream.seen().iter().filter(|s| s.path == path).count();
         out.push((name, admitted, totals.get(&503).copied().unwrap_or(0)));
     }

@@ -60,19 +60,7 @@ impl Validator {
         let Some(file) = file else {
             return Exempt::default();
         };
-        let mut networks = Vec::with_capacity(file.networks.len());
-        for (n, text) in file.networks.iter().enumerate() {
-            let parsed = text
-                .parse::<IpNet>()
-                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
-            match parsed {
-                Ok(net) => networks.push(net.trunc()),
-                Err(_) => self.problem(
-                    format!("{path}.networks[{n}]"),
-                    format!("{text:?} is not a CIDR like 10.0.0.0/8 or an IP address"),
-                ),
-            }
-        }
+        let networks = self.networks(&format!("{path}.networks"), &file.networks);
         for (n, name) in file.consumers.iter().enumerate() {
             match consumers {
                 None => self.problem(

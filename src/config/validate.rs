@@ -128,20 +128,7 @@ impl Validator {
             i.user_id_header.as_deref(),
             "x-user-id",
         );
-        let mut trusted_proxies = Vec::new();
-        for (n, text) in i.trusted_proxies.iter().enumerate() {
-            // A bare address means that one host.
-            let parsed = text
-                .parse::<IpNet>()
-                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
-            match parsed {
-                Ok(net) => trusted_proxies.push(net.trunc()),
-                Err(_) => self.problem(
-                    format!("identity.trusted_proxies[{n}]"),
-                    format!("{text:?} is not a CIDR like 10.0.0.0/8 or an IP address"),
-                ),
-            }
-        }
+        let trusted_proxies = self.networks("identity.trusted_proxies", &i.trusted_proxies);
         let ipv6_prefix = match i.ipv6_prefix {
             None => 64,
             Some(n @ 1..=128) => n as u8,
@@ -158,6 +145,25 @@ impl Validator {
             strip_untrusted_user_id: i.strip_untrusted_user_id.unwrap_or(true),
             jwt,
         })
+    }
+
+    /// A list of networks at `path`: CIDRs, or bare addresses (that one host); each bad entry
+    /// named by its index.
+    pub(super) fn networks(&mut self, path: &str, list: &[String]) -> Vec<IpNet> {
+        let mut out = Vec::with_capacity(list.len());
+        for (n, text) in list.iter().enumerate() {
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(net) => out.push(net.trunc()),
+                Err(_) => self.problem(
+                    format!("{path}[{n}]"),
+                    format!("{text:?} is not a CIDR like 10.0.0.0/8 or an IP address"),
+                ),
+            }
+        }
+        out
     }
 
     /// `identity.jwt`: every setting checked, the JWKS file read and every key in it usable.
