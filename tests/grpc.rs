@@ -111,10 +111,19 @@ fn a_long_stream_outlives_the_body_timeouts_while_messages_flow() {
     let fg = Floodgate::start(&config.yaml());
     let target = fg.addr().to_string();
     let stream = grpc_client(&target, &["ticks:12:250"], &[]);
-    // While it flows, its slot is taken: another call is refused (retried until the stream's
-    // process has started its call: each try starts a Python process, and on a loaded 2-core
-    // machine the stream's own start has taken most of 10 s, so 30 s).
+    // While it flows, its slot is taken: another call is refused. The other calls start only
+    // once the stream holds the slot (its admission counted when its response head went out):
+    // a call sent earlier could take the slot first and have the stream refused.
+    let admitted = r#"floodgate_requests_total{route="echo",decision="allowed"}"#;
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while rt.block_on(common::metric(&fg, admitted)) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream was never admitted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let refused = loop {
         let call = grpc_calls(&target, &["unary"], &[]).remove(0);
         if code(&call) != "OK" || std::time::Instant::now() > deadline {
