@@ -22,7 +22,9 @@ mod validate;
 use validate::Validator;
 
 pub use exempt::Exempt;
-pub use route::{Budget, PathMatch, Per, RouteConfig, RouteLimit, Upstream, UpstreamProtocol};
+pub use route::{
+    Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
+};
 pub use storage::{Backend, StorageConfig};
 
 use std::fmt;

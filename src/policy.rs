@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 
-use crate::config::Budget;
+use crate::config::{Budget, Per, RequestView};
 use crate::identity::{
     ANONYMOUS_TIER, Consumers, Identity, IdentityConfig, IdentityError, UnknownKey,
 };
@@ -134,16 +134,61 @@ impl<'c> Policy<'c> {
     }
 }
 
+/// The composite keys (`per:` with request parts) of one budget's limits for one request: one
+/// buffer, and per limit (by index in the budget) the range of its key; `None` for a limit of
+/// another scope, or one whose part the request lacks (it spends its identity's budget).
+#[derive(Default)]
+pub struct RequestKeys {
+    buf: Vec<u8>,
+    ranges: Vec<Option<std::ops::Range<usize>>>,
+}
+
+impl RequestKeys {
+    /// The keys of `budget`'s composite limits for the request `view`, whose identity and
+    /// address are `identity` and `ip`. Nothing is built (or allocated) for a budget without
+    /// one.
+    pub fn of(
+        budget: &Budget,
+        view: &RequestView<'_>,
+        identity: (KeyKind, &[u8]),
+        ip: &[u8],
+    ) -> RequestKeys {
+        let mut out = RequestKeys::default();
+        if !budget.limits.iter().any(|l| l.per == Per::Request) {
+            return out;
+        }
+        for limit in &budget.limits {
+            let start = out.buf.len();
+            let built =
+                limit.per == Per::Request && limit.request_key(view, identity, ip, &mut out.buf);
+            out.ranges.push(built.then_some(start..out.buf.len()));
+        }
+        out
+    }
+
+    fn get(&self, index: usize) -> Option<&[u8]> {
+        let range = self.ranges.get(index)?.clone()?;
+        Some(&self.buf[range])
+    }
+}
+
 impl<'a> Whose<'a> {
     /// The asks of `budget`'s limits that apply to this request. `id` and `ip` are the
-    /// identity's and the address's bytes (`Identity::key_bytes`, `ip_octets`), which the keys
-    /// borrow.
-    pub fn asks(&self, budget: &'a Budget, id: &'a [u8], ip: &'a [u8]) -> Asks<'a> {
-        asks(
+    /// identity's and the address's bytes (`Identity::key_bytes`, `ip_octets`), and `keys` its
+    /// composite keys ([`RequestKeys::of`]), which the asks borrow.
+    pub fn asks(
+        &self,
+        budget: &'a Budget,
+        id: &'a [u8],
+        ip: &'a [u8],
+        keys: &'a RequestKeys,
+    ) -> Asks<'a> {
+        asks_with(
             budget,
             self.tier,
             Some((KeyKind::from(self.identity.kind()), id)),
             Some(ip),
+            keys,
         )
     }
 }
@@ -156,6 +201,18 @@ pub fn asks<'a>(
     identity: Option<(KeyKind, &'a [u8])>,
     ip: Option<&'a [u8]>,
 ) -> Asks<'a> {
+    static NONE: std::sync::LazyLock<RequestKeys> = std::sync::LazyLock::new(RequestKeys::default);
+    asks_with(budget, tier, identity, ip, &NONE)
+}
+
+/// [`asks`] with the request's composite keys.
+fn asks_with<'a>(
+    budget: &'a Budget,
+    tier: &str,
+    identity: Option<(KeyKind, &'a [u8])>,
+    ip: Option<&'a [u8]>,
+    keys: &'a RequestKeys,
+) -> Asks<'a> {
     let mut out = Asks {
         asks: Vec::with_capacity(budget.limits.len()),
         positions: [0; MAX_LIMITS],
@@ -164,7 +221,11 @@ pub fn asks<'a>(
         if !limit.applies_to(tier) || out.asks.len() == MAX_LIMITS {
             continue;
         }
-        if let Some(ask) = limit.ask(identity, ip) {
+        let ask = match keys.get(position) {
+            Some(key) => Some(limit.ask_request(key)),
+            None => limit.ask(identity, ip),
+        };
+        if let Some(ask) = ask {
             out.positions[out.asks.len()] = position;
             out.asks.push(ask);
         }

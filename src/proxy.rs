@@ -37,12 +37,12 @@ use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
 use crate::adaptive::Outcome;
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, RequestView, RouteConfig};
 use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
-use crate::limiter::{Admission, Ask, Limiter, LimiterError};
+use crate::limiter::{Admission, Ask, KeyKind, Limiter, LimiterError};
 use crate::metrics::{DecisionLabel, Metrics};
-use crate::policy::{Claim, LimitPhase, Refusal, Refused, Whose};
+use crate::policy::{Claim, LimitPhase, Refusal, Refused, RequestKeys, Whose};
 use context::{Admitted, Context};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
@@ -204,7 +204,7 @@ impl Proxy {
             match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
                 Ok(whose) => (
                     Some(whose.identity),
-                    self.limit(snapshot, route, &whose).await,
+                    self.limit(snapshot, route, req, &whose).await,
                 ),
                 Err(rejection) => (None, Err(rejection)),
             }
@@ -396,6 +396,7 @@ impl Proxy {
         &self,
         snapshot: &Snapshot,
         route: &Matched<'_>,
+        req: &Request<Incoming>,
         whose: &Whose<'_>,
     ) -> Result<Admitted, Rejection> {
         let config = route.config;
@@ -409,6 +410,17 @@ impl Proxy {
         // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
+        // What `per:` keys read from the request (headers, query, path segments).
+        let view = RequestView {
+            headers: req.headers(),
+            query: req.uri().query(),
+            rest: req
+                .uri()
+                .path()
+                .strip_prefix(config.path_prefix.as_str())
+                .unwrap_or(""),
+        };
+        let kind = KeyKind::from(whose.identity.kind());
         let mut phase = LimitPhase::new(&snapshot.policy());
         let mut leases = Vec::new();
         let refuse = |refused: Refused| match refused {
@@ -416,7 +428,8 @@ impl Proxy {
             Refused::StoreUnavailable => Rejection::LimiterUnavailable,
         };
         if !config.enforced.is_empty() {
-            let asks = whose.asks(&config.enforced, id, ip);
+            let keys = RequestKeys::of(&config.enforced, &view, (kind, id), ip);
+            let asks = whose.asks(&config.enforced, id, ip, &keys);
             let admission = match self.ask(snapshot, &asks.asks).await {
                 Ok(admission) => admission,
                 Err(_) => return Err(refuse(phase.store_unavailable())),
@@ -431,7 +444,8 @@ impl Proxy {
                 .map_err(refuse)?;
         }
         if !config.shadow.is_empty() {
-            let asks = whose.asks(&config.shadow, id, ip);
+            let keys = RequestKeys::of(&config.shadow, &view, (kind, id), ip);
+            let asks = whose.asks(&config.shadow, id, ip, &keys);
             // A shadow budget's store failure only means "no shadow verdict".
             if let Ok(admission) = self.ask(snapshot, &asks.asks).await {
                 // Shadow concurrency leases are held and given back like enforced ones.

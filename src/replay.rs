@@ -28,7 +28,7 @@ use crate::limiter::{
     AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore, Verdict,
 };
 use crate::metrics::DecisionLabel;
-use crate::policy::{Asks, Claim, LimitPhase, Policy, Whose};
+use crate::policy::{Asks, Claim, LimitPhase, Policy, RequestKeys, Whose};
 use crate::route::RouteTable;
 
 mod parse;
@@ -362,7 +362,10 @@ impl Replay {
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
-        let Asks { asks, positions } = whose.asks(budget, id, ip);
+        // The log holds no header, query or path values: a limit keyed by them spends the
+        // identity's budget here, as a request lacking the value does in the proxy.
+        let none = RequestKeys::default();
+        let Asks { asks, positions } = whose.asks(budget, id, ip, &none);
         let mut decisions = [Decision::EMPTY; MAX_LIMITS];
         let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;
         let stats = &mut self.stats[index];

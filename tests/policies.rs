@@ -673,3 +673,84 @@ fn check_names_every_bad_exemption() {
         assert!(stderr.contains(field), "{field} not named in:\n{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_keys_from_the_request_give_each_combination_its_own_budget() {
+    let upstream = Upstream::start().await;
+    let once = |per: &str| Limit::fixed_window(1, "1h").per(per);
+    let yaml = Config::new()
+        .route(
+            Route::new("tenants", "/tenants", &upstream.url())
+                .limit(once(r#"[identity, "header:X-Tenant"]"#)),
+        )
+        .route(Route::new("teams", "/teams", &upstream.url()).limit(once(r#""query:team""#)))
+        .route(Route::new("orgs", "/orgs/", &upstream.url()).limit(once(r#""segment:1""#)))
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    let client = client();
+    let status = |path: &'static str, headers: Vec<(&'static str, &'static str)>| {
+        let client = client.clone();
+        let url = fg.url(path);
+        async move { get(&client, &url, &headers).await.status.as_u16() }
+    };
+    let k =
+        |key: &'static str, tenant: &'static str| vec![("x-api-key", key), ("x-tenant", tenant)];
+    // One key, two tenants: two budgets; the same pair again: refused.
+    assert_eq!(status("/tenants", k("a", "t1")).await, 200);
+    assert_eq!(status("/tenants", k("a", "t2")).await, 200);
+    assert_eq!(status("/tenants", k("a", "t1")).await, 429);
+    // Another key, same tenant: its own budget.
+    assert_eq!(status("/tenants", k("b", "t1")).await, 200);
+    // Without the header, the identity's own budget (not one shared by all who lack it).
+    assert_eq!(status("/tenants", vec![("x-api-key", "c")]).await, 200);
+    assert_eq!(status("/tenants", vec![("x-api-key", "d")]).await, 200);
+    assert_eq!(status("/tenants", vec![("x-api-key", "c")]).await, 429);
+    // `query:team` alone: one budget per team, whoever asks.
+    assert_eq!(
+        status("/teams?team=red", vec![("x-api-key", "a")]).await,
+        200
+    );
+    assert_eq!(
+        status("/teams?x=1&team=red", vec![("x-api-key", "b")]).await,
+        429
+    );
+    assert_eq!(
+        status("/teams?team=blue", vec![("x-api-key", "b")]).await,
+        200
+    );
+    // `segment:1`: the first path segment after the prefix.
+    assert_eq!(status("/orgs/acme/users", vec![]).await, 200);
+    assert_eq!(status("/orgs/acme/projects", vec![]).await, 429);
+    assert_eq!(status("/orgs/beta/users", vec![]).await, 200);
+    assert_eq!(upstream.seen().len(), 9);
+}
+
+#[test]
+fn check_names_every_bad_per_key() {
+    let yaml = Config::new()
+        .with("listen", "127.0.0.1:0")
+        .route(
+            Route::new("api", "/", "http://127.0.0.1:9")
+                .limit(Limit::fixed_window(1, "1h").per(r#"[identity, "segment:0"]"#))
+                .limit(Limit::fixed_window(1, "1h").per(r#""claim:tenant""#))
+                .limit(Limit::fixed_window(1, "1h").per(r#""header:bad header""#))
+                .limit(Limit::fixed_window(1, "1h").per("everyone")),
+        )
+        .yaml();
+    let file = common::TempFile::new(&yaml);
+    let out = floodgate_command(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        file.path().as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for field in [
+        "routes[0].limits[0].per[1]",
+        "routes[0].limits[1].per",
+        "routes[0].limits[2].per",
+        "routes[0].limits[3].per",
+    ] {
+        assert!(stderr.contains(field), "{field} not named in:\n{stderr}");
+    }
+}

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::{HeaderProfile, LogFormat, Per};
+use super::{HeaderProfile, LogFormat};
 use crate::limiter::{AlgorithmKind, OnError};
 
 /// A closed choice as written: the value, or what serde said is wrong with it (which names the
@@ -298,6 +298,14 @@ pub struct RouteFile {
     pub limits: Vec<LimitFile>,
 }
 
+/// `per:` as written: one scope, or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PerFile {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// `exempt:`, global or on a route.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -352,9 +360,10 @@ pub struct LimitFile {
     /// Shadow mode for this limit: decide and count, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
-    /// Whose budget the limit spends: `identity` (default), `ip` or `route`.
+    /// Whose budget the limit spends: `identity` (default), `ip`, `route`, `header:NAME`,
+    /// `query:NAME`, `segment:N`, or a list of them.
     #[serde(default)]
-    pub per: Option<Choice<Per>>,
+    pub per: Option<PerFile>,
     /// The consumer tiers the limit applies to (default: every request).
     #[serde(default)]
     pub tiers: Option<Vec<String>>,

@@ -89,6 +89,32 @@ pub enum Per {
     Ip,
     /// One budget shared by every client of the route.
     Route,
+    /// One budget per combination of values read from the request (`header:NAME`,
+    /// `query:NAME`, `segment:N`, beside `identity`, `ip`, `route`): see [`RouteLimit::parts`].
+    Request,
+}
+
+/// One part of a composite `per:` key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Part {
+    Identity,
+    Ip,
+    Route,
+    /// A request header's value (its first line).
+    Header(http::HeaderName),
+    /// A query parameter's value (its first occurrence, as sent).
+    Query(String),
+    /// The Nth path segment after the route's prefix (1 is the first).
+    Segment(usize),
+}
+
+/// What a composite key reads from a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    pub headers: &'a http::HeaderMap,
+    pub query: Option<&'a str>,
+    /// The path after the route's `path_prefix`.
+    pub rest: &'a str,
 }
 
 impl Per {
@@ -98,6 +124,7 @@ impl Per {
             Per::Identity => "identity",
             Per::Ip => "ip",
             Per::Route => "route",
+            Per::Request => "request",
         }
     }
 }
@@ -107,6 +134,8 @@ impl Per {
 pub struct RouteLimit {
     pub limit: Limit,
     pub per: Per,
+    /// `per: Request`'s parts, in order (empty for the other scopes).
+    pub parts: Box<[Part]>,
     /// The consumer tiers it applies to; `None`: every request.
     pub tiers: Option<Vec<String>>,
     /// Derived from the route and the limit when the config is loaded (private, so that they
@@ -151,7 +180,9 @@ impl RouteLimit {
         ip: Option<&'a [u8]>,
     ) -> Option<Ask<'a>> {
         let (kind, value) = match self.per {
-            Per::Identity => identity?,
+            // A composite key's value is built by `request_key`; without one (a part the
+            // request lacks, or a caller that has no request), the identity's budget.
+            Per::Identity | Per::Request => identity?,
             Per::Ip => (KeyKind::Ip, ip?),
             Per::Route => (KeyKind::Route, &[][..]),
         };
@@ -163,6 +194,65 @@ impl RouteLimit {
                 value,
             },
         })
+    }
+
+    /// A composite limit's ask: its budget for `value` ([`RouteLimit::request_key`]'s bytes).
+    pub fn ask_request<'a>(&'a self, value: &'a [u8]) -> Ask<'a> {
+        Ask {
+            limit: &self.limit,
+            key: BudgetKey {
+                budget: &self.budget_id,
+                kind: KeyKind::Request,
+                value,
+            },
+        }
+    }
+
+    /// Appends to `out` the composite key of `per: Request` for a request (each part's value,
+    /// tagged and length-prefixed so that no two combinations run together); false, with `out`
+    /// as it was, when the request lacks a part's value (it then spends its identity's
+    /// budget).
+    pub fn request_key(
+        &self,
+        view: &RequestView<'_>,
+        identity: (KeyKind, &[u8]),
+        ip: &[u8],
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let start = out.len();
+        for part in self.parts.iter() {
+            let (tag, value): (u8, &[u8]) = match part {
+                Part::Identity => (identity.0 as u8, identity.1),
+                Part::Ip => (b'i', ip),
+                Part::Route => (b'r', &[]),
+                Part::Header(name) => match view.headers.get(name) {
+                    Some(v) if !v.is_empty() => (b'h', v.as_bytes()),
+                    _ => {
+                        out.truncate(start);
+                        return false;
+                    }
+                },
+                Part::Query(name) => match query_value(view.query, name) {
+                    Some(v) if !v.is_empty() => (b'q', v.as_bytes()),
+                    _ => {
+                        out.truncate(start);
+                        return false;
+                    }
+                },
+                Part::Segment(n) => match view.rest.split('/').filter(|s| !s.is_empty()).nth(n - 1)
+                {
+                    Some(v) => (b's', v.as_bytes()),
+                    None => {
+                        out.truncate(start);
+                        return false;
+                    }
+                },
+            };
+            out.push(tag);
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value);
+        }
+        true
     }
 
     /// True when the limit applies to a request of consumer tier `tier`.
@@ -293,9 +383,11 @@ impl Validator {
                 if is_shadow { "~shadow" } else { "" },
                 limit_fingerprint(&limit)
             );
+            let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
             let route_limit = RouteLimit {
                 limit,
-                per: self.choice(&format!("{limit_path}.per"), l.per.clone(), Per::Identity),
+                per,
+                parts,
                 tiers,
                 budget_id,
                 name: format!("{}-{n}", r.name),
@@ -392,13 +484,89 @@ impl Validator {
         }
     }
 
+    /// `per:` at `path`: one of `identity`, `ip`, `route` as before, or (a list of, or one of)
+    /// `header:NAME`, `query:NAME`, `segment:N` beside them, a composite key (`Per::Request`).
+    pub(super) fn per(
+        &mut self,
+        path: &str,
+        file: Option<&super::file::PerFile>,
+    ) -> (Per, Box<[Part]>) {
+        use super::file::PerFile;
+        let texts: Vec<(String, &str)> = match file {
+            None => return (Per::Identity, Box::new([])),
+            Some(PerFile::One(text)) => vec![(path.to_string(), text.as_str())],
+            Some(PerFile::Many(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(n, text)| (format!("{path}[{n}]"), text.as_str()))
+                .collect(),
+        };
+        if texts.is_empty() {
+            self.problem(path, "names no scope");
+            return (Per::Identity, Box::new([]));
+        }
+        let mut parts = Vec::with_capacity(texts.len());
+        for (at, text) in &texts {
+            let part = match text.split_once(':') {
+                None => match *text {
+                    "identity" => Some(Part::Identity),
+                    "ip" => Some(Part::Ip),
+                    "route" => Some(Part::Route),
+                    _ => None,
+                },
+                Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
+                    Ok(name) => Some(Part::Header(name)),
+                    Err(_) => {
+                        self.problem(at.as_str(), format!("{name:?} is not a header name"));
+                        continue;
+                    }
+                },
+                Some(("query", name)) if !name.is_empty() => Some(Part::Query(name.to_string())),
+                Some(("segment", n)) => {
+                    match n.parse::<usize>() {
+                        Ok(n) if n >= 1 => Some(Part::Segment(n)),
+                        _ => {
+                            self.problem(at.as_str(), format!("{n:?} is not a segment number (1 is the first after the prefix)"));
+                            continue;
+                        }
+                    }
+                }
+                Some(("claim" | "json", _)) => {
+                    self.problem(
+                        at.as_str(),
+                        format!("{text:?}: claim: and json: keys are not supported yet"),
+                    );
+                    continue;
+                }
+                _ => None,
+            };
+            match part {
+                Some(part) => parts.push(part),
+                None => self.problem(
+                    at.as_str(),
+                    format!(
+                        "{text:?} is not a scope: identity, ip, route, header:NAME, query:NAME or segment:N"
+                    ),
+                ),
+            }
+        }
+        match parts.as_slice() {
+            [Part::Identity] => (Per::Identity, Box::new([])),
+            [Part::Ip] => (Per::Ip, Box::new([])),
+            [Part::Route] => (Per::Route, Box::new([])),
+            [] => (Per::Identity, Box::new([])),
+            _ => (Per::Request, parts.into_boxed_slice()),
+        }
+    }
+
     /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
     /// budgets of one client value share a slot (its hash is the hash tag), but a route mixing
     /// `per:` scopes spends budgets of different values at once, which no one slot holds.
     pub(super) fn single_slot_routes(&mut self, routes: &[RouteConfig]) {
         for (i, route) in routes.iter().enumerate() {
             for (budget, label) in [(&route.enforced, "enforced"), (&route.shadow, "shadow")] {
-                let mut scopes = budget.limits.iter().map(|l| l.per);
+                // Two composite keys share a slot only when they read the same parts.
+                let mut scopes = budget.limits.iter().map(|l| (l.per, &l.parts));
                 if let Some(first) = scopes.next()
                     && scopes.any(|per| per != first)
                 {
@@ -460,4 +628,12 @@ impl Validator {
             protocol: UpstreamProtocol::Http1,
         })
     }
+}
+
+/// The first value of query parameter `name` in `query`, as sent (not percent-decoded).
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
 }

@@ -34,6 +34,9 @@ pub enum KeyKind {
     Ip,
     /// The whole route: one budget for every client (the value is empty).
     Route,
+    /// A combination of values read from the request (`per:` with `header:`, `query:`,
+    /// `segment:` parts): hashed before it reaches any store, like an API key.
+    Request,
 }
 
 impl KeyKind {
@@ -46,6 +49,7 @@ impl KeyKind {
             KeyKind::UserId => "user_id",
             KeyKind::Ip => "ip",
             KeyKind::Route => "route",
+            KeyKind::Request => "request",
         }
     }
 }
