@@ -320,7 +320,16 @@ impl Config {
             .consumers
             .map(|c| Arc::new(v.consumers(c, overrides.base_dir.as_deref())));
         let timeouts = v.timeouts(file.timeouts);
-        let exempt = v.exempt("exempt", file.exempt, consumers.as_deref());
+        let tiers_from_tokens = identity
+            .as_ref()
+            .and_then(|i| i.jwt.as_ref())
+            .is_some_and(|jwt| jwt.tier_claim.is_some());
+        let exempt = v.exempt(
+            "exempt",
+            file.exempt,
+            consumers.as_deref(),
+            tiers_from_tokens,
+        );
         let mut routes = Vec::with_capacity(file.routes.len());
         for (i, mut route) in file.routes.into_iter().enumerate() {
             let path = format!("routes[{i}]");
@@ -328,6 +337,7 @@ impl Config {
                 &format!("{path}.exempt"),
                 route.exempt.take(),
                 consumers.as_deref(),
+                tiers_from_tokens,
             );
             if let Some(mut route) = v.route(&path, route) {
                 route.exempt = exempt.with(&own);
@@ -340,10 +350,6 @@ impl Config {
                 routes.push(route);
             }
         }
-        let tiers_from_tokens = identity
-            .as_ref()
-            .and_then(|i| i.jwt.as_ref())
-            .is_some_and(|jwt| jwt.tier_claim.is_some());
         v.known_tiers(&routes, consumers.as_deref(), tiers_from_tokens);
         v.shared_adaptive_bounds(&routes);
         if let Some(storage) = &storage

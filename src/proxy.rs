@@ -403,7 +403,7 @@ impl Proxy {
         if !config.is_limited() {
             return Ok(Admitted::unlimited());
         }
-        if config.exempt.covers(whose.ip, &whose.identity) {
+        if config.exempt.covers(whose.ip, &whose.identity, whose.tier) {
             return Ok(Admitted::exempt());
         }
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);

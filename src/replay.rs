@@ -306,7 +306,7 @@ impl Replay {
             self.stats[i].invalid_key += 1;
             return;
         };
-        if route.exempt.covers(whose.ip, &whose.identity) {
+        if route.exempt.covers(whose.ip, &whose.identity, whose.tier) {
             self.stats[i].allowed += 1;
             return;
         }

@@ -24,18 +24,13 @@ impl Exempt {
         self.networks.is_empty() && self.tiers.is_empty() && self.consumers.is_empty()
     }
 
-    /// True when a request of `identity` from `ip` is exempt: the client address (for IPv6, the
-    /// prefix a budget is kept for) in a network, or its consumer's tier or name listed.
-    pub fn covers(&self, ip: std::net::IpAddr, identity: &Identity<'_>) -> bool {
-        if self.networks.iter().any(|net| net.contains(&ip)) {
-            return true;
-        }
-        match identity {
-            Identity::Consumer(consumer) => {
-                self.tiers.contains(&consumer.tier) || self.consumers.contains(&consumer.name)
-            }
-            _ => false,
-        }
+    /// True when a request of `identity` and `tier` from `ip` is exempt: the client address
+    /// (for IPv6, the prefix a budget is kept for) in a network, its tier (a consumer's, or a
+    /// verified token's tier claim) listed, or its consumer's name.
+    pub fn covers(&self, ip: std::net::IpAddr, identity: &Identity<'_>, tier: &str) -> bool {
+        self.networks.iter().any(|net| net.contains(&ip))
+            || self.tiers.iter().any(|t| t == tier)
+            || matches!(identity, Identity::Consumer(c) if self.consumers.contains(&c.name))
     }
 
     /// Both lists together: a route's own exemptions beside the global ones.
@@ -56,6 +51,7 @@ impl Validator {
         path: &str,
         file: Option<ExemptFile>,
         consumers: Option<&Consumers>,
+        tiers_from_tokens: bool,
     ) -> Exempt {
         let Some(file) = file else {
             return Exempt::default();
@@ -74,10 +70,10 @@ impl Validator {
                 Some(_) => {}
             }
         }
-        if !file.tiers.is_empty() && consumers.is_none() {
+        if !file.tiers.is_empty() && consumers.is_none() && !tiers_from_tokens {
             self.problem(
                 format!("{path}.tiers"),
-                "exempting a tier needs a consumers: section (tiers are consumers')",
+                "exempting a tier needs a consumers: section or identity.jwt.tier_claim",
             );
         }
         Exempt {
@@ -85,5 +81,31 @@ impl Validator {
             tiers: file.tiers,
             consumers: file.consumers,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_a_tier_or_a_consumer_is_exempt_whoever_named_the_tier() {
+        let exempt = Exempt {
+            networks: vec!["10.9.0.0/16".parse().unwrap()],
+            tiers: vec!["staff".into()],
+            consumers: vec!["health-checker".into()],
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let alice = Identity::Jwt(b"alice");
+        assert!(exempt.covers(ip("10.9.3.4"), &alice, "anonymous"));
+        assert!(!exempt.covers(ip("10.8.3.4"), &alice, "anonymous"));
+        // A verified token's tier claim counts as a consumer's tier does.
+        assert!(exempt.covers(ip("10.8.3.4"), &alice, "staff"));
+        let checker = crate::identity::Consumer {
+            name: "health-checker".into(),
+            tier: "default".into(),
+        };
+        assert!(exempt.covers(ip("10.8.3.4"), &Identity::Consumer(&checker), "default"));
+        assert!(!Exempt::default().covers(ip("10.9.3.4"), &alice, "staff"));
     }
 }
