@@ -208,3 +208,18 @@ pub fn floodgate_command(args: &[&std::ffi::OsStr]) -> Output {
         .output()
         .expect("run floodgate")
 }
+
+/// Runs `floodgate check` on `yaml` and asserts that it fails naming each of `fields`.
+pub fn check_names(yaml: &str, fields: &[&str]) {
+    let file = TempFile::new(yaml);
+    let out = floodgate_command(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        file.path().as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "check accepted:\n{yaml}");
+    for field in fields {
+        assert!(stderr.contains(field), "{field} not named in:\n{stderr}");
+    }
+}
