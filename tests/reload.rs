@@ -168,17 +168,23 @@ async fn the_stores_timeout_batching_and_leases_take_effect_on_sighup() {
         "the paused store is given up on after 400 ms"
     );
     tokio::time::sleep(Duration::from_millis(700)).await;
-    // 300 decisions in three bursts a lease ttl (250 ms) apart take fewer calls: batched, and
-    // leased (a budget is leased once this instance spent it at least twice in the ttl before).
+    // Bursts of 100 decisions a lease ttl (250 ms) apart take fewer calls: batched, and leased
+    // (a budget is leased once this instance spent it at least twice in the ttl before). A burst
+    // on a loaded 2-core machine can itself take longer than a ttl, and then the next one finds
+    // no demand in the period just before: so bursts go on, three at least and ten at most,
+    // until a lease has been granted.
     let before = redis.decisions();
-    for _ in 0..3 {
+    let mut bursts = 0;
+    while bursts < 3 || (bursts < 10 && metric(&fg, granted).await == 0) {
         burst(100).await;
+        bursts += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let calls = redis.decisions() - before;
     assert!(
-        calls < 300,
-        "batched or leased: {calls} calls for 300 decisions"
+        calls < 100 * bursts,
+        "batched or leased: {calls} calls for {} decisions",
+        100 * bursts
     );
     assert!(metric(&fg, granted).await > 0, "leases on after the reload");
 }
