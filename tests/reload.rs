@@ -232,3 +232,25 @@ async fn restart_only_settings_are_named_in_the_warning_and_keep_their_values() 
     .await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exemptions_take_effect_on_sighup() {
+    let upstream = Upstream::start().await;
+    let config = |exempt: Option<&str>| {
+        let config = Config::new()
+            .route(Route::new("all", "/", &upstream.url()).limit(Limit::fixed_window(1, "1h")));
+        match exempt {
+            Some(exempt) => config.with("exempt", exempt),
+            None => config,
+        }
+    };
+    let fg = Floodgate::start(&config(None).yaml());
+    let url = fg.url("/x");
+    assert_eq!(status_of(&url).await, StatusCode::OK);
+    assert_eq!(status_of(&url).await, StatusCode::TOO_MANY_REQUESTS);
+    // This test's client is 127.0.0.1: exempt after the reload, limited again after the next.
+    reload(&fg, &config(Some("{networks: [127.0.0.1]}"))).await;
+    assert_eq!(status_of(&url).await, StatusCode::OK);
+    reload(&fg, &config(None)).await;
+    assert_eq!(status_of(&url).await, StatusCode::TOO_MANY_REQUESTS);
+}

@@ -356,78 +356,84 @@ impl Leases {
     /// owed ([`Leases::owe`]) and what the call gives back, for [`Leases::restore`] to put back
     /// should it never be sent.
     pub fn wants_taking(&self, asks: &[Ask<'_>], now: LocalUs) -> (Vec<LeaseAsk>, Debts) {
+        let mut wants = Vec::with_capacity(asks.len());
         let mut debts = Debts {
             slots: Vec::with_capacity(asks.len()),
             taken: Vec::with_capacity(asks.len()),
         };
-        let wants = asks
-            .iter()
-            .map(|ask| {
-                let mut out = LeaseAsk::default();
-                debts.taken.push(None);
-                if !leasable(ask) {
-                    debts.slots.push(None);
-                    return out;
-                }
-                out.lease_us = self.lifetime(ask);
-                let key = ask.key.hash_with(&self.hasher);
-                debts.slots.push(Some(self.owe_slot(ask, key, now)));
-                let mut shard = self.shard(key);
-                if !shard.contains_key(&key) && shard.len() >= CAPACITY / SHARDS {
-                    let ttl = self.ttl_us;
-                    let lapsed = &self.stats.lapsed;
-                    shard.retain(|_, slot| {
-                        let live = slot.held.as_ref().is_some_and(|h| h.usable(now) > 0)
-                            || now.since(slot.period_start) < 2 * ttl
-                            || !slot.owed.is_empty();
-                        if !live && let Some(held) = &slot.held {
-                            lapsed.inc_by(held.units.saturating_sub(held.spent));
-                        }
-                        live
-                    });
-                    if shard.len() >= CAPACITY / SHARDS {
-                        return out;
-                    }
-                }
-                let slot = shard.entry(key).or_default();
-                self.note_demand(slot, now);
-                if let Some(held) = slot.held.as_ref()
-                    && held.usable(now) == 0
-                {
-                    out.back = held.units - held.spent;
-                    out.lent = held.units;
-                    out.back_at = held.granted_store;
-                    *debts.taken.last_mut().expect("pushed") = Some(Owed {
-                        back: out.back,
-                        lent: out.lent,
-                        at: out.back_at,
-                        own: None,
-                    });
-                    self.stats.returned.inc_by(out.back);
-                    self.stats
-                        .lapsed
-                        .inc_by(held.units.saturating_sub(held.spent + out.back));
-                    slot.held = None;
-                } else if let Some(owed) = slot.owed.pop() {
-                    // One give-back a call: an abandoned decision's, when no lease ends. The
-                    // store applies it within this call's timeout (see `horizon_us`).
-                    out.back = owed.back_at(now.plus(self.horizon_us()));
-                    out.lent = owed.lent;
-                    out.back_at = owed.at;
-                    *debts.taken.last_mut().expect("pushed") = Some(owed);
-                }
-                // A limit that still holds units (the request came here for another limit's sake)
-                // asks for no more: a new lease would replace this one and lapse its units.
-                let holding = slot.held.as_ref().is_some_and(|h| h.usable(now) > 0);
-                if holding || slot.previous < 2 || slot.asking_until > now {
-                    return out;
-                }
-                slot.asking_until = now.plus(self.ttl_us);
-                out.want = slot.previous.min(MAX_WANT);
-                out
-            })
-            .collect();
+        for ask in asks {
+            let (want, slot, taken) = self.want(ask, now);
+            wants.push(want);
+            debts.slots.push(slot);
+            debts.taken.push(taken);
+        }
         (wants, debts)
+    }
+
+    /// One ask's part of [`Leases::wants_taking`]: what it asks of the store, where a late
+    /// answer's grant is owed, and what it gives back.
+    fn want(&self, ask: &Ask<'_>, now: LocalUs) -> (LeaseAsk, Option<OweSlot>, Option<Owed>) {
+        let mut out = LeaseAsk::default();
+        if !leasable(ask) {
+            return (out, None, None);
+        }
+        out.lease_us = self.lifetime(ask);
+        let key = ask.key.hash_with(&self.hasher);
+        let owe = Some(self.owe_slot(ask, key, now));
+        let mut shard = self.shard(key);
+        if !shard.contains_key(&key) && shard.len() >= CAPACITY / SHARDS {
+            let ttl = self.ttl_us;
+            let lapsed = &self.stats.lapsed;
+            shard.retain(|_, slot| {
+                let live = slot.held.as_ref().is_some_and(|h| h.usable(now) > 0)
+                    || now.since(slot.period_start) < 2 * ttl
+                    || !slot.owed.is_empty();
+                if !live && let Some(held) = &slot.held {
+                    lapsed.inc_by(held.units.saturating_sub(held.spent));
+                }
+                live
+            });
+            if shard.len() >= CAPACITY / SHARDS {
+                return (out, owe, None);
+            }
+        }
+        let slot = shard.entry(key).or_default();
+        self.note_demand(slot, now);
+        let mut taken = None;
+        if let Some(held) = slot.held.as_ref()
+            && held.usable(now) == 0
+        {
+            out.back = held.units - held.spent;
+            out.lent = held.units;
+            out.back_at = held.granted_store;
+            taken = Some(Owed {
+                back: out.back,
+                lent: out.lent,
+                at: out.back_at,
+                own: None,
+            });
+            self.stats.returned.inc_by(out.back);
+            self.stats
+                .lapsed
+                .inc_by(held.units.saturating_sub(held.spent + out.back));
+            slot.held = None;
+        } else if let Some(owed) = slot.owed.pop() {
+            // One give-back a call: an abandoned decision's, when no lease ends. The store
+            // applies it within this call's timeout (see `horizon_us`).
+            out.back = owed.back_at(now.plus(self.horizon_us()));
+            out.lent = owed.lent;
+            out.back_at = owed.at;
+            taken = Some(owed);
+        }
+        // A limit that still holds units (the request came here for another limit's sake) asks
+        // for no more: a new lease would replace this one and lapse its units.
+        let holding = slot.held.as_ref().is_some_and(|h| h.usable(now) > 0);
+        if holding || slot.previous < 2 || slot.asking_until > now {
+            return (out, owe, taken);
+        }
+        slot.asking_until = now.plus(self.ttl_us);
+        out.want = slot.previous.min(MAX_WANT);
+        (out, owe, taken)
     }
 
     /// Puts back what [`Leases::wants_taking`] took to give back, for a call that was never sent
@@ -481,6 +487,7 @@ impl Leases {
 
     /// Where [`Leases::owe`] records each ask's debt (`None`: not leasable), for a decision sent
     /// at `sent`: taken when the decision is sent, for its answer to find should it come late.
+    #[cfg(test)]
     pub fn slots(&self, asks: &[Ask<'_>], sent: LocalUs) -> Vec<Option<OweSlot>> {
         asks.iter()
             .map(|ask| {

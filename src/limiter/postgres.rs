@@ -211,13 +211,8 @@ impl PostgresStore {
         now_us: u64,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        if !self.test_clock {
-            return Err(LimiterError::Protocol(
-                "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
-            ));
-        }
         Ok(self
-            .invoke(asks, Call::DecideAt { lease, now_us }, &[], None)
+            .decide_leasing_at_for_test(asks, now_us, lease, &[])
             .await?
             .verdict)
     }

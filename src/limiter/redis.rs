@@ -211,12 +211,10 @@ impl RedisStore {
         now_us: u64,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        if !self.test_clock {
-            return Err(LimiterError::Protocol(
-                "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
-            ));
-        }
-        self.run(asks, Call::DecideAt { lease, now_us }).await
+        Ok(self
+            .decide_leasing_at_for_test(asks, now_us, lease, &[])
+            .await?
+            .verdict)
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
