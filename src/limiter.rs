@@ -16,6 +16,7 @@
 
 pub mod algorithm;
 pub mod batch;
+pub mod calendar;
 mod clock;
 mod decision;
 mod error;
@@ -33,6 +34,7 @@ pub mod wire;
 
 pub use clock::{
     AnchoredClock, Clock, ClockOffset, LocalUs, ManualClock, MonotonicClock, StoreUs, SystemClock,
+    wall_clock_us,
 };
 pub use decision::{Admission, Decision, Figures, Outcome, Source, Verdict};
 pub use error::{LimiterError, OnError};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{PostgresServer, RedisServer};
+use floodgate::limiter::calendar::{Calendar, Period};
 use floodgate::limiter::hold::HeldBucket;
 use floodgate::limiter::lease::LeaseAsk;
 use floodgate::limiter::postgres::PostgresStore;
@@ -355,4 +356,83 @@ fn the_database_clock_is_used_when_no_time_is_given() {
         "the verdict is stamped with the database's clock: {} vs {db_now}",
         verdict.now_us
     );
+}
+
+/// µs since the epoch of an RFC 3339 instant.
+fn instant(s: &str) -> u64 {
+    s.parse::<jiff::Timestamp>()
+        .expect("an RFC 3339 instant")
+        .as_microsecond() as u64
+}
+
+/// A daily quota of 3 in `America/New_York`, decided by the memory store and `store` on a fake
+/// clock around the two days of 2026 whose length is not 24 hours: each store resets it at local
+/// midnight, and the two agree on every verdict.
+fn quota_resets_at_local_midnight(rt: &tokio::runtime::Runtime, store: &impl OnFakeClock) {
+    let calendar = Calendar::new(Period::Day, "America/New_York").expect("a zone");
+    let limit = Limit::of(Algorithm::quota(3, calendar).expect("valid"));
+    let asks = [Ask {
+        limit: &limit,
+        key: BudgetKey {
+            budget: "quota",
+            kind: KeyKind::ApiKey,
+            value: b"rider",
+        },
+    }];
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(T0)), 10);
+    let mut lease = 0;
+    let mut decide = |at: &str| {
+        lease += 1;
+        let t = instant(at);
+        let expected = memory.decide_at(&asks, t, lease).expect("a limit");
+        let got = rt
+            .block_on(store.decide_at(&asks, t, lease))
+            .expect("the store answers");
+        assert_eq!(got, expected, "at {at}");
+        got
+    };
+    // 2026-03-08 is 23 hours long in New York (02:00 EST became 03:00 EDT).
+    for _ in 0..3 {
+        assert!(decide("2026-03-08T00:00:00-05:00").allowed());
+    }
+    let denied = decide("2026-03-08T22:00:00-04:00");
+    assert!(!denied.allowed());
+    assert_eq!(
+        denied.retry_after_us(),
+        2 * 3600 * SEC,
+        "until local midnight"
+    );
+    assert_eq!(
+        denied.reset_unix_secs() * SEC,
+        instant("2026-03-09T00:00:00-04:00")
+    );
+    assert!(!decide("2026-03-08T23:59:59.999999-04:00").allowed());
+    // 24 hours after the day began it is 01:00: the quota turned an hour before.
+    let next_day = decide("2026-03-09T00:00:00-04:00");
+    assert!(next_day.allowed());
+    assert_eq!(next_day.headline.remaining, 2);
+    // 2026-11-01 is 25 hours long (02:00 EDT became 01:00 EST): 23:30 EST is still that day.
+    for _ in 0..3 {
+        assert!(decide("2026-11-01T00:30:00-04:00").allowed());
+    }
+    let late = decide("2026-11-01T23:30:00-05:00");
+    assert!(!late.allowed());
+    assert_eq!(late.retry_after_us(), 1800 * SEC);
+    assert!(decide("2026-11-02T00:00:00-05:00").allowed());
+}
+
+#[test]
+fn lua_quota_resets_at_local_midnight_across_dst_changes() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = redis_store(&rt, &redis);
+    quota_resets_at_local_midnight(&rt, &store);
+}
+
+#[test]
+fn sql_quota_resets_at_local_midnight_across_dst_changes() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = postgres_store(&rt, &postgres, true);
+    quota_resets_at_local_midnight(&rt, &store);
 }

@@ -740,3 +740,95 @@ fn check_names_every_bad_per_key() {
         ],
     );
 }
+
+/// The first instant of the day after the one holding `unix_ms`, in `zone`, as Unix seconds.
+fn next_local_midnight(unix_ms: u64, zone: &str) -> u64 {
+    let now = jiff::Timestamp::from_millisecond(unix_ms as i64)
+        .unwrap()
+        .in_tz(zone)
+        .unwrap();
+    let tomorrow = now.date().tomorrow().unwrap();
+    tomorrow
+        .in_tz(zone)
+        .unwrap()
+        .start_of_day()
+        .unwrap()
+        .timestamp()
+        .as_second() as u64
+}
+
+/// A daily quota's 429 points at the next midnight in the quota's zone, on the memory store and
+/// on Redis (whose script is handed the period's end and decides on its own clock).
+async fn a_daily_quota_refuses_until_local_midnight(base: Config) {
+    let upstream = Upstream::start().await;
+    let zones = [
+        ("kolkata", "Asia/Kolkata"),
+        ("new_york", "America/New_York"),
+    ];
+    let mut config = base;
+    for (name, zone) in zones {
+        config = config.route(
+            Route::new(name, &format!("/{name}"), &upstream.url())
+                .limit(Limit::quota(2, "day", zone)),
+        );
+    }
+    let fg = Floodgate::start(&config.yaml());
+    let client = client();
+    for (name, zone) in zones {
+        let url = fg.url(&format!("/{name}"));
+        let key = [("x-api-key", "rider")];
+        for _ in 0..2 {
+            assert_eq!(get(&client, &url, &key).await.status, 200);
+        }
+        let refused = get(&client, &url, &key).await;
+        assert_eq!(refused.status, 429, "{zone}");
+        let midnight = next_local_midnight(refused.received_unix_ms, zone);
+        let header = |n: &str| -> u64 { refused.headers[n].to_str().unwrap().parse().unwrap() };
+        assert_eq!(header("x-ratelimit-reset"), midnight, "{zone}");
+        // Retry-After is whole seconds until then, rounded up, from the decision's instant (a
+        // moment before the response arrived: one second either way).
+        let until = midnight as i64 - (refused.received_unix_ms / 1000) as i64;
+        let retry = header("retry-after") as i64;
+        assert!(
+            (retry - until).abs() <= 1,
+            "{zone}: {retry} s, midnight in {until} s"
+        );
+        assert_eq!(header("x-ratelimit-limit"), 2);
+        assert_eq!(header("x-ratelimit-remaining"), 0);
+    }
+    assert_eq!(upstream.seen().len(), 4);
+}
+
+#[tokio::test]
+async fn a_daily_quota_refuses_until_local_midnight_on_the_memory_store() {
+    a_daily_quota_refuses_until_local_midnight(Config::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_refuses_until_local_midnight_on_redis() {
+    let redis = RedisServer::start();
+    a_daily_quota_refuses_until_local_midnight(on_redis(&redis)).await;
+}
+
+#[test]
+fn check_names_every_bad_quota_field() {
+    let yaml = Config::new()
+        .with("listen", "127.0.0.1:0")
+        .route(
+            Route::new("api", "/", "http://127.0.0.1:9")
+                .limit(Limit::quota(10, "day", "Mars/Olympus_Mons"))
+                .limit(Limit::quota(10, "fortnight", "UTC"))
+                .limit(Limit::quota(10, "week", "UTC").with("window", "1h"))
+                .limit(Limit::fixed_window(1, "1h").with("period", "day")),
+        )
+        .yaml();
+    common::check_names(
+        &yaml,
+        &[
+            "routes[0].limits[0].timezone",
+            "routes[0].limits[1].period",
+            "routes[0].limits[2].window",
+            "routes[0].limits[3].period",
+        ],
+    );
+}

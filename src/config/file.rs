@@ -355,6 +355,12 @@ pub struct LimitFile {
     /// Concurrency: how long a lease lasts at most (default 60s).
     #[serde(default)]
     pub lease: Option<String>,
+    /// Quota: `day`, `week` (from Monday) or `month` (from the 1st).
+    #[serde(default)]
+    pub period: Option<String>,
+    /// Quota: the IANA time zone its periods start in (default UTC).
+    #[serde(default)]
+    pub timezone: Option<String>,
     #[serde(default)]
     pub cost: Option<i64>,
     /// Shadow mode for this limit: decide and count, never deny.

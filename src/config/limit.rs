@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use super::file::{Choice, LimitFile};
 use super::{Validator, parse_duration};
+use crate::limiter::calendar::{Calendar, Period};
 use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
 
 impl Validator {
@@ -30,7 +31,26 @@ impl Validator {
         };
         let before = self.problems.len();
         let lease = ("lease", l.lease.is_some());
-        if kind.is_bucket() {
+        let calendar_fields = [
+            ("period", l.period.is_some()),
+            ("timezone", l.timezone.is_some()),
+        ];
+        if kind != AlgorithmKind::Quota {
+            self.not_parameters(path, name, &calendar_fields);
+        }
+        if kind == AlgorithmKind::Quota {
+            self.not_parameters(
+                path,
+                name,
+                &[
+                    ("capacity", l.capacity.is_some()),
+                    ("refill_rate", l.refill_rate.is_some()),
+                    ("leak_rate", l.leak_rate.is_some()),
+                    ("window", l.window.is_some()),
+                    lease,
+                ],
+            );
+        } else if kind.is_bucket() {
             let wrong_rate = match kind {
                 AlgorithmKind::LeakyBucket => ("refill_rate", l.refill_rate.is_some()),
                 _ => ("leak_rate", l.leak_rate.is_some()),
@@ -93,6 +113,12 @@ impl Validator {
                 AlgorithmKind::LeakyBucket => Algorithm::leaky_bucket(units, rate),
                 _ => Algorithm::token_bucket(units, rate),
             }
+        } else if kind == AlgorithmKind::Quota {
+            let calendar = self.calendar(path, l);
+            let (Some(units), Some(calendar)) = (units, calendar) else {
+                return None;
+            };
+            Algorithm::quota(units, calendar)
         } else if kind == AlgorithmKind::Concurrency {
             let units = units?;
             let lease = self.duration(
@@ -147,6 +173,31 @@ impl Validator {
         }
     }
 
+    /// A quota's `period` and `timezone`.
+    fn calendar(&mut self, path: &str, l: &LimitFile) -> Option<Calendar> {
+        let period = match l.period.as_deref() {
+            None => {
+                self.problem(format!("{path}.period"), "required for quota");
+                None
+            }
+            Some(p) => Period::parse(p).or_else(|| {
+                self.problem(
+                    format!("{path}.period"),
+                    format!("{p:?} is not a period: day, week or month"),
+                );
+                None
+            }),
+        };
+        let zone = l.timezone.as_deref().unwrap_or("UTC");
+        match Calendar::new(period.unwrap_or(Period::Day), zone) {
+            Ok(calendar) => Some(calendar).filter(|_| period.is_some()),
+            Err(e) => {
+                self.problem(format!("{path}.timezone"), e.to_string());
+                None
+            }
+        }
+    }
+
     pub(super) fn limit_problem(&mut self, path: String, error: LimitError) {
         self.problem(path, error.to_string());
     }
@@ -185,7 +236,10 @@ impl Validator {
 /// instance and across restarts.
 pub(super) fn limit_fingerprint(limit: &Limit) -> String {
     let (a, b) = limit.algorithm().wire();
-    let spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
+    let mut spec = format!("{}:{a}:{b}:{}", limit.algorithm().name(), limit.cost());
+    if let Some(calendar) = limit.algorithm().calendar() {
+        spec = format!("{spec}:{}", calendar.zone());
+    }
     let digest = Sha256::digest(spec.as_bytes());
     crate::limiter::hex(&digest[..4])
 }

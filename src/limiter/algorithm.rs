@@ -1,4 +1,4 @@
-//! The six algorithms (five rates and concurrency) as pure functions of (state, now,
+//! The seven algorithms (five rates, a calendar quota and concurrency) as pure functions of (state, now,
 //! parameters).
 //!
 //! Every algorithm works in two steps, so that several limits on one route can be decided
@@ -32,6 +32,9 @@ pub enum State {
     Counter { start: u64, curr: u64, prev: u64 },
     /// Concurrency: one lease per unit in flight, as (end, token), ending soonest first.
     Leases { leases: VecDeque<(u64, u64)> },
+    /// Quota: the end of the calendar period counted in (it names the period) and how much it
+    /// has spent.
+    Quota { end: u64, count: u64 },
 }
 
 impl State {
@@ -51,6 +54,7 @@ impl State {
             AlgorithmKind::Concurrency => State::Leases {
                 leases: VecDeque::new(),
             },
+            AlgorithmKind::Quota => State::Quota { end: 0, count: 0 },
         }
     }
 
@@ -66,6 +70,7 @@ impl State {
                 | (State::Log { .. }, AlgorithmKind::SlidingWindowLog)
                 | (State::Counter { .. }, AlgorithmKind::SlidingWindowCounter)
                 | (State::Leases { .. }, AlgorithmKind::Concurrency)
+                | (State::Quota { .. }, AlgorithmKind::Quota)
         )
     }
 
@@ -78,7 +83,7 @@ impl State {
             *self = State::new(kind);
         }
         // The scripts' two numbers: each state below reads them as its algorithm's own.
-        let (units, span) = algorithm.wire();
+        let (units, span) = algorithm.wire_at(now);
         let cost = u64::from(limit.cost());
         match self {
             State::Gcra { tat } => {
@@ -104,6 +109,7 @@ impl State {
                 sliding_counter_check(start, curr, prev, units, span, cost, now)
             }
             State::Leases { leases } => concurrency_check(leases, units, span, cost, now),
+            State::Quota { end, count } => quota_check(end, count, units, span, cost, now),
         }
     }
 
@@ -114,7 +120,9 @@ impl State {
         let span = limit.algorithm().span_us();
         match self {
             State::Gcra { tat } => *tat += cost * span,
-            State::Window { count, .. } | State::Counter { curr: count, .. } => *count += cost,
+            State::Window { count, .. }
+            | State::Counter { curr: count, .. }
+            | State::Quota { count, .. } => *count += cost,
             State::Log { entries } => entries.extend(std::iter::repeat_n(now, cost as usize)),
             State::Leases { leases } => {
                 leases.extend(std::iter::repeat_n((now + span, lease), cost as usize))
@@ -139,6 +147,7 @@ impl State {
             State::Log { entries } => entries.back().map_or(0, |newest| newest + span),
             State::Counter { start, .. } => start + 2 * span,
             State::Leases { leases } => leases.back().map_or(0, |&(end, _)| end),
+            State::Quota { end, .. } => *end,
         }
     }
 }
@@ -235,6 +244,43 @@ fn fixed_window_check(
             Figures {
                 limit,
                 remaining: limit - *count,
+                reset_after_us,
+            },
+            reset_after_us,
+        )
+    }
+}
+
+/// A fixed window whose bounds are the calendar's: `period_end` (from
+/// [`Algorithm::wire_at`](super::Algorithm::wire_at)) names the period, and the count starts
+/// again when it changes. Mirrors `quota.lua` and `quota.sql`.
+fn quota_check(
+    end: &mut u64,
+    count: &mut u64,
+    limit: u64,
+    period_end: u64,
+    cost: u64,
+    now: u64,
+) -> Decision {
+    if *end != period_end {
+        *end = period_end;
+        *count = 0;
+    }
+    let reset_after_us = period_end.saturating_sub(now).max(1);
+    if *count + cost <= limit {
+        Decision::allow(
+            Figures {
+                limit,
+                remaining: limit - *count - cost,
+                reset_after_us,
+            },
+            0,
+        )
+    } else {
+        Decision::deny(
+            Figures {
+                limit,
+                remaining: limit.saturating_sub(*count),
                 reset_after_us,
             },
             reset_after_us,

@@ -50,6 +50,14 @@ impl ClockOffset {
     }
 }
 
+/// The wall clock now, in µs since the Unix epoch (0 before it): what floodgate works a quota's
+/// calendar period out from before a remote store decides it on its own clock.
+pub fn wall_clock_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// A source of time in microseconds. The stores read wall time (µs since the Unix epoch, to agree
 /// with Redis and with logs); the guard's intervals read a monotonic clock.
 pub trait Clock: Send + Sync + 'static {

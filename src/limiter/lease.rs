@@ -230,6 +230,7 @@ fn leasable(ask: &Ask<'_>) -> bool {
             | AlgorithmKind::FixedWindow
             | AlgorithmKind::SlidingWindowCounter
             | AlgorithmKind::SlidingWindowLog
+            | AlgorithmKind::Quota
     )
 }
 
@@ -549,6 +550,8 @@ impl Leases {
                 // A bucket's lease is spent here for `ttl` (the store holds it twice as long).
                 AlgorithmKind::TokenBucket => self.ttl_us,
                 AlgorithmKind::SlidingWindowLog => self.lifetime(ask),
+                // A quota's units count in their calendar period only.
+                AlgorithmKind::Quota => self.ttl_us.min(decision.reset_after_us),
                 // A window's units count in that window only: the lease ends with it, on the
                 // store's clock.
                 _ => {

@@ -1,6 +1,7 @@
 //! What is allowed: the algorithms ([`AlgorithmKind`]), their checked parameters
 //! ([`Algorithm`]) and a limit's cost per request ([`Limit`]).
 
+use super::calendar::{Calendar, period_of_us};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 
@@ -24,17 +25,21 @@ pub enum AlgorithmKind {
     /// finishes (released by the proxy) or until the lease runs out (a crashed instance's
     /// leases free themselves).
     Concurrency,
+    /// At most `limit` per calendar period (a day, a week from Monday, a month from the 1st) in
+    /// a time zone: a fixed window whose bounds come from the calendar (`calendar.rs`).
+    Quota,
 }
 
 impl AlgorithmKind {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [AlgorithmKind; 6] = [
+    pub const ALL: [AlgorithmKind; 7] = [
         AlgorithmKind::TokenBucket,
         AlgorithmKind::LeakyBucket,
         AlgorithmKind::FixedWindow,
         AlgorithmKind::SlidingWindowLog,
         AlgorithmKind::SlidingWindowCounter,
         AlgorithmKind::Concurrency,
+        AlgorithmKind::Quota,
     ];
 
     /// The name used in the config file, logs and store keys.
@@ -46,6 +51,7 @@ impl AlgorithmKind {
             AlgorithmKind::SlidingWindowLog => "sliding_window_log",
             AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
             AlgorithmKind::Concurrency => "concurrency",
+            AlgorithmKind::Quota => "quota",
         }
     }
 
@@ -128,6 +134,8 @@ pub struct Algorithm {
     kind: AlgorithmKind,
     units: NonZeroU32,
     span_us: NonZeroU64,
+    /// A quota's period and time zone (`None` for every other algorithm).
+    calendar: Option<Calendar>,
 }
 
 impl Algorithm {
@@ -159,6 +167,17 @@ impl Algorithm {
     /// At most `limit` requests in flight, each lease lasting at most `lease`.
     pub fn concurrency(limit: u32, lease: Duration) -> Result<Self, LimitError> {
         Self::window(AlgorithmKind::Concurrency, limit, lease)
+    }
+
+    /// At most `limit` per calendar period.
+    pub fn quota(limit: u32, calendar: Calendar) -> Result<Self, LimitError> {
+        let mut quota = Self::from_parts(
+            AlgorithmKind::Quota,
+            u64::from(limit),
+            calendar.period().nominal_us(),
+        )?;
+        quota.calendar = Some(calendar);
+        Ok(quota)
     }
 
     fn bucket(kind: AlgorithmKind, capacity: u32, per_second: f64) -> Result<Self, LimitError> {
@@ -193,10 +212,16 @@ impl Algorithm {
         if reach.is_none_or(|r| r >= 1 << 53) {
             return Err(LimitError::SpanTooLong);
         }
+        let calendar = match kind {
+            // A quota made from its parts alone (replay, tests) counts UTC days.
+            AlgorithmKind::Quota => Some(Calendar::utc(period_of_us(span_us.get()))),
+            _ => None,
+        };
         Ok(Algorithm {
             kind,
             units,
             span_us,
+            calendar,
         })
     }
 
@@ -255,6 +280,21 @@ impl Algorithm {
     /// (capacity or limit) and the span in µs (a bucket's interval, or a window).
     pub fn wire(&self) -> (u64, u64) {
         (u64::from(self.units.get()), self.span_us.get())
+    }
+
+    /// [`Algorithm::wire`] for a decision at `now_us` (µs since the epoch): a quota's second
+    /// number is the end of the calendar period `now_us` falls in (the stores count a quota in
+    /// the period that ends there: `calendar.rs`); the other algorithms' do not depend on time.
+    pub fn wire_at(&self, now_us: u64) -> (u64, u64) {
+        match &self.calendar {
+            Some(calendar) => (u64::from(self.units.get()), calendar.bounds(now_us).1),
+            None => self.wire(),
+        }
+    }
+
+    /// A quota's calendar.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
     }
 
     /// How long the whole budget spans: a bucket's time to refill from empty, or its window.

@@ -280,9 +280,11 @@ impl PostgresStore {
             Vec::with_capacity(asks.len()),
             Vec::with_capacity(asks.len()),
         );
+        // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
         for ask in asks {
             // Every parameter is below 2^53 (the constructors check it): the casts are exact.
-            let (a, b) = ask.limit.algorithm().wire();
+            let (a, b) = ask.limit.algorithm().wire_at(calendar_now);
             pa.push(a as i64);
             pb.push(b as i64);
             costs.push(i64::from(ask.limit.cost()));

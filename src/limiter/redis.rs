@@ -288,6 +288,8 @@ impl RedisStore {
         }
         let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
         let number = |n: u64| n.to_string().into_bytes();
+        // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
         if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
         {
             // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
@@ -295,7 +297,7 @@ impl RedisStore {
             let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
             args.push(number(lease));
             args.push(number(asks.len() as u64));
-            push_limits(&mut args, asks, wants);
+            push_limits(&mut args, asks, wants, calendar_now);
             let job = batch::Job {
                 keys,
                 args,
@@ -307,7 +309,7 @@ impl RedisStore {
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
         args.push(now.map_or_else(|| b"-".to_vec(), number));
         args.push(lease.map_or_else(|| b"-".to_vec(), number));
-        push_limits(&mut args, asks, wants);
+        push_limits(&mut args, asks, wants, calendar_now);
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
             return Err(LimiterError::Unavailable(

@@ -33,6 +33,18 @@ impl Limit {
         )
     }
 
+    /// `algorithm: quota`: `limit` per calendar `period` in `timezone`.
+    pub fn quota(limit: u64, period: &str, timezone: &str) -> Limit {
+        Limit::of(
+            "quota",
+            &[
+                ("limit", limit.to_string()),
+                ("period", period.to_string()),
+                ("timezone", timezone.to_string()),
+            ],
+        )
+    }
+
     pub fn fixed_window(limit: u64, window: &str) -> Limit {
         Limit::of(
             "fixed_window",

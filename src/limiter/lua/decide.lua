@@ -3,7 +3,8 @@
 --
 -- keys[k0 + i]: the state of limit i. argv[a0 + 9(i-1) ..]: limit i as algorithm name,
 -- parameter a, parameter b, cost, want, back, back_at, lease_us, lent, where (a, b) is (capacity,
--- interval µs) for the buckets and (limit, window µs) for the windows; want is how many more
+-- interval µs) for the buckets, (limit, window µs) for the windows and (limit, the calendar
+-- period's end µs) for a quota; want is how many more
 -- requests' worth of units the caller would like to lease (0: none); back is how many requests'
 -- worth of an earlier lease of `lent` it gives back unspent, granted at the store's time back_at
 -- (lent 0: no lease ends with this request); lease_us is how long the caller spends a lease for
@@ -23,6 +24,7 @@
 
 local LEASABLE = {
   token_bucket = true, fixed_window = true, sliding_window_counter = true, sliding_window_log = true,
+  quota = true,
 }
 local ARGS = 9
 
@@ -51,6 +53,14 @@ local function give_back(name, key, now, b, units, at, lease_us, lent)
     if current == at - (at % b) then
       local stored = read('HMGET', key, 's', 'c')
       if tonumber(stored[1]) == current then
+        redis.call('HSET', key, 'c', fmt(math.max((tonumber(stored[2]) or 0) - units, 0)))
+      end
+    end
+  elseif name == 'quota' then
+    -- b is the period's end: units counted in a period that is over are gone with it.
+    if now < b then
+      local stored = read('HMGET', key, 's', 'c')
+      if tonumber(stored[1]) == b then
         redis.call('HSET', key, 'c', fmt(math.max((tonumber(stored[2]) or 0) - units, 0)))
       end
     end

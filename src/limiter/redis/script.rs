@@ -196,15 +196,17 @@ impl Caller {
 /// Appends each limit's nine arguments (algorithm name, parameter a, parameter b, cost, and
 /// from `wants`, 0s when it is shorter: the requests' worth to lease beyond this request, those
 /// of an ended lease given back with the store time it was granted at, how long a lease lasts,
-/// and the ended lease's size), as `decide.lua` reads them.
+/// and the ended lease's size), as `decide.lua` reads them. A quota's parameter b is the end of
+/// the calendar period `calendar_now` (µs since the epoch) falls in.
 pub(super) fn push_limits(
     args: &mut Vec<Vec<u8>>,
     asks: &[Ask<'_>],
     wants: &[crate::limiter::lease::LeaseAsk],
+    calendar_now: u64,
 ) {
     let number = |n: u64| n.to_string().into_bytes();
     for (i, ask) in asks.iter().enumerate() {
-        let (a, b) = ask.limit.algorithm().wire();
+        let (a, b) = ask.limit.algorithm().wire_at(calendar_now);
         let lease = wants.get(i).copied().unwrap_or_default();
         args.push(ask.limit.algorithm().name().as_bytes().to_vec());
         args.push(number(a));

@@ -39,7 +39,7 @@ BEGIN
     n := limits[i];
     IF EXISTS (SELECT 1 FROM unnest(algorithms[k0 + 1 : k0 + n]) a
                WHERE a NOT IN ('token_bucket', 'leaky_bucket', 'fixed_window', 'sliding_window_log',
-                               'sliding_window_counter', 'concurrency')) THEN
+                               'sliding_window_counter', 'concurrency', 'quota')) THEN
       reply := reply || ARRAY[0, 0]::bigint[];
     ELSE
       d := floodgate_decide_at__V(now, keys[k0 + 1 : k0 + n], algorithms[k0 + 1 : k0 + n],

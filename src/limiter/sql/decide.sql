@@ -34,6 +34,7 @@ CREATE OR REPLACE FUNCTION floodgate_check__V(
     WHEN 'token_bucket' THEN floodgate_gcra__V(now, r.a, pa, pb, cost, false)
     WHEN 'leaky_bucket' THEN floodgate_gcra__V(now, r.a, pa, pb, cost, true)
     WHEN 'fixed_window' THEN floodgate_fixed_window__V(now, r.a, r.b, pa, pb, cost)
+    WHEN 'quota' THEN floodgate_quota__V(now, r.a, r.b, pa, pb, cost)
     WHEN 'sliding_window_log' THEN floodgate_sliding_window_log__V(now, r.entries, pa, pb, cost)
     WHEN 'sliding_window_counter' THEN
       floodgate_sliding_window_counter__V(now, r.a, r.b, r.c, pa, pb, cost)
@@ -135,6 +136,10 @@ BEGIN
           AND r.a = now - now % pb[i] AND r.a = at - at % pb[i] THEN
         r.b := greatest(r.b - units, 0);
         UPDATE floodgate_budgets SET b = r.b WHERE key = keys[i];
+      ELSIF algorithms[i] = 'quota' AND r.a = pb[i] AND now < pb[i] THEN
+        -- pb is the period's end: units counted in a period that is over are gone with it.
+        r.b := greatest(r.b - units, 0);
+        UPDATE floodgate_budgets SET b = r.b WHERE key = keys[i];
       ELSIF algorithms[i] = 'sliding_window_log' THEN
         r.entries := ARRAY(
           SELECT e FROM (
@@ -176,7 +181,8 @@ BEGIN
         want := 0;
       END IF;
       IF want > 0 AND costs[i] > 0 AND algorithms[i] IN
-          ('token_bucket', 'fixed_window', 'sliding_window_counter', 'sliding_window_log') THEN
+          ('token_bucket', 'fixed_window', 'sliding_window_counter', 'sliding_window_log',
+           'quota') THEN
         extra := least(want, decisions[6 * (i - 1) + 3] / costs[i] / 2);
         IF extra > 0 THEN
           d := floodgate_check__V(now, rows[i], algorithms[i], pa[i], pb[i],
@@ -205,6 +211,9 @@ BEGIN
           UPDATE floodgate_budgets SET a = sa[i], expires_at = sa[i] WHERE key = keys[i];
         WHEN 'fixed_window' THEN
           UPDATE floodgate_budgets SET a = sa[i], b = sb[i], expires_at = sa[i] + pb[i]
+            WHERE key = keys[i];
+        WHEN 'quota' THEN
+          UPDATE floodgate_budgets SET a = sa[i], b = sb[i], expires_at = sa[i]
             WHERE key = keys[i];
         WHEN 'sliding_window_counter' THEN
           UPDATE floodgate_budgets SET a = sa[i], b = sb[i], c = sc[i],

@@ -15,3 +15,21 @@ BEGIN
   END IF;
   RETURN ARRAY[0, lim, lim - used, reset_after, reset_after, 0, win_start, used, 0];
 END $$;
+
+-- The calendar quota: mirrors quota_check in src/limiter/algorithm.rs. State: a = the period's
+-- end (floodgate's calendar arithmetic names the period by it: src/limiter/calendar.rs), b = the
+-- count spent in it. The time is still the database's.
+CREATE OR REPLACE FUNCTION floodgate_quota__V(
+  now bigint, stored_end bigint, used bigint, lim bigint, period_end bigint, cost bigint
+) RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  reset_after bigint := greatest(period_end - now, 1);
+BEGIN
+  IF stored_end <> period_end THEN
+    used := 0;
+  END IF;
+  IF used + cost <= lim THEN
+    RETURN ARRAY[1, lim, lim - used - cost, reset_after, 0, 0, period_end, used + cost, 0];
+  END IF;
+  RETURN ARRAY[0, lim, greatest(lim - used, 0), reset_after, reset_after, 0, period_end, used, 0];
+END $$;

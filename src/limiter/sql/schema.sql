@@ -7,6 +7,7 @@
 -- in columns whose meaning depends on the algorithm, named in the key's last segment:
 --   token_bucket, leaky_bucket   a = tat (the instant the bucket is full again / the queue empty)
 --   fixed_window                 a = window start, b = count spent in it
+--   quota                        a = the calendar period's end, b = count spent in it
 --   sliding_window_counter       a = current window start, b = its count, c = the previous count
 --   sliding_window_log           entries = one timestamp per admitted unit of cost, ascending
 --   concurrency                  entries = lease ends, ascending; holders = their lease tokens
