@@ -43,6 +43,7 @@ use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
 use crate::limiter::{Admission, Ask, KeyKind, Limiter, LimiterError};
 use crate::metrics::{DecisionLabel, Metrics};
 use crate::policy::{Claim, LimitPhase, Refusal, Refused, RequestKeys, Whose};
+use body::ClientBody;
 use context::{Admitted, Context};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
@@ -62,9 +63,12 @@ pub struct Proxy {
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
 /// it, so that the client reads the answer ([`body::linger`]). HTTP/2 needs none: a stream is
 /// closed on its own, and the connection stays.
-fn linger(req: Request<Incoming>) {
-    if req.version() <= http::Version::HTTP_11 && !hyper::body::Body::is_end_stream(req.body()) {
-        tokio::spawn(body::linger(req.into_body()));
+fn linger(req: Request<ClientBody>) {
+    if req.version() <= http::Version::HTTP_11
+        && let ClientBody::Streaming(body) = req.into_body()
+        && !hyper::body::Body::is_end_stream(&body)
+    {
+        tokio::spawn(body::linger(body));
     }
 }
 
@@ -112,7 +116,7 @@ impl Proxy {
 
     /// The answer to an HTTP/2 stream past its connection's stream budget (see `server`): 429
     /// (a gRPC call: `RESOURCE_EXHAUSTED`) at once, counted, with no routing or forwarding.
-    pub fn refuse_stream(&self, req: &Request<Incoming>) -> Response<Body> {
+    pub fn refuse_stream<B>(&self, req: &Request<B>) -> Response<Body> {
         self.metrics.stream_refused();
         let dialect = Dialect::of(req.headers(), Default::default());
         Rejection::TooManyStreams.respond(&RateLimitHeaders::none(), dialect)
@@ -135,7 +139,8 @@ impl Proxy {
 
     /// Runs the pipeline for one request: its phases, in order, over one `Context`. An early
     /// exit is a typed [`Rejection`], answered in `response.rs`.
-    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let mut req = req.map(ClientBody::Streaming);
         let snapshot = self.snapshot.load_full();
         let mut ctx = Context::new(&req, peer);
         let route = match Self::normalize(&snapshot, &mut req)
@@ -156,7 +161,7 @@ impl Proxy {
             ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
         }
         ctx.span.record(field::ROUTE, &*route.config.name);
-        let response = match self.admit(&snapshot, &route, &req, &mut ctx).await {
+        let response = match self.admit(&snapshot, &route, &mut req, &mut ctx).await {
             Ok(()) => {
                 let identity = &snapshot.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
@@ -182,12 +187,17 @@ impl Proxy {
         &self,
         snapshot: &Snapshot,
         route: &Matched<'_>,
-        req: &Request<Incoming>,
+        req: &mut Request<ClientBody>,
         ctx: &mut Context,
     ) -> Result<(), Rejection> {
         // A bearer token is verified on every route when `identity.jwt` is set: an invalid one
         // never reaches the upstream.
         let verified = Self::verify_token(snapshot, req, &ctx.span)?;
+        let json = match route.config.reads_body {
+            true => Self::read_body(snapshot, req).await?,
+            false => None,
+        };
+        let req = &*req;
         // With `consumers:` every API key is checked, on unlimited routes too.
         let (identity, admitted) = if !route.config.is_limited() && snapshot.consumers.is_none() {
             // Nothing to limit. When the upstream's gate may still shed the request, whose it is
@@ -204,7 +214,15 @@ impl Proxy {
             match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
                 Ok(whose) => (
                     Some(whose.identity),
-                    self.limit(snapshot, route, req, &whose).await,
+                    self.limit(
+                        snapshot,
+                        route,
+                        req,
+                        &whose,
+                        verified.as_ref(),
+                        json.as_ref(),
+                    )
+                    .await,
                 ),
                 Err(rejection) => (None, Err(rejection)),
             }
@@ -255,7 +273,7 @@ impl Proxy {
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
     /// and the request carries the normalised path on, so the upstream sees what was limited.
-    fn normalize(snapshot: &Snapshot, req: &mut Request<Incoming>) -> Result<(), Rejection> {
+    fn normalize(snapshot: &Snapshot, req: &mut Request<ClientBody>) -> Result<(), Rejection> {
         // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; none may have two.
         let hosts = req.headers().get_all(http::header::HOST).iter().count();
         if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
@@ -286,7 +304,7 @@ impl Proxy {
     /// Phase 1: the first route that matches the method and path.
     fn route<'r>(
         snapshot: &'r Snapshot,
-        req: &Request<Incoming>,
+        req: &Request<ClientBody>,
     ) -> Result<Matched<'r>, Rejection> {
         let i = snapshot
             .routes
@@ -305,7 +323,7 @@ impl Proxy {
     /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
     fn identify<'a>(
         snapshot: &'a Snapshot,
-        req: &'a Request<Incoming>,
+        req: &'a Request<ClientBody>,
         verified: Option<&'a Verified>,
         peer: SocketAddr,
         span: &tracing::Span,
@@ -367,12 +385,44 @@ impl Proxy {
         resolved.map_err(rejection)
     }
 
+    /// Phase 2b, on a route whose limits read the JSON body (`json:` keys): the body read whole
+    /// (at most `max_body_size`, 16 MiB when that is unlimited: 413 past it), kept to forward,
+    /// and parsed. A body that is not a JSON object has no fields (the limits that read one
+    /// then spend the identity's budget).
+    async fn read_body(
+        snapshot: &Snapshot,
+        req: &mut Request<ClientBody>,
+    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Rejection> {
+        const UNLIMITED_READ: std::num::NonZeroU64 = std::num::NonZeroU64::new(16 << 20).unwrap();
+        let http1 = req.version() <= http::Version::HTTP_11;
+        let body = std::mem::replace(req.body_mut(), ClientBody::Read(bytes::Bytes::new()));
+        let bytes = match body {
+            ClientBody::Read(bytes) => bytes,
+            ClientBody::Streaming(body) => {
+                let limits = snapshot.forwarder.body_limits();
+                let limit = limits.max_request_bytes.unwrap_or(UNLIMITED_READ);
+                body::read_whole(body, limit, limits.client_idle, http1)
+                    .await
+                    .map_err(|fault| match fault {
+                        body::ReadFault::TooLarge => Rejection::PayloadTooLarge,
+                        body::ReadFault::Idle => Rejection::RequestTimeout,
+                        body::ReadFault::Malformed => Rejection::BadRequest(
+                            "the request body is malformed or was cut short".into(),
+                        ),
+                    })?
+            }
+        };
+        let json = serde_json::from_slice(&bytes).ok();
+        *req.body_mut() = ClientBody::Read(bytes);
+        Ok(json)
+    }
+
     /// Phase 2a: the request's bearer token, verified, when `identity.jwt` is set. A token that
     /// does not verify (or none, under `when_missing: reject`) is refused: 401 `invalid_token`.
     /// Why is logged at debug level, never the token.
     fn verify_token(
         snapshot: &Snapshot,
-        req: &Request<Incoming>,
+        req: &Request<ClientBody>,
         span: &tracing::Span,
     ) -> Result<Option<Verified>, Rejection> {
         let Some(jwt) = &snapshot.identity.jwt else {
@@ -396,8 +446,10 @@ impl Proxy {
         &self,
         snapshot: &Snapshot,
         route: &Matched<'_>,
-        req: &Request<Incoming>,
+        req: &Request<ClientBody>,
         whose: &Whose<'_>,
+        verified: Option<&Verified>,
+        json: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<Admitted, Rejection> {
         let config = route.config;
         if !config.is_limited() {
@@ -419,6 +471,8 @@ impl Proxy {
                 .path()
                 .strip_prefix(config.path_prefix.as_str())
                 .unwrap_or(""),
+            claims: verified.map(|v| &v.claims),
+            json,
         };
         let kind = KeyKind::from(whose.identity.kind());
         let mut phase = LimitPhase::new(&snapshot.policy());
@@ -481,7 +535,7 @@ impl Proxy {
         &self,
         snapshot: &Snapshot,
         route: &Matched<'_>,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         ctx: &mut Context,
     ) -> Response<Body> {
         let headline = ctx.admitted.as_ref().and_then(|a| a.headline);

@@ -263,3 +263,34 @@ fn check_names_every_bad_jwt_setting() {
         common::check_names(&yaml, &[field]);
     }
 }
+
+/// `per: "claim:org"`: one budget per organisation, whoever of it asks; a token without the
+/// claim spends its subject's own budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_keys_a_budget_shared_by_every_subject_that_carries_it() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let yaml = Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_file: {}, issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
+                tokens.jwks("jwks.json")
+            ),
+        )
+        .route(
+            Route::new("api", "/", &upstream.url())
+                .limit(Limit::fixed_window(2, "1h").per(r#""claim:org""#)),
+        )
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    assert_eq!(statuses(&fg, tokens.get("erin_acme"), 1).await, [200]);
+    assert_eq!(statuses(&fg, tokens.get("frank_acme"), 2).await, [200, 429]);
+    assert_eq!(statuses(&fg, tokens.get("erin_acme"), 1).await, [429]);
+    assert_eq!(statuses(&fg, tokens.get("gina_beta"), 1).await, [200]);
+    // No `org` claim: alice's own budget of 2, not one shared by all who lack the claim.
+    assert_eq!(statuses(&fg, tokens.get("alice"), 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
+    assert_eq!(upstream.seen().len(), 6);
+}

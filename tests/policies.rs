@@ -832,3 +832,42 @@ fn check_names_every_bad_quota_field() {
         ],
     );
 }
+
+/// `per: [identity, "json:model"]`: the JSON body's field keys the budget; the body reaches the
+/// upstream byte for byte; a body that is not JSON, or lacks the field, spends the identity's
+/// budget; one past `max_body_size` is refused with 413 before anything is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_field_of_the_body_keys_a_budget_and_the_body_goes_on_intact() {
+    let upstream = Upstream::start().await;
+    let yaml = Config::new()
+        .with("max_body_size", "4kb")
+        .route(
+            Route::new("chat", "/echo", &upstream.url())
+                .limit(Limit::fixed_window(1, "1h").per(r#"[identity, "json:model"]"#)),
+        )
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    let client = client();
+    let post = |key: &'static str, body: String| {
+        let request = client
+            .post(fg.url("/echo"))
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body);
+        async move { common::Reply::read(request.send().await.expect("send")).await }
+    };
+    let small = r#"{"model": "small", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let first = post("a", small.to_string()).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, small, "the upstream got the body as sent");
+    assert_eq!(post("a", r#"{"model": "large"}"#.into()).await.status, 200);
+    assert_eq!(post("a", small.to_string()).await.status, 429);
+    assert_eq!(post("b", small.to_string()).await.status, 200);
+    // No model (or no JSON): a's own budget, once.
+    assert_eq!(post("a", r#"{"messages": []}"#.into()).await.status, 200);
+    assert_eq!(post("a", "model=small".into()).await.status, 429);
+    let big = format!(r#"{{"model": "x", "pad": "{}"}}"#, "y".repeat(8000));
+    let refused = post("c", big).await;
+    assert_eq!(refused.status, 413);
+    assert_eq!(upstream.seen().len(), 4);
+}

@@ -36,6 +36,9 @@ pub struct RouteConfig {
     pub shadow: Budget,
     /// Who none of its limits apply to: the global `exempt:` and the route's own.
     pub exempt: super::Exempt,
+    /// True when a limit reads the request's JSON body (`json:` keys): the body is then read
+    /// whole before the decision, and forwarded from memory.
+    pub reads_body: bool,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).
@@ -106,6 +109,10 @@ pub enum Part {
     Query(String),
     /// The Nth path segment after the route's prefix (1 is the first).
     Segment(usize),
+    /// A claim of the request's verified bearer token (`identity.jwt`).
+    Claim(String),
+    /// A top-level field of the request's JSON body (the body is read before the decision).
+    Json(String),
 }
 
 /// What a composite key reads from a request.
@@ -115,6 +122,26 @@ pub struct RequestView<'a> {
     pub query: Option<&'a str>,
     /// The path after the route's `path_prefix`.
     pub rest: &'a str,
+    /// The verified bearer token's claims, if it had one.
+    pub claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// The request's body, if it was read (a route with a `json:` key) and is a JSON object.
+    pub json: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A JSON value as a key: a string's text, a number's or a boolean's JSON; `None` for null, an
+/// array or an object (the request then lacks the value).
+pub fn json_key(value: &serde_json::Value) -> Option<std::borrow::Cow<'_, [u8]>> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if !s.is_empty() => Some(std::borrow::Cow::Borrowed(s.as_bytes())),
+        Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string().into_bytes())),
+        Value::Bool(b) => Some(std::borrow::Cow::Borrowed(if *b {
+            b"true"
+        } else {
+            b"false"
+        })),
+        _ => None,
+    }
 }
 
 impl Per {
@@ -221,6 +248,7 @@ impl RouteLimit {
     ) -> bool {
         let start = out.len();
         for part in self.parts.iter() {
+            let owned;
             let (tag, value): (u8, &[u8]) = match part {
                 Part::Identity => (identity.0 as u8, identity.1),
                 Part::Ip => (b'i', ip),
@@ -247,6 +275,22 @@ impl RouteLimit {
                         return false;
                     }
                 },
+                Part::Claim(name) | Part::Json(name) => {
+                    let (tag, map) = match part {
+                        Part::Claim(_) => (b'c', view.claims),
+                        _ => (b'j', view.json),
+                    };
+                    match map.and_then(|m| m.get(name)).and_then(json_key) {
+                        Some(v) => {
+                            owned = v;
+                            (tag, &owned[..])
+                        }
+                        None => {
+                            out.truncate(start);
+                            return false;
+                        }
+                    }
+                }
             };
             out.push(tag);
             out.extend_from_slice(&(value.len() as u32).to_be_bytes());
@@ -411,7 +455,13 @@ impl Validator {
         let adaptive = r
             .adaptive_concurrency
             .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
+        let reads_body = enforced
+            .limits
+            .iter()
+            .chain(&shadow.limits)
+            .any(|l| l.parts.iter().any(|p| matches!(p, Part::Json(_))));
         Some(RouteConfig {
+            reads_body,
             name: r.name.into(),
             path_prefix: r.path_prefix,
             methods,
@@ -531,13 +581,19 @@ impl Validator {
                         }
                     }
                 }
-                Some(("claim" | "json", _)) => {
-                    self.problem(
-                        at.as_str(),
-                        format!("{text:?}: claim: and json: keys are not supported yet"),
-                    );
-                    continue;
+                Some(("claim", name)) if !name.is_empty() => {
+                    if !self.verifies_tokens {
+                        self.problem(
+                            at.as_str(),
+                            format!(
+                                "{text:?} needs identity.jwt (only a verified token has claims)"
+                            ),
+                        );
+                        continue;
+                    }
+                    Some(Part::Claim(name.to_string()))
                 }
+                Some(("json", name)) if !name.is_empty() => Some(Part::Json(name.to_string())),
                 _ => None,
             };
             match part {
@@ -545,7 +601,7 @@ impl Validator {
                 None => self.problem(
                     at.as_str(),
                     format!(
-                        "{text:?} is not a scope: identity, ip, route, header:NAME, query:NAME or segment:N"
+                        "{text:?} is not a scope: identity, ip, route, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD"
                     ),
                 ),
             }

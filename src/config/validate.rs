@@ -15,6 +15,8 @@ use super::*;
 #[derive(Default)]
 pub(super) struct Validator {
     pub(super) problems: Vec<FieldProblem>,
+    /// `identity.jwt` is set: a `claim:` key has a verified token to read.
+    pub(super) verifies_tokens: bool,
 }
 
 impl Validator {

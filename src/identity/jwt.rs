@@ -74,6 +74,8 @@ impl std::fmt::Debug for JwtConfig {
 pub struct Verified {
     pub subject: String,
     pub tier: Option<String>,
+    /// Every claim of the token, for `claim:` keys.
+    pub claims: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Why a token was refused. The message is for the log (never the token itself).
@@ -184,7 +186,7 @@ impl JwtConfig {
                 &key.key,
                 &validation,
             ) {
-                Ok(data) => return self.identity_of(&data.claims),
+                Ok(data) => return self.identity_of(data.claims),
                 Err(e) => last = InvalidToken(e.to_string()),
             }
         }
@@ -193,7 +195,7 @@ impl JwtConfig {
 
     fn identity_of(
         &self,
-        claims: &serde_json::Map<String, serde_json::Value>,
+        claims: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Verified, InvalidToken> {
         let text = |name: &str| match claims.get(name) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -206,9 +208,11 @@ impl JwtConfig {
                 self.subject_claim
             ))
         })?;
+        let tier = self.tier_claim.as_deref().and_then(text);
         Ok(Verified {
             subject,
-            tier: self.tier_claim.as_deref().and_then(text),
+            tier,
+            claims,
         })
     }
 }

@@ -106,8 +106,62 @@ impl Watchdog {
     }
 }
 
-/// A client's request body on its way upstream (`None`: an empty body, for a retry).
+/// A client's request body as the pipeline holds it: still on its way from the client, or read
+/// whole by a phase that needed it before the decision (a `json:` key).
+pub enum ClientBody {
+    Streaming(Incoming),
+    Read(Bytes),
+}
+
+impl ClientBody {
+    /// True when nothing more will come.
+    pub fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Streaming(b) => HttpBody::is_end_stream(b),
+            ClientBody::Read(_) => true,
+        }
+    }
+}
+
+/// Why a request body could not be read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFault {
+    TooLarge,
+    Idle,
+    Malformed,
+}
+
+/// Reads `body` whole, at most `limit` bytes and with at most `idle` between two pieces (an
+/// HTTP/1 client's body past the limit is read on and discarded, as [`RequestBody`] does).
+pub async fn read_whole(
+    body: Incoming,
+    limit: NonZeroU64,
+    idle: Duration,
+    http1: bool,
+) -> Result<Bytes, ReadFault> {
+    use http_body_util::BodyExt;
+    let fault = Arc::new(BodyFault::default());
+    let body = RequestBody::new(
+        ClientBody::Streaming(body),
+        Some(limit),
+        idle,
+        fault.clone(),
+        http1,
+    );
+    match body.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(_) => Err(match fault.get() {
+            Some(Fault::TooLarge) => ReadFault::TooLarge,
+            Some(Fault::Idle) => ReadFault::Idle,
+            _ => ReadFault::Malformed,
+        }),
+    }
+}
+
+/// A client's request body on its way upstream (`None`: an empty body, for a retry; `read`: a
+/// body read whole before, sent as one piece).
 pub struct RequestBody {
+    read: Option<Bytes>,
     inner: Option<Incoming>,
     limit: Option<NonZeroU64>,
     seen: u64,
@@ -122,14 +176,19 @@ impl RequestBody {
     /// `inner`, cut off past `limit` bytes (if any) or after `idle` without data; faults are
     /// recorded in `fault`. `linger`: the client speaks HTTP/1 (see [`linger`]).
     pub fn new(
-        inner: Incoming,
+        inner: ClientBody,
         limit: Option<NonZeroU64>,
         idle: Duration,
         fault: Arc<BodyFault>,
         linger: bool,
     ) -> Self {
+        let (read, inner) = match inner {
+            ClientBody::Streaming(inner) => (None, Some(inner)),
+            ClientBody::Read(bytes) => (Some(bytes).filter(|b| !b.is_empty()), None),
+        };
         RequestBody {
-            inner: Some(inner),
+            read,
+            inner,
             limit,
             seen: 0,
             watchdog: Watchdog::new(idle),
@@ -141,6 +200,7 @@ impl RequestBody {
     /// An empty body: a retried request's, whose body was empty the first time.
     pub fn empty() -> Self {
         RequestBody {
+            read: None,
             inner: None,
             limit: None,
             seen: 0,
@@ -160,6 +220,9 @@ impl HttpBody for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if let Some(read) = this.read.take() {
+            return Poll::Ready(Some(Ok(Frame::data(read))));
+        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -196,13 +259,15 @@ impl HttpBody for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+        self.read.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+        match (&self.read, &self.inner) {
+            (Some(read), _) => SizeHint::with_exact(read.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+        }
     }
 }
 

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use http::Request;
-use hyper::body::Incoming;
 
 use super::response::Dialect;
 use crate::access_log;
@@ -64,7 +63,7 @@ pub(super) struct Context {
 
 impl Context {
     /// The context of `req`, arriving from `peer`.
-    pub fn new(req: &Request<Incoming>, peer: SocketAddr) -> Self {
+    pub fn new<B>(req: &Request<B>, peer: SocketAddr) -> Self {
         Context {
             started: Instant::now(),
             span: access_log::span(req.method(), req.uri().path()),

@@ -21,14 +21,13 @@ use http::request::Parts;
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
 use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, Fault, Replay, RequestBody, ResponseBody};
+use super::body::{BodyFault, ClientBody, Fault, Replay, RequestBody, ResponseBody};
 use super::multiplex::{Multiplex, copy_head};
 use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
@@ -175,12 +174,17 @@ impl Forwarder {
         }
     }
 
+    /// The bounds on a client's body.
+    pub fn body_limits(&self) -> &BodyLimits {
+        &self.limits
+    }
+
     /// Forwards `req` to `route`'s upstream and returns its response, or the rejection that
     /// replaces it. `deadline`, a gRPC client's `grpc-timeout`, shortens the wait for the
     /// response head (never beyond `timeouts.upstream_response`).
     pub async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         route: &RouteConfig,
         client_ip: IpAddr,
         client_tls: bool,
@@ -201,7 +205,7 @@ impl Forwarder {
         if let Some(limit) = limit
             && announced.is_some_and(|n| n > limit.get())
         {
-            if parts.version <= Version::HTTP_11 {
+            if let (true, ClientBody::Streaming(body)) = (parts.version <= Version::HTTP_11, body) {
                 tokio::spawn(super::body::linger(body));
             }
             return Err(ForwardError::Client(ClientFault::TooLarge));

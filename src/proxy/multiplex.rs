@@ -526,7 +526,7 @@ mod tests {
     /// A request whose body comes through `body`'s channel, as a client's would.
     fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Replay> {
         let body = super::super::body::RequestBody::new(
-            body,
+            super::super::body::ClientBody::Streaming(body),
             None,
             Duration::from_secs(10),
             Default::default(),

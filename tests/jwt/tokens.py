@@ -56,6 +56,10 @@ def main(out):
         "alice_again": sign(claims("alice", jti="2"), rsa1, "RS256", "rsa-1"),
         "bob": sign(claims("bob"), ec1, "ES256", "ec-1"),
         "carol_pro": sign(claims("carol", plan="pro"), ed1, "EdDSA", "ed-1"),
+        # Two members of one organisation and one of another (`per: "claim:org"`):
+        "erin_acme": sign(claims("erin", org="acme"), rsa1, "RS256", "rsa-1"),
+        "frank_acme": sign(claims("frank", org="acme"), ec1, "ES256", "ec-1"),
+        "gina_beta": sign(claims("gina", org="beta"), ed1, "EdDSA", "ed-1"),
         # Refused, each for one reason:
         "forged": sign(claims("alice"), stranger, "RS256", "rsa-1"),
         "expired": sign(claims("alice", exp=now - 3600), rsa1, "RS256", "rsa-1"),
