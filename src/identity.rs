@@ -369,6 +369,7 @@ fn single_value<'a>(
     Ok((!first.is_empty()).then_some(first))
 }
 
+pub mod jwks;
 pub mod jwt;
 #[cfg(test)]
 mod tests;

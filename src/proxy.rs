@@ -87,6 +87,9 @@ struct Matched<'r> {
 
 impl Proxy {
     pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
+        if let Some(jwt) = &config.identity.jwt {
+            jwt.keep_fresh(None);
+        }
         let gates = Gates::default();
         let tops = Tops::default();
         Proxy {
@@ -103,6 +106,10 @@ impl Proxy {
     /// limiter state of unchanged limits carries over because it is keyed by each limit's
     /// budget id.
     pub fn reload(&self, config: &Config) {
+        if let Some(jwt) = &config.identity.jwt {
+            let old = self.snapshot.load();
+            jwt.keep_fresh(old.identity.jwt.as_deref());
+        }
         let storage = &config.storage;
         self.limiter
             .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
@@ -192,7 +199,7 @@ impl Proxy {
     ) -> Result<(), Rejection> {
         // A bearer token is verified on every route when `identity.jwt` is set: an invalid one
         // never reaches the upstream.
-        let verified = Self::verify_token(snapshot, req, &ctx.span)?;
+        let verified = Self::verify_token(snapshot, req, &ctx.span).await?;
         let json = match route.config.reads_body {
             true => Self::read_body(snapshot, req).await?,
             false => None,
@@ -420,7 +427,7 @@ impl Proxy {
     /// Phase 2a: the request's bearer token, verified, when `identity.jwt` is set. A token that
     /// does not verify (or none, under `when_missing: reject`) is refused: 401 `invalid_token`.
     /// Why is logged at debug level, never the token.
-    fn verify_token(
+    async fn verify_token(
         snapshot: &Snapshot,
         req: &Request<ClientBody>,
         span: &tracing::Span,
@@ -428,7 +435,7 @@ impl Proxy {
         let Some(jwt) = &snapshot.identity.jwt else {
             return Ok(None);
         };
-        match jwt.verify(req.headers()) {
+        match jwt.verify(req.headers()).await {
             Ok(Some(verified)) => Ok(Some(verified)),
             Ok(None) if jwt.when_missing == WhenMissing::Reject => Err(Rejection::InvalidToken),
             Ok(None) => Ok(None),

@@ -250,6 +250,17 @@ fn check_names_every_bad_jwt_setting() {
         ),
         ("{audiences: [x]}".to_string(), "identity.jwt.jwks_file"),
         (
+            "{jwks_url: \"ftp://issuer.test/jwks\"}".to_string(),
+            "identity.jwt.jwks_url",
+        ),
+        (
+            format!(
+                "{{jwks_file: {}, jwks_url: \"https://issuer.test/jwks\"}}",
+                tokens.jwks("jwks.json")
+            ),
+            "identity.jwt.jwks_url",
+        ),
+        (
             format!("{{jwks_file: {}, leeway: soon}}", tokens.jwks("jwks.json")),
             "identity.jwt.leeway",
         ),
@@ -293,4 +304,139 @@ async fn a_claim_keys_a_budget_shared_by_every_subject_that_carries_it() {
     assert_eq!(statuses(&fg, tokens.get("alice"), 3).await, [200, 200, 429]);
     assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
     assert_eq!(upstream.seen().len(), 6);
+}
+
+/// An issuer's JWKS endpoint: a real HTTP server on port 0 serving whichever document it was
+/// last given (503 when none), counting the fetches.
+struct JwksServer {
+    url: String,
+    document: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl JwksServer {
+    async fn start(document: String) -> JwksServer {
+        use http_body_util::Full;
+        use hyper::service::service_fn;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Some(document)));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (doc, count) = (served.clone(), fetches.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (doc, count) = (doc.clone(), count.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let body = doc.lock().unwrap().clone();
+                        async move {
+                            let response = match body {
+                                Some(body) => {
+                                    http::Response::new(Full::new(bytes::Bytes::from(body)))
+                                }
+                                None => http::Response::builder()
+                                    .status(503)
+                                    .body(Full::new(bytes::Bytes::new()))
+                                    .unwrap(),
+                            };
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        JwksServer {
+            url,
+            document: served,
+            fetches,
+        }
+    }
+
+    fn serve(&self, document: Option<String>) {
+        *self.document.lock().unwrap() = document;
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `jwks_url`: the set is fetched at start; a key rotated in at the issuer is found at its first
+/// token (one fetch, shared by a burst); tokens naming keys nobody has cost the issuer at most
+/// one fetch per 5 s; when the issuer fails, the keys fetched are kept.
+///
+/// Timing: the sleeps are 5.2 s against floodgate's 5 s least gap (measured from a fetch's
+/// start, before the sleep begins), so each later fetch is allowed whatever the load; the
+/// "no fetch" checks run right after a fetch, and would only see another if the machine stalled
+/// 5 s between two local requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_is_fetched_cached_and_fetched_again_for_a_new_key() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let read = |name: &str| std::fs::read_to_string(tokens.jwks(name)).expect("read");
+    let issuer = JwksServer::start(read("jwks.json")).await;
+    let yaml = Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_url: \"{}\", issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
+                issuer.url
+            ),
+        )
+        .route(Route::new("api", "/", &upstream.url()))
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    assert_eq!(statuses(&fg, tokens.get("alice"), 3).await, [200, 200, 200]);
+    assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
+    assert_eq!(issuer.fetches(), 1, "fetched once at start, then cached");
+
+    // The issuer rotates to a new key. More than 5 s after the first fetch (the least gap
+    // between two), dave's token names it: fetched again, once, for a burst of eight.
+    issuer.serve(Some(read("jwks-rotated.json")));
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let fg_url = fg.url("/");
+            let auth = bearer(tokens.get("dave_rotated"));
+            tokio::spawn(async move {
+                get(&client(), &fg_url, &[("authorization", auth.as_str())])
+                    .await
+                    .status
+                    .as_u16()
+            })
+        })
+        .collect();
+    for request in burst {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    assert_eq!(issuer.fetches(), 2, "one fetch for the burst");
+    // The old key is gone from the set; tokens naming keys the set never had (alice's rsa-1
+    // now) are refused without another fetch inside the gap.
+    assert_eq!(statuses(&fg, tokens.get("alice"), 5).await, [401; 5]);
+    assert_eq!(issuer.fetches(), 2, "no fetch within 5 s of the last");
+
+    // The issuer fails: the keys fetched are kept.
+    issuer.serve(None);
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    assert_eq!(statuses(&fg, tokens.get("alice"), 1).await, [401]);
+    assert_eq!(
+        issuer.fetches(),
+        3,
+        "alice's unknown key asked once more, and it failed"
+    );
+    assert_eq!(statuses(&fg, tokens.get("dave_rotated"), 1).await, [200]);
+    assert_eq!(upstream.seen().len(), 4 + 8 + 1);
 }

@@ -214,20 +214,40 @@ impl Validator {
             j.when_missing,
             Default::default(),
         );
-        if j.jwks_url.is_some() {
-            self.problem(
-                "identity.jwt.jwks_url",
-                "fetching a JWKS over HTTP is not supported yet: use jwks_file",
-            );
-        }
-        let jwks = match &j.jwks_file {
-            None => {
+        let url = match (&j.jwks_file, &j.jwks_url) {
+            (Some(_), Some(_)) => {
                 self.problem(
-                    "identity.jwt.jwks_file",
-                    "is required (the keys tokens are verified with)",
+                    "identity.jwt.jwks_url",
+                    "give jwks_file or jwks_url, not both",
                 );
                 None
             }
+            (None, None) => {
+                self.problem(
+                    "identity.jwt.jwks_file",
+                    "is required, or jwks_url (the keys tokens are verified with)",
+                );
+                None
+            }
+            (None, Some(url)) => match url.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("https" | "http"))
+                        && uri.host().is_some() =>
+                {
+                    Some(uri)
+                }
+                _ => {
+                    self.problem(
+                        "identity.jwt.jwks_url",
+                        format!("{url:?} is not an https:// (or http://) URL"),
+                    );
+                    None
+                }
+            },
+            (Some(_), None) => None,
+        };
+        let jwks = match &j.jwks_file {
+            None => None,
             Some(file) => {
                 let path = match base_dir {
                     Some(dir) => dir.join(file),
@@ -258,6 +278,10 @@ impl Validator {
             tier_claim: j.tier_claim,
             when_missing,
         };
+        if let Some(url) = url {
+            // Fetched when floodgate runs (`JwtConfig::keep_fresh`), not by `floodgate check`.
+            return Some(std::sync::Arc::new(JwtConfig::from_url(settings, url)));
+        }
         match JwtConfig::new(settings, &jwks?) {
             Ok(config) => Some(std::sync::Arc::new(config)),
             Err(why) => {

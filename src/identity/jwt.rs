@@ -5,6 +5,9 @@
 //! token's `kid`, else every key of the token's algorithm) and reads the two claims.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use http::{HeaderMap, HeaderName};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
@@ -44,10 +47,13 @@ struct Key {
     key: DecodingKey,
 }
 
-/// `identity.jwt`, validated, with its keys.
+/// `identity.jwt`, validated, with its keys: a file's, read once per load (SIGHUP re-reads it),
+/// or a URL's, fetched and refreshed (`jwks.rs`).
 pub struct JwtConfig {
     pub header: HeaderName,
-    keys: Vec<Key>,
+    keys: ArcSwap<Vec<Key>>,
+    /// Where the keys come from when `jwks_url` is set.
+    remote: Option<super::jwks::Remote>,
     allowed: Vec<Algorithm>,
     issuer: Option<String>,
     audiences: Vec<String>,
@@ -61,7 +67,7 @@ impl std::fmt::Debug for JwtConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JwtConfig")
             .field("header", &self.header)
-            .field("keys", &self.keys.len())
+            .field("keys", &self.keys.load().len())
             .field("allowed", &self.allowed)
             .field("issuer", &self.issuer)
             .field("audiences", &self.audiences)
@@ -83,6 +89,41 @@ pub struct Verified {
 #[error("invalid bearer token: {0}")]
 pub struct InvalidToken(pub String);
 
+/// Why a token did not verify with the keys at hand: no key of the set is its (a fetched set
+/// may have gained it since), or it is invalid.
+enum Unverified {
+    NoKey(InvalidToken),
+    Invalid(InvalidToken),
+}
+
+impl Unverified {
+    fn into_invalid(self) -> InvalidToken {
+        match self {
+            Unverified::NoKey(why) | Unverified::Invalid(why) => why,
+        }
+    }
+}
+
+/// The keys of a JWKS document (its text). Err names the first key that cannot be used, or says
+/// the document does not parse or holds none.
+fn parse_keys(jwks: &str) -> Result<Vec<Key>, String> {
+    let set: JwkSet =
+        serde_json::from_str(jwks).map_err(|e| format!("is not a JWKS document: {e}"))?;
+    let mut keys = Vec::with_capacity(set.keys.len());
+    for (n, jwk) in set.keys.iter().enumerate() {
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("keys[{n}]: {e}"))?;
+        keys.push(Key {
+            kid: jwk.common.key_id.clone(),
+            algorithms: algorithms_of(jwk),
+            key,
+        });
+    }
+    if keys.is_empty() {
+        return Err("holds no keys".into());
+    }
+    Ok(keys)
+}
+
 /// The settings `identity.jwt` was validated into, before its keys are read.
 pub struct JwtSettings {
     pub header: HeaderName,
@@ -99,23 +140,25 @@ impl JwtConfig {
     /// The config with the keys of `jwks` (a JWKS document's text). Err names the first key
     /// that cannot be used, or says the document does not parse.
     pub fn new(settings: JwtSettings, jwks: &str) -> Result<JwtConfig, String> {
-        let set: JwkSet =
-            serde_json::from_str(jwks).map_err(|e| format!("is not a JWKS document: {e}"))?;
-        let mut keys = Vec::with_capacity(set.keys.len());
-        for (n, jwk) in set.keys.iter().enumerate() {
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("keys[{n}]: {e}"))?;
-            keys.push(Key {
-                kid: jwk.common.key_id.clone(),
-                algorithms: algorithms_of(jwk),
-                key,
-            });
-        }
-        if keys.is_empty() {
-            return Err("holds no keys".into());
-        }
-        Ok(JwtConfig {
+        let keys = parse_keys(jwks)?;
+        Ok(JwtConfig::with_keys(settings, keys, None))
+    }
+
+    /// The config whose keys are fetched from `url` (none until the first fetch: see
+    /// [`JwtConfig::keep_fresh`]).
+    pub fn from_url(settings: JwtSettings, url: http::Uri) -> JwtConfig {
+        JwtConfig::with_keys(settings, Vec::new(), Some(super::jwks::Remote::new(url)))
+    }
+
+    fn with_keys(
+        settings: JwtSettings,
+        keys: Vec<Key>,
+        remote: Option<super::jwks::Remote>,
+    ) -> JwtConfig {
+        JwtConfig {
             header: settings.header,
-            keys,
+            keys: ArcSwap::from_pointee(keys),
+            remote,
             allowed: settings.allowed,
             issuer: settings.issuer,
             audiences: settings.audiences,
@@ -123,11 +166,47 @@ impl JwtConfig {
             subject_claim: settings.subject_claim,
             tier_claim: settings.tier_claim,
             when_missing: settings.when_missing,
-        })
+        }
+    }
+
+    /// With `jwks_url`: fetches the keys now and every [`jwks::REFRESH`](super::jwks::REFRESH)
+    /// in a task that ends when this config is dropped (a reload made another). Takes over the
+    /// keys `previous` fetched from the same URL, so that a reload verifies as before from its
+    /// first request. Without a runtime (`floodgate check`), or with a file, does nothing.
+    pub fn keep_fresh(self: &Arc<Self>, previous: Option<&JwtConfig>) {
+        let Some(remote) = &self.remote else {
+            return;
+        };
+        if let Some(previous) = previous
+            && previous
+                .remote
+                .as_ref()
+                .is_some_and(|p| p.url() == remote.url())
+        {
+            self.keys.store(previous.keys.load_full());
+        }
+        super::jwks::keep_fresh(Arc::downgrade(self));
+    }
+
+    /// Fetches the keys from `jwks_url` now; Err says why not (the keys are then unchanged).
+    pub(super) async fn fetch(&self) -> Result<usize, String> {
+        let Some(remote) = &self.remote else {
+            return Ok(self.keys.load().len());
+        };
+        let text = remote.fetch().await?;
+        let keys = parse_keys(&text)?;
+        let n = keys.len();
+        self.keys.store(Arc::new(keys));
+        Ok(n)
+    }
+
+    /// The remote set's fetcher, if any.
+    pub(super) fn remote(&self) -> Option<&super::jwks::Remote> {
+        self.remote.as_ref()
     }
 
     /// The request's bearer token, verified: `Ok(None)` when it carries none.
-    pub fn verify(&self, headers: &HeaderMap) -> Result<Option<Verified>, InvalidToken> {
+    pub async fn verify(&self, headers: &HeaderMap) -> Result<Option<Verified>, InvalidToken> {
         let mut values = headers.get_all(&self.header).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -146,19 +225,35 @@ impl JwtConfig {
             // Another scheme (Basic…) is not a bearer token: no token.
             _ => return Ok(None),
         };
-        self.verify_token(token).map(Some)
+        self.verify_token(token).await.map(Some)
     }
 
     /// `token` verified: its signature by a key of the set, its algorithm allowed, its claims
     /// in time and for this issuer and audience.
-    pub fn verify_token(&self, token: &str) -> Result<Verified, InvalidToken> {
+    ///
+    /// A token whose key the set does not hold, under `jwks_url`, has the set fetched again
+    /// (once for every request waiting on it, and no sooner than
+    /// [`jwks::MIN_GAP`](super::jwks::MIN_GAP) after the last fetch), then is tried once more:
+    /// a key rotated in at the issuer is found at its first token.
+    pub async fn verify_token(&self, token: &str) -> Result<Verified, InvalidToken> {
+        match self.verify_with_keys(token) {
+            Err(Unverified::NoKey(_)) if self.remote.is_some() => {
+                super::jwks::refetch(self).await;
+                self.verify_with_keys(token)
+                    .map_err(Unverified::into_invalid)
+            }
+            other => other.map_err(Unverified::into_invalid),
+        }
+    }
+
+    fn verify_with_keys(&self, token: &str) -> Result<Verified, Unverified> {
         let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| InvalidToken(format!("malformed: {e}")))?;
+            .map_err(|e| Unverified::Invalid(InvalidToken(format!("malformed: {e}"))))?;
         if !self.allowed.contains(&header.alg) {
-            return Err(InvalidToken(format!(
+            return Err(Unverified::Invalid(InvalidToken(format!(
                 "algorithm {:?} is not allowed",
                 header.alg
-            )));
+            ))));
         }
         let mut validation = Validation::new(header.alg);
         validation.leeway = self.leeway_secs;
@@ -172,22 +267,25 @@ impl JwtConfig {
         } else {
             validation.set_audience(&self.audiences);
         }
-        let candidates = self.keys.iter().filter(|k| {
+        let keys = self.keys.load();
+        let candidates = keys.iter().filter(|k| {
             k.algorithms.contains(&header.alg)
                 && match (&header.kid, &k.kid) {
                     (Some(want), Some(have)) => want == have,
                     _ => true,
                 }
         });
-        let mut last = InvalidToken("no key of the set verifies its algorithm or kid".into());
+        let mut last = Unverified::NoKey(InvalidToken(
+            "no key of the set verifies its algorithm or kid".into(),
+        ));
         for key in candidates {
             match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
                 token,
                 &key.key,
                 &validation,
             ) {
-                Ok(data) => return self.identity_of(data.claims),
-                Err(e) => last = InvalidToken(e.to_string()),
+                Ok(data) => return self.identity_of(data.claims).map_err(Unverified::Invalid),
+                Err(e) => last = Unverified::Invalid(InvalidToken(e.to_string())),
             }
         }
         Err(last)
