@@ -206,7 +206,7 @@ pub fn asks<'a>(
 }
 
 /// [`asks`] with the request's composite keys.
-fn asks_with<'a>(
+pub fn asks_with<'a>(
     budget: &'a Budget,
     tier: &str,
     identity: Option<(KeyKind, &'a [u8])>,

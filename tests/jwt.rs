@@ -304,6 +304,16 @@ async fn a_claim_keys_a_budget_shared_by_every_subject_that_carries_it() {
     assert_eq!(statuses(&fg, tokens.get("alice"), 3).await, [200, 200, 429]);
     assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
     assert_eq!(upstream.seen().len(), 6);
+
+    // /budgets by a token's subject, and by the claim a composite key reads.
+    let remaining = |query: &str| {
+        let url = fg.admin_url(&format!("/budgets?route=api&{query}"));
+        async move { get(&client(), &url, &[]).await.json()["limits"][0]["remaining"].clone() }
+    };
+    assert_eq!(remaining("jwt_subject=erin&claim:org=acme").await, 0);
+    assert_eq!(remaining("jwt_subject=erin&claim:org=beta").await, 1);
+    assert_eq!(remaining("jwt_subject=alice").await, 0);
+    assert_eq!(remaining("jwt_subject=bob").await, 1);
 }
 
 /// An issuer's JWKS endpoint: a real HTTP server on port 0 serving whichever document it was

@@ -716,6 +716,31 @@ async fn per_keys_from_the_request_give_each_combination_its_own_budget() {
     assert_eq!(status("/orgs/acme/projects", vec![]).await, 429);
     assert_eq!(status("/orgs/beta/users", vec![]).await, 200);
     assert_eq!(upstream.seen().len(), 9);
+
+    // /budgets names a composite budget by the values its parts read.
+    let remaining = |query: &'static str| {
+        let client = client.clone();
+        let url = fg.admin_url(&format!("/budgets?{query}"));
+        async move { get(&client, &url, &[]).await.json()["limits"][0]["remaining"].clone() }
+    };
+    assert_eq!(
+        remaining("route=tenants&api_key=a&header:X-Tenant=t1").await,
+        0
+    );
+    assert_eq!(
+        remaining("route=tenants&api_key=a&header:X-Tenant=t3").await,
+        1
+    );
+    assert_eq!(remaining("route=teams&api_key=z&query:team=red").await, 0);
+    assert_eq!(remaining("route=teams&api_key=z&query:team=green").await, 1);
+    assert_eq!(remaining("route=orgs&ip=127.0.0.1&segment:1=acme").await, 0);
+    assert_eq!(
+        remaining("route=orgs&ip=127.0.0.1&segment:1=gamma").await,
+        1
+    );
+    // Without the values: the identity's own budget (c spent it, without a tenant).
+    assert_eq!(remaining("route=tenants&api_key=c").await, 0);
+    assert_eq!(remaining("route=tenants&api_key=e").await, 1);
 }
 
 #[test]

@@ -3,8 +3,10 @@
 //! copy of the state; Redis: the limiter script with its commits skipped).
 //!
 //! Query: `route=NAME` and one of `api_key=K` (resolved to its consumer when `consumers:` is
-//! configured), `consumer=NAME`, `user_id=U`, `ip=ADDR` (`ip` also names the budget of `per: ip`
-//! limits). Per limit: `algorithm`, `per`, `limit`, `remaining` (units left now; `null` for a
+//! configured), `consumer=NAME`, `jwt_subject=SUB` (with `tier=T` for a token's tier claim),
+//! `user_id=U`, `ip=ADDR` (`ip` also names the budget of `per: ip` limits); for composite keys,
+//! the values their parts read, named as the parts are (`header:X-Tenant=acme`: see
+//! [`RequestValues`]). Per limit: `algorithm`, `per`, `limit`, `remaining` (units left now; `null` for a
 //! `per: ip` limit when no `ip` is given), `reset_after_s` (when the budget would be full again if
 //! the next request were admitted: the `X-RateLimit-Reset` that request would get), `shadow`.
 
@@ -13,11 +15,11 @@ use std::net::IpAddr;
 use serde_json::{Value, json};
 
 use super::query::{AdminError, Query, bad};
-use crate::config::{Budget, Per};
+use crate::config::{Budget, Per, RequestView};
 use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
 use crate::limiter::Limiter;
 use crate::limiter::{Decision, KeyKind};
-use crate::policy::{self, Asks, Claim, Refusal};
+use crate::policy::{self, Asks, Claim, Refusal, RequestKeys};
 use crate::proxy::Proxy;
 
 /// The answer to `GET /budgets?{query}`.
@@ -48,6 +50,8 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
         Some(Claim::Consumer(name))
     } else if let Some(key) = param("api_key") {
         Some(Claim::ApiKey(key.as_bytes()))
+    } else if let Some(subject) = param("jwt_subject") {
+        Some(Claim::Keyless(Identity::Jwt(subject.as_bytes())))
     } else if let Some(user) = param("user_id") {
         Some(Claim::Keyless(Identity::UserId(user.as_bytes())))
     } else {
@@ -86,10 +90,15 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
         return Err(bad(
             400,
             "missing_identity",
-            "give one of api_key=, consumer=, user_id=, ip=",
+            "give one of api_key=, consumer=, jwt_subject=, user_id=, ip=",
         ));
     }
-    let tier = whose.map_or(ANONYMOUS_TIER, |w| w.tier);
+    let tier = match (param("tier"), whose) {
+        // A token's tier comes from its claim, which the query cannot show: it may say it.
+        (Some(tier), Some(w)) if matches!(w.identity, Identity::Jwt(_)) => tier,
+        _ => whose.map_or(ANONYMOUS_TIER, |w| w.tier),
+    };
+    let values = RequestValues::of(&query);
     let mut id_buf = [0u8; 16];
     let id: &[u8] = match &identity {
         Some(identity) => identity.key_bytes(&mut id_buf),
@@ -98,7 +107,17 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     let mut ip_buf = [0u8; 16];
     let ip_bytes = ip.map(|ip| ip_octets(ip, &mut ip_buf));
     let mut limits = Vec::new();
+    let view = values.view();
     for (budget, shadow) in [(&route.enforced, false), (&route.shadow, true)] {
+        let keys = match (&identity, ip_bytes) {
+            (Some(identity), Some(ip)) => {
+                RequestKeys::of(budget, &view, (KeyKind::from(identity.kind()), id), ip)
+            }
+            (Some(identity), None) => {
+                RequestKeys::of(budget, &view, (KeyKind::from(identity.kind()), id), &[])
+            }
+            (None, _) => RequestKeys::default(),
+        };
         limits.extend(
             peek_budget(
                 proxy.limiter(),
@@ -108,6 +127,7 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
                 identity.as_ref(),
                 id,
                 ip_bytes,
+                &keys,
             )
             .await?,
         );
@@ -120,6 +140,87 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     }))
 }
 
+/// What a query says of the request a composite key (`per:` with `header:`, `query:`,
+/// `segment:`, `claim:`, `json:` parts) would read: parameters named as the parts are
+/// (`header:X-Tenant=acme`, `query:team=red`, `segment:1=acme`, `claim:org=acme`,
+/// `json:model=gpt-4o`). A part the query does not give is missing, as in a request without it.
+struct RequestValues {
+    headers: http::HeaderMap,
+    query: String,
+    rest: String,
+    claims: serde_json::Map<String, Value>,
+    json: serde_json::Map<String, Value>,
+}
+
+impl RequestValues {
+    fn of(query: &Query) -> RequestValues {
+        let mut values = RequestValues {
+            headers: http::HeaderMap::new(),
+            query: String::new(),
+            rest: String::new(),
+            claims: serde_json::Map::new(),
+            json: serde_json::Map::new(),
+        };
+        let mut segments: Vec<(usize, &str)> = Vec::new();
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        for (name, value) in query.pairs() {
+            match name.split_once(':') {
+                Some(("header", header)) => {
+                    if let (Ok(name), Ok(value)) = (
+                        http::HeaderName::from_bytes(header.as_bytes()),
+                        http::HeaderValue::from_str(value),
+                    ) {
+                        values.headers.append(name, value);
+                    }
+                }
+                Some(("query", param)) => {
+                    params.append_pair(param, value);
+                }
+                Some(("segment", n)) => {
+                    if let Ok(n) = n.parse::<usize>() {
+                        segments.push((n, value));
+                    }
+                }
+                Some(("claim", claim)) => {
+                    values
+                        .claims
+                        .insert(claim.into(), Value::String(value.into()));
+                }
+                Some(("json", field)) => {
+                    values
+                        .json
+                        .insert(field.into(), Value::String(value.into()));
+                }
+                _ => {}
+            }
+        }
+        values.query = params.finish();
+        // The segments as a path after the prefix: the Nth given at place N, "-" for the gaps
+        // (a part naming a gap reads "-": give every segment a limit names).
+        let last = segments.iter().map(|(n, _)| *n).max().unwrap_or(0);
+        values.rest = (1..=last)
+            .map(|n| {
+                segments
+                    .iter()
+                    .find(|(at, _)| *at == n)
+                    .map_or("-", |(_, v)| v)
+            })
+            .collect::<Vec<_>>()
+            .join("/");
+        values
+    }
+
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            headers: &self.headers,
+            query: Some(self.query.as_str()).filter(|q| !q.is_empty()),
+            rest: &self.rest,
+            claims: Some(&self.claims),
+            json: Some(&self.json),
+        }
+    }
+}
+
 /// One budget's limits, with figures of now where the query names their client.
 async fn peek_budget(
     limiter: &Limiter,
@@ -129,9 +230,10 @@ async fn peek_budget(
     identity: Option<&Identity<'_>>,
     id: &[u8],
     ip: Option<&[u8]>,
+    keys: &RequestKeys,
 ) -> Result<Vec<Value>, AdminError> {
     let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
-    let Asks { asks, positions } = policy::asks(budget, tier, identity, ip);
+    let Asks { asks, positions } = policy::asks_with(budget, tier, identity, ip, keys);
     let positions = &positions[..asks.len()];
     let decisions = if asks.is_empty() {
         Vec::new()

@@ -30,6 +30,11 @@ impl Query {
         )
     }
 
+    /// Every parameter, in order.
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     /// The first value of `name`, if given.
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
