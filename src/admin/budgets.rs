@@ -118,19 +118,11 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
             }
             (None, _) => RequestKeys::default(),
         };
-        limits.extend(
-            peek_budget(
-                proxy.limiter(),
-                budget,
-                shadow,
-                tier,
-                identity.as_ref(),
-                id,
-                ip_bytes,
-                &keys,
-            )
-            .await?,
-        );
+        let identity = identity
+            .as_ref()
+            .map(|identity| (KeyKind::from(identity.kind()), id));
+        let asks = policy::asks_with(budget, tier, identity, ip_bytes, &keys);
+        limits.extend(peek_budget(proxy.limiter(), budget, shadow, tier, asks).await?);
     }
     Ok(json!({
         "route": &*route.name,
@@ -221,19 +213,14 @@ impl RequestValues {
     }
 }
 
-/// One budget's limits, with figures of now where the query names their client.
+/// One budget's limits (`asks`: those that apply and whose client the query names), with figures of now where the query names their client.
 async fn peek_budget(
     limiter: &Limiter,
     budget: &Budget,
     shadow: bool,
     tier: &str,
-    identity: Option<&Identity<'_>>,
-    id: &[u8],
-    ip: Option<&[u8]>,
-    keys: &RequestKeys,
+    Asks { asks, positions }: Asks<'_>,
 ) -> Result<Vec<Value>, AdminError> {
-    let identity = identity.map(|identity| (KeyKind::from(identity.kind()), id));
-    let Asks { asks, positions } = policy::asks_with(budget, tier, identity, ip, keys);
     let positions = &positions[..asks.len()];
     let decisions = if asks.is_empty() {
         Vec::new()
