@@ -12,6 +12,7 @@ pub mod env;
 pub mod file;
 
 mod consumers;
+pub mod cost;
 mod exempt;
 mod limit;
 pub mod reload;

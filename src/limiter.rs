@@ -36,7 +36,7 @@ pub use clock::{
     AnchoredClock, Clock, ClockOffset, LocalUs, ManualClock, MonotonicClock, StoreUs, SystemClock,
     wall_clock_us,
 };
-pub use decision::{Admission, Decision, Figures, Outcome, Source, Verdict};
+pub use decision::{Admission, Decision, Figures, Outcome, Settlement, Source, Verdict};
 pub use error::{LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};

@@ -17,7 +17,7 @@ use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::wire::Reply;
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, LeaseId, Limit, LimiterError, ManualClock,
-    MemoryStore, StoreUs, Verdict,
+    MemoryStore, Settlement, StoreUs, Verdict,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -435,4 +435,105 @@ fn sql_quota_resets_at_local_midnight_across_dst_changes() {
     let rt = runtime();
     let store = postgres_store(&rt, &postgres, true);
     quota_resets_at_local_midnight(&rt, &store);
+}
+
+/// What a remote store must do to settle reserved costs on a fake clock.
+trait SettlesOnFakeClock: OnFakeClock {
+    async fn settle_at(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[Settlement],
+        now: u64,
+    ) -> Result<(), LimiterError>;
+}
+
+impl SettlesOnFakeClock for RedisStore {
+    async fn settle_at(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[Settlement],
+        now: u64,
+    ) -> Result<(), LimiterError> {
+        self.settle_at_for_test(asks, settlements, now).await
+    }
+}
+
+impl SettlesOnFakeClock for PostgresStore {
+    async fn settle_at(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[Settlement],
+        now: u64,
+    ) -> Result<(), LimiterError> {
+        self.settle_at_for_test(asks, settlements, now).await
+    }
+}
+
+/// The algorithms a settled cost works with.
+const SETTLEABLE: [AlgorithmKind; 4] = [
+    AlgorithmKind::TokenBucket,
+    AlgorithmKind::FixedWindow,
+    AlgorithmKind::SlidingWindowCounter,
+    AlgorithmKind::Quota,
+];
+
+/// Reserve, then settle: 96 generated cases of one settled limit, each request reserving 1 to
+/// the limit's units and settling, at the next request's time, at 0 to 3 times the limit (so
+/// refunds, charges into debt and even settlements); the memory store and `store` must agree on
+/// every verdict.
+fn settlements_agree_with_the_rust_algorithms(
+    rt: &tokio::runtime::Runtime,
+    store: &impl SettlesOnFakeClock,
+) {
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    };
+    let limit = strategies::any_limit(&SETTLEABLE, 25, &[SEC / 10, SEC, 3 * SEC, 3600 * SEC]);
+    let steps = prop::collection::vec((1u32..1000, 0u64..75), 1..40);
+    proptest!(config, |(limit in limit, times in arrivals(), steps in steps)| {
+        let identity = case.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+        let limit = limit.settled();
+        let units = limit.algorithm().units();
+        let memory = MemoryStore::new(Arc::new(ManualClock::new(T0)), 10);
+        let key = BudgetKey { budget: "settle", kind: KeyKind::ApiKey, value: &identity };
+        // The reservation waiting to be settled: its limit and settlement.
+        let mut pending: Option<(Limit, Settlement)> = None;
+        for (i, (&t, &(reserve, actual_pct))) in times.iter().zip(&steps).enumerate() {
+            if let Some((reserved_limit, settlement)) = pending.take() {
+                let asks = [Ask { limit: &reserved_limit, key }];
+                memory.settle_at(&asks, &[settlement], t);
+                rt.block_on(store.settle_at(&asks, &[settlement], t))
+                    .map_err(|e| TestCaseError::fail(format!("the store failed to settle: {e}")))?;
+            }
+            let costed = limit.costing(reserve % units + 1);
+            let asks = [Ask { limit: &costed, key }];
+            let lease = (u64::from_be_bytes(identity) << 16) + i as u64;
+            let expected = memory.decide_at(&asks, t, lease).expect("a limit");
+            let got = rt.block_on(store.decide_at(&asks, t, lease))
+                .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
+            prop_assert_eq!(got, expected, "request {} at +{} µs, {:?}", i, t - T0, &costed);
+            if got.allowed() {
+                let actual = u64::from(units) * actual_pct / 25;
+                pending = Some((costed, Settlement::of(u64::from(costed.cost()), actual, got.now_us)));
+            }
+        }
+    });
+}
+
+#[test]
+fn lua_settles_reserved_costs_exactly_like_the_rust_algorithms() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = redis_store(&rt, &redis);
+    settlements_agree_with_the_rust_algorithms(&rt, &store);
+}
+
+#[test]
+fn sql_settles_reserved_costs_exactly_like_the_rust_algorithms() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = postgres_store(&rt, &postgres, true);
+    settlements_agree_with_the_rust_algorithms(&rt, &store);
 }

@@ -361,8 +361,9 @@ pub struct LimitFile {
     /// Quota: the IANA time zone its periods start in (default UTC).
     #[serde(default)]
     pub timezone: Option<String>,
+    /// Units one request spends: a number, or `{reserve, actual}` (settled after the response).
     #[serde(default)]
-    pub cost: Option<i64>,
+    pub cost: Option<CostFile>,
     /// Shadow mode for this limit: decide and count, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
@@ -373,4 +374,45 @@ pub struct LimitFile {
     /// The consumer tiers the limit applies to (default: every request).
     #[serde(default)]
     pub tiers: Option<Vec<String>>,
+}
+
+/// A limit's `cost:`: a number, or reserve-then-settle.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CostFile {
+    Units(i64),
+    Settled(SettledFile),
+}
+
+/// `cost: {reserve: …, actual: …}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettledFile {
+    #[serde(default)]
+    pub reserve: Option<ReserveFile>,
+    #[serde(default)]
+    pub actual: Option<ReadFile>,
+}
+
+/// `reserve:`: a number, or read from the request.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ReserveFile {
+    Units(i64),
+    Read(ReadFile),
+}
+
+/// Where a figure is read: a JSON field (`json: max_tokens`, `json: usage.total_tokens`) or a
+/// header; `default` and `max` for a reserve.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFile {
+    #[serde(default)]
+    pub json: Option<String>,
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub default: Option<i64>,
+    #[serde(default)]
+    pub max: Option<i64>,
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::file::{Choice, LimitFile};
+use super::file::{Choice, CostFile, LimitFile};
 use super::{Validator, parse_duration};
 use crate::limiter::calendar::{Calendar, Period};
 use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
@@ -148,9 +148,12 @@ impl Validator {
                 _ => Algorithm::sliding_window_counter(units, window),
             }
         };
-        let cost = match l.cost {
+        let cost = match &l.cost {
             None => Some(1),
-            Some(c) => u32::try_from(c).ok().or(Some(0)),
+            Some(CostFile::Units(c)) => u32::try_from(*c).ok().or(Some(0)),
+            // Reserve-then-settle: the limit's own cost is the reserve without a request to
+            // read (checked against the limit like a fixed cost; `cost.rs` checks the rest).
+            Some(CostFile::Settled(settled)) => Some(super::cost::reserve_default(settled)),
         };
         let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
         match limit {

@@ -160,6 +160,8 @@ impl Per {
 #[derive(Debug, Clone)]
 pub struct RouteLimit {
     pub limit: Limit,
+    /// `cost: {reserve, actual}`: reserved at admission, settled when the response ends.
+    pub settled: Option<std::sync::Arc<super::cost::Settled>>,
     pub per: Per,
     /// `per: Request`'s parts, in order (empty for the other scopes).
     pub parts: Box<[Part]>,
@@ -409,6 +411,23 @@ impl Validator {
             let Some(limit) = self.limit(&limit_path, l) else {
                 continue;
             };
+            let settled = match &l.cost {
+                Some(super::file::CostFile::Settled(file)) => {
+                    let Some(settled) = self.settled(&format!("{limit_path}.cost"), file, &limit)
+                    else {
+                        continue;
+                    };
+                    Some(settled)
+                }
+                _ => None,
+            };
+            // A settled limit's requests each cost what they reserve: flagged so that nothing
+            // assumes one request's cost (leases, the deny cache).
+            let limit = if settled.is_some() {
+                limit.settled()
+            } else {
+                limit
+            };
             let tiers = l.tiers.as_ref().map(|tiers| {
                 for (t, tier) in tiers.iter().enumerate() {
                     if !is_name(tier) {
@@ -430,6 +449,7 @@ impl Validator {
             let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
             let route_limit = RouteLimit {
                 limit,
+                settled,
                 per,
                 parts,
                 tiers,
@@ -455,11 +475,10 @@ impl Validator {
         let adaptive = r
             .adaptive_concurrency
             .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
-        let reads_body = enforced
-            .limits
-            .iter()
-            .chain(&shadow.limits)
-            .any(|l| l.parts.iter().any(|p| matches!(p, Part::Json(_))));
+        let reads_body = enforced.limits.iter().chain(&shadow.limits).any(|l| {
+            l.parts.iter().any(|p| matches!(p, Part::Json(_)))
+                || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
+        });
         Some(RouteConfig {
             reads_body,
             name: r.name.into(),

@@ -130,6 +130,72 @@ impl State {
         }
     }
 
+    /// Settles a reservation this budget's limit made at `at` (µs, the deciding store's clock):
+    /// gives back `settle.refund` units (if they still count: the bucket has not refilled past
+    /// them, the window or period they were counted in is the current one) or takes
+    /// `settle.charge` more, into debt if need be (a bucket's `tat` beyond its capacity, a
+    /// window's count beyond its limit: the next requests are refused until it has refilled or
+    /// turned past it). Mirrors `settle.lua` and `floodgate_settle__V`; the algorithms
+    /// [`Limit::is_settled`](super::Limit::is_settled) limits can have (token bucket, fixed
+    /// window, sliding window counter, quota) and no other.
+    pub fn settle(&mut self, limit: &Limit, now: u64, settle: &super::Settlement) {
+        let kind = limit.algorithm().kind();
+        if !self.fits(kind) {
+            *self = State::new(kind);
+        }
+        let (refund, charge, at) = (settle.refund, settle.charge, settle.at_us);
+        let span = limit.algorithm().span_us();
+        match self {
+            State::Gcra { tat } if kind == AlgorithmKind::TokenBucket => {
+                *tat = (*tat).saturating_sub(refund * span).max(now);
+                *tat += charge * span;
+            }
+            State::Window { start, count } => {
+                let current = now - now % span;
+                if *start == current && at - at % span == current {
+                    *count = count.saturating_sub(refund);
+                }
+                if charge > 0 {
+                    if *start != current {
+                        *start = current;
+                        *count = 0;
+                    }
+                    *count += charge;
+                }
+            }
+            State::Counter { start, curr, prev } => {
+                let current = now - now % span;
+                if *start != current {
+                    *prev = if *start + span == current { *curr } else { 0 };
+                    *curr = 0;
+                    *start = current;
+                }
+                let reserved_in = at - at % span;
+                if reserved_in == current {
+                    *curr = curr.saturating_sub(refund);
+                } else if reserved_in + span == current {
+                    *prev = prev.saturating_sub(refund);
+                }
+                *curr += charge;
+            }
+            State::Quota { end, count } => {
+                let (_, period_end) = limit.algorithm().wire_at(now);
+                let (_, reserved_end) = limit.algorithm().wire_at(at);
+                if *end == reserved_end && reserved_end == period_end {
+                    *count = count.saturating_sub(refund);
+                }
+                if charge > 0 {
+                    if *end != period_end {
+                        *end = period_end;
+                        *count = 0;
+                    }
+                    *count += charge;
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Gives back the concurrency leases named `lease` (a no-op for other algorithms).
     pub fn release(&mut self, lease: u64) {
         if let State::Leases { leases } = self {
@@ -243,7 +309,8 @@ fn fixed_window_check(
         Decision::deny(
             Figures {
                 limit,
-                remaining: limit - *count,
+                // (A settled cost's debt can take the count past the limit.)
+                remaining: limit.saturating_sub(*count),
                 reset_after_us,
             },
             reset_after_us,

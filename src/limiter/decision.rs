@@ -218,3 +218,32 @@ impl Admission {
         )
     }
 }
+
+/// What settling one limit's reservation does to its budget (`cost: {reserve, actual}`): the
+/// reserve was spent when the store decided at `at_us` (its clock); the actual cost is now
+/// known. One of `refund` and `charge` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Settlement {
+    /// Units held beyond the actual cost, given back.
+    pub refund: u64,
+    /// Units spent beyond the reserve, taken now (into debt if need be).
+    pub charge: u64,
+    /// When the reserve was decided, on the store's clock.
+    pub at_us: u64,
+}
+
+impl Settlement {
+    /// The settlement of a reserve of `reserved` units decided at `at_us` that cost `actual`.
+    pub fn of(reserved: u64, actual: u64, at_us: u64) -> Settlement {
+        Settlement {
+            refund: reserved.saturating_sub(actual),
+            charge: actual.saturating_sub(reserved),
+            at_us,
+        }
+    }
+
+    /// True when it changes nothing.
+    pub fn is_even(&self) -> bool {
+        self.refund == 0 && self.charge == 0
+    }
+}

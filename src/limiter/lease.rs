@@ -224,14 +224,15 @@ impl Held {
 
 /// Whether a limit's units can be leased.
 fn leasable(ask: &Ask<'_>) -> bool {
-    matches!(
-        ask.limit.algorithm().kind(),
-        AlgorithmKind::TokenBucket
-            | AlgorithmKind::FixedWindow
-            | AlgorithmKind::SlidingWindowCounter
-            | AlgorithmKind::SlidingWindowLog
-            | AlgorithmKind::Quota
-    )
+    !ask.limit.is_settled()
+        && matches!(
+            ask.limit.algorithm().kind(),
+            AlgorithmKind::TokenBucket
+                | AlgorithmKind::FixedWindow
+                | AlgorithmKind::SlidingWindowCounter
+                | AlgorithmKind::SlidingWindowLog
+                | AlgorithmKind::Quota
+        )
 }
 
 impl Leases {

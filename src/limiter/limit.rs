@@ -335,13 +335,20 @@ pub enum Parameters {
 pub struct Limit {
     algorithm: Algorithm,
     cost: NonZeroU32,
+    /// Its cost is reserved per request and settled after the response (`cost: {reserve,
+    /// actual}`): no two requests need cost the same, so nothing may assume they do.
+    settled: bool,
 }
 
 impl Limit {
     /// A limit whose requests each cost `cost` units, between 1 and [`Algorithm::max_cost`].
     pub fn new(algorithm: Algorithm, cost: u32) -> Result<Self, LimitError> {
         match NonZeroU32::new(cost) {
-            Some(cost) if cost.get() <= algorithm.max_cost() => Ok(Limit { algorithm, cost }),
+            Some(cost) if cost.get() <= algorithm.max_cost() => Ok(Limit {
+                algorithm,
+                cost,
+                settled: false,
+            }),
             _ => Err(LimitError::Cost {
                 max: algorithm.max_cost(),
             }),
@@ -353,6 +360,7 @@ impl Limit {
         Limit {
             algorithm,
             cost: NonZeroU32::MIN,
+            settled: false,
         }
     }
 
@@ -364,6 +372,31 @@ impl Limit {
     /// Units one request spends.
     pub fn cost(&self) -> u32 {
         self.cost.get()
+    }
+
+    /// This limit with its cost settled after the response ([`Limit::is_settled`]).
+    pub fn settled(self) -> Self {
+        Limit {
+            settled: true,
+            ..self
+        }
+    }
+
+    /// True when each request reserves its own cost, settled after the response: leases (units
+    /// counted in requests' worth) and the deny cache (a denial of one reserve says nothing of a
+    /// smaller one) leave it alone.
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    /// This limit costing `units` for one request (a reserve), at least 1 and at most the
+    /// limit's units.
+    pub fn costing(self, units: u32) -> Self {
+        let most = self.algorithm.max_cost();
+        Limit {
+            cost: NonZeroU32::new(units.clamp(1, most)).unwrap_or(NonZeroU32::MIN),
+            ..self
+        }
     }
 }
 

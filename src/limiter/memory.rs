@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::algorithm::State;
-use super::{AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, MAX_LIMITS, Verdict};
+use super::{
+    AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, MAX_LIMITS, Settlement, Verdict,
+};
 
 const SHARDS: usize = 64;
 
@@ -282,6 +284,58 @@ impl MemoryStore {
                 state.check(ask.limit, now)
             })
             .collect()
+    }
+
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`), now.
+    pub fn settle(&self, asks: &[Ask<'_>], settlements: &[Settlement]) {
+        self.settle_at(asks, settlements, self.clock.now_us());
+    }
+
+    /// [`MemoryStore::settle`] at a given time: for tests. A budget the store no longer holds
+    /// (it refilled and was swept) is made afresh for a charge (a debt must count; when the
+    /// table is full, its limit's overflow budget takes it, as a decision would) and left alone
+    /// for a refund.
+    pub fn settle_at(&self, asks: &[Ask<'_>], settlements: &[Settlement], now: u64) {
+        for (ask, settle) in asks.iter().zip(settlements) {
+            if settle.is_even() {
+                continue;
+            }
+            let overflow = BudgetKey {
+                value: OVERFLOW,
+                ..ask.key
+            };
+            let hash = self.hash(&ask.key);
+            let mut map = self.shards[shard_of(hash)]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let entry = match map.get_mut(&hash) {
+                Some(entry) => entry,
+                None if settle.charge > 0 && self.len.load(Ordering::Relaxed) < self.max_keys => {
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                    map.entry(hash).or_insert(Entry {
+                        state: State::new(ask.limit.algorithm().kind()),
+                        expires_at: 0,
+                    })
+                }
+                // Nothing to refund: the budget refilled past it and was swept.
+                None if settle.charge == 0 => continue,
+                None => {
+                    // A full table: the debt goes where this budget would be decided now.
+                    drop(map);
+                    let hash = self.hash(&overflow);
+                    let mut map = self.shards[shard_of(hash)]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if let Some(entry) = map.get_mut(&hash) {
+                        entry.state.settle(ask.limit, now, settle);
+                        entry.expires_at = entry.state.expires_at(ask.limit);
+                    }
+                    continue;
+                }
+            };
+            entry.state.settle(ask.limit, now, settle);
+            entry.expires_at = entry.state.expires_at(ask.limit);
+        }
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.

@@ -257,6 +257,72 @@ impl PostgresStore {
             .map(|_| ())
     }
 
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
+    pub async fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+    ) -> Result<(), LimiterError> {
+        self.settle_on(asks, settlements, None).await
+    }
+
+    /// [`PostgresStore::settle`] at a fake time: for the differential tests.
+    pub async fn settle_at_for_test(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+        now_us: u64,
+    ) -> Result<(), LimiterError> {
+        self.settle_on(asks, settlements, Some(now_us)).await
+    }
+
+    async fn settle_on(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> Result<(), LimiterError> {
+        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+        let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
+        let (mut pb, mut pb_at, mut refunds, mut charges, mut ats) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (ask, settle) in asks.iter().zip(settlements) {
+            if settle.is_even() {
+                continue;
+            }
+            let algorithm = ask.limit.algorithm();
+            keys.push(wire::key_name(&self.prefix, ask));
+            algorithms.push(algorithm.name());
+            // Every figure is below 2^53 (the constructors and the reserves' caps see to it).
+            pb.push(algorithm.wire_at(calendar_now).1 as i64);
+            pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
+            refunds.push(settle.refund as i64);
+            charges.push(settle.charge as i64);
+            ats.push(settle.at_us as i64);
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let clock = now.map(|n| n as i64);
+        self.db
+            .query::<i64>(
+                &self.db.sql.settle,
+                &[
+                    &clock,
+                    &keys,
+                    &algorithms,
+                    &pb,
+                    &pb_at,
+                    &refunds,
+                    &charges,
+                    &ats,
+                ],
+            )
+            .await
+            .map(|_| ())
+    }
+
     /// One decision call, doing what `call` says.
     /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
     async fn invoke(

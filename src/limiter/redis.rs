@@ -42,7 +42,8 @@ use connection::{Connection, MasterFollower, manager_config};
 pub use script::SCRIPT_SOURCE;
 use script::{
     BATCH_SCRIPT_SOURCE, Caller, FUNCTIONS_UNKNOWN, FUNCTIONS_UNSUPPORTED, FunctionLibrary,
-    LIBRARY, RELEASE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE, push_limits, read_reply,
+    LIBRARY, RELEASE_SOURCE, SETTLE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE, TEST_SETTLE_SOURCE,
+    push_limits, read_reply,
 };
 
 use super::guard::RemoteStore;
@@ -69,6 +70,7 @@ pub struct RedisStore {
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     release: Script,
+    settle: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
     test_clock: bool,
     prefix: String,
@@ -175,6 +177,11 @@ impl RedisStore {
             batching: Default::default(),
             sentinel,
             release: Script::new(RELEASE_SOURCE),
+            settle: Script::new(if test_clock {
+                TEST_SETTLE_SOURCE
+            } else {
+                SETTLE_SOURCE
+            }),
             test_clock,
             prefix: prefix.to_string(),
         })
@@ -227,6 +234,72 @@ impl RedisStore {
                 invocation.key(self.key_name(ask)).arg(ask.limit.cost());
                 any = true;
             }
+        }
+        if !any {
+            return Ok(());
+        }
+        let guard = self.connection.load_full();
+        let Some(connection) = guard.as_deref() else {
+            return Err(LimiterError::Unavailable(
+                "not connected to Redis yet".to_string(),
+            ));
+        };
+        let result: redis::RedisResult<i64> = match connection.clone() {
+            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        };
+        result
+            .map(|_| ())
+            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+    }
+
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
+    pub async fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+    ) -> Result<(), LimiterError> {
+        self.settle_on(asks, settlements, None).await
+    }
+
+    /// [`RedisStore::settle`] at a fake time (a store made by `connect_for_test`).
+    pub async fn settle_at_for_test(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+        now_us: u64,
+    ) -> Result<(), LimiterError> {
+        self.settle_on(asks, settlements, Some(now_us)).await
+    }
+
+    async fn settle_on(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> Result<(), LimiterError> {
+        let mut invocation = self.settle.prepare_invoke();
+        invocation.arg(now.map_or_else(|| "-".to_string(), |n| n.to_string()));
+        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+        let mut any = false;
+        for (ask, settle) in asks.iter().zip(settlements) {
+            if settle.is_even() {
+                continue;
+            }
+            let algorithm = ask.limit.algorithm();
+            let (a, b) = algorithm.wire_at(calendar_now);
+            let (_, b_at) = algorithm.wire_at(settle.at_us);
+            invocation
+                .key(self.key_name(ask))
+                .arg(algorithm.name())
+                .arg(a)
+                .arg(b)
+                .arg(b_at)
+                .arg(settle.refund)
+                .arg(settle.charge)
+                .arg(settle.at_us);
+            any = true;
         }
         if !any {
             return Ok(());

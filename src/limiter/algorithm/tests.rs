@@ -474,3 +474,46 @@ fn concurrency_leases_end_on_their_own() {
     );
     assert_eq!(s.expires_at(&l), T0 + 20 * SEC);
 }
+
+#[test]
+fn a_settled_charge_puts_a_bucket_in_debt_until_it_refills_past_it() {
+    use crate::limiter::Settlement;
+    // 100 units, 10 a second. A request reserves 50, then costs 250: 150 more are charged,
+    // 100 beyond what the bucket held.
+    let limit = token_bucket(100, 10.0).settled();
+    let mut state = State::Gcra { tat: 0 };
+    assert!(request(&mut state, &limit.costing(50), T0).allowed());
+    state.settle(&limit, T0 + SEC, &Settlement::of(50, 250, T0));
+    // At T0 + 1 s: 250 spent, 10 refilled: 140 in debt; one unit passes once 141 have come
+    // back, 14.1 s later.
+    let one = limit.costing(1);
+    let denied = request(&mut state, &one, T0 + SEC);
+    assert!(!denied.allowed());
+    assert_eq!(denied.retry_after_us(), 14_100_000);
+    assert!(!request(&mut state, &one, T0 + 15 * SEC).allowed());
+    assert!(request(&mut state, &one, T0 + 15 * SEC + 100_000).allowed());
+}
+
+#[test]
+fn a_refund_comes_back_only_while_it_still_counts() {
+    use crate::limiter::Settlement;
+    // A window of 100 an hour: a reserve of 80 that cost 30 gives 50 back in its window...
+    let limit = fixed_window(100, 3600 * SEC).settled();
+    let mut state = State::Window { start: 0, count: 0 };
+    assert!(request(&mut state, &limit.costing(80), T0).allowed());
+    assert!(!request(&mut state, &limit.costing(30), T0).allowed());
+    state.settle(&limit, T0 + SEC, &Settlement::of(80, 30, T0));
+    assert!(request(&mut state, &limit.costing(70), T0 + SEC).allowed());
+    // ...but not in the next window: the units it held went with their window.
+    let next = T0 - T0 % (3600 * SEC) + 3600 * SEC;
+    assert!(request(&mut state, &limit.costing(100), next).allowed());
+    state.settle(&limit, next + SEC, &Settlement::of(70, 0, T0 + SEC));
+    assert!(!request(&mut state, &limit.costing(1), next + SEC).allowed());
+    // A bucket refilled past a refund gains nothing from it: never more than full.
+    let bucket = token_bucket(10, 1.0).settled();
+    let mut state = State::Gcra { tat: 0 };
+    assert!(request(&mut state, &bucket.costing(10), T0).allowed());
+    state.settle(&bucket, T0 + 20 * SEC, &Settlement::of(10, 0, T0));
+    assert!(request(&mut state, &bucket.costing(10), T0 + 20 * SEC).allowed());
+    assert!(!request(&mut state, &bucket.costing(1), T0 + 20 * SEC).allowed());
+}

@@ -38,7 +38,7 @@ struct CachedDenial {
 
 /// Whether a limit's denials may be remembered: not a concurrency limit's (see the module docs).
 fn rememberable(ask: &Ask<'_>) -> bool {
-    ask.limit.algorithm().kind() != AlgorithmKind::Concurrency
+    ask.limit.algorithm().kind() != AlgorithmKind::Concurrency && !ask.limit.is_settled()
 }
 
 impl DenyCache {

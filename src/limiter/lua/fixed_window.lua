@@ -14,7 +14,7 @@ ALGORITHMS['fixed_window'] = {
     if count + cost <= limit then
       return { 1, limit, limit - count - cost, reset_after, 0, 0 }, { current, count + cost }
     end
-    return { 0, limit, limit - count, reset_after, reset_after, 0 }, nil
+    return { 0, limit, math.max(limit - count, 0), reset_after, reset_after, 0 }, nil
   end,
   commit = function(key, now, state, window, _cost)
     redis.call('HSET', key, 's', fmt(state[1]), 'c', fmt(state[2]))

@@ -88,6 +88,17 @@ pub(super) const FUNCTIONS_UNKNOWN: u8 = 0;
 pub(super) const FUNCTIONS_LOADED: u8 = 1;
 pub(super) const FUNCTIONS_UNSUPPORTED: u8 = 2;
 
+/// Settles reserved costs (`settle.lua`), on Redis' clock.
+pub(super) const SETTLE_SOURCE: &str = concat!(
+    limiter_library!("../lua/clock_redis.lua"),
+    include_str!("../lua/settle.lua")
+);
+/// The same on the caller's clock: for the differential tests only.
+pub(super) const TEST_SETTLE_SOURCE: &str = concat!(
+    limiter_library!("../lua/clock_test.lua"),
+    include_str!("../lua/settle.lua")
+);
+
 /// Gives back one request's concurrency leases.
 pub(super) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
 

@@ -13,7 +13,7 @@ BEGIN
   IF used + cost <= lim THEN
     RETURN ARRAY[1, lim, lim - used - cost, reset_after, 0, 0, win_start, used + cost, 0];
   END IF;
-  RETURN ARRAY[0, lim, lim - used, reset_after, reset_after, 0, win_start, used, 0];
+  RETURN ARRAY[0, lim, greatest(lim - used, 0), reset_after, reset_after, 0, win_start, used, 0];
 END $$;
 
 -- The calendar quota: mirrors quota_check in src/limiter/algorithm.rs. State: a = the period's
