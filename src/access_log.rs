@@ -31,6 +31,7 @@ pub mod field {
     pub const STATUS: &str = "status";
     pub const GRPC_STATUS: &str = "grpc_status";
     pub const LATENCY_MS: &str = "latency_ms";
+    pub const COST: &str = "cost";
 }
 
 /// One request's span as the access log holds it.
@@ -60,9 +61,13 @@ pub struct AccessRecord<'a> {
     /// whose HTTP status is 200).
     #[serde(default)]
     pub grpc_status: Option<u8>,
-    /// From the request's arrival to its response head (how long a concurrency slot was held).
+    /// From the request's arrival to its response head (how long a concurrency slot was held);
+    /// for a request with settled costs, to its response's end.
     #[serde(default)]
     pub latency_ms: Option<f64>,
+    /// Settled costs (`cost: {reserve, actual}`): per limit, `position=reserved/settled`.
+    #[serde(borrow, default)]
+    pub cost: Option<Cow<'a, str>>,
 }
 
 /// The span of one request: its method and path now, the other [`field`]s empty until the
@@ -81,6 +86,7 @@ pub fn span(method: &http::Method, path: &str) -> tracing::Span {
         status = Empty,
         grpc_status = Empty,
         latency_ms = Empty,
+        cost = Empty,
     )
 }
 
@@ -122,6 +128,7 @@ mod tests {
             span.record(field::STATUS, 200u16);
             span.record(field::GRPC_STATUS, 8u8);
             span.record(field::LATENCY_MS, 1.5f64);
+            span.record(field::COST, "0=1000/187");
             let _entered = span.enter();
             tracing::info!(target: TARGET, "request done");
         });
@@ -148,6 +155,7 @@ mod tests {
                 status: Some(200),
                 grpc_status: Some(8),
                 latency_ms: Some(1.5),
+                cost: Some("0=1000/187".into()),
             }
         );
     }

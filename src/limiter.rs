@@ -38,7 +38,7 @@ pub use clock::{
 };
 pub use decision::{Admission, Decision, Figures, Outcome, Settlement, Source, Verdict};
 pub use error::{LimiterError, OnError};
-pub use front::{HeldLeases, Limiter, LimiterSpec, StoreSpec};
+pub use front::{HeldLeases, Limiter, LimiterSpec, Reservation, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};

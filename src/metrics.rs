@@ -158,6 +158,27 @@ pub struct Metrics {
     untracked: Counter,
     tracked_keys: Gauge,
     adaptive_limit: Family<UpstreamLabel, Gauge>,
+    cost_units: Family<CostLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CostLabels {
+    route: String,
+    limit: String,
+    outcome: &'static str,
+}
+
+/// One settled limit's `floodgate_cost_units_total` handles (`cost: {reserve, actual}`).
+#[derive(Debug, Clone, Default)]
+pub struct CostCounters {
+    /// Units held at admission.
+    pub reserved: Counter,
+    /// Units the responses said they cost (the reserve when one did not say).
+    pub settled: Counter,
+    /// Units given back: reserved beyond the actual cost.
+    pub refunded: Counter,
+    /// Units taken beyond the reserve (into debt if need be).
+    pub charged: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -283,7 +304,14 @@ impl Metrics {
             "The learned limit of requests in flight to an upstream (adaptive_concurrency)",
             adaptive_limit.clone(),
         );
+        let cost_units = Family::<CostLabels, Counter>::default();
+        registry.register(
+            "cost_units",
+            "Units of settled costs (cost: {reserve, actual}) by route, limit and outcome: reserved at admission, settled (what responses cost), refunded, charged",
+            cost_units.clone(),
+        );
         Metrics {
+            cost_units,
             registry,
             requests,
             upstream_responses,
@@ -355,6 +383,23 @@ impl Metrics {
             "Denials answered from the local deny cache without asking the store",
             stats.deny_cache_hits.clone(),
         );
+    }
+
+    /// The `floodgate_cost_units_total` handles of a settled limit named `limit` on `route`.
+    pub fn cost(&self, route: &str, limit: &str) -> CostCounters {
+        let counter = |outcome| {
+            self.cost_units.get_or_create_owned(&CostLabels {
+                route: route.to_string(),
+                limit: limit.to_string(),
+                outcome,
+            })
+        };
+        CostCounters {
+            reserved: counter("reserved"),
+            settled: counter("settled"),
+            refunded: counter("refunded"),
+            charged: counter("charged"),
+        }
     }
 
     /// The handles of one route.

@@ -21,6 +21,7 @@
 
 pub mod body;
 mod context;
+pub mod cost;
 pub mod forward;
 mod multiplex;
 mod pool;
@@ -41,10 +42,10 @@ use crate::config::{Config, RequestView, RouteConfig};
 use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
 use crate::limiter::{Admission, Ask, KeyKind, Limiter, LimiterError};
-use crate::metrics::{DecisionLabel, Metrics};
+use crate::metrics::Metrics;
 use crate::policy::{Claim, LimitPhase, Refusal, Refused, RequestKeys, Whose};
 use body::ClientBody;
-use context::{Admitted, Context};
+use context::{Admitted, Context, PendingLog};
 pub use forward::Forwarder;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
 use snapshot::RouteExtras;
@@ -270,8 +271,24 @@ impl Proxy {
         if let (Some(route), Some(label)) = (route, label) {
             route.extras.metrics.decision(label);
         }
-        Self::log(&ctx, route, label, &response);
-        let after = ctx.after_response();
+        let mut after = ctx.after_response();
+        let line = (!ctx.span.is_disabled()).then(|| PendingLog {
+            span: ctx.span.clone(),
+            started: ctx.started,
+            route: route.map_or_else(|| Arc::from(""), |r| r.config.name.clone()),
+            status: response.status().as_u16(),
+            grpc_status: response
+                .headers()
+                .get(crate::grpc::GRPC_STATUS)
+                .and_then(|v| v.to_str().ok()?.parse::<u8>().ok()),
+            label,
+        });
+        match line {
+            // A request that settles costs is logged when they are settled.
+            Some(line) if after.meters_costs() => after.log = Some(line),
+            Some(line) => log_line(&line, None),
+            None => {}
+        }
         if after.is_empty() {
             return response;
         }
@@ -488,14 +505,21 @@ impl Proxy {
             Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
             Refused::StoreUnavailable => Rejection::LimiterUnavailable,
         };
+        let mut reservations = Vec::new();
         if !config.enforced.is_empty() {
             let keys = RequestKeys::of(&config.enforced, &view, (kind, id), ip);
             let asks = whose.asks(&config.enforced, id, ip, &keys);
-            let admission = match self.ask(snapshot, &asks.asks).await {
+            let reserves = cost::Reserves::of(&config.enforced, &asks, req.headers(), json);
+            let costed = reserves.asks(&asks.asks);
+            let asks_now = costed.as_deref().unwrap_or(&asks.asks);
+            let admission = match self.ask(snapshot, asks_now).await {
                 Ok(admission) => admission,
                 Err(_) => return Err(refuse(phase.store_unavailable())),
             };
-            leases.extend(self.limiter.hold(&asks.asks, &admission));
+            leases.extend(self.limiter.hold(asks_now, &admission));
+            if let Some(reservation) = self.limiter.reserve(asks_now, &admission) {
+                reservations.push((reservation, reserves.metered(&route.extras.costs)));
+            }
             phase
                 .enforced(
                     admission.verdict().copied(),
@@ -507,10 +531,17 @@ impl Proxy {
         if !config.shadow.is_empty() {
             let keys = RequestKeys::of(&config.shadow, &view, (kind, id), ip);
             let asks = whose.asks(&config.shadow, id, ip, &keys);
+            let reserves = cost::Reserves::of(&config.shadow, &asks, req.headers(), json);
+            let costed = reserves.asks(&asks.asks);
+            let asks_now = costed.as_deref().unwrap_or(&asks.asks);
             // A shadow budget's store failure only means "no shadow verdict".
-            if let Ok(admission) = self.ask(snapshot, &asks.asks).await {
-                // Shadow concurrency leases are held and given back like enforced ones.
-                leases.extend(self.limiter.hold(&asks.asks, &admission));
+            if let Ok(admission) = self.ask(snapshot, asks_now).await {
+                // Shadow concurrency leases are held and given back like enforced ones, and
+                // shadow reserves settled like enforced ones.
+                leases.extend(self.limiter.hold(asks_now, &admission));
+                if let Some(reservation) = self.limiter.reserve(asks_now, &admission) {
+                    reservations.push((reservation, reserves.metered(&route.extras.costs)));
+                }
                 let verdict = match admission {
                     Admission::Limited { verdict, .. } => Some(verdict),
                     _ => None,
@@ -522,6 +553,10 @@ impl Proxy {
             headline: phase.headline(),
             label: phase.label(),
             leases,
+            costs: reservations
+                .into_iter()
+                .map(|(reservation, metered)| cost::CostMeter::new(reservation, metered))
+                .collect(),
         })
     }
 
@@ -590,39 +625,36 @@ impl Proxy {
                 .headers
                 .write(response.headers_mut(), verdict, *limit);
         }
+        if let Some(admitted) = &mut ctx.admitted {
+            for meter in &mut admitted.costs {
+                meter.head(response.headers());
+            }
+        }
         response
     }
+}
 
-    /// The request's outcome on its span (the access log, target `floodgate::access`).
-    fn log(
-        ctx: &Context,
-        route: Option<&Matched<'_>>,
-        label: Option<DecisionLabel>,
-        response: &Response<Body>,
-    ) {
-        let span = &ctx.span;
-        if span.is_disabled() {
-            return;
-        }
-        let latency_ms = ctx.started.elapsed().as_secs_f64() * 1000.0;
-        span.record(field::STATUS, response.status().as_u16());
-        if let Some(code) = response
-            .headers()
-            .get(crate::grpc::GRPC_STATUS)
-            .and_then(|v| v.to_str().ok()?.parse::<u8>().ok())
-        {
-            span.record(field::GRPC_STATUS, code);
-        }
-        span.record(field::LATENCY_MS, latency_ms);
-        if let Some(label) = label {
-            span.record(field::DECISION, label.as_str());
-        }
-        let _entered = span.enter();
-        tracing::info!(
-            target: access_log::TARGET,
-            route = route.map(|r| &*r.config.name),
-            status = response.status().as_u16(),
-            "request done"
-        );
+/// A request's outcome on its span (the access log, target `floodgate::access`); `cost`, its
+/// settled costs (`cost.rs`).
+fn log_line(line: &PendingLog, cost: Option<&str>) {
+    let span = &line.span;
+    let latency_ms = line.started.elapsed().as_secs_f64() * 1000.0;
+    span.record(field::STATUS, line.status);
+    if let Some(code) = line.grpc_status {
+        span.record(field::GRPC_STATUS, code);
     }
+    span.record(field::LATENCY_MS, latency_ms);
+    if let Some(label) = line.label {
+        span.record(field::DECISION, label.as_str());
+    }
+    if let Some(cost) = cost {
+        span.record(field::COST, cost);
+    }
+    let _entered = span.enter();
+    tracing::info!(
+        target: access_log::TARGET,
+        route = (!line.route.is_empty()).then_some(&*line.route),
+        status = line.status,
+        "request done"
+    );
 }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use crate::config::{Budget, Config};
 use crate::identity::{Identity, ip_octets};
 use crate::limiter::{
-    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, MAX_LIMITS, ManualClock, MemoryStore, Verdict,
+    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, Limit, MAX_LIMITS, ManualClock, MemoryStore,
+    Verdict,
 };
 use crate::metrics::DecisionLabel;
 use crate::policy::{Asks, Claim, LimitPhase, Policy, RequestKeys, Whose};
@@ -312,15 +313,7 @@ impl Replay {
         }
         // The one limit phase the proxy runs too (crate::policy::LimitPhase), on replay's store.
         let mut phase = LimitPhase::new(&policy);
-        let enforced = self.run_budget(
-            i,
-            &route.enforced,
-            &whose,
-            now,
-            seq,
-            record.latency_us,
-            false,
-        );
+        let enforced = self.run_budget(i, &route.enforced, &whose, now, seq, &record, false);
         let forwarded = match &enforced {
             Some((verdict, positions)) => phase.enforced(Some(*verdict), positions, false).is_ok(),
             None => true,
@@ -334,7 +327,7 @@ impl Replay {
         }
         if forwarded {
             if let Some((verdict, positions)) =
-                self.run_budget(i, &route.shadow, &whose, now, seq, record.latency_us, true)
+                self.run_budget(i, &route.shadow, &whose, now, seq, &record, true)
             {
                 phase.shadow(Some(verdict), &positions);
             }
@@ -356,9 +349,10 @@ impl Replay {
         whose: &Whose<'_>,
         now: u64,
         lease: u64,
-        latency_us: Option<u64>,
+        record: &Record,
         shadow: bool,
     ) -> Option<(Verdict, [usize; MAX_LIMITS])> {
+        let latency_us = record.latency_us;
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
@@ -366,6 +360,29 @@ impl Replay {
         // identity's budget here, as a request lacking the value does in the proxy.
         let none = RequestKeys::default();
         let Asks { asks, positions } = whose.asks(budget, id, ip, &none);
+        // A settled limit costs what the log says the request cost (its reserve when the log
+        // does not say): decided at once, as if its cost had been known at admission.
+        let costed: Vec<Limit> = asks
+            .iter()
+            .zip(&positions)
+            .map(|(ask, &index)| {
+                let position = budget.limits.get(index).map(|l| l.position());
+                match record.costs.iter().find(|(p, _)| Some(*p) == position) {
+                    Some(&(_, units)) if ask.limit.is_settled() => {
+                        ask.limit.costing(u32::try_from(units).unwrap_or(u32::MAX))
+                    }
+                    _ => *ask.limit,
+                }
+            })
+            .collect();
+        let asks: Vec<Ask<'_>> = asks
+            .iter()
+            .zip(&costed)
+            .map(|(ask, limit)| Ask {
+                limit,
+                key: ask.key,
+            })
+            .collect();
         let mut decisions = [Decision::EMPTY; MAX_LIMITS];
         let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;
         let stats = &mut self.stats[index];

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     Admission, AlgorithmKind, AnchoredClock, Ask, BudgetKey, Decision, KeyKind, LeaseId, Limit,
-    LimiterError, MemoryStore, OnError, Source, guard, next_lease, postgres, redis,
+    LimiterError, MemoryStore, OnError, Settlement, Source, guard, next_lease, postgres, redis,
 };
 
 /// Where budgets live.
@@ -222,6 +222,109 @@ impl Limiter {
             lease,
             source,
         })
+    }
+}
+
+/// What one admitted request reserved of its settled limits (`cost: {reserve, actual}`), held
+/// out of their budgets until [`Reservation::settle`] says what it really cost. Dropped
+/// unsettled, it stays spent: a response whose cost is unknown costs its reserve.
+pub struct Reservation {
+    limiter: Limiter,
+    keys: Vec<OwnedKey>,
+    /// When the store decided (its clock): a refund counts only in the window it was spent in.
+    at_us: u64,
+    source: Source,
+}
+
+impl Limiter {
+    /// The reservation `admission` made in the settled limits among `asks` (each ask's limit
+    /// costing its reserve), if it allowed. Nothing is reserved when no store decided (the
+    /// store failed and `on_error` let the request through).
+    pub fn reserve(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<Reservation> {
+        let Admission::Limited {
+            verdict, source, ..
+        } = *admission
+        else {
+            return None;
+        };
+        if !verdict.allowed() {
+            return None;
+        }
+        let keys: Vec<OwnedKey> = asks
+            .iter()
+            .filter(|a| a.limit.is_settled())
+            .map(|a| OwnedKey {
+                limit: *a.limit,
+                budget: a.key.budget.to_string(),
+                kind: a.key.kind,
+                value: a.key.value.to_vec(),
+            })
+            .collect();
+        (!keys.is_empty()).then(|| Reservation {
+            limiter: self.clone(),
+            keys,
+            at_us: verdict.now_us,
+            source,
+        })
+    }
+
+    /// Settles reservations in the store that made them (`source`).
+    pub async fn settle(&self, asks: &[Ask<'_>], settlements: &[Settlement], source: Source) {
+        let settled = by_store!(self,
+            store => { store.settle(asks, settlements); Ok(()) },
+            guarded => guarded.settle(asks, settlements, source).await
+        );
+        if let Err(e) = settled {
+            tracing::warn!(error = %e, "settling reserved costs failed: the budgets keep what was reserved");
+        }
+    }
+}
+
+impl Reservation {
+    /// The units reserved in each settled limit, in the order they were asked.
+    pub fn reserved(&self) -> impl Iterator<Item = u64> + '_ {
+        self.keys.iter().map(|k| u64::from(k.limit.cost()))
+    }
+
+    /// How many settled limits it holds.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when it holds none (never, once made).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Settles each limit at `actual[i]` units (refunding or charging the difference from its
+    /// reserve): at once on the memory store, in a spawned task on a remote one (the response
+    /// has ended; nobody waits for it).
+    pub fn settle(self, actual: &[u64]) {
+        let settlements: Vec<Settlement> = self
+            .reserved()
+            .zip(actual)
+            .map(|(reserved, &actual)| Settlement::of(reserved, actual, self.at_us))
+            .collect();
+        if settlements.iter().all(Settlement::is_even) {
+            return;
+        }
+        match &self.limiter {
+            Limiter::Memory(store) => store.settle(&borrowed(&self.keys), &settlements),
+            Limiter::Redis(_) | Limiter::Postgres(_) => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return; // no runtime (process exit): the reserves stand
+                };
+                let Reservation {
+                    limiter,
+                    keys,
+                    source,
+                    ..
+                } = self;
+                runtime.spawn(async move {
+                    limiter.settle(&borrowed(&keys), &settlements, source).await;
+                });
+            }
+        }
     }
 }
 

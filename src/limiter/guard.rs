@@ -70,6 +70,13 @@ pub trait RemoteStore: Send + Sync + 'static {
         asks: &[Ask<'_>],
         lease: LeaseId,
     ) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`): refunds and
+    /// charges (`cost: {reserve, actual}`).
+    fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[super::Settlement],
+    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
     /// What `asks` would decide now, per limit, spending nothing.
     fn peek(
         &self,
@@ -343,6 +350,28 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         }
     }
 
+    /// Settles reservations in the store that decided them (`source`). A settlement that
+    /// fails is logged and lost: its budget keeps the reserve (refunds) or misses the charge.
+    pub async fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[super::Settlement],
+        source: Source,
+    ) -> Result<(), LimiterError> {
+        match source {
+            Source::Fallback => {
+                self.local.settle(asks, settlements);
+                Ok(())
+            }
+            Source::Store => {
+                let timeout = self.timeout();
+                tokio::time::timeout(timeout, self.store.settle(asks, settlements))
+                    .await
+                    .map_err(|_| LimiterError::Timeout(timeout))?
+            }
+        }
+    }
+
     fn fallback(
         &self,
         asks: &[Ask<'_>],
@@ -464,6 +493,15 @@ mod tests {
 
         async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
             Ok(self.state.peek(asks))
+        }
+
+        async fn settle(
+            &self,
+            asks: &[Ask<'_>],
+            settlements: &[crate::limiter::Settlement],
+        ) -> Result<(), LimiterError> {
+            self.state.settle_at(asks, settlements, T0);
+            Ok(())
         }
 
         async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {

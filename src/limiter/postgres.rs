@@ -432,6 +432,14 @@ impl RemoteStore for PostgresStore {
         PostgresStore::release(self, asks, lease).await
     }
 
+    async fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+    ) -> Result<(), LimiterError> {
+        PostgresStore::settle(self, asks, settlements).await
+    }
+
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         PostgresStore::peek(self, asks).await
     }

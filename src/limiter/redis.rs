@@ -474,6 +474,14 @@ impl RemoteStore for RedisStore {
         RedisStore::release(self, asks, lease).await
     }
 
+    async fn settle(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+    ) -> Result<(), LimiterError> {
+        RedisStore::settle(self, asks, settlements).await
+    }
+
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         RedisStore::peek(self, asks).await
     }

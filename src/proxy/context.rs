@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use http::Request;
 
+use super::cost::CostMeter;
 use super::response::Dialect;
 use crate::access_log;
 use crate::adaptive::Permit;
@@ -22,6 +23,8 @@ pub(super) struct Admitted {
     pub label: DecisionLabel,
     /// Concurrency leases the request holds until its response body ends.
     pub leases: Vec<HeldLeases>,
+    /// What it reserved of settled costs, read and settled as the response goes by.
+    pub costs: Vec<CostMeter>,
 }
 
 impl Admitted {
@@ -31,6 +34,7 @@ impl Admitted {
             headline: None,
             label: DecisionLabel::Unlimited,
             leases: Vec::new(),
+            costs: Vec::new(),
         }
     }
 
@@ -93,14 +97,27 @@ impl Context {
 
     /// What the phase after the response has to do, taken out of the context.
     pub fn after_response(&mut self) -> AfterResponse {
+        let admitted = self.admitted.as_mut();
+        let (leases, costs) = admitted
+            .map(|a| (std::mem::take(&mut a.leases), std::mem::take(&mut a.costs)))
+            .unwrap_or_default();
         AfterResponse {
-            leases: self
-                .admitted
-                .as_mut()
-                .map(|a| std::mem::take(&mut a.leases))
-                .unwrap_or_default(),
+            leases,
+            costs,
+            log: None,
         }
     }
+}
+
+/// The access log line of a request whose line waits for the response to end (its settled
+/// costs go in it).
+pub(super) struct PendingLog {
+    pub span: tracing::Span,
+    pub started: Instant,
+    pub route: std::sync::Arc<str>,
+    pub status: u16,
+    pub grpc_status: Option<u8>,
+    pub label: Option<DecisionLabel>,
 }
 
 /// The phase after the response: run when the response body has ended (its last frame, its
@@ -109,18 +126,46 @@ impl Context {
 #[derive(Default)]
 pub(super) struct AfterResponse {
     leases: Vec<HeldLeases>,
+    /// Settled costs: read from the response as it goes by, settled when it ends.
+    costs: Vec<CostMeter>,
+    /// The access log line, when it waits for the settled costs.
+    pub log: Option<PendingLog>,
 }
 
 impl AfterResponse {
     /// True when there is nothing to do after the response (the body is then not wrapped).
     pub fn is_empty(&self) -> bool {
-        self.leases.is_empty()
+        self.leases.is_empty() && self.costs.is_empty()
+    }
+
+    /// True when settled costs are read from this response.
+    pub fn meters_costs(&self) -> bool {
+        !self.costs.is_empty()
+    }
+
+    /// One frame of the response body going by.
+    pub fn frame(&mut self, frame: &hyper::body::Frame<bytes::Bytes>) {
+        for meter in &mut self.costs {
+            if let Some(data) = frame.data_ref() {
+                meter.data(data);
+            } else if let Some(trailers) = frame.trailers_ref() {
+                meter.trailers(trailers);
+            }
+        }
     }
 
     /// Runs the phase (once: a second call finds nothing left).
     pub fn run(&mut self) {
         // Dropping a held lease gives it back.
         self.leases.clear();
+        let mut figures = Vec::new();
+        for meter in self.costs.drain(..) {
+            figures.extend(meter.finish());
+        }
+        if let Some(log) = self.log.take() {
+            let cost = (!figures.is_empty()).then(|| super::cost::log_field(&figures));
+            super::log_line(&log, cost.as_deref());
+        }
     }
 }
 

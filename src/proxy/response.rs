@@ -181,8 +181,10 @@ impl hyper::body::Body for Ending {
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
-            this.after.run();
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => this.after.frame(frame),
+            std::task::Poll::Ready(None | Some(Err(_))) => this.after.run(),
+            std::task::Poll::Pending => {}
         }
         polled
     }

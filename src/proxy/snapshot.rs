@@ -59,6 +59,8 @@ pub(super) struct RouteExtras {
     pub gate: Option<Arc<Gate>>,
     /// The route's heaviest identities of the recent past (`/top`).
     pub top: Arc<TopTable>,
+    /// Per limit position, a settled limit's `floodgate_cost_units_total` handles.
+    pub costs: Vec<Option<crate::metrics::CostCounters>>,
 }
 
 /// Each route's heavy-hitter table, by route name: kept across reloads.
@@ -133,6 +135,7 @@ impl Snapshot {
                     headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
                     gate,
                     top,
+                    costs: cost_counters(r, metrics),
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
@@ -155,4 +158,21 @@ impl Snapshot {
             tls: config.tls.is_some(),
         }
     }
+}
+
+/// Per limit position of `route`, its `floodgate_cost_units_total` handles if its cost is
+/// settled after the response.
+fn cost_counters(
+    route: &crate::config::RouteConfig,
+    metrics: &Metrics,
+) -> Vec<Option<crate::metrics::CostCounters>> {
+    let limits = || route.enforced.limits.iter().chain(&route.shadow.limits);
+    let len = limits().map(|l| l.position() + 1).max().unwrap_or(0);
+    let mut costs = vec![None; len];
+    for limit in limits() {
+        if limit.settled.is_some() {
+            costs[limit.position()] = Some(metrics.cost(&route.name, limit.name()));
+        }
+    }
+    costs
 }

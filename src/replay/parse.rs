@@ -28,6 +28,8 @@ pub struct Record {
     pub recorded: Option<bool>,
     /// The log's clock has whole seconds only (nginx): the second's requests get spread over it.
     pub whole_second: bool,
+    /// What the request's settled limits cost (`cost: {reserve, actual}`), by limit position.
+    pub costs: Vec<(usize, u64)>,
 }
 
 /// Who sent a recorded request, as far as the log says.
@@ -122,6 +124,7 @@ struct Fields<'a> {
     identity: Option<&'a [u8]>,
     identity_hash: Option<&'a [u8]>,
     decision: Option<&'a [u8]>,
+    cost: Option<&'a [u8]>,
     latency_ms: Option<f64>,
 }
 
@@ -186,6 +189,7 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
                     (2, true, b"identity") => &mut f.identity,
                     (2, true, b"identity_hash") => &mut f.identity_hash,
                     (2, true, b"decision") => &mut f.decision,
+                    (2, true, b"cost") => &mut f.cost,
                     _ => continue,
                 };
                 if slot.replace(value).is_some() {
@@ -242,6 +246,7 @@ impl<'a> Fields<'a> {
             status: None,
             grpc_status: None,
             latency_ms: self.latency_ms,
+            cost: self.cost.map(|c| text(c, "cost")).transpose()?,
         })
     }
 }
@@ -311,6 +316,11 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
         latency_us,
         recorded: span.decision.and_then(DecisionLabel::admitted_by_limits),
         whole_second: false,
+        costs: span
+            .cost
+            .as_deref()
+            .map(crate::proxy::cost::parse_log_field)
+            .unwrap_or_default(),
     })
 }
 
@@ -377,5 +387,6 @@ fn parse_combined(line: &str) -> Result<Record, String> {
         latency_us: None,
         recorded: None,
         whole_second: true,
+        costs: Vec::new(),
     })
 }

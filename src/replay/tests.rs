@@ -230,6 +230,7 @@ fn memory_stays_bounded_by_the_budgets_alive_at_once() {
             latency_us: None,
             recorded: None,
             whole_second: false,
+            costs: Vec::new(),
         });
     }
     assert!(
