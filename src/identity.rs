@@ -271,9 +271,26 @@ impl IdentityConfig {
         peer: IpAddr,
     ) -> Result<Identity<'a>, IdentityError> {
         if let Some(key) = single_value(headers, &self.api_key_header)? {
-            return Ok(Identity::ApiKey(key));
+            return Ok(Identity::ApiKey(self.key_of(key)));
         }
         self.identify_without_key(headers, peer)
+    }
+
+    /// The API key in a value of `api_key_header`: with `api_key_header: Authorization`, the
+    /// credential of a `Bearer` value (as OpenAI's SDKs and most LLM clients send their key),
+    /// otherwise the whole value.
+    fn key_of<'a>(&self, value: &'a [u8]) -> &'a [u8] {
+        if self.api_key_header != http::header::AUTHORIZATION || value.len() < 7 {
+            return value;
+        }
+        let (scheme, credential) = value.split_at(7);
+        if scheme.eq_ignore_ascii_case(b"bearer ") {
+            let credential = credential.trim_ascii();
+            if !credential.is_empty() {
+                return credential;
+            }
+        }
+        value
     }
 
     /// [`IdentityConfig::identify`] as if no API key were sent: user id, then IP.

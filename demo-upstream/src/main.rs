@@ -4,11 +4,14 @@
 //! It stands in for the ride-matching service of the surge scenario: a fixed worker pool
 //! (`--workers`), each request holding a worker for `--service-time`, and a 503 for any request
 //! that waits longer than `--queue-timeout` for one. `GET /__stats` reports what it served.
+//! `POST /v1/chat/completions` answers as OpenAI's API does, plain or streamed, with a `usage`
+//! floodgate's token budgets can settle on (`chat.rs`).
 //! On start it prints `floodgate-demo-upstream listening on http://IP:PORT` (the bound port,
 //! also with `--listen 127.0.0.1:0`); SIGTERM or SIGINT drains connections and exits 0.
 
 #![forbid(unsafe_code)]
 
+mod chat;
 mod duration;
 mod service;
 

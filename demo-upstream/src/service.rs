@@ -90,7 +90,7 @@ impl DemoApi {
     pub async fn handle<B: Body>(
         self: Arc<Self>,
         req: Request<B>,
-    ) -> Result<Response<Full<Bytes>>, Infallible> {
+    ) -> Result<Response<DemoBody>, Infallible> {
         if req.method() == Method::GET && req.uri().path() == STATS_PATH {
             return Ok(self.stats());
         }
@@ -101,14 +101,16 @@ impl DemoApi {
         let method = req.method().to_string();
         let path = req.uri().path().to_owned();
 
-        // Read and discard the body, as a real API would before doing its work. A client that
-        // breaks off mid-body gets no answer worth sending; 400 is the honest one.
-        if req.into_body().collect().await.is_err() {
+        // Read the body, as a real API would before doing its work. A client that breaks off
+        // mid-body gets no answer worth sending; 400 is the honest one.
+        let chat = req.method() == Method::POST && path == crate::chat::PATH;
+        let (parts, body) = req.into_parts();
+        let Ok(body) = body.collect().await else {
             return Ok(json_response(
                 StatusCode::BAD_REQUEST,
                 serde_json::json!({"error": "bad_request_body"}),
             ));
-        }
+        };
 
         let permit =
             match tokio::time::timeout(self.capacity.queue_timeout, self.workers.acquire()).await {
@@ -133,7 +135,14 @@ impl DemoApi {
         ))
         .await;
         drop(permit);
-        self.served.fetch_add(1, Ordering::Relaxed);
+        let served = self.served.fetch_add(1, Ordering::Relaxed);
+        if chat {
+            return Ok(crate::chat::answer(
+                &parts.headers,
+                &body.to_bytes(),
+                served,
+            ));
+        }
         Ok(json_response(
             StatusCode::OK,
             serde_json::json!({"ok": true, "path": path, "method": method}),
@@ -142,7 +151,7 @@ impl DemoApi {
 
     /// The knob: `service_time=DURATION` and `workers=N` (either or both), for the requests that
     /// start from now on. 400 for anything else; the new capacity as `/__stats` says it.
-    fn set_capacity(self: &Arc<Self>, query: &str) -> Response<Full<Bytes>> {
+    fn set_capacity(self: &Arc<Self>, query: &str) -> Response<DemoBody> {
         let bad = |detail: String| {
             json_response(
                 StatusCode::BAD_REQUEST,
@@ -190,7 +199,7 @@ impl DemoApi {
     ///
     /// `served` counts 200s from a worker, `rejected` counts 503s from the queue timeout, and
     /// `in_flight` counts requests that are queued for or holding a worker right now.
-    fn stats(&self) -> Response<Full<Bytes>> {
+    fn stats(&self) -> Response<DemoBody> {
         json_response(
             StatusCode::OK,
             serde_json::json!({
@@ -204,9 +213,12 @@ impl DemoApi {
     }
 }
 
+/// Every response's body: whole, or an event stream (`chat.rs`).
+pub type DemoBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
+
 /// A response with a JSON body and `Content-Type: application/json`.
-fn json_response(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response<DemoBody> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -234,7 +246,7 @@ mod tests {
         req
     }
 
-    async fn body_json(response: Response<Full<Bytes>>) -> serde_json::Value {
+    async fn body_json(response: Response<DemoBody>) -> serde_json::Value {
         let bytes = response
             .into_body()
             .collect()

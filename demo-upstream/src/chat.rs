@@ -1,0 +1,199 @@
+//! An OpenAI-compatible `POST /v1/chat/completions`, for floodgate's token budgets
+//! (`cost: {reserve, actual}`): plain, or streamed as server-sent events with the usage in the
+//! last chunk when `stream_options.include_usage` asks, as OpenAI's API does.
+//!
+//! It generates no language, only what a client and a proxy can count: the prompt costs one
+//! token per word of the messages' contents; the completion is `x-demo-completion-tokens`
+//! words (default 16), cut to `max_tokens`; `usage` says both and their total. Deterministic,
+//! so tests know what each call must settle at.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::service::{DemoBody, json_response};
+
+/// The path.
+pub const PATH: &str = "/v1/chat/completions";
+/// The request header that says how many tokens the completion has (before `max_tokens`).
+pub const COMPLETION_HEADER: &str = "x-demo-completion-tokens";
+/// The completion's length when the header does not say.
+const DEFAULT_COMPLETION: u64 = 16;
+
+/// The answer to a chat completion request with `headers` and body `body`.
+pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<DemoBody> {
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return invalid("the body is not JSON");
+    };
+    let Some(model) = request["model"].as_str() else {
+        return invalid("model is required");
+    };
+    let Some(messages) = request["messages"].as_array() else {
+        return invalid("messages is required");
+    };
+    let prompt_tokens = messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .map(|c| c.split_whitespace().count() as u64)
+        .sum::<u64>()
+        .max(1);
+    let wanted = headers
+        .get(COMPLETION_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(DEFAULT_COMPLETION);
+    let max_tokens = request["max_tokens"]
+        .as_u64()
+        .or_else(|| request["max_completion_tokens"].as_u64());
+    let completion_tokens = max_tokens.map_or(wanted, |max| wanted.min(max));
+    let finish_reason = if completion_tokens < wanted {
+        "length"
+    } else {
+        "stop"
+    };
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    });
+    let id = format!("chatcmpl-demo-{id}");
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let words = (0..completion_tokens).map(|i| format!("w{i}"));
+    if request["stream"].as_bool() != Some(true) {
+        let content = words.collect::<Vec<_>>().join(" ");
+        return json_response(
+            StatusCode::OK,
+            json!({
+                "id": id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": finish_reason,
+                }],
+                "usage": usage,
+            }),
+        );
+    }
+    let include_usage = request["stream_options"]["include_usage"].as_bool() == Some(true);
+    let chunk = |delta: Value, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+    };
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    events.extend(words.map(|w| chunk(json!({"content": format!("{w} ")}), None)));
+    events.push(chunk(json!({}), Some(finish_reason)));
+    if include_usage {
+        events.push(json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }));
+    }
+    let mut frames: Vec<Bytes> = events
+        .into_iter()
+        .map(|e| Bytes::from(format!("data: {e}\n\n")))
+        .collect();
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let mut response = Response::new(Events { frames, next: 0 }.boxed_unsync());
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+/// A 400 as OpenAI words it.
+fn invalid(message: &str) -> Response<DemoBody> {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        json!({"error": {"message": message, "type": "invalid_request_error"}}),
+    )
+}
+
+/// An event stream sent one event per frame, yielding between them (so a proxy sees the
+/// events arrive one by one, split across reads, as a real stream's do).
+struct Events {
+    frames: Vec<Bytes>,
+    next: usize,
+}
+
+impl Body for Events {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let Some(frame) = this.frames.get(this.next).cloned() else {
+            return Poll::Ready(None);
+        };
+        this.next += 1;
+        // Every other frame waits a turn of the scheduler: the stream is not one write.
+        if this.next % 2 == 0 {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Ready(Some(Ok(Frame::data(frame))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn text(response: Response<DemoBody>) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_plain_completion_says_its_usage() {
+        let mut headers = hyper::HeaderMap::new();
+        headers.insert(COMPLETION_HEADER, HeaderValue::from_static("40"));
+        let body = br#"{"model": "m", "max_tokens": 25, "messages": [{"role": "user", "content": "one two three"}]}"#;
+        let answer: Value = serde_json::from_str(&text(answer(&headers, body, 1)).await).unwrap();
+        assert_eq!(answer["usage"]["prompt_tokens"], 3);
+        assert_eq!(answer["usage"]["completion_tokens"], 25);
+        assert_eq!(answer["usage"]["total_tokens"], 28);
+        assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    }
+
+    #[tokio::test]
+    async fn a_stream_carries_its_usage_in_the_last_chunk_when_asked() {
+        let body = br#"{"model": "m", "stream": true, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "hi"}]}"#;
+        let response = answer(&hyper::HeaderMap::new(), body, 2);
+        assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
+        let text = text(response).await;
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"));
+        let last: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+        assert_eq!(last["usage"]["total_tokens"], 17);
+        assert_eq!(last["choices"], json!([]));
+        let without = br#"{"model": "m", "stream": true, "messages": []}"#;
+        let text = super::tests::text(answer(&hyper::HeaderMap::new(), without, 3)).await;
+        assert!(!text.contains("usage"));
+    }
+}
