@@ -113,7 +113,14 @@ pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<Demo
         .map(|e| Bytes::from(format!("data: {e}\n\n")))
         .collect();
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    let mut response = Response::new(Events { frames, next: 0 }.boxed_unsync());
+    let mut response = Response::new(
+        Events {
+            frames,
+            next: 0,
+            waited: false,
+        }
+        .boxed_unsync(),
+    );
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -133,6 +140,7 @@ fn invalid(message: &str) -> Response<DemoBody> {
 struct Events {
     frames: Vec<Bytes>,
     next: usize,
+    waited: bool,
 }
 
 impl Body for Events {
@@ -144,14 +152,18 @@ impl Body for Events {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
+        // Each frame waits a turn of the scheduler first: the connection writes what it has,
+        // and the stream is not one write.
+        if !this.waited {
+            this.waited = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        this.waited = false;
         let Some(frame) = this.frames.get(this.next).cloned() else {
             return Poll::Ready(None);
         };
         this.next += 1;
-        // Every other frame waits a turn of the scheduler: the stream is not one write.
-        if this.next % 2 == 0 {
-            cx.waker().wake_by_ref();
-        }
         Poll::Ready(Some(Ok(Frame::data(frame))))
     }
 }
