@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 
 from locust import between, events, tag, task
 from locust.contrib.fasthttp import FastHttpUser
@@ -95,6 +96,86 @@ class SurgeRider(FastHttpUser):
     @task(1)
     def fare_estimate(self) -> None:
         self.post(FARES, dict(TRIP))
+
+
+#: The OpenAI-compatible endpoint of the demo upstream (token budgets: scripts/loadtest-tokens.sh).
+CHAT = "/v1/chat/completions"
+
+
+def usage_of(response) -> dict | None:
+    """The ``usage`` of a chat completion: the JSON body's, or a stream's last event carrying one."""
+    text = response.text or ""
+    if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+        usage = None
+        for line in text.splitlines():
+            if line.startswith("data: {"):
+                event = json.loads(line[len("data: "):])
+                usage = event.get("usage") or usage
+        return usage
+    try:
+        return json.loads(text).get("usage")
+    except ValueError:
+        return None
+
+
+class TokenClient(FastHttpUser):
+    """An application calling an LLM API through floodgate with its team's key, as the openai SDK does
+    (``Authorization: Bearer``): a random ``max_tokens`` (what floodgate reserves), every other call
+    streamed with its usage in the last event. The tokens the responses said they used are summed in
+    ``TOKENS_USED`` (per process), for scripts/loadtest-tokens.sh to compare with floodgate's budgets."""
+
+    wait_time = between(0.05, 0.2)
+
+    def on_start(self) -> None:
+        key = API_KEYS[next(_next_user) % len(API_KEYS)]
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.calls = 0
+
+    @tag("tokens")
+    @task
+    def chat(self) -> None:
+        self.calls += 1
+        max_tokens = random.randint(50, 500)
+        body = {
+            "model": "demo-model",
+            "messages": [{"role": "user", "content": " ".join(["word"] * random.randint(1, 80))}],
+            "max_tokens": max_tokens,
+        }
+        if self.calls % 2 == 0:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        headers = {**self.headers, "X-Demo-Completion-Tokens": str(random.randint(1, max_tokens))}
+        with self.client.post(CHAT, json=body, headers=headers, name=CHAT, catch_response=True) as response:
+            if response.status_code == 200:
+                usage = usage_of(response)
+                if usage is None:
+                    response.failure("no usage in the answer")
+                    return
+                TOKENS_USED["settled"] += usage["total_tokens"]
+                TOKENS_USED["over_reserve"] += max(0, usage["total_tokens"] - max_tokens)
+                response.success()
+            elif response.status_code == 429:
+                response.request_meta["name"] = CHAT + REJECTED_SUFFIX
+                if response.headers.get("Retry-After"):
+                    response.success()
+                else:
+                    response.failure("429 without Retry-After")
+            else:
+                response.failure(f"HTTP {response.status_code}")
+
+
+#: What TokenClient's admitted calls used, as their responses said, and by how much they exceeded
+#: their ``max_tokens`` (the reserves' error).
+TOKENS_USED = {"settled": 0, "over_reserve": 0}
+
+
+@events.quitting.add_listener
+def write_tokens_used(environment, **_kwargs) -> None:
+    """With $LOADTEST_TOKENS_FILE set, write TOKENS_USED there on exit."""
+    path = os.environ.get("LOADTEST_TOKENS_FILE")
+    if path and not isinstance(environment.runner, WorkerRunner):
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(TOKENS_USED, file)
 
 
 @events.quitting.add_listener

@@ -333,7 +333,7 @@ run_scenario() {
   ((budget > 5)) || die "out of time budget before the $run run"
   log "[$run] Locust: $USERS users for $DURATION against $proxy"
   "${CLIENT_PREFIX[@]}" env LOADTEST_API_KEYS="$API_KEYS" timeout --kill-after=5 "$budget" \
-    "$VENV/bin/locust" -f "$ROOT/loadtest/locustfile.py" --headless \
+    "$VENV/bin/locust" -f "$ROOT/loadtest/locustfile.py" SurgeRider --headless \
     -u "$USERS" -r "$SPAWN_RATE" -t "$DURATION" -H "$proxy" "${PROCESSES[@]}" \
     --csv "$RESULTS_DIR/$run" --csv-full-history --only-summary --exit-code-on-error 0 \
     >"$RESULTS_DIR/${run}_locust.log" 2>&1 &

@@ -782,7 +782,11 @@ fn the_budget_id_changes_with_the_limit_and_only_with_it() {
 
 #[test]
 fn the_example_configs_are_valid() {
-    for file in ["config/floodgate.yaml", "config/ride-hailing.yaml"] {
+    for file in [
+        "config/floodgate.yaml",
+        "config/ride-hailing.yaml",
+        "config/llm-tokens.yaml",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         let config = Config::load(&path, &Overrides::default())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));

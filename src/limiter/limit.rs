@@ -208,7 +208,12 @@ impl Algorithm {
         })?;
         // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
         // The windows' sliding counter keeps two windows, so their bound is on twice the span.
-        let reach = u64::from(units.get()).max(2).checked_mul(span_us.get());
+        // A quota counts in a calendar period and multiplies no span by its limit.
+        let factor = match kind {
+            AlgorithmKind::Quota => 2,
+            _ => u64::from(units.get()).max(2),
+        };
+        let reach = factor.checked_mul(span_us.get());
         if reach.is_none_or(|r| r >= 1 << 53) {
             return Err(LimitError::SpanTooLong);
         }
