@@ -83,8 +83,11 @@ async fn remaining(fg: &Floodgate, key: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_holds_max_tokens_and_settles_at_the_usage_plain_and_streamed() {
     let demo = DemoUpstream::start(8, "1ms", "5s");
-    // A refill of one token a minute: nothing comes back during the test.
-    let fg = Floodgate::start(&config(demo.url(), "", &token_budget(1000, "0.016", 1000)));
+    // A refill of one token a minute: nothing comes back during the test. The access log on.
+    let fg = Floodgate::start_with_env(
+        &config(demo.url(), "", &token_budget(1000, "0.016", 1000)),
+        &[("RUST_LOG", "warn,floodgate::access=info")],
+    );
 
     // Plain: 200 held, 3 + 40 used: 157 refunded.
     let plain = call(&fg, "alice", ("plain", 200, 40, 3), 0);
@@ -122,6 +125,14 @@ async fn a_token_budget_holds_max_tokens_and_settles_at_the_usage_plain_and_stre
     let in_debt = call(&fg, "bob", ("plain", 1, 1, 1), 0);
     assert_eq!(in_debt["status"], 429, "{in_debt}");
     assert_eq!(remaining(&fg, "alice").await, 864, "alice is not bob");
+    // Each call's line, written once it was settled, says what it reserved and settled.
+    let log = fg.stderr();
+    for figures in ["0=200/43", "0=100/33", "0=10/60", "0=10/1005"] {
+        assert!(
+            log.contains(figures),
+            "{figures} not in the access log:\n{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

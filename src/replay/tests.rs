@@ -310,3 +310,42 @@ fn ipv6_clients_of_one_prefix_share_a_budget_in_replay_as_in_the_proxy() {
     assert_eq!(report.routes[0].allowed, 2);
     assert_eq!(report.routes[0].top_denied[0].0, "ip:2001:db8:1:2::");
 }
+
+/// A settled cost (`cost: {reserve, actual}`) is replayed at what the log says the request
+/// cost: a bucket of 1,000 tokens admits a call that used 900 and refuses the next, which used
+/// 200, though each reserved only 500 (the default, what replay would spend without the field).
+#[test]
+fn settled_costs_are_replayed_at_what_the_log_says_they_cost() {
+    let limits = "      - algorithm: token_bucket
+        capacity: 1000
+        refill_rate: 0.01
+        cost: {reserve: {json: max_tokens, default: 500}, actual: {json: usage.total_tokens}}
+";
+    let with_cost = |at: u64, cost: &str| {
+        json_line(at, "203.0.113.7", None, "allowed").replace(
+            r#""latency_ms":0.0,"#,
+            &format!(r#""latency_ms":0.0,"cost":"{cost}","#),
+        )
+    };
+    let lines = [
+        with_cost(T0, "0=500/900"),
+        with_cost(T0 + 1000, "0=500/200"),
+    ];
+    let report = replay(config(limits, ""), &lines);
+    assert_eq!((report.routes[0].allowed, report.routes[0].denied), (1, 1));
+    // Without the field, each costs its reserve: both pass.
+    let plain = [
+        json_line(T0, "203.0.113.7", None, "allowed"),
+        json_line(T0 + 1000, "203.0.113.7", None, "allowed"),
+    ];
+    let report = replay(config(limits, ""), &plain);
+    assert_eq!(report.routes[0].allowed, 2);
+    // The general parser reads the field as the fast one does.
+    let line = with_cost(T0, "0=500/900");
+    let general = parse_json_general(line.as_bytes()).unwrap().unwrap();
+    assert_eq!(general.costs, vec![(0, 900)]);
+    assert_eq!(
+        parse_json(line.as_bytes()).unwrap().unwrap().costs,
+        vec![(0, 900)]
+    );
+}
