@@ -90,6 +90,31 @@ pub fn span(method: &http::Method, path: &str) -> tracing::Span {
     )
 }
 
+/// The access log's `cost` field: per settled limit, `position=reserved/settled`, comma
+/// separated (`0=1000/187,2=1000/187`).
+pub fn cost_field(figures: &[(usize, u64, u64)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (i, (position, reserved, settled)) in figures.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{position}={reserved}/{settled}");
+    }
+    out
+}
+
+/// The access log's `cost` field read back: per position, the settled units.
+pub fn parse_cost_field(text: &str) -> Vec<(usize, u64)> {
+    text.split(',')
+        .filter_map(|item| {
+            let (position, figures) = item.split_once('=')?;
+            let (_, settled) = figures.split_once('/')?;
+            Some((position.parse().ok()?, settled.parse().ok()?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +183,14 @@ mod tests {
                 cost: Some("0=1000/187".into()),
             }
         );
+    }
+
+    #[test]
+    fn the_cost_field_reads_back_what_was_written() {
+        let text = cost_field(&[(0, 1000, 187), (2, 5, 9)]);
+        assert_eq!(text, "0=1000/187,2=5/9");
+        assert_eq!(parse_cost_field(&text), vec![(0, 187), (2, 9)]);
+        assert_eq!(parse_cost_field("0=1000/x,junk,3=1/2"), vec![(3, 2)]);
     }
 
     #[test]

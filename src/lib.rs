@@ -56,8 +56,8 @@
 //!
 //! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
 //! rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
-//! [`adaptive`] only the limiter (its key kinds, decisions and clocks), [`top`] the limiter and
-//! identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
+//! [`adaptive`] only the limiter (its key kinds, decisions and clocks), and identity tls (a
+//! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
 //! [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
 //! policy (and replay on [`top`]'s Space-Saving table); [`admin`] on proxy (and what

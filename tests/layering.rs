@@ -13,7 +13,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("deadline", ""),
     ("grpc", ""),
     ("limiter", "tls"),
-    ("identity", "limiter"),
+    ("identity", "limiter tls"),
     ("metrics", "limiter"),
     ("adaptive", "limiter"),
     ("top", "limiter identity"),

@@ -163,7 +163,7 @@ impl AfterResponse {
             figures.extend(meter.finish());
         }
         if let Some(log) = self.log.take() {
-            let cost = (!figures.is_empty()).then(|| super::cost::log_field(&figures));
+            let cost = (!figures.is_empty()).then(|| crate::access_log::cost_field(&figures));
             super::log_line(&log, cost.as_deref());
         }
     }

@@ -41,7 +41,9 @@ enum BodyMode {
 
 /// The reading of one response's costs, and the reservation it settles.
 pub(super) struct CostMeter {
-    reservation: Reservation,
+    /// Taken by [`CostMeter::finish`]; still here when the request never reached a response
+    /// (refused after its limits, by the upstream's learned limit): see `Drop`.
+    reservation: Option<Reservation>,
     limits: Vec<Metered>,
     /// Per limit, the cost read so far (the last figure an event stream gave).
     found: Vec<Option<u64>>,
@@ -56,7 +58,7 @@ impl CostMeter {
         }
         let found = vec![None; limits.len()];
         CostMeter {
-            reservation,
+            reservation: Some(reservation),
             limits,
             found,
             body: BodyMode::Skip,
@@ -174,7 +176,10 @@ impl CostMeter {
             }
             _ => {}
         }
-        let reserved: Vec<u64> = self.reservation.reserved().collect();
+        let Some(reservation) = self.reservation.take() else {
+            return Vec::new();
+        };
+        let reserved: Vec<u64> = reservation.reserved().collect();
         let actual: Vec<u64> = reserved
             .iter()
             .zip(&self.found)
@@ -193,34 +198,21 @@ impl CostMeter {
                 .inc_by(actual.saturating_sub(reserved));
             figures.push((limit.position, reserved, actual));
         }
-        self.reservation.settle(&actual);
+        reservation.settle(&actual);
         figures
     }
 }
 
-/// The access log's `cost` field: per settled limit, `position=reserved/settled`, comma
-/// separated (`0=1000/187,2=1000/187`).
-pub(super) fn log_field(figures: &[(usize, u64, u64)]) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    for (i, (position, reserved, settled)) in figures.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+impl Drop for CostMeter {
+    /// A request that never had a response (refused after its limits reserved) keeps its
+    /// reserve, as one whose cost is unknown does: counted as settled at it.
+    fn drop(&mut self) {
+        if let Some(reservation) = self.reservation.take() {
+            for (reserved, limit) in reservation.reserved().zip(&self.limits) {
+                limit.counters.settled.inc_by(reserved);
+            }
         }
-        let _ = write!(out, "{position}={reserved}/{settled}");
     }
-    out
-}
-
-/// The access log's `cost` field read back: per position, the settled units.
-pub fn parse_log_field(text: &str) -> Vec<(usize, u64)> {
-    text.split(',')
-        .filter_map(|item| {
-            let (position, figures) = item.split_once('=')?;
-            let (_, settled) = figures.split_once('/')?;
-            Some((position.parse().ok()?, settled.parse().ok()?))
-        })
-        .collect()
 }
 
 /// What a request reserves in one budget's settled limits: each such ask's limit costing its

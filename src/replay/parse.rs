@@ -319,7 +319,7 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
         costs: span
             .cost
             .as_deref()
-            .map(crate::proxy::cost::parse_log_field)
+            .map(access_log::parse_cost_field)
             .unwrap_or_default(),
     })
 }
