@@ -295,12 +295,17 @@ fn fixed_window_check(
         *start = current;
         *count = 0;
     }
-    let reset_after_us = current + window - now;
-    if *count + cost <= limit {
+    counted_window(*count, limit, cost, current + window - now)
+}
+
+/// A counted window's decision (fixed window, quota): `count` spent of `limit`, the window
+/// ending in `reset_after_us`, when a denied request may retry too.
+fn counted_window(count: u64, limit: u64, cost: u64, reset_after_us: u64) -> Decision {
+    if count + cost <= limit {
         Decision::allow(
             Figures {
                 limit,
-                remaining: limit - *count - cost,
+                remaining: limit - count - cost,
                 reset_after_us,
             },
             0,
@@ -310,7 +315,7 @@ fn fixed_window_check(
             Figures {
                 limit,
                 // (A settled cost's debt can take the count past the limit.)
-                remaining: limit.saturating_sub(*count),
+                remaining: limit.saturating_sub(count),
                 reset_after_us,
             },
             reset_after_us,
@@ -333,26 +338,7 @@ fn quota_check(
         *end = period_end;
         *count = 0;
     }
-    let reset_after_us = period_end.saturating_sub(now).max(1);
-    if *count + cost <= limit {
-        Decision::allow(
-            Figures {
-                limit,
-                remaining: limit - *count - cost,
-                reset_after_us,
-            },
-            0,
-        )
-    } else {
-        Decision::deny(
-            Figures {
-                limit,
-                remaining: limit.saturating_sub(*count),
-                reset_after_us,
-            },
-            reset_after_us,
-        )
-    }
+    counted_window(*count, limit, cost, period_end.saturating_sub(now).max(1))
 }
 
 fn sliding_log_check(

@@ -172,13 +172,24 @@ impl Limiter {
     }
 }
 
-/// A budget key that owns its bytes: for leases held past the request's borrow.
+/// A budget key that owns its bytes: for leases and reservations held past the request's borrow.
 #[derive(Debug, Clone)]
 struct OwnedKey {
     limit: Limit,
     budget: String,
     kind: KeyKind,
     value: Vec<u8>,
+}
+
+impl OwnedKey {
+    fn of(ask: &Ask<'_>) -> OwnedKey {
+        OwnedKey {
+            limit: *ask.limit,
+            budget: ask.key.budget.to_string(),
+            kind: ask.key.kind,
+            value: ask.key.value.to_vec(),
+        }
+    }
 }
 
 /// The concurrency leases one admitted request holds. Dropping it gives them back (at once on
@@ -209,12 +220,7 @@ impl Limiter {
         let keys: Vec<OwnedKey> = asks
             .iter()
             .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(|a| OwnedKey {
-                limit: *a.limit,
-                budget: a.key.budget.to_string(),
-                kind: a.key.kind,
-                value: a.key.value.to_vec(),
-            })
+            .map(OwnedKey::of)
             .collect();
         (!keys.is_empty()).then(|| HeldLeases {
             limiter: self.clone(),
@@ -253,12 +259,7 @@ impl Limiter {
         let keys: Vec<OwnedKey> = asks
             .iter()
             .filter(|a| a.limit.is_settled())
-            .map(|a| OwnedKey {
-                limit: *a.limit,
-                budget: a.key.budget.to_string(),
-                kind: a.key.kind,
-                value: a.key.value.to_vec(),
-            })
+            .map(OwnedKey::of)
             .collect();
         (!keys.is_empty()).then(|| Reservation {
             limiter: self.clone(),

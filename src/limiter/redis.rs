@@ -238,6 +238,14 @@ impl RedisStore {
         if !any {
             return Ok(());
         }
+        self.run_for_effect(&invocation).await
+    }
+
+    /// Runs a script that answers a number (the release and settle scripts), for its effect.
+    async fn run_for_effect(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<(), LimiterError> {
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
             return Err(LimiterError::Unavailable(
@@ -304,19 +312,7 @@ impl RedisStore {
         if !any {
             return Ok(());
         }
-        let guard = self.connection.load_full();
-        let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            ));
-        };
-        let result: redis::RedisResult<i64> = match connection.clone() {
-            Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        };
-        result
-            .map(|_| ())
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+        self.run_for_effect(&invocation).await
     }
 
     /// [`RedisStore::decide_at_for_test`] asking `wants` of each limit's lease (what to lease,
