@@ -32,6 +32,7 @@ pub mod field {
     pub const GRPC_STATUS: &str = "grpc_status";
     pub const LATENCY_MS: &str = "latency_ms";
     pub const COST: &str = "cost";
+    pub const KEYS: &str = "keys";
 }
 
 /// One request's span as the access log holds it.
@@ -68,6 +69,10 @@ pub struct AccessRecord<'a> {
     /// Settled costs (`cost: {reserve, actual}`): per limit, `position=reserved/settled`.
     #[serde(borrow, default)]
     pub cost: Option<Cow<'a, str>>,
+    /// Composite keys (`per:` with request parts): per limit, `position=digest` (32 hex digits
+    /// of the key's SHA-256), so replay can tell budgets apart without the values.
+    #[serde(borrow, default)]
+    pub keys: Option<Cow<'a, str>>,
 }
 
 /// The span of one request: its method and path now, the other [`field`]s empty until the
@@ -87,6 +92,7 @@ pub fn span(method: &http::Method, path: &str) -> tracing::Span {
         grpc_status = Empty,
         latency_ms = Empty,
         cost = Empty,
+        keys = Empty,
     )
 }
 
@@ -102,6 +108,37 @@ pub fn cost_field(figures: &[(usize, u64, u64)]) -> String {
         let _ = write!(out, "{position}={reserved}/{settled}");
     }
     out
+}
+
+/// The access log's `keys` field: per composite key, `position=digest` (hex), comma separated.
+pub fn keys_field(digests: impl Iterator<Item = (usize, [u8; 16])>, out: &mut String) {
+    for (position, digest) in digests {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        use std::fmt::Write;
+        let _ = write!(out, "{position}=");
+        for byte in digest {
+            let _ = write!(out, "{byte:02x}");
+        }
+    }
+}
+
+/// The access log's `keys` field read back.
+pub fn parse_keys_field(text: &str) -> Vec<(usize, [u8; 16])> {
+    text.split(',')
+        .filter_map(|item| {
+            let (position, hex) = item.split_once('=')?;
+            if hex.len() != 32 {
+                return None;
+            }
+            let mut digest = [0u8; 16];
+            for (i, byte) in digest.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            Some((position.parse().ok()?, digest))
+        })
+        .collect()
 }
 
 /// The access log's `cost` field read back: per position, the settled units.
@@ -181,8 +218,18 @@ mod tests {
                 grpc_status: Some(8),
                 latency_ms: Some(1.5),
                 cost: Some("0=1000/187".into()),
+                keys: None,
             }
         );
+    }
+
+    #[test]
+    fn the_keys_field_reads_back_what_was_written() {
+        let mut text = String::new();
+        keys_field([(0, [0xab; 16]), (3, [7; 16])].into_iter(), &mut text);
+        assert_eq!(text, format!("0={},3={}", "ab".repeat(16), "07".repeat(16)));
+        assert_eq!(parse_keys_field(&text), vec![(0, [0xab; 16]), (3, [7; 16])]);
+        assert_eq!(parse_keys_field("0=abc,x=00"), vec![]);
     }
 
     #[test]

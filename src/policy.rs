@@ -170,6 +170,49 @@ impl RequestKeys {
         let range = self.ranges.get(index)?.clone()?;
         Some(&self.buf[range])
     }
+
+    /// For the access log: per composite key built, its limit's position in the route and a
+    /// digest of the key (SHA-256, 128 bits: no header, claim or body value is logged), which
+    /// replay spends instead of the key ([`RequestKeys::recorded`]).
+    pub fn digests<'b>(
+        &'b self,
+        budget: &'b Budget,
+    ) -> impl Iterator<Item = (usize, [u8; 16])> + 'b {
+        use sha2::Digest;
+        budget
+            .limits
+            .iter()
+            .enumerate()
+            .filter_map(|(index, limit)| {
+                let key = self.get(index)?;
+                let digest = sha2::Sha256::digest(key);
+                let mut short = [0u8; 16];
+                short.copy_from_slice(&digest[..16]);
+                Some((limit.position(), short))
+            })
+    }
+
+    /// The keys a logged request had (`recorded`: per limit position, the digest
+    /// [`RequestKeys::digests`] logged), as replay spends them: one budget per digest, as the
+    /// proxy had one per key.
+    pub fn recorded(budget: &Budget, recorded: &[(usize, [u8; 16])]) -> RequestKeys {
+        let mut out = RequestKeys::default();
+        if recorded.is_empty() {
+            return out;
+        }
+        for limit in &budget.limits {
+            let range = recorded
+                .iter()
+                .find(|(position, _)| *position == limit.position())
+                .map(|(_, digest)| {
+                    let start = out.buf.len();
+                    out.buf.extend_from_slice(digest);
+                    start..out.buf.len()
+                });
+            out.ranges.push(range);
+        }
+        out
+    }
 }
 
 impl<'a> Whose<'a> {

@@ -80,6 +80,14 @@ fn digest_hex(value: &[u8]) -> String {
     crate::limiter::hex(&sha2::Sha256::digest(value))
 }
 
+/// What the phases before the limit phase read from the request for its keys and reserves:
+/// the verified token, and the JSON body (on a route that reads it).
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    verified: Option<&'a Verified>,
+    json: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
 /// A matched route with its prebuilt extras.
 struct Matched<'r> {
     config: &'r RouteConfig,
@@ -227,8 +235,11 @@ impl Proxy {
                         route,
                         req,
                         &whose,
-                        verified.as_ref(),
-                        json.as_ref(),
+                        Read {
+                            verified: verified.as_ref(),
+                            json: json.as_ref(),
+                        },
+                        &ctx.span,
                     )
                     .await,
                 ),
@@ -472,9 +483,10 @@ impl Proxy {
         route: &Matched<'_>,
         req: &Request<ClientBody>,
         whose: &Whose<'_>,
-        verified: Option<&Verified>,
-        json: Option<&serde_json::Map<String, serde_json::Value>>,
+        read: Read<'_>,
+        span: &tracing::Span,
     ) -> Result<Admitted, Rejection> {
+        let Read { verified, json } = read;
         let config = route.config;
         if !config.is_limited() {
             return Ok(Admitted::unlimited());
@@ -506,8 +518,16 @@ impl Proxy {
             Refused::StoreUnavailable => Rejection::LimiterUnavailable,
         };
         let mut reservations = Vec::new();
+        // The composite keys' digests, for the access log (replay tells budgets apart by them).
+        let mut logged_keys = String::new();
         if !config.enforced.is_empty() {
             let keys = RequestKeys::of(&config.enforced, &view, (kind, id), ip);
+            if !span.is_disabled() {
+                access_log::keys_field(keys.digests(&config.enforced), &mut logged_keys);
+                if !logged_keys.is_empty() {
+                    span.record(field::KEYS, logged_keys.as_str());
+                }
+            }
             let asks = whose.asks(&config.enforced, id, ip, &keys);
             let reserves = cost::Reserves::of(&config.enforced, &asks, req.headers(), json);
             let costed = reserves.asks(&asks.asks);
@@ -530,6 +550,12 @@ impl Proxy {
         }
         if !config.shadow.is_empty() {
             let keys = RequestKeys::of(&config.shadow, &view, (kind, id), ip);
+            if !span.is_disabled() {
+                access_log::keys_field(keys.digests(&config.shadow), &mut logged_keys);
+                if !logged_keys.is_empty() {
+                    span.record(field::KEYS, logged_keys.as_str());
+                }
+            }
             let asks = whose.asks(&config.shadow, id, ip, &keys);
             let reserves = cost::Reserves::of(&config.shadow, &asks, req.headers(), json);
             let costed = reserves.asks(&asks.asks);

@@ -356,10 +356,12 @@ impl Replay {
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
-        // The log holds no header, query or path values: a limit keyed by them spends the
-        // identity's budget here, as a request lacking the value does in the proxy.
-        let none = RequestKeys::default();
-        let Asks { asks, positions } = whose.asks(budget, id, ip, &none);
+        // The log holds no header, query, claim or body values, only each composite key's
+        // digest: a budget per digest here, as the proxy had one per key. A line without them
+        // (an older floodgate's) spends the identity's budget, as a request lacking the value
+        // does in the proxy.
+        let keys = RequestKeys::recorded(budget, &record.keys);
+        let Asks { asks, positions } = whose.asks(budget, id, ip, &keys);
         // A settled limit costs what the log says the request cost (its reserve when the log
         // does not say): decided at once, as if its cost had been known at admission.
         let costed: Vec<Limit> = asks

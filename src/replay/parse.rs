@@ -30,6 +30,8 @@ pub struct Record {
     pub whole_second: bool,
     /// What the request's settled limits cost (`cost: {reserve, actual}`), by limit position.
     pub costs: Vec<(usize, u64)>,
+    /// The digests of its composite keys (`per:` with request parts), by limit position.
+    pub keys: Vec<(usize, [u8; 16])>,
 }
 
 /// Who sent a recorded request, as far as the log says.
@@ -125,6 +127,7 @@ struct Fields<'a> {
     identity_hash: Option<&'a [u8]>,
     decision: Option<&'a [u8]>,
     cost: Option<&'a [u8]>,
+    keys: Option<&'a [u8]>,
     latency_ms: Option<f64>,
 }
 
@@ -190,6 +193,7 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
                     (2, true, b"identity_hash") => &mut f.identity_hash,
                     (2, true, b"decision") => &mut f.decision,
                     (2, true, b"cost") => &mut f.cost,
+                    (2, true, b"keys") => &mut f.keys,
                     _ => continue,
                 };
                 if slot.replace(value).is_some() {
@@ -247,6 +251,7 @@ impl<'a> Fields<'a> {
             grpc_status: None,
             latency_ms: self.latency_ms,
             cost: self.cost.map(|c| text(c, "cost")).transpose()?,
+            keys: self.keys.map(|k| text(k, "keys")).transpose()?,
         })
     }
 }
@@ -321,6 +326,11 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
             .as_deref()
             .map(access_log::parse_cost_field)
             .unwrap_or_default(),
+        keys: span
+            .keys
+            .as_deref()
+            .map(access_log::parse_keys_field)
+            .unwrap_or_default(),
     })
 }
 
@@ -388,5 +398,6 @@ fn parse_combined(line: &str) -> Result<Record, String> {
         recorded: None,
         whole_second: true,
         costs: Vec::new(),
+        keys: Vec::new(),
     })
 }

@@ -231,6 +231,7 @@ fn memory_stays_bounded_by_the_budgets_alive_at_once() {
             recorded: None,
             whole_second: false,
             costs: Vec::new(),
+            keys: Vec::new(),
         });
     }
     assert!(
