@@ -250,6 +250,17 @@ fn check_names_every_bad_jwt_setting() {
         ),
         ("{audiences: [x]}".to_string(), "identity.jwt.jwks_file"),
         (
+            format!(
+                "{{hmac_secret_file: {}, algorithms: [HS256]}}",
+                tokens.jwks("short.secret")
+            ),
+            "identity.jwt.hmac_secret_file",
+        ),
+        (
+            format!("{{hmac_secret_file: {}}}", tokens.jwks("hmac.secret")),
+            "identity.jwt.algorithms",
+        ),
+        (
             "{jwks_url: \"ftp://issuer.test/jwks\"}".to_string(),
             "identity.jwt.jwks_url",
         ),
@@ -449,4 +460,39 @@ async fn a_jwks_url_is_fetched_cached_and_fetched_again_for_a_new_key() {
     );
     assert_eq!(statuses(&fg, tokens.get("dave_rotated"), 1).await, [200]);
     assert_eq!(upstream.seen().len(), 4 + 8 + 1);
+}
+
+/// HS256 with a shared secret (`hmac_secret_file`) beside a JWKS: a token signed with the secret
+/// is verified, one signed with another secret is refused, and without HS256 in `algorithms`
+/// (the default) an HMAC token is refused whatever its signature.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hs256_is_taken_only_with_its_configured_secret() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let jwt = |algorithms: &str| {
+        Config::new()
+            .set(
+                "identity",
+                "jwt",
+                &format!(
+                    "{{jwks_file: {}, hmac_secret_file: {}, algorithms: [{algorithms}], \
+                     issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
+                    tokens.jwks("jwks.json"),
+                    tokens.jwks("hmac.secret")
+                ),
+            )
+            .route(Route::new("api", "/", &upstream.url()))
+            .yaml()
+    };
+    let fg = Floodgate::start(&jwt("RS256, HS256"));
+    assert_eq!(statuses(&fg, tokens.get("hank_hmac"), 1).await, [200]);
+    assert_eq!(
+        statuses(&fg, tokens.get("hank_other_secret"), 1).await,
+        [401]
+    );
+    assert_eq!(statuses(&fg, tokens.get("alice"), 1).await, [200]);
+    drop(fg);
+    let fg = Floodgate::start(&jwt("RS256, HS384"));
+    assert_eq!(statuses(&fg, tokens.get("hank_hmac"), 1).await, [401]);
+    assert_eq!(upstream.seen().len(), 2);
 }

@@ -185,9 +185,12 @@ pub struct JwtFile {
     /// A JWKS (JSON Web Key Set) file, re-read at every reload.
     #[serde(default)]
     pub jwks_file: Option<String>,
-    /// A JWKS URL (not supported yet: `check` says so).
+    /// A JWKS URL, fetched and refreshed.
     #[serde(default)]
     pub jwks_url: Option<String>,
+    /// A file holding the shared secret of HS256/384/512 tokens (re-read at every reload).
+    #[serde(default)]
+    pub hmac_secret_file: Option<String>,
     #[serde(default)]
     pub issuer: Option<String>,
     #[serde(default)]

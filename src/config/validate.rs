@@ -174,21 +174,52 @@ impl Validator {
         j: file::JwtFile,
         base_dir: Option<&std::path::Path>,
     ) -> Option<std::sync::Arc<crate::identity::jwt::JwtConfig>> {
-        use crate::identity::jwt::{ALGORITHMS, DEFAULT_ALGORITHMS, JwtConfig, JwtSettings};
+        use crate::identity::jwt::{
+            ALGORITHMS, DEFAULT_ALGORITHMS, HMAC_ALGORITHMS, JwtConfig, JwtSettings,
+            MIN_HMAC_SECRET,
+        };
         let before = self.problems.len();
         let header = self.header_name("identity.jwt.header", j.header.as_deref(), "authorization");
+        let read = |file: &str| {
+            let path = match base_dir {
+                Some(dir) => dir.join(file),
+                None => std::path::PathBuf::from(file),
+            };
+            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        // The shared secret of the HMAC algorithms: the file's bytes, less a final newline.
+        let hmac_secret = j.hmac_secret_file.as_deref().and_then(|file| {
+            let checked = read(file).and_then(|mut secret| {
+                while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    secret.pop();
+                }
+                if secret.len() < MIN_HMAC_SECRET {
+                    return Err(format!(
+                        "holds {} bytes: an HMAC secret needs at least {MIN_HMAC_SECRET}",
+                        secret.len()
+                    ));
+                }
+                Ok(secret)
+            });
+            checked
+                .map_err(|why| self.problem("identity.jwt.hmac_secret_file", why))
+                .ok()
+        });
         let allowed = match &j.algorithms {
             None => DEFAULT_ALGORITHMS.to_vec(),
             Some(names) => names
                 .iter()
                 .enumerate()
                 .filter_map(|(n, name)| {
-                    let found = ALGORITHMS.iter().find(|(known, _)| known == name);
+                    let hmac = HMAC_ALGORITHMS.iter().filter(|_| j.hmac_secret_file.is_some());
+                    let found = ALGORITHMS.iter().chain(hmac).find(|(known, _)| known == name);
                     if found.is_none() {
                         let why = if name.eq_ignore_ascii_case("none") {
                             "`none` (an unsigned token) is never accepted".to_string()
-                        } else if name.starts_with("HS") {
-                            format!("{name:?} needs a shared secret, which a JWKS does not hold")
+                        } else if HMAC_ALGORITHMS.iter().any(|(hs, _)| hs == name) {
+                            format!(
+                                "{name:?} needs a shared secret, which a JWKS does not hold: set identity.jwt.hmac_secret_file"
+                            )
                         } else {
                             format!(
                                 "{name:?} is not one of {}",
@@ -203,6 +234,16 @@ impl Validator {
         };
         if allowed.is_empty() && j.algorithms.is_some() && self.problems.len() == before {
             self.problem("identity.jwt.algorithms", "allows no algorithm");
+        }
+        if j.hmac_secret_file.is_some()
+            && !allowed
+                .iter()
+                .any(|alg| HMAC_ALGORITHMS.iter().any(|(_, hs)| hs == alg))
+        {
+            self.problem(
+                "identity.jwt.algorithms",
+                "allows no HMAC algorithm (HS256, HS384, HS512), so hmac_secret_file would verify nothing",
+            );
         }
         let leeway = self.duration(
             "identity.jwt.leeway",
@@ -222,10 +263,11 @@ impl Validator {
                 );
                 None
             }
+            (None, None) if j.hmac_secret_file.is_some() => None,
             (None, None) => {
                 self.problem(
                     "identity.jwt.jwks_file",
-                    "is required, or jwks_url (the keys tokens are verified with)",
+                    "is required, or jwks_url or hmac_secret_file (the keys tokens are verified with)",
                 );
                 None
             }
@@ -277,12 +319,17 @@ impl Validator {
             subject_claim: j.subject_claim.unwrap_or_else(|| "sub".into()),
             tier_claim: j.tier_claim,
             when_missing,
+            hmac_secret,
         };
         if let Some(url) = url {
             // Fetched when floodgate runs (`JwtConfig::keep_fresh`), not by `floodgate check`.
             return Some(std::sync::Arc::new(JwtConfig::from_url(settings, url)));
         }
-        match JwtConfig::new(settings, &jwks?) {
+        let Some(jwks) = jwks else {
+            // No JWKS: the HMAC secret is the one key.
+            return Some(std::sync::Arc::new(JwtConfig::with_secret_only(settings)));
+        };
+        match JwtConfig::new(settings, &jwks) {
             Ok(config) => Some(std::sync::Arc::new(config)),
             Err(why) => {
                 self.problem("identity.jwt.jwks_file", why);

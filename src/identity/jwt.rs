@@ -24,8 +24,20 @@ pub enum WhenMissing {
     Reject,
 }
 
+/// The HMAC algorithms, taken only with `identity.jwt.hmac_secret_file` (a JWKS of public keys
+/// carries no shared secret).
+pub const HMAC_ALGORITHMS: [(&str, Algorithm); 3] = [
+    ("HS256", Algorithm::HS256),
+    ("HS384", Algorithm::HS384),
+    ("HS512", Algorithm::HS512),
+];
+
+/// The shortest HMAC secret taken: as long as HS256's hash (RFC 7518 §3.2).
+pub const MIN_HMAC_SECRET: usize = 32;
+
 /// The algorithms a JWKS key may verify, by name, as `identity.jwt.algorithms` takes them.
-/// HMAC (`HS256`…) needs a shared secret, which a JWKS of public keys does not carry: not taken.
+/// HMAC (`HS256`…) needs a shared secret, which a JWKS of public keys does not carry: those are
+/// [`HMAC_ALGORITHMS`].
 pub const ALGORITHMS: [(&str, Algorithm); 7] = [
     ("RS256", Algorithm::RS256),
     ("RS384", Algorithm::RS384),
@@ -54,6 +66,8 @@ pub struct JwtConfig {
     keys: ArcSwap<Vec<Key>>,
     /// Where the keys come from when `jwks_url` is set.
     remote: Option<super::jwks::Remote>,
+    /// The shared secret of `hmac_secret_file`, verifying the HMAC algorithms only.
+    hmac: Option<Key>,
     allowed: Vec<Algorithm>,
     issuer: Option<String>,
     audiences: Vec<String>,
@@ -134,6 +148,8 @@ pub struct JwtSettings {
     pub subject_claim: String,
     pub tier_claim: Option<String>,
     pub when_missing: WhenMissing,
+    /// `hmac_secret_file`'s bytes, if set.
+    pub hmac_secret: Option<Vec<u8>>,
 }
 
 impl JwtConfig {
@@ -142,6 +158,11 @@ impl JwtConfig {
     pub fn new(settings: JwtSettings, jwks: &str) -> Result<JwtConfig, String> {
         let keys = parse_keys(jwks)?;
         Ok(JwtConfig::with_keys(settings, keys, None))
+    }
+
+    /// The config whose only key is its HMAC secret (`hmac_secret_file` without a JWKS).
+    pub fn with_secret_only(settings: JwtSettings) -> JwtConfig {
+        JwtConfig::with_keys(settings, Vec::new(), None)
     }
 
     /// The config whose keys are fetched from `url` (none until the first fetch: see
@@ -155,10 +176,16 @@ impl JwtConfig {
         keys: Vec<Key>,
         remote: Option<super::jwks::Remote>,
     ) -> JwtConfig {
+        let hmac = settings.hmac_secret.as_deref().map(|secret| Key {
+            kid: None,
+            algorithms: HMAC_ALGORITHMS.map(|(_, alg)| alg).to_vec(),
+            key: DecodingKey::from_secret(secret),
+        });
         JwtConfig {
             header: settings.header,
             keys: ArcSwap::from_pointee(keys),
             remote,
+            hmac,
             allowed: settings.allowed,
             issuer: settings.issuer,
             audiences: settings.audiences,
@@ -268,7 +295,9 @@ impl JwtConfig {
             validation.set_audience(&self.audiences);
         }
         let keys = self.keys.load();
-        let candidates = keys.iter().filter(|k| {
+        // An HMAC token is verified by the secret alone, whatever `kid` it names; the set's
+        // public keys never verify an HMAC algorithm, nor the secret another.
+        let candidates = keys.iter().chain(&self.hmac).filter(|k| {
             k.algorithms.contains(&header.alg)
                 && match (&header.kid, &k.kid) {
                     (Some(want), Some(have)) => want == have,

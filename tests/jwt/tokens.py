@@ -7,6 +7,7 @@ nobody here wrote), so floodgate's verification is checked against real signers.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -41,6 +42,13 @@ def main(out):
     with open(f"{out}/jwks-rotated.json", "w") as f:
         json.dump({"keys": [public_jwk(RSAAlgorithm, rsa2, "rsa-2")]}, f)
 
+    # A shared secret for HS256 (identity.jwt.hmac_secret_file), and another that is not it.
+    secret = os.urandom(32).hex()
+    with open(f"{out}/hmac.secret", "w") as f:
+        f.write(secret + "\n")
+    with open(f"{out}/short.secret", "w") as f:
+        f.write("too-short\n")
+
     now = int(time.time())
 
     def claims(sub, **more):
@@ -60,6 +68,9 @@ def main(out):
         "erin_acme": sign(claims("erin", org="acme"), rsa1, "RS256", "rsa-1"),
         "frank_acme": sign(claims("frank", org="acme"), ec1, "ES256", "ec-1"),
         "gina_beta": sign(claims("gina", org="beta"), ed1, "EdDSA", "ed-1"),
+        # HS256 with the shared secret, and with another:
+        "hank_hmac": jwt.encode(claims("hank"), secret, algorithm="HS256"),
+        "hank_other_secret": jwt.encode(claims("hank"), os.urandom(32).hex(), algorithm="HS256"),
         # Refused, each for one reason:
         "forged": sign(claims("alice"), stranger, "RS256", "rsa-1"),
         "expired": sign(claims("alice", exp=now - 3600), rsa1, "RS256", "rsa-1"),
