@@ -206,29 +206,38 @@ pub struct HeldLeases {
 impl Limiter {
     /// The leases `admission` granted in `asks`, if it allowed and any ask is a concurrency limit.
     pub fn hold(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<HeldLeases> {
-        let Admission::Limited {
-            verdict,
-            source,
-            lease,
-        } = *admission
-        else {
-            return None;
-        };
-        if !verdict.allowed() {
-            return None;
-        }
-        let keys: Vec<OwnedKey> = asks
-            .iter()
-            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(OwnedKey::of)
-            .collect();
-        (!keys.is_empty()).then(|| HeldLeases {
+        let (keys, _, source, lease) = admitted(asks, admission, |a| {
+            a.limit.algorithm().kind() == AlgorithmKind::Concurrency
+        })?;
+        Some(HeldLeases {
             limiter: self.clone(),
             keys,
             lease,
             source,
         })
     }
+}
+
+/// The owned keys of the asks `which` picks, when a store's verdict `admission` allowed and
+/// there is one; with the verdict, where it was decided, and the request's lease token.
+fn admitted(
+    asks: &[Ask<'_>],
+    admission: &Admission,
+    which: impl Fn(&Ask<'_>) -> bool,
+) -> Option<(Vec<OwnedKey>, super::Verdict, Source, LeaseId)> {
+    let Admission::Limited {
+        verdict,
+        source,
+        lease,
+    } = *admission
+    else {
+        return None;
+    };
+    if !verdict.allowed() {
+        return None;
+    }
+    let keys: Vec<OwnedKey> = asks.iter().filter(|a| which(a)).map(OwnedKey::of).collect();
+    (!keys.is_empty()).then_some((keys, verdict, source, lease))
 }
 
 /// What one admitted request reserved of its settled limits (`cost: {reserve, actual}`), held
@@ -247,21 +256,8 @@ impl Limiter {
     /// costing its reserve), if it allowed. Nothing is reserved when no store decided (the
     /// store failed and `on_error` let the request through).
     pub fn reserve(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<Reservation> {
-        let Admission::Limited {
-            verdict, source, ..
-        } = *admission
-        else {
-            return None;
-        };
-        if !verdict.allowed() {
-            return None;
-        }
-        let keys: Vec<OwnedKey> = asks
-            .iter()
-            .filter(|a| a.limit.is_settled())
-            .map(OwnedKey::of)
-            .collect();
-        (!keys.is_empty()).then(|| Reservation {
+        let (keys, verdict, source, _) = admitted(asks, admission, |a| a.limit.is_settled())?;
+        Some(Reservation {
             limiter: self.clone(),
             keys,
             at_us: verdict.now_us,
