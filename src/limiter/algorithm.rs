@@ -164,12 +164,7 @@ impl State {
                 }
             }
             State::Counter { start, curr, prev } => {
-                let current = now - now % span;
-                if *start != current {
-                    *prev = if *start + span == current { *curr } else { 0 };
-                    *curr = 0;
-                    *start = current;
-                }
+                let current = roll_counter(start, curr, prev, span, now);
                 let reserved_in = at - at % span;
                 if reserved_in == current {
                     *curr = curr.saturating_sub(refund);
@@ -378,6 +373,19 @@ fn sliding_log_check(
     }
 }
 
+/// Brings a sliding window counter's counts to the window holding `now` (the current count
+/// becomes the previous one when its window is the one just before); returns that window's
+/// start. Mirrors `counter_read` in `sliding_window_counter.lua`.
+fn roll_counter(start: &mut u64, curr: &mut u64, prev: &mut u64, window: u64, now: u64) -> u64 {
+    let current = now - now % window;
+    if *start != current {
+        *prev = if *start + window == current { *curr } else { 0 };
+        *curr = 0;
+        *start = current;
+    }
+    current
+}
+
 /// Cloudflare's approximation: the previous window's count weighted by the share of it that
 /// still overlaps the sliding window, plus the current window's count. It assumes the previous
 /// window's requests were spread evenly, so it may admit slightly more or fewer than an exact log.
@@ -390,12 +398,7 @@ fn sliding_counter_check(
     cost: u64,
     now: u64,
 ) -> Decision {
-    let current = now - now % window;
-    if *start != current {
-        *prev = if *start + window == current { *curr } else { 0 };
-        *curr = 0;
-        *start = current;
-    }
+    let current = roll_counter(start, curr, prev, window, now);
     let elapsed = now - current;
     let w = window as f64;
     let estimate = (*prev as f64) * ((window - elapsed) as f64) / w + (*curr as f64);

@@ -50,19 +50,7 @@ for i = 1, #KEYS do
       redis.call('PEXPIRE', key, ttl_ms(b, now))
     end
   elseif name == 'sliding_window_counter' then
-    local current = now - (now % b)
-    local stored = read('HMGET', key, 's', 'c', 'p')
-    local start = tonumber(stored[1]) or 0
-    local curr = tonumber(stored[2]) or 0
-    local prev = tonumber(stored[3]) or 0
-    if start ~= current then
-      if start + b == current then
-        prev = curr
-      else
-        prev = 0
-      end
-      curr = 0
-    end
+    local current, curr, prev = counter_read(key, now, b)
     local reserved_in = at - (at % b)
     if reserved_in == current then
       curr = math.max(curr - refund, 0)

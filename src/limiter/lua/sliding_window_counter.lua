@@ -2,21 +2,28 @@
 -- in src/limiter/algorithm.rs, with the same floating-point operations in the same order. The
 -- key is a hash: s = current window start, c = its count, p = the previous window's count.
 
+-- The counter's counts brought to the window holding `now` (roll_counter in algorithm.rs):
+-- the window starting at `current`, its count and the previous window's.
+local function counter_read(key, now, window)
+  local current = now - (now % window)
+  local stored = read('HMGET', key, 's', 'c', 'p')
+  local start = tonumber(stored[1]) or 0
+  local curr = tonumber(stored[2]) or 0
+  local prev = tonumber(stored[3]) or 0
+  if start ~= current then
+    if start + window == current then
+      prev = curr
+    else
+      prev = 0
+    end
+    curr = 0
+  end
+  return current, curr, prev
+end
+
 ALGORITHMS['sliding_window_counter'] = {
   check = function(key, now, limit, window, cost)
-    local current = now - (now % window)
-    local stored = read('HMGET', key, 's', 'c', 'p')
-    local start = tonumber(stored[1]) or 0
-    local curr = tonumber(stored[2]) or 0
-    local prev = tonumber(stored[3]) or 0
-    if start ~= current then
-      if start + window == current then
-        prev = curr
-      else
-        prev = 0
-      end
-      curr = 0
-    end
+    local current, curr, prev = counter_read(key, now, window)
     local elapsed = now - current
     local w = window
     local estimate = prev * (window - elapsed) / w + curr
