@@ -34,11 +34,13 @@ fi
 
 # The tests drive real Python peers (a grpcio server and client): a venv of their own.
 test_venv=tests/.venv
-if [ ! -x "$test_venv/bin/python" ] \
-  || ! "$test_venv/bin/python" -c 'import grpc, grpc_health, grpc_status' 2>/dev/null; then
+# Installed again whenever tests/requirements.txt changes (its hash is kept in the venv).
+want=$(sha256sum tests/requirements.txt | cut -d' ' -f1)
+if [ ! -x "$test_venv/bin/python" ] || [ "$(cat "$test_venv/.requirements" 2>/dev/null)" != "$want" ]; then
   echo "== installing the tests' Python packages (tests/requirements.txt) into $test_venv"
   python3 -m venv "$test_venv"
   "$test_venv/bin/pip" install -q -r tests/requirements.txt
+  echo "$want" > "$test_venv/.requirements"
 fi
 
 echo "== cargo fmt --check"

@@ -477,10 +477,20 @@ const SETTLEABLE: [AlgorithmKind; 4] = [
     AlgorithmKind::Quota,
 ];
 
+/// Figures an upstream may report that no counter can hold: `2^64 - 1` (what `1e30` saturates
+/// at), `2^55 - 300` (past a double's exact integers), `1e10` and `1e15` tokens.
+const HUGE: [u64; 4] = [
+    u64::MAX,
+    (1 << 55) - 300,
+    10_000_000_000,
+    1_000_000_000_000_000,
+];
+
 /// Reserve, then settle: 96 generated cases of one settled limit, each request reserving 1 to
 /// the limit's units and settling, at the next request's time, at 0 to 3 times the limit (so
-/// refunds, charges into debt and even settlements); the memory store and `store` must agree on
-/// every verdict.
+/// refunds, charges into debt and even settlements) or at a [`HUGE`] figure; the memory store
+/// and `store` must agree on every verdict, and the store must go on answering (a settlement
+/// that wrote a state it cannot read back would fail the next decision).
 fn settlements_agree_with_the_rust_algorithms(
     rt: &tokio::runtime::Runtime,
     store: &impl SettlesOnFakeClock,
@@ -491,7 +501,7 @@ fn settlements_agree_with_the_rust_algorithms(
         ..ProptestConfig::default()
     };
     let limit = strategies::any_limit(&SETTLEABLE, 25, &[SEC / 10, SEC, 3 * SEC, 3600 * SEC]);
-    let steps = prop::collection::vec((1u32..1000, 0u64..75), 1..40);
+    let steps = prop::collection::vec((1u32..1000, 0u64..80), 1..40);
     proptest!(config, |(limit in limit, times in arrivals(), steps in steps)| {
         let identity = case.fetch_add(1, Ordering::Relaxed).to_be_bytes();
         let limit = limit.settled();
@@ -515,7 +525,10 @@ fn settlements_agree_with_the_rust_algorithms(
                 .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
             prop_assert_eq!(got, expected, "request {} at +{} µs, {:?}", i, t - T0, &costed);
             if got.allowed() {
-                let actual = u64::from(units) * actual_pct / 25;
+                let actual = match actual_pct.checked_sub(75) {
+                    Some(huge) => HUGE[huge as usize % HUGE.len()],
+                    None => u64::from(units) * actual_pct / 25,
+                };
                 pending = Some((costed, Settlement::of(u64::from(costed.cost()), actual, got.now_us)));
             }
         }

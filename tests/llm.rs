@@ -13,6 +13,17 @@ use serde_json::Value;
 /// One call through the SDK: `mode` plain or stream, `max_tokens` (the reserve), the completion
 /// the demo makes before `max_tokens` cuts it, the prompt's words.
 fn call(fg: &Floodgate, key: &str, call: (&str, u64, u64, u64), retries: u32) -> Value {
+    call_with(fg, key, call, retries, "{}")
+}
+
+/// [`call`] with more request headers (`headers`, a JSON object) for the demo.
+fn call_with(
+    fg: &Floodgate,
+    key: &str,
+    call: (&str, u64, u64, u64),
+    retries: u32,
+    headers: &str,
+) -> Value {
     let (mode, max_tokens, completion, words) = call;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/llm/client.py");
     let out = std::process::Command::new(python())
@@ -20,6 +31,7 @@ fn call(fg: &Floodgate, key: &str, call: (&str, u64, u64, u64), retries: u32) ->
         .args(["call", &fg.url("/v1"), key, mode])
         .args([max_tokens, completion, words].map(|n| n.to_string()))
         .arg(retries.to_string())
+        .arg(headers)
         .output()
         .expect("run client.py");
     assert!(
@@ -116,18 +128,18 @@ async fn a_token_budget_holds_max_tokens_and_settles_at_the_usage_plain_and_stre
     assert_eq!(refused["status"], 429);
     assert!(refused["retry_after"].as_str().is_some(), "{refused}");
     assert_eq!(cost(&fg, "reserved").await, 310, "a refusal holds nothing");
-    // bob's budget is his own; his prompt costs more than all of it: he is in debt, and
-    // refused until he has refilled past it.
+    // bob's budget is his own; his prompt costs more than all of it: charged as the capacity
+    // (`actual.max`'s default), he is in debt, and refused until he has refilled past it.
     let heavy = call(&fg, "bob", ("plain", 10, 10, 995), 0);
     assert_eq!(heavy["usage"]["total_tokens"], 1005);
-    settled(&fg, 136 + 1005).await;
+    settled(&fg, 136 + 1000).await;
     assert_eq!(remaining(&fg, "bob").await, 0);
     let in_debt = call(&fg, "bob", ("plain", 1, 1, 1), 0);
     assert_eq!(in_debt["status"], 429, "{in_debt}");
     assert_eq!(remaining(&fg, "alice").await, 864, "alice is not bob");
     // Each call's line, written once it was settled, says what it reserved and settled.
     let log = fg.stderr();
-    for figures in ["0=200/43", "0=100/33", "0=10/60", "0=10/1005"] {
+    for figures in ["0=200/43", "0=100/33", "0=10/60", "0=10/1000"] {
         assert!(
             log.contains(figures),
             "{figures} not in the access log:\n{log}"
@@ -136,15 +148,70 @@ async fn a_token_budget_holds_max_tokens_and_settles_at_the_usage_plain_and_stre
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_answers_settle_at_their_usage_in_every_coding() {
+    let demo = DemoUpstream::start(8, "1ms", "5s");
+    let fg = Floodgate::start(&config(
+        demo.url(),
+        "",
+        &token_budget(10_000, "0.016", 1000),
+    ));
+    // The SDK accepts gzip, deflate, br and zstd; the demo answers in the coding asked for,
+    // plain and streamed (each event flushed). Each call holds 1000 and uses 3 + 40.
+    let mut want = 0;
+    for coding in ["gzip", "deflate", "br", "zstd"] {
+        for mode in ["plain", "stream"] {
+            let headers = format!(r#"{{"x-demo-content-encoding": "{coding}"}}"#);
+            let answer = call_with(&fg, "dora", (mode, 1000, 40, 3), 0, &headers);
+            assert_eq!(
+                answer["usage"]["total_tokens"], 43,
+                "{coding} {mode}: {answer}"
+            );
+            want += 43;
+            settled(&fg, want).await;
+        }
+    }
+    assert_eq!(
+        cost(&fg, "settled").await,
+        8 * 43,
+        "each settled at its usage"
+    );
+    assert_eq!(cost(&fg, "refunded").await, 8 * (1000 - 43));
+    assert_eq!(remaining(&fg, "dora").await, 10_000 - 8 * 43);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_short_settles_at_its_reserve_whatever_an_early_event_said() {
+    let demo = DemoUpstream::start(8, "1ms", "5s");
+    let fg = Floodgate::start(&config(
+        demo.url(),
+        "",
+        &token_budget(10_000, "0.016", 1000),
+    ));
+    // The first event says 1 token was used (as Anthropic's message_start does); the upstream
+    // breaks off after three events: the call costs its reserve of 300, not 1.
+    for coding in ["identity", "gzip"] {
+        let headers =
+            format!(r#"{{"x-demo-cut-after": "3", "x-demo-content-encoding": "{coding}"}}"#);
+        let broken = call_with(&fg, "erin", ("stream", 300, 40, 3), 0, &headers);
+        assert_eq!(broken["ok"], false, "{coding}: {broken}");
+    }
+    settled(&fg, 600).await;
+    assert_eq!(cost(&fg, "settled").await, 600, "settled at the reserves");
+    assert_eq!(cost(&fg, "refunded").await, 0);
+    assert_eq!(remaining(&fg, "erin").await, 10_000 - 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_retries_a_429_after_its_retry_after_and_gets_through() {
     let demo = DemoUpstream::start(8, "1ms", "5s");
     // 100 tokens, 100 a second back.
     let fg = Floodgate::start(&config(demo.url(), "", &token_budget(100, "100", 100)));
-    // 150 used of 100: 50 in debt; the next call must wait about 0.5 s plus its own reserve's
-    // refill. The SDK reads Retry-After and tries again (at most 3 times).
+    // 150 used of 100, charged as 100 (`actual.max`'s default, the capacity): the next call
+    // must wait for its own reserve's refill. The SDK reads Retry-After and tries again (at
+    // most 3 times).
     let first = call(&fg, "carol", ("plain", 100, 100, 50), 0);
     assert_eq!(first["usage"]["total_tokens"], 150);
-    settled(&fg, 150).await;
+    settled(&fg, 100).await;
     let again = call(&fg, "carol", ("stream", 100, 20, 5), 3);
     assert_eq!(again["ok"], true, "{again}");
     assert_eq!(again["usage"]["total_tokens"], 25);

@@ -6,24 +6,34 @@
 //! token per word of the messages' contents; the completion is `x-demo-completion-tokens`
 //! words (default 16), cut to `max_tokens`; `usage` says both and their total. Deterministic,
 //! so tests know what each call must settle at.
+//!
+//! Two knobs for tests of what a proxy reads from real APIs: `x-demo-content-encoding` (`gzip`,
+//! `deflate`, `br` or `zstd`) compresses the answer as APIs do when the client accepts it (a
+//! stream event by event, each flushed); `x-demo-cut-after: N` sends N events of a stream (the
+//! first carrying an early usage of one token, as Anthropic's `message_start` does) and then
+//! breaks the connection, as an upstream reset does.
 
-use std::convert::Infallible;
+use std::io::Write;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::service::{DemoBody, json_response};
+use crate::service::{BodyError, DemoBody, json_response};
 
 /// The path.
 pub const PATH: &str = "/v1/chat/completions";
 /// The request header that says how many tokens the completion has (before `max_tokens`).
 pub const COMPLETION_HEADER: &str = "x-demo-completion-tokens";
+/// The request header naming the coding to compress the answer with.
+pub const ENCODING_HEADER: &str = "x-demo-content-encoding";
+/// The request header saying after how many events a stream breaks off.
+pub const CUT_HEADER: &str = "x-demo-cut-after";
 /// The completion's length when the header does not say.
 const DEFAULT_COMPLETION: u64 = 16;
 
@@ -67,11 +77,11 @@ pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<Demo
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let words = (0..completion_tokens).map(|i| format!("w{i}"));
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut encoder = header(ENCODING_HEADER).and_then(Encoder::new);
     if request["stream"].as_bool() != Some(true) {
         let content = words.collect::<Vec<_>>().join(" ");
-        return json_response(
-            StatusCode::OK,
-            json!({
+        let answer = json!({
                 "id": id,
                 "object": "chat.completion",
                 "created": created,
@@ -82,8 +92,11 @@ pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<Demo
                     "finish_reason": finish_reason,
                 }],
                 "usage": usage,
-            }),
-        );
+        });
+        return match encoder {
+            None => json_response(StatusCode::OK, answer),
+            Some(encoder) => encoder.whole(&answer),
+        };
     }
     let include_usage = request["stream_options"]["include_usage"].as_bool() == Some(true);
     let chunk = |delta: Value, finish: Option<&str>| {
@@ -95,7 +108,12 @@ pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<Demo
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         })
     };
-    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    let cut_after = header(CUT_HEADER).and_then(|v| v.parse::<usize>().ok());
+    let mut first = chunk(json!({"role": "assistant", "content": ""}), None);
+    if cut_after.is_some() {
+        first["usage"] = json!({"prompt_tokens": 0, "completion_tokens": 1, "total_tokens": 1});
+    }
+    let mut events = vec![first];
     events.extend(words.map(|w| chunk(json!({"content": format!("{w} ")}), None)));
     events.push(chunk(json!({}), Some(finish_reason)));
     if include_usage {
@@ -113,18 +131,119 @@ pub fn answer(headers: &hyper::HeaderMap, body: &[u8], id: u64) -> Response<Demo
         .map(|e| Bytes::from(format!("data: {e}\n\n")))
         .collect();
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    if let Some(cut) = cut_after {
+        frames.truncate(cut);
+    }
+    let coding = encoder.as_ref().map(Encoder::name);
+    if let Some(mut encoder) = encoder.take() {
+        let mut encoded: Vec<Bytes> = frames.iter().map(|f| encoder.flushed(f)).collect();
+        if cut_after.is_none()
+            && let Some(last) = encoded.last_mut()
+        {
+            let mut whole = last.to_vec();
+            whole.extend_from_slice(&encoder.finish());
+            *last = Bytes::from(whole);
+        }
+        frames = encoded;
+    }
     let mut response = Response::new(
         Events {
             frames,
             next: 0,
             waited: false,
+            cut: cut_after.is_some(),
         }
         .boxed_unsync(),
     );
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    if let Some(coding) = coding {
+        response
+            .headers_mut()
+            .insert(CONTENT_ENCODING, HeaderValue::from_static(coding));
+    }
     response
+}
+
+/// A compressor for one answer, by the coding's name.
+enum Encoder {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Deflate(flate2::write::ZlibEncoder<Vec<u8>>),
+    Brotli(Box<brotli::CompressorWriter<Vec<u8>>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    fn new(name: &str) -> Option<Encoder> {
+        let level = flate2::Compression::default();
+        Some(match name {
+            "gzip" => Encoder::Gzip(flate2::write::GzEncoder::new(Vec::new(), level)),
+            "deflate" => Encoder::Deflate(flate2::write::ZlibEncoder::new(Vec::new(), level)),
+            "br" => Encoder::Brotli(Box::new(brotli::CompressorWriter::new(
+                Vec::new(),
+                4096,
+                5,
+                22,
+            ))),
+            "zstd" => Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), 3).ok()?),
+            _ => return None,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Encoder::Gzip(_) => "gzip",
+            Encoder::Deflate(_) => "deflate",
+            Encoder::Brotli(_) => "br",
+            Encoder::Zstd(_) => "zstd",
+        }
+    }
+
+    fn output(&mut self) -> &mut Vec<u8> {
+        match self {
+            Encoder::Gzip(e) => e.get_mut(),
+            Encoder::Deflate(e) => e.get_mut(),
+            Encoder::Brotli(e) => e.get_mut(),
+            Encoder::Zstd(e) => e.get_mut(),
+        }
+    }
+
+    /// `bytes` compressed and flushed: what a streaming server sends for one event.
+    fn flushed(&mut self, bytes: &[u8]) -> Bytes {
+        let _ = match self {
+            Encoder::Gzip(e) => e.write_all(bytes).and_then(|()| e.flush()),
+            Encoder::Deflate(e) => e.write_all(bytes).and_then(|()| e.flush()),
+            Encoder::Brotli(e) => e.write_all(bytes).and_then(|()| e.flush()),
+            Encoder::Zstd(e) => e.write_all(bytes).and_then(|()| e.flush()),
+        };
+        Bytes::from(std::mem::take(self.output()))
+    }
+
+    /// The end of the compressed stream.
+    fn finish(self) -> Vec<u8> {
+        match self {
+            Encoder::Gzip(e) => e.finish().unwrap_or_default(),
+            Encoder::Deflate(e) => e.finish().unwrap_or_default(),
+            Encoder::Brotli(e) => e.into_inner(),
+            Encoder::Zstd(e) => e.finish().unwrap_or_default(),
+        }
+    }
+
+    /// A 200 answering `answer` as JSON compressed, with its `Content-Encoding`.
+    fn whole(mut self, answer: &Value) -> Response<DemoBody> {
+        let name = self.name();
+        let mut out = self.flushed(answer.to_string().as_bytes()).to_vec();
+        out.extend_from_slice(&self.finish());
+        let body = http_body_util::Full::new(Bytes::from(out))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static(name));
+        response
+    }
 }
 
 /// A 400 as OpenAI words it.
@@ -141,16 +260,18 @@ struct Events {
     frames: Vec<Bytes>,
     next: usize,
     waited: bool,
+    /// Break off after the last frame instead of ending.
+    cut: bool,
 }
 
 impl Body for Events {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         // Each frame waits a turn of the scheduler first: the connection writes what it has,
         // and the stream is not one write.
@@ -161,6 +282,9 @@ impl Body for Events {
         }
         this.waited = false;
         let Some(frame) = this.frames.get(this.next).cloned() else {
+            if this.cut {
+                return Poll::Ready(Some(Err("the stream was cut (x-demo-cut-after)".into())));
+            }
             return Poll::Ready(None);
         };
         this.next += 1;

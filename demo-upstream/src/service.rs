@@ -214,11 +214,18 @@ impl DemoApi {
 }
 
 /// Every response's body: whole, or an event stream (`chat.rs`).
-pub type DemoBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
+pub type DemoBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BodyError>;
+
+/// Why a response body broke off (only a stream cut on purpose, `x-demo-cut-after`).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A response with a JSON body and `Content-Type: application/json`.
 pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response<DemoBody> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
     *response.status_mut() = status;
     response
         .headers_mut()

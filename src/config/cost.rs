@@ -18,6 +18,9 @@ use crate::limiter::{AlgorithmKind, Limit};
 pub struct Settled {
     pub reserve: Reserve,
     pub actual: Actual,
+    /// The most an `actual` figure is charged as (`actual.max`, by default the limit): what an
+    /// upstream reports is the upstream's word, and no figure may wrap a counter.
+    pub actual_max: u64,
 }
 
 /// What is held at admission.
@@ -49,10 +52,7 @@ impl Reserve {
             Reserve::Read { from, default, max } => {
                 let read = match from {
                     Field::Json(path) => json.and_then(|m| lookup(m, path)).and_then(units_of),
-                    Field::Header(name) => headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok()),
+                    Field::Header(name) => header_units(headers, name),
                 };
                 let units = read.map_or(*default, |n| n.min(u64::from(*max)) as u32);
                 units.max(1)
@@ -79,16 +79,34 @@ pub fn lookup<'a>(map: &'a Map<String, Value>, path: &[String]) -> Option<&'a Va
         .try_fold(map.get(first)?, |value, step| value.as_object()?.get(step))
 }
 
-/// A JSON value as a count of units: a non-negative number (a fraction rounded up) or a
-/// string of digits.
+/// A JSON value as a count of units: a non-negative number or a string holding one, a fraction
+/// rounded up, a figure past `u64::MAX` saturating there (the caller caps it). Negative, not a
+/// number, or not finite: `None` (the caller falls back to the reserve or default).
 pub fn units_of(value: &Value) -> Option<u64> {
     match value {
-        Value::Number(n) => n
-            .as_u64()
-            .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64)),
-        Value::String(s) => s.trim().parse().ok(),
+        Value::Number(n) => n.as_u64().or_else(|| n.as_f64().and_then(whole_units)),
+        Value::String(s) => units_in(s),
         _ => None,
     }
+}
+
+/// A header's (or trailer's) value as a count of units, as [`units_of`] reads a string.
+pub fn header_units(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    units_in(headers.get(name)?.to_str().ok()?)
+}
+
+/// Text as a count of units, as [`units_of`] reads it.
+fn units_in(text: &str) -> Option<u64> {
+    let text = text.trim();
+    text.parse::<u64>()
+        .ok()
+        .or_else(|| text.parse::<f64>().ok().and_then(whole_units))
+}
+
+/// A finite, non-negative figure rounded up to whole units (saturating at `u64::MAX`).
+fn whole_units(f: f64) -> Option<u64> {
+    // `as` saturates a float above u64::MAX at u64::MAX.
+    (f.is_finite() && f >= 0.0).then(|| f.ceil() as u64)
 }
 
 /// The algorithms a settled cost works with: those whose state is a count that can be charged
@@ -193,16 +211,28 @@ impl Validator {
                 None
             }
             Some(read) => {
-                for (name, given) in [("default", read.default), ("max", read.max)] {
-                    if given.is_some() {
-                        self.problem(
-                            format!("{path}.actual.{name}"),
-                            "is a reserve's setting (a response without the figure settles at the reserve)",
-                        );
-                    }
+                if read.default.is_some() {
+                    self.problem(
+                        format!("{path}.actual.default"),
+                        "is a reserve's setting (a response without the figure settles at the reserve)",
+                    );
                 }
                 self.field(&format!("{path}.actual"), read)
             }
+        };
+        let actual_max = match file.actual.as_ref().and_then(|read| read.max) {
+            None => Some(u64::from(units)),
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1 && *n <= units)
+                .map(u64::from)
+                .or_else(|| {
+                    self.problem(
+                        format!("{path}.actual.max"),
+                        format!("must be between 1 and {units} (the limit: a budget's debt is at most one limit)"),
+                    );
+                    None
+                }),
         };
         if self.problems.len() > before {
             return None;
@@ -210,6 +240,7 @@ impl Validator {
         Some(Arc::new(Settled {
             reserve: reserve?,
             actual: actual?,
+            actual_max: actual_max?,
         }))
     }
 

@@ -153,7 +153,12 @@ impl Validator {
             Some(CostFile::Units(c)) => u32::try_from(*c).ok().or(Some(0)),
             // Reserve-then-settle: the limit's own cost is the reserve without a request to
             // read (checked against the limit like a fixed cost; `cost.rs` checks the rest).
-            Some(CostFile::Settled(settled)) => Some(super::cost::reserve_default(settled)),
+            // A reserve read from the request is checked by `cost.rs`, naming its own field
+            // (`cost.reserve.max`), so here it is only cut to the limit.
+            Some(CostFile::Settled(settled)) => {
+                let units = built.as_ref().map_or(u32::MAX, |a| a.units());
+                Some(super::cost::reserve_default(settled).min(units))
+            }
         };
         let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
         match limit {

@@ -1089,3 +1089,65 @@ routes:
     let agreeing = yaml.replace("max_limit: 200", "max_limit: 100");
     valid(&agreeing);
 }
+
+#[test]
+fn a_settled_cost_names_its_own_fields() {
+    // Block style, as configs are written (`cost` flow maps of `reserve` and `actual`).
+    let settled = |cost: &str| {
+        let cost = &cost[1..cost.len() - 1];
+        let (reserve, actual) = cost.split_once(", actual: ").unwrap();
+        let reserve = reserve.trim_start_matches("reserve: ");
+        format!(
+            "listen: 127.0.0.1:8080\nroutes:\n  - name: r\n    path_prefix: /\n    upstream: http://127.0.0.1:9000\n    \
+             limits:\n      - algorithm: token_bucket\n        capacity: 1000\n        refill_rate: 1\n        \
+             cost:\n          reserve: {reserve}\n          actual: {actual}\n"
+        )
+    };
+    // A reserve's max above the capacity is named as such, with or without a default.
+    let path = format!("{L}.cost.reserve.max");
+    rejects(
+        &settled("{reserve: {json: max_tokens, max: 5000}, actual: {json: usage.total_tokens}}"),
+        &path,
+        "between 1 and 1000",
+    );
+    assert_eq!(
+        problems(&settled(
+            "{reserve: {json: max_tokens, max: 5000}, actual: {json: usage.total_tokens}}"
+        )),
+        [format!(
+            "{path}: must be between 1 and 1000 (the limit: a larger reserve could never be held)"
+        )]
+    );
+    rejects(
+        &settled("{reserve: {json: size, default: 10, max: 5000}, actual: {header: X-Cost}}"),
+        &path,
+        "between 1 and 1000",
+    );
+    // actual.max: at most the limit (a budget's debt is at most one limit), at least 1.
+    for max in ["0", "1001", "-3"] {
+        rejects(
+            &settled(&format!(
+                "{{reserve: 10, actual: {{header: X-Cost, max: {max}}}}}"
+            )),
+            &format!("{L}.cost.actual.max"),
+            "between 1 and 1000",
+        );
+    }
+    rejects(
+        &settled("{reserve: 10, actual: {header: X-Cost, default: 5}}"),
+        &format!("{L}.cost.actual.default"),
+        "reserve's setting",
+    );
+    let config = valid(&settled(
+        "{reserve: 10, actual: {header: X-Cost, max: 500}}",
+    ));
+    let limit = &config.routes[0].enforced.limits[0];
+    assert_eq!(limit.settled.as_ref().unwrap().actual_max, 500);
+    let config = valid(&settled("{reserve: 10, actual: {header: X-Cost}}"));
+    let limit = &config.routes[0].enforced.limits[0];
+    assert_eq!(
+        limit.settled.as_ref().unwrap().actual_max,
+        1000,
+        "the capacity by default"
+    );
+}

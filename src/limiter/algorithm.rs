@@ -143,12 +143,13 @@ impl State {
         if !self.fits(kind) {
             *self = State::new(kind);
         }
-        let (refund, charge, at) = (settle.refund, settle.charge, settle.at_us);
+        let units = u64::from(limit.algorithm().units());
+        let (refund, charge, at) = settle.bounded(units);
         let span = limit.algorithm().span_us();
         match self {
             State::Gcra { tat } if kind == AlgorithmKind::TokenBucket => {
                 *tat = (*tat).saturating_sub(refund * span).max(now);
-                *tat += charge * span;
+                *tat = debt_capped(*tat, charge * span, now + 2 * units * span);
             }
             State::Window { start, count } => {
                 let current = now - now % span;
@@ -160,7 +161,7 @@ impl State {
                         *start = current;
                         *count = 0;
                     }
-                    *count += charge;
+                    *count = debt_capped(*count, charge, 2 * units);
                 }
             }
             State::Counter { start, curr, prev } => {
@@ -171,7 +172,7 @@ impl State {
                 } else if reserved_in + span == current {
                     *prev = prev.saturating_sub(refund);
                 }
-                *curr += charge;
+                *curr = debt_capped(*curr, charge, 2 * units);
             }
             State::Quota { end, count } => {
                 let (_, period_end) = limit.algorithm().wire_at(now);
@@ -184,7 +185,7 @@ impl State {
                         *end = period_end;
                         *count = 0;
                     }
-                    *count += charge;
+                    *count = debt_capped(*count, charge, 2 * units);
                 }
             }
             _ => {}
@@ -211,6 +212,13 @@ impl State {
             State::Quota { end, .. } => *end,
         }
     }
+}
+
+/// `used` plus a settlement's `charge`, but never past `cap` (a budget's debt is at most one
+/// limit: what is used never exceeds twice the limit) unless it was already there. Mirrored by
+/// `settle.lua` and `floodgate_settle__V`.
+fn debt_capped(used: u64, charge: u64, cap: u64) -> u64 {
+    used.saturating_add(charge).min(cap.max(used))
 }
 
 /// Concurrency: leases that have ended no longer count; a request passes if its `cost` more

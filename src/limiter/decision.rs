@@ -242,6 +242,13 @@ impl Settlement {
         }
     }
 
+    /// Its refund, charge and time as a store applies them to a limit of `units`: a refund is
+    /// at most a reserve (which is at most the limit) and a charge at most the limit, whatever
+    /// the figure read, so no arithmetic a store does with them can overflow or wrap.
+    pub fn bounded(&self, units: u64) -> (u64, u64, u64) {
+        (self.refund.min(units), self.charge.min(units), self.at_us)
+    }
+
     /// True when it changes nothing.
     pub fn is_even(&self) -> bool {
         self.refund == 0 && self.charge == 0

@@ -285,8 +285,8 @@ impl PostgresStore {
         // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
         let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
         let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
-        let (mut pb, mut pb_at, mut refunds, mut charges, mut ats) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut pa, mut pb, mut pb_at) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut refunds, mut charges, mut ats) = (Vec::new(), Vec::new(), Vec::new());
         for (ask, settle) in asks.iter().zip(settlements) {
             if settle.is_even() {
                 continue;
@@ -294,12 +294,15 @@ impl PostgresStore {
             let algorithm = ask.limit.algorithm();
             keys.push(wire::key_name(&self.prefix, ask));
             algorithms.push(algorithm.name());
-            // Every figure is below 2^53 (the constructors and the reserves' caps see to it).
-            pb.push(algorithm.wire_at(calendar_now).1 as i64);
+            // Every figure is below 2^53 (the constructors and `Settlement::bounded` see to it).
+            let (a, b) = algorithm.wire_at(calendar_now);
+            let (refund, charge, at) = settle.bounded(a);
+            pa.push(a as i64);
+            pb.push(b as i64);
             pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
-            refunds.push(settle.refund as i64);
-            charges.push(settle.charge as i64);
-            ats.push(settle.at_us as i64);
+            refunds.push(refund as i64);
+            charges.push(charge as i64);
+            ats.push(at as i64);
         }
         if keys.is_empty() {
             return Ok(());
@@ -312,6 +315,7 @@ impl PostgresStore {
                     &clock,
                     &keys,
                     &algorithms,
+                    &pa,
                     &pb,
                     &pb_at,
                     &refunds,

@@ -298,15 +298,16 @@ impl RedisStore {
             let algorithm = ask.limit.algorithm();
             let (a, b) = algorithm.wire_at(calendar_now);
             let (_, b_at) = algorithm.wire_at(settle.at_us);
+            let (refund, charge, at) = settle.bounded(a);
             invocation
                 .key(self.key_name(ask))
                 .arg(algorithm.name())
                 .arg(a)
                 .arg(b)
                 .arg(b_at)
-                .arg(settle.refund)
-                .arg(settle.charge)
-                .arg(settle.at_us);
+                .arg(refund)
+                .arg(charge)
+                .arg(at);
             any = true;
         }
         if !any {

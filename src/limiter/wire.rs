@@ -125,7 +125,7 @@ impl Reply {
     pub fn from_ints(items: &[i64], limits: usize) -> Result<Reply, LimiterError> {
         Reply::read_with_leases(items.len(), limits, |at| {
             u64::try_from(items[at]).map_err(|_| {
-                LimiterError::Protocol(format!(
+                LimiterError::Refused(format!(
                     "reply item {at} is {}, expected a non-negative number",
                     items[at]
                 ))
@@ -186,12 +186,22 @@ mod tests {
     }
 
     #[test]
-    fn malformed_replies_are_protocol_errors() {
+    fn malformed_replies_are_protocol_errors_and_unreadable_figures_are_about_the_keys() {
+        // A figure that is no count comes from a key's state, not the store's health: it must
+        // not count towards the breaker.
+        for bad in [
+            &[1, 7, 1, 10, 9, 100, 0, -1, 0][..],
+            &[1, 7, 1, 10, 9, 100, 0, 0, -1][..],
+            &[1, 7, 1, 10, i64::MIN, 100, 0, 0, 0][..],
+        ] {
+            assert!(
+                matches!(Reply::from_ints(bad, 1), Err(LimiterError::Refused(_))),
+                "{bad:?}"
+            );
+        }
         for (bad, limits) in [
             (&[1, 7][..], 1),
             (&[1, 7, 1, 10, 9, 0][..], 1),
-            (&[1, 7, 1, 10, 9, 100, 0, -1, 0][..], 1),
-            (&[1, 7, 1, 10, 9, 100, 0, 0, -1][..], 1),
             (&[0, 7, 1, 10, 9, 100, 0, 0, 0][..], 1),
             (&[1, 7, 1, 10, 9, 100, 0, 0, 0][..], 2),
         ] {

@@ -154,13 +154,14 @@ impl AfterResponse {
         }
     }
 
-    /// Runs the phase (once: a second call finds nothing left).
-    pub fn run(&mut self) {
+    /// Runs the phase (once: a second call finds nothing left). `complete`: the response's end
+    /// was read (not cut short by an upstream reset, an error, or the client going away).
+    pub fn run(&mut self, complete: bool) {
         // Dropping a held lease gives it back.
         self.leases.clear();
         let mut figures = Vec::new();
         for meter in self.costs.drain(..) {
-            figures.extend(meter.finish());
+            figures.extend(meter.finish(complete));
         }
         if let Some(log) = self.log.take() {
             let cost = (!figures.is_empty()).then(|| crate::access_log::cost_field(&figures));
@@ -170,7 +171,8 @@ impl AfterResponse {
 }
 
 impl Drop for AfterResponse {
+    /// Never run (no response went out, or the body was dropped): nothing was read to its end.
     fn drop(&mut self) {
-        self.run();
+        self.run(false);
     }
 }

@@ -183,7 +183,8 @@ impl hyper::body::Body for Ending {
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             std::task::Poll::Ready(Some(Ok(frame))) => this.after.frame(frame),
-            std::task::Poll::Ready(None | Some(Err(_))) => this.after.run(),
+            std::task::Poll::Ready(None) => this.after.run(true),
+            std::task::Poll::Ready(Some(Err(_))) => this.after.run(false),
             std::task::Poll::Pending => {}
         }
         polled
@@ -195,6 +196,15 @@ impl hyper::body::Body for Ending {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for Ending {
+    /// Dropped before its end was polled: complete if the body says it has ended (hyper stops
+    /// polling a body whose last frame it has), cut short otherwise (the client went away).
+    fn drop(&mut self) {
+        let complete = hyper::body::Body::is_end_stream(&self.inner);
+        self.after.run(complete);
     }
 }
 

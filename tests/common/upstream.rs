@@ -30,6 +30,7 @@ impl Seen {
 /// - `/ws…`: a WebSocket-style upgrade: 101, then echoes bytes over the upgraded connection;
 /// - `/hop-response…`: 200 carrying hop-by-hop headers (`Connection: x-foo`, `X-Foo`,
 ///   `Keep-Alive`) that a proxy must not relay;
+/// - `/cost…`: 200 with `X-Cost` set to the request's `x-report-cost` (a cost it reports);
 /// - `/redirect…`: 302 with `Location` and `Content-Location` on the upstream's own origin (the
 ///   `Host` it was sent), as a framework's absolute redirect is;
 /// - anything else: 200 with [`UPSTREAM_BODY`].
@@ -177,6 +178,14 @@ async fn handle(
                 .body(Full::new(Bytes::from_static(b"body failed")))
                 .unwrap(),
         }
+    } else if path.starts_with("/cost") {
+        // Reports the cost the client asked it to (`x-report-cost`) in `X-Cost`, as an API
+        // that says what a call used does.
+        let mut response = Response::new(Full::new(Bytes::from_static(b"costed")));
+        if let Some(cost) = req.headers().get("x-report-cost") {
+            response.headers_mut().insert("x-cost", cost.clone());
+        }
+        response
     } else if path.starts_with("/slow") {
         tokio::time::sleep(SLOW).await;
         Response::new(Full::new(Bytes::from_static(b"slow but done")))

@@ -1,9 +1,13 @@
 """The openai Python SDK (software nobody here wrote) pointed at floodgate in front of the demo
 upstream's OpenAI-compatible /v1/chat/completions, for tests/llm.rs.
 
-    client.py call BASE_URL KEY MODE MAX_TOKENS COMPLETION WORDS [MAX_RETRIES]
+    client.py call BASE_URL KEY MODE MAX_TOKENS COMPLETION WORDS [MAX_RETRIES [HEADERS]]
         one chat completion (MODE plain or stream, the stream asking for its usage), printed
-        as JSON: {"ok": true, "usage": {...}} or {"ok": false, "status": 429, "error": {...}}.
+        as JSON: {"ok": true, "usage": {...}} or {"ok": false, "status": 429, "error": {...}},
+        or {"ok": false, "broken": "..."} when the answer broke off. HEADERS: a JSON object of
+        more request headers (the demo's x-demo-content-encoding, x-demo-cut-after). The SDK
+        sends Accept-Encoding: gzip, deflate, br, zstd (with brotli and backports.zstd in the
+        venv) and decodes what comes back, as it does against a real API.
     client.py load KEY CLIENTS REQUESTS BASE_URL...
         CLIENTS concurrent clients, each making REQUESTS calls (alternating plain and streamed,
         and the base URLs), each with a random max_tokens (the reserve), completion length and
@@ -25,13 +29,13 @@ def prompt(words):
     return " ".join(f"p{i}" for i in range(words))
 
 
-def call(base_url, key, mode, max_tokens, completion, words, max_retries=0):
+def call(base_url, key, mode, max_tokens, completion, words, max_retries=0, headers=None):
     client = OpenAI(base_url=base_url, api_key=key, max_retries=max_retries, timeout=20)
     args = dict(
         model="demo-model",
         messages=[{"role": "user", "content": prompt(words)}],
         max_tokens=max_tokens,
-        extra_headers={COMPLETION_HEADER: str(completion)},
+        extra_headers={COMPLETION_HEADER: str(completion), **(headers or {})},
     )
     try:
         if mode == "stream":
@@ -54,6 +58,8 @@ def call(base_url, key, mode, max_tokens, completion, words, max_retries=0):
             "error": e.body,
             "retry_after": e.response.headers.get("retry-after"),
         }
+    except (openai.APIConnectionError, openai.APIError) as e:
+        return {"ok": False, "broken": repr(e)}
 
 
 async def load(key, clients, requests, base_urls):
@@ -106,8 +112,9 @@ def main():
     if command == "call":
         base_url, key, mode, max_tokens, completion, words = sys.argv[2:8]
         max_retries = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+        headers = json.loads(sys.argv[9]) if len(sys.argv) > 9 else None
         print(json.dumps(call(base_url, key, mode, int(max_tokens), int(completion), int(words),
-                              max_retries)))
+                              max_retries, headers)))
     elif command == "load":
         key, clients, requests = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         print(json.dumps(asyncio.run(load(key, clients, requests, sys.argv[5:]))))

@@ -478,20 +478,21 @@ fn concurrency_leases_end_on_their_own() {
 #[test]
 fn a_settled_charge_puts_a_bucket_in_debt_until_it_refills_past_it() {
     use crate::limiter::Settlement;
-    // 100 units, 10 a second. A request reserves 50, then costs 250: 150 more are charged,
-    // 100 beyond what the bucket held.
+    // 100 units, 10 a second. A request reserves 50, then costs 150 (the most a figure is
+    // charged as: `actual.max` is at most the capacity): 100 more are charged, 50 beyond what
+    // the bucket held.
     let limit = token_bucket(100, 10.0).settled();
     let mut state = State::Gcra { tat: 0 };
     assert!(request(&mut state, &limit.costing(50), T0).allowed());
-    state.settle(&limit, T0 + SEC, &Settlement::of(50, 250, T0));
-    // At T0 + 1 s: 250 spent, 10 refilled: 140 in debt; one unit passes once 141 have come
-    // back, 14.1 s later.
+    state.settle(&limit, T0 + SEC, &Settlement::of(50, 150, T0));
+    // At T0 + 1 s: 150 spent, 10 refilled: 40 in debt; one unit passes once 41 have come
+    // back, 4.1 s later.
     let one = limit.costing(1);
     let denied = request(&mut state, &one, T0 + SEC);
     assert!(!denied.allowed());
-    assert_eq!(denied.retry_after_us(), 14_100_000);
-    assert!(!request(&mut state, &one, T0 + 15 * SEC).allowed());
-    assert!(request(&mut state, &one, T0 + 15 * SEC + 100_000).allowed());
+    assert_eq!(denied.retry_after_us(), 4_100_000);
+    assert!(!request(&mut state, &one, T0 + 5 * SEC).allowed());
+    assert!(request(&mut state, &one, T0 + 5 * SEC + 100_000).allowed());
 }
 
 #[test]
@@ -516,4 +517,56 @@ fn a_refund_comes_back_only_while_it_still_counts() {
     state.settle(&bucket, T0 + 20 * SEC, &Settlement::of(10, 0, T0));
     assert!(request(&mut state, &bucket.costing(10), T0 + 20 * SEC).allowed());
     assert!(!request(&mut state, &bucket.costing(1), T0 + 20 * SEC).allowed());
+}
+
+#[test]
+fn a_huge_settled_figure_saturates_at_one_limit_of_debt_and_never_wraps() {
+    use crate::limiter::Settlement;
+    // 1000 units, 1 a second; a reserve of 200 admitted (800 left), then a figure no counter
+    // holds. Before: u64::MAX wrapped the tat (the bucket read full: "Remaining: 999").
+    for huge in [u64::MAX, (1 << 55) - 300, 10_000_000_000] {
+        let limit = token_bucket(1000, 1.0).settled();
+        let mut state = State::Gcra { tat: 0 };
+        assert!(request(&mut state, &limit.costing(200), T0).allowed());
+        state.settle(&limit, T0, &Settlement::of(200, huge, T0));
+        // Charged one limit more (the most a settlement takes): 200 + 1000 spent, 200 in debt.
+        let denied = request(&mut state, &limit.costing(1), T0);
+        assert!(!denied.allowed(), "{huge}");
+        assert_eq!(denied.remaining, 0);
+        assert_eq!(denied.retry_after_us(), 201 * SEC, "{huge}");
+        // Settled again and again: the debt stays at one limit.
+        for _ in 0..3 {
+            state.settle(&limit, T0, &Settlement::of(1, huge, T0));
+        }
+        assert_eq!(
+            request(&mut state, &limit.costing(1), T0).retry_after_us(),
+            1001 * SEC
+        );
+
+        for window in [
+            fixed_window(1000, 60 * SEC),
+            sliding_counter(1000, 60 * SEC),
+        ] {
+            let limit = window.settled();
+            let mut state = State::new(limit.algorithm().kind());
+            assert!(request(&mut state, &limit.costing(200), T0).allowed());
+            for _ in 0..3 {
+                state.settle(&limit, T0, &Settlement::of(200, huge, T0));
+            }
+            let denied = request(&mut state, &limit.costing(1), T0);
+            assert!(!denied.allowed());
+            assert_eq!(denied.remaining, 0);
+            assert_eq!(state.expires_at(&limit), expires(&limit, T0), "{limit:?}");
+        }
+    }
+}
+
+/// Where a window's state expires when it was written at `now`.
+fn expires(limit: &crate::limiter::Limit, now: u64) -> u64 {
+    let span = limit.algorithm().span_us();
+    let start = now - now % span;
+    match limit.algorithm().kind() {
+        AlgorithmKind::SlidingWindowCounter => start + 2 * span,
+        _ => start + span,
+    }
 }

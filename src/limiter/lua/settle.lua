@@ -10,17 +10,26 @@
 -- A refund counts only while what it gives back still counts (the bucket has not refilled past
 -- it, the window or period is the one it was spent in); a charge always counts, past the limit
 -- if need be (a debt: the next requests are refused until the budget has refilled past it).
+-- Refunds and charges are cut to the limit and a debt is at most one limit (debt_capped), so
+-- no figure can write a number Redis would return unreadable (Settlement::bounded, debt_capped).
+
+-- `used` plus `charge`, never past `cap` unless it was already there.
+local function debt_capped(used, charge, cap)
+  return math.min(used + charge, math.max(cap, used))
+end
 
 local now = script_now(ARGV)
 for i = 1, #KEYS do
   local base = 2 + 7 * (i - 1)
   local key, name = KEYS[i], ARGV[base]
+  local a = tonumber(ARGV[base + 1])
   local b, b_at = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local refund, charge = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+  local refund = math.min(tonumber(ARGV[base + 4]), a)
+  local charge = math.min(tonumber(ARGV[base + 5]), a)
   local at = tonumber(ARGV[base + 6])
   if name == 'token_bucket' then
     local tat, holds = bucket_read(key, now)
-    tat = math.max(tat - refund * b, now) + charge * b
+    tat = debt_capped(math.max(tat - refund * b, now), charge * b, now + 2 * a * b)
     bucket_write(key, now, tat, holds)
   elseif name == 'fixed_window' then
     local current = now - (now % b)
@@ -33,7 +42,7 @@ for i = 1, #KEYS do
       start, count = current, 0
     end
     if start == current then
-      redis.call('HSET', key, 's', fmt(start), 'c', fmt(count + charge))
+      redis.call('HSET', key, 's', fmt(start), 'c', fmt(debt_capped(count, charge, 2 * a)))
       redis.call('PEXPIRE', key, ttl_ms(start + b, now))
     end
   elseif name == 'quota' then
@@ -46,7 +55,7 @@ for i = 1, #KEYS do
       stored_end, count = b, 0
     end
     if stored_end == b then
-      redis.call('HSET', key, 's', fmt(b), 'c', fmt(count + charge))
+      redis.call('HSET', key, 's', fmt(b), 'c', fmt(debt_capped(count, charge, 2 * a)))
       redis.call('PEXPIRE', key, ttl_ms(b, now))
     end
   elseif name == 'sliding_window_counter' then
@@ -57,7 +66,7 @@ for i = 1, #KEYS do
     elseif reserved_in + b == current then
       prev = math.max(prev - refund, 0)
     end
-    curr = curr + charge
+    curr = debt_capped(curr, charge, 2 * a)
     redis.call('HSET', key, 's', fmt(current), 'c', fmt(curr), 'p', fmt(prev))
     redis.call('PEXPIRE', key, ttl_ms(current + 2 * b, now))
   end

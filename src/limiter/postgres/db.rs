@@ -76,7 +76,10 @@ impl Sql {
                 name("decide_batch")
             ),
             release: format!("SELECT {}($1, $2)", name("release")),
-            settle: format!("SELECT {}($1, $2, $3, $4, $5, $6, $7, $8)", name("settle")),
+            settle: format!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                name("settle")
+            ),
             sweep: format!(
                 "SELECT last_key, deleted FROM {}($1, $2, $3)",
                 name("sweep")

@@ -232,12 +232,14 @@ pub(super) fn push_limits(
 }
 
 /// Reads the script's reply (the layout of [`wire::Reply`], then one leased count per limit) for
-/// a request of `limits` limits.
+/// a request of `limits` limits. An item that is not a non-negative number comes from the
+/// state of this request's keys, not from the store's health: [`LimiterError::Refused`], which
+/// the breaker does not count (a reply of the wrong shape is [`LimiterError::Protocol`]).
 pub(super) fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
     let number = |at: usize| match &reply[at] {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),
-        other => Err(LimiterError::Protocol(format!(
-            "reply item {at} is {other:?}, expected a number"
+        other => Err(LimiterError::Refused(format!(
+            "reply item {at} is {other:?}, expected a non-negative number"
         ))),
     };
     Reply::read_with_leases(reply.len(), limits, number)
@@ -248,10 +250,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_reply_with_a_value_that_is_not_a_number_is_a_protocol_error() {
+    fn a_reply_with_a_value_that_is_not_a_number_is_about_its_keys() {
         let mut reply: Vec<Value> = [1, 7, 1, 10, 9, 100, 0, 0, 3].map(Value::Int).to_vec();
         assert!(read_reply(&reply, 1).is_ok());
         reply[4] = Value::Nil;
+        assert!(matches!(
+            read_reply(&reply, 1),
+            Err(LimiterError::Refused(_))
+        ));
+        // What Redis answers for a Lua number past i64 (a state no settlement writes now).
+        reply[4] = Value::Int(i64::MIN);
+        assert!(matches!(
+            read_reply(&reply, 1),
+            Err(LimiterError::Refused(_))
+        ));
+        reply.pop();
         assert!(matches!(
             read_reply(&reply, 1),
             Err(LimiterError::Protocol(_))

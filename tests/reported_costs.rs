@@ -1,0 +1,137 @@
+//! What an upstream reports a call cost (`cost: {reserve, actual}`) is the upstream's word:
+//! bounded at the edge (a figure that is no count settles at the reserve, one above
+//! `actual.max` is charged as `actual.max`), saturating in every store, and never able to free
+//! a budget, make a store's reply unreadable or open the breaker for other clients.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Floodgate, RedisServer, client, get, metric};
+use reqwest::StatusCode;
+
+/// A route `/cost` whose upstream reports in `X-Cost` what the client sends in
+/// `x-report-cost`: 1000 tokens per API key, one back every 100 s (none during the test), each
+/// call holding 10 and settling at the figure reported.
+fn config(upstream: &str, storage: &str) -> String {
+    format!(
+        "admin_listen: 127.0.0.1:0\n{storage}\nroutes:\n  - name: costed\n    path_prefix: /cost\n    \
+         upstream: {upstream}\n    limits:\n      - algorithm: token_bucket\n        capacity: 1000\n        \
+         refill_rate: 0.01\n        cost:\n          reserve: 10\n          actual: {{header: X-Cost}}\n"
+    )
+}
+
+/// Units settled and refunded so far on `fg` (one of them grows with every settlement).
+async fn settled(fg: &Floodgate) -> u64 {
+    let mut sum = 0;
+    for outcome in ["settled", "refunded"] {
+        let series = format!(
+            "floodgate_cost_units_total{{route=\"costed\",limit=\"costed-0\",outcome=\"{outcome}\"}}"
+        );
+        sum += metric(fg, &series).await;
+    }
+    sum
+}
+
+/// One call by `key`, the upstream reporting `figure` (none: the header is absent); waits (a
+/// few ms; 10 s for a loaded machine) until its settlement has been made.
+async fn call(fg: &Floodgate, key: &str, figure: Option<&str>) -> common::Reply {
+    let before = settled(fg).await;
+    let mut headers = vec![("x-api-key", key)];
+    if let Some(figure) = figure {
+        headers.push(("x-report-cost", figure));
+    }
+    let reply = get(&client(), &fg.url("/cost"), &headers).await;
+    if reply.status == StatusCode::OK {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while settled(fg).await == before {
+            assert!(Instant::now() < deadline, "never settled: {}", fg.stderr());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The settlement is spawned once counted (a remote store): let it land.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reply
+}
+
+/// Figures no counter holds: `1e30`, `2^64 - 1`, `2^55 - 300`, `1e10`, `1e15`. Each is charged
+/// as `actual.max` (the capacity): the budget is spent, and the next call refused.
+const HUGE: [&str; 5] = [
+    "1e30",
+    "18446744073709551615",
+    "36028797018963668",
+    "10000000000",
+    "1000000000000000",
+];
+
+/// Figures that are no count: settled at the reserve.
+const NOT_COUNTS: [&str; 5] = ["-5", "NaN", "inf", "ten", "-1e30"];
+
+async fn reported_figures_are_bounded(fg: &Floodgate) {
+    for (i, figure) in HUGE.iter().enumerate() {
+        let key = format!("mallory-{i}");
+        let first = call(fg, &key, Some(figure)).await;
+        assert_eq!(first.status, StatusCode::OK, "{figure}");
+        assert_eq!(first.header_u64("x-ratelimit-remaining"), 990);
+        // Charged 990 more: nothing left, and the store still answers for this key.
+        let next = call(fg, &key, None).await;
+        assert_eq!(
+            next.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{figure}: {next:?}"
+        );
+        assert_eq!(next.header_u64("x-ratelimit-limit"), 1000, "{figure}");
+        assert_eq!(next.header_u64("x-ratelimit-remaining"), 0, "{figure}");
+    }
+    for (i, figure) in NOT_COUNTS.iter().enumerate() {
+        let key = format!("junk-{i}");
+        assert_eq!(call(fg, &key, Some(figure)).await.status, StatusCode::OK);
+        let next = call(fg, &key, None).await;
+        assert_eq!(next.status, StatusCode::OK, "{figure}");
+        assert_eq!(
+            next.header_u64("x-ratelimit-remaining"),
+            980,
+            "{figure}: at the reserve"
+        );
+    }
+    // A fraction is rounded up: 12.2 is 13.
+    assert_eq!(
+        call(fg, "fraction", Some("12.2")).await.status,
+        StatusCode::OK
+    );
+    let next = call(fg, "fraction", Some("0")).await;
+    assert_eq!(next.header_u64("x-ratelimit-remaining"), 1000 - 13 - 10);
+    // Everyone else keeps their limits, decided by the store (its headers), nothing failed
+    // open.
+    for n in 1..=3 {
+        let reply = call(fg, "alice", Some("10")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 1000 - 10 * n);
+    }
+    let failed = "floodgate_requests_total{route=\"costed\",decision=\"store_error\"}";
+    assert_eq!(metric(fg, failed).await, 0, "no decision failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_figures_are_bounded_on_the_memory_store() {
+    let upstream = common::Upstream::start().await;
+    let fg = Floodgate::start(&config(&upstream.url(), ""));
+    reported_figures_are_bounded(&fg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_figures_are_bounded_on_redis_and_never_open_its_breaker() {
+    let redis = RedisServer::start();
+    let upstream = common::Upstream::start().await;
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\n  on_error: allow\n  timeout: 2s",
+        redis.url()
+    );
+    let fg = Floodgate::start(&config(&upstream.url(), &storage));
+    reported_figures_are_bounded(&fg).await;
+    let metrics = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
+    assert!(
+        metrics.contains("floodgate_store_breaker_state{state=\"closed\"} 1"),
+        "{metrics}"
+    );
+}
