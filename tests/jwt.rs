@@ -132,6 +132,12 @@ async fn users_with_valid_tokens_have_their_own_budgets_and_bad_tokens_never_rea
         "alg_none",
         "garbage",
         "dave_rotated",
+        "crit_unknown",
+        "crit_b64",
+        "iat_future",
+        "iss_list",
+        "aud_object",
+        "exp_string",
     ] {
         let auth = bearer(tokens.get(name));
         let reply = get(&client, &fg.url("/"), &[("authorization", auth.as_str())]).await;
@@ -167,7 +173,7 @@ async fn users_with_valid_tokens_have_their_own_budgets_and_bad_tokens_never_rea
             "floodgate_requests_total{route=\"api\",decision=\"invalid_key\"}"
         )
         .await,
-        8
+        14
     );
 }
 
@@ -333,6 +339,13 @@ struct JwksServer {
     url: String,
     document: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// While set, a request is accepted and never answered.
+    hang: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Connections open now, and the most there ever were.
+    open: std::sync::Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
 }
 
 impl JwksServer {
@@ -346,20 +359,34 @@ impl JwksServer {
             "http://{}/.well-known/jwks.json",
             listener.local_addr().unwrap()
         );
+        use std::sync::atomic::Ordering::SeqCst;
         let served = std::sync::Arc::new(std::sync::Mutex::new(Some(document)));
         let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (doc, count) = (served.clone(), fetches.clone());
+        let hang = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open: std::sync::Arc<(
+            std::sync::atomic::AtomicUsize,
+            std::sync::atomic::AtomicUsize,
+        )> = std::sync::Arc::new(Default::default());
+        let (doc, count, hanging, opened) =
+            (served.clone(), fetches.clone(), hang.clone(), open.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (doc, count) = (doc.clone(), count.clone());
+                let (doc, count, hanging) = (doc.clone(), count.clone(), hanging.clone());
+                let opened = opened.clone();
+                let now = opened.0.fetch_add(1, SeqCst) + 1;
+                opened.1.fetch_max(now, SeqCst);
                 tokio::spawn(async move {
                     let service = service_fn(move |_req| {
-                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        count.fetch_add(1, SeqCst);
                         let body = doc.lock().unwrap().clone();
+                        let hang = hanging.load(SeqCst);
                         async move {
+                            if hang {
+                                std::future::pending::<()>().await;
+                            }
                             let response = match body {
                                 Some(body) => {
                                     http::Response::new(Full::new(bytes::Bytes::from(body)))
@@ -375,6 +402,7 @@ impl JwksServer {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                         .await;
+                    opened.0.fetch_sub(1, SeqCst);
                 });
             }
         });
@@ -382,7 +410,17 @@ impl JwksServer {
             url,
             document: served,
             fetches,
+            hang,
+            open,
         }
+    }
+
+    fn hang(&self, hang: bool) {
+        self.hang.store(hang, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn most_open(&self) -> usize {
+        self.open.1.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn serve(&self, document: Option<String>) {
@@ -495,4 +533,87 @@ async fn hs256_is_taken_only_with_its_configured_secret() {
     let fg = Floodgate::start(&jwt("RS256, HS384"));
     assert_eq!(statuses(&fg, tokens.get("hank_hmac"), 1).await, [401]);
     assert_eq!(upstream.seen().len(), 2);
+}
+
+/// One request's status and how long it took.
+async fn timed(fg: &Floodgate, token: &str) -> (u16, Duration) {
+    let started = std::time::Instant::now();
+    let status = statuses(fg, token, 1).await[0];
+    (status, started.elapsed())
+}
+
+/// A JWKS endpoint that accepts and never answers holds no request: tokens whose keys are held
+/// are decided at once while its fetch hangs; a token whose key is unknown waits for the fetch
+/// in flight 0.5 s at most, then gets its 401; the endpoint sees one connection at a time.
+///
+/// Timing: the bounds asserted are 2 s for a wait of 0.5 s (a loaded two-core machine adds a
+/// few hundred ms at most), against the 5 s fetch timeout a request used to wait for (9.6 s
+/// seen); the 5.2 s sleep passes floodgate's 5 s least gap between fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_endpoint_that_hangs_holds_no_request() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    let read = |name: &str| std::fs::read_to_string(tokens.jwks(name)).expect("read");
+    let issuer = JwksServer::start(read("jwks.json")).await;
+    issuer.hang(true);
+    let yaml = Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_url: \"{}\", issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
+                issuer.url
+            ),
+        )
+        .route(Route::new("api", "/", &upstream.url()))
+        .yaml();
+    // Started while the issuer hangs: no key yet; a token waits 0.5 s at most for the fetch.
+    let fg = Floodgate::start(&yaml);
+    let (status, took) = timed(&fg, tokens.get("alice")).await;
+    assert_eq!(status, 401);
+    assert!(took < Duration::from_secs(2), "held {took:?}");
+
+    // The issuer answers again; once the hanging fetch has timed out (5 s) a token brings a
+    // new fetch, and alice's key is found.
+    issuer.hang(false);
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    assert_eq!(statuses(&fg, tokens.get("alice"), 1).await, [200]);
+
+    // It hangs again. dave's key is unknown: his token starts a fetch that hangs, and waits
+    // for it 0.5 s at most; alice's, whose key is held, are decided at once meanwhile.
+    issuer.hang(true);
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    let (status, took) = timed(&fg, tokens.get("dave_rotated")).await;
+    assert_eq!(status, 401);
+    assert!(took < Duration::from_secs(2), "dave held {took:?}");
+    for _ in 0..3 {
+        let (status, took) = timed(&fg, tokens.get("bob")).await;
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_secs(1), "a known key held {took:?}");
+    }
+    // A burst naming unknown keys while the fetch hangs: each 401 within the bound, and no
+    // second connection to the issuer.
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let (fg_url, auth) = (fg.url("/"), bearer(tokens.get("dave_rotated")));
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let status = get(&client(), &fg_url, &[("authorization", auth.as_str())])
+                    .await
+                    .status
+                    .as_u16();
+                (status, started.elapsed())
+            })
+        })
+        .collect();
+    for request in burst {
+        let (status, took) = request.await.unwrap();
+        assert_eq!(status, 401);
+        assert!(took < Duration::from_secs(2), "held {took:?}");
+    }
+    assert_eq!(
+        issuer.most_open(),
+        1,
+        "one connection to the issuer at a time"
+    );
 }

@@ -3,8 +3,15 @@
 //! names a key the set does not hold, never more often than once per [`MIN_GAP`] (a flood of
 //! tokens with made-up `kid`s costs the issuer one request per gap, not one per token). A fetch
 //! that fails keeps the keys there were, and is retried after [`RETRY`].
+//!
+//! A fetch never holds a request: it runs in a task of its own, one at a time (an issuer that
+//! hangs costs one connection, for [`TIMEOUT`] at most), and requests are decided with the keys
+//! held. Only a token whose key the set lacks waits for the fetch in flight, and for
+//! [`WAIT_FOR_KEYS`] at most: a key rotated in at the issuer is usually found by its first
+//! token, and a slow issuer costs that token a 401 in a bounded time, not the fetch's timeout.
 
-use std::sync::{Mutex, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,6 +31,8 @@ pub const MIN_GAP: Duration = Duration::from_secs(5);
 pub const RETRY: Duration = Duration::from_secs(10);
 /// How long one fetch may take, connection included.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a token whose key the set lacks waits for the fetch that may bring it.
+pub const WAIT_FOR_KEYS: Duration = Duration::from_millis(500);
 /// The largest JWKS document taken.
 const MAX_BYTES: usize = 1 << 20;
 
@@ -32,20 +41,27 @@ type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 /// Where a remote set comes from, and when it was last asked for.
 pub struct Remote {
     url: http::Uri,
-    client: std::sync::OnceLock<HttpClient>,
+    client: OnceLock<HttpClient>,
     /// When the last fetch started (`None`: never).
     last: Mutex<Option<Instant>>,
-    /// Held while a fetch runs: the requests that wait for one share it.
-    fetching: tokio::sync::Mutex<()>,
+    /// True while a fetch runs (there is at most one).
+    running: AtomicBool,
+    /// Counts finished fetches (and says whether the last one succeeded): what requests
+    /// waiting for keys and the refresh loop wait on.
+    finished: tokio::sync::watch::Sender<(u64, bool)>,
+    /// The config this set belongs to, for the fetch task (set by `keep_fresh`).
+    owner: OnceLock<Weak<JwtConfig>>,
 }
 
 impl Remote {
     pub fn new(url: http::Uri) -> Remote {
         Remote {
             url,
-            client: std::sync::OnceLock::new(),
+            client: OnceLock::new(),
             last: Mutex::new(None),
-            fetching: tokio::sync::Mutex::new(()),
+            running: AtomicBool::new(false),
+            finished: tokio::sync::watch::channel((0, false)).0,
+            owner: OnceLock::new(),
         }
     }
 
@@ -98,50 +114,97 @@ impl Remote {
     }
 }
 
-/// Fetches `jwt`'s set again for a token whose key it lacks: at once if no fetch started in the
-/// last [`MIN_GAP`]; a request that finds a fetch running waits for it and fetches no more.
+/// Starts a fetch of `jwt`'s set in a task of its own, unless one is running; returns at once.
+/// False when none could be started (one is running, or no runtime).
+fn start_fetch(jwt: Arc<JwtConfig>) -> bool {
+    let Some(remote) = jwt.remote() else {
+        return false;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    if remote.running.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    runtime.spawn(async move {
+        let fetched = jwt.fetch().await;
+        let Some(remote) = jwt.remote() else {
+            return;
+        };
+        let ok = match fetched {
+            Ok(n) => {
+                tracing::debug!(url = %remote.url(), keys = n, "JWKS fetched");
+                true
+            }
+            Err(why) => {
+                tracing::warn!(url = %remote.url(), %why, "JWKS fetch failed; keeping the keys there were");
+                false
+            }
+        };
+        remote.running.store(false, Ordering::Release);
+        remote.finished.send_modify(|(count, last_ok)| {
+            *count += 1;
+            *last_ok = ok;
+        });
+    });
+    true
+}
+
+/// For a token whose key `jwt`'s set lacks: starts a fetch if none ran in the last [`MIN_GAP`],
+/// and waits for the fetch in flight (this one or another's) for [`WAIT_FOR_KEYS`] at most.
+/// Returns at once when no fetch is in flight.
 pub(super) async fn refetch(jwt: &JwtConfig) {
     let Some(remote) = jwt.remote() else {
         return;
     };
-    let _one_at_a_time = remote.fetching.lock().await;
-    if remote.fetched_within(MIN_GAP) {
-        return;
+    let mut finished = remote.finished.subscribe();
+    finished.mark_unchanged();
+    if !remote.running.load(Ordering::Acquire) {
+        if remote.fetched_within(MIN_GAP) {
+            return;
+        }
+        let Some(owner) = remote.owner.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        if start_fetch(owner) {
+            tracing::info!(url = %remote.url(), "JWKS fetched again for an unknown key");
+        }
     }
-    match jwt.fetch().await {
-        Ok(n) => tracing::info!(url = %remote.url(), keys = n, "JWKS fetched for an unknown key"),
-        Err(why) => tracing::warn!(url = %remote.url(), %why, "JWKS fetch failed"),
-    }
+    let _ = tokio::time::timeout(WAIT_FOR_KEYS, finished.changed()).await;
 }
 
 /// Fetches the set now and every [`REFRESH`] ([`RETRY`] after a failure) while `jwt` lives. No
 /// runtime (`floodgate check`): nothing.
-pub(super) fn keep_fresh(jwt: Weak<JwtConfig>) {
+pub(super) fn keep_fresh(jwt: &Arc<JwtConfig>) {
+    let Some(remote) = jwt.remote() else {
+        return;
+    };
+    let _ = remote.owner.set(Arc::downgrade(jwt));
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    let jwt = Arc::downgrade(jwt);
     runtime.spawn(async move {
         loop {
-            let wait = {
+            let mut finished = {
                 let Some(jwt) = jwt.upgrade() else {
                     return;
                 };
                 let Some(remote) = jwt.remote() else {
                     return;
                 };
-                let _one_at_a_time = remote.fetching.lock().await;
-                match jwt.fetch().await {
-                    Ok(n) => {
-                        tracing::debug!(url = %remote.url(), keys = n, "JWKS fetched");
-                        REFRESH
-                    }
-                    Err(why) => {
-                        tracing::warn!(url = %remote.url(), %why, "JWKS fetch failed; keeping the keys there were");
-                        RETRY
-                    }
-                }
+                let mut finished = remote.finished.subscribe();
+                finished.mark_unchanged();
+                start_fetch(jwt.clone());
+                finished
             };
-            tokio::time::sleep(wait).await;
+            // The fetch in flight (this loop's or a request's) ends within its timeout.
+            let ok = match tokio::time::timeout(TIMEOUT * 2, finished.changed()).await {
+                Ok(Ok(())) => finished.borrow().1,
+                Ok(Err(_)) => return, // the config is gone
+                Err(_) => false,
+            };
+            tokio::time::sleep(if ok { REFRESH } else { RETRY }).await;
         }
     });
 }

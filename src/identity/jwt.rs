@@ -212,7 +212,7 @@ impl JwtConfig {
         {
             self.keys.store(previous.keys.load_full());
         }
-        super::jwks::keep_fresh(Arc::downgrade(self));
+        super::jwks::keep_fresh(self);
     }
 
     /// Fetches the keys from `jwks_url` now; Err says why not (the keys are then unchanged).
@@ -260,8 +260,10 @@ impl JwtConfig {
     ///
     /// A token whose key the set does not hold, under `jwks_url`, has the set fetched again
     /// (once for every request waiting on it, and no sooner than
-    /// [`jwks::MIN_GAP`](super::jwks::MIN_GAP) after the last fetch), then is tried once more:
-    /// a key rotated in at the issuer is found at its first token.
+    /// [`jwks::MIN_GAP`](super::jwks::MIN_GAP) after the last fetch), waits for that fetch
+    /// [`jwks::WAIT_FOR_KEYS`](super::jwks::WAIT_FOR_KEYS) at most, then is tried once more: a
+    /// key rotated in at the issuer is found at its first token when the issuer answers in
+    /// time.
     pub async fn verify_token(&self, token: &str) -> Result<Verified, InvalidToken> {
         match self.verify_with_keys(token) {
             Err(Unverified::NoKey(_)) if self.remote.is_some() => {
@@ -276,6 +278,7 @@ impl JwtConfig {
     fn verify_with_keys(&self, token: &str) -> Result<Verified, Unverified> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| Unverified::Invalid(InvalidToken(format!("malformed: {e}"))))?;
+        no_extensions(token).map_err(Unverified::Invalid)?;
         if !self.allowed.contains(&header.alg) {
             return Err(Unverified::Invalid(InvalidToken(format!(
                 "algorithm {:?} is not allowed",
@@ -313,11 +316,50 @@ impl JwtConfig {
                 &key.key,
                 &validation,
             ) {
-                Ok(data) => return self.identity_of(data.claims).map_err(Unverified::Invalid),
+                Ok(data) => {
+                    self.strict_claims(&data.claims)
+                        .map_err(Unverified::Invalid)?;
+                    return self.identity_of(data.claims).map_err(Unverified::Invalid);
+                }
                 Err(e) => last = Unverified::Invalid(InvalidToken(e.to_string())),
             }
         }
         Err(last)
+    }
+
+    /// The registered claims of a verified token, as RFC 7519 §4.1 types them (`iss` a string,
+    /// `aud` a string or an array of strings, `exp`, `nbf` and `iat` numbers), and `iat` not
+    /// beyond the leeway in the future (a token issued ten years from now was not issued by a
+    /// clock anyone trusts).
+    fn strict_claims(
+        &self,
+        claims: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), InvalidToken> {
+        use serde_json::Value;
+        let wrong =
+            |name: &str, what: &str| InvalidToken(format!("its {name} claim is not {what}"));
+        if claims.get("iss").is_some_and(|v| !v.is_string()) {
+            return Err(wrong("iss", "a string"));
+        }
+        match claims.get("aud") {
+            None | Some(Value::String(_)) => {}
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
+            Some(_) => return Err(wrong("aud", "a string or an array of strings")),
+        }
+        for name in ["exp", "nbf", "iat"] {
+            if claims.get(name).is_some_and(|v| !v.is_number()) {
+                return Err(wrong(name, "a number"));
+            }
+        }
+        if let Some(iat) = claims.get("iat").and_then(Value::as_f64) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            if iat > now + self.leeway_secs as f64 {
+                return Err(InvalidToken("it was issued in the future (iat)".into()));
+            }
+        }
+        Ok(())
     }
 
     fn identity_of(
@@ -342,6 +384,35 @@ impl JwtConfig {
             claims,
         })
     }
+}
+
+/// A token's header names no extension floodgate would have to understand: no `crit` (RFC 7515
+/// §4.1.11: a recipient that does not implement a listed extension must refuse the token, and
+/// floodgate implements none) and no `b64` other than `true` (RFC 7797: an unencoded payload
+/// changes what was signed).
+fn no_extensions(token: &str) -> Result<(), InvalidToken> {
+    use base64::Engine;
+    let malformed = || InvalidToken("malformed header".into());
+    let encoded = token.split('.').next().ok_or_else(malformed)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded.trim_end_matches('='))
+        .map_err(|_| malformed())?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes).map_err(|_| malformed())?;
+    if let Some(crit) = header.get("crit") {
+        return Err(InvalidToken(format!(
+            "its header names critical extensions floodgate does not implement: {crit}"
+        )));
+    }
+    if header
+        .get("b64")
+        .is_some_and(|b64| b64 != &serde_json::Value::Bool(true))
+    {
+        return Err(InvalidToken(
+            "its payload is not base64url-encoded (b64)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The algorithms a JWK may verify: its `alg` if it names one, else every algorithm of its key

@@ -26,6 +26,19 @@ def public_jwk(algorithm, key, kid):
     return jwk
 
 
+def b64_false(payload, key):
+    """A token whose header says `b64: false` under `crit` (RFC 7797) but whose payload is
+    base64url-encoded and signed as usual: what a verifier ignoring `crit` would accept."""
+    header = {"alg": "RS256", "kid": "rsa-1", "b64": False, "crit": ["b64"]}
+    segments = [
+        jwt.utils.base64url_encode(json.dumps(header).encode()),
+        jwt.utils.base64url_encode(json.dumps(payload).encode()),
+    ]
+    signing_input = b".".join(segments)
+    signature = RSAAlgorithm(RSAAlgorithm.SHA256).sign(signing_input, key)
+    return (signing_input + b"." + jwt.utils.base64url_encode(signature)).decode()
+
+
 def main(out):
     rsa1 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     rsa2 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -59,6 +72,11 @@ def main(out):
     def sign(payload, key, alg, kid):
         return jwt.encode(payload, key, algorithm=alg, headers={"kid": kid})
 
+    def sign_raw(payload):
+        # PyJWS signs any payload; PyJWT's encode refuses claims of the wrong type.
+        return jwt.api_jws.encode(json.dumps(payload).encode(), rsa1, algorithm="RS256",
+                                  headers={"kid": "rsa-1"})
+
     tokens = {
         "alice": sign(claims("alice"), rsa1, "RS256", "rsa-1"),
         "alice_again": sign(claims("alice", jti="2"), rsa1, "RS256", "rsa-1"),
@@ -79,6 +97,14 @@ def main(out):
         "wrong_issuer": sign(claims("alice", iss="https://evil.test/"), rsa1, "RS256", "rsa-1"),
         "alg_none": jwt.encode(claims("alice"), None, algorithm="none"),
         "garbage": "not.a.token",
+        # Refused by a strict verifier (RFC 7515 §4.1.11, RFC 7797, RFC 7519 §4.1):
+        "crit_unknown": jwt.encode(claims("alice"), rsa1, algorithm="RS256",
+                                   headers={"kid": "rsa-1", "crit": ["exp-ext"], "exp-ext": 1}),
+        "crit_b64": b64_false(claims("alice"), rsa1),
+        "iat_future": sign(claims("alice", iat=now + 10 * 365 * 86400), rsa1, "RS256", "rsa-1"),
+        "iss_list": sign_raw(claims("alice", iss=[ISSUER])),
+        "aud_object": sign_raw(claims("alice", aud={"aud": AUDIENCE})),
+        "exp_string": sign_raw(claims("alice", exp=str(now + 3600))),
         # Signed by the key of the rotated set:
         "dave_rotated": sign(claims("dave"), rsa2, "RS256", "rsa-2"),
     }
