@@ -18,6 +18,7 @@ mod limit;
 pub mod reload;
 mod route;
 mod storage;
+mod tiers;
 mod validate;
 
 use validate::Validator;
@@ -27,6 +28,7 @@ pub use route::{
     Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
 };
 pub use storage::{Backend, StorageConfig};
+pub use tiers::KnownTiers;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -65,6 +67,8 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// The known API keys, when the file has a `consumers:` section.
     pub consumers: Option<Arc<Consumers>>,
+    /// The tiers limits and exemptions name (a token's unknown tier is `default`).
+    pub tiers: Arc<KnownTiers>,
     pub timeouts: Timeouts,
     pub routes: Vec<RouteConfig>,
     /// Global shadow mode: every limit decides and counts, none denies.
@@ -422,6 +426,7 @@ impl Config {
                 identity,
                 consumers,
                 timeouts,
+                tiers: Arc::new(KnownTiers::of(&routes)),
                 routes,
                 shadow: file.shadow.unwrap_or(false),
                 rate_limit_headers,

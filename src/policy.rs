@@ -61,6 +61,8 @@ pub enum Refusal {
 pub struct Policy<'c> {
     pub identity: &'c IdentityConfig,
     pub consumers: Option<&'c Consumers>,
+    /// The tiers the config names: a token's tier claim is one of them or `default`.
+    pub tiers: &'c crate::config::KnownTiers,
     /// `shadow: true`: an enforced limit's denial is logged (`shadow_denied`), not answered.
     pub shadow: bool,
 }

@@ -384,12 +384,13 @@ impl Proxy {
             Identity::ApiKey(key) => Claim::ApiKey(key),
             _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
         };
-        let mut resolved = snapshot.policy().resolve(
+        let policy = snapshot.policy();
+        let mut resolved = policy.resolve(
             claim,
             || Ok(keyless()?),
             || config.client_addr(headers, peer.ip()),
         );
-        // A token's tier claim picks its tier.
+        // A token's tier claim picks its tier, if the config names it (`default` otherwise).
         if let (
             Ok(whose),
             Some(Verified {
@@ -398,7 +399,7 @@ impl Proxy {
         ) = (&mut resolved, verified)
             && matches!(whose.identity, Identity::Jwt(_))
         {
-            whose.tier = tier;
+            whose.tier = policy.tiers.claimed(tier);
         }
         if !span.is_disabled() {
             let (kind, ip) = match &resolved {

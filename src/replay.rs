@@ -300,6 +300,7 @@ impl Replay {
         let policy = Policy {
             identity: &proposal.config.identity,
             consumers: proposal.config.consumers.as_deref(),
+            tiers: &proposal.config.tiers,
             shadow: proposal.config.shadow,
         };
         // A key no consumer has, under `unknown_key: anonymous`: the log knows only the address.

@@ -69,7 +69,8 @@ impl Tokens {
 }
 
 /// `identity.jwt` reading `jwks_file`, issuer and audience as tokens.py signs them, the tier from
-/// `plan`; one route `/` allowing 2 requests an hour per identity, 3 for the tier `pro`.
+/// `plan`; one route `/` allowing 2 requests an hour per identity (tiers `default` and
+/// `anonymous`), 3 for the tier `pro`.
 fn config(upstream: &Upstream, jwks_file: &str) -> Config {
     Config::new()
         .set(
@@ -82,7 +83,7 @@ fn config(upstream: &Upstream, jwks_file: &str) -> Config {
         )
         .route(
             Route::new("api", "/", &upstream.url())
-                .limit(Limit::fixed_window(2, "1h").tiers(&["anonymous"]))
+                .limit(Limit::fixed_window(2, "1h").tiers(&["default", "anonymous"]))
                 .limit(Limit::fixed_window(3, "1h").tiers(&["pro"])),
         )
 }
@@ -118,7 +119,13 @@ async fn users_with_valid_tokens_have_their_own_budgets_and_bad_tokens_never_rea
         statuses(&fg, tokens.get("carol_pro"), 4).await,
         [200, 200, 200, 429]
     );
-    assert_eq!(upstream.seen().len(), 7);
+    // fay's says `plan: free`, a tier no limit names: the client's word, not the operator's,
+    // so she is limited as `default` (before: unlimited).
+    assert_eq!(
+        statuses(&fg, tokens.get("fay_free"), 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(upstream.seen().len(), 9);
 
     // Each refused for one reason; none reaches the upstream, each is told why in the
     // standard way (RFC 6750).
@@ -156,7 +163,7 @@ async fn users_with_valid_tokens_have_their_own_budgets_and_bad_tokens_never_rea
             reply.body
         );
     }
-    assert_eq!(upstream.seen().len(), 7, "no refused token was forwarded");
+    assert_eq!(upstream.seen().len(), 9, "no refused token was forwarded");
 
     // No token: the address is the identity (falls through, the default).
     let reply = get(&client, &fg.url("/"), &[]).await;

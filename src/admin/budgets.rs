@@ -94,8 +94,11 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
         ));
     }
     let tier = match (param("tier"), whose) {
-        // A token's tier comes from its claim, which the query cannot show: it may say it.
-        (Some(tier), Some(w)) if matches!(w.identity, Identity::Jwt(_)) => tier,
+        // A token's tier comes from its claim, which the query cannot show: it may say it
+        // (as the proxy would take it: a tier the config does not name is `default`).
+        (Some(tier), Some(w)) if matches!(w.identity, Identity::Jwt(_)) => {
+            snapshot.tiers.claimed(tier)
+        }
         _ => whose.map_or(ANONYMOUS_TIER, |w| w.tier),
     };
     let values = RequestValues::of(&query);

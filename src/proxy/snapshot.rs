@@ -25,6 +25,7 @@ pub struct Snapshot {
     pub(super) extras: Vec<RouteExtras>,
     pub identity: IdentityConfig,
     pub consumers: Option<Arc<Consumers>>,
+    pub tiers: Arc<crate::config::KnownTiers>,
     pub paths: crate::path::PathRules,
     pub on_error: OnError,
     pub shadow: bool,
@@ -47,6 +48,7 @@ impl Snapshot {
         Policy {
             identity: &self.identity,
             consumers: self.consumers.as_deref(),
+            tiers: &self.tiers,
             shadow: self.shadow,
         }
     }
@@ -141,6 +143,7 @@ impl Snapshot {
             routes: RouteTable::new(config.routes.clone()),
             identity: config.identity.clone(),
             consumers: config.consumers.clone(),
+            tiers: config.tiers.clone(),
             paths: config.paths,
             on_error: config.storage.on_error,
             shadow: config.shadow,

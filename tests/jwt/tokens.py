@@ -82,6 +82,8 @@ def main(out):
         "alice_again": sign(claims("alice", jti="2"), rsa1, "RS256", "rsa-1"),
         "bob": sign(claims("bob"), ec1, "ES256", "ec-1"),
         "carol_pro": sign(claims("carol", plan="pro"), ed1, "EdDSA", "ed-1"),
+        # A tier nobody configured:
+        "fay_free": sign(claims("fay", plan="free"), rsa1, "RS256", "rsa-1"),
         # Two members of one organisation and one of another (`per: "claim:org"`):
         "erin_acme": sign(claims("erin", org="acme"), rsa1, "RS256", "rsa-1"),
         "frank_acme": sign(claims("frank", org="acme"), ec1, "ES256", "ec-1"),
