@@ -74,6 +74,17 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// The `grpc-status` in `headers` (a trailers-only answer's head, or trailers), if any.
+pub fn status_of(headers: &HeaderMap) -> Option<u32> {
+    headers.get(GRPC_STATUS)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// True for the statuses an overloaded upstream answers with: `UNAVAILABLE` (14) and
+/// `RESOURCE_EXHAUSTED` (8), gRPC's 503 and 429.
+pub fn is_overload(code: u32) -> bool {
+    code == Code::Unavailable as u32 || code == Code::ResourceExhausted as u32
+}
+
 /// The deadline a client sent in `grpc-timeout` (`TimeoutValue TimeoutUnit`: at most 8 digits
 /// and one of `H M S m u n`), or `None` when there is none or it is malformed (a malformed one
 /// is ignored, as gRPC servers do).

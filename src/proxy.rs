@@ -640,11 +640,20 @@ impl Proxy {
             .upstream(status, started.elapsed().as_secs_f64());
         if let Some(mut permit) = ctx.permit.take() {
             // 502 (unreachable), 503 (the upstream shedding) and 504 (no answer in time) are
-            // overload signals; any other answer is a latency sample.
-            permit.finish(match status {
-                502..=504 => Outcome::Overloaded,
+            // overload signals, and so are gRPC's UNAVAILABLE and RESOURCE_EXHAUSTED (in the
+            // head of a trailers-only answer, or in the trailers); any other answer is a
+            // latency sample, taken at the head.
+            let grpc = crate::grpc::status_of(response.headers());
+            permit.finish(match (status, grpc) {
+                (502..=504, _) => Outcome::Overloaded,
+                (_, Some(code)) if crate::grpc::is_overload(code) => Outcome::Overloaded,
                 _ => Outcome::Answered(started.elapsed()),
             });
+            // A gRPC call's status comes in its trailers: the permit is held until they do.
+            match (ctx.dialect, grpc) {
+                (Dialect::Grpc(_), None) => ctx.permit = Some(permit),
+                _ => drop(permit),
+            }
         }
         if let Some((verdict, limit)) = &headline {
             route

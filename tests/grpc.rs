@@ -469,3 +469,73 @@ async fn a_rate_limited_call_is_one_headers_frame_with_the_contracts_fields() {
     );
     assert!(h.contains_key("grpc-status-details-bin"));
 }
+
+/// The learned limit of the route to `upstream` (`floodgate_adaptive_limit`).
+async fn adaptive_limit(fg: &Floodgate, upstream: &str) -> u64 {
+    metric(
+        fg,
+        &format!("floodgate_adaptive_limit{{upstream=\"{upstream}\"}}"),
+    )
+    .await
+}
+
+/// The adaptive gate hears a gRPC upstream's overload: `UNAVAILABLE` in a trailers-only answer
+/// and `RESOURCE_EXHAUSTED` in the trailers of a stream are overload signals, as 503 is, so
+/// the learned limit never grows on them, while healthy calls of the same latency under the
+/// same load make it grow (the control). Before, such a failure was a success, and the limit
+/// grew on it as on the healthy calls.
+///
+/// Timing: every call takes 50 ms in the server, so a window's latency is steady (the
+/// controller backs off when it exceeds 1.3 × the baseline); 8 clients of 20 calls each keep
+/// more calls in flight than a limit of 2 for about 4 s, many 100 ms windows; the gate's queue
+/// timeout (5 s) refuses none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_overload_statuses_are_overload_signals_for_the_adaptive_gate() {
+    let server = GrpcServer::start();
+    let upstream = format!("http://127.0.0.1:{}", server.port());
+    let gate = "{min_limit: 2, max_limit: 100, queue_timeout: 5s}";
+    let start = || {
+        let route = Route::new("echo", ECHO, &upstream).with("adaptive_concurrency", gate);
+        Floodgate::start(&grpc_routes(Config::new(), &upstream, route).yaml())
+    };
+    let load = |fg: &Floodgate, scenario: &str| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| grpc_client(&fg.addr().to_string(), &[scenario], &[]))
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| read_calls(c.wait_with_output().expect("client")))
+            .collect::<Vec<Value>>()
+    };
+
+    // The control: healthy calls grow the limit.
+    let fg = start();
+    let calls = load(&fg, "calm:20");
+    let ok: u64 = calls
+        .iter()
+        .map(|c| c["codes"]["OK"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(ok, 160, "{calls:?}");
+    assert!(
+        adaptive_limit(&fg, &upstream).await > 2,
+        "healthy calls under load grow the limit"
+    );
+    for scenario in ["shed:20", "exhausted:20"] {
+        let fg = start();
+        let calls = load(&fg, scenario);
+        let want = if scenario.starts_with("shed") {
+            "UNAVAILABLE"
+        } else {
+            "RESOURCE_EXHAUSTED"
+        };
+        let answered: u64 = calls
+            .iter()
+            .map(|c| c["codes"][want].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            answered, 160,
+            "the upstream's own answers came through: {calls:?}"
+        );
+        assert_eq!(adaptive_limit(&fg, &upstream).await, 2, "{scenario}");
+    }
+}

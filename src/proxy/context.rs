@@ -104,6 +104,7 @@ impl Context {
         AfterResponse {
             leases,
             costs,
+            permit: self.permit.take(),
             log: None,
         }
     }
@@ -128,6 +129,9 @@ pub(super) struct AfterResponse {
     leases: Vec<HeldLeases>,
     /// Settled costs: read from the response as it goes by, settled when it ends.
     costs: Vec<CostMeter>,
+    /// A gRPC call's slot under its upstream's learned limit, held until its trailers say how
+    /// it ended (UNAVAILABLE or RESOURCE_EXHAUSTED: an overload signal).
+    permit: Option<Permit>,
     /// The access log line, when it waits for the settled costs.
     pub log: Option<PendingLog>,
 }
@@ -135,7 +139,7 @@ pub(super) struct AfterResponse {
 impl AfterResponse {
     /// True when there is nothing to do after the response (the body is then not wrapped).
     pub fn is_empty(&self) -> bool {
-        self.leases.is_empty() && self.costs.is_empty()
+        self.leases.is_empty() && self.costs.is_empty() && self.permit.is_none()
     }
 
     /// True when settled costs are read from this response.
@@ -145,6 +149,11 @@ impl AfterResponse {
 
     /// One frame of the response body going by.
     pub fn frame(&mut self, frame: &hyper::body::Frame<bytes::Bytes>) {
+        if let (Some(permit), Some(trailers)) = (&mut self.permit, frame.trailers_ref())
+            && crate::grpc::status_of(trailers).is_some_and(crate::grpc::is_overload)
+        {
+            permit.finish(crate::adaptive::Outcome::Overloaded);
+        }
         for meter in &mut self.costs {
             if let Some(data) = frame.data_ref() {
                 meter.data(data);
@@ -157,8 +166,9 @@ impl AfterResponse {
     /// Runs the phase (once: a second call finds nothing left). `complete`: the response's end
     /// was read (not cut short by an upstream reset, an error, or the client going away).
     pub fn run(&mut self, complete: bool) {
-        // Dropping a held lease gives it back.
+        // Dropping a held lease gives it back, and a permit.
         self.leases.clear();
+        self.permit = None;
         let mut figures = Vec::new();
         for meter in self.costs.drain(..) {
             figures.extend(meter.finish(complete));

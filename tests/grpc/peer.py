@@ -24,6 +24,11 @@ methods are sent. Scenarios:
     health                grpc.health.v1.Health/Check
     retry                 Echo/Unary under a retry policy for RESOURCE_EXHAUSTED (gRFC A6), whose
                           backoff (10 s) only pushback can shorten
+    calm:N                N calls of Echo/Unary that the server answers after 50 ms
+    shed:N                N calls of Echo/Shed: UNAVAILABLE after 50 ms, trailers-only (an
+                          overloaded server shedding)
+    exhausted:N           N calls of Echo/Exhausted: one message, then after 50 ms
+                          RESOURCE_EXHAUSTED in the trailers
 """
 
 import json
@@ -51,6 +56,17 @@ def unary(request, context):
 def fail(request, context):
     context.set_trailing_metadata((("x-why", "because"),))
     context.abort(grpc.StatusCode.NOT_FOUND, "nothing here")
+
+
+def shed(request, context):
+    time.sleep(0.05)
+    context.abort(grpc.StatusCode.UNAVAILABLE, "overloaded")
+
+
+def exhausted(request, context):
+    yield b"partial"
+    time.sleep(0.05)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "out of capacity")
 
 
 def server_stream(request, context):
@@ -85,6 +101,8 @@ def serve(args):
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Fail": grpc.unary_unary_rpc_method_handler(fail),
+        "Shed": grpc.unary_unary_rpc_method_handler(shed),
+        "Exhausted": grpc.unary_stream_rpc_method_handler(exhausted),
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
         "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
@@ -199,6 +217,21 @@ def run(scenario, target, args):
         elif name == "path":
             ch.unary_unary(rest)(b"", metadata=md)
             out["code"] = "OK"
+        elif name in ("calm", "shed", "exhausted"):
+            codes = {}
+            for _ in range(int(rest)):
+                try:
+                    if name == "calm":
+                        ch.unary_unary("/%s/Unary" % SERVICE)(b"slow:50", metadata=md)
+                    elif name == "shed":
+                        ch.unary_unary("/%s/Shed" % SERVICE)(b"", metadata=md)
+                    else:
+                        list(ch.unary_stream("/%s/Exhausted" % SERVICE)(b"", metadata=md))
+                    code = "OK"
+                except grpc.RpcError as error:
+                    code = error.code().name
+                codes[code] = codes.get(code, 0) + 1
+            out.update(code="OK", codes=codes)
         elif name == "fail":
             ch.unary_unary("/%s/Fail" % SERVICE)(b"", metadata=md)
             out["code"] = "OK"
