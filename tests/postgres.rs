@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, PostgresServer, Upstream, client, get, hammer, keyed_statuses};
+use common::{Floodgate, PostgresServer, Upstream, client, get, hammer, keyed_statuses, metric};
 use http::StatusCode;
 
 /// One route, `/` → `upstream`, limited by `limits`, on `postgres` with `on_error`. The 1 s
@@ -640,4 +640,44 @@ async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
         },
     }];
     assert!(a.decide(&alone, 1).await.expect("decided").allowed());
+}
+
+/// A database whose default isolation is `serializable` (as a distributed SQL database's is):
+/// concurrent decisions on one key fail with serialization failures (SQLSTATE 40001) that the
+/// database asks the application to retry. floodgate retries them within `storage.timeout`:
+/// 32 clients on one key through two instances admit exactly a budget that never refills, and
+/// no decision fails (`on_error: deny` would show one as a 503). Before, each conflict was a
+/// store error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serialization_failures_are_retried_and_the_budget_stays_exact() {
+    let postgres = PostgresServer::start();
+    postgres.psql("ALTER DATABASE postgres SET default_transaction_isolation TO 'serializable'");
+    assert_eq!(
+        postgres.psql("SHOW default_transaction_isolation"),
+        "serializable"
+    );
+    let upstream = Upstream::start().await;
+    // 200 a day, the window far from its turn for the test's few seconds.
+    let yaml = on_postgres(&postgres.url(), "deny", "2s")
+        .route(api("/", &upstream, &[Limit::fixed_window(200, "1d")]))
+        .yaml();
+    let a = Floodgate::start(&yaml);
+    let b = Floodgate::start(&yaml);
+    until_ready(&a).await;
+    until_ready(&b).await;
+    let totals = hammer(
+        &[a.url("/ride"), b.url("/ride")],
+        "rider-serial",
+        32,
+        Duration::from_secs(3),
+    )
+    .await;
+    eprintln!("serializable: responses {totals:?}");
+    assert!(totals.keys().all(|s| *s == 200 || *s == 429), "{totals:?}");
+    assert_eq!(totals.get(&200), Some(&200), "{totals:?}");
+    assert_eq!(upstream.count(), 200);
+    for fg in [&a, &b] {
+        let failed = "floodgate_requests_total{route=\"api\",decision=\"store_error\"}";
+        assert_eq!(metric(fg, failed).await, 0);
+    }
 }

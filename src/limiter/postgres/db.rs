@@ -158,6 +158,30 @@ pub(super) fn classify(e: tokio_postgres::Error) -> LimiterError {
     }
 }
 
+/// How many times one call is made again after a serialization failure or deadlock (the
+/// caller's timeout ends it sooner on a store that keeps conflicting).
+const MAX_CONFLICT_RETRIES: u32 = 16;
+
+/// True for SQLSTATE `40001` (serialization failure) and `40P01` (deadlock detected): the
+/// transaction was rolled back and the database says to try it again.
+pub(super) fn must_retry(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    })
+}
+
+/// The pause before the `n`th retry of a conflicting call: up to 1 ms, 2 ms, 4 ms… (at most
+/// 16 ms), a random part of it, so the calls that conflicted do not meet again in step.
+fn conflict_pause(n: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let ceiling_us = 1000u64 << n.saturating_sub(1).min(4);
+    // A fresh `RandomState` is seeded anew: enough randomness for jitter, with no dependency.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(n);
+    Duration::from_micros(ceiling_us / 2 + hasher.finish() % (ceiling_us / 2 + 1))
+}
+
 /// True when the error says floodgate's table or functions are missing (a database recreated or
 /// restored under a running floodgate): install them and try again.
 pub(super) fn schema_missing(e: &tokio_postgres::Error) -> bool {
@@ -284,6 +308,7 @@ impl Db {
         }
         let mut client = self.pool.get().await.map_err(unavailable)?;
         let mut reinstalled = false;
+        let mut conflicts = 0;
         loop {
             let result = async {
                 let statement = client.prepare_cached(sql).await?;
@@ -301,6 +326,16 @@ impl Db {
                     client.statement_cache.clear();
                     install(&mut client, &self.sql).await?;
                     reinstalled = true;
+                }
+                // Under `serializable` or `repeatable read` (a database's default isolation,
+                // or a distributed SQL database's only one), concurrent calls on one key fail
+                // with a serialization failure or a deadlock that the database asks the
+                // application to retry: nothing was spent, so the call is made again, after a
+                // short jittered pause. The caller's timeout (`storage.timeout`) bounds the
+                // whole.
+                Err(e) if must_retry(&e) && conflicts < MAX_CONFLICT_RETRIES => {
+                    conflicts += 1;
+                    tokio::time::sleep(conflict_pause(conflicts)).await;
                 }
                 Err(e) => return Err(classify(e)),
             }
