@@ -28,6 +28,7 @@ pub mod lease;
 mod lease_id;
 mod limit;
 pub mod memory;
+mod owned_key;
 pub mod postgres;
 pub mod redis;
 pub mod wire;

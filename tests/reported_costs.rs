@@ -135,3 +135,107 @@ async fn reported_figures_are_bounded_on_redis_and_never_open_its_breaker() {
         "{metrics}"
     );
 }
+
+/// What the store keeps for `key` (`/budgets`): the tokens left (`None` while the store does
+/// not answer).
+async fn remaining(fg: &Floodgate, key: &str) -> Option<u64> {
+    let url = fg.admin_url(&format!("/budgets?route=costed&api_key={key}"));
+    let reply = get(&client(), &url, &[]).await;
+    (reply.status == StatusCode::OK).then(|| {
+        reply.json()["limits"][0]["remaining"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no remaining in {}", reply.body))
+    })
+}
+
+/// Waits (10 s at most: the retries back off up to 5 s) until `key` has `want` left.
+async fn until_remaining(fg: &Floodgate, key: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = remaining(fg, key).await;
+        if left == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} has {left:?} left, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Redis with a decision timeout of `timeout` and `on_error: allow`.
+fn on_redis(redis: &RedisServer, timeout: &str) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\n  on_error: allow\n  timeout: {timeout}",
+        redis.url()
+    )
+}
+
+/// A settlement the store could not take when the response ended (Redis paused past the
+/// decision timeout) is tried again and lands: the budget ends at what the call used, not at
+/// its reserve. Before, it was logged and lost.
+///
+/// Timing: the upstream answers after 600 ms; Redis is paused 100 ms into that for 1.5 s, so
+/// the settlement meets a paused Redis whatever the load, and the retries (every 0.1 to 5 s)
+/// meet it awake again well within the 10 s the test waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_that_fails_is_tried_again_until_it_lands() {
+    let redis = RedisServer::start();
+    let upstream = common::Upstream::start().await;
+    let fg = Floodgate::start(&config(&upstream.url(), &on_redis(&redis, "200ms")));
+    let url = fg.url("/cost");
+    let call = tokio::spawn(async move {
+        let headers = [
+            ("x-api-key", "grace"),
+            ("x-report-cost", "4"),
+            ("x-delay-ms", "600"),
+        ];
+        get(&client(), &url, &headers).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.header_u64("x-ratelimit-remaining"),
+        990,
+        "the reserve held"
+    );
+    // Reserved 10, used 4: 6 come back once Redis answers again.
+    until_remaining(&fg, "grace", 1000 - 4).await;
+}
+
+/// A decision answered after the request gave up on it (it failed open at the 100 ms timeout,
+/// and Redis, stalled, decided it later): the reserve it spent is given back, since nothing
+/// will settle it. Before, the budget kept it.
+///
+/// Timing: Redis stalls for 240 ms: the request gives up at 100 ms, and the answer comes
+/// before the connection's own response timeout (250 ms at the least), so it reaches the batch
+/// driver late; the request is sent right after the pause, and a scheduler delay of up to
+/// 140 ms still fails it open (the test checks that it did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_to_a_request_that_failed_open_spends_nothing() {
+    let redis = RedisServer::start();
+    let upstream = common::Upstream::start().await;
+    let fg = Floodgate::start(&config(&upstream.url(), &on_redis(&redis, "100ms")));
+    // The key exists, and the connection is up, before the pause.
+    let first = call(&fg, "heidi", Some("10")).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "240", "ALL"]);
+    let reply = get(
+        &client(),
+        &fg.url("/cost"),
+        &[("x-api-key", "heidi"), ("x-report-cost", "10")],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "failed open");
+    assert!(
+        reply.headers.get("x-ratelimit-remaining").is_none(),
+        "no store decided it"
+    );
+    // Wait for the pause to end and the late answer's give-back to land: then only the first
+    // call's 10 are spent.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_remaining(&fg, "heidi", 990).await;
+}

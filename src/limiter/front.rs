@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::owned_key::{OwnedKey, borrowed};
 use super::{
-    Admission, AlgorithmKind, AnchoredClock, Ask, BudgetKey, Decision, KeyKind, LeaseId, Limit,
-    LimiterError, MemoryStore, OnError, Settlement, Source, guard, next_lease, postgres, redis,
+    Admission, AlgorithmKind, AnchoredClock, Ask, Decision, LeaseId, LimiterError, MemoryStore,
+    OnError, Settlement, Source, guard, next_lease, postgres, redis,
 };
 
 /// Where budgets live.
@@ -46,12 +47,16 @@ impl LimiterSpec {
             StoreSpec::Redis(target) => {
                 let store = redis::RedisStore::connect(target, &self.key_prefix, self.timeout)?;
                 let store = if self.batch { store.batched() } else { store };
-                Limiter::Redis(Arc::new(self.guard(store, local())))
+                let guarded = Arc::new(self.guard(store, local()));
+                guard::spawn_settle_retries(&guarded);
+                Limiter::Redis(guarded)
             }
             StoreSpec::Postgres(url) => {
                 let store = postgres::PostgresStore::connect(url, &self.key_prefix, self.timeout)?;
                 let store = if self.batch { store.batched() } else { store };
-                Limiter::Postgres(Arc::new(self.guard(store, local())))
+                let guarded = Arc::new(self.guard(store, local()));
+                guard::spawn_settle_retries(&guarded);
+                Limiter::Postgres(guarded)
             }
         })
     }
@@ -172,26 +177,6 @@ impl Limiter {
     }
 }
 
-/// A budget key that owns its bytes: for leases and reservations held past the request's borrow.
-#[derive(Debug, Clone)]
-struct OwnedKey {
-    limit: Limit,
-    budget: String,
-    kind: KeyKind,
-    value: Vec<u8>,
-}
-
-impl OwnedKey {
-    fn of(ask: &Ask<'_>) -> OwnedKey {
-        OwnedKey {
-            limit: *ask.limit,
-            budget: ask.key.budget.to_string(),
-            kind: ask.key.kind,
-            value: ask.key.value.to_vec(),
-        }
-    }
-}
-
 /// The concurrency leases one admitted request holds. Dropping it gives them back (at once on
 /// the memory store, in a spawned task on a remote store), so the proxy ties it to the response body:
 /// every way a request can end (body sent, upstream error or timeout, client gone, a panic
@@ -265,14 +250,19 @@ impl Limiter {
         })
     }
 
-    /// Settles reservations in the store that made them (`source`).
-    pub async fn settle(&self, asks: &[Ask<'_>], settlements: &[Settlement], source: Source) {
+    /// Settles reservations of `keys` in the store that made them (`source`); a remote store
+    /// that fails has them tried again later (see `guard/settle_retry.rs`).
+    async fn settle(&self, keys: Vec<OwnedKey>, settlements: Vec<Settlement>, source: Source) {
         let settled = by_store!(self,
-            store => { store.settle(asks, settlements); Ok(()) },
-            guarded => guarded.settle(asks, settlements, source).await
+            store => { store.settle(&borrowed(&keys), &settlements); Ok(()) },
+            guarded => guarded.settle(&borrowed(&keys), &settlements, source).await
         );
         if let Err(e) = settled {
-            tracing::warn!(error = %e, "settling reserved costs failed: the budgets keep what was reserved");
+            tracing::warn!(error = %e, "settling reserved costs failed: it will be tried again");
+            by_store!(self,
+                _store => {},
+                guarded => guarded.retry_settlement(keys, settlements, source)
+            );
         }
     }
 }
@@ -318,24 +308,11 @@ impl Reservation {
                     ..
                 } = self;
                 runtime.spawn(async move {
-                    limiter.settle(&borrowed(&keys), &settlements, source).await;
+                    limiter.settle(keys, settlements, source).await;
                 });
             }
         }
     }
-}
-
-fn borrowed(keys: &[OwnedKey]) -> Vec<Ask<'_>> {
-    keys.iter()
-        .map(|k| Ask {
-            limit: &k.limit,
-            key: BudgetKey {
-                budget: &k.budget,
-                kind: k.kind,
-                value: &k.value,
-            },
-        })
-        .collect()
 }
 
 impl Drop for HeldLeases {

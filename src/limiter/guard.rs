@@ -23,10 +23,14 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
+use super::owned_key::{OwnedKey, borrowed};
 use super::wire::Reply;
 
 mod breaker;
 mod deny_cache;
+mod settle_retry;
+
+pub use settle_retry::SettleRetries;
 
 use super::{
     Admission, Ask, Clock, Decision, LeaseId, LimiterError, LocalUs, MemoryStore, MonotonicClock,
@@ -138,6 +142,84 @@ fn owe_late(leases: &Arc<super::lease::Leases>, debts: super::lease::Debts) -> s
     })
 }
 
+/// `late` (what becomes of a late answer for the leases, if any), also giving back the reserves
+/// of the settled limits among `asks` when the late answer admitted: the request had given up
+/// on it (failed open, or was refused), so nothing will settle it, and the store must not keep
+/// what it spent.
+fn with_reserves_given_back(
+    late: Option<super::batch::Late>,
+    asks: &[Ask<'_>],
+    retries: &Arc<SettleRetries>,
+) -> Option<super::batch::Late> {
+    if !asks.iter().any(|a| a.limit.is_settled()) {
+        return late;
+    }
+    let keys: Vec<OwnedKey> = asks
+        .iter()
+        .filter(|a| a.limit.is_settled())
+        .map(OwnedKey::of)
+        .collect();
+    let retries = retries.clone();
+    Some(Box::new(move |reply| {
+        if let Some(reply) = &reply
+            && reply.verdict.allowed()
+        {
+            let at = reply.verdict.now_us;
+            let settlements = keys
+                .iter()
+                .map(|k| super::Settlement::of(u64::from(k.limit.cost()), 0, at))
+                .collect();
+            tracing::debug!("a late answer spent reserves nobody will settle: giving them back");
+            retries.push(keys, settlements, Source::Store);
+        }
+        if let Some(late) = late {
+            late(reply);
+        }
+    }))
+}
+
+/// Tries the settlements `guarded` queued again as they fall due, in a task that ends when
+/// `guarded` is dropped (a reload that built another store). No runtime: nothing.
+pub fn spawn_settle_retries<S: RemoteStore>(guarded: &Arc<Guarded<S>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(guarded);
+    runtime.spawn(async move {
+        loop {
+            let Some(guarded) = weak.upgrade() else {
+                return;
+            };
+            for retry in guarded.retries.take_due(tokio::time::Instant::now()) {
+                let settled = {
+                    let asks = borrowed(&retry.keys);
+                    guarded
+                        .settle(&asks, &retry.settlements, retry.source)
+                        .await
+                };
+                match settled {
+                    Ok(()) => tracing::info!("a settlement that had failed has been made"),
+                    Err(_) => guarded.retries.again(retry),
+                }
+            }
+            let retries = guarded.retries.clone();
+            let next = retries.next_due();
+            drop(guarded);
+            let queued = retries.queued();
+            // Wakes at the next due retry, when one is queued, and at least every second to see
+            // whether the store is still in use.
+            let wait = next.map_or(Duration::from_secs(1), |at| {
+                at.saturating_duration_since(tokio::time::Instant::now())
+                    .min(Duration::from_secs(1))
+            });
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = queued => {}
+            }
+        }
+    });
+}
+
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
 /// Its intervals (cool-down, deny-cache expiry, log rate) run on `C`, a monotonic clock in
 /// production, so a wall-clock step neither freezes nor skips them.
@@ -157,6 +239,8 @@ pub struct Guarded<S, C = MonotonicClock> {
     count_calls: bool,
     /// When a store failure was last logged (µs on `clock`), 0 for never.
     last_warning: AtomicU64,
+    /// Settlements to try again (see `guard/settle_retry.rs`).
+    retries: Arc<SettleRetries>,
 }
 
 impl<S: RemoteStore> Guarded<S> {
@@ -182,6 +266,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             leases: arc_swap::ArcSwapOption::empty(),
             count_calls,
             last_warning: AtomicU64::new(0),
+            retries: Arc::default(),
         }
     }
 
@@ -288,6 +373,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             }
             None => (Vec::new(), None),
         };
+        let late = with_reserves_given_back(late, asks, &self.retries);
         let timeout = self.timeout();
         if self.count_calls {
             self.stats.store_calls.inc();
@@ -350,8 +436,24 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         }
     }
 
-    /// Settles reservations in the store that decided them (`source`). A settlement that
-    /// fails is logged and lost: its budget keeps the reserve (refunds) or misses the charge.
+    /// Queues settlements that could not be made, to be tried again (see
+    /// [`spawn_settle_retries`]).
+    pub(crate) fn retry_settlement(
+        &self,
+        keys: Vec<OwnedKey>,
+        settlements: Vec<super::Settlement>,
+        source: Source,
+    ) {
+        self.retries.push(keys, settlements, source);
+    }
+
+    /// The settlements waiting to be tried again.
+    pub fn settle_retries(&self) -> &SettleRetries {
+        &self.retries
+    }
+
+    /// Settles reservations in the store that decided them (`source`), once: `Err` when the
+    /// store failed or timed out (the caller queues it with [`Guarded::retry_settlement`]).
     pub async fn settle(
         &self,
         asks: &[Ask<'_>],

@@ -30,7 +30,8 @@ impl Seen {
 /// - `/ws…`: a WebSocket-style upgrade: 101, then echoes bytes over the upgraded connection;
 /// - `/hop-response…`: 200 carrying hop-by-hop headers (`Connection: x-foo`, `X-Foo`,
 ///   `Keep-Alive`) that a proxy must not relay;
-/// - `/cost…`: 200 with `X-Cost` set to the request's `x-report-cost` (a cost it reports);
+/// - `/cost…`: 200 with `X-Cost` set to the request's `x-report-cost` (a cost it reports),
+///   after `x-delay-ms`;
 /// - `/redirect…`: 302 with `Location` and `Content-Location` on the upstream's own origin (the
 ///   `Host` it was sent), as a framework's absolute redirect is;
 /// - anything else: 200 with [`UPSTREAM_BODY`].
@@ -180,7 +181,14 @@ async fn handle(
         }
     } else if path.starts_with("/cost") {
         // Reports the cost the client asked it to (`x-report-cost`) in `X-Cost`, as an API
-        // that says what a call used does.
+        // that says what a call used does, after `x-delay-ms` if given.
+        let delay = req
+            .headers()
+            .get("x-delay-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        if let Some(ms) = delay {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         let mut response = Response::new(Full::new(Bytes::from_static(b"costed")));
         if let Some(cost) = req.headers().get("x-report-cost") {
             response.headers_mut().insert("x-cost", cost.clone());
