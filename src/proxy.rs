@@ -27,6 +27,7 @@ mod multiplex;
 mod pool;
 pub mod response;
 mod snapshot;
+mod upstream_frames;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

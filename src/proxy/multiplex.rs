@@ -2,11 +2,15 @@
 //! many requests in flight on each, as streams.
 //!
 //! Each connection is driven by a task of its own (its streams belong to many requests at
-//! once), which also notes the upstream's current `SETTINGS_MAX_CONCURRENT_STREAMS`. A request
-//! takes the first connection to its upstream with a stream to spare, and a new connection is
-//! dialled (one at a time per upstream) only when every one is full or none is left. A stream
-//! is counted from its request until its response body ends or is dropped, so a long gRPC
-//! stream holds its place as long as it lives.
+//! once), which also notes the upstream's current `SETTINGS_MAX_CONCURRENT_STREAMS`. No stream
+//! is opened over that limit: until a connection's first SETTINGS arrive it is taken to allow
+//! one stream (the limit is learned before a second one goes out). A request takes the first
+//! connection to its upstream with a stream to spare; a new connection is dialled (one at a
+//! time per upstream, at most [`MAX_CONNECTIONS`]) only when every one has learned its limit
+//! and is full, or none is left; otherwise the request waits for a stream to end, a limit to be
+//! learned or raised, or a dial to finish, within the route's upstream timeout, as nginx and
+//! HAProxy queue such requests. A stream is counted from its request until its response body
+//! ends or is dropped, so a long gRPC stream holds its place as long as it lives.
 //!
 //! A connection that the upstream closes, or that sent GOAWAY or refused a stream, takes no new
 //! streams. A stream the upstream never processed (`REFUSED_STREAM`, or above the last stream
@@ -34,6 +38,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::Replay;
 use super::pool::{Io, Key, PoolError, dial, sweep};
+use super::upstream_frames::{Inspected, PeerSettings};
 
 type Sender = http2::SendRequest<Replay>;
 
@@ -42,15 +47,46 @@ type Sender = http2::SendRequest<Replay>;
 const STREAM_WINDOW: u32 = 1 << 20;
 const CONNECTION_WINDOW: u32 = 8 << 20;
 
+/// The most HTTP/2 connections floodgate opens to one upstream; past them, requests wait for
+/// a stream.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// What a connection is taken to allow before its SETTINGS say (RFC 9113 §6.5.2 leaves it
+/// unlimited; one keeps the streams of a cold connection within any limit the upstream sets).
+const STREAMS_BEFORE_SETTINGS: usize = 1;
+
 /// HTTP/2 connections to upstreams, per scheme and authority.
 pub struct Multiplex {
     connector: HttpsConnector<HttpConnector>,
     conns: Mutex<HashMap<Key, Vec<Conn>>>,
-    /// One dial at a time per upstream: requests that find every connection full wait for it
-    /// instead of each opening one.
-    dialing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per upstream: one dial at a time, and what requests waiting for a stream wait on.
+    upstreams: Mutex<HashMap<Key, Arc<Upstream>>>,
     idle_timeout: Duration,
     started: Instant,
+    /// Streams sent again because the upstream had not processed them.
+    resent: AtomicU64,
+}
+
+/// One upstream's dialling and waiting.
+#[derive(Default)]
+struct Upstream {
+    /// Held while a connection is dialled: requests that find every connection full wait for
+    /// it instead of each opening one.
+    dialing: tokio::sync::Mutex<()>,
+    /// Woken when a stream may have come free: one ended, a connection learned or raised its
+    /// limit, a dial finished, a connection closed.
+    changed: Arc<tokio::sync::Notify>,
+}
+
+/// What a request finds among an upstream's connections.
+enum Found {
+    /// A stream, reserved.
+    Stream(Conn, StreamSlot),
+    /// None free, but one will or may come: a connection has not yet learned its limit, or
+    /// there are [`MAX_CONNECTIONS`] already.
+    Wait,
+    /// None free, and a new connection is the way.
+    Dial,
 }
 
 #[derive(Clone)]
@@ -59,7 +95,7 @@ struct Conn {
     state: Arc<ConnState>,
 }
 
-type Connection = http2::Connection<Io, Replay, TokioExecutor>;
+type Connection = http2::Connection<Inspected<Io>, Replay, TokioExecutor>;
 
 /// What requests and the connection's task know of one connection.
 struct ConnState {
@@ -71,6 +107,11 @@ struct ConnState {
     connection: Mutex<Connection>,
     /// Set when it ended, sent GOAWAY or refused a stream: no new streams.
     refusing: AtomicBool,
+    /// What the upstream's SETTINGS said, read off the wire (`upstream_frames.rs`, which
+    /// also wakes the waiting requests when they come).
+    settings: Arc<PeerSettings>,
+    /// The upstream's waiters.
+    changed: Arc<tokio::sync::Notify>,
     /// When the pool started: what `last_end_us` counts from.
     epoch: Instant,
     /// When its last stream ended, in µs since the pool started.
@@ -84,10 +125,16 @@ impl Conn {
         if state.refusing.load(Ordering::Acquire) || self.sender.is_closed() {
             return None;
         }
-        let max = state
-            .connection
-            .lock()
-            .map_or(0, |c| c.current_max_send_streams());
+        // h2's own figure is the upstream's once its SETTINGS came (h2's default of 100 when
+        // they set none); before, one stream.
+        let max = if state.settings.received() {
+            state
+                .connection
+                .lock()
+                .map_or(0, |c| c.current_max_send_streams())
+        } else {
+            STREAMS_BEFORE_SETTINGS
+        };
         state
             .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
@@ -114,6 +161,7 @@ impl Drop for StreamSlot {
         let now = u64::try_from(self.state.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.state.last_end_us.store(now, Ordering::Relaxed);
         self.state.open.fetch_sub(1, Ordering::AcqRel);
+        self.state.changed.notify_waiters();
     }
 }
 
@@ -124,9 +172,10 @@ impl Multiplex {
         let pool = Arc::new(Multiplex {
             connector,
             conns: Mutex::new(HashMap::new()),
-            dialing: Mutex::new(HashMap::new()),
+            upstreams: Mutex::new(HashMap::new()),
             idle_timeout,
             started: Instant::now(),
+            resent: AtomicU64::new(0),
         });
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(sweep(
@@ -166,6 +215,7 @@ impl Multiplex {
                 return Err(PoolError::Unprocessed(error));
             };
             tracing::debug!(%error, attempt, "the upstream did not process a stream; sending it again");
+            self.resent.fetch_add(1, Ordering::Relaxed);
             attempt += 1;
             req = copy_head(&head).map(|()| body);
         }
@@ -202,33 +252,60 @@ impl Multiplex {
         }
     }
 
-    /// A connection with a stream to spare, dialling one when there is none.
+    /// A connection with a stream to spare: one that has it, or a new one when every one has
+    /// learned its limit and is full; else waits until a stream may have come free. The
+    /// forwarder's timeout bounds the wait.
     async fn checkout(&self, key: &Key) -> Result<(Conn, StreamSlot), PoolError> {
-        if let Some(found) = self.find(key) {
-            return Ok(found);
-        }
-        let gate = {
-            let mut dialing = self.dialing.lock().unwrap_or_else(|p| p.into_inner());
-            dialing.entry(key.clone()).or_default().clone()
+        let upstream = {
+            let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+            upstreams.entry(key.clone()).or_default().clone()
         };
-        let _dialing = gate.lock().await;
-        // Another request may have dialled while this one waited.
-        if let Some(found) = self.find(key) {
-            return Ok(found);
+        loop {
+            // Registered before looking, so that a change between the look and the wait is
+            // not missed.
+            let changed = upstream.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.find(key) {
+                Found::Stream(conn, slot) => return Ok((conn, slot)),
+                Found::Wait => {
+                    changed.await;
+                    continue;
+                }
+                Found::Dial => {}
+            }
+            let Ok(_dialing) = upstream.dialing.try_lock() else {
+                // Another request is dialling: its connection, or a freed stream, will do.
+                changed.await;
+                continue;
+            };
+            let io = dial(&self.connector, &key.0, &key.1).await?;
+            let conn = self.handshake(key, io).await?;
+            if let Some(slot) = conn.reserve() {
+                return Ok((conn, slot));
+            }
         }
-        let io = dial(&self.connector, &key.0, &key.1).await?;
-        let conn = self.handshake(key, io).await?;
-        let slot = conn.reserve().ok_or(PoolError::Closed { reused: false })?;
-        Ok((conn, slot))
     }
 
     /// The first usable connection to `key` with a stream to spare; ended ones are dropped.
-    fn find(&self, key: &Key) -> Option<(Conn, StreamSlot)> {
+    fn find(&self, key: &Key) -> Found {
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        let list = conns.get_mut(key)?;
+        let Some(list) = conns.get_mut(key) else {
+            return Found::Dial;
+        };
         list.retain(Conn::usable);
-        list.iter()
+        if let Some((conn, slot)) = list
+            .iter()
             .find_map(|conn| conn.reserve().map(|slot| (conn.clone(), slot)))
+        {
+            return Found::Stream(conn, slot);
+        }
+        let learning = list.iter().any(|c| !c.state.settings.received());
+        if learning || list.len() >= MAX_CONNECTIONS {
+            Found::Wait
+        } else {
+            Found::Dial
+        }
     }
 
     /// Opens HTTP/2 on `io`, starts the task that drives it and adds it to the pool.
@@ -241,6 +318,12 @@ impl Multiplex {
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20))
             .max_header_list_size(64 * 1024);
+        let changed = {
+            let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+            upstreams.entry(key.clone()).or_default().changed.clone()
+        };
+        let settings = Arc::new(PeerSettings::new(changed.clone()));
+        let io = Inspected::new(io, settings.clone());
         let (sender, connection) =
             builder
                 .handshake(io)
@@ -254,6 +337,8 @@ impl Multiplex {
             connection: Mutex::new(connection),
             epoch: self.started,
             refusing: AtomicBool::new(false),
+            settings,
+            changed,
             last_end_us: AtomicU64::new(
                 u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
             ),
@@ -269,6 +354,7 @@ impl Multiplex {
             .entry(key.clone())
             .or_default()
             .push(conn.clone());
+        conn.state.changed.notify_waiters();
         Ok(conn)
     }
 
@@ -359,6 +445,7 @@ impl Future for Driven {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 this.state.refusing.store(true, Ordering::Release);
+                this.state.changed.notify_waiters();
                 if let Err(e) = result {
                     tracing::debug!(error = %e, upstream = %this.authority, "upstream HTTP/2 connection ended");
                 }
@@ -473,6 +560,34 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
         assert_eq!(pool.connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn no_stream_is_opened_over_the_upstreams_limit_and_the_rest_wait() {
+        // One stream per connection, each answer held 200 ms, 24 requests at once on a cold
+        // pool: none is refused (each connection's SETTINGS are learned before a second stream
+        // goes out), at most MAX_CONNECTIONS connections are opened, and the requests beyond
+        // them wait for a stream instead of failing.
+        let (authority, accepted) = upstream(1, Duration::from_millis(200)).await;
+        let pool = pool();
+        let key = (Scheme::HTTP, authority);
+        let mut all = tokio::task::JoinSet::new();
+        for _ in 0..24 {
+            all.spawn(fetch(pool.clone(), key.clone()));
+        }
+        for body in all.join_all().await {
+            assert_eq!(body, "hi");
+        }
+        assert_eq!(
+            pool.resent.load(Ordering::SeqCst),
+            0,
+            "no stream was refused"
+        );
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!(
+            (2..=MAX_CONNECTIONS).contains(&opened),
+            "{opened} connections"
+        );
     }
 
     #[tokio::test]
