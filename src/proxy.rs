@@ -187,6 +187,15 @@ impl Proxy {
                 {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
+                // An HTTP/2 stream the client reset while it was being decided (a rapid-reset
+                // flood resets each stream right after opening it) must cost the upstream
+                // nothing: hyper looks for the reset only when this future waits, and
+                // everything before forwarding can finish without waiting, so it waits once
+                // here. Forwarded and then abandoned, each such stream would cost an upstream
+                // connection (see `docs/performance.md`, "Rapid reset and the accept queue").
+                if req.version() == http::Version::HTTP_2 {
+                    tokio::task::yield_now().await;
+                }
                 self.forward(&snapshot, &route, req, &mut ctx).await
             }
             Err(rejection) => {

@@ -30,7 +30,8 @@ use watch::{ConnWatch, StreamGuard};
 pub struct Server {
     proxy: Arc<Proxy>,
     health: Arc<Health>,
-    listener: TcpListener,
+    /// The proxy listener, bound (registered with the runtime that runs the server).
+    listener: std::net::TcpListener,
     admin: Option<TcpListener>,
     max_connections: usize,
     /// How connections are served; a reload swaps it for new connections ([`Server::settings`]).
@@ -101,7 +102,7 @@ struct PerConnection {
 impl Server {
     /// Binds the proxy listener and, if configured, the admin listener.
     pub async fn bind(config: &Config, proxy: Arc<Proxy>) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await?;
+        let listener = bind(config.listen)?;
         let admin = match config.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
@@ -157,6 +158,13 @@ impl Server {
             ))
         });
 
+        let listener = match TcpListener::from_std(self.listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot accept on the proxy listener");
+                return;
+            }
+        };
         let connections = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
         let mut last_full_warning: Option<std::time::Instant> = None;
         tokio::pin!(shutdown);
@@ -183,7 +191,7 @@ impl Server {
                 }
             };
             let (stream, peer) = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
+                accepted = listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -233,7 +241,7 @@ impl Server {
         }
 
         self.health.start_draining();
-        drop(self.listener);
+        drop(listener);
         let drain_timeout = self.settings.load().drain_timeout;
         tracing::info!(timeout = ?drain_timeout, "draining in-flight requests");
         let _ = drain.send(());
@@ -250,6 +258,22 @@ impl Server {
             let _ = task.await;
         }
     }
+}
+
+/// The listen backlog asked for (the kernel caps it at `net.core.somaxconn`): room for a burst
+/// of connections (a flood that reconnects as fast as it is cut off) while the accept loop
+/// catches up, so that legitimate clients' SYNs are not dropped (a one-second stall each).
+const BACKLOG: u32 = 4096;
+
+/// Binds `addr` with a backlog of [`BACKLOG`] (tokio's own `bind` asks for 1,024).
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)?.into_std()
 }
 
 /// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
