@@ -150,7 +150,10 @@ async fn main() {
         at(0.5),
         at(0.99),
         latencies.last().copied().unwrap_or_default(),
-        latencies.iter().filter(|l| **l > Duration::from_millis(900)).count(),
+        latencies
+            .iter()
+            .filter(|l| **l > Duration::from_millis(900))
+            .count(),
         after.0 - before.0,
         after.1 - before.1,
     );

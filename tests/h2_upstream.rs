@@ -157,7 +157,8 @@ async fn a_response_head_with_a_request_pseudo_header_is_a_502() {
 }
 
 /// gRPC's status 0 in trailers that also hold a pseudo-header is no success: the call fails
-/// (the stream is reset: grpcio reports INTERNAL), for `:path` and for `:status`.
+/// (the stream is reset: grpcio reports INTERNAL), for `:path` and for `:status`; a malformed
+/// head is floodgate's 502, which a gRPC client hears as UNAVAILABLE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_with_a_pseudo_header_never_end_a_call_as_a_success() {
     const HEAD: &[(&str, &str)] = &[(":status", "200"), ("content-type", "application/grpc")];
@@ -172,6 +173,21 @@ async fn trailers_with_a_pseudo_header_never_end_a_call_as_a_success() {
     let fg = floodgate(&control, "/floodgate.test.Echo/");
     let call = grpc_calls(&fg.addr().to_string(), &["unary"], &[]).remove(0);
     assert_eq!(call["code"], "OK", "the control: {call}");
+
+    // A head with a request pseudo-header: floodgate's 502, in gRPC's words.
+    let bad_head = raw_upstream(Answer {
+        head: &[
+            (":status", "200"),
+            (":path", "/x"),
+            ("content-type", "application/grpc"),
+        ],
+        body: MESSAGE,
+        trailers: Some(&[("grpc-status", "0")]),
+    })
+    .await;
+    let fg = floodgate(&bad_head, "/floodgate.test.Echo/");
+    let call = grpc_calls(&fg.addr().to_string(), &["unary"], &[]).remove(0);
+    assert_eq!(call["code"], "UNAVAILABLE", "{call}");
 
     for trailers in [
         &[("grpc-status", "0"), (":path", "/x")][..],
