@@ -27,6 +27,7 @@ pub mod field {
     pub const CLIENT_IP: &str = "client_ip";
     pub const IDENTITY: &str = "identity";
     pub const IDENTITY_HASH: &str = "identity_hash";
+    pub const TIER: &str = "tier";
     pub const DECISION: &str = "decision";
     pub const STATUS: &str = "status";
     pub const GRPC_STATUS: &str = "grpc_status";
@@ -54,6 +55,10 @@ pub struct AccessRecord<'a> {
     /// The hex SHA-256 of the API key (also for a consumer, or a key refused) or user id.
     #[serde(borrow, default)]
     pub identity_hash: Option<Cow<'a, str>>,
+    /// The tier a verified token's subject was limited as (its claim, as the config names
+    /// tiers): replay cannot tell it from the digest.
+    #[serde(borrow, default)]
+    pub tier: Option<Cow<'a, str>>,
     #[serde(default)]
     pub decision: Option<DecisionLabel>,
     #[serde(default)]
@@ -87,6 +92,7 @@ pub fn span(method: &http::Method, path: &str) -> tracing::Span {
         client_ip = Empty,
         identity = Empty,
         identity_hash = Empty,
+        tier = Empty,
         decision = Empty,
         status = Empty,
         grpc_status = Empty,
@@ -186,6 +192,7 @@ mod tests {
             span.record(field::CLIENT_IP, tracing::field::display("2001:db8::"));
             span.record(field::IDENTITY, IdentityKind::Consumer.as_str());
             span.record(field::IDENTITY_HASH, "ab".repeat(32).as_str());
+            span.record(field::TIER, "pro");
             span.record(field::DECISION, DecisionLabel::ShadowDenied.as_str());
             span.record(field::STATUS, 200u16);
             span.record(field::GRPC_STATUS, 8u8);
@@ -213,6 +220,7 @@ mod tests {
                 client_ip: Some("2001:db8::".into()),
                 identity: Some(IdentityKind::Consumer),
                 identity_hash: Some(hash.as_str().into()),
+                tier: Some("pro".into()),
                 decision: Some(DecisionLabel::ShadowDenied),
                 status: Some(200),
                 grpc_status: Some(8),

@@ -7,7 +7,7 @@
 //! - the proxy ([`crate::proxy`]) has the live request: its headers and its peer;
 //! - `floodgate replay` ([`crate::replay`]) has an access-log record: the digest of the API key
 //!   or user id (never the raw value) and the client address;
-//! - the admin `/budgets` endpoint (`proxy/budgets.rs`) has a query: a key, a consumer's
+//! - the admin `/budgets` endpoint (`admin/budgets.rs`) has a query: a key, a consumer's
 //!   name, a user id or an address.
 //!
 //! Words used here and across the crate: a **limit** is one rule of a route (an algorithm and its
@@ -89,9 +89,16 @@ impl<'c> Policy<'c> {
     /// key is refused under `unknown_key: reject`, and under `anonymous` the request is
     /// `keyless()` instead: user id, then address). `client()` is the client address, asked
     /// for only when the identity is not the address itself.
+    ///
+    /// The tier: a consumer's own; for a verified token's subject, the tier its claim names
+    /// (`token_tier`), if the config names that tier, else `default` (a claim is the client's
+    /// word: [`KnownTiers::claimed`](crate::config::KnownTiers::claimed)), and `anonymous` when it
+    /// claims none; `anonymous` for anyone else. The proxy passes the verified token's claim,
+    /// replay the tier the access log recorded, `/budgets` its `tier=`.
     pub fn resolve<'a>(
         &self,
         claim: Claim<'a>,
+        token_tier: Option<&'a str>,
         keyless: impl FnOnce() -> Result<Identity<'a>, Refusal>,
         client: impl FnOnce() -> IpAddr,
     ) -> Result<Whose<'a>, Refusal>
@@ -130,6 +137,7 @@ impl<'c> Policy<'c> {
         };
         let tier = match identity {
             Identity::Consumer(consumer) => consumer.tier.as_str(),
+            Identity::Jwt(_) => token_tier.map_or(ANONYMOUS_TIER, |t| self.tiers.claimed(t)),
             _ => ANONYMOUS_TIER,
         };
         Ok(Whose { identity, ip, tier })

@@ -394,23 +394,12 @@ impl Proxy {
             Identity::ApiKey(key) => Claim::ApiKey(key),
             _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
         };
-        let policy = snapshot.policy();
-        let mut resolved = policy.resolve(
+        let resolved = snapshot.policy().resolve(
             claim,
+            verified.and_then(|v| v.tier.as_deref()),
             || Ok(keyless()?),
             || config.client_addr(headers, peer.ip()),
         );
-        // A token's tier claim picks its tier, if the config names it (`default` otherwise).
-        if let (
-            Ok(whose),
-            Some(Verified {
-                tier: Some(tier), ..
-            }),
-        ) = (&mut resolved, verified)
-            && matches!(whose.identity, Identity::Jwt(_))
-        {
-            whose.tier = policy.tiers.claimed(tier);
-        }
         if !span.is_disabled() {
             let (kind, ip) = match &resolved {
                 Ok(whose) => (whose.identity.kind(), whose.ip),
@@ -418,6 +407,12 @@ impl Proxy {
             };
             span.record(field::IDENTITY, kind.as_str());
             span.record(field::CLIENT_IP, tracing::field::display(ip));
+            // A token's tier, which replay cannot know from the subject's digest.
+            if let Ok(whose) = &resolved
+                && matches!(whose.identity, Identity::Jwt(_))
+            {
+                span.record(field::TIER, whose.tier);
+            }
             let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
                 (_, Ok(Identity::UserId(user) | Identity::Jwt(user))) => Some(user),
                 (_, Ok(Identity::Ip(_))) => None,

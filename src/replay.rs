@@ -294,7 +294,7 @@ impl Replay {
             RecordedIdentity::UserId(digest) => Claim::Keyless(Identity::UserId(&digest[..])),
             // A subject's budget kept under its digest: replay's own store, consistent with
             // itself (the log never holds a token or a raw subject).
-            RecordedIdentity::Jwt(digest) => Claim::Keyless(Identity::Jwt(&digest[..])),
+            RecordedIdentity::Jwt(digest, _) => Claim::Keyless(Identity::Jwt(&digest[..])),
             RecordedIdentity::Ip => Claim::Keyless(Identity::Ip(client)),
         };
         let policy = Policy {
@@ -304,7 +304,11 @@ impl Replay {
             shadow: proposal.config.shadow,
         };
         // A key no consumer has, under `unknown_key: anonymous`: the log knows only the address.
-        let Ok(whose) = policy.resolve(claim, || Ok(Identity::Ip(client)), || client) else {
+        let tier = match &record.identity {
+            RecordedIdentity::Jwt(_, tier) => tier.as_ref().map(|t| t.as_str()),
+            _ => None,
+        };
+        let Ok(whose) = policy.resolve(claim, tier, || Ok(Identity::Ip(client)), || client) else {
             self.stats[i].invalid_key += 1;
             return;
         };

@@ -439,6 +439,21 @@ impl JwksServer {
     }
 }
 
+/// `identity.jwt` with the keys `issuer` serves (`jwks_url`), one route `/` to `upstream`.
+fn from_issuer(issuer: &JwksServer, upstream: &Upstream) -> String {
+    Config::new()
+        .set(
+            "identity",
+            "jwt",
+            &format!(
+                "{{jwks_url: \"{}\", issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
+                issuer.url
+            ),
+        )
+        .route(Route::new("api", "/", &upstream.url()))
+        .yaml()
+}
+
 /// `jwks_url`: the set is fetched at start; a key rotated in at the issuer is found at its first
 /// token (one fetch, shared by a burst); tokens naming keys nobody has cost the issuer at most
 /// one fetch per 5 s; when the issuer fails, the keys fetched are kept.
@@ -453,17 +468,7 @@ async fn a_jwks_url_is_fetched_cached_and_fetched_again_for_a_new_key() {
     let upstream = Upstream::start().await;
     let read = |name: &str| std::fs::read_to_string(tokens.jwks(name)).expect("read");
     let issuer = JwksServer::start(read("jwks.json")).await;
-    let yaml = Config::new()
-        .set(
-            "identity",
-            "jwt",
-            &format!(
-                "{{jwks_url: \"{}\", issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
-                issuer.url
-            ),
-        )
-        .route(Route::new("api", "/", &upstream.url()))
-        .yaml();
+    let yaml = from_issuer(&issuer, &upstream);
     let fg = Floodgate::start(&yaml);
     assert_eq!(statuses(&fg, tokens.get("alice"), 3).await, [200, 200, 200]);
     assert_eq!(statuses(&fg, tokens.get("bob"), 1).await, [200]);
@@ -563,17 +568,7 @@ async fn a_jwks_endpoint_that_hangs_holds_no_request() {
     let read = |name: &str| std::fs::read_to_string(tokens.jwks(name)).expect("read");
     let issuer = JwksServer::start(read("jwks.json")).await;
     issuer.hang(true);
-    let yaml = Config::new()
-        .set(
-            "identity",
-            "jwt",
-            &format!(
-                "{{jwks_url: \"{}\", issuer: \"https://issuer.test/\", audiences: [rides-api]}}",
-                issuer.url
-            ),
-        )
-        .route(Route::new("api", "/", &upstream.url()))
-        .yaml();
+    let yaml = from_issuer(&issuer, &upstream);
     // Started while the issuer hangs: no key yet; a token waits 0.5 s at most for the fetch.
     let fg = Floodgate::start(&yaml);
     let (status, took) = timed(&fg, tokens.get("alice")).await;
@@ -623,4 +618,79 @@ async fn a_jwks_endpoint_that_hangs_holds_no_request() {
         1,
         "one connection to the issuer at a time"
     );
+}
+
+/// `floodgate replay` of the proxy's own access log reaches the live proxy's decision for every
+/// request of verified tokens whose tier comes from a claim: the log records the tier, and the
+/// tier rule is the policy's (`Policy::resolve`), which replay shares. Before, replay limited
+/// every token's subject as `anonymous` (a `pro` token's third request, allowed live, was denied
+/// in replay; the exempt route's `pro` requests counted against a limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_agrees_with_the_live_proxy_on_tiers_from_token_claims() {
+    let tokens = Tokens::make();
+    let upstream = Upstream::start().await;
+    // `/open` first (the first match wins), exempting `pro`; then `/` as `config` has it.
+    let jwt = format!(
+        "{{jwks_file: {}, issuer: \"https://issuer.test/\", audiences: [rides-api], \
+         algorithms: [RS256, ES256, EdDSA], tier_claim: plan}}",
+        tokens.jwks("jwks.json")
+    );
+    let yaml = Config::new()
+        .with("log_format", "json")
+        .set("identity", "jwt", &jwt)
+        .route(
+            Route::new("open", "/open", &upstream.url())
+                .with("exempt", "{tiers: [pro]}")
+                .limit(Limit::fixed_window(1, "1h")),
+        )
+        .route(
+            Route::new("api", "/", &upstream.url())
+                .limit(Limit::fixed_window(2, "1h").tiers(&["default", "anonymous"]))
+                .limit(Limit::fixed_window(3, "1h").tiers(&["pro"])),
+        )
+        .yaml();
+    let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
+    let client = client();
+    let mut live = HashMap::new();
+    for (path, token, n) in [
+        ("/x", "alice", 4),
+        ("/x", "carol_pro", 5),
+        ("/x", "fay_free", 4),
+        ("/open/y", "carol_pro", 3),
+        ("/open/y", "alice", 2),
+    ] {
+        for _ in 0..n {
+            let auth = bearer(tokens.get(token));
+            let status = get(&client, &fg.url(path), &[("authorization", auth.as_str())])
+                .await
+                .status;
+            *live.entry((path, token, status.as_u16())).or_insert(0) += 1;
+        }
+    }
+    // The live decisions, as the tiers say: anonymous 2, pro 3, an unknown tier as default 2;
+    // pro exempt on /open, alice 1 there.
+    assert_eq!(live[&("/x", "alice", 200)], 2);
+    assert_eq!(live[&("/x", "carol_pro", 200)], 3);
+    assert_eq!(live[&("/x", "fay_free", 200)], 2);
+    assert_eq!(live[&("/open/y", "carol_pro", 200)], 3);
+    assert_eq!(live[&("/open/y", "alice", 200)], 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(log_has_tiers(&fg.stderr()), "the log records the tiers");
+    let report = common::replay_own_log(&fg);
+    for route in report["routes"].as_array().expect("routes") {
+        let compared = &route["agreement"]["compared"];
+        assert_eq!(&route["agreement"]["agreed"], compared, "{report}");
+    }
+    assert_eq!(report["routes"][0]["requests"], 5);
+    assert_eq!(report["routes"][1]["requests"], 13);
+}
+
+fn log_has_tiers(log: &str) -> bool {
+    [
+        "\"tier\":\"pro\"",
+        "\"tier\":\"default\"",
+        "\"tier\":\"anonymous\"",
+    ]
+    .iter()
+    .all(|t| log.contains(t))
 }

@@ -6,27 +6,10 @@
 mod common;
 
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, TempFile, Upstream, client, floodgate_command, get, metric};
+use common::{
+    Floodgate, TempFile, Upstream, client, floodgate_command, get, metric, replay_own_log,
+};
 use http::StatusCode;
-
-/// `floodgate replay --format json` of `fg`'s own access log (its stderr) with its own config.
-fn replay_own_log(fg: &Floodgate) -> serde_json::Value {
-    let log = TempFile::new(&fg.stderr());
-    let out = floodgate_command(&[
-        "replay".as_ref(),
-        "--config".as_ref(),
-        fg.config_path().as_os_str(),
-        "--format".as_ref(),
-        "json".as_ref(),
-        log.path().as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("json")
-}
 
 #[tokio::test]
 async fn replaying_the_proxys_own_log_agrees_with_every_decision_it_made() {

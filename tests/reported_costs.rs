@@ -206,23 +206,25 @@ async fn a_settlement_that_fails_is_tried_again_until_it_lands() {
     until_remaining(&fg, "grace", 1000 - 4).await;
 }
 
-/// A decision answered after the request gave up on it (it failed open at the 100 ms timeout,
+/// A decision answered after the request gave up on it (it failed open at the 50 ms timeout,
 /// and Redis, stalled, decided it later): the reserve it spent is given back, since nothing
 /// will settle it. Before, the budget kept it.
 ///
-/// Timing: Redis stalls for 240 ms: the request gives up at 100 ms, and the answer comes
-/// before the connection's own response timeout (250 ms at the least), so it reaches the batch
-/// driver late; the request is sent right after the pause, and a scheduler delay of up to
-/// 140 ms still fails it open (the test checks that it did).
+/// Timing: Redis stalls for 150 ms from just before the request is sent: the request gives up
+/// 50 ms after it was sent, and Redis answers when the stall ends, before the connection's own
+/// response timeout (250 ms after the send), so the answer reaches the batch driver late. A
+/// delay of up to 100 ms in sending the request still fails it open (the test checks that it
+/// did), and one of up to 100 ms in reading the answer still finds it in time. (A 240 ms stall
+/// with a 100 ms timeout left 10 ms for the latter, and a loaded CI machine missed it once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_answer_to_a_request_that_failed_open_spends_nothing() {
     let redis = RedisServer::start();
     let upstream = common::Upstream::start().await;
-    let fg = Floodgate::start(&config(&upstream.url(), &on_redis(&redis, "100ms")));
+    let fg = Floodgate::start(&config(&upstream.url(), &on_redis(&redis, "50ms")));
     // The key exists, and the connection is up, before the pause.
     let first = call(&fg, "heidi", Some("10")).await;
     assert_eq!(first.status, StatusCode::OK);
-    let _: String = redis.cmd(&["CLIENT", "PAUSE", "240", "ALL"]);
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "150", "ALL"]);
     let reply = get(
         &client(),
         &fg.url("/cost"),

@@ -60,6 +60,8 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     let resolved = claim.map(|claim| {
         snapshot.policy().resolve(
             claim,
+            // A token's tier comes from its claim, which the query cannot show: it may say it.
+            param("tier"),
             || ip.map(Identity::Ip).ok_or(Refusal::Unidentified),
             || ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
         )
@@ -93,14 +95,7 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
             "give one of api_key=, consumer=, jwt_subject=, user_id=, ip=",
         ));
     }
-    let tier = match (param("tier"), whose) {
-        // A token's tier comes from its claim, which the query cannot show: it may say it
-        // (as the proxy would take it: a tier the config does not name is `default`).
-        (Some(tier), Some(w)) if matches!(w.identity, Identity::Jwt(_)) => {
-            snapshot.tiers.claimed(tier)
-        }
-        _ => whose.map_or(ANONYMOUS_TIER, |w| w.tier),
-    };
+    let tier = whose.map_or(ANONYMOUS_TIER, |w| w.tier);
     let values = RequestValues::of(&query);
     let mut id_buf = [0u8; 16];
     let id: &[u8] = match &identity {

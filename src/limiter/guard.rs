@@ -43,7 +43,7 @@ use deny_cache::DenyCache;
 /// How often a store failure is logged at most.
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
-/// A store in another process: what the guard needs of Redis (and of the next backends).
+/// A store in another process: what the guard needs of Redis and of PostgreSQL.
 pub trait RemoteStore: Send + Sync + 'static {
     /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
     /// Returns the verdict and each limit's own decision (for the deny cache).

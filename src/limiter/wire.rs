@@ -40,7 +40,7 @@ pub fn key_name(prefix: &str, ask: &Ask<'_>) -> String {
 pub struct Reply {
     pub verdict: Verdict,
     pub decisions: Vec<Decision>,
-    /// Per limit, the requests' worth of units leased beyond this request (Redis only: see
+    /// Per limit, the requests' worth of units leased beyond this request (see
     /// `lease.rs`); empty when none were asked for.
     pub leased: Vec<u64>,
 }

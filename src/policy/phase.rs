@@ -42,16 +42,6 @@ pub enum Refused {
     StoreUnavailable,
 }
 
-impl Refused {
-    /// The decision's label.
-    pub fn label(&self) -> DecisionLabel {
-        match self {
-            Refused::RateLimited(..) => DecisionLabel::Denied,
-            Refused::StoreUnavailable => DecisionLabel::StoreError,
-        }
-    }
-}
-
 /// One request's limit phase, fed the store's answers.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitPhase {

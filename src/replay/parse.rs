@@ -39,12 +39,34 @@ pub struct Record {
 pub enum RecordedIdentity {
     /// The SHA-256 of its API key.
     ApiKey([u8; 32]),
-    /// The SHA-256 of its verified JWT's subject.
-    Jwt([u8; 32]),
+    /// The SHA-256 of its verified JWT's subject, and the tier it was limited as.
+    Jwt([u8; 32], Option<Tier>),
     /// The SHA-256 of its user id (set by a trusted proxy).
     UserId([u8; 32]),
     /// Nothing but the client IP.
     Ip,
+}
+
+/// A tier's name as the access log recorded it (letters, digits, `_`, `.`, `-`: at most 32
+/// bytes are kept; a longer name is read as none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tier {
+    bytes: [u8; 64],
+    len: u8,
+}
+
+impl Tier {
+    fn new(name: &str) -> Option<Tier> {
+        let len = u8::try_from(name.len()).ok().filter(|n| *n <= 64)?;
+        let mut bytes = [0u8; 64];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        Some(Tier { bytes, len })
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
 }
 
 /// A line that could not be read, by number.
@@ -125,6 +147,7 @@ struct Fields<'a> {
     client_ip: Option<&'a [u8]>,
     identity: Option<&'a [u8]>,
     identity_hash: Option<&'a [u8]>,
+    tier: Option<&'a [u8]>,
     decision: Option<&'a [u8]>,
     cost: Option<&'a [u8]>,
     keys: Option<&'a [u8]>,
@@ -191,6 +214,7 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
                     (2, true, b"client_ip") => &mut f.client_ip,
                     (2, true, b"identity") => &mut f.identity,
                     (2, true, b"identity_hash") => &mut f.identity_hash,
+                    (2, true, b"tier") => &mut f.tier,
                     (2, true, b"decision") => &mut f.decision,
                     (2, true, b"cost") => &mut f.cost,
                     (2, true, b"keys") => &mut f.keys,
@@ -243,6 +267,7 @@ impl<'a> Fields<'a> {
                 .identity_hash
                 .map(|h| text(h, "identity_hash"))
                 .transpose()?,
+            tier: self.tier.map(|t| text(t, "tier")).transpose()?,
             decision: self
                 .decision
                 .map(|d| DecisionLabel::from_label(d).ok_or("unknown decision"))
@@ -306,7 +331,9 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
         (Some(IdentityKind::ApiKey | IdentityKind::Consumer), Some(h)) => {
             RecordedIdentity::ApiKey(h)
         }
-        (Some(IdentityKind::Jwt), Some(h)) => RecordedIdentity::Jwt(h),
+        (Some(IdentityKind::Jwt), Some(h)) => {
+            RecordedIdentity::Jwt(h, span.tier.as_deref().and_then(Tier::new))
+        }
         (Some(IdentityKind::UserId), Some(h)) => RecordedIdentity::UserId(h),
         _ => RecordedIdentity::Ip,
     };

@@ -223,3 +223,22 @@ pub fn check_names(yaml: &str, fields: &[&str]) {
         assert!(stderr.contains(field), "{field} not named in:\n{stderr}");
     }
 }
+
+/// `floodgate replay --format json` of `fg`'s own access log (its stderr) with its own config.
+pub fn replay_own_log(fg: &Floodgate) -> serde_json::Value {
+    let log = TempFile::new(&fg.stderr());
+    let out = floodgate_command(&[
+        "replay".as_ref(),
+        "--config".as_ref(),
+        fg.config_path().as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        log.path().as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
