@@ -24,6 +24,7 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 mod grpc;
+mod table;
 pub use grpc::Dialect;
 
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -215,43 +216,16 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed_unsync()
 }
 
-const RATE_LIMITED_DETAIL: &str =
-    "rate limit exceeded; retry after the number of seconds in Retry-After";
-const INVALID_API_KEY_DETAIL: &str = "the API key is not known";
-const INVALID_TOKEN_DETAIL: &str = "the bearer token is missing, malformed, expired, not yet valid, or not signed by a trusted key";
-const NO_ROUTE_DETAIL: &str = "no route matches this request";
-const LIMITER_UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now";
-const GATEWAY_TIMEOUT_DETAIL: &str = "the upstream did not answer in time";
-
 impl Rejection {
     /// The decision label of a refusal that is a limiting decision (a malformed request, say,
     /// decided nothing).
     pub fn label(&self) -> Option<crate::metrics::DecisionLabel> {
-        use crate::metrics::DecisionLabel;
-        match self {
-            Rejection::InvalidApiKey | Rejection::InvalidToken => Some(DecisionLabel::InvalidKey),
-            Rejection::RateLimited(..) => Some(DecisionLabel::Denied),
-            Rejection::LimiterUnavailable => Some(DecisionLabel::StoreError),
-            Rejection::UpstreamOverloaded => Some(DecisionLabel::Overloaded),
-            _ => None,
-        }
+        self.answer().label
     }
 
     /// The HTTP status of this rejection (what an HTTP client is answered).
     pub fn status(&self) -> StatusCode {
-        match self {
-            Rejection::NoRoute => StatusCode::NOT_FOUND,
-            Rejection::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Rejection::InvalidApiKey | Rejection::InvalidToken => StatusCode::UNAUTHORIZED,
-            Rejection::RateLimited(..) | Rejection::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
-            Rejection::LimiterUnavailable | Rejection::UpstreamOverloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Rejection::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            Rejection::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Rejection::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-        }
+        self.answer().status
     }
 
     /// The response for this rejection in `dialect`; `headers` writes a refusal's rate-limit
@@ -263,116 +237,63 @@ impl Rejection {
         }
     }
 
-    /// The HTTP response for this rejection; `headers` writes a 429's rate-limit fields.
+    /// The HTTP response for this rejection (its row of the table, `table.rs`); `headers`
+    /// writes a 429's rate-limit fields.
     ///
-    /// The bodies that never change (404, 503, 504) are built once; a 429's is built once around
-    /// its one variable, `retry_after`, so a denial costs one allocation for its body instead of a
+    /// A body that never changes is built once per process; a 429's is built once around its
+    /// one variable, `retry_after`, so a denial costs one allocation for its body instead of a
     /// JSON tree. Both come from `problem_json`, so they are the very bytes it would write.
     fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
-        let (status, body) = match self {
-            Rejection::RateLimited(v, limit) => {
+        let answer = self.answer();
+        let (body, retry_after) = match &self {
+            Rejection::RateLimited(v, _) => {
                 let retry_after = v.retry_after_secs();
-                let mut response = Response::new(full(rate_limited_body(retry_after)));
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                let h = response.headers_mut();
-                h.insert(RETRY_AFTER, int_value(retry_after));
-                headers.write(h, &v, limit);
-                h.insert(CONTENT_TYPE, PROBLEM_JSON);
-                return response;
+                (rate_limited_body(retry_after), Some(retry_after))
             }
-            Rejection::NoRoute => (StatusCode::NOT_FOUND, static_body(&NO_ROUTE_BODY)),
-            Rejection::InvalidApiKey => {
-                (StatusCode::UNAUTHORIZED, static_body(&INVALID_API_KEY_BODY))
+            Rejection::BadRequest(_) | Rejection::BadGateway(_) => (
+                Bytes::from(problem_json(
+                    answer.status,
+                    answer.error,
+                    self.message(),
+                    answer.retry_secs,
+                )),
+                answer.retry_secs,
+            ),
+            _ => {
+                let body = answer.body.get_or_init(|| {
+                    let detail = http_detail(answer.message, answer.retry_secs);
+                    problem_json(answer.status, answer.error, &detail, answer.retry_secs).leak()
+                });
+                (Bytes::from_static(body.as_bytes()), answer.retry_secs)
             }
+        };
+        let mut response = Response::new(full(body));
+        *response.status_mut() = answer.status;
+        let h = response.headers_mut();
+        if let Some(retry_after) = retry_after {
+            h.insert(RETRY_AFTER, int_value(retry_after));
+        }
+        match &self {
+            Rejection::RateLimited(v, limit) => headers.write(h, v, *limit),
             Rejection::InvalidToken => {
-                let mut response = Response::new(full(Bytes::from(problem_json(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_token",
-                    INVALID_TOKEN_DETAIL,
-                    None,
-                ))));
-                *response.status_mut() = StatusCode::UNAUTHORIZED;
-                let h = response.headers_mut();
                 h.insert(
                     http::header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer error=\"invalid_token\""),
                 );
-                h.insert(CONTENT_TYPE, PROBLEM_JSON);
-                return response;
             }
-            Rejection::LimiterUnavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                static_body(&LIMITER_UNAVAILABLE_BODY),
-            ),
-            Rejection::GatewayTimeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                static_body(&GATEWAY_TIMEOUT_BODY),
-            ),
-            Rejection::UpstreamOverloaded => {
-                let mut response = Response::new(full(Bytes::from(problem_json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "upstream_overloaded",
-                    "the upstream is at the limit of what it serves now; retry after the number of seconds in Retry-After",
-                    Some(1),
-                ))));
-                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                response.headers_mut().insert(RETRY_AFTER, int_value(1));
-                response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-                return response;
-            }
-            Rejection::TooManyStreams => {
-                let mut response = Response::new(full(Bytes::from(problem_json(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "too_many_streams",
-                    "this HTTP/2 connection opens streams too fast",
-                    Some(1),
-                ))));
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                response.headers_mut().insert(RETRY_AFTER, int_value(1));
-                response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-                return response;
-            }
-            Rejection::PayloadTooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                Bytes::from(problem_json(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    "the request body is larger than this route accepts (max_body_size)",
-                    None,
-                )),
-            ),
-            Rejection::RequestTimeout => (
-                StatusCode::REQUEST_TIMEOUT,
-                Bytes::from(problem_json(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_body_timeout",
-                    "the request body stopped arriving (timeouts.client_body)",
-                    None,
-                )),
-            ),
-            Rejection::BadRequest(detail) => (
-                StatusCode::BAD_REQUEST,
-                Bytes::from(problem_json(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    &detail,
-                    None,
-                )),
-            ),
-            Rejection::BadGateway(detail) => (
-                StatusCode::BAD_GATEWAY,
-                Bytes::from(problem_json(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
-                    &detail,
-                    None,
-                )),
-            ),
-        };
-        let mut response = Response::new(full(body));
-        *response.status_mut() = status;
-        response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+            _ => {}
+        }
+        h.insert(CONTENT_TYPE, PROBLEM_JSON);
         response
+    }
+}
+
+/// A problem's `detail` for HTTP: the message, and where a retry delay is known, where to find
+/// it.
+fn http_detail(message: &str, retry: Option<u64>) -> std::borrow::Cow<'_, str> {
+    match retry {
+        Some(_) => format!("{message}; retry after the number of seconds in Retry-After").into(),
+        None => message.into(),
     }
 }
 
@@ -392,40 +313,8 @@ fn problem_json(status: StatusCode, error: &str, detail: &str, retry_after: Opti
     body.to_string()
 }
 
-static NO_ROUTE_BODY: LazyLock<&'static str> =
-    LazyLock::new(|| problem_json(StatusCode::NOT_FOUND, "no_route", NO_ROUTE_DETAIL, None).leak());
-static INVALID_API_KEY_BODY: LazyLock<&'static str> = LazyLock::new(|| {
-    problem_json(
-        StatusCode::UNAUTHORIZED,
-        "invalid_api_key",
-        INVALID_API_KEY_DETAIL,
-        None,
-    )
-    .leak()
-});
-static LIMITER_UNAVAILABLE_BODY: LazyLock<&'static str> = LazyLock::new(|| {
-    problem_json(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "rate_limiter_unavailable",
-        LIMITER_UNAVAILABLE_DETAIL,
-        None,
-    )
-    .leak()
-});
-static GATEWAY_TIMEOUT_BODY: LazyLock<&'static str> = LazyLock::new(|| {
-    problem_json(
-        StatusCode::GATEWAY_TIMEOUT,
-        "upstream_timeout",
-        GATEWAY_TIMEOUT_DETAIL,
-        None,
-    )
-    .leak()
-});
-
-/// A body built once for the process: cloning it copies nothing.
-fn static_body(body: &LazyLock<&'static str>) -> Bytes {
-    Bytes::from_static(body.as_bytes())
-}
+/// A rate-limited request's message (the table's, `table.rs`).
+const RATE_LIMITED_MESSAGE: &str = "rate limit exceeded";
 
 /// The 429 body before and after the `retry_after` number: the full body written once with a
 /// number that appears nowhere else, and split there.
@@ -434,7 +323,7 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
     let body = problem_json(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_exceeded",
-        RATE_LIMITED_DETAIL,
+        &http_detail(RATE_LIMITED_MESSAGE, Some(0)),
         Some(u64::MAX),
     );
     body.split_once(&sentinel)
@@ -448,7 +337,7 @@ fn rate_limited_body(retry_after: u64) -> Bytes {
         return Bytes::from(problem_json(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
-            RATE_LIMITED_DETAIL,
+            &http_detail(RATE_LIMITED_MESSAGE, Some(retry_after)),
             Some(retry_after),
         ));
     };
@@ -503,7 +392,7 @@ mod tests {
                 problem_json(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limit_exceeded",
-                    RATE_LIMITED_DETAIL,
+                    &http_detail(RATE_LIMITED_MESSAGE, Some(retry_after)),
                     Some(retry_after)
                 )
             );
@@ -541,33 +430,87 @@ mod tests {
         assert_eq!(body["retry_after"], 3);
     }
 
+    /// Every kind of refusal once, with a verdict where one is needed.
+    fn every_rejection() -> Vec<Rejection> {
+        let headline = Decision::deny(
+            Figures {
+                limit: 5,
+                remaining: 0,
+                reset_after_us: 4_000_000,
+            },
+            2_500_000,
+        );
+        let verdict = Verdict {
+            now_us: 1_700_000_000_000_000,
+            headline,
+            headline_index: 0,
+            outcome: crate::limiter::Outcome::Denied {
+                retry_after_us: 2_500_000,
+            },
+        };
+        vec![
+            Rejection::NoRoute,
+            Rejection::BadRequest("two Host headers".into()),
+            Rejection::InvalidApiKey,
+            Rejection::InvalidToken,
+            Rejection::RateLimited(verdict, LimitRef::Enforced(0)),
+            Rejection::LimiterUnavailable,
+            Rejection::BadGateway("cannot connect to the upstream".into()),
+            Rejection::GatewayTimeout,
+            Rejection::PayloadTooLarge,
+            Rejection::RequestTimeout,
+            Rejection::TooManyStreams,
+            Rejection::UpstreamOverloaded,
+        ]
+    }
+
     #[test]
-    fn the_prebuilt_bodies_are_what_serde_json_writes() {
-        let cases = [
-            (
-                Rejection::NoRoute,
-                StatusCode::NOT_FOUND,
-                "no_route",
-                NO_ROUTE_DETAIL,
-            ),
-            (
-                Rejection::LimiterUnavailable,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate_limiter_unavailable",
-                LIMITER_UNAVAILABLE_DETAIL,
-            ),
-            (
-                Rejection::GatewayTimeout,
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                GATEWAY_TIMEOUT_DETAIL,
-            ),
-        ];
-        for (rejection, status, error, detail) in cases {
-            let response = rejection.into_response(&RateLimitHeaders::none());
-            assert_eq!(response.status(), status);
+    fn every_refusal_says_its_row_in_http_and_in_grpc() {
+        for rejection in every_rejection() {
+            let answer = rejection.answer();
+            let message = rejection.message().to_string();
+            // HTTP: the row's status and problem type, the message, its retry delay; a body
+            // built once is what serde_json writes.
+            let response = rejection.clone().into_response(&RateLimitHeaders::none());
+            assert_eq!(response.status(), answer.status, "{rejection:?}");
             assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
-            assert_eq!(body_of(response), problem_json(status, error, detail, None));
+            let retry = response
+                .headers()
+                .get(RETRY_AFTER)
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            let text = body_of(response);
+            assert_eq!(
+                text,
+                problem_json(
+                    answer.status,
+                    answer.error,
+                    &http_detail(&message, retry),
+                    retry
+                ),
+                "{rejection:?}"
+            );
+            assert_eq!(
+                retry.is_some(),
+                answer.retry_secs.is_some()
+                    || answer.label == Some(crate::metrics::DecisionLabel::Denied)
+            );
+            // gRPC: a trailers-only 200 with the row's code (a rate-limited call: the
+            // route's), the same message.
+            let rate_limited = crate::grpc::RateLimitedStatus::Unavailable;
+            let grpc = rejection
+                .clone()
+                .respond(&RateLimitHeaders::none(), Dialect::Grpc(rate_limited));
+            assert_eq!(grpc.status(), StatusCode::OK);
+            let code = match rejection {
+                Rejection::RateLimited(..) => rate_limited.code(),
+                _ => answer.grpc,
+            };
+            assert_eq!(
+                grpc.headers()[crate::grpc::GRPC_STATUS],
+                code.as_u8().to_string().as_str(),
+                "{rejection:?}"
+            );
+            assert_eq!(rejection.label(), answer.label);
         }
     }
 
