@@ -11,14 +11,11 @@ use std::time::Duration;
 mod top_view;
 
 use anyhow::Context;
-use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
-use floodgate::config::{Backend, Config, LogFormat, Overrides};
-use floodgate::limiter::redis::RedisTarget;
-use floodgate::limiter::{LimiterSpec, StoreSpec};
+use floodgate::config::{Config, LogFormat, Overrides};
 use floodgate::metrics::Metrics;
 use floodgate::proxy::Proxy;
-use floodgate::server::{Server, Serving};
+use floodgate::server::{Reloader, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// mimalloc instead of glibc's malloc: measured 6% less CPU per proxied request (see the
@@ -261,7 +258,8 @@ fn init_logging(format: LogFormat) {
 }
 
 fn run(path: &Path, log_format: Option<LogFormatFlag>) -> anyhow::Result<()> {
-    let config = Config::load(path, &overrides())
+    let overrides = overrides();
+    let config = Config::load(path, &overrides)
         .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
     init_logging(log_format.map_or(config.log_format, LogFormat::from));
     raise_fd_limit();
@@ -269,40 +267,16 @@ fn run(path: &Path, log_format: Option<LogFormatFlag>) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(path.to_path_buf(), config))
+    runtime.block_on(serve(path.to_path_buf(), config, overrides))
 }
 
 /// How long floodgate waits at start for a remote store to be ready before it serves anyway.
 const STORE_START_WAIT: Duration = Duration::from_secs(2);
 
-/// The limiter's spec from the `storage:` section (the limiter knows nothing of the config).
-fn limiter_spec(config: &Config) -> LimiterSpec {
-    let storage = &config.storage;
-    let store = match &storage.backend {
-        Backend::Memory => StoreSpec::Memory,
-        Backend::Redis { url } => StoreSpec::Redis(RedisTarget::Single(url.clone())),
-        Backend::RedisCluster { urls } => StoreSpec::Redis(RedisTarget::Cluster(urls.clone())),
-        Backend::RedisSentinel {
-            sentinels,
-            master_name,
-        } => StoreSpec::Redis(RedisTarget::Sentinel {
-            sentinels: sentinels.clone(),
-            master_name: master_name.clone(),
-        }),
-        Backend::Postgres { url } => StoreSpec::Postgres(url.clone()),
-    };
-    LimiterSpec {
-        store,
-        timeout: storage.timeout,
-        batch: storage.batch,
-        lease_ttl: storage.lease_ttl,
-        key_prefix: storage.key_prefix.clone(),
-        max_keys: storage.max_keys,
-    }
-}
-
-async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
-    let limiter = limiter_spec(&config)
+async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::Result<()> {
+    let limiter = config
+        .storage
+        .limiter_spec()
         .build()
         .context("invalid storage.url")?;
     // The first requests should be decided by the store, not spend their timeout connecting and
@@ -337,12 +311,16 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    let reload_proxy = proxy.clone();
-    let serving = server.settings();
-    let running = config.clone();
+    let reloader = Reloader::new(
+        proxy.clone(),
+        server.settings(),
+        path,
+        config.clone(),
+        overrides,
+    );
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            reload(&reload_proxy, &serving, &path, &running).await;
+            reloader.reload().await;
         }
     });
     let shutdown = async move {
@@ -354,48 +332,4 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     server.run(shutdown).await;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// SIGHUP: re-reads and validates `path` on a blocking thread (a large file must not stall a
-/// runtime worker). A valid file is applied to the proxy, the limiter and the server's new
-/// connections (and counted); what only a restart can change keeps its running value and is
-/// named in a warning (`config::reload` has the one list). An invalid file is logged with its
-/// field paths (and counted), and the running config stays. `running` is the config the
-/// process started with: the restart-only values still in force.
-async fn reload(proxy: &Proxy, serving: &ArcSwap<Serving>, path: &Path, running: &Config) {
-    let file = path.to_path_buf();
-    let loaded = tokio::task::spawn_blocking(move || Config::load(&file, &overrides())).await;
-    match loaded {
-        Ok(Ok(new)) => {
-            proxy.reload(&new);
-            serving.store(Arc::new(Serving::from_config(&new)));
-            if let Some(ceiling) = floodgate::config::reload::storage_timeout_ceiling(running)
-                && new.storage.timeout > ceiling
-            {
-                tracing::warn!(
-                    timeout = ?new.storage.timeout,
-                    ?ceiling,
-                    "storage.timeout: decisions wait at most the store connections' reply timeout, set at start, until a restart"
-                );
-            }
-            let restart_only = floodgate::config::reload::restart_only_changes(running, &new);
-            if !restart_only.is_empty() {
-                tracing::warn!(
-                    fields = restart_only.join(", "),
-                    "these settings changed in the file but take effect on restart only; their running values stay"
-                );
-            }
-            tracing::info!(routes = new.routes.len(), "config reloaded");
-            // Counted last: whoever waits for the count finds the warnings written.
-            proxy.metrics().reload(true);
-        }
-        Ok(Err(e)) => {
-            proxy.metrics().reload(false);
-            tracing::error!(problems = %e, "config reload rejected; keeping the running config");
-        }
-        Err(e) => {
-            proxy.metrics().reload(false);
-            tracing::error!(error = %e, "config reload failed; keeping the running config");
-        }
-    }
 }

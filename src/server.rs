@@ -3,7 +3,10 @@
 //! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown. The
 //! admin listener is always plain HTTP.
 
+mod reload;
 mod watch;
+
+pub use reload::Reloader;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -24,6 +24,36 @@ pub struct StorageConfig {
     pub lease_ttl: Option<Duration>,
 }
 
+impl StorageConfig {
+    /// The limiter's own terms for this section (the limiter knows nothing of the config):
+    /// which store, and how it is asked.
+    pub fn limiter_spec(&self) -> crate::limiter::LimiterSpec {
+        use crate::limiter::StoreSpec;
+        use crate::limiter::redis::RedisTarget;
+        let store = match &self.backend {
+            Backend::Memory => StoreSpec::Memory,
+            Backend::Redis { url } => StoreSpec::Redis(RedisTarget::Single(url.clone())),
+            Backend::RedisCluster { urls } => StoreSpec::Redis(RedisTarget::Cluster(urls.clone())),
+            Backend::RedisSentinel {
+                sentinels,
+                master_name,
+            } => StoreSpec::Redis(RedisTarget::Sentinel {
+                sentinels: sentinels.clone(),
+                master_name: master_name.clone(),
+            }),
+            Backend::Postgres { url } => StoreSpec::Postgres(url.clone()),
+        };
+        crate::limiter::LimiterSpec {
+            store,
+            timeout: self.timeout,
+            batch: self.batch,
+            lease_ttl: self.lease_ttl,
+            key_prefix: self.key_prefix.clone(),
+            max_keys: self.max_keys,
+        }
+    }
+}
+
 /// The limiter store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
