@@ -15,15 +15,10 @@ impl RouteTable {
         RouteTable { routes }
     }
 
-    /// The first route whose `path_prefix` matches `path` (a plain string prefix, as nginx's
-    /// `location /prefix` and Kong's paths, or at a segment boundary with `path_match: segment`)
-    /// and whose methods, if any, include `method` (case-sensitively, as HTTP says). `path` must
-    /// already be normalised ([`crate::path`]).
-    pub fn find(&self, method: &Method, path: &str) -> Option<&RouteConfig> {
-        self.position(method, path).map(|i| &self.routes[i])
-    }
-
-    /// The position of the route [`RouteTable::find`] would return.
+    /// The position of the first route whose `path_prefix` matches `path` (a plain string
+    /// prefix, as nginx's `location /prefix` and Kong's paths, or at a segment boundary with
+    /// `path_match: segment`) and whose methods, if any, include `method` (case-sensitively, as
+    /// HTTP says). `path` must already be normalised ([`crate::path`]).
     pub fn position(&self, method: &Method, path: &str) -> Option<usize> {
         self.routes.iter().position(|r| {
             r.path_match.matches(&r.path_prefix, path)

@@ -349,7 +349,8 @@ impl Leases {
     /// requests' worth to lease with it (what this instance spent from the budget in the last
     /// `ttl`, when that is at least 2: a budget spent rarely is not leased), and gives back what
     /// an ended lease left unspent (a request goes to the store only when its lease is spent,
-    /// or ended).
+    /// or ended). The guard uses [`Leases::wants_taking`]; this is its answer alone, for tests.
+    #[cfg(test)]
     pub fn wants(&self, asks: &[Ask<'_>], now: LocalUs) -> Vec<LeaseAsk> {
         self.wants_taking(asks, now).0
     }

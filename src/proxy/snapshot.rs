@@ -15,9 +15,9 @@ use crate::policy::Policy;
 use crate::route::RouteTable;
 use crate::top::TopTable;
 
-/// What a config reload can change in the proxy: routes, identity rules, the error policy,
-/// shadow mode, the header profile, and forwarding (timeouts, body limits, `upstream_ca`).
-/// Everything derived from them is built here, once, and swapped whole on reload; a request
+/// What a config reload changes in the proxy (which settings a reload changes at all is the one
+/// list in [`crate::config::reload`]). Everything derived from them is built here, once, and
+/// swapped whole on reload; a request
 /// keeps the snapshot it started with.
 pub struct Snapshot {
     pub routes: RouteTable,
