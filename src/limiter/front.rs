@@ -157,7 +157,6 @@ impl Limiter {
         by_store!(self, store => store, guarded => guarded.local())
     }
 
-    /// The guard's counters, when there is a remote store.
     /// The store's name for metric labels: `memory`, `redis` or `postgres`.
     pub fn backend_name(&self) -> &'static str {
         match self {
@@ -167,6 +166,7 @@ impl Limiter {
         }
     }
 
+    /// The guard's counters, when there is a remote store.
     pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
         by_store!(self, _store => None, guarded => Some(guarded.stats()))
     }
