@@ -31,6 +31,7 @@ pub mod memory;
 mod owned_key;
 pub mod postgres;
 pub mod redis;
+mod store;
 pub mod wire;
 
 pub use clock::{
@@ -44,3 +45,4 @@ pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};
 pub use memory::MemoryStore;
+pub use store::RemoteStore;

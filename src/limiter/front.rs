@@ -61,7 +61,7 @@ impl LimiterSpec {
         })
     }
 
-    fn guard<S: guard::RemoteStore>(&self, store: S, local: MemoryStore) -> guard::Guarded<S> {
+    fn guard<S: super::RemoteStore>(&self, store: S, local: MemoryStore) -> guard::Guarded<S> {
         let guarded = guard::Guarded::new(store, self.timeout, Arc::new(local));
         match self.lease_ttl {
             Some(ttl) => guarded.with_leases(ttl),

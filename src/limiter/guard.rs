@@ -16,15 +16,14 @@
 //!   spend nothing and other requests (or instances) can only spend more, never less. Concurrency
 //!   limits are not remembered: a slot frees when a request ends, which no clock predicts.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
+use super::RemoteStore;
 use super::owned_key::{OwnedKey, borrowed};
-use super::wire::Reply;
 
 mod breaker;
 mod deny_cache;
@@ -42,71 +41,6 @@ use deny_cache::DenyCache;
 
 /// How often a store failure is logged at most.
 const WARN_EVERY: Duration = Duration::from_secs(1);
-
-/// A store in another process: what the guard needs of Redis and of PostgreSQL.
-pub trait RemoteStore: Send + Sync + 'static {
-    /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
-    /// Returns the verdict and each limit's own decision (for the deny cache).
-    fn decide(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send;
-    /// [`RemoteStore::decide`], also leasing, per ask, up to `wants[i].want` more requests' worth
-    /// of units for this instance to spend itself (`Reply::leased`), and first taking back what
-    /// an ended lease left unspent (`wants[i].back`). A store that cannot lease decides as
-    /// `decide` does and leases nothing (and is never given anything back). An answer that
-    /// comes after the caller gave up goes to `late`, where the store can tell (a batched
-    /// decision that had left).
-    fn decide_leasing(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
-        let _ = (wants, late);
-        self.decide(asks, lease)
-    }
-    /// Gives back the concurrency leases named `lease` in `asks`' budgets.
-    fn release(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`): refunds and
-    /// charges (`cost: {reserve, actual}`).
-    fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[super::Settlement],
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// What `asks` would decide now, per limit, spending nothing.
-    fn peek(
-        &self,
-        asks: &[Ask<'_>],
-    ) -> impl Future<Output = Result<Vec<Decision>, LimiterError>> + Send;
-    /// A decision failed (an error or the timeout): a store that can find its server anew
-    /// (Redis behind Sentinel asks the sentinels again) starts doing so. Does nothing by default.
-    fn after_failure(&self) {}
-    /// Whether the store answers at all: `/readyz`.
-    fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
-    /// would otherwise pay for that within its timeout. Pings by default.
-    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
-        self.ping()
-    }
-    /// Turns batching (`storage.batch`) on or off for the decisions that follow; a store that
-    /// does not batch ignores it.
-    fn set_batching(&self, _on: bool) {}
-
-    /// Counts its round trips in `counter` itself (a store that batches); false when it does
-    /// not, and the guard counts one per decision.
-    fn count_calls(&self, counter: Counter) -> bool {
-        let _ = counter;
-        false
-    }
-}
 
 /// Counters of what the guard did. They are Prometheus counters (shared handles): the binary
 /// registers these very counters, so `/metrics` reads them with no copy.
@@ -559,6 +493,7 @@ mod tests {
     use std::sync::atomic::AtomicU8;
 
     use super::*;
+    use crate::limiter::wire::Reply;
     use crate::limiter::{Algorithm, BudgetKey, KeyKind, Limit, ManualClock};
 
     const T0: u64 = 1_700_000_000_000_000;

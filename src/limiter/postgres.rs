@@ -36,7 +36,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::guard::RemoteStore;
+use super::RemoteStore;
 use super::wire::Call;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};

@@ -46,7 +46,7 @@ use script::{
     push_limits, read_reply,
 };
 
-use super::guard::RemoteStore;
+use super::RemoteStore;
 use super::wire::Call;
 use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 
