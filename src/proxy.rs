@@ -444,13 +444,7 @@ impl Proxy {
                 let limit = limits.max_request_bytes.unwrap_or(UNLIMITED_READ);
                 body::read_whole(body, limit, limits.client_idle, http1)
                     .await
-                    .map_err(|fault| match fault {
-                        body::ReadFault::TooLarge => Rejection::PayloadTooLarge,
-                        body::ReadFault::Idle => Rejection::RequestTimeout,
-                        body::ReadFault::Malformed => Rejection::BadRequest(
-                            "the request body is malformed or was cut short".into(),
-                        ),
-                    })?
+                    .map_err(Rejection::from)?
             }
         };
         let json = serde_json::from_slice(&bytes).ok();

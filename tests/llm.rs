@@ -204,11 +204,12 @@ async fn a_stream_cut_short_settles_at_its_reserve_whatever_an_early_event_said(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_retries_a_429_after_its_retry_after_and_gets_through() {
     let demo = DemoUpstream::start(8, "1ms", "5s");
-    // 100 tokens, 100 a second back.
-    let fg = Floodgate::start(&config(demo.url(), "", &token_budget(100, "100", 100)));
+    // 100 tokens, 25 a second back.
+    let fg = Floodgate::start(&config(demo.url(), "", &token_budget(100, "25", 100)));
     // 150 used of 100, charged as 100 (`actual.max`'s default, the capacity): the next call
-    // must wait for its own reserve's refill. The SDK reads Retry-After and tries again (at
-    // most 3 times).
+    // must wait for its own reserve's refill, 4 s, longer than the second SDK process takes to
+    // start (about 1 s; a debt that only needed 1 s let a slow start pass without a 429). The
+    // SDK reads Retry-After and tries again (at most 3 times).
     let first = call(&fg, "carol", ("plain", 100, 100, 50), 0);
     assert_eq!(first["usage"]["total_tokens"], 150);
     settled(&fg, 100).await;

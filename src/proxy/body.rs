@@ -21,7 +21,8 @@ use tokio::time::{Instant, Sleep};
 #[derive(Debug, Default)]
 pub struct BodyFault(AtomicU8);
 
-/// What went wrong with a request body.
+/// What went wrong with a request body: the client's fault, whether the body was being read
+/// whole (`read_whole`) or forwarded (`forward.rs`); `Rejection::from` says how it is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// The client's framing was invalid (a bad chunk size, a short chunk) or it went away.
@@ -123,14 +124,6 @@ impl ClientBody {
     }
 }
 
-/// Why a request body could not be read whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadFault {
-    TooLarge,
-    Idle,
-    Malformed,
-}
-
 /// Reads `body` whole, at most `limit` bytes and with at most `idle` between two pieces (an
 /// HTTP/1 client's body past the limit is read on and discarded, as [`RequestBody`] does).
 pub async fn read_whole(
@@ -138,7 +131,7 @@ pub async fn read_whole(
     limit: NonZeroU64,
     idle: Duration,
     http1: bool,
-) -> Result<Bytes, ReadFault> {
+) -> Result<Bytes, Fault> {
     use http_body_util::BodyExt;
     let fault = Arc::new(BodyFault::default());
     let body = RequestBody::new(
@@ -150,11 +143,7 @@ pub async fn read_whole(
     );
     match body.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(_) => Err(match fault.get() {
-            Some(Fault::TooLarge) => ReadFault::TooLarge,
-            Some(Fault::Idle) => ReadFault::Idle,
-            _ => ReadFault::Malformed,
-        }),
+        Err(_) => Err(fault.get().unwrap_or(Fault::Malformed)),
     }
 }
 

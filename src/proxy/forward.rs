@@ -87,19 +87,9 @@ impl Hop {
 /// Why a request could not be forwarded, by whose fault: the client's or the upstream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForwardError {
-    Client(ClientFault),
+    /// What the client did wrong on the way through: its body.
+    Client(Fault),
     Upstream(UpstreamFault),
-}
-
-/// What the client did wrong on the way through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientFault {
-    /// Its body is larger than `max_body_size` (announced, or once streamed): 413.
-    TooLarge,
-    /// Its body went silent for `timeouts.client_body`: 408.
-    Idle,
-    /// Its body's framing was invalid, or it went away mid-body: 400.
-    Malformed,
 }
 
 /// What the upstream did.
@@ -112,14 +102,24 @@ pub enum UpstreamFault {
     Timeout,
 }
 
+impl From<Fault> for Rejection {
+    /// A request body's fault: 413 past `max_body_size`, 408 when it went silent, 400 when its
+    /// framing was invalid or it was cut short.
+    fn from(fault: Fault) -> Rejection {
+        match fault {
+            Fault::TooLarge => Rejection::PayloadTooLarge,
+            Fault::Idle => Rejection::RequestTimeout,
+            Fault::Malformed => {
+                Rejection::BadRequest("the request body is malformed or was cut short".into())
+            }
+        }
+    }
+}
+
 impl From<ForwardError> for Rejection {
     fn from(error: ForwardError) -> Rejection {
         match error {
-            ForwardError::Client(ClientFault::TooLarge) => Rejection::PayloadTooLarge,
-            ForwardError::Client(ClientFault::Idle) => Rejection::RequestTimeout,
-            ForwardError::Client(ClientFault::Malformed) => {
-                Rejection::BadRequest("the request body is malformed or was cut short".into())
-            }
+            ForwardError::Client(fault) => Rejection::from(fault),
             ForwardError::Upstream(UpstreamFault::Unreachable(detail)) => {
                 Rejection::BadGateway(detail)
             }
@@ -208,7 +208,7 @@ impl Forwarder {
             if let (true, ClientBody::Streaming(body)) = (parts.version <= Version::HTTP_11, body) {
                 tokio::spawn(super::body::linger(body));
             }
-            return Err(ForwardError::Client(ClientFault::TooLarge));
+            return Err(ForwardError::Client(Fault::TooLarge));
         }
         let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
@@ -237,17 +237,11 @@ impl Forwarder {
         };
         let (response, client) = match tokio::time::timeout(wait, sent).await {
             Err(_) => return Err(ForwardError::Upstream(UpstreamFault::Timeout)),
-            // The request's own body failed: the client's error, not the upstream's.
-            Ok(Err(_)) if fault.get() == Some(Fault::TooLarge) => {
-                return Err(ForwardError::Client(ClientFault::TooLarge));
-            }
-            Ok(Err(_)) if fault.get() == Some(Fault::Idle) => {
-                return Err(ForwardError::Client(ClientFault::Idle));
-            }
-            Ok(Err(_)) if fault.get() == Some(Fault::Malformed) => {
-                return Err(ForwardError::Client(ClientFault::Malformed));
-            }
             Ok(Err(e)) => {
+                // The request's own body failed: the client's error, not the upstream's.
+                if let Some(fault) = fault.get() {
+                    return Err(ForwardError::Client(fault));
+                }
                 let detail = if is_tls_error(&e) {
                     "the TLS handshake with the upstream failed".to_string()
                 } else if matches!(e, PoolError::Connect(_)) {
