@@ -53,6 +53,14 @@
 //! - A **lease** is either a concurrency slot held while a request is in flight, or an exact
 //!   lease of a shared allowance ([`limiter::lease`]): units debited in the store in advance and
 //!   spent in process.
+//! - A **reservation** is what an admitted request holds of its settled limits (`cost:
+//!   {reserve, actual}`) until the response ends; its **settlement** gives back or takes the
+//!   difference once the real cost is read ([`limiter::Settlement`], bounded by the limit), and
+//!   is tried again if the store cannot take it.
+//! - A **refusal** ([`proxy::response::Rejection`]) is floodgate answering a request itself; its
+//!   row of the refusal table (`proxy/response/table.rs`) says how, in HTTP's and gRPC's words.
+//! - A **tier** picks which limits apply: a consumer's, or the one a verified token claims if
+//!   the config names it (`default` if not), or `anonymous` ([`policy::Policy::resolve`]).
 //!
 //! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
 //! rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and

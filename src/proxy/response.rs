@@ -403,8 +403,8 @@ mod tests {
         assert_eq!(body["status"], 429);
     }
 
-    #[test]
-    fn a_429_carries_retry_after_content_type_and_the_same_number_in_its_body() {
+    /// A denial of a limit of 5, retry after 2.5 s.
+    fn denied() -> Verdict {
         let headline = Decision::deny(
             Figures {
                 limit: 5,
@@ -413,14 +413,19 @@ mod tests {
             },
             2_500_000,
         );
-        let verdict = Verdict {
+        Verdict {
             now_us: 1_700_000_000_000_000,
             headline,
             headline_index: 0,
             outcome: crate::limiter::Outcome::Denied {
                 retry_after_us: 2_500_000,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn a_429_carries_retry_after_content_type_and_the_same_number_in_its_body() {
+        let verdict = denied();
         let response = Rejection::RateLimited(verdict, LimitRef::Enforced(0))
             .into_response(&RateLimitHeaders::none());
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -432,22 +437,7 @@ mod tests {
 
     /// Every kind of refusal once, with a verdict where one is needed.
     fn every_rejection() -> Vec<Rejection> {
-        let headline = Decision::deny(
-            Figures {
-                limit: 5,
-                remaining: 0,
-                reset_after_us: 4_000_000,
-            },
-            2_500_000,
-        );
-        let verdict = Verdict {
-            now_us: 1_700_000_000_000_000,
-            headline,
-            headline_index: 0,
-            outcome: crate::limiter::Outcome::Denied {
-                retry_after_us: 2_500_000,
-            },
-        };
+        let verdict = denied();
         vec![
             Rejection::NoRoute,
             Rejection::BadRequest("two Host headers".into()),
