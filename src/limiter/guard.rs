@@ -387,7 +387,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
     }
 
     /// Settles reservations in the store that decided them (`source`), once: `Err` when the
-    /// store failed or timed out (the caller queues it with [`Guarded::retry_settlement`]).
+    /// store failed or timed out (the caller queues it with `Guarded::retry_settlement`).
     pub async fn settle(
         &self,
         asks: &[Ask<'_>],

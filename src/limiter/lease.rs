@@ -112,7 +112,7 @@ impl Default for LeaseStats {
     }
 }
 
-/// Where a decision's grant is owed back should its answer come late ([`Leases::slots`]).
+/// Where a decision's grant is owed back should its answer come late ([`Leases::owe`]).
 #[derive(Debug, Clone, Copy)]
 pub struct OweSlot {
     key: u64,
@@ -345,18 +345,18 @@ impl Leases {
         Verdict::from_decisions(store_now?.0, &decisions)
     }
 
-    /// Counts this request's demand on each leasable limit and says, per ask, how many more
-    /// requests' worth to lease with it (what this instance spent from the budget in the last
-    /// `ttl`, when that is at least 2: a budget spent rarely is not leased), and gives back what
-    /// an ended lease left unspent (a request goes to the store only when its lease is spent,
-    /// or ended). The guard uses [`Leases::wants_taking`]; this is its answer alone, for tests.
+    /// [`Leases::wants_taking`]'s answer alone, for tests.
     #[cfg(test)]
     pub fn wants(&self, asks: &[Ask<'_>], now: LocalUs) -> Vec<LeaseAsk> {
         self.wants_taking(asks, now).0
     }
 
-    /// [`Leases::wants`] for a call sent at `now`, also saying where a late answer's grant is
-    /// owed ([`Leases::owe`]) and what the call gives back, for [`Leases::restore`] to put back
+    /// For a call sent at `now`: counts this request's demand on each leasable limit and says,
+    /// per ask, how many more requests' worth to lease with it (what this instance spent from
+    /// the budget in the last `ttl`, when that is at least 2: a budget spent rarely is not
+    /// leased), and gives back what an ended lease left unspent (a request goes to the store
+    /// only when its lease is spent, or ended); also says where a late answer's grant is owed
+    /// ([`Leases::owe`]) and what the call gives back, for [`Leases::restore`] to put back
     /// should it never be sent.
     pub fn wants_taking(&self, asks: &[Ask<'_>], now: LocalUs) -> (Vec<LeaseAsk>, Debts) {
         let mut wants = Vec::with_capacity(asks.len());
@@ -455,7 +455,8 @@ impl Leases {
 
     /// Records the answer to a decision abandoned at the timeout (`reply`, late): when the store
     /// allowed it, what it spent (the request's own requests' worth, and any lease with it) is
-    /// owed back, and given back with the budget's next call to the store ([`Leases::wants`]),
+    /// owed back, and given back with the budget's next call to the store
+    /// ([`Leases::wants_taking`]),
     /// so that a slow store costs latency, not budget. The lease itself is not taken up: its
     /// time ran from when the request was sent, most of it spent waiting.
     pub fn owe(&self, slots: &[Option<OweSlot>], reply: &Reply) {

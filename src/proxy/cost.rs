@@ -1,5 +1,5 @@
 //! Costs known only after the response (`cost: {reserve, actual}`): what a request reserved is
-//! held out of its budgets ([`Reservation`]) while the response streams; [`CostMeter`] reads
+//! held out of its budgets ([`Reservation`]) while the response streams; `CostMeter` reads
 //! the real cost as the response goes by (a header or trailer, a JSON body's field, or the
 //! usage an OpenAI-style event stream carries in its last `data:` event) and settles when the
 //! response ends, in the phase after the response. A response that fails or is abandoned
