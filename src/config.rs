@@ -17,6 +17,7 @@ mod exempt;
 mod limit;
 pub mod reload;
 mod route;
+mod service;
 mod storage;
 mod tiers;
 mod validate;
@@ -27,6 +28,7 @@ pub use exempt::Exempt;
 pub use route::{
     Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
 };
+pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};
 pub use tiers::KnownTiers;
 
@@ -86,6 +88,8 @@ pub struct Config {
     /// HTTP/2 streams a connection may abandon before their response: a token bucket (see
     /// `server`); past it the connection is closed.
     pub http2_resets: crate::limiter::Limit,
+    /// `service:`: the limiter as a rate-limit service for other proxies.
+    pub service: Option<Arc<ServiceConfig>>,
 }
 
 /// Which rate-limit fields responses carry.
@@ -394,6 +398,10 @@ impl Config {
             file.http2_max_resets_per_second.unwrap_or(100.0),
             2.0,
         );
+        let service = file
+            .service
+            .and_then(|s| v.service(s, overrides.base_dir.as_deref()))
+            .map(Arc::new);
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {
@@ -436,6 +444,7 @@ impl Config {
                 max_connections,
                 http2_streams,
                 http2_resets,
+                service,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,

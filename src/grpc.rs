@@ -29,6 +29,7 @@ const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Code {
+    InvalidArgument = 3,
     DeadlineExceeded = 4,
     ResourceExhausted = 8,
     Unimplemented = 12,

@@ -21,8 +21,9 @@
 //! 3. [`route`]: the first route whose prefix and methods match (after [`path`] normalisation);
 //! 4. [`policy`]: whose allowance the request spends, by the rules of [`identity`] (API key or
 //!    consumer, user id, client IP) and the limits that apply to its tier, and the one limit
-//!    phase that reads the store's answers; for the proxy, `floodgate replay` and `/budgets`
-//!    alike;
+//!    phase that reads the store's answers; [`decider`]: the one decision, knowing no
+//!    transport, that the proxy, `floodgate replay`, `/budgets` and the rate-limit service all
+//!    call;
 //! 5. [`limiter`]: the algorithms and the stores (memory, Redis, PostgreSQL) that decide
 //!    all-or-nothing, with the guard that applies `on_error` when a store fails, batches and
 //!    leases;
@@ -34,8 +35,10 @@
 //! 8. [`access_log`], [`metrics`], [`top`] and [`admin`]: what was decided, on the access log,
 //!    `/metrics`, `/healthz`, `/readyz`, `/budgets` and `/top`.
 //!
-//! [`replay`] runs recorded traffic through the same policy, limit phase and algorithms, on the
-//! log's clock. [`config`] turns the YAML file into the typed values all of these are built
+//! [`replay`] runs recorded traffic through the same decider, policy, limit phase and
+//! algorithms, on the log's clock. [`service`] answers other proxies (Envoy's
+//! `RateLimitService`, envoyproxy/ratelimit's `/json`, forward auth for nginx and Caddy) with the
+//! same decider, on the same store. [`config`] turns the YAML file into the typed values all of these are built
 //! from, and says what a reload changes ([`config::reload`]).
 //!
 //! # Words
@@ -67,9 +70,10 @@
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), and identity tls (a
 //! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
-//! [`route`] on config; [`access_log`] on identity and metrics; [`proxy`] and [`replay`] on
-//! policy (and replay on [`top`]'s Space-Saving table); [`admin`] on proxy (and what
-//! `/budgets` and `/top` read: config, identity, limiter, policy, top); [`server`] on admin and
+//! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy;
+//! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
+//! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
+//! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`server`] on admin and
 //! proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
@@ -80,6 +84,7 @@ pub mod adaptive;
 pub mod admin;
 pub mod config;
 pub mod deadline;
+pub mod decider;
 pub mod grpc;
 pub mod identity;
 pub mod limiter;
@@ -90,5 +95,6 @@ pub mod proxy;
 pub mod replay;
 pub mod route;
 pub mod server;
+pub mod service;
 pub mod tls;
 pub mod top;

@@ -159,6 +159,13 @@ pub struct Metrics {
     tracked_keys: Gauge,
     adaptive_limit: Family<UpstreamLabel, Gauge>,
     cost_units: Family<CostLabels, Counter>,
+    service_decisions: Family<ServiceLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    domain: String,
+    code: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -310,8 +317,15 @@ impl Metrics {
             "Units of settled costs (cost: {reserve, actual}) by route, limit and outcome: reserved at admission, settled (what responses cost), refunded, charged",
             cost_units.clone(),
         );
+        let service_decisions = Family::<ServiceLabels, Counter>::default();
+        registry.register(
+            "service_decisions",
+            "Rate-limit service answers (ShouldRateLimit, /json, /check) by domain (a domain no rule names counts as \"other\") and code: ok, over_limit, error",
+            service_decisions.clone(),
+        );
         Metrics {
             cost_units,
+            service_decisions,
             registry,
             requests,
             upstream_responses,
@@ -383,6 +397,16 @@ impl Metrics {
             "Denials answered from the local deny cache without asking the store",
             stats.deny_cache_hits.clone(),
         );
+    }
+
+    /// Counts one rate-limit service answer: `code` is `ok`, `over_limit` or `error`.
+    pub fn service_decision(&self, domain: &str, code: &'static str) {
+        self.service_decisions
+            .get_or_create(&ServiceLabels {
+                domain: domain.to_string(),
+                code,
+            })
+            .inc();
     }
 
     /// The `floodgate_cost_units_total` handles of a settled limit named `limit` on `route`.

@@ -39,12 +39,13 @@ use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
 use crate::adaptive::Outcome;
-use crate::config::{Config, RequestView, RouteConfig};
+use crate::config::{Budget, Config, RequestView, RouteConfig, RouteLimit};
+use crate::decider::{Decider, Facts, Side};
 use crate::identity::jwt::{Verified, WhenMissing};
-use crate::identity::{Identity, IdentityError, IdentityKind, ip_octets};
-use crate::limiter::{Admission, Ask, KeyKind, Limiter, LimiterError};
+use crate::identity::{Identity, IdentityError, IdentityKind};
+use crate::limiter::{KeyKind, Limiter};
 use crate::metrics::Metrics;
-use crate::policy::{Claim, LimitPhase, Refusal, Refused, RequestKeys, Whose};
+use crate::policy::{Claim, Refusal, Refused, RequestKeys, Whose};
 use body::ClientBody;
 use context::{Admitted, Context, PendingLog};
 pub use forward::Forwarder;
@@ -87,6 +88,34 @@ fn digest_hex(value: &[u8]) -> String {
 struct Read<'a> {
     verified: Option<&'a Verified>,
     json: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What the decider reads of a live request: its composite keys' parts (recorded, as digests,
+/// on the access log's span for replay) and its settled limits' reserves.
+struct HttpFacts<'a> {
+    view: RequestView<'a>,
+    span: &'a tracing::Span,
+    /// The access log's `keys`: every composite key's digest, enforced and shadow.
+    logged_keys: String,
+}
+
+impl Facts for HttpFacts<'_> {
+    fn keys(&mut self, budget: &Budget, identity: (KeyKind, &[u8]), ip: &[u8]) -> RequestKeys {
+        let keys = RequestKeys::of(budget, &self.view, identity, ip);
+        if !self.span.is_disabled() {
+            access_log::keys_field(keys.digests(budget), &mut self.logged_keys);
+            if !self.logged_keys.is_empty() {
+                self.span.record(field::KEYS, self.logged_keys.as_str());
+            }
+        }
+        keys
+    }
+
+    fn reserve(&mut self, limit: &RouteLimit) -> u32 {
+        limit.settled.as_ref().map_or(limit.limit.cost(), |s| {
+            s.reserve.of(self.view.headers, self.view.json)
+        })
+    }
 }
 
 /// A matched route with its prebuilt extras.
@@ -474,8 +503,8 @@ impl Proxy {
         }
     }
 
-    /// Phase 3: the enforced limits that apply (all-or-nothing), then the shadow limits, asked
-    /// of the store and read by the one limit phase ([`LimitPhase`], which replay shares). A
+    /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
+    /// request says (its headers, query, path, token claims and JSON body: [`HttpFacts`]). A
     /// store failure follows `on_error`: never a 429 or a 500.
     async fn limit(
         &self,
@@ -486,114 +515,60 @@ impl Proxy {
         read: Read<'_>,
         span: &tracing::Span,
     ) -> Result<Admitted, Rejection> {
-        let Read { verified, json } = read;
         let config = route.config;
-        if !config.is_limited() {
-            return Ok(Admitted::unlimited());
-        }
-        if config.exempt.covers(whose.ip, &whose.identity, whose.tier) {
-            return Ok(Admitted::exempt());
-        }
-        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
-        // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
-        let id = whose.identity.key_bytes(&mut id_buf);
-        let ip = ip_octets(whose.ip, &mut ip_buf);
-        // What `per:` keys read from the request (headers, query, path segments).
-        let view = RequestView {
-            headers: req.headers(),
-            query: req.uri().query(),
-            rest: req
-                .uri()
-                .path()
-                .strip_prefix(config.path_prefix.as_str())
-                .unwrap_or(""),
-            claims: verified.map(|v| &v.claims),
-            json,
+        let mut facts = HttpFacts {
+            view: RequestView {
+                headers: req.headers(),
+                query: req.uri().query(),
+                rest: req
+                    .uri()
+                    .path()
+                    .strip_prefix(config.path_prefix.as_str())
+                    .unwrap_or(""),
+                claims: read.verified.map(|v| &v.claims),
+                json: read.json,
+            },
+            span,
+            logged_keys: String::new(),
         };
-        let kind = KeyKind::from(whose.identity.kind());
-        let mut phase = LimitPhase::new(&snapshot.policy());
-        let mut leases = Vec::new();
-        let refuse = |refused: Refused| match refused {
-            Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
-            Refused::StoreUnavailable => Rejection::LimiterUnavailable,
-        };
-        let mut reservations = Vec::new();
-        // The composite keys' digests, for the access log (replay tells budgets apart by them).
-        let mut logged_keys = String::new();
-        if !config.enforced.is_empty() {
-            let keys = RequestKeys::of(&config.enforced, &view, (kind, id), ip);
-            if !span.is_disabled() {
-                access_log::keys_field(keys.digests(&config.enforced), &mut logged_keys);
-                if !logged_keys.is_empty() {
-                    span.record(field::KEYS, logged_keys.as_str());
-                }
-            }
-            let asks = whose.asks(&config.enforced, id, ip, &keys);
-            let reserves = cost::Reserves::of(&config.enforced, &asks, req.headers(), json);
-            let costed = reserves.asks(&asks.asks);
-            let asks_now = costed.as_deref().unwrap_or(&asks.asks);
-            let admission = match self.ask(snapshot, asks_now).await {
-                Ok(admission) => admission,
-                Err(_) => return Err(refuse(phase.store_unavailable())),
-            };
-            leases.extend(self.limiter.hold(asks_now, &admission));
-            if let Some(reservation) = self.limiter.reserve(asks_now, &admission) {
-                reservations.push((reservation, reserves.metered(&route.extras.costs)));
-            }
-            phase
-                .enforced(
-                    admission.verdict().copied(),
-                    &asks.positions,
-                    admission.store_failed(),
-                )
-                .map_err(refuse)?;
+        let decided = self
+            .decider(snapshot)
+            .decide(config, whose, &mut facts)
+            .await;
+        if let Some(refused) = decided.refused {
+            return Err(match refused {
+                Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
+                Refused::StoreUnavailable => Rejection::LimiterUnavailable,
+            });
         }
-        if !config.shadow.is_empty() {
-            let keys = RequestKeys::of(&config.shadow, &view, (kind, id), ip);
-            if !span.is_disabled() {
-                access_log::keys_field(keys.digests(&config.shadow), &mut logged_keys);
-                if !logged_keys.is_empty() {
-                    span.record(field::KEYS, logged_keys.as_str());
-                }
-            }
-            let asks = whose.asks(&config.shadow, id, ip, &keys);
-            let reserves = cost::Reserves::of(&config.shadow, &asks, req.headers(), json);
-            let costed = reserves.asks(&asks.asks);
-            let asks_now = costed.as_deref().unwrap_or(&asks.asks);
-            // A shadow budget's store failure only means "no shadow verdict".
-            if let Ok(admission) = self.ask(snapshot, asks_now).await {
-                // Shadow concurrency leases are held and given back like enforced ones, and
-                // shadow reserves settled like enforced ones.
-                leases.extend(self.limiter.hold(asks_now, &admission));
-                if let Some(reservation) = self.limiter.reserve(asks_now, &admission) {
-                    reservations.push((reservation, reserves.metered(&route.extras.costs)));
-                }
-                let verdict = match admission {
-                    Admission::Limited { verdict, .. } => Some(verdict),
-                    _ => None,
+        let costs = decided
+            .reservations
+            .into_iter()
+            .map(|reserved| {
+                let budget = match reserved.side {
+                    Side::Enforced => &config.enforced,
+                    Side::Shadow => &config.shadow,
                 };
-                phase.shadow(verdict, &asks.positions);
-            }
-        }
+                let metered = cost::metered(budget, &reserved.positions, &route.extras.costs);
+                cost::CostMeter::new(reserved.reservation, metered)
+            })
+            .collect();
         Ok(Admitted {
-            headline: phase.headline(),
-            label: phase.label(),
-            leases,
-            costs: reservations
-                .into_iter()
-                .map(|(reservation, metered)| cost::CostMeter::new(reservation, metered))
-                .collect(),
+            headline: decided.headline,
+            label: decided.label,
+            leases: decided.leases,
+            costs,
         })
     }
 
-    /// One limiter decision, timed. `Err` when the store failed and `on_error` is `deny`. Shadow
-    /// limits go through here too, but their errors only mean "no shadow verdict".
-    async fn ask(&self, snapshot: &Snapshot, asks: &[Ask<'_>]) -> Result<Admission, LimiterError> {
-        let started = Instant::now();
-        let admission = self.limiter.decide(asks, snapshot.on_error).await;
-        self.metrics
-            .observe_limiter(started.elapsed().as_secs_f64());
-        admission
+    /// The decider on this snapshot's rules and the proxy's store.
+    pub fn decider<'s>(&'s self, snapshot: &'s Snapshot) -> Decider<'s> {
+        Decider {
+            policy: snapshot.policy(),
+            limiter: &self.limiter,
+            on_error: snapshot.on_error,
+            metrics: Some(&self.metrics),
+        }
     }
 
     /// Phase 5: delay (leaky bucket), forward, and add the rate-limit headers to the response.

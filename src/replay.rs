@@ -22,14 +22,12 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::io::BufRead;
 use std::sync::Arc;
 
-use crate::config::{Budget, Config};
-use crate::identity::{Identity, ip_octets};
-use crate::limiter::{
-    AlgorithmKind, Ask, BudgetKey, Decision, KeyKind, Limit, MAX_LIMITS, ManualClock, MemoryStore,
-    Verdict,
-};
+use crate::config::{Budget, Config, RouteLimit};
+use crate::decider::{Decider, Facts, Side};
+use crate::identity::Identity;
+use crate::limiter::{HeldLeases, KeyKind, Limiter, ManualClock, MemoryStore, OnError};
 use crate::metrics::DecisionLabel;
-use crate::policy::{Asks, Claim, LimitPhase, Policy, RequestKeys, Whose};
+use crate::policy::{Claim, Policy, RequestKeys};
 use crate::route::RouteTable;
 
 mod parse;
@@ -76,20 +74,36 @@ struct RouteStats {
     top: TopK,
 }
 
-/// A release of concurrency leases at a log time.
+/// The concurrency leases one request holds until a log time.
 struct PendingRelease {
     at_us: u64,
-    lease: u64,
-    route: usize,
-    /// Whether the leases are in the route's shadow limits (else its enforced ones).
-    shadow: bool,
-    /// Per lease: the limit's position in that list, and the budget's key kind and value.
-    keys: Vec<(usize, KeyKind, Vec<u8>)>,
+    seq: u64,
+    leases: Vec<HeldLeases>,
+}
+
+/// What the decider reads of a logged request: each composite key's digest (the log holds no
+/// header, query, claim or body values: a budget per digest here, as the proxy had one per key;
+/// a line without them, an older floodgate's, spends the identity's budget, as a request lacking
+/// the value does in the proxy), and what each settled limit cost (the log's `cost`; the limit's
+/// own cost when the log does not say), decided at once as if known at admission.
+struct LoggedFacts<'r>(&'r Record);
+
+impl Facts for LoggedFacts<'_> {
+    fn keys(&mut self, budget: &Budget, _: (KeyKind, &[u8]), _: &[u8]) -> RequestKeys {
+        RequestKeys::recorded(budget, &self.0.keys)
+    }
+
+    fn reserve(&mut self, limit: &RouteLimit) -> u32 {
+        match self.0.costs.iter().find(|(p, _)| *p == limit.position()) {
+            Some(&(_, units)) => u32::try_from(units).unwrap_or(u32::MAX),
+            None => limit.limit.cost(),
+        }
+    }
 }
 
 impl PartialEq for PendingRelease {
     fn eq(&self, other: &Self) -> bool {
-        (self.at_us, self.lease) == (other.at_us, other.lease)
+        (self.at_us, self.seq) == (other.at_us, other.seq)
     }
 }
 impl Eq for PendingRelease {}
@@ -100,7 +114,7 @@ impl PartialOrd for PendingRelease {
 }
 impl Ord for PendingRelease {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at_us, self.lease).cmp(&(other.at_us, other.lease))
+        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
     }
 }
 
@@ -108,7 +122,9 @@ impl Ord for PendingRelease {
 /// [`Replay::finish`].
 pub struct Replay {
     proposal: Arc<Proposal>,
-    store: MemoryStore,
+    store: Arc<MemoryStore>,
+    /// The same store, as the decider asks it.
+    limiter: Limiter,
     clock: Arc<ManualClock>,
     stats: Vec<RouteStats>,
     /// Records waiting in the reorder window, in (time, arrival) order: a log in order only
@@ -152,6 +168,7 @@ impl Replay {
     /// A replay of `config`'s routes and limits.
     pub fn new(config: Config) -> Self {
         let clock = Arc::new(ManualClock::new(0));
+        let store = Arc::new(MemoryStore::new(clock.clone(), MAX_KEYS));
         let stats = config
             .routes
             .iter()
@@ -166,7 +183,8 @@ impl Replay {
                 table: RouteTable::new(config.routes.clone()),
                 config,
             }),
-            store: MemoryStore::new(clock.clone(), MAX_KEYS),
+            store: store.clone(),
+            limiter: Limiter::Memory(store),
             clock,
             stats,
             window: VecDeque::new(),
@@ -312,114 +330,52 @@ impl Replay {
             self.stats[i].invalid_key += 1;
             return;
         };
-        if route.exempt.covers(whose.ip, &whose.identity, whose.tier) {
-            self.stats[i].allowed += 1;
-            return;
-        }
-        // The one limit phase the proxy runs too (crate::policy::LimitPhase), on replay's store.
-        let mut phase = LimitPhase::new(&policy);
-        let enforced = self.run_budget(i, &route.enforced, &whose, now, seq, &record, false);
-        let forwarded = match &enforced {
-            Some((verdict, positions)) => phase.enforced(Some(*verdict), positions, false).is_ok(),
-            None => true,
+        // The one decider the proxy calls too (crate::decider), on replay's memory store at the
+        // log's clock, which answers at once.
+        let decider = Decider {
+            policy,
+            limiter: &self.limiter,
+            on_error: OnError::Allow,
+            metrics: None,
         };
+        let mut facts = LoggedFacts(&record);
+        let Some(decided) = decider.decide_now(route, &whose, &mut facts) else {
+            debug_assert!(false, "the memory store decides without waiting");
+            return;
+        };
+        let forwarded = decided.refused.is_none();
+        let stats = &mut self.stats[i];
         if let Some(live) = record.recorded {
-            self.stats[i].compared += 1;
-            self.stats[i].agreed += u64::from(live == forwarded);
+            stats.compared += 1;
+            stats.agreed += u64::from(live == forwarded);
         }
-        if enforced.is_some_and(|(v, _)| !v.allowed()) {
-            self.stats[i].top.add(label(&whose.identity));
+        for (side, counts) in [
+            (Side::Enforced, &mut stats.limit_denials),
+            (Side::Shadow, &mut stats.shadow_denials),
+        ] {
+            for (position, count) in counts.iter_mut().enumerate() {
+                *count += u64::from(decided.denied_by(side, position));
+            }
+        }
+        if decided.denied[Side::Enforced as usize] != 0 {
+            stats.top.add(label(&whose.identity));
         }
         if forwarded {
-            if let Some((verdict, positions)) =
-                self.run_budget(i, &route.shadow, &whose, now, seq, &record, true)
-            {
-                phase.shadow(Some(verdict), &positions);
-            }
-            self.stats[i].allowed += 1;
+            stats.allowed += 1;
             // A denial that was only logged, by `shadow: true` or by a shadow limit.
-            self.stats[i].shadow_denied += u64::from(phase.label() == DecisionLabel::ShadowDenied);
+            stats.shadow_denied += u64::from(decided.label == DecisionLabel::ShadowDenied);
         } else {
-            self.stats[i].denied += 1;
+            stats.denied += 1;
         }
-    }
-
-    /// Decides one budget; counts its limits' denials. `None`: no limit applied; else the
-    /// verdict, and each ask's limit's position in the budget.
-    #[allow(clippy::too_many_arguments)]
-    fn run_budget(
-        &mut self,
-        index: usize,
-        budget: &Budget,
-        whose: &Whose<'_>,
-        now: u64,
-        lease: u64,
-        record: &Record,
-        shadow: bool,
-    ) -> Option<(Verdict, [usize; MAX_LIMITS])> {
-        let latency_us = record.latency_us;
-        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
-        let id = whose.identity.key_bytes(&mut id_buf);
-        let ip = ip_octets(whose.ip, &mut ip_buf);
-        // The log holds no header, query, claim or body values, only each composite key's
-        // digest: a budget per digest here, as the proxy had one per key. A line without them
-        // (an older floodgate's) spends the identity's budget, as a request lacking the value
-        // does in the proxy.
-        let keys = RequestKeys::recorded(budget, &record.keys);
-        let Asks { asks, positions } = whose.asks(budget, id, ip, &keys);
-        // A settled limit costs what the log says the request cost (its reserve when the log
-        // does not say): decided at once, as if its cost had been known at admission.
-        let costed: Vec<Limit> = asks
-            .iter()
-            .zip(&positions)
-            .map(|(ask, &index)| {
-                let position = budget.limits.get(index).map(|l| l.position());
-                match record.costs.iter().find(|(p, _)| Some(*p) == position) {
-                    Some(&(_, units)) if ask.limit.is_settled() => {
-                        ask.limit.costing(u32::try_from(units).unwrap_or(u32::MAX))
-                    }
-                    _ => *ask.limit,
-                }
-            })
-            .collect();
-        let asks: Vec<Ask<'_>> = asks
-            .iter()
-            .zip(&costed)
-            .map(|(ask, limit)| Ask {
-                limit,
-                key: ask.key,
-            })
-            .collect();
-        let mut decisions = [Decision::EMPTY; MAX_LIMITS];
-        let verdict = self.store.decide_into(&asks, now, lease, &mut decisions)?;
-        let stats = &mut self.stats[index];
-        let counts = if shadow {
-            &mut stats.shadow_denials
-        } else {
-            &mut stats.limit_denials
-        };
-        for (d, &position) in decisions[..asks.len()].iter().zip(&positions) {
-            if !d.allowed() {
-                counts[position] += 1;
-            }
-        }
-        let concurrent: Vec<_> = asks
-            .iter()
-            .zip(&positions)
-            .filter(|(a, _)| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(|(a, &p)| (p, a.key.kind, a.key.value.to_vec()))
-            .collect();
-        if verdict.allowed() && !concurrent.is_empty() {
-            // The slot is held for as long as the request took (as logged; else it ends at once).
+        if !decided.leases.is_empty() {
+            // The slots are held for as long as the request took (as logged; else they end at
+            // once).
             self.releases.push(Reverse(PendingRelease {
-                at_us: now + latency_us.unwrap_or(0),
-                lease,
-                route: index,
-                shadow,
-                keys: concurrent,
+                at_us: now + record.latency_us.unwrap_or(0),
+                seq,
+                leases: decided.leases,
             }));
         }
-        Some((verdict, positions))
     }
 
     /// Gives back the concurrency leases of requests that had finished by `now`.
@@ -429,28 +385,9 @@ impl Replay {
             .peek()
             .is_some_and(|Reverse(r)| r.at_us <= now)
         {
-            let Some(Reverse(release)) = self.releases.pop() else {
-                break;
-            };
-            let route = &self.proposal.config.routes[release.route];
-            let budget = if release.shadow {
-                &route.shadow
-            } else {
-                &route.enforced
-            };
-            for (position, kind, value) in &release.keys {
-                let Some(limit) = budget.limits.get(*position) else {
-                    continue;
-                };
-                let ask = Ask {
-                    limit: &limit.limit,
-                    key: BudgetKey {
-                        budget: limit.budget_id(),
-                        kind: *kind,
-                        value,
-                    },
-                };
-                self.store.release(&[ask], release.lease);
+            if let Some(Reverse(release)) = self.releases.pop() {
+                // Given back to the memory store at once.
+                drop(release.leases);
             }
         }
     }

@@ -22,11 +22,13 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, AdminState, Health};
-use crate::config::Config;
+use crate::config::{Config, ServiceConfig};
 use crate::deadline::FirstByteDeadline;
 use crate::limiter::Limit;
 use crate::metrics::CloseReason;
 use crate::proxy::Proxy;
+use crate::service::Service;
+use crate::service::server::ServiceState;
 use watch::{ConnWatch, StreamGuard};
 
 /// A proxy with its listeners bound, ready to serve.
@@ -36,6 +38,8 @@ pub struct Server {
     /// The proxy listener, bound (registered with the runtime that runs the server).
     listener: std::net::TcpListener,
     admin: Option<TcpListener>,
+    /// The rate-limit service's listener and what it serves (`service:`).
+    service: Option<(TcpListener, ServiceState)>,
     max_connections: usize,
     /// How connections are served; a reload swaps it for new connections ([`Server::settings`]).
     settings: Arc<ArcSwap<Serving>>,
@@ -103,6 +107,23 @@ struct PerConnection {
 }
 
 impl Server {
+    /// Binds the rate-limit service's listener (`service.listen`), to serve `service` beside the
+    /// proxy; it drains and stops with the proxy.
+    pub async fn bind_service(
+        &mut self,
+        config: Arc<ServiceConfig>,
+        service: Arc<Service>,
+    ) -> std::io::Result<()> {
+        let listener = TcpListener::bind(config.listen).await?;
+        self.service = Some((listener, ServiceState { service, config }));
+        Ok(())
+    }
+
+    /// The rate-limit service's address, if there is one.
+    pub fn service_addr(&self) -> Option<SocketAddr> {
+        self.service.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
     /// Binds the proxy listener and, if configured, the admin listener.
     pub async fn bind(config: &Config, proxy: Arc<Proxy>) -> std::io::Result<Server> {
         let listener = bind(config.listen)?;
@@ -115,6 +136,7 @@ impl Server {
             health: Arc::new(Health::default()),
             listener,
             admin,
+            service: None,
             max_connections: config.max_connections,
             settings: Arc::new(ArcSwap::from_pointee(Serving::from_config(config))),
         })
@@ -157,6 +179,19 @@ impl Server {
                 serving.drain_timeout,
                 async move {
                     let _ = admin_stopped.await;
+                },
+            ))
+        });
+
+        let (service_stop, service_stopped) = tokio::sync::oneshot::channel::<()>();
+        let service_task = self.service.map(|(listener, state)| {
+            tokio::spawn(crate::service::server::serve(
+                listener,
+                state,
+                serving.header_read_timeout,
+                serving.drain_timeout,
+                async move {
+                    let _ = service_stopped.await;
                 },
             ))
         });
@@ -254,6 +289,11 @@ impl Server {
             .is_err()
         {
             tracing::warn!("drain timeout reached; closing remaining connections");
+        }
+        // The service drains with the proxy.
+        let _ = service_stop.send(());
+        if let Some(task) = service_task {
+            let _ = task.await;
         }
         // The admin listener answered `/readyz` 503 through the drain; now it stops too.
         let _ = admin_stop.send(());

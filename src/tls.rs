@@ -70,6 +70,34 @@ impl TlsProblem {
 /// Reads the certificate chain and private key and builds the listener's rustls config
 /// (ALPN `h2`, `http/1.1`). Reports every problem found, each with its field.
 pub(super) fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
+    service_config(cert, key, None)
+}
+
+/// [`server_config`], and when `client_ca` is given, clients must present a certificate that
+/// chains to one of its CAs (mutual TLS: the rate-limit service's `service.tls.client_ca`).
+pub(crate) fn service_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
+    let verifier = match client_ca {
+        None => None,
+        Some(path) => {
+            let roots = root_store(path).map_err(|m| vec![TlsProblem::new("client_ca", m)])?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                crypto_provider(),
+            )
+            .build()
+            .map_err(|e| {
+                vec![TlsProblem::new(
+                    "client_ca",
+                    format!("{}: no usable CA: {e}", path.display()),
+                )]
+            })?;
+            Some(verifier)
+        }
+    };
     let certs = certificates(cert).map_err(|m| TlsProblem::new("cert", m));
     let key_der = private_key(key).map_err(|m| TlsProblem::new("key", m));
     let (certs, key_der) = match (certs, key_der) {
@@ -86,29 +114,30 @@ pub(super) fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>
                 format!("no usable TLS version: {e}"),
             )]
         })?;
-    let mut config = builder
-        .with_no_client_auth()
-        .with_single_cert(certs, key_der)
-        .map_err(|e| {
-            vec![match e {
-                rustls::Error::InconsistentKeys(_) => TlsProblem::new(
-                    "key",
-                    format!(
-                        "{} does not match the certificate in {}",
-                        key.display(),
-                        cert.display()
-                    ),
+    let builder = match verifier {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key_der).map_err(|e| {
+        vec![match e {
+            rustls::Error::InconsistentKeys(_) => TlsProblem::new(
+                "key",
+                format!(
+                    "{} does not match the certificate in {}",
+                    key.display(),
+                    cert.display()
                 ),
-                rustls::Error::InvalidCertificate(e) => TlsProblem::new(
-                    "cert",
-                    format!("{}: invalid certificate: {e}", cert.display()),
-                ),
-                e => TlsProblem::new(
-                    "key",
-                    format!("{}: unusable private key: {e}", key.display()),
-                ),
-            }]
-        })?;
+            ),
+            rustls::Error::InvalidCertificate(e) => TlsProblem::new(
+                "cert",
+                format!("{}: invalid certificate: {e}", cert.display()),
+            ),
+            e => TlsProblem::new(
+                "key",
+                format!("{}: unusable private key: {e}", key.display()),
+            ),
+        }]
+    })?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }

@@ -21,17 +21,22 @@ const ALLOWED: &[(&str, &str)] = &[
     ("route", "config path"),
     ("policy", "config identity limiter metrics"),
     ("access_log", "identity metrics"),
+    // The one decider every front end calls (the proxy, replay, /budgets, the service).
+    ("decider", "config identity limiter metrics policy"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive config deadline grpc identity limiter metrics path policy route tls top",
+        "access_log adaptive config deadline decider grpc identity limiter metrics path policy route tls top",
     ),
     (
         "replay",
-        "access_log config identity limiter metrics path policy route top",
+        "access_log config decider identity limiter metrics path policy route top",
     ),
-    ("admin", "config deadline identity limiter policy proxy top"),
+    (
+        "admin",
+        "config deadline decider identity limiter policy proxy top",
+    ),
 ];
 
 /// The module's files: `src/NAME.rs` and everything under `src/NAME/`.

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use super::query::{AdminError, Query, bad};
 use crate::config::{Budget, Per, RequestView};
+use crate::decider::Decider;
 use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
-use crate::limiter::Limiter;
 use crate::limiter::{Decision, KeyKind};
 use crate::policy::{self, Asks, Claim, Refusal, RequestKeys};
 use crate::proxy::Proxy;
@@ -106,6 +106,7 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     let ip_bytes = ip.map(|ip| ip_octets(ip, &mut ip_buf));
     let mut limits = Vec::new();
     let view = values.view();
+    let decider = proxy.decider(&snapshot);
     for (budget, shadow) in [(&route.enforced, false), (&route.shadow, true)] {
         let keys = match (&identity, ip_bytes) {
             (Some(identity), Some(ip)) => {
@@ -120,7 +121,7 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
             .as_ref()
             .map(|identity| (KeyKind::from(identity.kind()), id));
         let asks = policy::asks_with(budget, tier, identity, ip_bytes, &keys);
-        limits.extend(peek_budget(proxy.limiter(), budget, shadow, tier, asks).await?);
+        limits.extend(peek_budget(&decider, budget, shadow, tier, asks).await?);
     }
     Ok(json!({
         "route": &*route.name,
@@ -213,21 +214,17 @@ impl RequestValues {
 
 /// One budget's limits (`asks`: those that apply and whose client the query names), with figures of now where the query names their client.
 async fn peek_budget(
-    limiter: &Limiter,
+    decider: &Decider<'_>,
     budget: &Budget,
     shadow: bool,
     tier: &str,
     Asks { asks, positions }: Asks<'_>,
 ) -> Result<Vec<Value>, AdminError> {
     let positions = &positions[..asks.len()];
-    let decisions = if asks.is_empty() {
-        Vec::new()
-    } else {
-        limiter
-            .peek(&asks)
-            .await
-            .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?
-    };
+    let decisions = decider
+        .peek(&asks)
+        .await
+        .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?;
     // Every limit that applies to the tier, with figures when the query names its client.
     Ok(budget
         .limits

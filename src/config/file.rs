@@ -58,6 +58,9 @@ pub struct FileConfig {
     pub consumers: Option<ConsumersFile>,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
+    /// The limiter as a rate-limit service for other proxies.
+    #[serde(default)]
+    pub service: Option<super::ServiceFile>,
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,

@@ -115,6 +115,9 @@ pub struct Verdict {
     /// Allowed when every limit allowed (with the longest leaky-bucket delay among them); else
     /// denied, with the longest wait among the limits that denied.
     pub outcome: Outcome,
+    /// Which limits denied: bit `i` for the i-th asked (at most [`MAX_LIMITS`](super::MAX_LIMITS)
+    /// are asked). A denial remembered by the deny cache names only the limit it remembers.
+    pub denied: u16,
 }
 
 impl Verdict {
@@ -125,10 +128,14 @@ impl Verdict {
         let mut allowed = true;
         let mut retry_after_us = 0;
         let mut delay_us = 0;
+        let mut denied = 0u16;
         for (i, d) in decisions.iter().enumerate() {
             if d.remaining < headline.remaining {
                 headline = *d;
                 headline_index = i;
+            }
+            if !d.allowed() {
+                denied |= 1u16.checked_shl(i as u32).unwrap_or(0);
             }
             allowed &= d.allowed();
             retry_after_us = retry_after_us.max(d.retry_after_us());
@@ -143,7 +150,13 @@ impl Verdict {
             } else {
                 Outcome::Denied { retry_after_us }
             },
+            denied,
         })
+    }
+
+    /// True when the limit asked at `index` denied.
+    pub fn denied_by(&self, index: usize) -> bool {
+        index < 16 && self.denied & (1 << index) != 0
     }
 
     pub fn allowed(&self) -> bool {

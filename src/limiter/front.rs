@@ -250,6 +250,19 @@ impl Limiter {
         })
     }
 
+    /// Gives `ask`'s cost back to its budget (the rate-limit service's `is_negative_hits`): a
+    /// refund, as a settlement of a reserve that cost nothing, dated now by this process' clock
+    /// (a refund counts in the window it is dated in). A store that fails has it tried again.
+    pub async fn give_back(&self, ask: &Ask<'_>) {
+        let keys = vec![OwnedKey::of(ask)];
+        let settlements = vec![Settlement::of(
+            u64::from(ask.limit.cost()),
+            0,
+            super::wall_clock_us(),
+        )];
+        self.settle(keys, settlements, Source::Store).await;
+    }
+
     /// Settles reservations of `keys` in the store that made them (`source`); a remote store
     /// that fails has them tried again later (see `guard/settle_retry.rs`).
     async fn settle(&self, keys: Vec<OwnedKey>, settlements: Vec<Settlement>, source: Source) {

@@ -208,9 +208,10 @@ impl Algorithm {
         })?;
         // Both stores compute in microseconds; the Redis scripts in doubles, exact below 2^53.
         // The windows' sliding counter keeps two windows, so their bound is on twice the span.
-        // A quota counts in a calendar period and multiplies no span by its limit.
+        // A fixed window and a quota count in one window (or calendar period) and multiply no
+        // span by their limit: a month of 100,000 requests is fine.
         let factor = match kind {
-            AlgorithmKind::Quota => 2,
+            AlgorithmKind::Quota | AlgorithmKind::FixedWindow => 2,
             _ => u64::from(units.get()).max(2),
         };
         let reach = factor.checked_mul(span_us.get());

@@ -37,14 +37,6 @@ impl Admitted {
             costs: Vec::new(),
         }
     }
-
-    /// An exempt request (`exempt:`): forwarded, no limit asked.
-    pub fn exempt() -> Self {
-        Admitted {
-            label: DecisionLabel::Exempt,
-            ..Admitted::unlimited()
-        }
-    }
 }
 
 /// One request on its way through the phases.

@@ -376,79 +376,25 @@ impl Drop for CostMeter {
     }
 }
 
-/// What a request reserves in one budget's settled limits: each such ask's limit costing its
-/// reserve. Empty (and nothing allocated) for a budget without one.
-pub(super) struct Reserves {
-    /// Per ask, in order: the settled limit's index in the budget and its costed limit.
-    costed: Vec<Option<(usize, crate::limiter::Limit)>>,
-    settled: Vec<Arc<Settled>>,
-    positions: Vec<usize>,
-}
-
-impl Reserves {
-    /// The reserves of `asks` (of `budget`) for a request with `headers` and JSON body `json`.
-    pub fn of(
-        budget: &crate::config::Budget,
-        asks: &crate::policy::Asks<'_>,
-        headers: &HeaderMap,
-        json: Option<&Map<String, Value>>,
-    ) -> Reserves {
-        let mut out = Reserves {
-            costed: Vec::new(),
-            settled: Vec::new(),
-            positions: Vec::new(),
-        };
-        if !budget.limits.iter().any(|l| l.settled.is_some()) {
-            return out;
-        }
-        for (i, ask) in asks.asks.iter().enumerate() {
-            let index = asks.positions[i];
-            let costed = budget.limits.get(index).and_then(|limit| {
-                let settled = limit.settled.as_ref()?;
-                out.settled.push(settled.clone());
-                out.positions.push(limit.position());
-                Some((index, ask.limit.costing(settled.reserve.of(headers, json))))
-            });
-            out.costed.push(costed);
-        }
-        out
-    }
-
-    /// `asks` with each settled limit costing its reserve (`None`: none is settled).
-    pub fn asks<'a>(
-        &'a self,
-        asks: &[crate::limiter::Ask<'a>],
-    ) -> Option<Vec<crate::limiter::Ask<'a>>> {
-        if self.settled.is_empty() {
-            return None;
-        }
-        Some(
-            asks.iter()
-                .zip(&self.costed)
-                .map(|(ask, costed)| match costed {
-                    Some((_, limit)) => crate::limiter::Ask {
-                        limit,
-                        key: ask.key,
-                    },
-                    None => *ask,
-                })
-                .collect(),
-        )
-    }
-
-    /// The settled limits, in the order asked (the order a [`Reservation`] holds them), with
-    /// their counters from `costs` (by limit position).
-    pub fn metered(&self, costs: &[Option<CostCounters>]) -> Vec<Metered> {
-        self.settled
-            .iter()
-            .zip(&self.positions)
-            .map(|(settled, &position)| Metered {
-                settled: settled.clone(),
+/// The settled limits a reservation holds (at `positions` of `budget`, in the order it holds
+/// them), with their counters from `costs` (by limit position).
+pub(super) fn metered(
+    budget: &crate::config::Budget,
+    positions: &[usize],
+    costs: &[Option<CostCounters>],
+) -> Vec<Metered> {
+    positions
+        .iter()
+        .filter_map(|&index| {
+            let limit = budget.limits.get(index)?;
+            let position = limit.position();
+            Some(Metered {
+                settled: limit.settled.clone()?,
                 counters: costs.get(position).cloned().flatten().unwrap_or_default(),
                 position,
             })
-            .collect()
-    }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ pub enum Rejection {
     NoRoute,
     /// The request is malformed in a way floodgate cares about: 400.
     BadRequest(String),
+    /// A rate-limit service request that cannot be decided as it is (an empty domain, no
+    /// descriptors): 400, or gRPC `INVALID_ARGUMENT`. Nothing was spent.
+    InvalidArgument(String),
     /// An API key no consumer has, under `consumers.unknown_key: reject`: 401.
     InvalidApiKey,
     /// A bearer token that does not verify (`identity.jwt`), or none under `when_missing:
@@ -250,15 +253,17 @@ impl Rejection {
                 let retry_after = v.retry_after_secs();
                 (rate_limited_body(retry_after), Some(retry_after))
             }
-            Rejection::BadRequest(_) | Rejection::BadGateway(_) => (
-                Bytes::from(problem_json(
-                    answer.status,
-                    answer.error,
-                    self.message(),
+            Rejection::BadRequest(_) | Rejection::BadGateway(_) | Rejection::InvalidArgument(_) => {
+                (
+                    Bytes::from(problem_json(
+                        answer.status,
+                        answer.error,
+                        self.message(),
+                        answer.retry_secs,
+                    )),
                     answer.retry_secs,
-                )),
-                answer.retry_secs,
-            ),
+                )
+            }
             _ => {
                 let body = answer.body.get_or_init(|| {
                     let detail = http_detail(answer.message, answer.retry_secs);
@@ -331,7 +336,7 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
 });
 
 /// The 429 body for `retry_after`: what [`problem_json`] writes, in one allocation.
-fn rate_limited_body(retry_after: u64) -> Bytes {
+pub fn rate_limited_body(retry_after: u64) -> Bytes {
     let Some((head, tail)) = *RATE_LIMITED_PARTS else {
         // Cannot happen (the body always holds its number), but never panic on a request.
         return Bytes::from(problem_json(
@@ -420,6 +425,7 @@ mod tests {
             outcome: crate::limiter::Outcome::Denied {
                 retry_after_us: 2_500_000,
             },
+            denied: 1,
         }
     }
 

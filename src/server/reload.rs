@@ -23,6 +23,8 @@ pub struct Reloader {
     /// The config the process started with: the restart-only values still in force.
     running: Config,
     overrides: Overrides,
+    /// The rate-limit service, whose rules (`service.config`) a reload reads again.
+    service: Option<Arc<crate::service::Service>>,
 }
 
 impl Reloader {
@@ -41,7 +43,14 @@ impl Reloader {
             path,
             running,
             overrides,
+            service: None,
         }
+    }
+
+    /// Reloads `service`'s rules too.
+    pub fn with_service(mut self, service: Arc<crate::service::Service>) -> Reloader {
+        self.service = Some(service);
+        self
     }
 
     /// Re-reads the file and applies it, or keeps the running config if it is invalid.
@@ -52,6 +61,15 @@ impl Reloader {
         match loaded {
             Ok(Ok(new)) => {
                 self.apply(&new);
+                if let Some(service) = &self.service {
+                    let service = service.clone();
+                    let loaded = tokio::task::spawn_blocking(move || service.reload()).await;
+                    if let Ok(Err(e)) = loaded {
+                        metrics.reload(false);
+                        tracing::error!(problems = %e, "service.config reload rejected; keeping the running rules");
+                        return;
+                    }
+                }
                 tracing::info!(routes = new.routes.len(), "config reloaded");
                 // Counted last: whoever waits for the count finds the warnings written.
                 metrics.reload(true);

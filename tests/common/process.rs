@@ -42,6 +42,7 @@ pub struct Floodgate {
     child: Child,
     addr: SocketAddr,
     admin: Arc<Mutex<Option<SocketAddr>>>,
+    service: Arc<Mutex<Option<SocketAddr>>>,
     stderr: Arc<Mutex<String>>,
     _config: TempFile,
 }
@@ -99,12 +100,21 @@ impl Floodgate {
         // floodgate prints its admin address (if any) before the proxy's.
         let admin = Arc::new(Mutex::new(None));
         let admin_sink = admin.clone();
+        let service = Arc::new(Mutex::new(None));
+        let service_sink = service.clone();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
                 if let Some(addr) = line.strip_prefix("floodgate admin listening on http://") {
                     if let Ok(addr) = addr.trim().parse::<SocketAddr>() {
                         *admin_sink.lock().unwrap() = Some(addr);
+                    }
+                } else if let Some(addr) = line
+                    .strip_prefix("floodgate service listening on http://")
+                    .or_else(|| line.strip_prefix("floodgate service listening on https://"))
+                {
+                    if let Ok(addr) = addr.trim().parse::<SocketAddr>() {
+                        *service_sink.lock().unwrap() = Some(addr);
                     }
                 } else if let Some(addr) = line
                     .strip_prefix("floodgate listening on http://")
@@ -119,6 +129,7 @@ impl Floodgate {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin,
+            service,
             stderr,
             _config: config,
         };
@@ -156,6 +167,31 @@ impl Floodgate {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The rate-limit service's address (the config must set `service.listen`).
+    pub fn service_addr(&self) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(addr) = *self.service.lock().unwrap() {
+                return addr;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "floodgate reported no service address"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `http://IP:PORT{path}` on the rate-limit service's listener.
+    pub fn service_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.service_addr())
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The config file floodgate was started with (rewrite it, then [`Floodgate::signal`] HUP).

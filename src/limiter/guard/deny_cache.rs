@@ -88,6 +88,7 @@ impl DenyCache {
             ),
             headline_index: index,
             outcome: Outcome::Denied { retry_after_us },
+            denied: 1u16.checked_shl(index as u32).unwrap_or(0),
         })
     }
 

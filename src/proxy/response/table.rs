@@ -68,6 +68,14 @@ static BAD_REQUEST: Answer = row(
     None,
     None,
 );
+static INVALID_ARGUMENT: Answer = row(
+    StatusCode::BAD_REQUEST,
+    "invalid_argument",
+    Code::InvalidArgument,
+    "the rate-limit request cannot be decided as it is",
+    None,
+    None,
+);
 static INVALID_API_KEY: Answer = row(
     StatusCode::UNAUTHORIZED,
     "invalid_api_key",
@@ -155,6 +163,7 @@ impl Rejection {
         match self {
             Rejection::NoRoute => &NO_ROUTE,
             Rejection::BadRequest(_) => &BAD_REQUEST,
+            Rejection::InvalidArgument(_) => &INVALID_ARGUMENT,
             Rejection::InvalidApiKey => &INVALID_API_KEY,
             Rejection::InvalidToken => &INVALID_TOKEN,
             Rejection::RateLimited(..) => &RATE_LIMITED,
@@ -172,7 +181,9 @@ impl Rejection {
     /// its row's.
     pub(super) fn message(&self) -> &str {
         match self {
-            Rejection::BadRequest(detail) | Rejection::BadGateway(detail) => detail,
+            Rejection::BadRequest(detail)
+            | Rejection::BadGateway(detail)
+            | Rejection::InvalidArgument(detail) => detail,
             other => other.answer().message,
         }
     }

@@ -1,0 +1,335 @@
+//! The decider: one request's rate-limit decision, knowing no transport.
+//!
+//! Every front end that limits requests calls [`Decider::decide`], so none can decide
+//! differently from another:
+//!
+//! - the proxy ([`crate::proxy`]), for a live HTTP or gRPC request;
+//! - `floodgate replay` ([`crate::replay`]), for an access-log line, on its own memory store at
+//!   the log's clock (the memory store answers at once: [`Decider::decide_now`]);
+//! - the admin `/budgets` endpoint, which asks [`Decider::peek`] what a request would be told,
+//!   spending nothing;
+//! - the rate-limit service for other proxies, whose requests are descriptors: it builds its
+//!   asks itself and hands them to [`Decider::decide_asks`], the part below the route.
+//!
+//! A caller first resolves whose the request is ([`Policy::resolve`], on the decider's policy),
+//! then hands the decider the route, that [`Whose`], and the request's [`Facts`]: the values its
+//! composite keys read and the units its settled limits reserve, which only the caller can read
+//! (headers and a JSON body; a log line's digests and costs). In order, the decider:
+//!
+//! 1. answers `unlimited` for a route without limits and `exempt` for an exempt client;
+//! 2. builds each limit's ask (the budget it spends, at the cost it reserves), enforced limits
+//!    and shadow limits alike;
+//! 3. asks the store for the enforced limits, all-or-nothing (with the store's batching, leases,
+//!    deny cache, breaker and `on_error`, all inside [`Limiter::decide`]), then for the shadow
+//!    limits, which never refuse;
+//! 4. holds what an admitted request keeps until it ends (concurrency leases, reservations of
+//!    settled costs), and reads the answers through the one limit phase ([`LimitPhase`]): the
+//!    refusal if any, the label, the limit whose figures the headers carry.
+
+use std::time::Instant;
+
+use crate::config::{Budget, RouteConfig, RouteLimit};
+use crate::identity::ip_octets;
+use crate::limiter::{
+    Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Source,
+    Verdict,
+};
+use crate::metrics::{DecisionLabel, Metrics};
+use crate::policy::{Asks, LimitPhase, LimitRef, Policy, Refused, RequestKeys, Whose};
+
+/// What only the caller can read of a request: the values of its limits' composite keys, and
+/// the units its settled limits (`cost: {reserve, actual}`) reserve.
+pub trait Facts {
+    /// The composite keys (`per:` with request parts) of `budget`'s limits for a client known
+    /// by `identity` and `ip` (see [`RequestKeys`]).
+    fn keys(&mut self, budget: &Budget, identity: (KeyKind, &[u8]), ip: &[u8]) -> RequestKeys;
+    /// The units `limit` (a settled one) reserves for this request.
+    fn reserve(&mut self, limit: &RouteLimit) -> u32;
+}
+
+/// The enforced limits of a route, or its shadow ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Enforced,
+    Shadow,
+}
+
+/// What one reservation of settled costs holds: the reservation, its side, and per settled
+/// limit (in the order the reservation holds them) the limit's position in its budget.
+pub struct Reserved {
+    pub reservation: Reservation,
+    pub side: Side,
+    pub positions: Vec<usize>,
+}
+
+/// What was decided for one request.
+pub struct Decided {
+    /// Why it is refused, if it is; `None`: it goes on.
+    pub refused: Option<Refused>,
+    /// The label of a request that goes on (`allowed`, `shadow_denied`, `store_error`,
+    /// `unlimited`, `exempt`); a refusal has its own.
+    pub label: DecisionLabel,
+    /// The verdict whose figures the answer carries, and its limit.
+    pub headline: Option<(Verdict, LimitRef)>,
+    /// Concurrency leases held until the request ends (dropping them gives them back).
+    pub leases: Vec<HeldLeases>,
+    /// Reservations of settled costs, to settle once the cost is known (dropped unsettled,
+    /// they stay spent).
+    pub reservations: Vec<Reserved>,
+    /// Which limits denied (bit `p` for the limit at position `p` of its budget), enforced and
+    /// shadow.
+    pub denied: [u16; 2],
+    /// What answered the enforced limits: the store (or a lease or the deny cache it keeps), or
+    /// the in-process fallback; `None` when no store decided.
+    pub answered_by: Option<Source>,
+}
+
+impl Decided {
+    fn of(label: DecisionLabel) -> Decided {
+        Decided {
+            refused: None,
+            label,
+            headline: None,
+            leases: Vec::new(),
+            reservations: Vec::new(),
+            denied: [0; 2],
+            answered_by: None,
+        }
+    }
+
+    /// True when the limit at `position` of `side`'s budget denied.
+    pub fn denied_by(&self, side: Side, position: usize) -> bool {
+        position < MAX_LIMITS && self.denied[side as usize] & (1 << position) != 0
+    }
+}
+
+/// One budget's asks for one request, each at the cost it reserves (see [`Decider::decide_asks`]).
+pub struct BudgetAsks<'a> {
+    pub asks: &'a [Ask<'a>],
+    /// Each ask's limit's position in its budget.
+    pub positions: &'a [usize],
+}
+
+/// The decider: the snapshot's decision rules and the store they are decided on.
+#[derive(Clone, Copy)]
+pub struct Decider<'s> {
+    pub policy: Policy<'s>,
+    pub limiter: &'s Limiter,
+    pub on_error: OnError,
+    /// Where store latency is observed (`floodgate_limiter_duration_seconds`); replay has none.
+    pub metrics: Option<&'s Metrics>,
+}
+
+impl<'s> Decider<'s> {
+    /// Decides a request on `route` by `whose`, whose composite keys and reserves `facts` reads.
+    pub async fn decide(
+        &self,
+        route: &RouteConfig,
+        whose: &Whose<'_>,
+        facts: &mut impl Facts,
+    ) -> Decided {
+        if !route.is_limited() {
+            return Decided::of(DecisionLabel::Unlimited);
+        }
+        if route.exempt.covers(whose.ip, &whose.identity, whose.tier) {
+            return Decided::of(DecisionLabel::Exempt);
+        }
+        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
+        // (An API key or user id is borrowed from the request; only an IP needs these buffers.)
+        let id = whose.identity.key_bytes(&mut id_buf);
+        let ip = ip_octets(whose.ip, &mut ip_buf);
+        let kind = KeyKind::from(whose.identity.kind());
+        let enforced_keys = facts.keys(&route.enforced, (kind, id), ip);
+        let enforced = whose.asks(&route.enforced, id, ip, &enforced_keys);
+        let enforced_costs = reserves(&route.enforced, &enforced, facts);
+        let enforced_asks = costed(&enforced, &enforced_costs);
+        // Both budgets' asks are built before either is decided (the access log records a
+        // refused request's shadow keys too); most routes have no shadow limit.
+        let shadow_keys = match route.shadow.is_empty() {
+            true => RequestKeys::default(),
+            false => facts.keys(&route.shadow, (kind, id), ip),
+        };
+        let shadow =
+            (!route.shadow.is_empty()).then(|| whose.asks(&route.shadow, id, ip, &shadow_keys));
+        let shadow_costs = match &shadow {
+            Some(shadow) => reserves(&route.shadow, shadow, facts),
+            None => Vec::new(),
+        };
+        let shadow_asks = shadow.as_ref().and_then(|s| costed(s, &shadow_costs));
+        let shadow = match &shadow {
+            Some(shadow) => BudgetAsks {
+                asks: shadow_asks.as_deref().unwrap_or(&shadow.asks),
+                positions: &shadow.positions[..shadow.asks.len()],
+            },
+            None => BudgetAsks {
+                asks: &[],
+                positions: &[],
+            },
+        };
+        self.decide_asks(
+            BudgetAsks {
+                asks: enforced_asks.as_deref().unwrap_or(&enforced.asks),
+                positions: &enforced.positions[..enforced.asks.len()],
+            },
+            shadow,
+        )
+        .await
+    }
+
+    /// [`Decider::decide`] when the store answers without waiting (the memory store: replay),
+    /// from synchronous code. `None` if it would have waited.
+    pub fn decide_now(
+        &self,
+        route: &RouteConfig,
+        whose: &Whose<'_>,
+        facts: &mut impl Facts,
+    ) -> Option<Decided> {
+        let future = std::pin::pin!(self.decide(route, whose, facts));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.poll(&mut cx) {
+            std::task::Poll::Ready(decided) => Some(decided),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    /// Decides a request's asks, built by the caller: the enforced ones all-or-nothing (a
+    /// denial refuses, unless `shadow: true`; a store failure follows `on_error`), then, if it
+    /// goes on, the shadow ones, which never refuse.
+    pub async fn decide_asks(&self, enforced: BudgetAsks<'_>, shadow: BudgetAsks<'_>) -> Decided {
+        let mut phase = LimitPhase::new(&self.policy);
+        let mut decided = Decided::of(DecisionLabel::Allowed);
+        if !enforced.asks.is_empty() {
+            let admission = match self.ask(enforced.asks).await {
+                Ok(admission) => admission,
+                Err(_) => {
+                    decided.refused = Some(phase.store_unavailable());
+                    return decided;
+                }
+            };
+            decided.answered_by = match admission {
+                Admission::Limited { source, .. } => Some(source),
+                _ => None,
+            };
+            self.keep(&mut decided, Side::Enforced, &enforced, &admission);
+            if let Err(refused) = phase.enforced(
+                admission.verdict().copied(),
+                enforced.positions,
+                admission.store_failed(),
+            ) {
+                decided.refused = Some(refused);
+                return decided;
+            }
+        }
+        // A shadow budget's store failure only means "no shadow verdict".
+        if !shadow.asks.is_empty()
+            && let Ok(admission) = self.ask(shadow.asks).await
+        {
+            self.keep(&mut decided, Side::Shadow, &shadow, &admission);
+            phase.shadow(admission.verdict().copied(), shadow.positions);
+        }
+        decided.headline = phase.headline();
+        decided.label = phase.label();
+        decided
+    }
+
+    /// What `asks` would be told now, per limit asked, spending nothing (`/budgets`).
+    pub async fn peek(
+        &self,
+        asks: &[Ask<'_>],
+    ) -> Result<Vec<crate::limiter::Decision>, crate::limiter::LimiterError> {
+        if asks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.limiter.peek(asks).await
+    }
+
+    /// Gives `ask`'s units back to its budget (the service's `is_negative_hits`).
+    pub async fn give_back(&self, ask: &Ask<'_>) {
+        self.limiter.give_back(ask).await;
+    }
+
+    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`.
+    async fn ask(&self, asks: &[Ask<'_>]) -> Result<Admission, crate::limiter::LimiterError> {
+        let started = self.metrics.map(|_| Instant::now());
+        let admission = self.limiter.decide(asks, self.on_error).await;
+        if let (Some(metrics), Some(started)) = (self.metrics, started) {
+            metrics.observe_limiter(started.elapsed().as_secs_f64());
+        }
+        admission
+    }
+
+    /// Keeps what `admission` of one budget's asks holds (leases, a reservation) and which of
+    /// its limits denied.
+    fn keep(
+        &self,
+        decided: &mut Decided,
+        side: Side,
+        budget: &BudgetAsks<'_>,
+        admission: &Admission,
+    ) {
+        decided
+            .leases
+            .extend(self.limiter.hold(budget.asks, admission));
+        if let Some(reservation) = self.limiter.reserve(budget.asks, admission) {
+            let positions = budget
+                .asks
+                .iter()
+                .zip(budget.positions)
+                .filter(|(ask, _)| ask.limit.is_settled())
+                .map(|(_, &position)| position)
+                .collect();
+            decided.reservations.push(Reserved {
+                reservation,
+                side,
+                positions,
+            });
+        }
+        if let Some(verdict) = admission.verdict()
+            && !verdict.allowed()
+        {
+            for (i, &position) in budget.positions.iter().enumerate() {
+                if verdict.denied_by(i) && position < MAX_LIMITS {
+                    decided.denied[side as usize] |= 1 << position;
+                }
+            }
+        }
+    }
+}
+
+/// Per ask of `budget`, the limit costing what the request reserves, for a settled limit
+/// (`None` for the others); nothing is allocated for a budget without one.
+fn reserves(budget: &Budget, asks: &Asks<'_>, facts: &mut impl Facts) -> Vec<Option<Limit>> {
+    if !budget.limits.iter().any(|l| l.settled.is_some()) {
+        return Vec::new();
+    }
+    asks.asks
+        .iter()
+        .zip(&asks.positions)
+        .map(|(ask, &position)| {
+            let limit = budget.limits.get(position)?;
+            limit.settled.as_ref()?;
+            Some(ask.limit.costing(facts.reserve(limit)))
+        })
+        .collect()
+}
+
+/// `asks` with each settled limit costing its reserve (`costs`, from [`reserves`]); `None` when
+/// no limit is settled (the asks stand as they are).
+fn costed<'a>(asks: &Asks<'a>, costs: &'a [Option<Limit>]) -> Option<Vec<Ask<'a>>> {
+    if costs.is_empty() {
+        return None;
+    }
+    Some(
+        asks.asks
+            .iter()
+            .zip(costs)
+            .map(|(ask, cost)| match cost {
+                Some(limit) => Ask {
+                    limit,
+                    key: ask.key,
+                },
+                None => *ask,
+            })
+            .collect(),
+    )
+}

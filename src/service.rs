@@ -1,0 +1,489 @@
+//! floodgate's limiter as a service for other proxies: Envoy's `RateLimitService` over gRPC,
+//! envoyproxy/ratelimit's `POST /json`, and `GET /check` for forward auth (nginx `auth_request`,
+//! Caddy `forward_auth`, Traefik `forwardAuth`), all on `service.listen` (`service/server.rs`).
+//!
+//! A request names a domain and descriptors; each descriptor finds its limit in
+//! envoyproxy/ratelimit's rules ([`rules`]), and the limits found are decided together, all or
+//! nothing, by the one [`Decider`](crate::decider::Decider) the proxy calls too, on `storage:`
+//! (batching, leases, the deny cache, the breaker, `on_error`): several floodgate instances on one
+//! store share each budget exactly. A descriptor in `shadow_mode` is counted as a shadow limit
+//! is: it never denies.
+//!
+//! What each descriptor spends is its `hits_addend`, else the request's (at least 1); `0` only
+//! checks (would one more fit?), `is_negative_hits` gives the units back. A request that cannot
+//! be decided as it is (an empty domain, no descriptors, an entry without a key, more than
+//! [`MAX_LIMITS`] limited descriptors) is refused whole, before anything is spent.
+
+pub mod forward_auth;
+pub mod rls;
+pub mod rules;
+pub mod server;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::decider::{BudgetAsks, Decided, Side};
+use crate::limiter::{Ask, BudgetKey, KeyKind, Limit, MAX_LIMITS};
+use crate::policy::{LimitRef, Refused};
+use crate::proxy::Proxy;
+use rls::{Code, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse};
+use rules::{Entry, RuleLimit, Rules};
+
+/// Why a request was not decided: a gRPC status (or an HTTP 400 / 503).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The request is malformed: gRPC `INVALID_ARGUMENT`, HTTP 400. Nothing was spent.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The store failed and `on_error` is `deny`: gRPC `UNAVAILABLE`, HTTP 503.
+    #[error("the rate limiter's store is unavailable")]
+    Unavailable,
+}
+
+/// The service: its rules (swapped whole on reload) and the proxy whose decider and store it
+/// shares.
+pub struct Service {
+    proxy: Arc<Proxy>,
+    rules: ArcSwap<Rules>,
+    paths: Vec<PathBuf>,
+}
+
+/// The answer to one request, and what the HTTP front ends need of it.
+pub struct Answer {
+    pub response: RateLimitResponse,
+    /// The tightest descriptor's figures: its limit, what is left, and seconds to its reset.
+    pub headline: Option<Headline>,
+    /// Seconds until a denied request may be tried again (`Retry-After`).
+    pub retry_after_secs: Option<u64>,
+}
+
+/// The figures the rate-limit headers carry.
+#[derive(Debug, Clone, Copy)]
+pub struct Headline {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_secs: u64,
+    /// The Unix second of the reset (`X-RateLimit-Reset`, as the proxy writes it).
+    pub reset_unix: u64,
+}
+
+impl Answer {
+    pub fn over_limit(&self) -> bool {
+        self.response.overall_code == Code::OverLimit as i32
+    }
+}
+
+/// What one descriptor of a request came to before the store is asked.
+enum Plan<'r> {
+    /// No limit applies (no match, or one that a matched limit `replaces`).
+    Free,
+    /// `unlimited: true`.
+    Unlimited(&'r RuleLimit),
+    /// Its units given back (`is_negative_hits`).
+    GivenBack,
+    /// More units than its limit holds: over the limit whatever was spent.
+    TooMany,
+    /// Checked without spending (`hits_addend: 0`).
+    Checked(&'r RuleLimit),
+    /// Asked of the store: its side and its place among that side's asks.
+    Asked(&'r RuleLimit, Side, usize),
+}
+
+impl Service {
+    /// The service on `proxy`'s decider and store, with the rules in `paths`.
+    pub fn new(proxy: Arc<Proxy>, paths: Vec<PathBuf>, rules: Rules) -> Service {
+        for ignored in &rules.ignored {
+            tracing::warn!(key = %ignored, "floodgate reads this envoyproxy/ratelimit key but does not act on it");
+        }
+        Service {
+            proxy,
+            rules: ArcSwap::from_pointee(rules),
+            paths,
+        }
+    }
+
+    /// Reads `service.config` again (SIGHUP). On an error the rules in force stay.
+    pub fn reload(&self) -> Result<(), crate::config::ConfigError> {
+        let rules = Rules::load(&self.paths)?;
+        for ignored in &rules.ignored {
+            tracing::warn!(key = %ignored, "floodgate reads this envoyproxy/ratelimit key but does not act on it");
+        }
+        self.rules.store(Arc::new(rules));
+        Ok(())
+    }
+
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// Decides `request`: `ShouldRateLimit`.
+    pub async fn decide(&self, request: &RateLimitRequest) -> Result<Answer, Failure> {
+        let answer = self.decide_counted(request).await;
+        let code = match &answer {
+            Ok(a) if a.over_limit() => "over_limit",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        // A domain no rule names is "other": the label's values are bounded by the config.
+        let domain = match self.rules.load().has_domain(&request.domain) {
+            true => request.domain.as_str(),
+            false => "other",
+        };
+        self.proxy.metrics().service_decision(domain, code);
+        answer
+    }
+
+    async fn decide_counted(&self, request: &RateLimitRequest) -> Result<Answer, Failure> {
+        if request.domain.is_empty() {
+            return Err(Failure::InvalidArgument("the domain is empty".into()));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Failure::InvalidArgument("there are no descriptors".into()));
+        }
+        let rules = self.rules.load();
+        // Each descriptor's entries, and the limit it finds.
+        let mut found: Vec<(Vec<Entry>, Option<&RuleLimit>)> =
+            Vec::with_capacity(request.descriptors.len());
+        for (i, d) in request.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(Failure::InvalidArgument(format!(
+                    "descriptors[{i}] has no entries"
+                )));
+            }
+            let mut entries = Vec::with_capacity(d.entries.len());
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key.is_empty() {
+                    return Err(Failure::InvalidArgument(format!(
+                        "descriptors[{i}].entries[{j}] has no key"
+                    )));
+                }
+                entries.push(Entry {
+                    key: e.key.clone(),
+                    value: e.value.clone(),
+                });
+            }
+            let limit = rules.find(&request.domain, &entries);
+            found.push((entries, limit));
+        }
+        // `replaces`: a limit found drops the limits it names.
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(|(_, l)| *l)
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        // The store's keys: per descriptor, its entries (each value its own budget), in one
+        // buffer.
+        let mut buf = Vec::new();
+        let mut ranges = Vec::with_capacity(found.len());
+        for (entries, _) in &found {
+            let start = buf.len();
+            for e in entries {
+                buf.extend_from_slice(e.key.as_bytes());
+                buf.push(0x1f);
+                buf.extend_from_slice(e.value.as_bytes());
+                buf.push(0x1e);
+            }
+            ranges.push(start..buf.len());
+        }
+        let mut plans = Vec::with_capacity(found.len());
+        let mut costed: Vec<(Side, Limit, usize)> = Vec::new();
+        let mut counts = [0usize; 2];
+        for (i, (d, (_, limit))) in request.descriptors.iter().zip(&found).enumerate() {
+            let Some(rule) = limit.filter(|l| {
+                l.name
+                    .as_deref()
+                    .is_none_or(|name| !replaced.contains(&name))
+            }) else {
+                plans.push(Plan::Free);
+                continue;
+            };
+            let Some(limit) = rule.limit.as_ref() else {
+                plans.push(Plan::Unlimited(rule));
+                continue;
+            };
+            let hits = match d.hits_addend {
+                Some(h) => h.value,
+                None => u64::from(request.hits_addend.max(1)),
+            };
+            let side = if rule.shadow {
+                Side::Shadow
+            } else {
+                Side::Enforced
+            };
+            let plan = if d.is_negative_hits {
+                costed.push((side, limit.costing(clamp(hits)), i));
+                Plan::GivenBack
+            } else if hits == 0 {
+                costed.push((side, *limit, i));
+                Plan::Checked(rule)
+            } else if hits > u64::from(limit.algorithm().max_cost()) {
+                Plan::TooMany
+            } else {
+                let at = counts[side as usize];
+                if at == MAX_LIMITS {
+                    return Err(Failure::InvalidArgument(format!(
+                        "more than {MAX_LIMITS} descriptors find a limit"
+                    )));
+                }
+                counts[side as usize] += 1;
+                costed.push((side, limit.costing(clamp(hits)), i));
+                Plan::Asked(rule, side, at)
+            };
+            plans.push(plan);
+        }
+        let mut asks: Vec<(Side, usize, Ask<'_>)> = Vec::with_capacity(costed.len());
+        for (side, limit, i) in &costed {
+            if let (_, Some(rule)) = &found[*i] {
+                let key = BudgetKey {
+                    budget: rule.budget_id.as_str(),
+                    kind: KeyKind::Request,
+                    value: &buf[ranges[*i].clone()],
+                };
+                asks.push((*side, *i, Ask { limit, key }));
+            }
+        }
+        let snapshot = self.proxy.snapshot();
+        let decider = self.proxy.decider(&snapshot);
+        // Given back first: they spend nothing and are not part of the decision.
+        for (_, i, ask) in &asks {
+            if let Plan::GivenBack = plans[*i] {
+                decider.give_back(ask).await;
+            }
+        }
+        // Checked: a descriptor with no room for one more is over the limit, and then nothing
+        // is spent (all or nothing).
+        let mut checks = Vec::new();
+        for (_, i, ask) in &asks {
+            if let Plan::Checked(_) = plans[*i] {
+                let decisions = decider
+                    .peek(std::slice::from_ref(ask))
+                    .await
+                    .map_err(|_| Failure::Unavailable)?;
+                checks.push((*i, decisions.first().copied()));
+            }
+        }
+        let checked_over = checks.iter().any(|(i, d)| {
+            matches!(plans[*i], Plan::Checked(rule) if !rule.shadow)
+                && d.is_some_and(|d| !d.allowed())
+        });
+        let too_many = plans.iter().any(|p| matches!(p, Plan::TooMany));
+        // Per side, the asks in order and (their positions) which descriptor each is.
+        let mut sides: [Vec<Ask<'_>>; 2] = [Vec::new(), Vec::new()];
+        let mut asked: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+        for (side, i, ask) in &asks {
+            if let Plan::Asked(..) = plans[*i] {
+                sides[*side as usize].push(*ask);
+                asked[*side as usize].push(*i);
+            }
+        }
+        const POSITIONS: [usize; MAX_LIMITS] = {
+            let mut p = [0; MAX_LIMITS];
+            let mut i = 0;
+            while i < MAX_LIMITS {
+                p[i] = i;
+                i += 1;
+            }
+            p
+        };
+        let decided = match checked_over || too_many {
+            true => None,
+            false => Some(
+                decider
+                    .decide_asks(
+                        BudgetAsks {
+                            asks: &sides[0],
+                            positions: &POSITIONS[..sides[0].len()],
+                        },
+                        BudgetAsks {
+                            asks: &sides[1],
+                            positions: &POSITIONS[..sides[1].len()],
+                        },
+                    )
+                    .await,
+            ),
+        };
+        if let Some(Decided {
+            refused: Some(Refused::StoreUnavailable),
+            ..
+        }) = &decided
+        {
+            return Err(Failure::Unavailable);
+        }
+        Ok(answer(&plans, &checks, decided.as_ref(), &asked))
+    }
+}
+
+/// `hits` as a cost (at most `u32::MAX`, and a limit caps it further).
+fn clamp(hits: u64) -> u32 {
+    u32::try_from(hits).unwrap_or(u32::MAX)
+}
+
+/// The response: one status per descriptor, in order; the overall code; the headers.
+///
+/// The store answers a request's limits together with the figures of the tightest one (the
+/// fewest remaining: what the rate-limit headers carry), so that descriptor's status has
+/// `current_limit`, `limit_remaining` and `duration_until_reset`; the others have their code
+/// only (Envoy reads the headers' figures from the statuses that carry `current_limit`).
+fn answer(
+    plans: &[Plan<'_>],
+    checks: &[(usize, Option<crate::limiter::Decision>)],
+    decided: Option<&Decided>,
+    asked: &[Vec<usize>; 2],
+) -> Answer {
+    // The tightest asked descriptor: its verdict, and which descriptor it is.
+    let headline = decided.and_then(|d| match (d.refused, d.headline) {
+        (Some(Refused::RateLimited(v, limit)), _) | (None, Some((v, limit))) => Some((v, limit)),
+        _ => None,
+    });
+    let headline_at = headline.and_then(|(_, limit)| match limit {
+        LimitRef::Enforced(p) => asked[0].get(p).copied(),
+        LimitRef::Shadow(p) => asked[1].get(p).copied(),
+    });
+    let mut statuses = Vec::with_capacity(plans.len());
+    let mut over = false;
+    let mut figures: Option<Headline> = None;
+    let mut retry_after_us = 0u64;
+    let mut tighter = |h: Headline| {
+        if figures.is_none_or(|old| h.remaining < old.remaining) {
+            figures = Some(h);
+        }
+    };
+    for (i, plan) in plans.iter().enumerate() {
+        let status = match *plan {
+            Plan::Free => code_only(Code::Ok),
+            Plan::Unlimited(rule) => DescriptorStatus {
+                code: Code::Ok as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: u32::MAX,
+                duration_until_reset: None,
+            },
+            Plan::GivenBack => code_only(Code::Ok),
+            Plan::TooMany => {
+                over = true;
+                code_only(Code::OverLimit)
+            }
+            Plan::Checked(rule) => {
+                let d = checks.iter().find(|(at, _)| *at == i).and_then(|(_, d)| *d);
+                match d {
+                    Some(d) => {
+                        let allowed = d.allowed();
+                        over |= !allowed && !rule.shadow;
+                        if !allowed {
+                            retry_after_us = retry_after_us.max(d.retry_after_us());
+                        }
+                        // A check that would have allowed counted that one more unit.
+                        let remaining = (d.remaining + u64::from(allowed)).min(d.limit);
+                        tighter(headline_of(rule, remaining, d.reset_after_us));
+                        let code = match allowed || rule.shadow {
+                            true => Code::Ok,
+                            false => Code::OverLimit,
+                        };
+                        status(rule, code, remaining, d.reset_after_us)
+                    }
+                    None => code_only(Code::Ok),
+                }
+            }
+            Plan::Asked(rule, side, at) => {
+                let denied = decided.is_some_and(|d| d.denied_by(side, at));
+                let enforced_denial = denied && side == Side::Enforced;
+                over |= enforced_denial;
+                let code = match enforced_denial {
+                    true => Code::OverLimit,
+                    false => Code::Ok,
+                };
+                match headline {
+                    Some((v, _)) if headline_at == Some(i) => {
+                        if enforced_denial {
+                            retry_after_us = retry_after_us.max(v.retry_after_us());
+                        }
+                        let d = v.headline;
+                        tighter(headline_of(rule, d.remaining, d.reset_after_us));
+                        status(rule, code, d.remaining, d.reset_after_us)
+                    }
+                    Some((v, _)) => {
+                        if enforced_denial {
+                            retry_after_us = retry_after_us.max(v.retry_after_us());
+                        }
+                        code_only(code)
+                    }
+                    None => code_only(code),
+                }
+            }
+        };
+        statuses.push(status);
+    }
+    let mut headers = Vec::new();
+    if let Some(h) = figures {
+        headers.push(header("RateLimit-Limit", h.limit));
+        headers.push(header("RateLimit-Remaining", h.remaining));
+        headers.push(header("RateLimit-Reset", h.reset_secs));
+    }
+    let retry_after_secs = over.then(|| retry_after_us.div_ceil(1_000_000).max(1));
+    if let Some(secs) = retry_after_secs {
+        headers.push(header("Retry-After", secs));
+    }
+    let now_us = crate::limiter::wall_clock_us();
+    Answer {
+        response: RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers,
+        },
+        headline: figures.map(|h| Headline {
+            reset_unix: (now_us + h.reset_secs * 1_000_000).div_ceil(1_000_000),
+            ..h
+        }),
+        retry_after_secs,
+    }
+}
+
+fn code_only(code: Code) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        ..Default::default()
+    }
+}
+
+fn header(key: &str, value: u64) -> HeaderValue {
+    HeaderValue {
+        key: key.into(),
+        value: value.to_string(),
+    }
+}
+
+fn current_limit(rule: &RuleLimit) -> rls::RateLimit {
+    rls::RateLimit {
+        requests_per_unit: rule.requests_per_unit,
+        unit: rule.unit.number(),
+        name: rule.name.clone().unwrap_or_default(),
+    }
+}
+
+fn status(rule: &RuleLimit, code: Code, remaining: u64, reset_us: u64) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(current_limit(rule)),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(rls::Duration {
+            seconds: i64::try_from(reset_us.div_ceil(1_000_000)).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+    }
+}
+
+fn headline_of(rule: &RuleLimit, remaining: u64, reset_us: u64) -> Headline {
+    let limit = rule
+        .limit
+        .as_ref()
+        .map_or(u64::from(rule.requests_per_unit), |l| {
+            u64::from(l.algorithm().units())
+        });
+    Headline {
+        limit,
+        remaining,
+        reset_secs: reset_us.div_ceil(1_000_000),
+        reset_unix: 0,
+    }
+}

@@ -1,0 +1,340 @@
+//! The service's listener: one port for gRPC over HTTP/2 (h2c, or TLS with ALPN) and HTTP/1.1.
+//!
+//! - `POST /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: Envoy's call. The
+//!   answer is a gRPC message with `grpc-status: 0`, or a trailers-only gRPC status:
+//!   `INVALID_ARGUMENT` for a request that cannot be decided, `UNAVAILABLE` when the store
+//!   failed under `on_error: deny`, `DEADLINE_EXCEEDED` past the caller's `grpc-timeout`.
+//! - `POST /json`: envoyproxy/ratelimit's JSON, 200 when OK and 429 when over the limit.
+//! - `GET /check`: forward auth ([`super::forward_auth`]).
+//! - `GET /healthz`.
+//!
+//! Every refusal is a row of the one refusal table (`proxy/response/table.rs`), rendered in
+//! gRPC's words or as problem+json.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use prost::Message;
+use tokio::net::TcpListener;
+
+use super::rls::{RateLimitRequest, RateLimitResponse};
+use super::{Answer, Failure, Service};
+use crate::config::ServiceConfig;
+use crate::deadline::FirstByteDeadline;
+use crate::grpc;
+use crate::proxy::{Body, RateLimitHeaders, Rejection, response};
+
+/// The gRPC method's path.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// The largest request message or JSON body read (a descriptor list is a few hundred bytes).
+const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// What the listener needs: the service, the config of its port.
+#[derive(Clone)]
+pub struct ServiceState {
+    pub service: Arc<Service>,
+    pub config: Arc<ServiceConfig>,
+}
+
+/// Serves until `shutdown` completes, then lets open requests finish for at most `drain`.
+pub async fn serve(
+    listener: TcpListener,
+    state: ServiceState,
+    header_read_timeout: Duration,
+    drain: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    let tls = state.config.tls.as_ref().map(|t| t.acceptor());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(req, peer, &state).await) }
+        });
+        let stream = FirstByteDeadline::new(stream, header_read_timeout);
+        match &tls {
+            None => {
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .into_owned();
+                tokio::spawn(graceful.watch(conn));
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                // The handshake runs in the connection's task, bounded like a request head.
+                tokio::spawn(async move {
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let conn = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .into_owned();
+                    let _ = watcher.watch(conn).await;
+                });
+            }
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
+}
+
+async fn handle(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -> Response<Body> {
+    let path = req.uri().path();
+    if grpc::is_grpc(req.headers()) {
+        if path != SHOULD_RATE_LIMIT || req.method() != Method::POST {
+            return grpc_status(grpc::Code::Unimplemented, "no such method");
+        }
+        return should_rate_limit(req, state).await;
+    }
+    match (req.method(), path) {
+        (&Method::POST, "/json") => json(req, state).await,
+        (&Method::GET | &Method::HEAD, "/check") => check(req, peer, state).await,
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        _ => Rejection::NoRoute.respond(&RateLimitHeaders::none(), response::Dialect::Http),
+    }
+}
+
+/// Envoy's `ShouldRateLimit`, within the caller's `grpc-timeout`.
+async fn should_rate_limit(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
+    let deadline = grpc::timeout(req.headers());
+    let body = match read(req.into_body()).await {
+        Ok(body) => body,
+        Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
+    };
+    let request = match unframe(body).and_then(|m| {
+        RateLimitRequest::decode(m).map_err(|e| format!("not a RateLimitRequest: {e}"))
+    }) {
+        Ok(request) => request,
+        Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
+    };
+    let decided = state.service.decide(&request);
+    let answer = match deadline {
+        Some(deadline) => match tokio::time::timeout(deadline, decided).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                return grpc_status(
+                    grpc::Code::DeadlineExceeded,
+                    "no decision within the call's deadline",
+                );
+            }
+        },
+        None => decided.await,
+    };
+    match answer {
+        Ok(answer) => {
+            log_over(&request, &answer);
+            grpc_message(&answer.response)
+        }
+        Err(failure) => failure_grpc(&failure),
+    }
+}
+
+/// `POST /json`: envoyproxy/ratelimit's JSON in and out.
+async fn json(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
+    let body = match read(req.into_body()).await {
+        Ok(body) => body,
+        Err(message) => return failure_http(&Failure::InvalidArgument(message)),
+    };
+    let request = serde_json::from_slice::<serde_json::Value>(&body)
+        .map_err(|e| format!("the body is not JSON: {e}"))
+        .and_then(|v| RateLimitRequest::from_json(&v));
+    let request = match request {
+        Ok(request) => request,
+        Err(message) => return failure_http(&Failure::InvalidArgument(message)),
+    };
+    match state.service.decide(&request).await {
+        Ok(answer) => {
+            log_over(&request, &answer);
+            let body = answer.response.to_json(super::rules::Unit::name_of);
+            let mut response = Response::new(response::full(body.to_string()));
+            if answer.over_limit() {
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            }
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(failure) => failure_http(&failure),
+    }
+}
+
+/// `GET /check`: forward auth.
+async fn check(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -> Response<Body> {
+    let Some(config) = &state.config.forward_auth else {
+        return Rejection::NoRoute.respond(&RateLimitHeaders::none(), response::Dialect::Http);
+    };
+    let snapshot = state.service.proxy().snapshot();
+    let request = super::forward_auth::request(
+        config,
+        &snapshot.identity,
+        req.headers(),
+        req.uri().query(),
+        peer.ip(),
+    );
+    if request.descriptors.is_empty() {
+        // Nothing to limit this request by: allowed, as Envoy allows a request without
+        // descriptors.
+        return text(StatusCode::OK, "");
+    }
+    let answer = match state.service.decide(&request).await {
+        Ok(answer) => answer,
+        Err(failure) => return failure_http(&failure),
+    };
+    log_over(&request, &answer);
+    let mut response = if answer.over_limit() {
+        let retry = answer.retry_after_secs.unwrap_or(1);
+        let mut response = Response::new(response::full(response::rate_limited_body(retry)));
+        *response.status_mut() =
+            StatusCode::from_u16(config.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+        let h = response.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+        response
+    } else {
+        text(StatusCode::OK, "")
+    };
+    if let Some(h) = answer.headline {
+        let headers = response.headers_mut();
+        headers.insert("x-ratelimit-limit", HeaderValue::from(h.limit));
+        headers.insert("x-ratelimit-remaining", HeaderValue::from(h.remaining));
+        headers.insert("x-ratelimit-reset", HeaderValue::from(h.reset_unix));
+    }
+    response
+}
+
+/// A refused descriptor names its limit in the log (at debug: a surge is many lines).
+fn log_over(request: &RateLimitRequest, answer: &Answer) {
+    if !answer.over_limit() || !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    for (d, s) in request.descriptors.iter().zip(&answer.response.statuses) {
+        if s.code == super::rls::Code::OverLimit as i32 {
+            let entries: Vec<String> = d
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect();
+            let name = s.current_limit.as_ref().map(|l| l.name.as_str());
+            tracing::debug!(domain = %request.domain, descriptor = %entries.join(","), limit = ?name, "over the limit");
+        }
+    }
+}
+
+/// The body, read whole up to [`MAX_REQUEST_BYTES`].
+async fn read(body: Incoming) -> Result<Bytes, String> {
+    let limited = http_body_util::Limited::new(body, MAX_REQUEST_BYTES);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(format!(
+            "the request is larger than {MAX_REQUEST_BYTES} bytes"
+        )),
+        Err(e) => Err(format!("the request body could not be read: {e}")),
+    }
+}
+
+/// The one message of a gRPC request body (its 5-byte prefix: not compressed, the length).
+fn unframe(mut body: Bytes) -> Result<Bytes, String> {
+    if body.len() < 5 {
+        return Err("the gRPC message is shorter than its prefix".into());
+    }
+    let compressed = body.get_u8();
+    let len = body.get_u32() as usize;
+    if compressed != 0 {
+        return Err("compressed messages are not accepted".into());
+    }
+    if body.len() != len {
+        return Err("the gRPC message's length does not match its prefix".into());
+    }
+    Ok(body)
+}
+
+fn grpc_message(message: &RateLimitResponse) -> Response<Body> {
+    let len = message.encoded_len();
+    let mut framed = BytesMut::with_capacity(5 + len);
+    framed.put_u8(0);
+    framed.put_u32(len as u32);
+    // Encoding into a buffer sized by `encoded_len` cannot fail.
+    let _ = message.encode(&mut framed);
+    let mut trailers = HeaderMap::new();
+    trailers.insert(grpc::GRPC_STATUS, HeaderValue::from_static("0"));
+    let body = http_body_util::Full::new(framed.freeze())
+        .map_err(|never| match never {})
+        .with_trailers(async move { Some(Ok(trailers)) })
+        .boxed_unsync();
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    response
+}
+
+fn grpc_status(code: grpc::Code, message: &str) -> Response<Body> {
+    let mut response = Response::new(response::full(Bytes::new()));
+    grpc::write_status(response.headers_mut(), code, message, None);
+    response
+}
+
+/// A failure as its row of the refusal table says, in gRPC's words.
+fn failure_grpc(failure: &Failure) -> Response<Body> {
+    rejection(failure).respond(
+        &RateLimitHeaders::none(),
+        response::Dialect::Grpc(Default::default()),
+    )
+}
+
+/// A failure as problem+json.
+fn failure_http(failure: &Failure) -> Response<Body> {
+    rejection(failure).respond(&RateLimitHeaders::none(), response::Dialect::Http)
+}
+
+fn rejection(failure: &Failure) -> Rejection {
+    match failure {
+        Failure::InvalidArgument(message) => Rejection::InvalidArgument(message.clone()),
+        Failure::Unavailable => Rejection::LimiterUnavailable,
+    }
+}
+
+fn text(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(response::full(text));
+    *response.status_mut() = status;
+    response
+}
