@@ -335,7 +335,7 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
         .map(|(head, tail)| (&*head.to_string().leak(), &*tail.to_string().leak()))
 });
 
-/// The 429 body for `retry_after`: what [`problem_json`] writes, in one allocation.
+/// The 429 body for `retry_after`: what `problem_json` writes, in one allocation.
 pub fn rate_limited_body(retry_after: u64) -> Bytes {
     let Some((head, tail)) = *RATE_LIMITED_PARTS else {
         // Cannot happen (the body always holds its number), but never panic on a request.

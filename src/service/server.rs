@@ -136,12 +136,14 @@ async fn should_rate_limit(req: Request<Incoming>, state: &ServiceState) -> Resp
         Ok(body) => body,
         Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
     };
+    tracing::trace!(bytes = %crate::limiter::hex(&body), "ShouldRateLimit message");
     let request = match unframe(body).and_then(|m| {
         RateLimitRequest::decode(m).map_err(|e| format!("not a RateLimitRequest: {e}"))
     }) {
         Ok(request) => request,
         Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
     };
+    tracing::trace!(?request, "ShouldRateLimit");
     let decided = state.service.decide(&request);
     let answer = match deadline {
         Some(deadline) => match tokio::time::timeout(deadline, decided).await {

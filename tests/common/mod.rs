@@ -42,6 +42,7 @@ pub const SLOW: Duration = Duration::from_millis(1500);
 mod client;
 pub mod config;
 mod demo;
+mod envoy;
 mod grpc;
 mod postgres;
 mod process;
@@ -51,4 +52,6 @@ mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
-pub use {client::*, demo::*, grpc::*, postgres::*, process::*, redis::*, tls::*, upstream::*};
+pub use {
+    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, redis::*, tls::*, upstream::*,
+};
