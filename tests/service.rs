@@ -558,3 +558,163 @@ fn check_names_the_rules_file_and_path_of_a_problem() {
         &["bad.yaml: descriptors[", "bogus"],
     );
 }
+
+/// A CA and a client certificate it signed, as PEM.
+fn client_ca_and_identity() -> (String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let client_params = rcgen::CertificateParams::new(vec!["envoy".to_string()]).unwrap();
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let client = client_params.signed_by(&client_key, &ca).unwrap();
+    (
+        ca.pem(),
+        format!("{}{}", client.pem(), client_key.serialize_pem()),
+    )
+}
+
+#[tokio::test]
+async fn over_mtls_only_a_client_with_a_certificate_from_client_ca_is_answered() {
+    let server = SelfSigned::new();
+    let (ca_pem, identity_pem) = client_ca_and_identity();
+    let ca = TempFile::new(&ca_pem);
+    let dir = TempDir::new("rules");
+    std::fs::write(dir.path().join("edge.yaml"), RULES).unwrap();
+    let fg = Floodgate::start(&format!(
+        "routes: []\nservice:\n  listen: 127.0.0.1:0\n  config: [{}]\n  tls: {{cert: {}, key: {}, client_ca: {}}}\n",
+        dir.path().display(),
+        yaml_path(&server.cert_file),
+        yaml_path(&server.key_file),
+        yaml_path(&ca),
+    ));
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"client","value":"tls"}]}]}"#;
+    let url = format!("https://localhost:{}/json", fg.service_addr().port());
+    let trusted = reqwest::Certificate::from_pem(server.cert_pem.as_bytes()).unwrap();
+    let with_cert = reqwest::Client::builder()
+        .no_proxy()
+        .tls_certs_only([trusted.clone()])
+        .identity(reqwest::Identity::from_pem(identity_pem.as_bytes()).unwrap())
+        .resolve("localhost", fg.service_addr())
+        .build()
+        .unwrap();
+    let answered = with_cert.post(&url).body(body).send().await.unwrap();
+    assert_eq!(answered.status(), 200);
+    let without = reqwest::Client::builder()
+        .no_proxy()
+        .tls_certs_only([trusted])
+        .resolve("localhost", fg.service_addr())
+        .build()
+        .unwrap();
+    assert!(
+        without.post(&url).body(body).send().await.is_err(),
+        "a client without a certificate must not get an answer"
+    );
+}
+
+#[tokio::test]
+async fn sighup_reads_the_rules_again() {
+    keep_clear_of_window_boundary(3600, Duration::from_secs(60)).await;
+    let dir = TempDir::new("rules");
+    let rules = dir.path().join("edge.yaml");
+    std::fs::write(
+        &rules,
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\nroutes: []\nservice:\n  listen: 127.0.0.1:0\n  config: [{}]\n",
+        dir.path().display()
+    ));
+    let ask = |value: &'static str| {
+        let addr = fg.service_addr();
+        async move {
+            should_rate_limit(
+                addr,
+                &rls::RateLimitRequest {
+                    domain: "edge".into(),
+                    descriptors: vec![descriptor(&[("k", value)])],
+                    hits_addend: 0,
+                },
+            )
+            .await
+            .unwrap()
+            .overall_code
+        }
+    };
+    assert_eq!(ask("a").await, rls::Code::Ok as i32);
+    assert_eq!(ask("a").await, rls::Code::OverLimit as i32);
+    std::fs::write(
+        &rules,
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let reloads = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await == reloads {
+        assert!(std::time::Instant::now() < deadline, "no reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A changed limit is a new budget: 3 more.
+    for _ in 0..3 {
+        assert_eq!(ask("a").await, rls::Code::Ok as i32);
+    }
+    assert_eq!(ask("a").await, rls::Code::OverLimit as i32);
+    // A broken file is refused whole; the rules in force stay.
+    std::fs::write(
+        &rules,
+        "domain: edge\ndescriptors:\n  - key: k\n    bogus: 1\n",
+    )
+    .unwrap();
+    let failures = metric(&fg, r#"floodgate_config_reloads_total{result="failure"}"#).await;
+    fg.signal("HUP");
+    while metric(&fg, r#"floodgate_config_reloads_total{result="failure"}"#).await == failures {
+        assert!(std::time::Instant::now() < deadline, "no failed reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ask("b").await, rls::Code::Ok as i32);
+    assert_eq!(ask("b").await, rls::Code::Ok as i32);
+}
+
+#[tokio::test]
+async fn a_store_that_fails_follows_on_error_unavailable_or_ok() {
+    let mut redis = RedisServer::start();
+    let rules = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let storage = |on_error: &str| {
+        format!(
+            "storage:\n  backend: redis\n  url: {}\n  on_error: {on_error}\n  timeout: 100ms\n",
+            redis.url()
+        )
+    };
+    let deny = service_with(rules, &storage("deny"));
+    let allow = service_with(rules, &storage("allow"));
+    let request = rls::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor(&[("k", "v")])],
+        hits_addend: 0,
+    };
+    assert!(
+        should_rate_limit(deny.fg.service_addr(), &request)
+            .await
+            .is_ok()
+    );
+    redis.kill();
+    // deny: gRPC UNAVAILABLE (14), for Envoy's failure_mode_deny to decide; /json 503.
+    let (code, _) = should_rate_limit(deny.fg.service_addr(), &request)
+        .await
+        .unwrap_err();
+    assert_eq!(code, "14");
+    let json = client()
+        .post(deny.fg.service_url("/json"))
+        .body(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), 503);
+    // allow: OK.
+    let ok = should_rate_limit(allow.fg.service_addr(), &request)
+        .await
+        .unwrap();
+    assert_eq!(ok.overall_code, rls::Code::Ok as i32);
+}
