@@ -37,6 +37,12 @@ if ! command -v caddy >/dev/null 2>&1; then
   apt_install caddy
 fi
 
+# Headless Chromium loads the admin dashboard in tests/telemetry.rs.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "== installing chromium"
+  apt_install chromium
+fi
+
 # PostgreSQL's server programs live in /usr/lib/postgresql/VERSION/bin on Debian (off the PATH);
 # the tests find them there, make their own cluster with initdb and run it as the postgres user.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && [ -z "${FLOODGATE_PG_BIN:-}" ]; then

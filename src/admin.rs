@@ -1,4 +1,4 @@
-//! The admin listener: `/healthz` (the process serves), `/readyz` (the limiter store answers and
+//! The admin listener: `/` (the dashboard, `admin/dashboard.rs`), `/healthz` (the process serves), `/readyz` (the limiter store answers and
 //! the proxy is not draining), `/metrics` (Prometheus text), `/budgets` (one client's budgets on
 //! a route, spending nothing), `/top` (who is being limited right now). It runs with the same header-read
 //! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
@@ -20,6 +20,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 mod budgets;
+mod dashboard;
 mod query;
 mod top;
 
@@ -110,6 +111,17 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     if req.uri().path() == "/budgets" {
         let answer = budgets::budgets(proxy, req.uri().query().unwrap_or("")).await;
         return json_answer(answer);
+    }
+    if req.uri().path() == "/" {
+        let mut response = Response::new(response::full(dashboard::PAGE));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        return response;
+    }
+    if req.uri().path() == "/dashboard.json" {
+        return json_answer(Ok(dashboard::state(proxy).await));
     }
     if req.uri().path() == "/top" {
         return json_answer(top::top(proxy, req.uri().query().unwrap_or("")));

@@ -19,6 +19,7 @@ pub mod reload;
 mod route;
 mod service;
 mod storage;
+mod telemetry;
 mod tiers;
 mod validate;
 
@@ -30,6 +31,7 @@ pub use route::{
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};
+pub use telemetry::{TelemetryConfig, TelemetryFile};
 pub use tiers::KnownTiers;
 
 use std::fmt;
@@ -90,6 +92,8 @@ pub struct Config {
     pub http2_resets: crate::limiter::Limit,
     /// `service:`: the limiter as a rate-limit service for other proxies.
     pub service: Option<Arc<ServiceConfig>>,
+    /// `telemetry:` (or the `OTEL_*` variables): OpenTelemetry over OTLP; `None`: off.
+    pub telemetry: Option<TelemetryConfig>,
 }
 
 /// Which rate-limit fields responses carry.
@@ -402,6 +406,7 @@ impl Config {
             .service
             .and_then(|s| v.service(s, overrides.base_dir.as_deref()))
             .map(Arc::new);
+        let telemetry = v.telemetry(file.telemetry, &overrides.env);
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {
@@ -445,6 +450,7 @@ impl Config {
                 http2_streams,
                 http2_resets,
                 service,
+                telemetry,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,

@@ -79,6 +79,9 @@ pub struct Decided {
     /// Which limits denied (bit `p` for the limit at position `p` of its budget), enforced and
     /// shadow.
     pub denied: [u16; 2],
+    /// The store round trips the decision waited on (not the answers a lease, the deny cache
+    /// or the in-process store gave): when each began and how long it took, for traces.
+    pub store_calls: Vec<(Instant, std::time::Duration)>,
     /// What answered the enforced limits: the store (or a lease or the deny cache it keeps), or
     /// the in-process fallback; `None` when no store decided.
     pub answered_by: Option<Source>,
@@ -93,6 +96,7 @@ impl Decided {
             leases: Vec::new(),
             reservations: Vec::new(),
             denied: [0; 2],
+            store_calls: Vec::new(),
             answered_by: None,
         }
     }
@@ -199,7 +203,7 @@ impl<'s> Decider<'s> {
         let mut phase = LimitPhase::new(&self.policy);
         let mut decided = Decided::of(DecisionLabel::Allowed);
         if !enforced.asks.is_empty() {
-            let admission = match self.ask(enforced.asks).await {
+            let admission = match self.ask(enforced.asks, &mut decided).await {
                 Ok(admission) => admission,
                 Err(_) => {
                     decided.refused = Some(phase.store_unavailable());
@@ -222,7 +226,7 @@ impl<'s> Decider<'s> {
         }
         // A shadow budget's store failure only means "no shadow verdict".
         if !shadow.asks.is_empty()
-            && let Ok(admission) = self.ask(shadow.asks).await
+            && let Ok(admission) = self.ask(shadow.asks, &mut decided).await
         {
             self.keep(&mut decided, Side::Shadow, &shadow, &admission);
             phase.shadow(admission.verdict().copied(), shadow.positions);
@@ -248,12 +252,24 @@ impl<'s> Decider<'s> {
         self.limiter.give_back(ask).await;
     }
 
-    /// One store decision, timed. `Err` when the store failed and `on_error` is `deny`.
-    async fn ask(&self, asks: &[Ask<'_>]) -> Result<Admission, crate::limiter::LimiterError> {
+    /// One store decision, timed (a round trip is noted in `decided`). `Err` when the store
+    /// failed and `on_error` is `deny`.
+    async fn ask(
+        &self,
+        asks: &[Ask<'_>],
+        decided: &mut Decided,
+    ) -> Result<Admission, crate::limiter::LimiterError> {
         let started = self.metrics.map(|_| Instant::now());
         let admission = self.limiter.decide(asks, self.on_error).await;
         if let (Some(metrics), Some(started)) = (self.metrics, started) {
-            metrics.observe_limiter(started.elapsed().as_secs_f64());
+            let took = started.elapsed();
+            metrics.observe_limiter(took.as_secs_f64());
+            if let Ok(Admission::Limited {
+                round_trip: true, ..
+            }) = admission
+            {
+                decided.store_calls.push((started, took));
+            }
         }
         admission
     }

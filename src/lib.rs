@@ -96,5 +96,6 @@ pub mod replay;
 pub mod route;
 pub mod server;
 pub mod service;
+pub mod telemetry;
 pub mod tls;
 pub mod top;

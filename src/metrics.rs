@@ -160,6 +160,7 @@ pub struct Metrics {
     adaptive_limit: Family<UpstreamLabel, Gauge>,
     cost_units: Family<CostLabels, Counter>,
     service_decisions: Family<ServiceLabels, Counter>,
+    telemetry_dropped: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -323,9 +324,16 @@ impl Metrics {
             "Rate-limit service answers (ShouldRateLimit, /json, /check) by domain (a domain no rule names counts as \"other\") and code: ok, over_limit, error",
             service_decisions.clone(),
         );
+        let telemetry_dropped = Counter::default();
+        registry.register(
+            "telemetry_dropped",
+            "Spans not exported: the queue to the OTLP exporter was full, or an export failed",
+            telemetry_dropped.clone(),
+        );
         Metrics {
             cost_units,
             service_decisions,
+            telemetry_dropped,
             registry,
             requests,
             upstream_responses,
@@ -397,6 +405,11 @@ impl Metrics {
             "Denials answered from the local deny cache without asking the store",
             stats.deny_cache_hits.clone(),
         );
+    }
+
+    /// `floodgate_telemetry_dropped_total`, for the span exporter.
+    pub fn telemetry_dropped(&self) -> Counter {
+        self.telemetry_dropped.clone()
     }
 
     /// Counts one rate-limit service answer: `code` is `ok`, `over_limit` or `error`.

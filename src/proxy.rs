@@ -49,6 +49,7 @@ use crate::policy::{Claim, Refusal, Refused, RequestKeys, Whose};
 use body::ClientBody;
 use context::{Admitted, Context, PendingLog};
 pub use forward::Forwarder;
+use opentelemetry::KeyValue;
 pub use response::{Body, Dialect, RateLimitHeaders, Rejection};
 use snapshot::RouteExtras;
 pub use snapshot::uptime_us;
@@ -61,6 +62,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     gates: Gates,
     tops: Tops,
+    /// OpenTelemetry, when it is on (`telemetry:`): a trace per request.
+    telemetry: crate::telemetry::Shared,
 }
 
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
@@ -137,7 +140,19 @@ impl Proxy {
             metrics,
             gates,
             tops,
+            telemetry: None,
         }
+    }
+
+    /// Traces every request with `telemetry` (set once, at start).
+    pub fn with_telemetry(mut self, telemetry: Arc<crate::telemetry::Telemetry>) -> Self {
+        self.telemetry = Some(telemetry);
+        self
+    }
+
+    /// The process' telemetry, if it is on.
+    pub fn telemetry(&self) -> Option<&Arc<crate::telemetry::Telemetry>> {
+        self.telemetry.as_ref()
     }
 
     /// Swaps in a new snapshot for requests that start from now on, and applies the store's
@@ -189,6 +204,16 @@ impl Proxy {
         let mut req = req.map(ClientBody::Streaming);
         let snapshot = self.snapshot.load_full();
         let mut ctx = Context::new(&req, peer);
+        if let Some(telemetry) = &self.telemetry {
+            let client = snapshot.identity.client_addr(req.headers(), peer.ip());
+            ctx.trace = Some(telemetry.server_span(
+                req.method(),
+                req.uri().path(),
+                req.version(),
+                req.headers(),
+                client,
+            ));
+        }
         let route = match Self::normalize(&snapshot, &mut req)
             .and_then(|()| Self::route(&snapshot, &req))
         {
@@ -207,6 +232,17 @@ impl Proxy {
             ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
         }
         ctx.span.record(field::ROUTE, &*route.config.name);
+        if let Some(trace) = &ctx.trace {
+            trace.rename(format!("{} {}", req.method(), route.config.name));
+            trace.set(KeyValue::new(
+                "http.route",
+                route.config.path_prefix.clone(),
+            ));
+            trace.set(KeyValue::new(
+                "floodgate.route",
+                route.config.name.to_string(),
+            ));
+        }
         let response = match self.admit(&snapshot, &route, &mut req, &mut ctx).await {
             Ok(()) => {
                 let identity = &snapshot.identity;
@@ -229,6 +265,16 @@ impl Proxy {
             }
             Err(rejection) => {
                 ctx.refuse(rejection.label());
+                if let (Some(trace), Rejection::RateLimited(verdict, limit)) =
+                    (&ctx.trace, &rejection)
+                {
+                    let index = limit.index(route.config.enforced.limits.len());
+                    trace.set(KeyValue::new("floodgate.limit", index as i64));
+                    trace.set(KeyValue::new(
+                        "floodgate.remaining",
+                        verdict.headline.remaining as i64,
+                    ));
+                }
                 linger(req);
                 rejection.respond(&route.extras.headers, ctx.dialect)
             }
@@ -278,13 +324,19 @@ impl Proxy {
                             verified: verified.as_ref(),
                             json: json.as_ref(),
                         },
-                        &ctx.span,
+                        ctx,
                     )
                     .await,
                 ),
                 Err(rejection) => (None, Err(rejection)),
             }
         };
+        if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
+            trace.set(KeyValue::new(
+                "floodgate.identity.kind",
+                identity.kind().as_str(),
+            ));
+        }
         let admitted = match admitted {
             Ok(admitted) => self.gate(route, ctx).await.map(|()| admitted),
             Err(rejection) => Err(rejection),
@@ -320,6 +372,12 @@ impl Proxy {
         let label = ctx.label();
         if let (Some(route), Some(label)) = (route, label) {
             route.extras.metrics.decision(label);
+        }
+        if let Some(trace) = ctx.trace.take() {
+            if let Some(label) = label {
+                trace.set(KeyValue::new("floodgate.decision", label.as_str()));
+            }
+            trace.end(response.status().as_u16());
         }
         let mut after = ctx.after_response();
         let line = (!ctx.span.is_disabled()).then(|| PendingLog {
@@ -513,8 +571,9 @@ impl Proxy {
         req: &Request<ClientBody>,
         whose: &Whose<'_>,
         read: Read<'_>,
-        span: &tracing::Span,
+        ctx: &Context,
     ) -> Result<Admitted, Rejection> {
+        let (span, trace) = (&ctx.span, ctx.trace.as_ref());
         let config = route.config;
         let mut facts = HttpFacts {
             view: RequestView {
@@ -535,6 +594,23 @@ impl Proxy {
             .decider(snapshot)
             .decide(config, whose, &mut facts)
             .await;
+        if let Some(trace) = trace {
+            let system = match self.limiter.backend_name() {
+                "postgres" => "postgresql",
+                other => other,
+            };
+            for &(started, took) in &decided.store_calls {
+                trace.store_call(system, started, took, false);
+            }
+            if let Some((verdict, limit)) = &decided.headline {
+                let index = limit.index(config.enforced.limits.len());
+                trace.set(KeyValue::new("floodgate.limit", index as i64));
+                trace.set(KeyValue::new(
+                    "floodgate.remaining",
+                    verdict.headline.remaining as i64,
+                ));
+            }
+        }
         if let Some(refused) = decided.refused {
             return Err(match refused {
                 Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
@@ -588,6 +664,16 @@ impl Proxy {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
         }
         let started = Instant::now();
+        // The forwarded request's CLIENT span; the upstream hears of it in `traceparent`.
+        let mut req = req;
+        let forwarded_span = ctx.trace.as_ref().map(|trace| {
+            let method = req.method().clone();
+            trace.forward(
+                &method,
+                route.config.upstream.authority.host(),
+                req.headers_mut(),
+            )
+        });
         // A gRPC client's deadline bounds the wait for the upstream too.
         let deadline = match ctx.dialect {
             Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
@@ -612,6 +698,9 @@ impl Proxy {
             .extras
             .metrics
             .upstream(status, started.elapsed().as_secs_f64());
+        if let Some(span) = forwarded_span {
+            span.end(status);
+        }
         if let Some(mut permit) = ctx.permit.take() {
             // 502 (unreachable), 503 (the upstream shedding) and 504 (no answer in time) are
             // overload signals, and so are gRPC's UNAVAILABLE and RESOURCE_EXHAUSTED (in the

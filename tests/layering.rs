@@ -21,13 +21,14 @@ const ALLOWED: &[(&str, &str)] = &[
     ("route", "config path"),
     ("policy", "config identity limiter metrics"),
     ("access_log", "identity metrics"),
+    ("telemetry", "config tls"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
     ("decider", "config identity limiter metrics policy"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive config deadline decider grpc identity limiter metrics path policy route tls top",
+        "access_log adaptive config deadline decider grpc identity limiter metrics path policy route telemetry tls top",
     ),
     (
         "replay",

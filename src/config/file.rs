@@ -61,6 +61,9 @@ pub struct FileConfig {
     /// The limiter as a rate-limit service for other proxies.
     #[serde(default)]
     pub service: Option<super::ServiceFile>,
+    /// OpenTelemetry over OTLP.
+    #[serde(default)]
+    pub telemetry: Option<super::TelemetryFile>,
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,

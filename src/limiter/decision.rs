@@ -196,6 +196,9 @@ pub enum Admission {
         verdict: Verdict,
         source: Source,
         lease: LeaseId,
+        /// The answer waited on a round trip to a remote store (not a lease, the deny cache,
+        /// or the in-process store): what a trace's store span stands for.
+        round_trip: bool,
     },
     /// The store failed and `on_error: allow` let the request through unlimited.
     FailedOpen,

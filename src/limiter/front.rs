@@ -116,6 +116,7 @@ impl Limiter {
                     verdict,
                     source: Source::Store,
                     lease,
+                    round_trip: false,
                 },
                 None => Admission::Unlimited,
             }),
@@ -214,6 +215,7 @@ fn admitted(
         verdict,
         source,
         lease,
+        ..
     } = *admission
     else {
         return None;

@@ -279,6 +279,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 verdict,
                 source: Source::Store,
                 lease,
+                round_trip: false,
             });
         }
         if let Some(verdict) = self.deny_cache.get(asks, now)
@@ -289,6 +290,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 verdict,
                 source: Source::Store,
                 lease,
+                round_trip: false,
             });
         }
         if !self.breaker.allow(now) {
@@ -334,6 +336,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                     verdict,
                     source: Source::Store,
                     lease,
+                    round_trip: true,
                 });
             }
             Ok(Err(e)) => e,
@@ -424,6 +427,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                     verdict,
                     source: Source::Fallback,
                     lease,
+                    round_trip: false,
                 },
                 None => Admission::FailedOpen,
             }),

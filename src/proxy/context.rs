@@ -55,6 +55,8 @@ pub(super) struct Context {
     pub permit: Option<Permit>,
     /// Set when a phase refused the request: the refusal's label, if it has one.
     refused: Option<Option<DecisionLabel>>,
+    /// The request's OpenTelemetry trace, when telemetry is on.
+    pub trace: Option<crate::telemetry::Trace>,
 }
 
 impl Context {
@@ -68,6 +70,7 @@ impl Context {
             admitted: None,
             permit: None,
             refused: None,
+            trace: None,
         }
     }
 

@@ -131,6 +131,37 @@ async fn handle(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) 
 
 /// Envoy's `ShouldRateLimit`, within the caller's `grpc-timeout`.
 async fn should_rate_limit(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
+    let trace = state.service.proxy().telemetry().map(|t| {
+        t.rpc_span(
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "ShouldRateLimit",
+            req.headers(),
+        )
+    });
+    let response = should_rate_limit_traced(req, state).await;
+    if let Some(trace) = trace {
+        let code = response
+            .headers()
+            .get(grpc::GRPC_STATUS)
+            .and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
+            .unwrap_or(0);
+        trace.set(opentelemetry::KeyValue::new("rpc.grpc.status_code", code));
+        if let Some(decision) = response.extensions().get::<Decision>() {
+            trace.set(opentelemetry::KeyValue::new(
+                "floodgate.decision",
+                decision.0,
+            ));
+        }
+        trace.end(response.status().as_u16());
+    }
+    response
+}
+
+/// The decision a `ShouldRateLimit` answer carries, for its span: `ok` or `over_limit`.
+#[derive(Clone, Copy)]
+struct Decision(&'static str);
+
+async fn should_rate_limit_traced(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
     let deadline = grpc::timeout(req.headers());
     let body = match read(req.into_body()).await {
         Ok(body) => body,
@@ -160,7 +191,14 @@ async fn should_rate_limit(req: Request<Incoming>, state: &ServiceState) -> Resp
     match answer {
         Ok(answer) => {
             log_over(&request, &answer);
-            grpc_message(&answer.response)
+            let mut response = grpc_message(&answer.response);
+            response
+                .extensions_mut()
+                .insert(Decision(match answer.over_limit() {
+                    true => "over_limit",
+                    false => "ok",
+                }));
+            response
         }
         Err(failure) => failure_grpc(&failure),
     }

@@ -1,0 +1,361 @@
+//! OpenTelemetry: one trace per request, exported over OTLP/HTTP (protobuf), and floodgate's
+//! metrics exported to the same collector (`telemetry/metrics.rs`).
+//!
+//! Built on the `opentelemetry` API and SDK (the tracer, the W3C trace-context propagator, the
+//! parent-based ratio sampler) and `opentelemetry-otlp`'s span exporter, which sends through
+//! `opentelemetry-http`'s hyper client on floodgate's own runtime. What floodgate adds is the
+//! path between them: a span that ends is put on a bounded queue without waiting (a full queue
+//! drops it and counts it in `floodgate_telemetry_dropped_total`), and one task takes batches off
+//! the queue and exports them, so a slow or dead collector costs no request any time and at most
+//! [`QUEUE`] spans of memory. With telemetry off there is no tracer at all: the proxy's
+//! `Option<Trace>` is `None` and no span is made.
+//!
+//! Spans, as the contract names them: a SERVER span per request (`{METHOD} {route}`, with
+//! OpenTelemetry's HTTP attributes and floodgate's decision), a CLIENT child for a store round
+//! trip the decision waited on (`db.system.name`), a CLIENT child for the forwarded request
+//! (whose context the upstream receives in `traceparent`), and a SERVER span per
+//! `ShouldRateLimit` call (`rpc.system: grpc`).
+
+mod metrics;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, Method, Version};
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+};
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config::TelemetryConfig;
+
+/// The most ended spans waiting for export; past it a span is dropped (and counted).
+pub const QUEUE: usize = 4096;
+/// The most spans sent in one export.
+const BATCH: usize = 512;
+/// How long a partly filled batch waits for more spans.
+const BATCH_WAIT: Duration = Duration::from_millis(500);
+/// How long one export may take before it is given up (its spans counted as dropped).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The process' telemetry: the tracer and the propagator, shared by every request.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Telemetry")
+    }
+}
+
+/// Ended spans on their way to the exporting task.
+#[derive(Debug)]
+struct QueueProcessor {
+    queue: tokio::sync::mpsc::Sender<SpanData>,
+    dropped: Counter,
+}
+
+impl SpanProcessor for QueueProcessor {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if self.queue.try_send(span).is_err() {
+            self.dropped.inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+impl Telemetry {
+    /// Starts exporting to `config.endpoint` (on the current tokio runtime): spans, and every
+    /// `metrics_interval` the metrics `render` returns. `dropped` counts spans that could not
+    /// be queued or exported.
+    pub fn start(
+        config: &TelemetryConfig,
+        dropped: Counter,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> anyhow::Result<Telemetry> {
+        let client = http_client(&config.endpoint)?;
+        let base = config.endpoint.to_string();
+        let base = base.trim_end_matches('/');
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client.clone())
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(format!("{base}/v1/traces"))
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()?;
+        let (queue, spans) = tokio::sync::mpsc::channel(QUEUE);
+        let resource = opentelemetry_sdk::Resource::builder_empty()
+            .with_service_name(config.service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let mut exporter = exporter;
+        exporter.set_resource(&resource);
+        tokio::spawn(export_spans(spans, exporter, dropped.clone()));
+        if let Some(interval) = config.metrics_interval {
+            tokio::spawn(metrics::export(
+                client,
+                format!("{base}/v1/metrics"),
+                resource.clone(),
+                interval,
+                render,
+            ));
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+            .with_resource(resource)
+            .with_span_processor(QueueProcessor { queue, dropped })
+            .build();
+        let tracer = provider.tracer("floodgate");
+        Ok(Telemetry {
+            provider,
+            tracer,
+            propagator: TraceContextPropagator::new(),
+        })
+    }
+
+    /// The SERVER span of a request arriving with `headers` (its `traceparent` and
+    /// `tracestate` continued), from `client`.
+    pub fn server_span(
+        &self,
+        method: &Method,
+        path: &str,
+        version: Version,
+        headers: &HeaderMap,
+        client: std::net::IpAddr,
+    ) -> Trace {
+        let parent = self.propagator.extract(&HeaderExtractor(headers));
+        let version = match version {
+            Version::HTTP_10 => "1.0",
+            Version::HTTP_11 => "1.1",
+            Version::HTTP_2 => "2",
+            _ => "other",
+        };
+        let span = self
+            .tracer
+            .span_builder(method.as_str().to_string())
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("http.request.method", method.as_str().to_string()),
+                KeyValue::new("url.path", path.to_string()),
+                KeyValue::new("network.protocol.version", version),
+                KeyValue::new("client.address", client.to_string()),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        Trace {
+            cx: parent.with_span(span),
+            tracer: self.tracer.clone(),
+            propagator: self.propagator.clone(),
+        }
+    }
+
+    /// The SERVER span of a gRPC call to `service`/`method` (the rate-limit service).
+    pub fn rpc_span(&self, service: &str, method: &str, headers: &HeaderMap) -> Trace {
+        let parent = self.propagator.extract(&HeaderExtractor(headers));
+        let span = self
+            .tracer
+            .span_builder(format!("{service}/{method}"))
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service.to_string()),
+                KeyValue::new("rpc.method", method.to_string()),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        Trace {
+            cx: parent.with_span(span),
+            tracer: self.tracer.clone(),
+            propagator: self.propagator.clone(),
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// One request's trace: its SERVER span, and the means to make its children.
+pub struct Trace {
+    cx: Context,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl Trace {
+    /// Renames the span (once its route is known).
+    pub fn rename(&self, name: String) {
+        self.cx.span().update_name(name);
+    }
+
+    /// Sets an attribute on the SERVER span.
+    pub fn set(&self, attribute: KeyValue) {
+        self.cx.span().set_attribute(attribute);
+    }
+
+    /// True when the span is sampled (its attributes are recorded).
+    pub fn is_recording(&self) -> bool {
+        self.cx.span().is_recording()
+    }
+
+    /// A CLIENT child for a store round trip that began at `started` and took `took`:
+    /// `system` is `redis` or `postgresql`.
+    pub fn store_call(&self, system: &'static str, started: Instant, took: Duration, failed: bool) {
+        let start = SystemTime::now() - started.elapsed();
+        let mut span = self
+            .tracer
+            .span_builder(format!("decide {system}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(start)
+            .with_attributes([KeyValue::new("db.system.name", system)])
+            .start_with_context(&self.tracer, &self.cx);
+        if failed {
+            span.set_status(Status::error("the store failed"));
+        }
+        span.end_with_timestamp(start + took);
+    }
+
+    /// A CLIENT child for the forwarded request, whose context `headers` (the upstream
+    /// request's) carry as `traceparent` (and `tracestate`): ended by [`Forwarded::end`].
+    pub fn forward(&self, method: &Method, upstream: &str, headers: &mut HeaderMap) -> Forwarded {
+        let span = self
+            .tracer
+            .span_builder(method.as_str().to_string())
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("http.request.method", method.as_str().to_string()),
+                KeyValue::new("server.address", upstream.to_string()),
+            ])
+            .start_with_context(&self.tracer, &self.cx);
+        let cx = self.cx.with_span(span);
+        self.propagator
+            .inject_context(&cx, &mut HeaderInjector(headers));
+        Forwarded { cx }
+    }
+
+    /// Ends the SERVER span with the answer's status (`error.type` for a 5xx).
+    pub fn end(self, status: u16) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            span.set_status(Status::error(status.to_string()));
+        }
+        span.end();
+    }
+}
+
+/// The forwarded request's CLIENT span.
+pub struct Forwarded {
+    cx: Context,
+}
+
+impl Forwarded {
+    /// Ends it with the upstream's status (or floodgate's, when the upstream failed).
+    pub fn end(self, status: u16) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            span.set_status(Status::error(status.to_string()));
+        }
+        span.end();
+    }
+}
+
+/// The HTTP client both exporters send with: hyper on floodgate's runtime, TLS by rustls for
+/// an `https://` collector.
+type Client = opentelemetry_http::hyper::HyperClient<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+>;
+
+fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
+    let roots = crate::tls::system_roots("the OTLP collector");
+    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(opentelemetry_http::hyper::HyperClient::new(
+        connector,
+        EXPORT_TIMEOUT,
+        None,
+    ))
+}
+
+/// The exporting task: batches of at most [`BATCH`] spans, sent one export at a time; a failed
+/// export's spans are counted as dropped (the collector may be down: they are not retried, so
+/// memory stays bounded).
+async fn export_spans(
+    mut spans: tokio::sync::mpsc::Receiver<SpanData>,
+    exporter: opentelemetry_otlp::SpanExporter,
+    dropped: Counter,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        let Some(first) = spans.recv().await else {
+            return;
+        };
+        batch.push(first);
+        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+        while batch.len() < BATCH {
+            match tokio::time::timeout_at(deadline, spans.recv()).await {
+                Ok(Some(span)) => batch.push(span),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                dropped.inc_by(n);
+                tracing::debug!(error = %e, spans = n, "span export failed");
+            }
+            Err(_) => {
+                dropped.inc_by(n);
+                tracing::debug!(spans = n, "span export timed out");
+            }
+        }
+    }
+}
+
+/// Shared by the proxy and the service: the process' telemetry, if it is on.
+pub type Shared = Option<Arc<Telemetry>>;

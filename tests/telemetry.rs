@@ -1,0 +1,346 @@
+//! OpenTelemetry over OTLP/HTTP, received by a real decoder (`tests/telemetry/receiver.py`,
+//! PyPI's opentelemetry-proto message classes), with the OpenTelemetry Python SDK as a client
+//! that sends `traceparent`, and an upstream that records the one it receives; and the
+//! dashboard, loaded in headless Chromium.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// The receiver: what it has decoded so far, one JSON object per span or metric.
+struct Receiver {
+    child: Child,
+    port: u16,
+    seen: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/telemetry/receiver.py");
+        let mut child = Command::new(python())
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the OTLP receiver");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("a first line").expect("utf-8");
+        let port = first
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        Receiver { child, port, seen }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits (10 s at most: spans leave in batches every half second) until `pick` finds
+    /// something among what was received, and returns every match.
+    fn wait_for(&self, what: &str, pick: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Vec<Value> = self
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|v| pick(v))
+                .cloned()
+                .collect();
+            if !found.is_empty() {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} received; got: {:#?}",
+                self.seen.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The Python SDK client's call to `url`: its trace and span ids and the status it got.
+fn traced_call(url: &str, sampled: bool) -> Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/telemetry/client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(url)
+        .arg(if sampled { "sampled" } else { "unsampled" })
+        .output()
+        .expect("run the traced client");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+fn attr<'v>(span: &'v Value, name: &str) -> &'v Value {
+    &span["attributes"][name]
+}
+
+// Multi-threaded: the traced client is a blocking child process while the upstream, on this
+// runtime, answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_one_trace_from_the_client_through_the_decision_to_the_upstream() {
+    let receiver = Receiver::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "telemetry:\n  otlp_endpoint: {}\n  service_name: edge-gw\n  metrics_interval: 200ms\nroutes:\n  - name: api\n    path_prefix: /api\n    upstream: {}\n    limits:\n      - {{algorithm: fixed_window, limit: 1, window: 1h, per: ip}}\n",
+        receiver.endpoint(),
+        upstream.url()
+    ));
+    // Allowed: the client's trace continues through floodgate to the upstream.
+    let call = traced_call(&fg.url("/api/orders"), true);
+    assert_eq!(call["status"], 200);
+    let trace_id = call["trace_id"].as_str().unwrap().to_string();
+    let server = receiver.wait_for("the SERVER span", |v| {
+        v["signal"] == "span" && v["kind"] == "SERVER" && v["trace_id"] == trace_id.as_str()
+    });
+    let server = &server[0];
+    assert_eq!(server["service"], "edge-gw");
+    assert_eq!(server["name"], "GET api");
+    assert_eq!(server["parent_span_id"], call["span_id"]);
+    assert_eq!(attr(server, "http.request.method"), "GET");
+    assert_eq!(attr(server, "url.path"), "/api/orders");
+    assert_eq!(attr(server, "http.route"), "/api");
+    assert_eq!(attr(server, "http.response.status_code"), 200);
+    assert_eq!(attr(server, "floodgate.route"), "api");
+    assert_eq!(attr(server, "floodgate.decision"), "allowed");
+    assert_eq!(attr(server, "floodgate.limit"), 0);
+    assert_eq!(attr(server, "floodgate.remaining"), 0);
+    assert_eq!(attr(server, "floodgate.identity.kind"), "ip");
+    assert_eq!(attr(server, "client.address"), "127.0.0.1");
+    let server_id = server["span_id"].as_str().unwrap().to_string();
+    let client = receiver.wait_for("the forwarded request's CLIENT span", |v| {
+        v["kind"] == "CLIENT" && v["parent_span_id"] == server_id.as_str()
+    });
+    let client_id = client[0]["span_id"].as_str().unwrap();
+    // The upstream got a traceparent naming the CLIENT span, sampled.
+    let seen = upstream.seen();
+    let traceparent = seen[0]
+        .header("traceparent")
+        .expect("a traceparent upstream");
+    assert_eq!(traceparent, format!("00-{trace_id}-{client_id}-01"));
+
+    // Refused: traced like any other request.
+    let refused = traced_call(&fg.url("/api/orders"), true);
+    assert_eq!(refused["status"], 429);
+    let refused_id = refused["trace_id"].as_str().unwrap().to_string();
+    let server = receiver.wait_for("the refused request's span", |v| {
+        v["kind"] == "SERVER" && v["trace_id"] == refused_id.as_str()
+    });
+    assert_eq!(attr(&server[0], "floodgate.decision"), "denied");
+    assert_eq!(attr(&server[0], "http.response.status_code"), 429);
+    assert_eq!(upstream.count(), 1);
+
+    // An unsampled client: floodgate exports nothing of that trace, and the upstream hears
+    // flags 00.
+    let quiet = traced_call(&fg.url("/other"), false);
+    let quiet_id = quiet["trace_id"].as_str().unwrap().to_string();
+    // OTLP metrics carry /metrics' names.
+    let metric = receiver.wait_for("floodgate_requests_total over OTLP", |v| {
+        v["signal"] == "metric" && v["name"] == "floodgate_requests_total"
+    });
+    assert_eq!(metric[0]["kind"], "sum");
+    assert!(
+        !receiver
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v["trace_id"] == quiet_id.as_str()),
+        "an unsampled trace was exported"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_that_waited_on_redis_has_a_client_span_for_the_call() {
+    let receiver = Receiver::start();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "telemetry:\n  otlp_endpoint: {}\nstorage:\n  backend: redis\n  url: {}\n  leases: disabled\nroutes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n    limits:\n      - {{algorithm: token_bucket, capacity: 100, refill_rate: 10}}\n",
+        receiver.endpoint(),
+        redis.url(),
+        upstream.url()
+    ));
+    let call = traced_call(&fg.url("/x"), true);
+    assert_eq!(call["status"], 200);
+    let trace_id = call["trace_id"].as_str().unwrap().to_string();
+    let store = receiver.wait_for("the store call's span", |v| {
+        v["kind"] == "CLIENT"
+            && v["trace_id"] == trace_id.as_str()
+            && !v["attributes"]["db.system.name"].is_null()
+    });
+    assert_eq!(attr(&store[0], "db.system.name"), "redis");
+    let server = receiver.wait_for("the SERVER span", |v| {
+        v["kind"] == "SERVER" && v["trace_id"] == trace_id.as_str()
+    });
+    assert_eq!(store[0]["parent_span_id"], server[0]["span_id"]);
+    assert!(store[0]["start"].as_u64() >= server[0]["start"].as_u64());
+    assert!(store[0]["end"].as_u64() <= server[0]["end"].as_u64());
+}
+
+/// A collector that accepts connections and never answers.
+async fn silent_collector() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    (addr, task)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_costs_requests_nothing_and_memory_a_bounded_queue() {
+    let (collector, _task) = silent_collector().await;
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\ntelemetry:\n  otlp_endpoint: http://{collector}\n  metrics_interval: 0s\nroutes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n",
+        upstream.url()
+    ));
+    let client = client();
+    // Warm up, then measure memory across 3 rounds of 4,000 requests: far more spans than the
+    // queue holds (4,096), so a queue that grew would show.
+    for _ in 0..500 {
+        assert_eq!(get(&client, &fg.url("/"), &[]).await.status, 200);
+    }
+    let before = rss_kib(fg.pid());
+    for _ in 0..12_000 {
+        assert_eq!(get(&client, &fg.url("/"), &[]).await.status, 200);
+    }
+    let after = rss_kib(fg.pid());
+    // 4,096 queued spans of about 1 KiB each and one batch in flight: a few MiB. 64 MiB is
+    // the bound asserted (12,000 unbounded spans would be tens of MiB on top of the queue's).
+    assert!(
+        after < before + 64 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    let dropped = metric(&fg, "floodgate_telemetry_dropped_total").await;
+    assert!(dropped >= 12_500 - 4_096 - 512, "dropped {dropped}");
+}
+
+/// Chromium's binary, if Debian's package is installed.
+fn chromium() -> std::path::PathBuf {
+    for name in ["chromium", "chromium-browser"] {
+        if let Ok(out) = Command::new("which").arg(name).output()
+            && out.status.success()
+        {
+            return std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        }
+    }
+    panic!("chromium is missing: scripts/test.sh installs Debian's chromium");
+}
+
+#[tokio::test]
+async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {u}\n    limits:\n      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1}}\n  - name: search\n    path_prefix: /search\n    upstream: {u}\n",
+        u = upstream.url()
+    ));
+    // Traffic while the page is open, back to back (the page samples /metrics on its own
+    // clock, which headless Chromium runs faster than real time): allowed and denied on /orders.
+    let url = fg.url("/orders");
+    let traffic = tokio::spawn(async move {
+        let client = client();
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            let _ = client.get(&url).header("x-api-key", "dash").send().await;
+        }
+    });
+    // Some requests first, so the first samples already differ.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let profile = TempDir::new("chromium");
+    let out = tokio::task::spawn_blocking({
+        let admin = fg.admin_url("/");
+        let chromium = chromium();
+        let profile = profile.path().to_path_buf();
+        move || {
+            Command::new(chromium)
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                ])
+                .arg(format!("--user-data-dir={}", profile.display()))
+                // Let the page's timers run: about five one-second samples of /metrics.
+                .args([
+                    "--virtual-time-budget=6000",
+                    "--run-all-compositor-stages-before-draw",
+                    "--dump-dom",
+                ])
+                .arg(admin)
+                .output()
+                .expect("run chromium")
+        }
+    })
+    .await
+    .unwrap();
+    traffic.abort();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("<b>orders</b>"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dom.contains("<b>search</b>"));
+    assert!(dom.contains("token_bucket 5"), "{dom}");
+    // A live figure: the page computed a rate from two /metrics samples.
+    let allowed = dom
+        .split("data-route=\"orders\" data-decision=\"allowed\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("an allowed/s cell");
+    let denied = dom
+        .split("data-route=\"orders\" data-decision=\"denied\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("a denied/s cell");
+    assert!(allowed + denied > 0.0, "no live figure: {dom}");
+    assert!(dom.contains("closed"), "breaker state shown");
+}
