@@ -16,6 +16,8 @@
 #   hyper_proxy_tpc   hyper_proxy thread per core (one current-thread runtime per CPU, each with an
 #                     SO_REUSEPORT listener): #30's runtime experiment, on the floor first
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
+#   fg_memory_otel, fg_memory_otel_001  fg_memory_allow with OpenTelemetry on (telemetry:, the
+#                     upstream nginx as the OTLP sink, metrics off), at sample_ratio 1.0 and 0.01
 #   fg_memory_policies  the same, with the wrk keys as 1000 known consumers and a per: ip ceiling
 #                     and a per: route cap beside the bucket (what the round-2 policies cost)
 #   fg_redis_allow    floodgate, Redis store, every request allowed (a bucket of 1e9 refilled at
@@ -453,6 +455,13 @@ relay_storage() { # extra-yaml
 }
 start_floodgate fg_memory_allow "  backend: memory" 1000000000 1000000
 FG_MEMORY_URL=$FG_URL FG_MEMORY_PID=$FG_PID
+for pair in "fg_memory_otel:1.0" "fg_memory_otel_001:0.01"; do
+    name=${pair%%:*}
+    [[ " ${TARGETS[*]} " == *" $name "* ]] || continue
+    start_floodgate "$name" "  backend: memory" 1000000000 1000000 \
+        "telemetry: {otlp_endpoint: \"$UPSTREAM_URL\", sample_ratio: ${pair##*:}, metrics_interval: 0s}"
+    eval "OTEL_URL_$name=\$FG_URL OTEL_PID_$name=\$FG_PID"
+done
 # The wrk keys (bench-key-0001..) as known consumers, and two more limits of other scopes.
 python3 -c '
 import hashlib
@@ -557,6 +566,7 @@ pids_of() {
         hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_PID $UPSTREAM_PID -" ;;
         fg_memory_allow) echo "$FG_MEMORY_PID $UPSTREAM_PID -" ;;
         fg_memory_policies) echo "$FG_POLICIES_PID $UPSTREAM_PID -" ;;
+        fg_memory_otel*) eval "echo \"\$OTEL_PID_$1 $UPSTREAM_PID -\"" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_PID $UPSTREAM_PID $REDIS_PID" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_PID $UPSTREAM_PID $REDIS_PID" ;;
@@ -597,6 +607,7 @@ url_of() {
         hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_URL/" ;;
         fg_memory_allow) echo "$FG_MEMORY_URL/" ;;
         fg_memory_policies) echo "$FG_POLICIES_URL/" ;;
+        fg_memory_otel*) eval "echo \"\$OTEL_URL_$1/\"" ;;
         fg_redis_allow) echo "$FG_REDIS_ALLOW_URL/" ;;
         fg_redis_deny) echo "$FG_REDIS_DENY_URL/" ;;
         fg_redis_allow_unbatched) echo "$FG_REDIS_UNBATCHED_URL/" ;;

@@ -11,6 +11,9 @@
 # smallest hyper reverse proxy, one upstream connection per client connection, nothing else).
 #
 # Knobs (environment): N1=1000 N2=3000 FLOODGATE=target/release/floodgate BUILD=1
+#   TELEMETRY=RATIO  floodgate with OpenTelemetry on at that sample_ratio (the upstream nginx as
+#                    the OTLP sink, metrics off); unset: telemetry off, the default
+#   KEEP=DIR         keep floodgate's callgrind output files there (callgrind_annotate them)
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
 # All traffic goes to 127.0.0.1; every process started here is stopped on exit.
 
@@ -85,6 +88,10 @@ routes:
     limits:
       - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000}
 EOF
+if [ -n "${TELEMETRY:-}" ]; then
+    echo "telemetry: {otlp_endpoint: \"http://127.0.0.1:$UP_PORT\", sample_ratio: $TELEMETRY, metrics_interval: 0s}" \
+        >>"$WORK/floodgate.yaml"
+fi
 mkdir -p "$WORK/proxy"
 nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
     server { listen 127.0.0.1:$PORT; location / { proxy_pass http://backend;
@@ -104,6 +111,7 @@ run_one() {
     grep -q "$n succeeded" "$WORK/$name.$n.h2load" || { echo "$name: not every request succeeded" >&2; exit 1; }
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
+    if [ -n "${KEEP:-}" ] && [ "$name" = floodgate ]; then mkdir -p "$KEEP" && cp "$out" "$KEEP/"; fi
     sed -n 's/^summary: //p; s/^totals: //p' "$out" | head -1
 }
 

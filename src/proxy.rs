@@ -205,13 +205,12 @@ impl Proxy {
         let snapshot = self.snapshot.load_full();
         let mut ctx = Context::new(&req, peer);
         if let Some(telemetry) = &self.telemetry {
-            let client = snapshot.identity.client_addr(req.headers(), peer.ip());
             ctx.trace = Some(telemetry.server_span(
                 req.method(),
                 req.uri().path(),
                 req.version(),
                 req.headers(),
-                client,
+                || snapshot.identity.client_addr(req.headers(), peer.ip()),
             ));
         }
         let route = match Self::normalize(&snapshot, &mut req)
@@ -233,15 +232,9 @@ impl Proxy {
         }
         ctx.span.record(field::ROUTE, &*route.config.name);
         if let Some(trace) = &ctx.trace {
-            trace.rename(format!("{} {}", req.method(), route.config.name));
-            trace.set(KeyValue::new(
-                "http.route",
-                route.config.path_prefix.clone(),
-            ));
-            trace.set(KeyValue::new(
-                "floodgate.route",
-                route.config.name.to_string(),
-            ));
+            trace.rename(|| format!("{} {}", req.method(), route.config.name));
+            trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
+            trace.set(|| KeyValue::new("floodgate.route", route.config.name.to_string()));
         }
         let response = match self.admit(&snapshot, &route, &mut req, &mut ctx).await {
             Ok(()) => {
@@ -269,11 +262,10 @@ impl Proxy {
                     (&ctx.trace, &rejection)
                 {
                     let index = limit.index(route.config.enforced.limits.len());
-                    trace.set(KeyValue::new("floodgate.limit", index as i64));
-                    trace.set(KeyValue::new(
-                        "floodgate.remaining",
-                        verdict.headline.remaining as i64,
-                    ));
+                    trace.set(|| KeyValue::new("floodgate.limit", index as i64));
+                    trace.set(|| {
+                        KeyValue::new("floodgate.remaining", verdict.headline.remaining as i64)
+                    });
                 }
                 linger(req);
                 rejection.respond(&route.extras.headers, ctx.dialect)
@@ -332,10 +324,7 @@ impl Proxy {
             }
         };
         if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
-            trace.set(KeyValue::new(
-                "floodgate.identity.kind",
-                identity.kind().as_str(),
-            ));
+            trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
         }
         let admitted = match admitted {
             Ok(admitted) => self.gate(route, ctx).await.map(|()| admitted),
@@ -375,7 +364,7 @@ impl Proxy {
         }
         if let Some(trace) = ctx.trace.take() {
             if let Some(label) = label {
-                trace.set(KeyValue::new("floodgate.decision", label.as_str()));
+                trace.set(|| KeyValue::new("floodgate.decision", label.as_str()));
             }
             trace.end(response.status().as_u16());
         }
@@ -604,11 +593,10 @@ impl Proxy {
             }
             if let Some((verdict, limit)) = &decided.headline {
                 let index = limit.index(config.enforced.limits.len());
-                trace.set(KeyValue::new("floodgate.limit", index as i64));
-                trace.set(KeyValue::new(
-                    "floodgate.remaining",
-                    verdict.headline.remaining as i64,
-                ));
+                trace.set(|| KeyValue::new("floodgate.limit", index as i64));
+                trace.set(|| {
+                    KeyValue::new("floodgate.remaining", verdict.headline.remaining as i64)
+                });
             }
         }
         if let Some(refused) = decided.refused {

@@ -25,13 +25,15 @@ use http::{HeaderMap, Method, Version};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_http::HeaderExtractor;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
 };
 use prometheus_client::metrics::counter::Counter;
 
@@ -51,11 +53,37 @@ pub struct Telemetry {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
+    ids: PresetIds,
+    /// `sample_ratio` as the SDK's ratio sampler compares it (see [`Telemetry::server_span`]).
+    ratio_bound: u64,
+    ratio: f64,
 }
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Telemetry")
+    }
+}
+
+thread_local! {
+    /// A root trace id already drawn (and sampled) by [`Telemetry::server_span`], for the
+    /// SDK's next span on this thread.
+    static NEXT_TRACE_ID: std::cell::Cell<Option<TraceId>> = const { std::cell::Cell::new(None) };
+}
+
+/// The SDK's random ids, except a root trace id drawn beforehand (see [`NEXT_TRACE_ID`]).
+#[derive(Debug, Default)]
+struct PresetIds(RandomIdGenerator);
+
+impl IdGenerator for PresetIds {
+    fn new_trace_id(&self) -> TraceId {
+        NEXT_TRACE_ID
+            .take()
+            .unwrap_or_else(|| self.0.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
     }
 }
 
@@ -128,6 +156,7 @@ impl Telemetry {
                 config.sample_ratio,
             ))))
             .with_resource(resource)
+            .with_id_generator(PresetIds::default())
             .with_span_processor(QueueProcessor { queue, dropped })
             .build();
         let tracer = provider.tracer("floodgate");
@@ -135,41 +164,69 @@ impl Telemetry {
             provider,
             tracer,
             propagator: TraceContextPropagator::new(),
+            ids: PresetIds::default(),
+            ratio_bound: (config.sample_ratio.max(0.0) * (1u64 << 63) as f64) as u64,
+            ratio: config.sample_ratio,
         })
     }
 
     /// The SERVER span of a request arriving with `headers` (its `traceparent` and
-    /// `tracestate` continued), from `client`.
+    /// `tracestate` continued), from `client()`. The sampler decides first; a span it drops
+    /// gets no attributes (nothing is formatted for it), and `client()` is asked only for a
+    /// sampled one.
     pub fn server_span(
         &self,
         method: &Method,
         path: &str,
         version: Version,
         headers: &HeaderMap,
-        client: std::net::IpAddr,
+        client: impl FnOnce() -> std::net::IpAddr,
     ) -> Trace {
-        let parent = self.propagator.extract(&HeaderExtractor(headers));
-        let version = match version {
-            Version::HTTP_10 => "1.0",
-            Version::HTTP_11 => "1.1",
-            Version::HTTP_2 => "2",
-            _ => "other",
+        // A request with no trace of its own starts one here, and the ratio decides: the SDK's
+        // `TraceIdRatioBased` rule, applied to a trace id drawn first, so that a dropped root
+        // costs no SDK span at all (only its ids, for the upstream's `traceparent`), and a kept
+        // one is started with that very id (the SDK's sampler then decides alike).
+        let parent = match headers.contains_key(TRACEPARENT) {
+            true => self.propagator.extract(&HeaderExtractor(headers)),
+            false => Context::new(),
         };
-        let span = self
+        let builder = self
             .tracer
             .span_builder(method.as_str().to_string())
-            .with_kind(SpanKind::Server)
-            .with_attributes([
+            .with_kind(SpanKind::Server);
+        if !parent.has_active_span() {
+            let trace_id = self.ids.new_trace_id();
+            let low = u64::from_be_bytes(trace_id.to_bytes()[8..].try_into().unwrap_or([0; 8]));
+            if self.ratio < 1.0 && low >> 1 >= self.ratio_bound {
+                return Trace {
+                    cx: None,
+                    dropped: Some((trace_id, self.ids.new_span_id())),
+                    tracer: self.tracer.clone(),
+                };
+            }
+            // The SDK draws this id for the span it starts next on this thread.
+            NEXT_TRACE_ID.set(Some(trace_id));
+        }
+        let mut span = builder.start_with_context(&self.tracer, &parent);
+        NEXT_TRACE_ID.set(None);
+        if span.is_recording() {
+            let version = match version {
+                Version::HTTP_10 => "1.0",
+                Version::HTTP_11 => "1.1",
+                Version::HTTP_2 => "2",
+                _ => "other",
+            };
+            span.set_attributes([
                 KeyValue::new("http.request.method", method.as_str().to_string()),
                 KeyValue::new("url.path", path.to_string()),
                 KeyValue::new("network.protocol.version", version),
-                KeyValue::new("client.address", client.to_string()),
-            ])
-            .start_with_context(&self.tracer, &parent);
+                KeyValue::new("client.address", client().to_string()),
+            ]);
+        }
         Trace {
-            cx: parent.with_span(span),
+            cx: Some(parent.with_span(span)),
+            dropped: None,
             tracer: self.tracer.clone(),
-            propagator: self.propagator.clone(),
         }
     }
 
@@ -187,9 +244,9 @@ impl Telemetry {
             ])
             .start_with_context(&self.tracer, &parent);
         Trace {
-            cx: parent.with_span(span),
+            cx: Some(parent.with_span(span)),
+            dropped: None,
             tracer: self.tracer.clone(),
-            propagator: self.propagator.clone(),
         }
     }
 }
@@ -202,30 +259,45 @@ impl Drop for Telemetry {
 
 /// One request's trace: its SERVER span, and the means to make its children.
 pub struct Trace {
-    cx: Context,
+    /// The SDK's span (sampled or not) in its context.
+    cx: Option<Context>,
+    /// A root the ratio dropped before any span was made: its trace and span ids.
+    dropped: Option<(TraceId, SpanId)>,
     tracer: SdkTracer,
-    propagator: TraceContextPropagator,
 }
 
 impl Trace {
-    /// Renames the span (once its route is known).
-    pub fn rename(&self, name: String) {
-        self.cx.span().update_name(name);
-    }
-
-    /// Sets an attribute on the SERVER span.
-    pub fn set(&self, attribute: KeyValue) {
-        self.cx.span().set_attribute(attribute);
-    }
-
     /// True when the span is sampled (its attributes are recorded).
     pub fn is_recording(&self) -> bool {
-        self.cx.span().is_recording()
+        self.recording().is_some()
+    }
+
+    /// The context of a sampled span.
+    fn recording(&self) -> Option<&Context> {
+        self.cx.as_ref().filter(|cx| cx.span().is_recording())
+    }
+
+    /// Renames the span (once its route is known), if it is sampled.
+    pub fn rename(&self, name: impl FnOnce() -> String) {
+        if let Some(cx) = self.recording() {
+            cx.span().update_name(name());
+        }
+    }
+
+    /// Sets an attribute on the SERVER span, if it is sampled (`attribute` is not built
+    /// otherwise).
+    pub fn set(&self, attribute: impl FnOnce() -> KeyValue) {
+        if let Some(cx) = self.recording() {
+            cx.span().set_attribute(attribute());
+        }
     }
 
     /// A CLIENT child for a store round trip that began at `started` and took `took`:
     /// `system` is `redis` or `postgresql`.
     pub fn store_call(&self, system: &'static str, started: Instant, took: Duration, failed: bool) {
+        let Some(cx) = self.recording() else {
+            return;
+        };
         let start = SystemTime::now() - started.elapsed();
         let mut span = self
             .tracer
@@ -233,7 +305,7 @@ impl Trace {
             .with_kind(SpanKind::Client)
             .with_start_time(start)
             .with_attributes([KeyValue::new("db.system.name", system)])
-            .start_with_context(&self.tracer, &self.cx);
+            .start_with_context(&self.tracer, cx);
         if failed {
             span.set_status(Status::error("the store failed"));
         }
@@ -241,8 +313,33 @@ impl Trace {
     }
 
     /// A CLIENT child for the forwarded request, whose context `headers` (the upstream
-    /// request's) carry as `traceparent` (and `tracestate`): ended by [`Forwarded::end`].
+    /// request's) carry as `traceparent` (and `tracestate`): ended by [`Forwarded::end`]. An
+    /// unsampled trace makes no span: the upstream hears the request's own context, flags `00`.
     pub fn forward(&self, method: &Method, upstream: &str, headers: &mut HeaderMap) -> Forwarded {
+        let Some(cx) = self.recording() else {
+            match (&self.cx, self.dropped) {
+                (Some(cx), _) => {
+                    let span = cx.span();
+                    let sc = span.span_context();
+                    inject(
+                        sc.trace_id(),
+                        sc.span_id(),
+                        sc.trace_flags(),
+                        sc.trace_state(),
+                        headers,
+                    );
+                }
+                (None, Some((trace_id, span_id))) => inject(
+                    trace_id,
+                    span_id,
+                    TraceFlags::default(),
+                    &TraceState::NONE,
+                    headers,
+                ),
+                (None, None) => {}
+            }
+            return Forwarded { cx: None };
+        };
         let span = self
             .tracer
             .span_builder(method.as_str().to_string())
@@ -251,37 +348,97 @@ impl Trace {
                 KeyValue::new("http.request.method", method.as_str().to_string()),
                 KeyValue::new("server.address", upstream.to_string()),
             ])
-            .start_with_context(&self.tracer, &self.cx);
-        let cx = self.cx.with_span(span);
-        self.propagator
-            .inject_context(&cx, &mut HeaderInjector(headers));
-        Forwarded { cx }
+            .start_with_context(&self.tracer, cx);
+        let cx = cx.with_span(span);
+        {
+            let span = cx.span();
+            let sc = span.span_context();
+            inject(
+                sc.trace_id(),
+                sc.span_id(),
+                sc.trace_flags(),
+                sc.trace_state(),
+                headers,
+            );
+        }
+        Forwarded { cx: Some(cx) }
     }
 
     /// Ends the SERVER span with the answer's status (`error.type` for a 5xx).
     pub fn end(self, status: u16) {
-        let span = self.cx.span();
-        span.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        ));
-        if status >= 500 {
-            span.set_attribute(KeyValue::new("error.type", status.to_string()));
-            span.set_status(Status::error(status.to_string()));
+        if let Some(cx) = &self.cx {
+            end(cx, status);
         }
-        span.end();
     }
 }
 
-/// The forwarded request's CLIENT span.
+/// The forwarded request's CLIENT span (none for an unsampled trace).
 pub struct Forwarded {
-    cx: Context,
+    cx: Option<Context>,
 }
 
 impl Forwarded {
     /// Ends it with the upstream's status (or floodgate's, when the upstream failed).
     pub fn end(self, status: u16) {
-        let span = self.cx.span();
+        if let Some(cx) = &self.cx {
+            end(cx, status);
+        }
+    }
+}
+
+/// Writes `cx`'s span context into `headers` as W3C `traceparent` (and `tracestate` when it
+/// has one), as the SDK's `TraceContextPropagator` would, without its formatting machinery: the
+/// 55 bytes written in place (this runs on every request a trace is on, sampled or not).
+fn inject(
+    trace_id: TraceId,
+    span_id: SpanId,
+    flags: TraceFlags,
+    state: &TraceState,
+    headers: &mut HeaderMap,
+) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
+        return;
+    }
+    let mut out = [0u8; 55];
+    let mut at = 0;
+    let mut put = |bytes: &[u8], hex: bool| {
+        for &b in bytes {
+            if hex {
+                out[at] = HEX[usize::from(b >> 4)];
+                out[at + 1] = HEX[usize::from(b & 0xf)];
+                at += 2;
+            } else {
+                out[at] = b;
+                at += 1;
+            }
+        }
+    };
+    put(b"00-", false);
+    put(&trace_id.to_bytes(), true);
+    put(b"-", false);
+    put(&span_id.to_bytes(), true);
+    put(b"-", false);
+    put(&[flags.to_u8()], true);
+    let at = 55;
+    if let Ok(value) = http::HeaderValue::from_bytes(&out[..at]) {
+        headers.insert(TRACEPARENT, value);
+    }
+    let state = state.header();
+    if !state.is_empty()
+        && let Ok(value) = http::HeaderValue::from_str(&state)
+    {
+        headers.insert(TRACESTATE, value);
+    }
+}
+
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
+/// Ends `cx`'s span with an HTTP status (`error.type` for a 5xx).
+fn end(cx: &Context, status: u16) {
+    let span = cx.span();
+    if span.is_recording() {
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
@@ -290,8 +447,8 @@ impl Forwarded {
             span.set_attribute(KeyValue::new("error.type", status.to_string()));
             span.set_status(Status::error(status.to_string()));
         }
-        span.end();
     }
+    span.end();
 }
 
 /// The HTTP client both exporters send with: hyper on floodgate's runtime, TLS by rustls for

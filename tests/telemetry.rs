@@ -114,8 +114,9 @@ async fn a_request_is_one_trace_from_the_client_through_the_decision_to_the_upst
     let receiver = Receiver::start();
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&format!(
-        "telemetry:\n  otlp_endpoint: {}\n  service_name: edge-gw\n  metrics_interval: 200ms\nroutes:\n  - name: api\n    path_prefix: /api\n    upstream: {}\n    limits:\n      - {{algorithm: fixed_window, limit: 1, window: 1h, per: ip}}\n",
+        "telemetry:\n  otlp_endpoint: {}\n  service_name: edge-gw\n  metrics_interval: 200ms\nroutes:\n  - name: api\n    path_prefix: /api\n    upstream: {}\n    limits:\n      - {{algorithm: fixed_window, limit: 1, window: 1h, per: ip}}\n  - name: open\n    path_prefix: /open\n    upstream: {}\n",
         receiver.endpoint(),
+        upstream.url(),
         upstream.url()
     ));
     // Allowed: the client's trace continues through floodgate to the upstream.
@@ -164,8 +165,15 @@ async fn a_request_is_one_trace_from_the_client_through_the_decision_to_the_upst
 
     // An unsampled client: floodgate exports nothing of that trace, and the upstream hears
     // flags 00.
-    let quiet = traced_call(&fg.url("/other"), false);
+    let quiet = traced_call(&fg.url("/open"), false);
+    assert_eq!(quiet["status"], 200);
     let quiet_id = quiet["trace_id"].as_str().unwrap().to_string();
+    let seen = upstream.seen();
+    let traceparent = seen.last().unwrap().header("traceparent").unwrap();
+    assert!(
+        traceparent.starts_with(&format!("00-{quiet_id}-")) && traceparent.ends_with("-00"),
+        "{traceparent}"
+    );
     // OTLP metrics carry /metrics' names.
     let metric = receiver.wait_for("floodgate_requests_total over OTLP", |v| {
         v["signal"] == "metric" && v["name"] == "floodgate_requests_total"

@@ -145,12 +145,9 @@ async fn should_rate_limit(req: Request<Incoming>, state: &ServiceState) -> Resp
             .get(grpc::GRPC_STATUS)
             .and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
             .unwrap_or(0);
-        trace.set(opentelemetry::KeyValue::new("rpc.grpc.status_code", code));
-        if let Some(decision) = response.extensions().get::<Decision>() {
-            trace.set(opentelemetry::KeyValue::new(
-                "floodgate.decision",
-                decision.0,
-            ));
+        trace.set(|| opentelemetry::KeyValue::new("rpc.grpc.status_code", code));
+        if let Some(&Decision(decision)) = response.extensions().get::<Decision>() {
+            trace.set(|| opentelemetry::KeyValue::new("floodgate.decision", decision));
         }
         trace.end(response.status().as_u16());
     }
