@@ -51,6 +51,25 @@ pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     }),
     ("storage.key_prefix", |c| c.storage.key_prefix.clone()),
     ("storage.max_keys", |c| c.storage.max_keys.to_string()),
+    // The service's listener is bound once and serves what it started with; its rules
+    // (`service.config`'s files) are re-read by every reload.
+    ("service.listen", |c| {
+        format!("{:?}", c.service.as_ref().map(|s| s.listen))
+    }),
+    ("service.tls", |c| {
+        format!("{:?}", c.service.as_ref().and_then(|s| s.tls.as_ref()))
+    }),
+    ("service.config", |c| {
+        format!("{:?}", c.service.as_ref().map(|s| &s.config))
+    }),
+    ("service.forward_auth", |c| {
+        format!(
+            "{:?}",
+            c.service.as_ref().and_then(|s| s.forward_auth.as_ref())
+        )
+    }),
+    // The exporter and its sampler are built once.
+    ("telemetry", |c| format!("{:?}", c.telemetry)),
 ];
 
 fn backend_kind(backend: &Backend) -> &'static str {
@@ -106,6 +125,14 @@ mod tests {
             |extra: &str| restart_only_changes(&running, &config(&format!("{base}{extra}")));
         assert_eq!(changed("admin_listen: 127.0.0.1:9090\n"), ["admin_listen"]);
         assert_eq!(changed("max_connections: 5\n"), ["max_connections"]);
+        assert_eq!(
+            changed("telemetry: {otlp_endpoint: \"http://127.0.0.1:4318\"}\n"),
+            ["telemetry"]
+        );
+        assert_eq!(
+            changed("service: {listen: 127.0.0.1:8081, config: [rl/]}\n"),
+            ["service.listen", "service.config"]
+        );
         assert_eq!(
             changed("storage: {backend: redis, url: redis://127.0.0.1:1}\n"),
             ["storage.backend", "storage.url"]
