@@ -94,6 +94,8 @@ pub struct Config {
     pub service: Option<Arc<ServiceConfig>>,
     /// `telemetry:` (or the `OTEL_*` variables): OpenTelemetry over OTLP; `None`: off.
     pub telemetry: Option<TelemetryConfig>,
+    /// `usage_path:`: the path on the proxy listener where a client reads its own budgets.
+    pub usage_path: Option<String>,
 }
 
 /// Which rate-limit fields responses carry.
@@ -407,6 +409,16 @@ impl Config {
             .and_then(|s| v.service(s, overrides.base_dir.as_deref()))
             .map(Arc::new);
         let telemetry = v.telemetry(file.telemetry, &overrides.env);
+        let usage_path = file.usage_path.filter(|path| {
+            let ok = path.starts_with('/') && !path.contains(['?', '#', ' ']);
+            if !ok {
+                v.problem(
+                    "usage_path",
+                    format!("{path:?} is not a path (like /rate_limit)"),
+                );
+            }
+            ok
+        });
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {
@@ -451,6 +463,7 @@ impl Config {
                 http2_resets,
                 service,
                 telemetry,
+                usage_path,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,

@@ -28,6 +28,7 @@ mod pool;
 pub mod response;
 mod snapshot;
 mod upstream_frames;
+mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -212,6 +213,19 @@ impl Proxy {
                 req.headers(),
                 || snapshot.identity.client_addr(req.headers(), peer.ip()),
             ));
+        }
+        // `GET {usage_path}`: the caller's own budgets, answered here (`usage.rs`).
+        if let Some(path) = &snapshot.usage_path
+            && req.method() == http::Method::GET
+            && Self::normalize(&snapshot, &mut req).is_ok()
+            && req.uri().path() == path
+        {
+            let response = match self.usage(&snapshot, &req, &ctx).await {
+                Ok(response) => response,
+                Err(rejection) => rejection.respond(&usage::headers(), ctx.dialect),
+            };
+            linger(req);
+            return Self::respond(ctx, None, response);
         }
         let route = match Self::normalize(&snapshot, &mut req)
             .and_then(|()| Self::route(&snapshot, &req))

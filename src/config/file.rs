@@ -64,6 +64,9 @@ pub struct FileConfig {
     /// OpenTelemetry over OTLP.
     #[serde(default)]
     pub telemetry: Option<super::TelemetryFile>,
+    /// On the proxy listener: a client's own budgets (`GET {usage_path}`).
+    #[serde(default)]
+    pub usage_path: Option<String>,
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,

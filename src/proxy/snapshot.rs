@@ -35,6 +35,8 @@ pub struct Snapshot {
     pub(super) forwarder: Forwarder,
     /// The listener terminates TLS (`X-Forwarded-Proto: https`).
     pub(super) tls: bool,
+    /// `usage_path:`: where a client reads its own budgets (`usage.rs`).
+    pub(super) usage_path: Option<String>,
 }
 
 impl Snapshot {
@@ -148,6 +150,7 @@ impl Snapshot {
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
+            usage_path: config.usage_path.clone(),
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,

@@ -1,0 +1,120 @@
+//! `GET {usage_path}` on the proxy listener: a client asks how much it has left (GitHub's
+//! `/rate_limit`). The caller is identified as any request is (API key or consumer, verified
+//! token, trusted user id, address), and gets its own budgets on every route with limits, as
+//! `/budgets` computes them: the store's figures now, spending nothing. Never forwarded.
+//!
+//! The endpoint is limited per identity by a token bucket in this process ([`USAGE_CAPACITY`]
+//! at once, [`USAGE_RATE`] a second), so that it cannot be used to load the store: past it, a
+//! 429 with `Retry-After` like any other.
+
+use std::sync::LazyLock;
+
+use http::{HeaderValue, Request, Response};
+use serde_json::{Value, json};
+
+use super::body::ClientBody;
+use super::context::Context;
+use super::response::{self, Body, RateLimitHeaders, Rejection};
+use super::{Proxy, Snapshot};
+use crate::identity::ip_octets;
+use crate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, next_lease, wall_clock_us};
+use crate::policy::{self, LimitRef};
+
+/// How many usage requests an identity may make at once.
+pub const USAGE_CAPACITY: u32 = 10;
+/// How many more it may make a second.
+pub const USAGE_RATE: f64 = 1.0;
+
+static USAGE_LIMIT: LazyLock<Option<Limit>> = LazyLock::new(|| {
+    Algorithm::token_bucket(USAGE_CAPACITY, USAGE_RATE)
+        .ok()
+        .map(Limit::of)
+});
+
+impl Proxy {
+    /// Answers `GET {usage_path}`.
+    pub(super) async fn usage(
+        &self,
+        snapshot: &Snapshot,
+        req: &Request<ClientBody>,
+        ctx: &Context,
+    ) -> Result<Response<Body>, Rejection> {
+        let verified = Self::verify_token(snapshot, req, &ctx.span).await?;
+        let whose = Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span)?;
+        let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
+        let id = whose.identity.key_bytes(&mut id_buf);
+        let ip = ip_octets(whose.ip, &mut ip_buf);
+        let kind = KeyKind::from(whose.identity.kind());
+        // The endpoint's own limit, per identity, in this process.
+        if let Some(limit) = USAGE_LIMIT.as_ref() {
+            let ask = Ask {
+                limit,
+                key: BudgetKey {
+                    budget: "usage_path",
+                    kind,
+                    value: id,
+                },
+            };
+            if let Some(verdict) = self
+                .limiter
+                .memory()
+                .decide_leased(std::slice::from_ref(&ask), next_lease())
+                && !verdict.allowed()
+            {
+                return Err(Rejection::RateLimited(verdict, LimitRef::Enforced(0)));
+            }
+        }
+        let decider = self.decider(snapshot);
+        let now_us = wall_clock_us();
+        let mut routes = Vec::new();
+        for route in snapshot.routes.routes() {
+            if route.enforced.is_empty() {
+                continue;
+            }
+            let asks = policy::asks(&route.enforced, whose.tier, Some((kind, id)), Some(ip));
+            let decisions = decider
+                .peek(&asks.asks)
+                .await
+                .map_err(|_| Rejection::LimiterUnavailable)?;
+            let limits: Vec<Value> = decisions
+                .iter()
+                .zip(&asks.positions)
+                .map(|(d, &position)| {
+                    let limit = &route.enforced.limits[position];
+                    // A check that would pass counted this request's cost; give it back.
+                    let remaining = match d.allowed() {
+                        true => d.remaining + u64::from(limit.limit.cost()),
+                        false => d.remaining,
+                    };
+                    json!({
+                        "algorithm": limit.limit.algorithm().name(),
+                        "per": limit.per.as_str(),
+                        "limit": limit.limit.algorithm().units(),
+                        "remaining": remaining.min(d.limit),
+                        "reset": (now_us + d.reset_after_us).div_ceil(1_000_000),
+                    })
+                })
+                .collect();
+            routes.push(json!({ "route": &*route.name, "limits": limits }));
+        }
+        let body = json!({
+            "identity_kind": whose.identity.kind().as_str(),
+            "routes": routes,
+        });
+        let mut response = Response::new(response::full(body.to_string()));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response.headers_mut().insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        );
+        Ok(response)
+    }
+}
+
+/// The headers a refused usage request is answered with: none of a route's.
+pub(super) fn headers() -> RateLimitHeaders {
+    RateLimitHeaders::none()
+}
