@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+mod bans;
 mod budgets;
 mod dashboard;
 mod query;
@@ -112,6 +113,9 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         let answer = budgets::budgets(proxy, req.uri().query().unwrap_or("")).await;
         return json_answer(answer);
     }
+    if req.uri().path() == "/bans" || req.uri().path().starts_with("/bans/") {
+        return json_answer(ban_endpoint(req, proxy).await);
+    }
     if req.uri().path() == "/" {
         let mut response = Response::new(response::full(dashboard::PAGE));
         response.headers_mut().insert(
@@ -139,6 +143,44 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let mut response = Response::new(response::full(text));
     *response.status_mut() = status;
     response
+}
+
+/// `/bans`: authorized, then by method.
+async fn ban_endpoint(
+    req: Request<Incoming>,
+    proxy: &Proxy,
+) -> Result<serde_json::Value, AdminError> {
+    use http_body_util::BodyExt;
+    bans::authorize(
+        proxy,
+        req.headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    )?;
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.strip_prefix("/bans/")) {
+        (http::Method::GET, None) => Ok(bans::list(proxy)),
+        (http::Method::PUT, None) => {
+            let body = http_body_util::Limited::new(req.into_body(), 64 << 10)
+                .collect()
+                .await
+                .map_err(|_| {
+                    query::bad(
+                        400,
+                        "bad_request",
+                        "the body could not be read (at most 64 KiB)",
+                    )
+                })?
+                .to_bytes();
+            bans::put(proxy, &body)
+        }
+        (http::Method::DELETE, Some(id)) => bans::delete(proxy, id),
+        _ => Err(query::bad(
+            405,
+            "method_not_allowed",
+            "GET or PUT /bans, DELETE /bans/{id}",
+        )),
+    }
 }
 
 /// `GET /budgets` and `GET /top`: JSON, or a problem+json error.

@@ -96,6 +96,9 @@ pub struct Config {
     pub telemetry: Option<TelemetryConfig>,
     /// `usage_path:`: the path on the proxy listener where a client reads its own budgets.
     pub usage_path: Option<String>,
+    /// `admin.token_file`'s token (surrounding whitespace trimmed): without one, the admin
+    /// listener's write endpoints answer 403.
+    pub admin_token: Option<Arc<str>>,
 }
 
 /// Which rate-limit fields responses carry.
@@ -409,6 +412,26 @@ impl Config {
             .and_then(|s| v.service(s, overrides.base_dir.as_deref()))
             .map(Arc::new);
         let telemetry = v.telemetry(file.telemetry, &overrides.env);
+        let admin_token = file.admin.and_then(|a| a.token_file).and_then(|path| {
+            let path = match &overrides.base_dir {
+                Some(base) if Path::new(&path).is_relative() => base.join(&path),
+                _ => std::path::PathBuf::from(&path),
+            };
+            match std::fs::read_to_string(&path) {
+                Ok(text) if !text.trim().is_empty() => Some(Arc::from(text.trim())),
+                Ok(_) => {
+                    v.problem("admin.token_file", format!("{} is empty", path.display()));
+                    None
+                }
+                Err(e) => {
+                    v.problem(
+                        "admin.token_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    );
+                    None
+                }
+            }
+        });
         let usage_path = file.usage_path.filter(|path| {
             let ok = path.starts_with('/') && !path.contains(['?', '#', ' ']);
             if !ok {
@@ -464,6 +487,7 @@ impl Config {
                 service,
                 telemetry,
                 usage_path,
+                admin_token,
             }),
             _ => Err(ConfigError {
                 problems: v.problems,

@@ -122,6 +122,8 @@ pub struct Decider<'s> {
     pub on_error: OnError,
     /// Where store latency is observed (`floodgate_limiter_duration_seconds`); replay has none.
     pub metrics: Option<&'s Metrics>,
+    /// The bans in force (`control.rs`); replay has none.
+    pub bans: Option<&'s crate::control::Bans>,
 }
 
 impl<'s> Decider<'s> {
@@ -143,6 +145,15 @@ impl<'s> Decider<'s> {
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
         let kind = KeyKind::from(whose.identity.kind());
+        // A banned identity is refused before anything is asked.
+        if let Some(bans) = self.bans
+            && let Some(wait_us) =
+                bans.banned(&route.name, kind, id, crate::limiter::wall_clock_us())
+        {
+            let mut decided = Decided::of(DecisionLabel::Banned);
+            decided.refused = Some(Refused::Banned(wait_us));
+            return decided;
+        }
         let enforced_keys = facts.keys(&route.enforced, (kind, id), ip);
         let enforced = whose.asks(&route.enforced, id, ip, &enforced_keys);
         let enforced_costs = reserves(&route.enforced, &enforced, facts);
@@ -170,14 +181,65 @@ impl<'s> Decider<'s> {
                 positions: &[],
             },
         };
-        self.decide_asks(
-            BudgetAsks {
-                asks: enforced_asks.as_deref().unwrap_or(&enforced.asks),
-                positions: &enforced.positions[..enforced.asks.len()],
-            },
-            shadow,
-        )
-        .await
+        let decided = self
+            .decide_asks(
+                BudgetAsks {
+                    asks: enforced_asks.as_deref().unwrap_or(&enforced.asks),
+                    positions: &enforced.positions[..enforced.asks.len()],
+                },
+                shadow,
+            )
+            .await;
+        if let Some(Refused::RateLimited(..)) = decided.refused {
+            self.penalize(route, &decided, kind, id).await;
+        }
+        decided
+    }
+
+    /// The penalty box: a denial by a limit with `penalty:` is counted, per identity, in the
+    /// store (so every instance's denials count); the one that fills the count bans the
+    /// identity on the route for `penalty.ban`.
+    async fn penalize(&self, route: &RouteConfig, decided: &Decided, kind: KeyKind, id: &[u8]) {
+        let Some(bans) = self.bans else {
+            return;
+        };
+        for (position, limit) in route.enforced.limits.iter().enumerate() {
+            let Some(penalty) = &limit.penalty else {
+                continue;
+            };
+            if !decided.denied_by(Side::Enforced, position) {
+                continue;
+            }
+            let full = penalty.first_denial_bans || {
+                let ask = Ask {
+                    limit: &penalty.counter,
+                    key: crate::limiter::BudgetKey {
+                        budget: &penalty.budget_id,
+                        kind,
+                        value: id,
+                    },
+                };
+                matches!(
+                    self.limiter.decide(&[ask], OnError::Allow).await,
+                    Ok(Admission::Limited { verdict, .. }) if !verdict.allowed()
+                )
+            };
+            if full {
+                let now = crate::limiter::wall_clock_us();
+                let until =
+                    now.saturating_add(u64::try_from(penalty.ban.as_micros()).unwrap_or(u64::MAX));
+                let ban = bans.add(
+                    Some(route.name.to_string()),
+                    kind,
+                    id.to_vec(),
+                    until,
+                    format!("penalty of {}", limit.name()),
+                    "penalty",
+                    now,
+                );
+                tracing::info!(%ban, route = %route.name, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
+            }
+        }
     }
 
     /// [`Decider::decide`] when the store answers without waiting (the memory store: replay),

@@ -83,6 +83,7 @@ pub mod access_log;
 pub mod adaptive;
 pub mod admin;
 pub mod config;
+pub mod control;
 pub mod deadline;
 pub mod decider;
 pub mod grpc;

@@ -36,10 +36,12 @@ pub enum DecisionLabel {
     InvalidKey,
     /// No slot under the upstream's learned limit within `queue_timeout`: 503, not forwarded.
     Overloaded,
+    /// A banned identity (an operator's ban, or a limit's penalty box): 429, not forwarded.
+    Banned,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 8] = [
+    pub const ALL: [DecisionLabel; 9] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -48,6 +50,7 @@ impl DecisionLabel {
         DecisionLabel::Exempt,
         DecisionLabel::InvalidKey,
         DecisionLabel::Overloaded,
+        DecisionLabel::Banned,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -67,7 +70,8 @@ impl DecisionLabel {
             | DecisionLabel::Unlimited
             | DecisionLabel::Exempt
             | DecisionLabel::InvalidKey
-            | DecisionLabel::Overloaded => None,
+            | DecisionLabel::Overloaded
+            | DecisionLabel::Banned => None,
         }
     }
 
@@ -82,6 +86,7 @@ impl DecisionLabel {
             DecisionLabel::Exempt => "exempt",
             DecisionLabel::InvalidKey => "invalid_key",
             DecisionLabel::Overloaded => "overloaded",
+            DecisionLabel::Banned => "banned",
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct Proxy {
     tops: Tops,
     /// OpenTelemetry, when it is on (`telemetry:`): a trace per request.
     telemetry: crate::telemetry::Shared,
+    /// The bans in force (operators' and penalty boxes'): kept across reloads.
+    bans: crate::control::SharedBans,
 }
 
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
@@ -142,7 +144,13 @@ impl Proxy {
             gates,
             tops,
             telemetry: None,
+            bans: Default::default(),
         }
+    }
+
+    /// The bans in force, which the admin listener writes.
+    pub fn bans(&self) -> &crate::control::SharedBans {
+        &self.bans
     }
 
     /// Traces every request with `telemetry` (set once, at start).
@@ -307,16 +315,28 @@ impl Proxy {
         let req = &*req;
         // With `consumers:` every API key is checked, on unlimited routes too.
         let (identity, admitted) = if !route.config.is_limited() && snapshot.consumers.is_none() {
-            // Nothing to limit. When the upstream's gate may still shed the request, whose it is
-            // is worked out all the same (never refused for it), to be counted in `/top`.
-            let identity = route
-                .extras
-                .gate
-                .is_some()
+            // Nothing to limit. When the upstream's gate may still shed the request, or a ban
+            // may cover the route, whose it is is worked out all the same (never refused for
+            // it), to be counted in `/top` and checked against the bans.
+            let whose = (route.extras.gate.is_some() || !self.bans.is_empty())
                 .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
-                .flatten()
-                .map(|whose| whose.identity);
-            (identity, Ok(Admitted::unlimited()))
+                .flatten();
+            let banned = whose.as_ref().and_then(|whose| {
+                let mut buf = [0u8; 16];
+                let id = whose.identity.key_bytes(&mut buf);
+                let kind = KeyKind::from(whose.identity.kind());
+                self.bans.banned(
+                    &route.config.name,
+                    kind,
+                    id,
+                    crate::limiter::wall_clock_us(),
+                )
+            });
+            let admitted = match banned {
+                Some(wait_us) => Err(Rejection::Banned(wait_us.div_ceil(1_000_000).max(1))),
+                None => Ok(Admitted::unlimited()),
+            };
+            (whose.map(|w| w.identity), admitted)
         } else {
             match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
                 Ok(whose) => (
@@ -617,6 +637,7 @@ impl Proxy {
             return Err(match refused {
                 Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
                 Refused::StoreUnavailable => Rejection::LimiterUnavailable,
+                Refused::Banned(wait_us) => Rejection::Banned(wait_us.div_ceil(1_000_000).max(1)),
             });
         }
         let costs = decided
@@ -646,6 +667,7 @@ impl Proxy {
             limiter: &self.limiter,
             on_error: snapshot.on_error,
             metrics: Some(&self.metrics),
+            bans: Some(&self.bans),
         }
     }
 

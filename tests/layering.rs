@@ -22,13 +22,14 @@ const ALLOWED: &[(&str, &str)] = &[
     ("policy", "config identity limiter metrics"),
     ("access_log", "identity metrics"),
     ("telemetry", "config tls"),
+    ("control", "limiter"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
-    ("decider", "config identity limiter metrics policy"),
+    ("decider", "config control identity limiter metrics policy"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive config deadline decider grpc identity limiter metrics path policy route telemetry tls top",
+        "access_log adaptive config control deadline decider grpc identity limiter metrics path policy route telemetry tls top",
     ),
     (
         "replay",
@@ -36,7 +37,12 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     (
         "admin",
-        "config deadline decider identity limiter policy proxy top",
+        "config control deadline decider identity limiter policy proxy top",
+    ),
+    // The rate-limit service: descriptors decided by the proxy's decider and store.
+    (
+        "service",
+        "config deadline decider grpc identity limiter metrics policy proxy telemetry",
     ),
 ];
 

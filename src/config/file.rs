@@ -67,6 +67,9 @@ pub struct FileConfig {
     /// On the proxy listener: a client's own budgets (`GET {usage_path}`).
     #[serde(default)]
     pub usage_path: Option<String>,
+    /// The admin listener's write endpoints.
+    #[serde(default)]
+    pub admin: Option<AdminFile>,
     /// Global shadow mode: decide and count every limit, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
@@ -124,6 +127,15 @@ impl<'de> Deserialize<'de> for SizeText {
 pub struct TlsFile {
     pub cert: String,
     pub key: String,
+}
+
+/// `admin:`: what the admin listener's write endpoints need.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminFile {
+    /// A file holding the bearer token the write endpoints require.
+    #[serde(default)]
+    pub token_file: Option<String>,
 }
 
 /// `storage:` — where limiter state lives.
@@ -386,6 +398,18 @@ pub struct LimitFile {
     /// The consumer tiers the limit applies to (default: every request).
     #[serde(default)]
     pub tiers: Option<Vec<String>>,
+    /// The penalty box: this many denials by the limit within a span ban the identity.
+    #[serde(default)]
+    pub penalty: Option<PenaltyFile>,
+}
+
+/// A limit's `penalty:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PenaltyFile {
+    pub denials: i64,
+    pub within: String,
+    pub ban: String,
 }
 
 /// A limit's `cost:`: a number, or reserve-then-settle.

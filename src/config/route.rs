@@ -167,6 +167,9 @@ pub struct RouteLimit {
     pub parts: Box<[Part]>,
     /// The consumer tiers it applies to; `None`: every request.
     pub tiers: Option<Vec<String>>,
+    /// `penalty:`: denials by this limit, counted per identity in the store as a fixed window of
+    /// `denials` per `within`, and the ban that follows the window's last one.
+    pub penalty: Option<Penalty>,
     /// Derived from the route and the limit when the config is loaded (private, so that they
     /// cannot drift from what they are derived from): see the accessors.
     budget_id: String,
@@ -180,6 +183,20 @@ impl RouteConfig {
     pub fn is_limited(&self) -> bool {
         !(self.enforced.is_empty() && self.shadow.is_empty())
     }
+}
+
+/// A limit's penalty box (`penalty: {denials, within, ban}`).
+#[derive(Debug, Clone)]
+pub struct Penalty {
+    /// Counts the identity's denials by the limit: a fixed window that fills one denial before
+    /// the ban.
+    pub counter: Limit,
+    /// `denials: 1`: the first denial bans.
+    pub first_denial_bans: bool,
+    /// How long the ban lasts.
+    pub ban: std::time::Duration,
+    /// The counter's budget id.
+    pub budget_id: String,
 }
 
 impl RouteLimit {
@@ -447,12 +464,47 @@ impl Validator {
                 limit_fingerprint(&limit)
             );
             let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
+            let penalty = l.penalty.as_ref().and_then(|p| {
+                let path = format!("{limit_path}.penalty");
+                let within = super::parse_duration(&p.within)
+                    .map_err(|e| self.problem(format!("{path}.within"), e))
+                    .ok()?;
+                let ban = super::parse_duration(&p.ban)
+                    .map_err(|e| self.problem(format!("{path}.ban"), e))
+                    .ok()?;
+                if ban.is_zero() {
+                    self.problem(format!("{path}.ban"), "must be longer than 0");
+                    return None;
+                }
+                let denials = u32::try_from(p.denials)
+                    .ok()
+                    .filter(|&d| d >= 1)
+                    .or_else(|| {
+                        self.problem(format!("{path}.denials"), "must be at least 1");
+                        None
+                    })?;
+                // The denials counted: a fixed window of `denials - 1` admissions, so that
+                // the denial that finds it full is the `denials`-th.
+                let counter = crate::limiter::Algorithm::fixed_window(
+                    denials.saturating_sub(1).max(1),
+                    within,
+                )
+                .map_err(|e| self.problem(format!("{path}.within"), e.to_string()))
+                .ok()?;
+                Some(Penalty {
+                    counter: Limit::of(counter),
+                    first_denial_bans: denials == 1,
+                    ban,
+                    budget_id: format!("{}#{n}~penalty", r.name),
+                })
+            });
             let route_limit = RouteLimit {
                 limit,
                 settled,
                 per,
                 parts,
                 tiers,
+                penalty,
                 budget_id,
                 name: format!("{}-{n}", r.name),
                 position: n,

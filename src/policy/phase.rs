@@ -40,6 +40,8 @@ pub enum Refused {
     RateLimited(Verdict, LimitRef),
     /// The store failed and `on_error` is `deny` (503).
     StoreUnavailable,
+    /// The identity is banned on the route for this many more microseconds (429 `banned`).
+    Banned(u64),
 }
 
 /// One request's limit phase, fed the store's answers.

@@ -53,6 +53,9 @@ pub enum Rejection {
     RateLimited(Verdict, LimitRef),
     /// The limiter store failed and `on_error` is `deny`: 503.
     LimiterUnavailable,
+    /// The identity is banned (by an operator, or a limit's penalty box) for this many more
+    /// seconds: 429 `banned` with `Retry-After`, never forwarded.
+    Banned(u64),
     /// The upstream could not be reached: 502.
     BadGateway(String),
     /// The upstream did not answer in time: 504.
@@ -253,6 +256,15 @@ impl Rejection {
                 let retry_after = v.retry_after_secs();
                 (rate_limited_body(retry_after), Some(retry_after))
             }
+            Rejection::Banned(secs) => (
+                Bytes::from(problem_json(
+                    answer.status,
+                    answer.error,
+                    &http_detail(answer.message, Some(*secs)),
+                    Some(*secs),
+                )),
+                Some(*secs),
+            ),
             Rejection::BadRequest(_) | Rejection::BadGateway(_) | Rejection::InvalidArgument(_) => {
                 (
                     Bytes::from(problem_json(

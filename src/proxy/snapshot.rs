@@ -37,6 +37,8 @@ pub struct Snapshot {
     pub(super) tls: bool,
     /// `usage_path:`: where a client reads its own budgets (`usage.rs`).
     pub(super) usage_path: Option<String>,
+    /// The admin write endpoints' bearer token (`admin.token_file`), if any.
+    pub admin_token: Option<Arc<str>>,
 }
 
 impl Snapshot {
@@ -151,6 +153,7 @@ impl Snapshot {
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
             usage_path: config.usage_path.clone(),
+            admin_token: config.admin_token.clone(),
             forwarder: Forwarder::new(
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,

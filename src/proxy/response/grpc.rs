@@ -45,6 +45,7 @@ impl Rejection {
                 let retry = std::time::Duration::from_micros(v.retry_after_us());
                 (rate_limited.code(), Some(retry))
             }
+            Rejection::Banned(secs) => (answer.grpc, Some(std::time::Duration::from_secs(*secs))),
             _ => (
                 answer.grpc,
                 answer.retry_secs.map(std::time::Duration::from_secs),

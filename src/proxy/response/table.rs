@@ -100,6 +100,14 @@ static RATE_LIMITED: Answer = row(
     None,
     Some(DecisionLabel::Denied),
 );
+static BANNED: Answer = row(
+    StatusCode::TOO_MANY_REQUESTS,
+    "banned",
+    Code::ResourceExhausted,
+    "this client is banned for a while",
+    None,
+    Some(DecisionLabel::Banned),
+);
 static LIMITER_UNAVAILABLE: Answer = row(
     StatusCode::SERVICE_UNAVAILABLE,
     "rate_limiter_unavailable",
@@ -168,6 +176,7 @@ impl Rejection {
             Rejection::InvalidToken => &INVALID_TOKEN,
             Rejection::RateLimited(..) => &RATE_LIMITED,
             Rejection::LimiterUnavailable => &LIMITER_UNAVAILABLE,
+            Rejection::Banned(_) => &BANNED,
             Rejection::BadGateway(_) => &BAD_GATEWAY,
             Rejection::GatewayTimeout => &GATEWAY_TIMEOUT,
             Rejection::PayloadTooLarge => &PAYLOAD_TOO_LARGE,
