@@ -172,9 +172,9 @@ async fn ban_endpoint(
                     )
                 })?
                 .to_bytes();
-            bans::put(proxy, &body)
+            bans::put(proxy, &body).await
         }
-        (http::Method::DELETE, Some(id)) => bans::delete(proxy, id),
+        (http::Method::DELETE, Some(id)) => bans::delete(proxy, id).await,
         _ => Err(query::bad(
             405,
             "method_not_allowed",

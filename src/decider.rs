@@ -237,7 +237,8 @@ impl<'s> Decider<'s> {
                     "penalty",
                     now,
                 );
-                tracing::info!(%ban, route = %route.name, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
+                tracing::info!(ban = %ban.id, route = %route.name, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
+                crate::control::share(self.limiter, &ban.id, Some(&ban)).await;
             }
         }
     }

@@ -45,4 +45,4 @@ pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};
 pub use memory::MemoryStore;
-pub use store::RemoteStore;
+pub use store::{ControlList, RemoteStore};

@@ -191,3 +191,73 @@ async fn a_limits_penalty_box_bans_after_that_many_denials() {
     assert_eq!(get(&client, &fg.url("/search"), &[]).await.status, 200);
     assert_eq!(upstream.count(), 2);
 }
+
+#[tokio::test]
+async fn on_redis_a_ban_reaches_every_instance_within_a_second_and_survives_a_restart() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let token = TempFile::new("t0ken");
+    let yaml = format!(
+        "storage:\n  backend: redis\n  url: {}\n{}",
+        redis.url(),
+        config(&upstream.url(), Some(&token))
+    );
+    let one = Floodgate::start(&yaml);
+    let two = Floodgate::start(&yaml);
+    let client = client();
+    let key = [("x-api-key", "shared-ban")];
+    assert_eq!(get(&client, &two.url("/search"), &key).await.status, 200);
+    let r = admin(
+        &one,
+        reqwest::Method::PUT,
+        "/bans",
+        Some("t0ken"),
+        Some(r#"{"route": "search", "api_key": "shared-ban", "duration": "1h"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    // The other instance reads the list's version in Redis every 300 ms (FOLLOW_EVERY), so the
+    // ban reaches it within a second; 3 s here leaves a loaded machine room (a lost ban would
+    // never arrive at all).
+    let started = std::time::Instant::now();
+    loop {
+        let status = get(&client, &two.url("/search"), &key).await.status;
+        if status == 429 {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "the ban did not reach the other instance"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A new instance starts with it.
+    let three = Floodgate::start(&yaml);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while get(&client, &three.url("/search"), &key).await.status != 429 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a restarted instance lost the ban"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Lifted on one, lifted everywhere.
+    let r = admin(
+        &two,
+        reqwest::Method::DELETE,
+        &format!("/bans/{id}"),
+        Some("t0ken"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while get(&client, &one.url("/search"), &key).await.status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lift did not reach the first instance"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

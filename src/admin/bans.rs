@@ -42,8 +42,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `PUT /bans`.
-pub fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
+/// `PUT /bans`: the ban holds here at once, and is written to the store's shared list (Redis)
+/// for the other instances.
+pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     let body: serde_json::Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
         bad(
             400,
@@ -88,7 +89,7 @@ pub fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     let now = wall_clock_us();
     let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
     let label = kind_label(kind, &value);
-    let id = proxy.bans().add(
+    let ban = proxy.bans().add(
         route.clone(),
         kind,
         value,
@@ -97,8 +98,9 @@ pub fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         "operator",
         now,
     );
-    tracing::info!(%id, route = route.as_deref().unwrap_or("*"), identity = %label, ?duration, %reason, "ban added");
-    Ok(json!({ "id": id }))
+    tracing::info!(id = %ban.id, route = route.as_deref().unwrap_or("*"), identity = %label, ?duration, %reason, "ban added");
+    crate::control::share(proxy.limiter(), &ban.id, Some(&ban)).await;
+    Ok(json!({ "id": ban.id }))
 }
 
 /// `GET /bans`.
@@ -123,9 +125,10 @@ pub fn list(proxy: &Proxy) -> Value {
 }
 
 /// `DELETE /bans/{id}`.
-pub fn delete(proxy: &Proxy, id: &str) -> Result<Value, AdminError> {
+pub async fn delete(proxy: &Proxy, id: &str) -> Result<Value, AdminError> {
     if proxy.bans().remove(id) {
         tracing::info!(%id, "ban lifted");
+        crate::control::share(proxy.limiter(), id, None).await;
         Ok(json!({ "id": id }))
     } else {
         Err(bad(404, "no_ban", format!("no ban {id:?}")))

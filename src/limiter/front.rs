@@ -142,6 +142,20 @@ impl Limiter {
         )
     }
 
+    /// The shared control list (bans) the store keeps, if it keeps one: Redis does.
+    pub async fn control_read(
+        &self,
+        known: Option<String>,
+    ) -> Result<Option<super::store::ControlList>, LimiterError> {
+        by_store!(self, _store => Ok(None), guarded => guarded.control_read(known).await)
+    }
+
+    /// Writes an entry of the store's shared control list (`None`: removes it); false when the
+    /// store keeps none (the memory store; PostgreSQL, for now).
+    pub async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+        by_store!(self, _store => Ok(false), guarded => guarded.control_write(id, entry).await)
+    }
+
     /// Readies a remote store for its first decision (connects, loads its scripts or schema),
     /// waiting at most `within`: true when it is ready. The memory store always is.
     pub async fn prepare(&self, within: Duration) -> bool {

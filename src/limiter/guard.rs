@@ -259,6 +259,26 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         &self.local
     }
 
+    /// The store's shared control list, within the decision timeout ten times over (nobody
+    /// waits on it but the control feed).
+    pub async fn control_read(
+        &self,
+        known: Option<String>,
+    ) -> Result<Option<super::store::ControlList>, LimiterError> {
+        let timeout = self.timeout() * 10;
+        tokio::time::timeout(timeout, self.store.control_read(known))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))?
+    }
+
+    /// Writes an entry of the store's shared control list.
+    pub async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+        let timeout = self.timeout() * 10;
+        tokio::time::timeout(timeout, self.store.control_write(id, entry))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))?
+    }
+
     /// Decides, or applies `on_error` when the store cannot. `Err` only under `on_error: deny`.
     pub async fn decide(
         &self,

@@ -424,6 +424,28 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The control list's hash and its version key (one hash tag: one Cluster slot).
+    fn control_keys(&self) -> (String, String) {
+        let list = format!("{}{{control}}:bans", self.prefix);
+        let version = format!("{}{{control}}:version", self.prefix);
+        (list, version)
+    }
+
+    /// One plain command, on whichever connection there is.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, LimiterError> {
+        let guard = self.connection.load_full();
+        let Some(connection) = guard.as_deref() else {
+            return Err(LimiterError::Unavailable(
+                "not connected to Redis yet".to_string(),
+            ));
+        };
+        let result: redis::RedisResult<T> = match connection.clone() {
+            Connection::Single(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
+        };
+        result.map_err(|e| LimiterError::Unavailable(e.to_string()))
+    }
+
     /// The Redis key of one ask.
     pub fn key_name(&self, ask: &Ask<'_>) -> String {
         wire::key_name(&self.prefix, ask)
@@ -451,6 +473,43 @@ impl RedisStore {
 impl RemoteStore for RedisStore {
     fn set_batching(&self, on: bool) {
         self.batch(on);
+    }
+
+    async fn control_read(
+        &self,
+        known: Option<String>,
+    ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
+        let (list, version) = self.control_keys();
+        let version: Option<String> = self.query(redis::cmd("GET").arg(&version)).await?;
+        let version = version.unwrap_or_default();
+        if known.as_deref() == Some(version.as_str()) {
+            return Ok(Some(crate::limiter::store::ControlList {
+                version,
+                entries: None,
+            }));
+        }
+        let entries: Vec<String> = self.query(redis::cmd("HVALS").arg(&list)).await?;
+        Ok(Some(crate::limiter::store::ControlList {
+            version,
+            entries: Some(entries),
+        }))
+    }
+
+    async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+        let (list, version) = self.control_keys();
+        match entry {
+            Some(entry) => {
+                let _: i64 = self
+                    .query(redis::cmd("HSET").arg(&list).arg(id).arg(entry))
+                    .await?;
+            }
+            None => {
+                let _: i64 = self.query(redis::cmd("HDEL").arg(&list).arg(id)).await?;
+            }
+        }
+        // Bumped after the write: a reader that sees the new version sees the new list.
+        let _: i64 = self.query(redis::cmd("INCR").arg(&version)).await?;
+        Ok(true)
     }
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {

@@ -10,6 +10,14 @@ use prometheus_client::metrics::counter::Counter;
 use super::wire::Reply;
 use super::{Ask, Decision, LeaseId, LimiterError};
 
+/// The control list as a store holds it: its version, and its entries (unchanged since `known`:
+/// `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlList {
+    pub version: String,
+    pub entries: Option<Vec<String>>,
+}
+
 /// A store in another process: what the guard needs of Redis and of PostgreSQL.
 pub trait RemoteStore: Send + Sync + 'static {
     /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
@@ -58,6 +66,25 @@ pub trait RemoteStore: Send + Sync + 'static {
     fn after_failure(&self) {}
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// The shared control list (bans, `control.rs`): a version that changes with every write,
+    /// and, when it differs from `known`, every entry. `None`: the store keeps no such list.
+    fn control_read(
+        &self,
+        known: Option<String>,
+    ) -> impl Future<Output = Result<Option<ControlList>, LimiterError>> + Send {
+        let _ = known;
+        async { Ok(None) }
+    }
+    /// Writes entry `id` of the control list (`None`: removes it). False when the store keeps
+    /// no such list.
+    fn control_write(
+        &self,
+        id: &str,
+        entry: Option<&str>,
+    ) -> impl Future<Output = Result<bool, LimiterError>> + Send {
+        let _ = (id, entry);
+        async { Ok(false) }
+    }
     /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
     /// would otherwise pay for that within its timeout. Pings by default.
     fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
