@@ -352,3 +352,80 @@ async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
     assert!(allowed + denied > 0.0, "no live figure: {dom}");
     assert!(dom.contains("closed"), "breaker state shown");
 }
+
+#[tokio::test]
+async fn a_should_rate_limit_call_is_a_server_span() {
+    use prost::Message;
+    let receiver = Receiver::start();
+    let rules = TempDir::new("rules");
+    std::fs::write(
+        rules.path().join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let fg = Floodgate::start(&format!(
+        "telemetry:\n  otlp_endpoint: {}\n  metrics_interval: 0s\nroutes: []\nservice:\n  listen: 127.0.0.1:0\n  config: [{}]\n",
+        receiver.endpoint(),
+        rules.path().display()
+    ));
+    let request = floodgate::service::rls::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![floodgate::service::rls::RateLimitDescriptor {
+            entries: vec![floodgate::service::rls::DescriptorEntry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            hits_addend: None,
+            is_negative_hits: false,
+        }],
+        hits_addend: 0,
+    };
+    let message = request.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    // Envoy continues its own trace: its traceparent, as Envoy sends it when tracing is on.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    for _ in 0..2 {
+        let answer = h2c_client()
+            .post(format!(
+                "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                fg.service_addr()
+            ))
+            .header("content-type", "application/grpc")
+            .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+            .body(framed.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    let spans = receiver.wait_for("ShouldRateLimit spans", |v| {
+        v["kind"] == "SERVER" && v["trace_id"] == trace_id
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut spans = spans;
+    while spans.len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        spans = receiver.wait_for("both spans", |v| {
+            v["kind"] == "SERVER" && v["trace_id"] == trace_id
+        });
+    }
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert_eq!(
+        spans[0]["name"],
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    );
+    assert_eq!(spans[0]["parent_span_id"], "00f067aa0ba902b7");
+    assert_eq!(attr(&spans[0], "rpc.system"), "grpc");
+    assert_eq!(attr(&spans[0], "rpc.grpc.status_code"), 0);
+    let decisions: Vec<&Value> = spans
+        .iter()
+        .map(|s| attr(s, "floodgate.decision"))
+        .collect();
+    assert!(decisions.contains(&&Value::from("ok")), "{decisions:?}");
+    assert!(
+        decisions.contains(&&Value::from("over_limit")),
+        "{decisions:?}"
+    );
+}
