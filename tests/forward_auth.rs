@@ -1,6 +1,6 @@
 //! Forward auth (`GET /check` on the service port) behind the real nginx (`auth_request`) and
 //! Caddy (`forward_auth`): their clients get 429 with `Retry-After` once over the limit, and
-//! the upstream never sees those requests. The configs here are the ones the README shows.
+//! the upstream never sees those requests. The configs here are the ones docs/service.md shows.
 //!
 //! The limit is per client address, 2 an hour in an epoch-aligned window: each test keeps
 //! clear of an hour's end (60 s; each finishes in about a second).
@@ -25,7 +25,7 @@ fn service(deny_status: u16) -> (Floodgate, TempDir) {
     (fg, dir)
 }
 
-/// The nginx snippet from the README: `auth_request` to `/check`; floodgate answers 403 over
+/// The nginx snippet from docs/service.md: `auth_request` to `/check`; floodgate answers 403 over
 /// the limit (nginx turns any other status but 401 into 500), and `error_page` makes it the 429
 /// the client gets, with `Retry-After` and the `X-RateLimit-*` fields.
 fn nginx_http(service: std::net::SocketAddr, upstream: std::net::SocketAddr) -> String {
