@@ -16,11 +16,13 @@
 //! (whose context the upstream receives in `traceparent`), and a SERVER span per
 //! `ShouldRateLimit` call (`rpc.system: grpc`).
 
+mod export;
 mod metrics;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use export::{Client, QueueProcessor, export_spans, http_client};
 use http::{HeaderMap, Method, Version};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
@@ -29,11 +31,9 @@ use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
-    SpanProcessor,
+    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanExporter,
 };
 use prometheus_client::metrics::counter::Counter;
 
@@ -84,34 +84,6 @@ impl IdGenerator for PresetIds {
 
     fn new_span_id(&self) -> SpanId {
         self.0.new_span_id()
-    }
-}
-
-/// Ended spans on their way to the exporting task.
-#[derive(Debug)]
-struct QueueProcessor {
-    queue: tokio::sync::mpsc::Sender<SpanData>,
-    dropped: Counter,
-}
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        if self.queue.try_send(span).is_err() {
-            self.dropped.inc();
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
     }
 }
 
@@ -449,69 +421,6 @@ fn end(cx: &Context, status: u16) {
         }
     }
     span.end();
-}
-
-/// The HTTP client both exporters send with: hyper on floodgate's runtime, TLS by rustls for
-/// an `https://` collector.
-type Client = opentelemetry_http::hyper::HyperClient<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
->;
-
-fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
-    let roots = crate::tls::system_roots("the OTLP collector");
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(opentelemetry_http::hyper::HyperClient::new(
-        connector,
-        EXPORT_TIMEOUT,
-        None,
-    ))
-}
-
-/// The exporting task: batches of at most [`BATCH`] spans, sent one export at a time; a failed
-/// export's spans are counted as dropped (the collector may be down: they are not retried, so
-/// memory stays bounded).
-async fn export_spans(
-    mut spans: tokio::sync::mpsc::Receiver<SpanData>,
-    exporter: opentelemetry_otlp::SpanExporter,
-    dropped: Counter,
-) {
-    let mut batch = Vec::with_capacity(BATCH);
-    loop {
-        let Some(first) = spans.recv().await else {
-            return;
-        };
-        batch.push(first);
-        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
-        while batch.len() < BATCH {
-            match tokio::time::timeout_at(deadline, spans.recv()).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        let n = batch.len() as u64;
-        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                dropped.inc_by(n);
-                tracing::debug!(error = %e, spans = n, "span export failed");
-            }
-            Err(_) => {
-                dropped.inc_by(n);
-                tracing::debug!(spans = n, "span export timed out");
-            }
-        }
-    }
 }
 
 /// Shared by the proxy and the service: the process' telemetry, if it is on.

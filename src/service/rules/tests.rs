@@ -1,4 +1,5 @@
 use super::*;
+use crate::limiter::AlgorithmKind;
 
 fn rules(yaml: &str) -> Rules {
     Rules::from_yaml("rl.yaml", yaml).unwrap_or_else(|e| panic!("{e}"))

@@ -1,0 +1,346 @@
+//! Phases 2 to 4 of the pipeline (`proxy.rs` runs them as `Proxy::admit`): whose the request
+//! is (its bearer token verified, its identity and address), its route's limits decided by the
+//! one decider ([`crate::decider`]) on what the request says ([`HttpFacts`]), and a slot under
+//! the upstream's learned limit.
+
+use std::net::SocketAddr;
+
+use http::Request;
+
+use super::body::{self, ClientBody};
+use super::context::{Admitted, Context};
+use super::{Matched, Proxy, Rejection, Snapshot, cost, uptime_us};
+use crate::access_log::{self, field};
+use crate::config::{Budget, RequestView, RouteLimit};
+use crate::decider::{Facts, Side};
+use crate::identity::jwt::{Verified, WhenMissing};
+use crate::identity::{Identity, IdentityError, IdentityKind};
+use crate::limiter::KeyKind;
+use crate::policy::{Claim, Refusal, Refused, RequestKeys, Whose};
+use opentelemetry::KeyValue;
+
+/// The access log's `identity_hash`: the hex SHA-256 of an API key (the digest a consumer's
+/// `keys_sha256` holds, so replay can find the consumer) or of a user id.
+fn digest_hex(value: &[u8]) -> String {
+    use sha2::Digest;
+    crate::limiter::hex(&sha2::Sha256::digest(value))
+}
+
+/// What the phases before the limit phase read from the request for its keys and reserves:
+/// the verified token, and the JSON body (on a route that reads it).
+#[derive(Clone, Copy)]
+pub(super) struct Read<'a> {
+    verified: Option<&'a Verified>,
+    json: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What the decider reads of a live request: its composite keys' parts (recorded, as digests,
+/// on the access log's span for replay) and its settled limits' reserves.
+struct HttpFacts<'a> {
+    view: RequestView<'a>,
+    span: &'a tracing::Span,
+    /// The access log's `keys`: every composite key's digest, enforced and shadow.
+    logged_keys: String,
+}
+
+impl Facts for HttpFacts<'_> {
+    fn keys(&mut self, budget: &Budget, identity: (KeyKind, &[u8]), ip: &[u8]) -> RequestKeys {
+        let keys = RequestKeys::of(budget, &self.view, identity, ip);
+        if !self.span.is_disabled() {
+            access_log::keys_field(keys.digests(budget), &mut self.logged_keys);
+            if !self.logged_keys.is_empty() {
+                self.span.record(field::KEYS, self.logged_keys.as_str());
+            }
+        }
+        keys
+    }
+
+    fn reserve(&mut self, limit: &RouteLimit) -> u32 {
+        limit.settled.as_ref().map_or(limit.limit.cost(), |s| {
+            s.reserve.of(self.view.headers, self.view.json)
+        })
+    }
+}
+
+impl Proxy {
+    /// Phases 2 to 4: identify, limit, gate. Whose the request is, once known, is counted in the
+    /// route's `/top` (admitted or not).
+    pub(super) async fn admit(
+        &self,
+        snapshot: &Snapshot,
+        route: &Matched<'_>,
+        req: &mut Request<ClientBody>,
+        ctx: &mut Context,
+    ) -> Result<(), Rejection> {
+        // A bearer token is verified on every route when `identity.jwt` is set: an invalid one
+        // never reaches the upstream.
+        let verified = Self::verify_token(snapshot, req, &ctx.span).await?;
+        let json = match route.config.reads_body {
+            true => Self::read_body(snapshot, req).await?,
+            false => None,
+        };
+        let req = &*req;
+        // With `consumers:` every API key is checked, on unlimited routes too.
+        let (identity, admitted) = if !route.config.is_limited() && snapshot.consumers.is_none() {
+            // Nothing to limit. When the upstream's gate may still shed the request, or a ban
+            // may cover the route, whose it is is worked out all the same (never refused for
+            // it), to be counted in `/top` and checked against the bans.
+            let whose = (route.extras.gate.is_some() || !self.bans.is_empty())
+                .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
+                .flatten();
+            let banned = whose.as_ref().and_then(|whose| {
+                let mut buf = [0u8; 16];
+                let id = whose.identity.key_bytes(&mut buf);
+                let kind = KeyKind::from(whose.identity.kind());
+                self.bans.banned(
+                    &route.config.name,
+                    kind,
+                    id,
+                    crate::limiter::wall_clock_us(),
+                )
+            });
+            let admitted = match banned {
+                Some(wait_us) => Err(Rejection::Banned(wait_us.div_ceil(1_000_000).max(1))),
+                None => Ok(Admitted::unlimited()),
+            };
+            (whose.map(|w| w.identity), admitted)
+        } else {
+            match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
+                Ok(whose) => (
+                    Some(whose.identity),
+                    self.limit(
+                        snapshot,
+                        route,
+                        req,
+                        &whose,
+                        Read {
+                            verified: verified.as_ref(),
+                            json: json.as_ref(),
+                        },
+                        ctx,
+                    )
+                    .await,
+                ),
+                Err(rejection) => (None, Err(rejection)),
+            }
+        };
+        if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
+            trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
+        }
+        let admitted = match admitted {
+            Ok(admitted) => self.gate(route, ctx).await.map(|()| admitted),
+            Err(rejection) => Err(rejection),
+        };
+        if let Some(identity) = identity {
+            route
+                .extras
+                .top
+                .record(&identity, admitted.is_ok(), uptime_us());
+        }
+        ctx.admitted = Some(admitted?);
+        Ok(())
+    }
+
+    /// Phase 4: a slot under the upstream's learned limit (`adaptive_concurrency`), if the
+    /// route's upstream has one.
+    pub(super) async fn gate(
+        &self,
+        route: &Matched<'_>,
+        ctx: &mut Context,
+    ) -> Result<(), Rejection> {
+        if let Some(gate) = &route.extras.gate {
+            let permit = gate.acquire(route.config.priority).await;
+            ctx.permit = Some(permit.ok_or(Rejection::UpstreamOverloaded)?);
+        }
+        Ok(())
+    }
+
+    /// Phase 2: whose budgets the request spends: its identity, and its client address.
+    /// With `consumers:`, an API key becomes its consumer; an unknown one is rejected (401) or
+    /// ignored, as `unknown_key` says.
+    /// Records on `span` what `floodgate replay` reads back (never a raw key): the identity's
+    /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
+    pub(super) fn identify<'a>(
+        snapshot: &'a Snapshot,
+        req: &'a Request<ClientBody>,
+        verified: Option<&'a Verified>,
+        peer: SocketAddr,
+        span: &tracing::Span,
+    ) -> Result<Whose<'a>, Rejection> {
+        let config = &snapshot.identity;
+        let headers = req.headers();
+        let rejection = |e: Refusal| match e {
+            Refusal::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
+            other => Rejection::BadRequest(other.to_string()),
+        };
+        // The order: an API key, then a verified token's subject, then the trusted user id,
+        // then the address.
+        let keyless = || -> Result<Identity<'a>, IdentityError> {
+            match verified {
+                Some(v) => Ok(Identity::Jwt(v.subject.as_bytes())),
+                None => config.identify_without_key(headers, peer.ip()),
+            }
+        };
+        let claim = match config
+            .identify(headers, peer.ip())
+            .map_err(|e| rejection(e.into()))?
+        {
+            Identity::ApiKey(key) => Claim::ApiKey(key),
+            _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
+        };
+        let resolved = snapshot.policy().resolve(
+            claim,
+            verified.and_then(|v| v.tier.as_deref()),
+            || Ok(keyless()?),
+            || config.client_addr(headers, peer.ip()),
+        );
+        if !span.is_disabled() {
+            let (kind, ip) = match &resolved {
+                Ok(whose) => (whose.identity.kind(), whose.ip),
+                Err(_) => (IdentityKind::ApiKey, config.client_addr(headers, peer.ip())),
+            };
+            span.record(field::IDENTITY, kind.as_str());
+            span.record(field::CLIENT_IP, tracing::field::display(ip));
+            // A token's tier, which replay cannot know from the subject's digest.
+            if let Ok(whose) = &resolved
+                && matches!(whose.identity, Identity::Jwt(_))
+            {
+                span.record(field::TIER, whose.tier);
+            }
+            let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
+                (_, Ok(Identity::UserId(user) | Identity::Jwt(user))) => Some(user),
+                (_, Ok(Identity::Ip(_))) => None,
+                (Claim::ApiKey(key), _) => Some(key),
+                _ => None,
+            };
+            if let Some(value) = hashed {
+                span.record(field::IDENTITY_HASH, digest_hex(value).as_str());
+            }
+        }
+        resolved.map_err(rejection)
+    }
+
+    /// Phase 2b, on a route whose limits read the JSON body (`json:` keys): the body read whole
+    /// (at most `max_body_size`, 16 MiB when that is unlimited: 413 past it), kept to forward,
+    /// and parsed. A body that is not a JSON object has no fields (the limits that read one
+    /// then spend the identity's budget).
+    pub(super) async fn read_body(
+        snapshot: &Snapshot,
+        req: &mut Request<ClientBody>,
+    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Rejection> {
+        const UNLIMITED_READ: std::num::NonZeroU64 = std::num::NonZeroU64::new(16 << 20).unwrap();
+        let http1 = req.version() <= http::Version::HTTP_11;
+        let body = std::mem::replace(req.body_mut(), ClientBody::Read(bytes::Bytes::new()));
+        let bytes = match body {
+            ClientBody::Read(bytes) => bytes,
+            ClientBody::Streaming(body) => {
+                let limits = snapshot.forwarder.body_limits();
+                let limit = limits.max_request_bytes.unwrap_or(UNLIMITED_READ);
+                body::read_whole(body, limit, limits.client_idle, http1)
+                    .await
+                    .map_err(Rejection::from)?
+            }
+        };
+        let json = serde_json::from_slice(&bytes).ok();
+        *req.body_mut() = ClientBody::Read(bytes);
+        Ok(json)
+    }
+
+    /// Phase 2a: the request's bearer token, verified, when `identity.jwt` is set. A token that
+    /// does not verify (or none, under `when_missing: reject`) is refused: 401 `invalid_token`.
+    /// Why is logged at debug level, never the token.
+    pub(super) async fn verify_token(
+        snapshot: &Snapshot,
+        req: &Request<ClientBody>,
+        span: &tracing::Span,
+    ) -> Result<Option<Verified>, Rejection> {
+        let Some(jwt) = &snapshot.identity.jwt else {
+            return Ok(None);
+        };
+        match jwt.verify(req.headers()).await {
+            Ok(Some(verified)) => Ok(Some(verified)),
+            Ok(None) if jwt.when_missing == WhenMissing::Reject => Err(Rejection::InvalidToken),
+            Ok(None) => Ok(None),
+            Err(why) => {
+                span.in_scope(|| tracing::debug!(%why, "bearer token refused"));
+                Err(Rejection::InvalidToken)
+            }
+        }
+    }
+
+    /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
+    /// request says (its headers, query, path, token claims and JSON body: [`HttpFacts`]). A
+    /// store failure follows `on_error`: never a 429 or a 500.
+    pub(super) async fn limit(
+        &self,
+        snapshot: &Snapshot,
+        route: &Matched<'_>,
+        req: &Request<ClientBody>,
+        whose: &Whose<'_>,
+        read: Read<'_>,
+        ctx: &Context,
+    ) -> Result<Admitted, Rejection> {
+        let (span, trace) = (&ctx.span, ctx.trace.as_ref());
+        let config = route.config;
+        let mut facts = HttpFacts {
+            view: RequestView {
+                headers: req.headers(),
+                query: req.uri().query(),
+                rest: req
+                    .uri()
+                    .path()
+                    .strip_prefix(config.path_prefix.as_str())
+                    .unwrap_or(""),
+                claims: read.verified.map(|v| &v.claims),
+                json: read.json,
+            },
+            span,
+            logged_keys: String::new(),
+        };
+        let decided = self
+            .decider(snapshot)
+            .decide(config, whose, &mut facts)
+            .await;
+        if let Some(trace) = trace {
+            let system = match self.limiter.backend_name() {
+                "postgres" => "postgresql",
+                other => other,
+            };
+            for &(started, took) in &decided.store_calls {
+                trace.store_call(system, started, took, false);
+            }
+            if let Some((verdict, limit)) = &decided.headline {
+                let index = limit.index(config.enforced.limits.len());
+                trace.set(|| KeyValue::new("floodgate.limit", index as i64));
+                trace.set(|| {
+                    KeyValue::new("floodgate.remaining", verdict.headline.remaining as i64)
+                });
+            }
+        }
+        if let Some(refused) = decided.refused {
+            return Err(match refused {
+                Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
+                Refused::StoreUnavailable => Rejection::LimiterUnavailable,
+                Refused::Banned(wait_us) => Rejection::Banned(wait_us.div_ceil(1_000_000).max(1)),
+            });
+        }
+        let costs = decided
+            .reservations
+            .into_iter()
+            .map(|reserved| {
+                let budget = match reserved.side {
+                    Side::Enforced => &config.enforced,
+                    Side::Shadow => &config.shadow,
+                };
+                let metered = cost::metered(budget, &reserved.positions, &route.extras.costs);
+                cost::CostMeter::new(reserved.reservation, metered)
+            })
+            .collect();
+        Ok(Admitted {
+            headline: decided.headline,
+            label: decided.label,
+            leases: decided.leases,
+            costs,
+        })
+    }
+}
