@@ -1,0 +1,402 @@
+//! A route as written becomes a [`RouteConfig`]: its name, path and methods checked, each limit
+//! built through the limiter's checked constructors (its cost, `per:`, tiers and penalty), its
+//! upstream parsed; and the checks across routes (adaptive bounds per upstream, one slot per
+//! route on Redis Cluster).
+
+use http::{Method, Uri};
+
+use super::*;
+use crate::config::file::RouteFile;
+use crate::config::limit::limit_fingerprint;
+use crate::config::{Validator, is_name};
+use crate::limiter::MAX_LIMITS;
+
+impl Validator {
+    pub(in crate::config) fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
+        let before = self.problems.len();
+        if !is_name(&r.name) {
+            self.problem(
+                format!("{path}.name"),
+                format!("{:?} must be letters, digits, '_', '.' or '-' (it names metrics and store keys)", r.name),
+            );
+        }
+        if !r.path_prefix.starts_with('/') {
+            self.problem(
+                format!("{path}.path_prefix"),
+                format!("{:?} must start with /", r.path_prefix),
+            );
+        }
+        let methods = r.methods.map(|methods| {
+            methods
+                .iter()
+                .enumerate()
+                .filter_map(|(n, m)| {
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|_| {
+                            self.problem(
+                                format!("{path}.methods[{n}]"),
+                                format!("{m:?} is not an HTTP method"),
+                            )
+                        })
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        });
+        let protocol = self.choice(
+            &format!("{path}.upstream_protocol"),
+            r.upstream_protocol,
+            UpstreamProtocol::Http1,
+        );
+        let upstream = self
+            .upstream(&format!("{path}.upstream"), &r.upstream)
+            .map(|u| Upstream { protocol, ..u });
+        let grpc_rate_limited = self.choice(
+            &format!("{path}.grpc_rate_limited_status"),
+            r.grpc_rate_limited_status,
+            Default::default(),
+        );
+        let mut enforced = Budget::default();
+        let mut shadow = Budget::default();
+        if r.limits.len() > MAX_LIMITS {
+            self.problem(
+                format!("{path}.limits"),
+                format!("at most {MAX_LIMITS} limits per route"),
+            );
+        }
+        for (n, l) in r.limits.iter().enumerate() {
+            let limit_path = format!("{path}.limits[{n}]");
+            let Some(limit) = self.limit(&limit_path, l) else {
+                continue;
+            };
+            let settled = match &l.cost {
+                Some(crate::config::file::CostFile::Settled(file)) => {
+                    let Some(settled) = self.settled(&format!("{limit_path}.cost"), file, &limit)
+                    else {
+                        continue;
+                    };
+                    Some(settled)
+                }
+                _ => None,
+            };
+            // A settled limit's requests each cost what they reserve: flagged so that nothing
+            // assumes one request's cost (leases, the deny cache).
+            let limit = if settled.is_some() {
+                limit.settled()
+            } else {
+                limit
+            };
+            let tiers = l.tiers.as_ref().map(|tiers| {
+                for (t, tier) in tiers.iter().enumerate() {
+                    if !is_name(tier) {
+                        self.problem(
+                            format!("{limit_path}.tiers[{t}]"),
+                            format!("{tier:?} must be letters, digits, '_', '.' or '-'"),
+                        );
+                    }
+                }
+                tiers.clone()
+            });
+            let is_shadow = l.shadow.unwrap_or(false);
+            let budget_id = format!(
+                "{}{}#{n}#{}",
+                r.name,
+                if is_shadow { "~shadow" } else { "" },
+                limit_fingerprint(&limit)
+            );
+            let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
+            let penalty = l.penalty.as_ref().and_then(|p| {
+                let path = format!("{limit_path}.penalty");
+                let within = crate::config::parse_duration(&p.within)
+                    .map_err(|e| self.problem(format!("{path}.within"), e))
+                    .ok()?;
+                let ban = crate::config::parse_duration(&p.ban)
+                    .map_err(|e| self.problem(format!("{path}.ban"), e))
+                    .ok()?;
+                if ban.is_zero() {
+                    self.problem(format!("{path}.ban"), "must be longer than 0");
+                    return None;
+                }
+                let denials = u32::try_from(p.denials)
+                    .ok()
+                    .filter(|&d| d >= 1)
+                    .or_else(|| {
+                        self.problem(format!("{path}.denials"), "must be at least 1");
+                        None
+                    })?;
+                // The denials counted: a fixed window of `denials - 1` admissions, so that
+                // the denial that finds it full is the `denials`-th.
+                let counter = crate::limiter::Algorithm::fixed_window(
+                    denials.saturating_sub(1).max(1),
+                    within,
+                )
+                .map_err(|e| self.problem(format!("{path}.within"), e.to_string()))
+                .ok()?;
+                Some(Penalty {
+                    counter: Limit::of(counter),
+                    first_denial_bans: denials == 1,
+                    ban,
+                    budget_id: format!("{}#{n}~penalty", r.name),
+                })
+            });
+            let route_limit = RouteLimit {
+                limit,
+                settled,
+                per,
+                parts,
+                tiers,
+                penalty,
+                budget_id,
+                name: format!("{}-{n}", r.name),
+                position: n,
+            };
+            if is_shadow {
+                shadow.limits.push(route_limit);
+            } else {
+                enforced.limits.push(route_limit);
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        let path_match = self.choice(
+            &format!("{path}.path_match"),
+            r.path_match,
+            PathMatch::Prefix,
+        );
+        let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
+        let adaptive = r
+            .adaptive_concurrency
+            .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
+        let reads_body = enforced.limits.iter().chain(&shadow.limits).any(|l| {
+            l.parts.iter().any(|p| matches!(p, Part::Json(_)))
+                || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
+        });
+        Some(RouteConfig {
+            reads_body,
+            name: r.name.into(),
+            path_prefix: r.path_prefix,
+            methods,
+            path_match,
+            upstream: upstream?,
+            grpc_rate_limited,
+            rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
+            priority,
+            adaptive,
+            enforced,
+            shadow,
+            exempt: crate::config::Exempt::default(),
+        })
+    }
+
+    /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default
+    /// 1000) ≥ it, `queue_timeout` (default 50ms).
+    fn adaptive(
+        &mut self,
+        path: &str,
+        a: crate::config::file::AdaptiveFile,
+    ) -> crate::adaptive::Bounds {
+        let mut count = |field: &str, value: Option<i64>, default: u32| match value {
+            None => default,
+            Some(n) if (1..=1_000_000).contains(&n) => n as u32,
+            Some(n) => {
+                self.problem(
+                    format!("{path}.{field}"),
+                    format!("{n} must be between 1 and 1000000"),
+                );
+                default
+            }
+        };
+        let min_limit = count("min_limit", a.min_limit, 4);
+        let max_limit = count("max_limit", a.max_limit, 1000);
+        if max_limit < min_limit {
+            self.problem(
+                format!("{path}.max_limit"),
+                format!("{max_limit} is below min_limit ({min_limit})"),
+            );
+        }
+        let queue_timeout = self.duration(
+            &format!("{path}.queue_timeout"),
+            a.queue_timeout.as_deref(),
+            std::time::Duration::from_millis(50),
+        );
+        crate::adaptive::Bounds {
+            min_limit,
+            max_limit: max_limit.max(min_limit),
+            queue_timeout,
+        }
+    }
+
+    /// Routes that forward to the same upstream share its learned limit, so they must agree on
+    /// its bounds.
+    pub(in crate::config) fn shared_adaptive_bounds(&mut self, routes: &[RouteConfig]) {
+        for (i, route) in routes.iter().enumerate() {
+            let Some(bounds) = route.adaptive else {
+                continue;
+            };
+            let earlier = routes[..i].iter().find(|r| {
+                r.upstream.origin() == route.upstream.origin()
+                    && r.adaptive.is_some_and(|b| b != bounds)
+            });
+            if let Some(earlier) = earlier {
+                self.problem(
+                    format!("routes[{i}].adaptive_concurrency"),
+                    format!(
+                        "route {:?} forwards to the same upstream with other bounds; routes to one upstream share its learned limit",
+                        &*earlier.name
+                    ),
+                );
+            }
+        }
+    }
+
+    /// `per:` at `path`: one of `identity`, `ip`, `route` as before, or (a list of, or one of)
+    /// `header:NAME`, `query:NAME`, `segment:N` beside them, a composite key (`Per::Request`).
+    pub(in crate::config) fn per(
+        &mut self,
+        path: &str,
+        file: Option<&crate::config::file::PerFile>,
+    ) -> (Per, Box<[Part]>) {
+        use crate::config::file::PerFile;
+        let texts: Vec<(String, &str)> = match file {
+            None => return (Per::Identity, Box::new([])),
+            Some(PerFile::One(text)) => vec![(path.to_string(), text.as_str())],
+            Some(PerFile::Many(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(n, text)| (format!("{path}[{n}]"), text.as_str()))
+                .collect(),
+        };
+        if texts.is_empty() {
+            self.problem(path, "names no scope");
+            return (Per::Identity, Box::new([]));
+        }
+        let mut parts = Vec::with_capacity(texts.len());
+        for (at, text) in &texts {
+            let part = match text.split_once(':') {
+                None => match *text {
+                    "identity" => Some(Part::Identity),
+                    "ip" => Some(Part::Ip),
+                    "route" => Some(Part::Route),
+                    _ => None,
+                },
+                Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
+                    Ok(name) => Some(Part::Header(name)),
+                    Err(_) => {
+                        self.problem(at.as_str(), format!("{name:?} is not a header name"));
+                        continue;
+                    }
+                },
+                Some(("query", name)) if !name.is_empty() => Some(Part::Query(name.to_string())),
+                Some(("segment", n)) => {
+                    match n.parse::<usize>() {
+                        Ok(n) if n >= 1 => Some(Part::Segment(n)),
+                        _ => {
+                            self.problem(at.as_str(), format!("{n:?} is not a segment number (1 is the first after the prefix)"));
+                            continue;
+                        }
+                    }
+                }
+                Some(("claim", name)) if !name.is_empty() => {
+                    if !self.verifies_tokens {
+                        self.problem(
+                            at.as_str(),
+                            format!(
+                                "{text:?} needs identity.jwt (only a verified token has claims)"
+                            ),
+                        );
+                        continue;
+                    }
+                    Some(Part::Claim(name.to_string()))
+                }
+                Some(("json", name)) if !name.is_empty() => Some(Part::Json(name.to_string())),
+                _ => None,
+            };
+            match part {
+                Some(part) => parts.push(part),
+                None => self.problem(
+                    at.as_str(),
+                    format!(
+                        "{text:?} is not a scope: identity, ip, route, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD"
+                    ),
+                ),
+            }
+        }
+        match parts.as_slice() {
+            [Part::Identity] => (Per::Identity, Box::new([])),
+            [Part::Ip] => (Per::Ip, Box::new([])),
+            [Part::Route] => (Per::Route, Box::new([])),
+            [] => (Per::Identity, Box::new([])),
+            _ => (Per::Request, parts.into_boxed_slice()),
+        }
+    }
+
+    /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
+    /// budgets of one client value share a slot (its hash is the hash tag), but a route mixing
+    /// `per:` scopes spends budgets of different values at once, which no one slot holds.
+    pub(in crate::config) fn single_slot_routes(&mut self, routes: &[RouteConfig]) {
+        for (i, route) in routes.iter().enumerate() {
+            for (budget, label) in [(&route.enforced, "enforced"), (&route.shadow, "shadow")] {
+                // Two composite keys share a slot only when they read the same parts.
+                let mut scopes = budget.limits.iter().map(|l| (l.per, &l.parts));
+                if let Some(first) = scopes.next()
+                    && scopes.any(|per| per != first)
+                {
+                    self.problem(
+                        format!("routes[{i}].limits"),
+                        format!(
+                            "the {label} limits mix per: scopes, which redis_cluster cannot decide \
+                             in one atomic step; use one scope per route there"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(in crate::config) fn upstream(&mut self, path: &str, text: &str) -> Option<Upstream> {
+        let uri: Uri = match text.parse() {
+            Ok(uri) => uri,
+            Err(_) => {
+                self.problem(
+                    path,
+                    format!("{text:?} is not a URL like http://127.0.0.1:9000"),
+                );
+                return None;
+            }
+        };
+        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
+            self.problem(
+                path,
+                format!("{text:?} must be an absolute URL like http://127.0.0.1:9000"),
+            );
+            return None;
+        };
+        if *scheme != Scheme::HTTP && *scheme != Scheme::HTTPS {
+            self.problem(
+                path,
+                format!("scheme {scheme:?} is not supported (use http:// or https://)"),
+            );
+            return None;
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            self.problem(
+                path,
+                "must be an origin without a path (the request's path is forwarded as it is)",
+            );
+            return None;
+        }
+        let Ok(host_header) = http::HeaderValue::from_str(authority.as_str()) else {
+            self.problem(
+                path,
+                format!("{text:?} has a host that cannot be a Host header"),
+            );
+            return None;
+        };
+        Some(Upstream {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+            host_header,
+            protocol: UpstreamProtocol::Http1,
+        })
+    }
+}
