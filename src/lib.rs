@@ -32,8 +32,9 @@
 //! 7. [`proxy::forward`] and [`proxy::response`]: the upstream call (HTTP/1.1 or HTTP/2, with
 //!    trailers), and every status and header floodgate writes itself (in [`grpc`]'s words for
 //!    a gRPC call);
-//! 8. [`access_log`], [`metrics`], [`top`] and [`admin`]: what was decided, on the access log,
-//!    `/metrics`, `/healthz`, `/readyz`, `/budgets` and `/top`.
+//! 8. [`access_log`], [`metrics`], [`telemetry`], [`top`] and [`admin`]: what was decided, on
+//!    the access log, `/metrics`, OpenTelemetry's traces, `/healthz`, `/readyz`, `/budgets`,
+//!    `/top` and the dashboard; [`control`]: the bans the decider applies, which `/bans` writes.
 //!
 //! [`replay`] runs recorded traffic through the same decider, policy, limit phase and
 //! algorithms, on the log's clock. [`service`] answers other proxies (Envoy's
@@ -73,7 +74,8 @@
 //! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy;
 //! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
-//! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`server`] on admin and
+//! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
+//! limiter, [`telemetry`] on config and tls; [`server`] on admin and
 //! proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
