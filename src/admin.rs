@@ -161,14 +161,17 @@ async fn ban_endpoint(
     match (req.method().clone(), path.strip_prefix("/bans/")) {
         (http::Method::GET, None) => Ok(bans::list(proxy)),
         (http::Method::PUT, None) => {
-            let body = http_body_util::Limited::new(req.into_body(), 64 << 10)
-                .collect()
+            // At most 64 KiB, within 10 s: a ban is a few dozen bytes.
+            let read = http_body_util::Limited::new(req.into_body(), 64 << 10).collect();
+            let body = tokio::time::timeout(Duration::from_secs(10), read)
                 .await
-                .map_err(|_| {
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| {
                     query::bad(
                         400,
                         "bad_request",
-                        "the body could not be read (at most 64 KiB)",
+                        "the body could not be read (at most 64 KiB, within 10 s)",
                     )
                 })?
                 .to_bytes();

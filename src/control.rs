@@ -38,8 +38,9 @@ pub struct Ban {
     pub by: &'static str,
 }
 
-/// The bans, by identity (its key kind and bytes).
-type BanTable = HashMap<(KeyKind, Vec<u8>), Vec<Ban>>;
+/// The bans, by the identity's bytes (its kind checked on each ban): a lookup borrows the
+/// request's bytes, copying nothing.
+type BanTable = HashMap<Vec<u8>, Vec<Ban>>;
 
 /// The bans in force, by identity.
 #[derive(Debug, Default)]
@@ -62,9 +63,13 @@ impl Bans {
             return None;
         }
         table
-            .get(&(kind, value.to_vec()))?
+            .get(value)?
             .iter()
-            .filter(|b| b.until_us > now_us && b.route.as_deref().is_none_or(|r| r == route))
+            .filter(|b| {
+                b.kind == kind
+                    && b.until_us > now_us
+                    && b.route.as_deref().is_none_or(|r| r == route)
+            })
             .map(|b| b.until_us - now_us)
             .max()
     }
@@ -104,7 +109,7 @@ impl Bans {
             }
             table.retain(|_, bans| !bans.is_empty());
             table
-                .entry((ban.kind, ban.value.clone()))
+                .entry(ban.value.clone())
                 .or_default()
                 .push(ban.clone());
             table
@@ -116,10 +121,7 @@ impl Bans {
     pub fn replace(&self, bans: Vec<Ban>) {
         let mut table = BanTable::new();
         for ban in bans {
-            table
-                .entry((ban.kind, ban.value.clone()))
-                .or_default()
-                .push(ban);
+            table.entry(ban.value.clone()).or_default().push(ban);
         }
         self.table.store(Arc::new(table));
     }

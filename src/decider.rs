@@ -31,8 +31,7 @@ use std::time::Instant;
 use crate::config::{Budget, RouteConfig, RouteLimit};
 use crate::identity::ip_octets;
 use crate::limiter::{
-    Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Source,
-    Verdict,
+    Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Verdict,
 };
 use crate::metrics::{DecisionLabel, Metrics};
 use crate::policy::{Asks, LimitPhase, LimitRef, Policy, Refused, RequestKeys, Whose};
@@ -82,9 +81,6 @@ pub struct Decided {
     /// The store round trips the decision waited on (not the answers a lease, the deny cache
     /// or the in-process store gave): when each began and how long it took, for traces.
     pub store_calls: Vec<(Instant, std::time::Duration)>,
-    /// What answered the enforced limits: the store (or a lease or the deny cache it keeps), or
-    /// the in-process fallback; `None` when no store decided.
-    pub answered_by: Option<Source>,
 }
 
 impl Decided {
@@ -97,7 +93,6 @@ impl Decided {
             reservations: Vec::new(),
             denied: [0; 2],
             store_calls: Vec::new(),
-            answered_by: None,
         }
     }
 
@@ -147,6 +142,7 @@ impl<'s> Decider<'s> {
         let kind = KeyKind::from(whose.identity.kind());
         // A banned identity is refused before anything is asked.
         if let Some(bans) = self.bans
+            && !bans.is_empty()
             && let Some(wait_us) =
                 bans.banned(&route.name, kind, id, crate::limiter::wall_clock_us())
         {
@@ -272,10 +268,6 @@ impl<'s> Decider<'s> {
                     decided.refused = Some(phase.store_unavailable());
                     return decided;
                 }
-            };
-            decided.answered_by = match admission {
-                Admission::Limited { source, .. } => Some(source),
-                _ => None,
             };
             self.keep(&mut decided, Side::Enforced, &enforced, &admission);
             if let Err(refused) = phase.enforced(

@@ -179,9 +179,10 @@ impl Proxy {
             ));
         }
         // `GET {usage_path}`: the caller's own budgets, answered here (`usage.rs`).
+        let normalized = Self::normalize(&snapshot, &mut req);
         if let Some(path) = &snapshot.usage_path
+            && normalized.is_ok()
             && req.method() == http::Method::GET
-            && Self::normalize(&snapshot, &mut req).is_ok()
             && req.uri().path() == path
         {
             let response = match self.usage(&snapshot, &req, &ctx).await {
@@ -191,9 +192,7 @@ impl Proxy {
             linger(req);
             return Self::respond(ctx, None, response);
         }
-        let route = match Self::normalize(&snapshot, &mut req)
-            .and_then(|()| Self::route(&snapshot, &req))
-        {
+        let route = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
             Ok(route) => route,
             Err(rejection) => {
                 if rejection == Rejection::NoRoute {

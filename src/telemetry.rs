@@ -290,17 +290,7 @@ impl Trace {
     pub fn forward(&self, method: &Method, upstream: &str, headers: &mut HeaderMap) -> Forwarded {
         let Some(cx) = self.recording() else {
             match (&self.cx, self.dropped) {
-                (Some(cx), _) => {
-                    let span = cx.span();
-                    let sc = span.span_context();
-                    inject(
-                        sc.trace_id(),
-                        sc.span_id(),
-                        sc.trace_flags(),
-                        sc.trace_state(),
-                        headers,
-                    );
-                }
+                (Some(cx), _) => inject_context(cx, headers),
                 (None, Some((trace_id, span_id))) => inject(
                     trace_id,
                     span_id,
@@ -322,17 +312,7 @@ impl Trace {
             ])
             .start_with_context(&self.tracer, cx);
         let cx = cx.with_span(span);
-        {
-            let span = cx.span();
-            let sc = span.span_context();
-            inject(
-                sc.trace_id(),
-                sc.span_id(),
-                sc.trace_flags(),
-                sc.trace_state(),
-                headers,
-            );
-        }
+        inject_context(&cx, headers);
         Forwarded { cx: Some(cx) }
     }
 
@@ -356,6 +336,19 @@ impl Forwarded {
             end(cx, status);
         }
     }
+}
+
+/// [`inject`] of `cx`'s span.
+fn inject_context(cx: &Context, headers: &mut HeaderMap) {
+    let span = cx.span();
+    let sc = span.span_context();
+    inject(
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags(),
+        sc.trace_state(),
+        headers,
+    );
 }
 
 /// Writes `cx`'s span context into `headers` as W3C `traceparent` (and `tracestate` when it

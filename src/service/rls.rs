@@ -66,16 +66,6 @@ pub enum Code {
     OverLimit = 2,
 }
 
-impl Code {
-    /// The proto3 JSON name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Code::Ok => "OK",
-            Code::OverLimit => "OVER_LIMIT",
-        }
-    }
-}
-
 /// `RateLimitResponse.DescriptorStatus`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct DescriptorStatus {

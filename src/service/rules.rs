@@ -63,7 +63,8 @@ pub struct RuleLimit {
     pub unlimited: bool,
     /// `shadow_mode`: counted, never denying.
     pub shadow: bool,
-    /// `detailed_metric`: its own metric label.
+    /// `detailed_metric` (read; floodgate's service metric has no per-descriptor label, so it
+    /// is named in the load warning).
     pub detailed_metric: bool,
     /// Where it is written: `file: descriptors[0].descriptors[1]`, for logs.
     pub path: String,

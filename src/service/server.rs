@@ -40,6 +40,9 @@ use crate::proxy::{Body, RateLimitHeaders, Rejection, response};
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// The largest request message or JSON body read (a descriptor list is a few hundred bytes).
 const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// How long a request body may take to arrive whole (a few hundred bytes: a client slower than
+/// this is holding the connection, not sending).
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the listener needs: the service, the config of its port.
 #[derive(Clone)]
@@ -296,10 +299,15 @@ fn log_over(request: &RateLimitRequest, answer: &Answer) {
     }
 }
 
-/// The body, read whole up to [`MAX_REQUEST_BYTES`].
+/// The body, read whole up to [`MAX_REQUEST_BYTES`] within [`BODY_TIMEOUT`].
 async fn read(body: Incoming) -> Result<Bytes, String> {
     let limited = http_body_util::Limited::new(body, MAX_REQUEST_BYTES);
-    match limited.collect().await {
+    let Ok(collected) = tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await else {
+        return Err(format!(
+            "the request body did not arrive within {BODY_TIMEOUT:?}"
+        ));
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(format!(
             "the request is larger than {MAX_REQUEST_BYTES} bytes"

@@ -45,6 +45,7 @@ impl Builder<'_> {
                 ("share_threshold", d.share_threshold.is_some()),
                 ("value_to_metric", d.value_to_metric.is_some()),
                 ("metadata", d.metadata.is_some()),
+                ("detailed_metric", d.detailed_metric),
             ] {
                 if given {
                     self.ignored
