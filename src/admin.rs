@@ -22,8 +22,11 @@ use tokio::net::TcpListener;
 mod bans;
 mod budgets;
 mod dashboard;
+mod overrides;
 mod query;
+mod reset;
 mod top;
+mod write;
 
 pub use query::AdminError;
 
@@ -113,8 +116,8 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         let answer = budgets::budgets(proxy, req.uri().query().unwrap_or("")).await;
         return json_answer(answer);
     }
-    if req.uri().path() == "/bans" || req.uri().path().starts_with("/bans/") {
-        return json_answer(ban_endpoint(req, proxy).await);
+    if let Some(endpoint) = write_endpoint(req.uri().path()) {
+        return json_answer(control_endpoint(req, proxy, endpoint).await);
     }
     if req.uri().path() == "/" {
         let mut response = Response::new(response::full(dashboard::PAGE));
@@ -145,45 +148,85 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     response
 }
 
-/// `/bans`: authorized, then by method.
-async fn ban_endpoint(
+/// The write endpoints: `/bans`, `/overrides`, `/reset`.
+#[derive(Clone, Copy)]
+enum WriteEndpoint {
+    Bans,
+    Overrides,
+    Reset,
+}
+
+fn write_endpoint(path: &str) -> Option<WriteEndpoint> {
+    let top = path.split('/').nth(1)?;
+    let endpoint = match top {
+        "bans" => WriteEndpoint::Bans,
+        "overrides" => WriteEndpoint::Overrides,
+        "reset" if path == "/reset" => WriteEndpoint::Reset,
+        _ => return None,
+    };
+    Some(endpoint)
+}
+
+/// A write endpoint: authorized, then by method (see `admin/write.rs`).
+async fn control_endpoint(
     req: Request<Incoming>,
     proxy: &Proxy,
+    endpoint: WriteEndpoint,
 ) -> Result<serde_json::Value, AdminError> {
-    use http_body_util::BodyExt;
-    bans::authorize(
+    use http::Method;
+    write::authorize(
         proxy,
         req.headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes()),
     )?;
     let path = req.uri().path().to_string();
-    match (req.method().clone(), path.strip_prefix("/bans/")) {
-        (http::Method::GET, None) => Ok(bans::list(proxy)),
-        (http::Method::PUT, None) => {
-            // At most 64 KiB, within 10 s: a ban is a few dozen bytes.
-            let read = http_body_util::Limited::new(req.into_body(), 64 << 10).collect();
-            let body = tokio::time::timeout(Duration::from_secs(10), read)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .ok_or_else(|| {
-                    query::bad(
-                        400,
-                        "bad_request",
-                        "the body could not be read (at most 64 KiB, within 10 s)",
-                    )
-                })?
-                .to_bytes();
-            bans::put(proxy, &body).await
+    let method = req.method().clone();
+    let id = path.splitn(3, '/').nth(2).filter(|id| !id.is_empty());
+    match (endpoint, method, id) {
+        (WriteEndpoint::Bans, Method::GET, None) => Ok(bans::list(proxy)),
+        (WriteEndpoint::Bans, Method::PUT, None) => bans::put(proxy, &read_body(req).await?).await,
+        (WriteEndpoint::Bans, Method::DELETE, Some(id)) => bans::delete(proxy, id, "ban").await,
+        (WriteEndpoint::Overrides, Method::GET, None) => Ok(overrides::list(proxy)),
+        (WriteEndpoint::Overrides, Method::PUT, None) => {
+            overrides::put(proxy, &read_body(req).await?).await
         }
-        (http::Method::DELETE, Some(id)) => bans::delete(proxy, id).await,
-        _ => Err(query::bad(
+        (WriteEndpoint::Overrides, Method::DELETE, Some(id)) => {
+            bans::delete(proxy, id, "ovr").await
+        }
+        (WriteEndpoint::Reset, Method::POST, None) => {
+            reset::post(proxy, &read_body(req).await?).await
+        }
+        (WriteEndpoint::Bans, ..) => Err(query::bad(
             405,
             "method_not_allowed",
             "GET or PUT /bans, DELETE /bans/{id}",
         )),
+        (WriteEndpoint::Overrides, ..) => Err(query::bad(
+            405,
+            "method_not_allowed",
+            "GET or PUT /overrides, DELETE /overrides/{id}",
+        )),
+        (WriteEndpoint::Reset, ..) => Err(query::bad(405, "method_not_allowed", "POST /reset")),
     }
+}
+
+/// A write's body: at most 64 KiB, within 10 s (a change is a few hundred bytes).
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, AdminError> {
+    use http_body_util::BodyExt;
+    let read = http_body_util::Limited::new(req.into_body(), 64 << 10).collect();
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|collected| collected.to_bytes())
+        .ok_or_else(|| {
+            query::bad(
+                400,
+                "bad_request",
+                "the body could not be read (at most 64 KiB, within 10 s)",
+            )
+        })
 }
 
 /// `GET /budgets` and `GET /top`: JSON, or a problem+json error.

@@ -28,6 +28,7 @@ use validate::Validator;
 pub use exempt::Exempt;
 pub use route::{
     Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
+    override_budget,
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};

@@ -1,152 +1,212 @@
-//! Control at run time: bans, by an operator (`PUT /bans` on the admin listener) or by a limit's
-//! penalty box (`penalty: {denials, within, ban}`). The decider reads them before it asks the
-//! store: a banned identity's request is refused (429 `banned`, with `Retry-After` until the ban
-//! ends), never forwarded, counted as `decision="banned"`.
+//! Control at run time: what operators change while floodgate runs, and the penalty box.
 //!
-//! The table is read on every request without a lock (an `ArcSwap` of an immutable map, empty
-//! for most deployments: one atomic load and an `is_empty`), and written by copying it whole
-//! (bans are few and rare). With Redis as the store, every ban is also written to a list there
-//! (a hash and a version key: `RemoteStore::control_write`), and every instance follows that list
-//! ([`follow`]: the version read every [`FOLLOW_EVERY`], the list when it changed), so a ban
-//! reaches every instance within a second, and survives restarts. With the memory store (one
-//! instance) and, for now, PostgreSQL, bans live in the process.
+//! - **Bans** (`PUT /bans`, or a limit's `penalty: {denials, within, ban}`): a banned identity's
+//!   requests are refused (429 `banned`, `Retry-After` until the ban ends), never forwarded,
+//!   counted as `decision="banned"`.
+//! - **Overrides** (`PUT /overrides`): an identity's limits on a route are others until the
+//!   override is deleted or ends. Its budgets are its own (they start full).
+//! - **Resets** (`POST /reset`): an identity's budgets on a route are full again.
+//!
+//! The decider reads bans and overrides before it asks the store ([`Control::find`]). The
+//! tables are read on every request without a lock (an `ArcSwap` of immutable maps, empty for
+//! most deployments: one atomic load and two `is_empty`s), and written by copying them whole
+//! (changes are few and rare). They are keyed by the identity's bytes, so a look-up borrows the
+//! request's bytes and is one hash look-up per table that has entries.
+//!
+//! With a shared store (Redis, PostgreSQL), every change is also an entry of the store's
+//! control list ([`share`]), which every instance follows ([`follow`]: the list's version read
+//! every [`FOLLOW_EVERY`], the entries when it changed): a change reaches every instance within
+//! a second and survives restarts. A reset's entry lives a few seconds, long enough for every
+//! instance to forget what it kept of the budgets (cached denials, leases). With the memory
+//! store (one instance) they live in the process, and end with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::{KeyKind, Limiter};
+use crate::limiter::{KeyKind, Limiter, wall_clock_us};
+
+mod entry;
+
+pub use entry::{Ban, Entry, Override, Reset};
 
 /// How often an instance reads the shared list's version.
 pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// One ban: whose, on which route (`None`: every route), until when, why.
-#[derive(Debug, Clone)]
-pub struct Ban {
-    pub id: String,
-    pub route: Option<String>,
-    pub kind: KeyKind,
-    /// The identity's bytes as the decider keys budgets (an API key, a consumer's name, a user
-    /// id or subject, an address's octets).
-    pub value: Vec<u8>,
-    /// When it ends (µs since the Unix epoch).
-    pub until_us: u64,
-    pub reason: String,
-    /// `operator` or `penalty`.
-    pub by: &'static str,
+/// How long a reset's entry stays in the shared list: every instance reads the list several
+/// times in it.
+pub const RESET_LIVES: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What is in force, by the identity's bytes (its kind checked on each entry).
+#[derive(Debug, Default, Clone)]
+struct Tables {
+    bans: HashMap<Vec<u8>, Vec<Ban>>,
+    overrides: HashMap<Vec<u8>, Vec<Arc<Override>>>,
 }
 
-/// The bans, by the identity's bytes (its kind checked on each ban): a lookup borrows the
-/// request's bytes, copying nothing.
-type BanTable = HashMap<Vec<u8>, Vec<Ban>>;
+impl Tables {
+    /// Drops what ended before `now_us`.
+    fn prune(&mut self, now_us: u64) {
+        for bans in self.bans.values_mut() {
+            bans.retain(|b| b.until_us > now_us);
+        }
+        self.bans.retain(|_, bans| !bans.is_empty());
+        for overrides in self.overrides.values_mut() {
+            overrides.retain(|o| o.until_us > now_us);
+        }
+        self.overrides.retain(|_, o| !o.is_empty());
+    }
+}
 
-/// The bans in force, by identity.
+/// What applies to one request (see [`Control::find`]).
 #[derive(Debug, Default)]
-pub struct Bans {
-    table: ArcSwap<BanTable>,
+pub struct Found {
+    /// Banned: the µs until the ban (the one ending last) ends.
+    pub banned_us: Option<u64>,
+    /// The override of the identity's limits on the route.
+    pub over: Option<Arc<Override>>,
+}
+
+/// The bans and overrides in force.
+#[derive(Debug, Default)]
+pub struct Control {
+    tables: ArcSwap<Tables>,
     next: AtomicU64,
 }
 
-impl Bans {
-    /// True when no ban was ever set or every one was lifted (the usual case: one load).
+/// Shared by the proxy (its decider), the admin listener and the follower.
+pub type SharedControl = Arc<Control>;
+
+impl Control {
+    /// True when nothing is in force (the usual case: one load).
     pub fn is_empty(&self) -> bool {
-        self.table.load().is_empty()
+        let tables = self.tables.load();
+        tables.bans.is_empty() && tables.overrides.is_empty()
     }
 
-    /// The ban of `kind`/`value` on `route` (or on every route) still in force at `now_us`,
-    /// ending last: the seconds until it ends.
-    pub fn banned(&self, route: &str, kind: KeyKind, value: &[u8], now_us: u64) -> Option<u64> {
-        let table = self.table.load();
-        if table.is_empty() {
+    /// The ban and the override of `kind`/`value` on `route` (a ban on every route counts).
+    /// The clock is read only when the identity has an entry.
+    pub fn find(&self, route: &str, kind: KeyKind, value: &[u8]) -> Found {
+        let tables = self.tables.load();
+        let mut found = Found::default();
+        if tables.bans.is_empty() && tables.overrides.is_empty() {
+            return found;
+        }
+        let mut now = None;
+        let mut now = || *now.get_or_insert_with(wall_clock_us);
+        if let Some(bans) = tables.bans.get(value) {
+            let now = now();
+            found.banned_us = bans
+                .iter()
+                .filter(|b| {
+                    b.kind == kind
+                        && b.until_us > now
+                        && b.route.as_deref().is_none_or(|r| r == route)
+                })
+                .map(|b| b.until_us - now)
+                .max();
+        }
+        if let Some(overrides) = tables.overrides.get(value) {
+            let now = now();
+            found.over = overrides
+                .iter()
+                .find(|o| o.kind == kind && o.until_us > now && *o.route == *route)
+                .cloned();
+        }
+        found
+    }
+
+    /// The µs until `kind`/`value`'s ban on `route` ends, if it is banned.
+    pub fn banned(&self, route: &str, kind: KeyKind, value: &[u8]) -> Option<u64> {
+        if self.tables.load().bans.is_empty() {
             return None;
         }
-        table
-            .get(value)?
-            .iter()
-            .filter(|b| {
-                b.kind == kind
-                    && b.until_us > now_us
-                    && b.route.as_deref().is_none_or(|r| r == route)
-            })
-            .map(|b| b.until_us - now_us)
-            .max()
+        self.find(route, kind, value).banned_us
     }
 
-    /// Adds a ban; returns it (its id is random: instances sharing a list never collide).
-    #[allow(clippy::too_many_arguments)]
-    pub fn add(
-        &self,
-        route: Option<String>,
-        kind: KeyKind,
-        value: Vec<u8>,
-        until_us: u64,
-        reason: String,
-        by: &'static str,
-        now_us: u64,
-    ) -> Ban {
+    /// A new entry's id: `{what}-` and 16 hex digits, random (instances sharing a list never
+    /// collide).
+    pub fn new_id(&self, what: &str) -> String {
         use std::hash::BuildHasher;
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let id = format!(
-            "ban-{:016x}",
-            std::hash::RandomState::new().hash_one((now_us, n))
-        );
-        let ban = Ban {
-            id: id.clone(),
-            route,
-            kind,
-            value,
-            until_us,
-            reason,
-            by,
-        };
-        self.table.rcu(|table| {
-            let mut table: BanTable = (**table).clone();
-            // Ended bans go as a new one comes.
-            for bans in table.values_mut() {
-                bans.retain(|b| b.until_us > now_us);
-            }
-            table.retain(|_, bans| !bans.is_empty());
-            table
+        let seed = std::hash::RandomState::new().hash_one((wall_clock_us(), n));
+        format!("{what}-{seed:016x}")
+    }
+
+    /// Adds a ban (ended entries go as it comes).
+    pub fn ban(&self, ban: Ban) {
+        let now = wall_clock_us();
+        self.tables.rcu(|tables| {
+            let mut tables = Tables::clone(tables);
+            tables.prune(now);
+            tables
+                .bans
                 .entry(ban.value.clone())
                 .or_default()
                 .push(ban.clone());
-            table
+            tables
         });
-        ban
     }
 
-    /// The table becomes `bans` (the shared list, read again).
-    pub fn replace(&self, bans: Vec<Ban>) {
-        let mut table = BanTable::new();
-        for ban in bans {
-            table.entry(ban.value.clone()).or_default().push(ban);
-        }
-        self.table.store(Arc::new(table));
+    /// Sets an override: it replaces the identity's earlier override on the same route.
+    pub fn set_override(&self, over: Arc<Override>) {
+        let now = wall_clock_us();
+        self.tables.rcu(|tables| {
+            let mut tables = Tables::clone(tables);
+            tables.prune(now);
+            let list = tables.overrides.entry(over.value.clone()).or_default();
+            list.retain(|o| !(o.kind == over.kind && o.route == over.route));
+            list.push(over.clone());
+            tables
+        });
     }
 
-    /// Lifts the ban `id`; false when there is none.
+    /// Removes the ban or override `id`; false when there is none.
     pub fn remove(&self, id: &str) -> bool {
         let mut found = false;
-        self.table.rcu(|table| {
-            let mut table: BanTable = (**table).clone();
-            for bans in table.values_mut() {
+        self.tables.rcu(|tables| {
+            let mut tables = Tables::clone(tables);
+            found = false;
+            for bans in tables.bans.values_mut() {
                 let before = bans.len();
                 bans.retain(|b| b.id != id);
                 found |= bans.len() != before;
             }
-            table.retain(|_, bans| !bans.is_empty());
-            table
+            for overrides in tables.overrides.values_mut() {
+                let before = overrides.len();
+                overrides.retain(|o| o.id != id);
+                found |= overrides.len() != before;
+            }
+            tables.prune(0);
+            tables
         });
         found
     }
 
-    /// The bans in force at `now_us`.
-    pub fn list(&self, now_us: u64) -> Vec<Ban> {
+    /// The tables become the shared list's entries (read again).
+    pub fn replace(&self, bans: Vec<Ban>, overrides: Vec<Arc<Override>>) {
+        let mut tables = Tables::default();
+        for ban in bans {
+            tables.bans.entry(ban.value.clone()).or_default().push(ban);
+        }
+        for over in overrides {
+            tables
+                .overrides
+                .entry(over.value.clone())
+                .or_default()
+                .push(over);
+        }
+        self.tables.store(Arc::new(tables));
+    }
+
+    /// The bans in force at `now_us`, by id.
+    pub fn bans(&self, now_us: u64) -> Vec<Ban> {
         let mut out: Vec<Ban> = self
-            .table
+            .tables
             .load()
+            .bans
             .values()
             .flatten()
             .filter(|b| b.until_us > now_us)
@@ -155,93 +215,73 @@ impl Bans {
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
-}
 
-/// Shared by the proxy (its decider) and the admin listener.
-pub type SharedBans = Arc<Bans>;
-
-impl Ban {
-    /// Its entry in the shared list.
-    pub fn to_json(&self) -> String {
-        serde_json::json!({
-            "id": self.id,
-            "route": self.route,
-            "kind": self.kind.as_str(),
-            "value": crate::limiter::hex(&self.value),
-            "until_us": self.until_us,
-            "reason": self.reason,
-            "by": self.by,
-        })
-        .to_string()
-    }
-
-    /// A ban from its entry in the shared list (`None`: not one floodgate wrote).
-    pub fn from_json(text: &str) -> Option<Ban> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
-        let kind = [
-            KeyKind::ApiKey,
-            KeyKind::Consumer,
-            KeyKind::Jwt,
-            KeyKind::UserId,
-            KeyKind::Ip,
-            KeyKind::Route,
-            KeyKind::Request,
-        ]
-        .into_iter()
-        .find(|k| Some(k.as_str()) == v["kind"].as_str())?;
-        let hex = v["value"].as_str()?;
-        let value = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-            .collect::<Option<Vec<u8>>>()?;
-        Some(Ban {
-            id: v["id"].as_str()?.to_string(),
-            route: v["route"].as_str().map(str::to_string),
-            kind,
-            value,
-            until_us: v["until_us"].as_u64()?,
-            reason: v["reason"].as_str().unwrap_or("").to_string(),
-            by: match v["by"].as_str() {
-                Some("penalty") => "penalty",
-                _ => "operator",
-            },
-        })
+    /// The overrides in force at `now_us`, by id.
+    pub fn overrides(&self, now_us: u64) -> Vec<Arc<Override>> {
+        let mut out: Vec<Arc<Override>> = self
+            .tables
+            .load()
+            .overrides
+            .values()
+            .flatten()
+            .filter(|o| o.until_us > now_us)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
     }
 }
 
-/// Writes `ban` to the store's shared list (`None` for `id`: removes it), if the store keeps
-/// one; a failure is logged (the ban holds here, and the next write or restart does not
-/// bring it back to the others).
-pub async fn share(limiter: &Limiter, id: &str, ban: Option<&Ban>) {
-    let entry = ban.map(Ban::to_json);
-    if let Err(e) = limiter.control_write(id, entry.as_deref()).await {
-        tracing::warn!(%id, error = %e, "the ban could not be written to the store: it holds on this instance only");
+/// Writes `entry` to the store's shared list as `id` (`None`: removes it), if the store keeps
+/// one; a failure is logged (the change holds here, not on the other instances).
+pub async fn share(limiter: &Limiter, id: &str, entry: Option<&Entry>) {
+    let text = entry.map(Entry::to_json);
+    if let Err(e) = limiter.control_write(id, text.as_deref()).await {
+        tracing::warn!(%id, error = %e, "the change could not be written to the store: it holds on this instance only");
     }
 }
 
 /// Follows the store's shared list, forever (returns at once when the store keeps none): the
-/// version every [`FOLLOW_EVERY`], the whole list when it changed, ended bans removed from it.
-pub async fn follow(bans: SharedBans, limiter: Limiter) {
+/// version every [`FOLLOW_EVERY`]; when it changed, every entry: bans and overrides become the
+/// tables, each reset not seen before has this instance forget what it kept of the budgets,
+/// ended entries are removed from the list.
+pub async fn follow(control: SharedControl, limiter: Limiter) {
     let mut known: Option<String> = None;
+    // Resets this instance applied (its own included), while their entries last.
+    let mut applied: HashSet<String> = HashSet::new();
     loop {
         match limiter.control_read(known.clone()).await {
             Ok(None) => return,
             Ok(Some(list)) => {
                 if let Some(entries) = list.entries {
-                    let now = crate::limiter::wall_clock_us();
-                    let mut live = Vec::new();
-                    for entry in &entries {
-                        match Ban::from_json(entry) {
-                            Some(ban) if ban.until_us > now => live.push(ban),
-                            Some(ban) => share(&limiter, &ban.id, None).await,
-                            None => {}
+                    let now = wall_clock_us();
+                    let (mut bans, mut overrides, mut resets) =
+                        (Vec::new(), Vec::new(), Vec::new());
+                    for text in &entries {
+                        let Some(entry) = Entry::from_json(text) else {
+                            continue;
+                        };
+                        if entry.until_us() <= now {
+                            share(&limiter, entry.id(), None).await;
+                            continue;
+                        }
+                        match entry {
+                            Entry::Ban(ban) => bans.push(ban),
+                            Entry::Override(over) => overrides.push(Arc::new(over)),
+                            Entry::Reset(reset) => resets.push(reset),
                         }
                     }
-                    bans.replace(live);
+                    control.replace(bans, overrides);
+                    for reset in &resets {
+                        if applied.insert(reset.id.clone()) {
+                            limiter.forget(&reset.keys());
+                        }
+                    }
+                    applied.retain(|id| resets.iter().any(|r| r.id == *id));
                 }
                 known = Some(list.version);
             }
-            Err(e) => tracing::debug!(error = %e, "reading the shared bans failed"),
+            Err(e) => tracing::debug!(error = %e, "reading the shared control list failed"),
         }
         tokio::time::sleep(FOLLOW_EVERY).await;
     }
@@ -251,55 +291,48 @@ pub async fn follow(bans: SharedBans, limiter: Limiter) {
 mod tests {
     use super::*;
 
+    fn ban(
+        control: &Control,
+        route: Option<&str>,
+        kind: KeyKind,
+        value: &[u8],
+        until: u64,
+    ) -> String {
+        let ban = Ban {
+            id: control.new_id("ban"),
+            route: route.map(str::to_string),
+            kind,
+            value: value.to_vec(),
+            until_us: until,
+            reason: "scraping".into(),
+            by: "operator",
+        };
+        control.ban(ban.clone());
+        ban.id
+    }
+
     #[test]
     fn a_ban_holds_on_its_route_or_everywhere_until_it_ends_or_is_lifted() {
-        let bans = Bans::default();
-        assert_eq!(bans.banned("api", KeyKind::ApiKey, b"k", 0), None);
-        let id = bans
-            .add(
-                Some("api".into()),
-                KeyKind::ApiKey,
-                b"k".to_vec(),
-                10_000_000,
-                "scraping".into(),
-                "operator",
-                0,
-            )
-            .id;
-        assert_eq!(
-            bans.banned("api", KeyKind::ApiKey, b"k", 4_000_000),
-            Some(6_000_000)
-        );
-        assert_eq!(bans.banned("other", KeyKind::ApiKey, b"k", 0), None);
-        assert_eq!(bans.banned("api", KeyKind::UserId, b"k", 0), None);
-        assert_eq!(bans.banned("api", KeyKind::ApiKey, b"k", 10_000_000), None);
-        let everywhere = bans
-            .add(
-                None,
-                KeyKind::Ip,
-                vec![10, 0, 0, 1],
-                5_000_000,
-                String::new(),
-                "operator",
-                0,
-            )
-            .id;
-        let entry = bans
-            .list(0)
-            .iter()
-            .find(|b| b.id == everywhere)
-            .unwrap()
-            .to_json();
-        let back = Ban::from_json(&entry).unwrap();
-        assert_eq!(
-            (back.kind, back.value.as_slice(), back.until_us),
-            (KeyKind::Ip, &[10u8, 0, 0, 1][..], 5_000_000)
-        );
-        assert!(bans.banned("any", KeyKind::Ip, &[10, 0, 0, 1], 0).is_some());
-        assert_eq!(bans.list(0).len(), 2);
-        assert!(bans.remove(&id));
-        assert!(!bans.remove(&id));
-        assert!(bans.remove(&everywhere));
-        assert!(bans.list(0).is_empty());
+        let control = Control::default();
+        let far = wall_clock_us() + 3_600_000_000;
+        assert!(control.is_empty());
+        assert_eq!(control.banned("api", KeyKind::ApiKey, b"k"), None);
+        let id = ban(&control, Some("api"), KeyKind::ApiKey, b"k", far);
+        let wait = control.banned("api", KeyKind::ApiKey, b"k").unwrap();
+        assert!(wait > 3_590_000_000 && wait <= 3_600_000_000, "{wait}");
+        assert_eq!(control.banned("other", KeyKind::ApiKey, b"k"), None);
+        assert_eq!(control.banned("api", KeyKind::UserId, b"k"), None);
+        let ended = ban(&control, Some("api"), KeyKind::Ip, b"e", 1);
+        assert_eq!(control.banned("api", KeyKind::Ip, b"e"), None);
+        let everywhere = ban(&control, None, KeyKind::Ip, &[10, 0, 0, 1], far);
+        assert!(control.banned("any", KeyKind::Ip, &[10, 0, 0, 1]).is_some());
+        // The ended ban went when the next came.
+        assert_eq!(control.bans(0).len(), 2);
+        assert!(!control.remove(&ended));
+        assert!(control.remove(&id));
+        assert!(!control.remove(&id));
+        assert!(control.remove(&everywhere));
+        assert!(control.bans(0).is_empty());
+        assert!(control.is_empty());
     }
 }

@@ -117,8 +117,8 @@ pub struct Decider<'s> {
     pub on_error: OnError,
     /// Where store latency is observed (`floodgate_limiter_duration_seconds`); replay has none.
     pub metrics: Option<&'s Metrics>,
-    /// The bans in force (`control.rs`); replay has none.
-    pub bans: Option<&'s crate::control::Bans>,
+    /// The bans and overrides in force (`control.rs`); replay has none.
+    pub control: Option<&'s crate::control::Control>,
 }
 
 impl<'s> Decider<'s> {
@@ -140,19 +140,21 @@ impl<'s> Decider<'s> {
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
         let kind = KeyKind::from(whose.identity.kind());
-        // A banned identity is refused before anything is asked.
-        if let Some(bans) = self.bans
-            && !bans.is_empty()
-            && let Some(wait_us) =
-                bans.banned(&route.name, kind, id, crate::limiter::wall_clock_us())
-        {
+        // A banned identity is refused before anything is asked; an identity with an override
+        // spends the override's budgets in place of the route's enforced ones.
+        let found = match self.control {
+            Some(control) => control.find(&route.name, kind, id),
+            None => Default::default(),
+        };
+        if let Some(wait_us) = found.banned_us {
             let mut decided = Decided::of(DecisionLabel::Banned);
             decided.refused = Some(Refused::Banned(wait_us));
             return decided;
         }
-        let enforced_keys = facts.keys(&route.enforced, (kind, id), ip);
-        let enforced = whose.asks(&route.enforced, id, ip, &enforced_keys);
-        let enforced_costs = reserves(&route.enforced, &enforced, facts);
+        let budget = found.over.as_ref().map_or(&route.enforced, |o| &o.budget);
+        let enforced_keys = facts.keys(budget, (kind, id), ip);
+        let enforced = whose.asks(budget, id, ip, &enforced_keys);
+        let enforced_costs = reserves(budget, &enforced, facts);
         let enforced_asks = costed(&enforced, &enforced_costs);
         // Both budgets' asks are built before either is decided (the access log records a
         // refused request's shadow keys too); most routes have no shadow limit.
@@ -187,19 +189,37 @@ impl<'s> Decider<'s> {
             )
             .await;
         if let Some(Refused::RateLimited(..)) = decided.refused {
-            self.penalize(route, &decided, kind, id).await;
+            self.penalize(&route.name, budget, &decided, kind, id).await;
         }
         decided
+    }
+
+    /// The override of `kind`/`id`'s limits on `route`, if one is in force: its budget stands
+    /// in for the route's enforced one (`/budgets` and the usage endpoint ask this).
+    pub fn override_of(
+        &self,
+        route: &str,
+        kind: KeyKind,
+        id: &[u8],
+    ) -> Option<std::sync::Arc<crate::control::Override>> {
+        self.control?.find(route, kind, id).over
     }
 
     /// The penalty box: a denial by a limit with `penalty:` is counted, per identity, in the
     /// store (so every instance's denials count); the one that fills the count bans the
     /// identity on the route for `penalty.ban`.
-    async fn penalize(&self, route: &RouteConfig, decided: &Decided, kind: KeyKind, id: &[u8]) {
-        let Some(bans) = self.bans else {
+    async fn penalize(
+        &self,
+        route: &str,
+        budget: &Budget,
+        decided: &Decided,
+        kind: KeyKind,
+        id: &[u8],
+    ) {
+        let Some(control) = self.control else {
             return;
         };
-        for (position, limit) in route.enforced.limits.iter().enumerate() {
+        for (position, limit) in budget.limits.iter().enumerate() {
             let Some(penalty) = &limit.penalty else {
                 continue;
             };
@@ -224,17 +244,20 @@ impl<'s> Decider<'s> {
                 let now = crate::limiter::wall_clock_us();
                 let until =
                     now.saturating_add(u64::try_from(penalty.ban.as_micros()).unwrap_or(u64::MAX));
-                let ban = bans.add(
-                    Some(route.name.to_string()),
+                let ban = crate::control::Ban {
+                    id: control.new_id("ban"),
+                    route: Some(route.to_string()),
                     kind,
-                    id.to_vec(),
-                    until,
-                    format!("penalty of {}", limit.name()),
-                    "penalty",
-                    now,
-                );
-                tracing::info!(ban = %ban.id, route = %route.name, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
-                crate::control::share(self.limiter, &ban.id, Some(&ban)).await;
+                    value: id.to_vec(),
+                    until_us: until,
+                    reason: format!("penalty of {}", limit.name()),
+                    by: "penalty",
+                };
+                control.ban(ban.clone());
+                tracing::info!(ban = %ban.id, %route, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
+                let id = ban.id.clone();
+                crate::control::share(self.limiter, &id, Some(&crate::control::Entry::Ban(ban)))
+                    .await;
             }
         }
     }

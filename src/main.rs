@@ -321,9 +321,10 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         proxy = proxy.with_telemetry(Arc::new(started));
     }
     let proxy = Arc::new(proxy);
-    // Bans kept in the shared store (Redis) reach this instance, and come back after a restart.
+    // Bans, overrides and resets kept in the shared store reach this instance, and come back
+    // after a restart.
     tokio::spawn(floodgate::control::follow(
-        proxy.bans().clone(),
+        proxy.control().clone(),
         proxy.limiter().clone(),
     ));
     let mut server = Server::bind(&config, proxy.clone())

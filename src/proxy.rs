@@ -64,8 +64,8 @@ pub struct Proxy {
     tops: Tops,
     /// OpenTelemetry, when it is on (`telemetry:`): a trace per request.
     telemetry: crate::telemetry::Shared,
-    /// The bans in force (operators' and penalty boxes'): kept across reloads.
-    bans: crate::control::SharedBans,
+    /// The bans and overrides in force (operators' and penalty boxes'): kept across reloads.
+    control: crate::control::SharedControl,
 }
 
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
@@ -100,13 +100,13 @@ impl Proxy {
             gates,
             tops,
             telemetry: None,
-            bans: Default::default(),
+            control: Default::default(),
         }
     }
 
-    /// The bans in force, which the admin listener writes.
-    pub fn bans(&self) -> &crate::control::SharedBans {
-        &self.bans
+    /// The bans and overrides in force, which the admin listener writes.
+    pub fn control(&self) -> &crate::control::SharedControl {
+        &self.control
     }
 
     /// Traces every request with `telemetry` (set once, at start).
@@ -345,7 +345,7 @@ impl Proxy {
             limiter: &self.limiter,
             on_error: snapshot.on_error,
             metrics: Some(&self.metrics),
-            bans: Some(&self.bans),
+            control: Some(&self.control),
         }
     }
 

@@ -337,7 +337,7 @@ impl Replay {
             limiter: &self.limiter,
             on_error: OnError::Allow,
             metrics: None,
-            bans: None,
+            control: None,
         };
         let mut facts = LoggedFacts(&record);
         let Some(decided) = decider.decide_now(route, &whose, &mut facts) else {

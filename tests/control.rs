@@ -1,5 +1,7 @@
 //! Control at run time on the admin listener: bans by an operator (`PUT /bans`) and by a
-//! limit's penalty box, behind `admin.token_file`'s bearer token.
+//! limit's penalty box, overrides (`PUT /overrides`) and resets (`POST /reset`), behind
+//! `admin.token_file`'s bearer token; on the memory store, and shared by instances on Redis and
+//! on PostgreSQL.
 
 mod common;
 
@@ -12,7 +14,7 @@ fn config(upstream: &str, token: Option<&TempFile>) -> String {
         None => String::new(),
     };
     format!(
-        "admin_listen: 127.0.0.1:0\n{admin}routes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {upstream}\n    limits:\n      - {{algorithm: token_bucket, capacity: 100, refill_rate: 10}}\n      - algorithm: token_bucket\n        capacity: 1\n        refill_rate: 0.0001\n        per: header:X-Greedy\n        penalty: {{denials: 3, within: 1m, ban: 1h}}\n  - name: search\n    path_prefix: /search\n    upstream: {upstream}\n"
+        "admin_listen: 127.0.0.1:0\n{admin}routes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {upstream}\n    limits:\n      - {{algorithm: token_bucket, capacity: 100, refill_rate: 10}}\n      - algorithm: token_bucket\n        capacity: 1\n        refill_rate: 0.0001\n        per: header:X-Greedy\n        penalty: {{denials: 3, within: 1m, ban: 1h}}\n  - name: search\n    path_prefix: /search\n    upstream: {upstream}\n  - name: quota\n    path_prefix: /quota\n    upstream: {upstream}\n    limits:\n      - {{algorithm: fixed_window, limit: 3, window: 1h}}\n"
     )
 }
 
@@ -192,72 +194,344 @@ async fn a_limits_penalty_box_bans_after_that_many_denials() {
     assert_eq!(upstream.count(), 2);
 }
 
+/// Polls `check` every 20 ms until it holds, for at most `within` (`what` names it when it
+/// never does).
+async fn eventually<F: std::future::Future<Output = bool>>(
+    within: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
-async fn on_redis_a_ban_reaches_every_instance_within_a_second_and_survives_a_restart() {
-    let redis = RedisServer::start();
+async fn an_override_changes_one_identitys_limits_a_reset_fills_its_budgets_and_bad_input_changes_nothing()
+ {
     let upstream = Upstream::start().await;
     let token = TempFile::new("t0ken");
-    let yaml = format!(
-        "storage:\n  backend: redis\n  url: {}\n{}",
-        redis.url(),
-        config(&upstream.url(), Some(&token))
+    // At info: every write is logged, and so is every request (the access log).
+    let fg = Floodgate::start_with_env(
+        &config(&upstream.url(), Some(&token)),
+        &[("RUST_LOG", "info")],
     );
+    let t = Some("t0ken");
+    let client = client();
+    let k1 = [("x-api-key", "override-key-1")];
+    // Bad input: 400 naming the field, nothing changed.
+    for (body, field) in [
+        ("[1, 2]", "JSON object"),
+        (
+            r#"{"route": "nope", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#,
+            "route",
+        ),
+        (
+            r#"{"route": "search", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#,
+            "no limits",
+        ),
+        (r#"{"route": "quota", "api_key": "k"}"#, "limits"),
+        (
+            r#"{"route": "quota", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": -5, "window": "1h"}]}"#,
+            "limits[0].limit",
+        ),
+        (
+            r#"{"route": "quota", "api_key": "k", "limits": [{"algorithm": "token_bucket", "capacity": 5, "refill_rate": 1, "window": "1h"}]}"#,
+            "limits[0].window",
+        ),
+        (
+            r#"{"route": "quota", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h", "shadow": true}]}"#,
+            "limits[0].shadow",
+        ),
+        (
+            r#"{"route": "quota", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h", "bogus": 1}]}"#,
+            "bogus",
+        ),
+        (
+            r#"{"route": "quota", "api_key": "k", "expires_in": "later", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#,
+            "expires_in",
+        ),
+        (
+            r#"{"route": "quota", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#,
+            "api_key",
+        ),
+    ] {
+        let r = admin(&fg, reqwest::Method::PUT, "/overrides", t, Some(body)).await;
+        let problem = assert_problem(&r, StatusCode::BAD_REQUEST, "bad_request");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(field),
+            "{body}: {problem}"
+        );
+    }
+    for (body, field) in [
+        ("{", "JSON"),
+        (r#"{"route": "nope", "api_key": "k"}"#, "route"),
+        (r#"{"route": "quota"}"#, "api_key"),
+    ] {
+        let r = admin(&fg, reqwest::Method::POST, "/reset", t, Some(body)).await;
+        let problem = assert_problem(&r, StatusCode::BAD_REQUEST, "bad_request");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(field),
+            "{problem}"
+        );
+    }
+    let r = admin(&fg, reqwest::Method::GET, "/overrides", t, None).await;
+    assert_eq!(r.json()["overrides"], serde_json::json!([]));
+    assert_eq!(
+        admin(&fg, reqwest::Method::GET, "/reset", t, None)
+            .await
+            .status,
+        405
+    );
+
+    // The route's limit: 3 an hour.
+    let first = get(&client, &fg.url("/quota"), &k1).await;
+    assert_eq!(first.header_u64("x-ratelimit-limit"), 3);
+    // An override: 5 an hour for this key, its own budget (full).
+    let r = admin(
+        &fg,
+        reqwest::Method::PUT,
+        "/overrides",
+        t,
+        Some(r#"{"route": "quota", "api_key": "override-key-1", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let r = get(&client, &fg.url("/quota"), &k1).await;
+        assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    // Other keys keep the route's limit.
+    let other = get(&client, &fg.url("/quota"), &[("x-api-key", "k2")]).await;
+    assert_eq!(other.header_u64("x-ratelimit-limit"), 3);
+    // /budgets sees the override; the listing hides the raw key.
+    let budgets = admin(
+        &fg,
+        reqwest::Method::GET,
+        "/budgets?route=quota&api_key=override-key-1",
+        None,
+        None,
+    )
+    .await
+    .json();
+    assert_eq!(budgets["limits"][0]["limit"], 5, "{budgets}");
+    let listed = admin(&fg, reqwest::Method::GET, "/overrides", t, None).await;
+    assert_eq!(listed.json()["overrides"][0]["id"], id.as_str());
+    assert_eq!(listed.json()["overrides"][0]["limits"][0]["limit"], 5);
+    assert!(!listed.body.contains("override-key-1"), "{}", listed.body);
+    // A reset fills the override's budget again.
+    let r = admin(
+        &fg,
+        reqwest::Method::POST,
+        "/reset",
+        t,
+        Some(r#"{"route": "quota", "api_key": "override-key-1"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let after = get(&client, &fg.url("/quota"), &k1).await;
+    assert_eq!(after.status, 200);
+    assert_eq!(after.header_u64("x-ratelimit-remaining"), 4);
+    // Deleted: the route's limit again; its budget was reset too (every budget of the
+    // identity on the route is), so only this request is spent.
+    let r = admin(
+        &fg,
+        reqwest::Method::DELETE,
+        &format!("/overrides/{id}"),
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let back = get(&client, &fg.url("/quota"), &k1).await;
+    assert_eq!(
+        (
+            back.header_u64("x-ratelimit-limit"),
+            back.header_u64("x-ratelimit-remaining")
+        ),
+        (3, 2)
+    );
+    // An override that expires.
+    let r = admin(
+        &fg,
+        reqwest::Method::PUT,
+        "/overrides",
+        t,
+        Some(r#"{"route": "quota", "api_key": "override-key-1", "expires_in": "1s", "limits": [{"algorithm": "fixed_window", "limit": 50, "window": "1h"}]}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        get(&client, &fg.url("/quota"), &k1)
+            .await
+            .header_u64("x-ratelimit-limit"),
+        50
+    );
+    // Ends after 1 s; 5 s allows a loaded machine (an override that never ends fails).
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the override did not end",
+        || async {
+            get(&client, &fg.url("/quota"), &k1)
+                .await
+                .header_u64("x-ratelimit-limit")
+                == 3
+        },
+    )
+    .await;
+    // The raw key is in no log line.
+    assert!(
+        !fg.stderr().contains("override-key-1"),
+        "a raw key was logged"
+    );
+    assert!(fg.stderr().contains("override set"));
+}
+
+/// Bans, overrides and resets on a shared store: made on one instance, applied by the other
+/// within a second; a new instance starts with them.
+async fn shared_by_every_instance(storage: &str) {
+    let upstream = Upstream::start().await;
+    let token = TempFile::new("t0ken");
+    let yaml = format!("{storage}{}", config(&upstream.url(), Some(&token)));
     let one = Floodgate::start(&yaml);
     let two = Floodgate::start(&yaml);
     let client = client();
+    let t = Some("t0ken");
+    // The other instance reads the list's version every 300 ms (FOLLOW_EVERY), so a change
+    // reaches it within a second; 3 s leaves a loaded machine room (a lost change would never
+    // arrive at all).
+    let within = std::time::Duration::from_secs(3);
+
+    // A ban.
     let key = [("x-api-key", "shared-ban")];
     assert_eq!(get(&client, &two.url("/search"), &key).await.status, 200);
     let r = admin(
         &one,
         reqwest::Method::PUT,
         "/bans",
-        Some("t0ken"),
+        t,
         Some(r#"{"route": "search", "api_key": "shared-ban", "duration": "1h"}"#),
     )
     .await;
     assert_eq!(r.status, 200, "{r:?}");
-    let id = r.json()["id"].as_str().unwrap().to_string();
-    // The other instance reads the list's version in Redis every 300 ms (FOLLOW_EVERY), so the
-    // ban reaches it within a second; 3 s here leaves a loaded machine room (a lost ban would
-    // never arrive at all).
-    let started = std::time::Instant::now();
-    loop {
-        let status = get(&client, &two.url("/search"), &key).await.status;
-        if status == 429 {
-            break;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(3),
-            "the ban did not reach the other instance"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    // A new instance starts with it.
-    let three = Floodgate::start(&yaml);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while get(&client, &three.url("/search"), &key).await.status != 429 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a restarted instance lost the ban"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    // Lifted on one, lifted everywhere.
+    let ban = r.json()["id"].as_str().unwrap().to_string();
+    eventually(
+        within,
+        "the ban did not reach the other instance",
+        || async { get(&client, &two.url("/search"), &key).await.status == 429 },
+    )
+    .await;
+
+    // An override, made on one, applied on two; its budget is shared.
+    let k = [("x-api-key", "shared-override")];
     let r = admin(
-        &two,
-        reqwest::Method::DELETE,
-        &format!("/bans/{id}"),
-        Some("t0ken"),
-        None,
+        &one,
+        reqwest::Method::PUT,
+        "/overrides",
+        t,
+        Some(r#"{"route": "quota", "api_key": "shared-override", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#),
     )
     .await;
     assert_eq!(r.status, 200, "{r:?}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while get(&client, &one.url("/search"), &key).await.status != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lift did not reach the first instance"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let over = r.json()["id"].as_str().unwrap().to_string();
+    eventually(
+        within,
+        "the override did not reach the other instance",
+        || async {
+            get(&client, &two.url("/quota"), &k)
+                .await
+                .header_u64("x-ratelimit-limit")
+                == 5
+        },
+    )
+    .await;
+    // (The request that saw the override spent one of its 5.)
+    let mut admitted = 1;
+    for n in 0..8 {
+        let fg = if n % 2 == 0 { &one } else { &two };
+        admitted += u32::from(get(&client, &fg.url("/quota"), &k).await.status == 200);
     }
+    assert_eq!(admitted, 5, "one budget of 5 across both instances");
+    // A reset on two fills it on one (whose cached denial goes too).
+    let r = admin(
+        &two,
+        reqwest::Method::POST,
+        "/reset",
+        t,
+        Some(r#"{"route": "quota", "api_key": "shared-override"}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    eventually(
+        within,
+        "the reset did not reach the other instance",
+        || async {
+            let r = get(&client, &one.url("/quota"), &k).await;
+            r.status == 200
+        },
+    )
+    .await;
+
+    // A new instance starts with the ban and the override.
+    let three = Floodgate::start(&yaml);
+    eventually(
+        std::time::Duration::from_secs(5),
+        "a restarted instance lost the ban",
+        || async { get(&client, &three.url("/search"), &key).await.status == 429 },
+    )
+    .await;
+    assert_eq!(
+        get(&client, &three.url("/quota"), &k)
+            .await
+            .header_u64("x-ratelimit-limit"),
+        5
+    );
+    // Removed on one, removed everywhere.
+    for path in [format!("/bans/{ban}"), format!("/overrides/{over}")] {
+        let r = admin(&two, reqwest::Method::DELETE, &path, t, None).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    eventually(
+        within,
+        "the lift did not reach the first instance",
+        || async { get(&client, &one.url("/search"), &key).await.status == 200 },
+    )
+    .await;
+    eventually(
+        within,
+        "the deletion did not reach the third instance",
+        || async {
+            get(&client, &three.url("/quota"), &k)
+                .await
+                .header_u64("x-ratelimit-limit")
+                == 3
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn on_redis_changes_reach_every_instance_within_a_second_and_survive_a_restart() {
+    let redis = RedisServer::start();
+    shared_by_every_instance(&format!(
+        "storage:\n  backend: redis\n  url: {}\n",
+        redis.url()
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn on_postgres_changes_reach_every_instance_within_a_second_and_survive_a_restart() {
+    let postgres = PostgresServer::start();
+    shared_by_every_instance(&format!(
+        "storage:\n  backend: postgres\n  url: {}\n",
+        postgres.url()
+    ))
+    .await;
 }

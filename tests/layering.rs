@@ -22,7 +22,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("policy", "config identity limiter metrics"),
     ("access_log", "identity metrics"),
     ("telemetry", "config tls"),
-    ("control", "limiter"),
+    ("control", "config limiter"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
     ("decider", "config control identity limiter metrics policy"),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;

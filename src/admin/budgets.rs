@@ -107,7 +107,12 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     let mut limits = Vec::new();
     let view = values.view();
     let decider = proxy.decider(&snapshot);
-    for (budget, shadow) in [(&route.enforced, false), (&route.shadow, true)] {
+    // An override in force for the identity stands in for the route's enforced limits.
+    let over = identity
+        .as_ref()
+        .and_then(|i| decider.override_of(&route.name, KeyKind::from(i.kind()), id));
+    let enforced = over.as_ref().map_or(&route.enforced, |o| &o.budget);
+    for (budget, shadow) in [(enforced, false), (&route.shadow, true)] {
         let keys = match (&identity, ip_bytes) {
             (Some(identity), Some(ip)) => {
                 RequestKeys::of(budget, &view, (KeyKind::from(identity.kind()), id), ip)

@@ -8,6 +8,8 @@ use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
 
+pub use build::override_budget;
+
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
 pub struct RouteConfig {

@@ -142,7 +142,8 @@ impl Limiter {
         )
     }
 
-    /// The shared control list (bans) the store keeps, if it keeps one: Redis does.
+    /// The shared control list (`control.rs`) the store keeps, if it keeps one: Redis and
+    /// PostgreSQL do.
     pub async fn control_read(
         &self,
         known: Option<String>,
@@ -151,9 +152,27 @@ impl Limiter {
     }
 
     /// Writes an entry of the store's shared control list (`None`: removes it); false when the
-    /// store keeps none (the memory store; PostgreSQL, for now).
+    /// store keeps none (the memory store).
     pub async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
         by_store!(self, _store => Ok(false), guarded => guarded.control_write(id, entry).await)
+    }
+
+    /// Resets `asks`' budgets: full again at their next decision, in the store and in what this
+    /// instance keeps of them (`POST /reset`).
+    pub async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
+        by_store!(self,
+            store => {
+                let keys: Vec<_> = asks.iter().map(|a| a.key).collect();
+                store.forget(&keys);
+                Ok(())
+            },
+            guarded => guarded.reset(asks).await)
+    }
+
+    /// Forgets what this instance keeps of the budgets `keys` (cached denials, leases): another
+    /// instance reset them in the shared store. The memory store is not shared: nothing to do.
+    pub fn forget(&self, keys: &[super::BudgetKey<'_>]) {
+        by_store!(self, _store => {}, guarded => guarded.forget(keys))
     }
 
     /// Readies a remote store for its first decision (connects, loads its scripts or schema),

@@ -279,6 +279,28 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             .map_err(|_| LimiterError::Timeout(timeout))?
     }
 
+    /// Resets `asks`' budgets in the store, and forgets what this instance knows of them.
+    pub async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
+        let timeout = self.timeout() * 10;
+        let result = tokio::time::timeout(timeout, self.store.reset(asks))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))
+            .and_then(|r| r);
+        let keys: Vec<_> = asks.iter().map(|a| a.key).collect();
+        self.forget(&keys);
+        result
+    }
+
+    /// Forgets what this instance knows of the budgets `keys` (another instance reset them):
+    /// cached denials, leases, and the local fallback's state.
+    pub fn forget(&self, keys: &[super::BudgetKey<'_>]) {
+        self.deny_cache.forget(keys);
+        if let Some(leases) = self.leases.load().as_ref() {
+            leases.forget(keys);
+        }
+        self.local.forget(keys);
+    }
+
     /// Decides, or applies `on_error` when the store cannot. `Err` only under `on_error: deny`.
     pub async fn decide(
         &self,
@@ -547,6 +569,9 @@ mod tests {
     }
 
     impl RemoteStore for Arc<Scripted> {
+        async fn reset(&self, _asks: &[Ask<'_>]) -> Result<(), LimiterError> {
+            Ok(())
+        }
         async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
             self.state.release(asks, lease);
             Ok(())

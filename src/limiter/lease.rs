@@ -274,6 +274,15 @@ impl Leases {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Drops this instance's leases of the budgets `keys`, and what it owed them: they were
+    /// reset, and what the store held for the leases went with their state.
+    pub fn forget(&self, keys: &[super::BudgetKey<'_>]) {
+        for key in keys {
+            let key = key.hash_with(&self.hasher);
+            self.shard(key).remove(&key);
+        }
+    }
+
     /// Counts one request of demand on `slot` at `now`.
     fn note_demand(&self, slot: &mut Slot, now: LocalUs) {
         let age = now.since(slot.period_start);

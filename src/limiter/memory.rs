@@ -364,6 +364,20 @@ impl MemoryStore {
         }
     }
 
+    /// Forgets the budgets `keys`: each is fresh (full) at its next decision (`POST /reset`).
+    pub fn forget(&self, keys: &[BudgetKey<'_>]) {
+        for key in keys {
+            let hash = self.hash(key);
+            let removed = self.shards[shard_of(hash)]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&hash);
+            if removed.is_some() {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Drops every entry whose budget is fully restored. Returns how many were dropped.
     pub fn sweep(&self) -> usize {
         (0..SHARDS).map(|shard| self.sweep_shard(shard)).sum()

@@ -49,7 +49,7 @@ use db::{Db, Sql, unavailable};
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// One decision's lease arguments as `decide.sql` takes them, one element per limit (0s where
 /// `wants` is shorter).
@@ -450,6 +450,83 @@ impl RemoteStore for PostgresStore {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         PostgresStore::ping(self).await
+    }
+
+    async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
+        let keys: Vec<String> = asks
+            .iter()
+            .map(|a| wire::key_name(&self.prefix, a))
+            .collect();
+        self.db
+            .query::<i64>(
+                "WITH gone AS (DELETE FROM floodgate_budgets WHERE key = ANY($1) RETURNING 1) \
+                 SELECT count(*) FROM gone",
+                &[&keys],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn control_read(
+        &self,
+        known: Option<String>,
+    ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
+        let version: i64 = self
+            .db
+            // (A fresh sequence's `last_value` is already 1: until the first write, 0.)
+            .query(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
+                 FROM floodgate_control_version",
+                &[],
+            )
+            .await?;
+        let version = version.to_string();
+        if known.as_deref() == Some(version.as_str()) {
+            return Ok(Some(crate::limiter::store::ControlList {
+                version,
+                entries: None,
+            }));
+        }
+        let entries: Vec<String> = self
+            .db
+            .query(
+                "SELECT coalesce(array_agg(entry ORDER BY id), '{}') FROM floodgate_control \
+                 WHERE starts_with(id, $1)",
+                &[&self.prefix],
+            )
+            .await?;
+        Ok(Some(crate::limiter::store::ControlList {
+            version,
+            entries: Some(entries),
+        }))
+    }
+
+    async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+        // Rows are named with the key prefix: instances with different prefixes keep apart
+        // lists in one database. The version is bumped in the same statement.
+        let id = format!("{}{id}", self.prefix);
+        let _: i64 = match entry {
+            Some(entry) => {
+                self.db
+                    .query(
+                        "WITH w AS (INSERT INTO floodgate_control (id, entry) VALUES ($1, $2) \
+                         ON CONFLICT (id) DO UPDATE SET entry = excluded.entry RETURNING 1) \
+                         SELECT nextval('floodgate_control_version') FROM (SELECT count(*) FROM w) c",
+                        &[&id, &entry],
+                    )
+                    .await?
+            }
+            None => {
+                self.db
+                    .query(
+                        "WITH w AS (DELETE FROM floodgate_control WHERE id = $1 RETURNING 1) \
+                         SELECT nextval('floodgate_control_version') FROM (SELECT count(*) FROM w) c",
+                        &[&id],
+                    )
+                    .await?
+            }
+        };
+        Ok(true)
     }
 
     async fn prepare(&self) -> Result<(), LimiterError> {

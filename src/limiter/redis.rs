@@ -426,6 +426,7 @@ impl RedisStore {
 
     /// The control list's hash and its version key (one hash tag: one Cluster slot).
     fn control_keys(&self) -> (String, String) {
+        // (Named `bans` since bans came first; overrides and resets are entries of it too.)
         let list = format!("{}{{control}}:bans", self.prefix);
         let version = format!("{}{{control}}:version", self.prefix);
         (list, version)
@@ -514,6 +515,19 @@ impl RemoteStore for RedisStore {
 
     async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
         self.invoke(asks, Call::Decide { lease }, &[], None).await
+    }
+
+    async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
+        if asks.is_empty() {
+            return Ok(());
+        }
+        // One identity's keys share its hash tag: one command, one Cluster slot.
+        let mut del = redis::cmd("DEL");
+        for ask in asks {
+            del.arg(self.key_name(ask));
+        }
+        let _: i64 = self.query(&del).await?;
+        Ok(())
     }
 
     async fn decide_leasing(

@@ -64,9 +64,12 @@ pub trait RemoteStore: Send + Sync + 'static {
     /// A decision failed (an error or the timeout): a store that can find its server anew
     /// (Redis behind Sentinel asks the sentinels again) starts doing so. Does nothing by default.
     fn after_failure(&self) {}
+    /// Forgets the state of `asks`' budgets: each is fresh (full) at its next decision
+    /// (`POST /reset`).
+    fn reset(&self, asks: &[Ask<'_>]) -> impl Future<Output = Result<(), LimiterError>> + Send;
     /// Whether the store answers at all: `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// The shared control list (bans, `control.rs`): a version that changes with every write,
+    /// The shared control list (bans, overrides, resets: `control.rs`): a version that changes with every write,
     /// and, when it differs from `known`, every entry. `None`: the store keeps no such list.
     fn control_read(
         &self,

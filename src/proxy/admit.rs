@@ -85,19 +85,14 @@ impl Proxy {
             // Nothing to limit. When the upstream's gate may still shed the request, or a ban
             // may cover the route, whose it is is worked out all the same (never refused for
             // it), to be counted in `/top` and checked against the bans.
-            let whose = (route.extras.gate.is_some() || !self.bans.is_empty())
+            let whose = (route.extras.gate.is_some() || !self.control.is_empty())
                 .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
                 .flatten();
             let banned = whose.as_ref().and_then(|whose| {
                 let mut buf = [0u8; 16];
                 let id = whose.identity.key_bytes(&mut buf);
                 let kind = KeyKind::from(whose.identity.kind());
-                self.bans.banned(
-                    &route.config.name,
-                    kind,
-                    id,
-                    crate::limiter::wall_clock_us(),
-                )
+                self.control.banned(&route.config.name, kind, id)
             });
             let admitted = match banned {
                 Some(wait_us) => Err(Rejection::Banned(wait_us.div_ceil(1_000_000).max(1))),

@@ -47,6 +47,11 @@ impl Snapshot {
         &self.extras[index].top
     }
 
+    /// True when bearer tokens are verified (`identity.jwt`): a limit may read a claim.
+    pub fn verifies_tokens(&self) -> bool {
+        self.identity.jwt.is_some()
+    }
+
     /// The rules that say whose allowance a request spends ([`crate::policy`]).
     pub fn policy(&self) -> Policy<'_> {
         Policy {

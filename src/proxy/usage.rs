@@ -71,7 +71,9 @@ impl Proxy {
             if route.enforced.is_empty() {
                 continue;
             }
-            let asks = policy::asks(&route.enforced, whose.tier, Some((kind, id)), Some(ip));
+            let over = decider.override_of(&route.name, kind, id);
+            let budget = over.as_ref().map_or(&route.enforced, |o| &o.budget);
+            let asks = policy::asks(budget, whose.tier, Some((kind, id)), Some(ip));
             let decisions = decider
                 .peek(&asks.asks)
                 .await
@@ -80,7 +82,7 @@ impl Proxy {
                 .iter()
                 .zip(&asks.positions)
                 .map(|(d, &position)| {
-                    let limit = &route.enforced.limits[position];
+                    let limit = &budget.limits[position];
                     // A check that would pass counted this request's cost; give it back.
                     let remaining = match d.allowed() {
                         true => d.remaining + u64::from(limit.limit.cost()),

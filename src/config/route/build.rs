@@ -55,15 +55,60 @@ impl Validator {
             r.grpc_rate_limited_status,
             Default::default(),
         );
+        let (enforced, shadow) = self.budgets(path, &r.name, &r.name, &r.limits);
+        if self.problems.len() > before {
+            return None;
+        }
+        let path_match = self.choice(
+            &format!("{path}.path_match"),
+            r.path_match,
+            PathMatch::Prefix,
+        );
+        let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
+        let adaptive = r
+            .adaptive_concurrency
+            .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
+        let reads_body = enforced.limits.iter().chain(&shadow.limits).any(|l| {
+            l.parts.iter().any(|p| matches!(p, Part::Json(_)))
+                || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
+        });
+        Some(RouteConfig {
+            reads_body,
+            name: r.name.into(),
+            path_prefix: r.path_prefix,
+            methods,
+            path_match,
+            upstream: upstream?,
+            grpc_rate_limited,
+            rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
+            priority,
+            adaptive,
+            enforced,
+            shadow,
+            exempt: crate::config::Exempt::default(),
+        })
+    }
+
+    /// The limits at `{path}.limits` of route `route`, enforced and shadow: each built through
+    /// the limiter's checked constructors (its cost, `per:`, tiers and penalty). Their store ids
+    /// begin with `store_name` (the route's name; an override's is its own, so that it starts
+    /// afresh: see `control.rs`).
+    pub(in crate::config) fn budgets(
+        &mut self,
+        path: &str,
+        route: &str,
+        store_name: &str,
+        limits: &[crate::config::file::LimitFile],
+    ) -> (Budget, Budget) {
         let mut enforced = Budget::default();
         let mut shadow = Budget::default();
-        if r.limits.len() > MAX_LIMITS {
+        if limits.len() > MAX_LIMITS {
             self.problem(
                 format!("{path}.limits"),
                 format!("at most {MAX_LIMITS} limits per route"),
             );
         }
-        for (n, l) in r.limits.iter().enumerate() {
+        for (n, l) in limits.iter().enumerate() {
             let limit_path = format!("{path}.limits[{n}]");
             let Some(limit) = self.limit(&limit_path, l) else {
                 continue;
@@ -98,8 +143,7 @@ impl Validator {
             });
             let is_shadow = l.shadow.unwrap_or(false);
             let budget_id = format!(
-                "{}{}#{n}#{}",
-                r.name,
+                "{store_name}{}#{n}#{}",
                 if is_shadow { "~shadow" } else { "" },
                 limit_fingerprint(&limit)
             );
@@ -135,7 +179,7 @@ impl Validator {
                     counter: Limit::of(counter),
                     first_denial_bans: denials == 1,
                     ban,
-                    budget_id: format!("{}#{n}~penalty", r.name),
+                    budget_id: format!("{store_name}#{n}~penalty"),
                 })
             });
             let route_limit = RouteLimit {
@@ -146,7 +190,7 @@ impl Validator {
                 tiers,
                 penalty,
                 budget_id,
-                name: format!("{}-{n}", r.name),
+                name: format!("{route}-{n}"),
                 position: n,
             };
             if is_shadow {
@@ -155,37 +199,7 @@ impl Validator {
                 enforced.limits.push(route_limit);
             }
         }
-        if self.problems.len() > before {
-            return None;
-        }
-        let path_match = self.choice(
-            &format!("{path}.path_match"),
-            r.path_match,
-            PathMatch::Prefix,
-        );
-        let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
-        let adaptive = r
-            .adaptive_concurrency
-            .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
-        let reads_body = enforced.limits.iter().chain(&shadow.limits).any(|l| {
-            l.parts.iter().any(|p| matches!(p, Part::Json(_)))
-                || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
-        });
-        Some(RouteConfig {
-            reads_body,
-            name: r.name.into(),
-            path_prefix: r.path_prefix,
-            methods,
-            path_match,
-            upstream: upstream?,
-            grpc_rate_limited,
-            rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
-            priority,
-            adaptive,
-            enforced,
-            shadow,
-            exempt: crate::config::Exempt::default(),
-        })
+        (enforced, shadow)
     }
 
     /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default
@@ -399,4 +413,63 @@ impl Validator {
             protocol: UpstreamProtocol::Http1,
         })
     }
+}
+
+/// The limits of an override (`PUT /overrides`, `control.rs`) for route `route`, checked as
+/// `routes[].limits` are, with paths named from the request's body (`limits[0].capacity`).
+/// An override's limits are enforced and decided at admission: `shadow: true` and settled
+/// costs (`cost: {reserve, actual}`) are refused, as is `per:` with a `claim:` part unless
+/// `verifies_tokens`. Their store ids begin with `store_name`: an override's budgets start full.
+pub fn override_budget(
+    route: &str,
+    store_name: &str,
+    limits: serde_json::Value,
+    verifies_tokens: bool,
+) -> Result<Budget, crate::config::ConfigError> {
+    use crate::config::ConfigError;
+    use crate::config::file::{CostFile, LimitFile};
+    let limits: Vec<LimitFile> = serde_path_to_error::deserialize(limits).map_err(|e| {
+        let path = e.path().to_string();
+        let path = match path.as_str() {
+            "." => "limits".to_string(),
+            p => format!("limits{p}"),
+        };
+        ConfigError::one(path, e.into_inner().to_string())
+    })?;
+    let mut v = Validator {
+        verifies_tokens,
+        ..Validator::default()
+    };
+    if limits.is_empty() {
+        v.problem("limits", "name at least one limit");
+    }
+    for (n, l) in limits.iter().enumerate() {
+        if l.shadow == Some(true) {
+            v.problem(
+                format!("limits[{n}].shadow"),
+                "an override's limits are enforced",
+            );
+        }
+        if let Some(CostFile::Settled(_)) = l.cost {
+            v.problem(
+                format!("limits[{n}].cost"),
+                "an override's limits cost a fixed number of units (settled costs are not supported)",
+            );
+        }
+    }
+    if !v.problems.is_empty() {
+        return Err(ConfigError {
+            problems: v.problems,
+        });
+    }
+    let (enforced, _) = v.budgets("", route, store_name, &limits);
+    if !v.problems.is_empty() {
+        for p in &mut v.problems {
+            p.path = p.path.trim_start_matches('.').to_string();
+        }
+        return Err(ConfigError {
+            problems: v.problems,
+        });
+    }
+    Ok(enforced)
 }

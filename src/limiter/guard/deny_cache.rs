@@ -92,6 +92,14 @@ impl DenyCache {
         })
     }
 
+    /// Forgets the denials of the budgets `keys` (they were reset).
+    pub(super) fn forget(&self, keys: &[super::super::BudgetKey<'_>]) {
+        for key in keys {
+            let key = key.hash_with(&self.hasher);
+            self.shard(key).remove(&key);
+        }
+    }
+
     /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order), at
     /// local time `now`, which the store called `store_now`.
     pub(super) fn insert(

@@ -1,4 +1,4 @@
--- floodgate's PostgreSQL schema, version 1: the tables. Run once per database, under the
+-- floodgate's PostgreSQL schema, version 2: the tables. Run once per database, under the
 -- installer's advisory lock, when floodgate_schema says an older version (or none) is installed
 -- (see src/limiter/postgres.rs). The functions are in the other files of this folder and are
 -- installed at every start with CREATE OR REPLACE.
@@ -27,3 +27,12 @@ CREATE TABLE IF NOT EXISTS floodgate_budgets (
   holders    bigint[] NOT NULL DEFAULT '{}',
   expires_at bigint   NOT NULL DEFAULT 0
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02);
+
+-- Version 2: the control list (bans, overrides, resets: src/control.rs), one row per entry, named
+-- with the instance's key prefix; the sequence's value is the list's version, bumped with every
+-- write, which every instance reads every 300 ms (the entries only when it changed).
+CREATE TABLE IF NOT EXISTS floodgate_control (
+  id    text COLLATE "C" PRIMARY KEY,
+  entry text NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS floodgate_control_version;

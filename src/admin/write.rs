@@ -1,0 +1,183 @@
+//! What the write endpoints (`/bans`, `/overrides`, `/reset`) share: the bearer token, the
+//! request's JSON body, the identity it names, and how an identity is shown.
+//!
+//! Every one of them, reads included, needs `Authorization: Bearer <token>` with the token of
+//! `admin.token_file` (compared in constant time): 403 when no token is configured, 401
+//! without it or with another. A body that does not parse, names an unknown route or an invalid
+//! field is a 400 problem+json naming the field, and changes nothing.
+
+use std::net::IpAddr;
+
+use serde_json::{Map, Value};
+
+use super::query::{AdminError, bad};
+use crate::identity::{Identity, ip_octets};
+use crate::limiter::KeyKind;
+use crate::policy::{Claim, Refusal};
+use crate::proxy::Proxy;
+
+/// Checks the request's bearer token against `admin.token_file`'s.
+pub fn authorize(proxy: &Proxy, authorization: Option<&[u8]>) -> Result<(), AdminError> {
+    let snapshot = proxy.snapshot();
+    let Some(token) = snapshot.admin_token.as_deref() else {
+        return Err(bad(
+            403,
+            "forbidden",
+            "the write endpoints are off: set admin.token_file",
+        ));
+    };
+    let given = authorization
+        .and_then(|v| v.strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if !constant_time_eq(given, token.as_bytes()) {
+        return Err(bad(401, "unauthorized", "a valid bearer token is required"));
+    }
+    Ok(())
+}
+
+/// Equal, in a time that depends on the lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A write's JSON body: an object, its fields read by name.
+pub struct Body(Map<String, Value>);
+
+impl Body {
+    pub fn parse(bytes: &[u8]) -> Result<Body, AdminError> {
+        serde_json::from_slice(bytes).map(Body).map_err(|e| {
+            bad(
+                400,
+                "bad_request",
+                format!("the body is not a JSON object: {e}"),
+            )
+        })
+    }
+
+    /// The string field `name`, if given.
+    pub fn text(&self, name: &str) -> Result<Option<&str>, AdminError> {
+        match self.0.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(bad(400, "bad_request", format!("{name}: must be a string"))),
+        }
+    }
+
+    /// The field `name`, as given.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name)
+    }
+
+    /// The duration field `name` (like `10m`), longer than 0, if given.
+    pub fn duration(&self, name: &str) -> Result<Option<std::time::Duration>, AdminError> {
+        let Some(text) = self.text(name)? else {
+            return Ok(None);
+        };
+        crate::config::parse_duration(text)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .map(Some)
+            .ok_or_else(|| {
+                bad(
+                    400,
+                    "bad_request",
+                    format!("{name}: {text:?} is not a duration like 10m"),
+                )
+            })
+    }
+
+    /// The route it names (`route`, required), which must exist.
+    pub fn route(&self, proxy: &Proxy) -> Result<String, AdminError> {
+        let name = self
+            .text("route")?
+            .ok_or_else(|| bad(400, "bad_request", "route: is required"))?;
+        if !proxy
+            .snapshot()
+            .routes
+            .routes()
+            .iter()
+            .any(|r| *r.name == *name)
+        {
+            return Err(bad(
+                400,
+                "bad_request",
+                format!("route: no route named {name:?}"),
+            ));
+        }
+        Ok(name.to_string())
+    }
+
+    /// The identity it names (`api_key`, `consumer`, `user_id`, `jwt_subject` or `ip`, exactly
+    /// one), as the decider keys it: an API key becomes its consumer when there are consumers,
+    /// an address its budget's prefix (`identity.ipv6_prefix`).
+    pub fn identity(&self, proxy: &Proxy) -> Result<(KeyKind, Vec<u8>), AdminError> {
+        let snapshot = proxy.snapshot();
+        let mut named = Vec::new();
+        for name in ["api_key", "consumer", "user_id", "jwt_subject", "ip"] {
+            if let Some(value) = self.text(name)? {
+                named.push((name, value));
+            }
+        }
+        let [(name, value)] = named[..] else {
+            return Err(bad(
+                400,
+                "bad_request",
+                "name exactly one of api_key, consumer, user_id, jwt_subject, ip",
+            ));
+        };
+        let ip: IpAddr;
+        let claim = match name {
+            "api_key" => Claim::ApiKey(value.as_bytes()),
+            "consumer" => Claim::Consumer(value),
+            "user_id" => Claim::Keyless(Identity::UserId(value.as_bytes())),
+            "jwt_subject" => Claim::Keyless(Identity::Jwt(value.as_bytes())),
+            _ => {
+                let parsed = value.parse::<IpAddr>().map_err(|_| {
+                    bad(
+                        400,
+                        "bad_request",
+                        format!("ip: {value:?} is not an IP address"),
+                    )
+                })?;
+                ip = snapshot.identity.budget_addr(parsed.to_canonical());
+                Claim::Keyless(Identity::Ip(ip))
+            }
+        };
+        let whose = snapshot
+            .policy()
+            .resolve(
+                claim,
+                None,
+                || Err(Refusal::Unidentified),
+                || IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            )
+            .map_err(|e| bad(400, "bad_request", format!("{name}: {e}")))?;
+        let mut buf = [0u8; 16];
+        let bytes = match whose.identity {
+            Identity::Ip(ip) => ip_octets(ip, &mut buf).to_vec(),
+            other => other.key_bytes(&mut buf).to_vec(),
+        };
+        Ok((KeyKind::from(whose.identity.kind()), bytes))
+    }
+}
+
+/// How an identity is shown in listings, logs and alerts: API keys, user ids and subjects
+/// hashed (as `/top` shows them), consumers by name, addresses as written.
+pub fn kind_label(kind: KeyKind, value: &[u8]) -> String {
+    use sha2::Digest;
+    match kind {
+        KeyKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(value)),
+        KeyKind::Ip => match value.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(value).unwrap_or_default()).to_string(),
+            16 => IpAddr::from(<[u8; 16]>::try_from(value).unwrap_or_default()).to_string(),
+            _ => "ip:?".into(),
+        },
+        other => {
+            let digest = sha2::Sha256::digest(value);
+            format!("{}:{}…", other.as_str(), crate::limiter::hex(&digest[..6]))
+        }
+    }
+}
