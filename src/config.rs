@@ -11,6 +11,7 @@
 pub mod env;
 pub mod file;
 
+mod alerts;
 mod consumers;
 pub mod cost;
 mod exempt;
@@ -25,6 +26,7 @@ mod validate;
 
 use validate::Validator;
 
+pub use alerts::AlertSink;
 pub use exempt::Exempt;
 pub use route::{
     Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
@@ -95,6 +97,8 @@ pub struct Config {
     pub service: Option<Arc<ServiceConfig>>,
     /// `telemetry:` (or the `OTEL_*` variables): OpenTelemetry over OTLP; `None`: off.
     pub telemetry: Option<TelemetryConfig>,
+    /// `alerts:`: webhooks told when an identity's budget is spent past a share of it.
+    pub alerts: Vec<AlertSink>,
     /// `usage_path:`: the path on the proxy listener where a client reads its own budgets.
     pub usage_path: Option<String>,
     /// `admin.token_file`'s token (surrounding whitespace trimmed): without one, the admin
@@ -433,6 +437,7 @@ impl Config {
                 }
             }
         });
+        let alerts = v.alerts(file.alerts);
         let usage_path = file.usage_path.filter(|path| {
             let ok = path.starts_with('/') && !path.contains(['?', '#', ' ']);
             if !ok {
@@ -487,6 +492,7 @@ impl Config {
                 http2_resets,
                 service,
                 telemetry,
+                alerts,
                 usage_path,
                 admin_token,
             }),

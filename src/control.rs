@@ -287,6 +287,26 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
     }
 }
 
+/// How an identity is shown in listings, logs and alerts: API keys, user ids and subjects
+/// hashed (as `/top` shows them), consumers by name, addresses as written.
+pub fn label(kind: KeyKind, value: &[u8]) -> String {
+    use sha2::Digest;
+    match kind {
+        KeyKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(value)),
+        KeyKind::Ip => match value.len() {
+            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(value).unwrap_or_default()).to_string(),
+            16 => {
+                std::net::IpAddr::from(<[u8; 16]>::try_from(value).unwrap_or_default()).to_string()
+            }
+            _ => "ip:?".into(),
+        },
+        other => {
+            let digest = sha2::Sha256::digest(value);
+            format!("{}:{}…", other.as_str(), crate::limiter::hex(&digest[..6]))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

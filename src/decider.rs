@@ -119,6 +119,8 @@ pub struct Decider<'s> {
     pub metrics: Option<&'s Metrics>,
     /// The bans and overrides in force (`control.rs`); replay has none.
     pub control: Option<&'s crate::control::Control>,
+    /// Quota alerts (`alerts.rs`), told of every admission; replay has none.
+    pub alerts: Option<&'s crate::alerts::Alerter>,
 }
 
 impl<'s> Decider<'s> {
@@ -190,6 +192,13 @@ impl<'s> Decider<'s> {
             .await;
         if let Some(Refused::RateLimited(..)) = decided.refused {
             self.penalize(&route.name, budget, &decided, kind, id).await;
+        }
+        if let (Some(alerts), None, Some((verdict, LimitRef::Enforced(position)))) =
+            (self.alerts, &decided.refused, &decided.headline)
+            && let Some(limit) = budget.limits.get(*position)
+            && let Some(ask) = limit.ask(Some((kind, id)), Some(ip))
+        {
+            alerts.observe(&route.name, limit, ask.key, verdict);
         }
         decided
     }

@@ -34,7 +34,9 @@
 //!    a gRPC call);
 //! 8. [`access_log`], [`metrics`], [`telemetry`], [`top`] and [`admin`]: what was decided, on
 //!    the access log, `/metrics`, OpenTelemetry's traces, `/healthz`, `/readyz`, `/budgets`,
-//!    `/top` and the dashboard; [`control`]: the bans the decider applies, which `/bans` writes.
+//!    `/top` and the dashboard; [`control`]: the bans and overrides the decider applies, which
+//!    `/bans`, `/overrides` and `/reset` write; [`alerts`]: the webhooks the decider's
+//!    admissions may set off.
 //!
 //! [`replay`] runs recorded traffic through the same decider, policy, limit phase and
 //! algorithms, on the log's clock. [`service`] answers other proxies (Envoy's
@@ -71,11 +73,12 @@
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), and identity tls (a
 //! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
-//! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy;
+//! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy, control
+//! and alerts;
 //! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
 //! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
-//! limiter, [`telemetry`] on config and tls; [`server`] on admin and
+//! limiter and config, [`alerts`] on control and metrics, [`telemetry`] on config and tls; [`server`] on admin and
 //! proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
@@ -84,6 +87,7 @@
 pub mod access_log;
 pub mod adaptive;
 pub mod admin;
+pub mod alerts;
 pub mod config;
 pub mod control;
 pub mod deadline;

@@ -327,6 +327,11 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         proxy.control().clone(),
         proxy.limiter().clone(),
     ));
+    // Quota alerts are claimed in the shared store and sent from here.
+    tokio::spawn(floodgate::alerts::run(
+        proxy.alerts().clone(),
+        proxy.limiter().clone(),
+    ));
     let mut server = Server::bind(&config, proxy.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

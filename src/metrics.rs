@@ -114,6 +114,11 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -166,6 +171,7 @@ pub struct Metrics {
     cost_units: Family<CostLabels, Counter>,
     service_decisions: Family<ServiceLabels, Counter>,
     telemetry_dropped: Counter,
+    alerts: Family<OutcomeLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -335,7 +341,14 @@ impl Metrics {
             "Spans not exported: the queue to the OTLP exporter was full, or an export failed",
             telemetry_dropped.clone(),
         );
+        let alerts = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "alerts",
+            "Quota alerts (alerts:) by outcome: sent (a webhook answered 2xx), failed (no 2xx after retrying for a minute), dropped (the queue was full)",
+            alerts.clone(),
+        );
         Metrics {
+            alerts,
             cost_units,
             service_decisions,
             telemetry_dropped,
@@ -415,6 +428,11 @@ impl Metrics {
     /// `floodgate_telemetry_dropped_total`, for the span exporter.
     pub fn telemetry_dropped(&self) -> Counter {
         self.telemetry_dropped.clone()
+    }
+
+    /// Counts one alert's fate: `sent`, `failed` or `dropped`.
+    pub fn alert(&self, outcome: &'static str) {
+        self.alerts.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
     /// Counts one rate-limit service answer: `code` is `ok`, `over_limit` or `error`.

@@ -66,6 +66,8 @@ pub struct Proxy {
     telemetry: crate::telemetry::Shared,
     /// The bans and overrides in force (operators' and penalty boxes'): kept across reloads.
     control: crate::control::SharedControl,
+    /// Quota alerts: what was crossed is kept across reloads; the sinks are the config's.
+    alerts: Arc<crate::alerts::Alerter>,
 }
 
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
@@ -93,6 +95,7 @@ impl Proxy {
         }
         let gates = Gates::default();
         let tops = Tops::default();
+        let alerts = Arc::new(crate::alerts::Alerter::new(&config.alerts, metrics.clone()));
         Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates, &tops)),
             limiter,
@@ -101,12 +104,18 @@ impl Proxy {
             tops,
             telemetry: None,
             control: Default::default(),
+            alerts,
         }
     }
 
     /// The bans and overrides in force, which the admin listener writes.
     pub fn control(&self) -> &crate::control::SharedControl {
         &self.control
+    }
+
+    /// Quota alerts, whose sender task `main` starts.
+    pub fn alerts(&self) -> &Arc<crate::alerts::Alerter> {
+        &self.alerts
     }
 
     /// Traces every request with `telemetry` (set once, at start).
@@ -129,6 +138,7 @@ impl Proxy {
             let old = self.snapshot.load();
             jwt.keep_fresh(old.identity.jwt.as_deref());
         }
+        self.alerts.configure(&config.alerts);
         let storage = &config.storage;
         self.limiter
             .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
@@ -346,6 +356,7 @@ impl Proxy {
             on_error: snapshot.on_error,
             metrics: Some(&self.metrics),
             control: Some(&self.control),
+            alerts: Some(&self.alerts),
         }
     }
 

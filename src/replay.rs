@@ -338,6 +338,7 @@ impl Replay {
             on_error: OnError::Allow,
             metrics: None,
             control: None,
+            alerts: None,
         };
         let mut facts = LoggedFacts(&record);
         let Some(decided) = decider.decide_now(route, &whose, &mut facts) else {

@@ -23,13 +23,17 @@ const ALLOWED: &[(&str, &str)] = &[
     ("access_log", "identity metrics"),
     ("telemetry", "config tls"),
     ("control", "config limiter"),
+    ("alerts", "config control limiter metrics tls"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
-    ("decider", "config control identity limiter metrics policy"),
+    (
+        "decider",
+        "alerts config control identity limiter metrics policy",
+    ),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive config control deadline decider grpc identity limiter metrics path policy route telemetry tls top",
+        "access_log adaptive alerts config control deadline decider grpc identity limiter metrics path policy route telemetry tls top",
     ),
     (
         "replay",

@@ -13,6 +13,8 @@ use serde_json::{Map, Value};
 use super::query::{AdminError, bad};
 use crate::identity::{Identity, ip_octets};
 use crate::limiter::KeyKind;
+
+pub use crate::control::label as kind_label;
 use crate::policy::{Claim, Refusal};
 use crate::proxy::Proxy;
 
@@ -161,23 +163,5 @@ impl Body {
             other => other.key_bytes(&mut buf).to_vec(),
         };
         Ok((KeyKind::from(whose.identity.kind()), bytes))
-    }
-}
-
-/// How an identity is shown in listings, logs and alerts: API keys, user ids and subjects
-/// hashed (as `/top` shows them), consumers by name, addresses as written.
-pub fn kind_label(kind: KeyKind, value: &[u8]) -> String {
-    use sha2::Digest;
-    match kind {
-        KeyKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(value)),
-        KeyKind::Ip => match value.len() {
-            4 => IpAddr::from(<[u8; 4]>::try_from(value).unwrap_or_default()).to_string(),
-            16 => IpAddr::from(<[u8; 16]>::try_from(value).unwrap_or_default()).to_string(),
-            _ => "ip:?".into(),
-        },
-        other => {
-            let digest = sha2::Sha256::digest(value);
-            format!("{}:{}…", other.as_str(), crate::limiter::hex(&digest[..6]))
-        }
     }
 }

@@ -64,6 +64,9 @@ pub struct FileConfig {
     /// OpenTelemetry over OTLP.
     #[serde(default)]
     pub telemetry: Option<super::TelemetryFile>,
+    /// Webhooks told when a budget is spent past a share of it.
+    #[serde(default)]
+    pub alerts: Option<Vec<super::alerts::AlertFile>>,
     /// On the proxy listener: a client's own budgets (`GET {usage_path}`).
     #[serde(default)]
     pub usage_path: Option<String>,

@@ -10,7 +10,8 @@
 //! are re-read), `upstream_ca` (re-read; the upstream connection pools start anew),
 //! `storage.timeout`, `storage.on_error`, `storage.batch`, `storage.leases` and
 //! `storage.lease_ttl` (a remote store's connections keep the reply timeout they were made with:
-//! [`storage_timeout_ceiling`]), `usage_path`, `admin.token_file` (re-read), and the files
+//! [`storage_timeout_ceiling`]), `usage_path`, `admin.token_file` (re-read), `alerts` (the
+//! crossings already alerted are kept), and the files
 //! `service.config` names (re-read by the service). Limiter state carries over for every limit that did not change.
 //!
 //! `tests/reload.rs` changes each of them over SIGHUP and sees it take effect, and each

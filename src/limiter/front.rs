@@ -157,6 +157,17 @@ impl Limiter {
         by_store!(self, _store => Ok(false), guarded => guarded.control_write(id, entry).await)
     }
 
+    /// Claims `key` for every instance sharing the store, for `ttl_us`: true when this call
+    /// claimed it. The memory store is one instance's: every claim is granted.
+    pub async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        by_store!(self, _store => Ok(true), guarded => guarded.claim(key, ttl_us).await)
+    }
+
+    /// Gives up the claim on `key`.
+    pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
+        by_store!(self, _store => Ok(()), guarded => guarded.unclaim(key).await)
+    }
+
     /// Resets `asks`' budgets: full again at their next decision, in the store and in what this
     /// instance keeps of them (`POST /reset`).
     pub async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {

@@ -279,6 +279,22 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             .map_err(|_| LimiterError::Timeout(timeout))?
     }
 
+    /// Claims `key` in the store for every instance for `ttl_us` (see [`RemoteStore::claim`]).
+    pub async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        let timeout = self.timeout() * 10;
+        tokio::time::timeout(timeout, self.store.claim(key, ttl_us))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))?
+    }
+
+    /// Gives up the claim on `key`.
+    pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
+        let timeout = self.timeout() * 10;
+        tokio::time::timeout(timeout, self.store.unclaim(key))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))?
+    }
+
     /// Resets `asks`' budgets in the store, and forgets what this instance knows of them.
     pub async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
         let timeout = self.timeout() * 10;

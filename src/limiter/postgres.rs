@@ -467,6 +467,39 @@ impl RemoteStore for PostgresStore {
             .map(|_| ())
     }
 
+    async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        // On the database's clock; ended claims go as a new one is made (claims are rare).
+        let key = format!("{}{key}", self.prefix);
+        let ttl = i64::try_from(ttl_us).unwrap_or(i64::MAX);
+        let claimed: i64 = self
+            .db
+            .query(
+                "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint AS us), \
+                 gone AS (DELETE FROM floodgate_claims WHERE until_us < (SELECT us FROM now) \
+                   AND key <> $1), \
+                 c AS (INSERT INTO floodgate_claims (key, until_us) \
+                   VALUES ($1, (SELECT us FROM now) + $2) \
+                   ON CONFLICT (key) DO UPDATE SET until_us = excluded.until_us \
+                   WHERE floodgate_claims.until_us < (SELECT us FROM now) RETURNING 1) \
+                 SELECT count(*) FROM c",
+                &[&key, &ttl],
+            )
+            .await?;
+        Ok(claimed == 1)
+    }
+
+    async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
+        let key = format!("{}{key}", self.prefix);
+        self.db
+            .query::<i64>(
+                "WITH gone AS (DELETE FROM floodgate_claims WHERE key = $1 RETURNING 1) \
+                 SELECT count(*) FROM gone",
+                &[&key],
+            )
+            .await
+            .map(|_| ())
+    }
+
     async fn control_read(
         &self,
         known: Option<String>,

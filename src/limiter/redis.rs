@@ -517,6 +517,28 @@ impl RemoteStore for RedisStore {
         self.invoke(asks, Call::Decide { lease }, &[], None).await
     }
 
+    async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        let name = format!("{}{{control}}:claim:{key}", self.prefix);
+        let ttl_ms = ttl_us.div_ceil(1000).max(1);
+        let set: Option<String> = self
+            .query(
+                redis::cmd("SET")
+                    .arg(&name)
+                    .arg(1)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms),
+            )
+            .await?;
+        Ok(set.is_some())
+    }
+
+    async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
+        let name = format!("{}{{control}}:claim:{key}", self.prefix);
+        let _: i64 = self.query(redis::cmd("DEL").arg(&name)).await?;
+        Ok(())
+    }
+
     async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
         if asks.is_empty() {
             return Ok(());

@@ -88,6 +88,22 @@ pub trait RemoteStore: Send + Sync + 'static {
         let _ = (id, entry);
         async { Ok(false) }
     }
+    /// Claims `key` for every instance for `ttl_us` (µs): true when this call claimed it (nobody
+    /// held it), false when another claim holds it (an alert sent once across instances:
+    /// `alerts.rs`). A store that keeps no claims grants every one.
+    fn claim(
+        &self,
+        key: &str,
+        ttl_us: u64,
+    ) -> impl Future<Output = Result<bool, LimiterError>> + Send {
+        let _ = (key, ttl_us);
+        async { Ok(true) }
+    }
+    /// Gives up the claim on `key`, whoever holds it.
+    fn unclaim(&self, key: &str) -> impl Future<Output = Result<(), LimiterError>> + Send {
+        let _ = key;
+        async { Ok(()) }
+    }
     /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
     /// would otherwise pay for that within its timeout. Pings by default.
     fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {

@@ -36,3 +36,10 @@ CREATE TABLE IF NOT EXISTS floodgate_control (
   entry text NOT NULL
 );
 CREATE SEQUENCE IF NOT EXISTS floodgate_control_version;
+
+-- Claims made once for every instance (an alert sent once per crossing: src/alerts.rs), each
+-- until an instant on the database's clock (µs since the epoch).
+CREATE TABLE IF NOT EXISTS floodgate_claims (
+  key      text COLLATE "C" PRIMARY KEY,
+  until_us bigint NOT NULL
+);

@@ -1,0 +1,326 @@
+//! Quota alerts (`alerts:`): a webhook is told when an admission leaves an identity's budget at
+//! least a share spent (`at: [0.8, 1.0]`), once per crossing across every instance.
+//!
+//! Three parts, so that no request ever waits on an alert:
+//!
+//! 1. **On the request path** ([`Alerter::observe`], from the decider, for an admitted request's
+//!    headline limit: the one with the least left): the share spent is compared with the
+//!    configured shares. Each budget's highest share crossed is remembered in this process;
+//!    only a change of it (a crossing, or the budget back below a share: a new window, a refill,
+//!    a reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
+//!    `floodgate_alerts_total{outcome="dropped"}`). With no `alerts:`, one load and a branch;
+//!    a budget below every share with nothing remembered costs no look-up either.
+//! 2. **The sender task** ([`run`]) takes a crossing and *claims* it in the shared store
+//!    (`Limiter::claim`: Redis `SET NX PX`, a PostgreSQL row), until the budget would be full
+//!    again: the instance whose claim succeeds sends, the others do not. A budget back below a
+//!    share gives the claim up, so the next crossing alerts again. When the store cannot be
+//!    asked, the alert is sent all the same (a duplicate is better than silence). The memory
+//!    store is one instance's: every claim succeeds.
+//! 3. **Each delivery** is a task of its own (at most [`MAX_PENDING`] at once): a JSON POST,
+//!    retried on failure after 1, 2, 4 … 32 s (seven attempts over 63 s), then counted as
+//!    `failed`; a 2xx is `sent`.
+
+use std::collections::HashMap;
+use std::hash::RandomState;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::Full;
+
+use crate::config::{AlertSink, RouteLimit};
+use crate::limiter::{BudgetKey, KeyKind, Limiter, Verdict, wall_clock_us};
+use crate::metrics::Metrics;
+
+/// Crossings waiting for the sender task.
+const QUEUE: usize = 1024;
+/// Deliveries in flight (retrying included) at most; more are dropped.
+pub const MAX_PENDING: usize = 1000;
+/// Budgets whose crossings are remembered at most (entries past their budget's full instant
+/// make room).
+const MAX_REMEMBERED: usize = 100_000;
+const SHARDS: usize = 16;
+/// How long one delivery attempt may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pauses before each retry: seven attempts, the last 63 s after the first.
+const BACKOFF_S: [u64; 6] = [1, 2, 4, 8, 16, 32];
+
+/// A budget's highest share crossed, until the budget would be full again (µs since the epoch).
+#[derive(Clone, Copy)]
+struct Crossed {
+    level: u8,
+    until_us: u64,
+}
+
+/// What the sender task is told: a budget's highest share crossed went from `from` to `to`
+/// (up: crossings to claim and send; down: claims to give up).
+struct Change {
+    route: String,
+    limit: String,
+    budget: String,
+    kind: KeyKind,
+    value: Vec<u8>,
+    from: u8,
+    to: u8,
+    remaining: u64,
+    reset_unix: u64,
+    /// Until the budget would be full again: how long a claim holds.
+    full_in_us: u64,
+}
+
+/// Where alerts go, and every share any of them names (ascending).
+#[derive(Default)]
+struct Rules {
+    sinks: Vec<AlertSink>,
+    shares: Vec<f64>,
+}
+
+/// The alerts of this process.
+pub struct Alerter {
+    rules: ArcSwap<Rules>,
+    crossed: Box<[Mutex<HashMap<u64, Crossed>>]>,
+    remembered: AtomicUsize,
+    hasher: RandomState,
+    queue: tokio::sync::mpsc::Sender<Change>,
+    receiver: Mutex<Option<tokio::sync::mpsc::Receiver<Change>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Alerter {
+    pub fn new(sinks: &[AlertSink], metrics: Arc<Metrics>) -> Alerter {
+        let (queue, receiver) = tokio::sync::mpsc::channel(QUEUE);
+        let alerter = Alerter {
+            rules: ArcSwap::default(),
+            crossed: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            remembered: AtomicUsize::new(0),
+            hasher: RandomState::new(),
+            queue,
+            receiver: Mutex::new(Some(receiver)),
+            metrics,
+        };
+        alerter.configure(sinks);
+        alerter
+    }
+
+    /// Applies `alerts:` (at start and on reload).
+    pub fn configure(&self, sinks: &[AlertSink]) {
+        let mut shares: Vec<f64> = sinks.iter().flat_map(|s| s.at.iter().copied()).collect();
+        shares.sort_by(f64::total_cmp);
+        shares.dedup();
+        // At most 255 shares are told apart (a level is a u8); nobody configures that many.
+        shares.truncate(usize::from(u8::MAX));
+        self.rules.store(Arc::new(Rules {
+            sinks: sinks.to_vec(),
+            shares,
+        }));
+    }
+
+    /// An admission on `route` left `limit`'s budget `key` as `verdict`'s headline says: notes
+    /// a crossing (or a return below a share) for the sender task. Never waits.
+    pub fn observe(&self, route: &str, limit: &RouteLimit, key: BudgetKey<'_>, verdict: &Verdict) {
+        let rules = self.rules.load();
+        let figures = verdict.headline;
+        if rules.shares.is_empty() || figures.limit == 0 {
+            return;
+        }
+        let spent = figures.limit.saturating_sub(figures.remaining) as f64;
+        let total = figures.limit as f64;
+        // Shares compared in units (0.8 of 5 is 4 spent), with room for the float's rounding.
+        let level = rules
+            .shares
+            .iter()
+            .take_while(|&&share| spent >= share * total - 1e-9)
+            .count() as u8;
+        if level == 0 && self.remembered.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let hash = key.hash_with(&self.hasher);
+        let now = wall_clock_us();
+        let from = {
+            let mut shard = self.crossed[(hash >> 60) as usize % SHARDS]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let from = shard
+                .get(&hash)
+                .filter(|c| c.until_us > now)
+                .map_or(0, |c| c.level);
+            if from == level {
+                return;
+            }
+            if level == 0 {
+                if shard.remove(&hash).is_some() {
+                    self.remembered.fetch_sub(1, Ordering::Relaxed);
+                }
+            } else {
+                if shard.len() >= MAX_REMEMBERED / SHARDS && !shard.contains_key(&hash) {
+                    let before = shard.len();
+                    shard.retain(|_, c| c.until_us > now);
+                    self.remembered
+                        .fetch_sub(before - shard.len(), Ordering::Relaxed);
+                    if shard.len() >= MAX_REMEMBERED / SHARDS {
+                        return;
+                    }
+                }
+                let crossed = Crossed {
+                    level,
+                    until_us: now.saturating_add(figures.reset_after_us),
+                };
+                if shard.insert(hash, crossed).is_none() {
+                    self.remembered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            from
+        };
+        let change = Change {
+            route: route.to_string(),
+            limit: limit.name().to_string(),
+            budget: key.budget.to_string(),
+            kind: key.kind,
+            value: key.value.to_vec(),
+            from,
+            to: level,
+            remaining: figures.remaining,
+            reset_unix: verdict.reset_unix_secs(),
+            full_in_us: figures.reset_after_us,
+        };
+        if self.queue.try_send(change).is_err() {
+            self.metrics.alert("dropped");
+        }
+    }
+}
+
+/// The sender task: claims each crossing in the shared store and delivers the ones it claimed;
+/// gives claims up when a budget is back below a share. Returns when called a second time.
+pub async fn run(alerter: Arc<Alerter>, limiter: Limiter) {
+    let Some(mut changes) = alerter
+        .receiver
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return;
+    };
+    let client = match client() {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %e, "alerts: cannot build the HTTP client; no alert will be sent");
+            return;
+        }
+    };
+    let pending = Arc::new(AtomicUsize::new(0));
+    while let Some(change) = changes.recv().await {
+        let rules = alerter.rules.load_full();
+        let digest = {
+            use sha2::Digest;
+            let mut d = sha2::Sha256::new();
+            d.update(change.budget.as_bytes());
+            d.update([0xff, change.kind as u8]);
+            d.update(&change.value);
+            crate::limiter::hex(&d.finalize()[..12])
+        };
+        let claim = |level: u8| format!("alert:{digest}:{level}");
+        if change.to < change.from {
+            for level in change.to + 1..=change.from {
+                if let Err(e) = limiter.unclaim(&claim(level)).await {
+                    tracing::debug!(error = %e, "alerts: a claim could not be given up");
+                }
+            }
+            continue;
+        }
+        for level in change.from + 1..=change.to {
+            let Some(&share) = rules.shares.get(usize::from(level) - 1) else {
+                continue;
+            };
+            let claimed = match limiter.claim(&claim(level), change.full_in_us.max(1)).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::debug!(error = %e, "alerts: the store could not be asked; sending");
+                    true
+                }
+            };
+            if !claimed {
+                continue;
+            }
+            let body = serde_json::json!({
+                "route": change.route,
+                "limit": change.limit,
+                "identity_kind": change.kind.as_str(),
+                "identity": crate::control::label(change.kind, &change.value),
+                "consumer": (change.kind == KeyKind::Consumer)
+                    .then(|| String::from_utf8_lossy(&change.value).into_owned()),
+                "threshold": share,
+                "remaining": change.remaining,
+                "reset": change.reset_unix,
+            })
+            .to_string();
+            for sink in rules.sinks.iter().filter(|s| s.at.contains(&share)) {
+                if pending.load(Ordering::Relaxed) >= MAX_PENDING {
+                    alerter.metrics.alert("dropped");
+                    continue;
+                }
+                pending.fetch_add(1, Ordering::Relaxed);
+                let (client, url, body) = (client.clone(), sink.url.clone(), body.clone());
+                let (metrics, pending) = (alerter.metrics.clone(), pending.clone());
+                tokio::spawn(async move {
+                    let outcome = deliver(&client, &url, body).await;
+                    metrics.alert(outcome);
+                    pending.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        }
+    }
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+fn client() -> anyhow::Result<Client> {
+    let roots = crate::tls::system_roots("alert webhooks");
+    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(ATTEMPT_TIMEOUT));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(connector),
+    )
+}
+
+/// POSTs `body` to `url` until a 2xx answers or the retries run out: `sent` or `failed`.
+async fn deliver(client: &Client, url: &http::Uri, body: String) -> &'static str {
+    let body = Bytes::from(body);
+    for (attempt, pause) in std::iter::once(0).chain(BACKOFF_S).enumerate() {
+        tokio::time::sleep(Duration::from_secs(pause)).await;
+        let request = http::Request::post(url.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::USER_AGENT, "floodgate-alerts")
+            .body(Full::new(body.clone()));
+        let Ok(request) = request else {
+            return "failed";
+        };
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, client.request(request)).await {
+            Ok(Ok(response)) if response.status().is_success() => return "sent",
+            Ok(Ok(response)) => {
+                tracing::debug!(%url, attempt, status = %response.status(), "alert refused; retrying")
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(%url, attempt, error = %e, "alert not delivered; retrying")
+            }
+            Err(_) => tracing::debug!(%url, attempt, "alert timed out; retrying"),
+        }
+    }
+    tracing::warn!(%url, "an alert could not be delivered in a minute of retries; dropped");
+    "failed"
+}
