@@ -14,6 +14,10 @@
 #   TELEMETRY=RATIO  floodgate with OpenTelemetry on at that sample_ratio (the upstream nginx as
 #                    the OTLP sink, metrics off); unset: telemetry off, the default
 #   KEEP=DIR         keep floodgate's callgrind output files there (callgrind_annotate them)
+#   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
+#                    (N-1 for other API keys, the last for the measured key, with the same
+#                    limit): what a request costs with that many in the table (both runs load
+#                    them, so their cost cancels out of the difference)
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
 # All traffic goes to 127.0.0.1; every process started here is stopped on exit.
 
@@ -88,6 +92,12 @@ routes:
     limits:
       - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000}
 EOF
+if [ -n "${OVERRIDES:-}" ]; then
+    ADMIN_PORT="$(free_port)"
+    echo bench-token >"$WORK/token"
+    printf 'admin_listen: 127.0.0.1:%s\nadmin:\n  token_file: %s\n' "$ADMIN_PORT" "$WORK/token" \
+        >>"$WORK/floodgate.yaml"
+fi
 if [ -n "${TELEMETRY:-}" ]; then
     echo "telemetry: {otlp_endpoint: \"http://127.0.0.1:$UP_PORT\", sample_ratio: $TELEMETRY, metrics_interval: 0s}" \
         >>"$WORK/floodgate.yaml"
@@ -107,6 +117,22 @@ run_one() {
         curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
         sleep 0.1
     done
+    if [ -n "${OVERRIDES:-}" ] && [ "$name" = floodgate ]; then
+        python3 - "$ADMIN_PORT" "$OVERRIDES" <<'PY'
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+limits = [{"algorithm": "token_bucket", "capacity": 1000000000, "refill_rate": 1000000}]
+for i in range(n):
+    key = "callgrind" if i == n - 1 else f"other-{i}"
+    body = json.dumps({"route": "bench", "api_key": key, "limits": limits})
+    conn.request("PUT", "/overrides", body, {"Authorization": "Bearer bench-token"})
+    answer = conn.getresponse()
+    answer.read()
+    if answer.status != 200:
+        sys.exit(f"PUT /overrides: {answer.status}")
+PY
+    fi
     h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "http://127.0.0.1:$PORT/" >"$WORK/$name.$n.h2load" 2>&1
     grep -q "$n succeeded" "$WORK/$name.$n.h2load" || { echo "$name: not every request succeeded" >&2; exit 1; }
     kill -TERM "$pid"

@@ -8,7 +8,7 @@
 //!    configured shares. Each budget's highest share crossed is remembered in this process;
 //!    only a change of it (a crossing, or the budget back below a share: a new window, a refill,
 //!    a reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
-//!    `floodgate_alerts_total{outcome="dropped"}`). With no `alerts:`, one load and a branch;
+//!    `floodgate_alerts_total{outcome="dropped"}`). With no `alerts:`, one atomic load;
 //!    a budget below every share with nothing remembered costs no look-up either.
 //! 2. **The sender task** ([`run`]) takes a crossing and *claims* it in the shared store
 //!    (`Limiter::claim`: Redis `SET NX PX`, a PostgreSQL row), until the budget would be full
@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::hash::RandomState;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,6 +79,8 @@ struct Rules {
 
 /// The alerts of this process.
 pub struct Alerter {
+    /// Some sink is configured: the one load a request pays when none is.
+    on: AtomicBool,
     rules: ArcSwap<Rules>,
     crossed: Box<[Mutex<HashMap<u64, Crossed>>]>,
     remembered: AtomicUsize,
@@ -92,6 +94,7 @@ impl Alerter {
     pub fn new(sinks: &[AlertSink], metrics: Arc<Metrics>) -> Alerter {
         let (queue, receiver) = tokio::sync::mpsc::channel(QUEUE);
         let alerter = Alerter {
+            on: AtomicBool::new(false),
             rules: ArcSwap::default(),
             crossed: (0..SHARDS).map(|_| Mutex::default()).collect(),
             remembered: AtomicUsize::new(0),
@@ -111,15 +114,24 @@ impl Alerter {
         shares.dedup();
         // At most 255 shares are told apart (a level is a u8); nobody configures that many.
         shares.truncate(usize::from(u8::MAX));
+        self.on.store(!shares.is_empty(), Ordering::Relaxed);
         self.rules.store(Arc::new(Rules {
             sinks: sinks.to_vec(),
             shares,
         }));
     }
 
+    /// True when some sink is configured.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// An admission on `route` left `limit`'s budget `key` as `verdict`'s headline says: notes
     /// a crossing (or a return below a share) for the sender task. Never waits.
     pub fn observe(&self, route: &str, limit: &RouteLimit, key: BudgetKey<'_>, verdict: &Verdict) {
+        if !self.is_on() {
+            return;
+        }
         let rules = self.rules.load();
         let figures = verdict.headline;
         if rules.shares.is_empty() || figures.limit == 0 {

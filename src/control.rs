@@ -39,25 +39,55 @@ pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(3
 /// times in it.
 pub const RESET_LIVES: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What is in force, by the identity's bytes (its kind checked on each entry).
+/// What is in force, by the identity's bytes (its kind checked on each entry). Keys and lists
+/// are shared, so copying the tables for a write copies pointers, not entries.
 #[derive(Debug, Default, Clone)]
 struct Tables {
-    bans: HashMap<Vec<u8>, Vec<Ban>>,
-    overrides: HashMap<Vec<u8>, Vec<Arc<Override>>>,
+    bans: HashMap<Arc<[u8]>, Arc<[Ban]>>,
+    overrides: HashMap<Arc<[u8]>, Arc<[Arc<Override>]>>,
 }
 
 impl Tables {
-    /// Drops what ended before `now_us`.
-    fn prune(&mut self, now_us: u64) {
-        for bans in self.bans.values_mut() {
-            bans.retain(|b| b.until_us > now_us);
-        }
-        self.bans.retain(|_, bans| !bans.is_empty());
-        for overrides in self.overrides.values_mut() {
-            overrides.retain(|o| o.until_us > now_us);
-        }
-        self.overrides.retain(|_, o| !o.is_empty());
+    /// How many bans and overrides there are.
+    fn entries(&self) -> usize {
+        let count = |lists: &mut dyn Iterator<Item = usize>| lists.sum::<usize>();
+        count(&mut self.bans.values().map(|l| l.len()))
+            + count(&mut self.overrides.values().map(|l| l.len()))
     }
+
+    /// Drops what ended before `now_us` (a list is copied only when something in it ended).
+    fn prune(&mut self, now_us: u64) {
+        prune_map(&mut self.bans, |b| b.until_us > now_us);
+        prune_map(&mut self.overrides, |o| o.until_us > now_us);
+    }
+}
+
+/// Keeps the entries of `map` that `keep`, and the identities left with any.
+fn prune_map<T: Clone>(map: &mut HashMap<Arc<[u8]>, Arc<[T]>>, keep: impl Fn(&T) -> bool) {
+    map.retain(|_, list| {
+        if !list.iter().all(&keep) {
+            *list = list.iter().filter(|e| keep(e)).cloned().collect();
+        }
+        !list.is_empty()
+    });
+}
+
+/// `map` with `entry` added to `value`'s list, less the entries of it `drop` picks.
+fn push<T: Clone>(
+    map: &mut HashMap<Arc<[u8]>, Arc<[T]>>,
+    value: &[u8],
+    entry: T,
+    drop: impl Fn(&T) -> bool,
+) {
+    let list: Arc<[T]> = map
+        .get(value)
+        .into_iter()
+        .flat_map(|list| list.iter())
+        .filter(|e| !drop(e))
+        .cloned()
+        .chain(std::iter::once(entry))
+        .collect();
+    map.insert(Arc::from(value), list);
 }
 
 /// What applies to one request (see [`Control::find`]).
@@ -141,11 +171,7 @@ impl Control {
         self.tables.rcu(|tables| {
             let mut tables = Tables::clone(tables);
             tables.prune(now);
-            tables
-                .bans
-                .entry(ban.value.clone())
-                .or_default()
-                .push(ban.clone());
+            push(&mut tables.bans, &ban.value, ban.clone(), |_| false);
             tables
         });
     }
@@ -156,9 +182,9 @@ impl Control {
         self.tables.rcu(|tables| {
             let mut tables = Tables::clone(tables);
             tables.prune(now);
-            let list = tables.overrides.entry(over.value.clone()).or_default();
-            list.retain(|o| !(o.kind == over.kind && o.route == over.route));
-            list.push(over.clone());
+            push(&mut tables.overrides, &over.value, over.clone(), |o| {
+                o.kind == over.kind && o.route == over.route
+            });
             tables
         });
     }
@@ -167,19 +193,11 @@ impl Control {
     pub fn remove(&self, id: &str) -> bool {
         let mut found = false;
         self.tables.rcu(|tables| {
+            let before = tables.entries();
             let mut tables = Tables::clone(tables);
-            found = false;
-            for bans in tables.bans.values_mut() {
-                let before = bans.len();
-                bans.retain(|b| b.id != id);
-                found |= bans.len() != before;
-            }
-            for overrides in tables.overrides.values_mut() {
-                let before = overrides.len();
-                overrides.retain(|o| o.id != id);
-                found |= overrides.len() != before;
-            }
-            tables.prune(0);
+            prune_map(&mut tables.bans, |b| b.id != id);
+            prune_map(&mut tables.overrides, |o| o.id != id);
+            found = tables.entries() != before;
             tables
         });
         found
@@ -187,18 +205,39 @@ impl Control {
 
     /// The tables become the shared list's entries (read again).
     pub fn replace(&self, bans: Vec<Ban>, overrides: Vec<Arc<Override>>) {
-        let mut tables = Tables::default();
+        let mut by_value: HashMap<Vec<u8>, Vec<Ban>> = HashMap::new();
         for ban in bans {
-            tables.bans.entry(ban.value.clone()).or_default().push(ban);
+            by_value.entry(ban.value.clone()).or_default().push(ban);
         }
+        let mut over_by_value: HashMap<Vec<u8>, Vec<Arc<Override>>> = HashMap::new();
         for over in overrides {
-            tables
-                .overrides
+            over_by_value
                 .entry(over.value.clone())
                 .or_default()
                 .push(over);
         }
+        let tables = Tables {
+            bans: by_value
+                .into_iter()
+                .map(|(k, v)| (Arc::from(k), Arc::from(v)))
+                .collect(),
+            overrides: over_by_value
+                .into_iter()
+                .map(|(k, v)| (Arc::from(k), Arc::from(v)))
+                .collect(),
+        };
         self.tables.store(Arc::new(tables));
+    }
+
+    /// The override of `kind`/`value` on `route`, ended or not.
+    pub fn override_for(&self, route: &str, kind: KeyKind, value: &[u8]) -> Option<Arc<Override>> {
+        self.tables
+            .load()
+            .overrides
+            .get(value)?
+            .iter()
+            .find(|o| o.kind == kind && o.route == route)
+            .cloned()
     }
 
     /// The bans in force at `now_us`, by id.
@@ -208,7 +247,7 @@ impl Control {
             .load()
             .bans
             .values()
-            .flatten()
+            .flat_map(|list| list.iter())
             .filter(|b| b.until_us > now_us)
             .cloned()
             .collect();
@@ -223,7 +262,7 @@ impl Control {
             .load()
             .overrides
             .values()
-            .flatten()
+            .flat_map(|list| list.iter())
             .filter(|o| o.until_us > now_us)
             .cloned()
             .collect();
@@ -249,6 +288,9 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
     let mut known: Option<String> = None;
     // Resets this instance applied (its own included), while their entries last.
     let mut applied: HashSet<String> = HashSet::new();
+    // The entries as last read, by their text: an entry read again is not parsed again (an
+    // override's limits are built once, however many overrides the list holds).
+    let mut parsed: HashMap<String, Option<Entry>> = HashMap::new();
     loop {
         match limiter.control_read(known.clone()).await {
             Ok(None) => return,
@@ -257,8 +299,14 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                     let now = wall_clock_us();
                     let (mut bans, mut overrides, mut resets) =
                         (Vec::new(), Vec::new(), Vec::new());
-                    for text in &entries {
-                        let Some(entry) = Entry::from_json(text) else {
+                    let mut now_parsed = HashMap::with_capacity(entries.len());
+                    for text in entries {
+                        let entry = match parsed.remove(&text) {
+                            Some(entry) => entry,
+                            None => Entry::from_json(&text),
+                        };
+                        now_parsed.insert(text, entry.clone());
+                        let Some(entry) = entry else {
                             continue;
                         };
                         if entry.until_us() <= now {
@@ -267,10 +315,11 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                         }
                         match entry {
                             Entry::Ban(ban) => bans.push(ban),
-                            Entry::Override(over) => overrides.push(Arc::new(over)),
+                            Entry::Override(over) => overrides.push(over),
                             Entry::Reset(reset) => resets.push(reset),
                         }
                     }
+                    parsed = now_parsed;
                     control.replace(bans, overrides);
                     for reset in &resets {
                         if applied.insert(reset.id.clone()) {
@@ -354,5 +403,46 @@ mod tests {
         assert!(control.remove(&everywhere));
         assert!(control.bans(0).is_empty());
         assert!(control.is_empty());
+    }
+
+    fn over(control: &Control, value: &[u8], until_us: u64) -> Arc<Override> {
+        Arc::new(Override {
+            id: control.new_id("ovr"),
+            route: "api".into(),
+            kind: KeyKind::ApiKey,
+            value: value.to_vec(),
+            until_us,
+            limits: serde_json::Value::Null,
+            budget: Default::default(),
+        })
+    }
+
+    #[test]
+    fn an_identitys_override_replaces_its_earlier_one_and_ends() {
+        let control = Control::default();
+        let first = over(&control, b"k", u64::MAX);
+        control.set_override(first.clone());
+        let found = control.find("api", KeyKind::ApiKey, b"k").over.unwrap();
+        assert_eq!(found.id, first.id);
+        assert!(control.find("web", KeyKind::ApiKey, b"k").over.is_none());
+        assert!(control.find("api", KeyKind::Consumer, b"k").over.is_none());
+        let second = over(&control, b"k", u64::MAX);
+        control.set_override(second.clone());
+        assert_eq!(control.overrides(0).len(), 1);
+        assert_eq!(
+            control
+                .override_for("api", KeyKind::ApiKey, b"k")
+                .unwrap()
+                .id,
+            second.id
+        );
+        // Ended: not applied, and gone at the next write.
+        control.set_override(over(&control, b"old", 1));
+        assert!(control.find("api", KeyKind::ApiKey, b"old").over.is_none());
+        control.set_override(over(&control, b"other", u64::MAX));
+        assert_eq!(control.overrides(0).len(), 2);
+        assert!(!control.remove(&first.id));
+        assert!(control.remove(&second.id));
+        assert_eq!(control.overrides(0).len(), 1);
     }
 }

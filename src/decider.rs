@@ -193,9 +193,11 @@ impl<'s> Decider<'s> {
         if let Some(Refused::RateLimited(..)) = decided.refused {
             self.penalize(&route.name, budget, &decided, kind, id).await;
         }
-        if let (Some(alerts), None, Some((verdict, LimitRef::Enforced(position)))) =
-            (self.alerts, &decided.refused, &decided.headline)
-            && let Some(limit) = budget.limits.get(*position)
+        if let (Some(alerts), None, Some((verdict, LimitRef::Enforced(position)))) = (
+            self.alerts.filter(|a| a.is_on()),
+            &decided.refused,
+            &decided.headline,
+        ) && let Some(limit) = budget.limits.get(*position)
             && let Some(ask) = limit.ask(Some((kind, id)), Some(ip))
         {
             alerts.observe(&route.name, limit, ask.key, verdict);

@@ -65,14 +65,13 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         budget,
     };
     tracing::info!(%id, route = %over.route, identity = %kind_label(over.kind, &over.value), limits = %over.limits, ?expires_in, "override set");
+    let over = Arc::new(over);
     let entry = Entry::Override(over.clone());
     // The identity's earlier override of the route goes from the shared list too.
-    for earlier in control.overrides(0) {
-        if earlier.route == over.route && earlier.kind == over.kind && earlier.value == over.value {
-            crate::control::share(proxy.limiter(), &earlier.id, None).await;
-        }
+    if let Some(earlier) = control.override_for(&over.route, over.kind, &over.value) {
+        crate::control::share(proxy.limiter(), &earlier.id, None).await;
     }
-    control.set_override(Arc::new(over));
+    control.set_override(over);
     crate::control::share(proxy.limiter(), &id, Some(&entry)).await;
     Ok(json!({ "id": id }))
 }

@@ -75,7 +75,7 @@ impl Reset {
 #[derive(Debug, Clone)]
 pub enum Entry {
     Ban(Ban),
-    Override(Override),
+    Override(std::sync::Arc<Override>),
     Reset(Reset),
 }
 
@@ -162,7 +162,7 @@ impl Entry {
                     true,
                 )
                 .ok()?;
-                Entry::Override(Override {
+                Entry::Override(std::sync::Arc::new(Override {
                     id,
                     route,
                     kind,
@@ -170,7 +170,7 @@ impl Entry {
                     until_us,
                     limits,
                     budget,
-                })
+                }))
             }
             Some("reset") => Entry::Reset(Reset {
                 id,
@@ -236,7 +236,7 @@ mod tests {
             (None, KeyKind::Ip, vec![10, 0, 0, 1], 5_000_000, "penalty")
         );
         let limits = json!([{"algorithm": "fixed_window", "limit": 50, "window": "1m"}]);
-        let over = Entry::Override(Override {
+        let over = Entry::Override(std::sync::Arc::new(Override {
             id: "ovr-1".into(),
             route: "api".into(),
             kind: KeyKind::Consumer,
@@ -244,7 +244,7 @@ mod tests {
             until_us: u64::MAX,
             limits: limits.clone(),
             budget: Budget::default(),
-        });
+        }));
         let Some(Entry::Override(back)) = Entry::from_json(&over.to_json()) else {
             panic!("not an override");
         };
