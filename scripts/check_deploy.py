@@ -9,6 +9,8 @@
 4. The compose file's `postgres` profile: the sed its floodgate-postgres service runs on that config
    switches it to the PostgreSQL store, and the result, with the service's FLOODGATE_DATABASE_URL,
    passes `floodgate check` too (skipped as 3).
+5. The compose file's `telemetry` profile: the floodgate-otel service's config with its OTEL_*
+   variables passes `floodgate check` (skipped as 3).
 
 Exits 0 when every check that ran passed, 1 otherwise. A skip prints why and does not fail.
 Run it with the load test's virtualenv to cover check 1: loadtest/.venv/bin/python scripts/check_deploy.py
@@ -152,6 +154,24 @@ def check_postgres_profile(floodgate: Path | None) -> bool | None:
     return True
 
 
+def check_telemetry_profile(floodgate: Path | None) -> bool | None:
+    """The floodgate-otel service's config, with its OTEL_* variables, passes `floodgate check`."""
+    binary = find_binary(floodgate)
+    if binary is None:
+        print("SKIP telemetry profile: no floodgate binary (cargo build, or pass --floodgate PATH)")
+        return None
+    compose = (ROOT / "docker-compose.yml").read_text()
+    env = dict(re.findall(r"^      (OTEL_[A-Z_]+): (\S+)$", compose, re.MULTILINE))
+    if "OTEL_EXPORTER_OTLP_ENDPOINT" not in env:
+        print("FAIL telemetry profile: no OTEL_EXPORTER_OTLP_ENDPOINT in docker-compose.yml")
+        return False
+    config = ROOT / "config" / "floodgate.docker.yaml"
+    if not floodgate_check(binary, config, "telemetry profile (OTEL_* variables)", env):
+        return False
+    print("ok   telemetry profile: the config with its OTEL_* variables passes floodgate check")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--floodgate", type=Path, help="floodgate binary for check 3 (default: target/*/floodgate)")
@@ -161,6 +181,7 @@ def main() -> int:
         check_compose(),
         check_floodgate_config(args.floodgate),
         check_postgres_profile(args.floodgate),
+        check_telemetry_profile(args.floodgate),
     ]
     return 1 if any(result is False for result in results) else 0
 
