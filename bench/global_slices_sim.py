@@ -58,23 +58,57 @@ class Region:
     renewing: bool = False
     # What the global store had left at this region's last call (units).
     global_left: float = 1.0
+    # Rate slices: the region's share of the refill, and the most its slice holds.
+    rate: float = 0.0
+    cap: float = 0.0
+    accrued_at: float = 0.0
+
+    def accrue(self, now: float) -> None:
+        if self.rate and now < self.end:
+            self.units = min(self.cap, self.units + (now - self.accrued_at) * self.rate)
+        self.accrued_at = now
     waiting: list[float] = field(default_factory=list)  # arrival times of waiting requests
 
 
 class Global:
-    """The global budget: a quota (refill 0) or a token bucket."""
+    """The global budget: a quota (refill 0) or a token bucket. With rate slices, a region's
+    share of the refill is the region's while its slice lasts: the global store accrues only the
+    rest, so the refill handed out never exceeds the budget's."""
 
     def __init__(self, capacity: int, refill: float) -> None:
         self.capacity = capacity
         self.refill = refill
         self.tokens = float(capacity)
         self.at = 0.0
+        self.shares = [0.0] * REGIONS  # refill per second each region holds
+        self.share_ends = [0.0] * REGIONS
+        self.demand = [0.0] * REGIONS  # each region's demand as it last said
 
     def level(self, now: float) -> float:
         if self.refill:
-            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.refill)
+            own = self.refill - sum(self.shares)
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * own)
         self.at = now
         return self.tokens
+
+    def assign(self, r: int, demand: float, end: float, now: float) -> float:
+        """Region r's share of the refill until `end`, by its demand among the regions'."""
+        self.level(now)
+        for i in range(REGIONS):
+            if self.share_ends[i] <= now:
+                self.shares[i] = 0.0
+                self.demand[i] = 0.0
+        self.demand[r] = demand
+        self.shares[r] = 0.0
+        total = sum(self.demand) or 1.0
+        free = self.refill - sum(self.shares)
+        self.shares[r] = min(self.refill * demand / total, free)
+        self.share_ends[r] = end
+        return self.shares[r]
+
+    def lapse(self, r: int, now: float) -> None:
+        self.level(now)
+        self.shares[r] = 0.0
 
     def take(self, want: int, now: float) -> int:
         have = int(self.level(now))
@@ -88,7 +122,9 @@ class Global:
         self.tokens = min(self.capacity, self.tokens + units)
 
 
-def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 7) -> dict:
+def simulate(
+    ttl: float, shift: bool, capacity: int, refill: float, rates: bool = False, seed: int = 7
+) -> dict:
     rng = random.Random(seed)
     store = Global(capacity, refill)
     regions = [Region() for _ in range(REGIONS)]
@@ -133,7 +169,8 @@ def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 
             push(now + rng.expovariate(LAMBDA * skew(now)[r]), "arrive", r)
             demand(reg, now)
             reg.seen += 1
-            if reg.units > 0 and now < reg.end:
+            reg.accrue(now)
+            if reg.units >= 1 and now < reg.end:
                 reg.units -= 1
                 admitted += 1
                 low = reg.units < HEADROOM * demand(reg, now) / 4
@@ -143,6 +180,8 @@ def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 
                 # Empty here, and the global store was empty at the last call: denied at once
                 # (as a single store's empty bucket denies), renewed in the background.
                 denied += 1
+                if any(int(x.units) for i, x in enumerate(regions) if i != r):
+                    stranded += 1
                 renew(r, now)
             else:
                 # Empty: wait for a renewal.
@@ -151,15 +190,24 @@ def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 
         elif kind == "granted":
             reg.renewing = False
             # The old slice's rest goes back, then a new one is taken (one call).
-            if reg.units:
-                store.give_back(reg.units, now)
+            reg.accrue(now)
+            if int(reg.units):
+                store.give_back(int(reg.units), now)
+            reg.units = 0
             want = max(1, int(HEADROOM * demand(reg, now)) + len(reg.waiting))
+            reg.accrue(now)
+            reg.units = int(reg.units)
             reg.units = store.take(want, now)
+            reg.end = now + ttl
+            if rates:
+                reg.rate = store.assign(r, demand(reg, now) / ttl, reg.end, now)
+                reg.cap = max(reg.units, HEADROOM * reg.rate * ttl)
+                reg.accrued_at = now
             reg.global_left = store.level(now)
             reg.end = now + ttl
             push(reg.end, "lapse", r)
             left = store.level(now) + sum(x.units for x in regions)
-            while reg.waiting and reg.units:
+            while reg.waiting and reg.units >= 1:
                 reg.waiting.pop(0)
                 reg.units -= 1
                 admitted += 1
@@ -171,16 +219,21 @@ def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 
                 if store.level(now) >= 1:
                     renew(r, now)  # more is left: ask again
                 else:
-                    elsewhere = sum(x.units for i, x in enumerate(regions) if i != r)
+                    elsewhere = sum(int(x.units) for i, x in enumerate(regions) if i != r)
                     for _ in reg.waiting:
                         denied += 1
                         if elsewhere:
                             stranded += 1
                     reg.waiting.clear()
         elif kind == "lapse":
-            if now >= reg.end and reg.units:
-                store.give_back(reg.units, now)
+            if now >= reg.end:
+                reg.accrue(reg.end)
+                if int(reg.units):
+                    store.give_back(int(reg.units), now)
                 reg.units = 0
+                if rates and store.share_ends[r] <= now:
+                    store.lapse(r, now)
+                    reg.rate = 0.0
     if refill:
         ideal = capacity + refill * DURATION
     else:
@@ -199,21 +252,22 @@ def simulate(ttl: float, shift: bool, capacity: int, refill: float, seed: int = 
 def main() -> None:
     global DENY_WHEN_EMPTY
     cases = [
-        ("quota 60,000 (no refill)", 60_000, 0.0),
-        ("bucket 2,000 + 1,000/s", 2_000, 1_000.0),
+        ("quota 60,000 (no refill)", 60_000, 0.0, False),
+        ("bucket 2,000 + 1,000/s, unit slices", 2_000, 1_000.0, False),
+        ("bucket 2,000 + 1,000/s, rate slices", 2_000, 1_000.0, True),
     ]
     print(f"lambda {LAMBDA:.0f}/s for {DURATION:.0f} s, RTT {RTT * 1000:.0f} ms, 3 regions, "
           f"headroom {HEADROOM}, a slice at most {CAP_SHARE:.0%} of what is left\n")
     print("| budget | lease_ttl | skew | admitted / ideal | under-grant | stranded denials | "
           "global calls/s | waited, >10% left | waited, last 10% |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, capacity, refill, deny in [(*c, d) for c in cases for d in (False, True)]:
+    for name, capacity, refill, rates, deny in [(*c, d) for c in cases for d in (False, True)]:
         DENY_WHEN_EMPTY = deny
         if deny:
             name += ", empty: deny at once"
         for ttl in (0.5, 1.0, 2.0, 5.0):
             for shift in (False, True):
-                res = simulate(ttl, shift, capacity, refill)
+                res = simulate(ttl, shift, capacity, refill, rates)
                 under = res["ideal"] - res["admitted"]
                 print(
                     f"| {name} | {ttl:g}s | {'80/15/5 then 5/15/80' if shift else '80/15/5'} "
