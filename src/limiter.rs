@@ -39,7 +39,7 @@ pub use clock::{
     wall_clock_us,
 };
 pub use decision::{Admission, Decision, Figures, Outcome, Settlement, Source, Verdict};
-pub use error::{LimiterError, OnError};
+pub use error::{Cause, Fault, LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, Reservation, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};

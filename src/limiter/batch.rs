@@ -127,7 +127,7 @@ pub async fn decide<T>(
     job: T,
     late: Option<Late>,
 ) -> Result<Reply, LimiterError> {
-    let stopped = || LimiterError::Unavailable("the batch driver has stopped".to_string());
+    let stopped = || LimiterError::unavailable("the batch driver has stopped");
     let (reply, answer) = oneshot::channel();
     driver
         .send(Pending { job, reply, late })
@@ -151,21 +151,11 @@ pub fn answer<T>(
             }
         }
         Err(e) => {
-            let message = e.to_string();
+            // Each decision of the failed call hears the same error (its cause shared).
             for pending in batch {
-                let _ = pending.reply.send(Err(same_kind(&e, message.clone())));
+                let _ = pending.reply.send(Err(e.clone()));
             }
         }
-    }
-}
-
-/// An error of `e`'s kind with `message`, for each decision of a failed call.
-fn same_kind(e: &LimiterError, message: String) -> LimiterError {
-    match e {
-        LimiterError::Timeout(d) => LimiterError::Timeout(*d),
-        LimiterError::Unavailable(_) => LimiterError::Unavailable(message),
-        LimiterError::Protocol(_) => LimiterError::Protocol(message),
-        LimiterError::Refused(_) => LimiterError::Refused(message),
     }
 }
 
@@ -221,10 +211,10 @@ mod tests {
     #[tokio::test]
     async fn a_failed_call_fails_each_of_its_decisions_with_its_kind_of_error() {
         let driver = start(4, |batch: Vec<Pending<()>>| async move {
-            answer(batch, Err(LimiterError::Unavailable("down".into())));
+            answer(batch, Err(LimiterError::unavailable("down")));
         });
         let e = decide(&driver, (), None).await.unwrap_err();
-        assert!(matches!(e, LimiterError::Unavailable(m) if m.contains("down")));
+        assert!(matches!(e, LimiterError::Unavailable(m) if m.to_string().contains("down")));
     }
 
     #[tokio::test]

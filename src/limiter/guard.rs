@@ -357,7 +357,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
                 asks,
                 lease,
                 on_error,
-                LimiterError::Unavailable("circuit breaker open".into()),
+                LimiterError::unavailable("circuit breaker open"),
             );
         }
         let (wants, late) = match leases.as_ref() {
@@ -401,10 +401,10 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             Err(_) => LimiterError::Timeout(timeout),
         };
         self.stats.store_errors.inc();
-        match &error {
+        match error.fault() {
             // The store answered: it is healthy, whatever this request's keys hold.
-            LimiterError::Refused(_) => self.breaker.success(),
-            _ => {
+            super::Fault::Keys => self.breaker.success(),
+            super::Fault::Store => {
                 self.store.after_failure();
                 if self.breaker.failure(self.clock.now_us()) {
                     self.stats.breaker_opened.inc();
@@ -609,8 +609,8 @@ mod tests {
         async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.mode.load(Ordering::SeqCst) {
-                FAIL => Err(LimiterError::Unavailable("scripted failure".into())),
-                REFUSE => Err(LimiterError::Refused("WRONGTYPE scripted".into())),
+                FAIL => Err(LimiterError::unavailable("scripted failure")),
+                REFUSE => Err(LimiterError::refused("WRONGTYPE scripted")),
                 HANG => std::future::pending().await,
                 _ => {
                     let mut decisions = [Decision::EMPTY; crate::limiter::MAX_LIMITS];
@@ -618,7 +618,7 @@ mod tests {
                     let verdict = self
                         .state
                         .decide_into(asks, T0, lease, &mut decisions)
-                        .ok_or_else(|| LimiterError::Protocol("no asks".into()))?;
+                        .ok_or_else(|| LimiterError::protocol("no asks"))?;
                     Ok(Reply {
                         verdict,
                         decisions: decisions[..asks.len()].to_vec(),
@@ -631,7 +631,7 @@ mod tests {
         async fn ping(&self) -> Result<(), LimiterError> {
             match self.mode.load(Ordering::SeqCst) {
                 ANSWER => Ok(()),
-                _ => Err(LimiterError::Unavailable("scripted failure".into())),
+                _ => Err(LimiterError::unavailable("scripted failure")),
             }
         }
     }

@@ -121,7 +121,7 @@ impl PostgresStore {
         test_clock: bool,
     ) -> Result<Self, LimiterError> {
         let url::Options { mut config, tls } = url::options(url)
-            .map_err(|e| LimiterError::Unavailable(format!("invalid PostgreSQL URL: {e}")))?;
+            .map_err(|e| LimiterError::unavailable(format!("invalid PostgreSQL URL: {e}")))?;
         // A statement still running long after its caller gave up (a lock queue behind a hot
         // budget) is cancelled by the server rather than left to pile up.
         let statement_timeout = (timeout * 4).max(Duration::from_millis(250));
@@ -227,8 +227,8 @@ impl PostgresStore {
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
         if !self.test_clock {
-            return Err(LimiterError::Protocol(
-                "this store reads the database's clock; use PostgresStore::connect_for_test".into(),
+            return Err(LimiterError::protocol(
+                "this store reads the database's clock; use PostgresStore::connect_for_test",
             ));
         }
         self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
@@ -338,7 +338,7 @@ impl PostgresStore {
     ) -> Result<Reply, LimiterError> {
         let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
-            return Err(LimiterError::Protocol("nothing to decide".into()));
+            return Err(LimiterError::protocol("nothing to decide"));
         }
         let keys: Vec<String> = asks
             .iter()

@@ -55,9 +55,9 @@ use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
 /// about the connection or the server's state is [`LimiterError::Unavailable`].
 fn classify(e: redis::RedisError) -> LimiterError {
     if connection::ErrorReply::of(&e) == connection::ErrorReply::AboutTheKeys {
-        LimiterError::Refused(e.to_string())
+        LimiterError::Refused(crate::limiter::Cause::from_error(e))
     } else {
-        LimiterError::Unavailable(e.to_string())
+        LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
     }
 }
 
@@ -109,10 +109,12 @@ impl RedisStore {
         match target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url.as_str())
-                    .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                    .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))?;
                 let manager =
                     ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
-                        .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                        .map_err(|e| {
+                            LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
+                        })?;
                 connection.store(Some(Arc::new(Connection::Single(manager))));
             }
             RedisTarget::Sentinel {
@@ -125,7 +127,7 @@ impl RedisStore {
                     None,
                     redis::sentinel::SentinelServerType::Master,
                 )
-                .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))?;
                 let follower = Arc::new(MasterFollower {
                     client: tokio::sync::Mutex::new(client),
                     timeout,
@@ -141,7 +143,9 @@ impl RedisStore {
                         .connection_timeout(timeout.max(Duration::from_millis(250)))
                         .response_timeout(timeout.max(Duration::from_millis(250)))
                         .build()
-                        .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+                        .map_err(|e| {
+                            LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
+                        })?;
                 let slot = connection.clone();
                 tokio::spawn(async move {
                     let mut backoff = Duration::from_millis(100);
@@ -248,9 +252,7 @@ impl RedisStore {
     ) -> Result<(), LimiterError> {
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            ));
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
         };
         let result: redis::RedisResult<i64> = match connection.clone() {
             Connection::Single(mut c) => invocation.invoke_async(&mut c).await,
@@ -258,7 +260,7 @@ impl RedisStore {
         };
         result
             .map(|_| ())
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+            .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 
     /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
@@ -326,8 +328,8 @@ impl RedisStore {
         wants: &[super::lease::LeaseAsk],
     ) -> Result<Reply, LimiterError> {
         if !self.test_clock {
-            return Err(LimiterError::Protocol(
-                "this store's script reads Redis TIME; use RedisStore::connect_for_test".into(),
+            return Err(LimiterError::protocol(
+                "this store's script reads Redis TIME; use RedisStore::connect_for_test",
             ));
         }
         self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
@@ -354,7 +356,7 @@ impl RedisStore {
     ) -> Result<Reply, LimiterError> {
         let (now, lease) = (call.at(), call.lease());
         if asks.is_empty() {
-            return Err(LimiterError::Protocol("nothing to decide".into()));
+            return Err(LimiterError::protocol("nothing to decide"));
         }
         let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
         let number = |n: u64| n.to_string().into_bytes();
@@ -382,9 +384,7 @@ impl RedisStore {
         push_limits(&mut args, asks, wants, calendar_now);
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            ));
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
         };
         let reply = self
             .caller
@@ -406,7 +406,8 @@ impl RedisStore {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
+        let unavailable =
+            |e: redis::RedisError| LimiterError::Unavailable(crate::limiter::Cause::from_error(e));
         let caller = &self.caller;
         caller
             .load_library(&connection)
@@ -436,15 +437,13 @@ impl RedisStore {
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, LimiterError> {
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            ));
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
         };
         let result: redis::RedisResult<T> = match connection.clone() {
             Connection::Single(mut c) => cmd.query_async(&mut c).await,
             Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
         };
-        result.map_err(|e| LimiterError::Unavailable(e.to_string()))
+        result.map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 
     /// The Redis key of one ask.
@@ -456,9 +455,7 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), LimiterError> {
         let guard = self.connection.load_full();
         let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            ));
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
         };
         let mut cmd = redis::cmd("PING");
         let result: redis::RedisResult<String> = match connection.clone() {
@@ -467,7 +464,7 @@ impl RedisStore {
         };
         result
             .map(|_| ())
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+            .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 }
 

@@ -55,12 +55,12 @@ impl Reply {
     ) -> Result<Reply, LimiterError> {
         let body = len.saturating_sub(REPLY_HEADER);
         if len < REPLY_HEADER || body == 0 || !body.is_multiple_of(REPLY_FIELDS) {
-            return Err(LimiterError::Protocol(format!(
+            return Err(LimiterError::protocol(format!(
                 "reply has {len} items, expected {REPLY_HEADER} plus {REPLY_FIELDS} per limit"
             )));
         }
         if body / REPLY_FIELDS != limits {
-            return Err(LimiterError::Protocol(format!(
+            return Err(LimiterError::protocol(format!(
                 "reply has {} decisions for {limits} limits",
                 body / REPLY_FIELDS
             )));
@@ -91,10 +91,10 @@ impl Reply {
             })
             .collect::<Result<Vec<_>, LimiterError>>()?;
         let verdict = Verdict::from_decisions(item(1)?, &decisions)
-            .ok_or_else(|| LimiterError::Protocol("empty reply".to_string()))?;
+            .ok_or_else(|| LimiterError::protocol("empty reply"))?;
         if verdict.allowed() != (item(0)? == 1) {
-            return Err(LimiterError::Protocol(
-                "the store's verdict disagrees with its decisions".to_string(),
+            return Err(LimiterError::protocol(
+                "the store's verdict disagrees with its decisions",
             ));
         }
         Ok(Reply {
@@ -112,7 +112,7 @@ impl Reply {
         item: impl Fn(usize) -> Result<u64, LimiterError>,
     ) -> Result<Reply, LimiterError> {
         let Some(decided) = len.checked_sub(limits) else {
-            return Err(LimiterError::Protocol(format!(
+            return Err(LimiterError::protocol(format!(
                 "reply has {len} items for {limits} limits"
             )));
         };
@@ -125,7 +125,7 @@ impl Reply {
     pub fn from_ints(items: &[i64], limits: usize) -> Result<Reply, LimiterError> {
         Reply::read_with_leases(items.len(), limits, |at| {
             u64::try_from(items[at]).map_err(|_| {
-                LimiterError::Refused(format!(
+                LimiterError::refused(format!(
                     "reply item {at} is {}, expected a non-negative number",
                     items[at]
                 ))

@@ -111,7 +111,7 @@ fn read_batch_reply(
     let mut answers = Vec::with_capacity(decisions);
     for limits in limits {
         let (Some(&ok), Some(&len)) = (items.get(at), items.get(at + 1)) else {
-            return Err(LimiterError::Protocol(format!(
+            return Err(LimiterError::protocol(format!(
                 "a batch of {decisions} decisions was answered with {} items",
                 items.len()
             )));
@@ -119,7 +119,7 @@ fn read_batch_reply(
         let start = at + 2;
         let end = start.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
         let Some(reply) = items.get(start..end) else {
-            return Err(LimiterError::Protocol(format!(
+            return Err(LimiterError::protocol(format!(
                 "a batch's decision of {len} items overruns the reply of {}",
                 items.len()
             )));
@@ -127,14 +127,14 @@ fn read_batch_reply(
         answers.push(if ok == 1 {
             Reply::from_ints(reply, limits)
         } else {
-            Err(LimiterError::Refused(
-                "PostgreSQL does not know an algorithm this decision names".to_string(),
+            Err(LimiterError::refused(
+                "PostgreSQL does not know an algorithm this decision names",
             ))
         });
         at = end;
     }
     if at != items.len() {
-        return Err(LimiterError::Protocol(format!(
+        return Err(LimiterError::protocol(format!(
             "a batch of {decisions} decisions left {} items unread",
             items.len() - at
         )));

@@ -139,8 +139,8 @@ pub(super) async fn install(
     tx.commit().await.map_err(unavailable)
 }
 
-pub(super) fn unavailable(e: impl std::fmt::Display) -> LimiterError {
-    LimiterError::Unavailable(e.to_string())
+pub(super) fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> LimiterError {
+    LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
 }
 
 /// A database error as the guard should see it: an error about this request's data (an
@@ -152,9 +152,9 @@ pub(super) fn classify(e: tokio_postgres::Error) -> LimiterError {
         .code()
         .is_some_and(|code| matches!(code.code().get(..2), Some("22" | "23" | "40" | "P0")));
     if about_the_request {
-        LimiterError::Refused(e.to_string())
+        LimiterError::Refused(crate::limiter::Cause::from_error(e))
     } else {
-        LimiterError::Unavailable(e.to_string())
+        LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
     }
 }
 
@@ -273,7 +273,7 @@ impl Db {
                         .await
                         .map_err(classify)?;
                     row.try_get::<_, Option<String>>(0)
-                        .map_err(|e| LimiterError::Protocol(e.to_string()))
+                        .map_err(|e| LimiterError::Protocol(crate::limiter::Cause::from_error(e)))
                 };
                 match batch.await {
                     Ok(Some(last)) => {
@@ -302,8 +302,8 @@ impl Db {
     ) -> Result<T, LimiterError> {
         if !self.installed.load(Ordering::Acquire) {
             self.start_install();
-            return Err(LimiterError::Unavailable(
-                "floodgate's PostgreSQL schema is not installed yet".into(),
+            return Err(LimiterError::unavailable(
+                "floodgate's PostgreSQL schema is not installed yet",
             ));
         }
         let mut client = self.pool.get().await.map_err(unavailable)?;
@@ -319,7 +319,7 @@ impl Db {
                 Ok(row) => {
                     return row
                         .try_get(0)
-                        .map_err(|e| LimiterError::Protocol(e.to_string()));
+                        .map_err(|e| LimiterError::Protocol(crate::limiter::Cause::from_error(e)));
                 }
                 Err(e) if schema_missing(&e) && !reinstalled => {
                     tracing::warn!(error = %e, "floodgate's PostgreSQL schema is gone; installing it again");
@@ -356,8 +356,8 @@ impl Db {
     pub(super) async fn ping(&self) -> Result<(), LimiterError> {
         if !self.installed.load(Ordering::Acquire) {
             self.start_install();
-            return Err(LimiterError::Unavailable(
-                "floodgate's PostgreSQL schema is not installed yet".into(),
+            return Err(LimiterError::unavailable(
+                "floodgate's PostgreSQL schema is not installed yet",
             ));
         }
         let client = self.pool.get().await.map_err(unavailable)?;

@@ -53,9 +53,7 @@ async fn send(
     let Some(connection) = connection.load_full() else {
         answer(
             batch,
-            Err(LimiterError::Unavailable(
-                "not connected to Redis yet".to_string(),
-            )),
+            Err(LimiterError::unavailable("not connected to Redis yet")),
         );
         return;
     };
@@ -125,7 +123,7 @@ fn read_batch_reply(
     limits: impl ExactSizeIterator<Item = usize>,
 ) -> Result<Vec<Result<Reply, LimiterError>>, LimiterError> {
     if reply.len() != 1 + limits.len() {
-        return Err(LimiterError::Protocol(format!(
+        return Err(LimiterError::protocol(format!(
             "a batch of {} decisions was answered with {} items",
             limits.len(),
             reply.len()
@@ -136,10 +134,10 @@ fn read_batch_reply(
         .zip(limits)
         .map(|(item, limits)| match item {
             Value::Array(items) => read_reply(items, limits),
-            Value::BulkString(text) => Err(LimiterError::Refused(
+            Value::BulkString(text) => Err(LimiterError::refused(
                 String::from_utf8_lossy(text).into_owned(),
             )),
-            other => Err(LimiterError::Protocol(format!(
+            other => Err(LimiterError::protocol(format!(
                 "a batch's decision is {other:?}"
             ))),
         })
@@ -168,7 +166,9 @@ mod tests {
         ];
         let answers = read_batch_reply(&reply, [1, 1, 1].into_iter()).unwrap();
         assert!(answers[0].as_ref().unwrap().verdict.allowed());
-        assert!(matches!(&answers[1], Err(LimiterError::Refused(m)) if m.contains("WRONGTYPE")));
+        assert!(
+            matches!(&answers[1], Err(LimiterError::Refused(m)) if m.to_string().contains("WRONGTYPE"))
+        );
         assert!(!answers[2].as_ref().unwrap().verdict.allowed());
     }
 

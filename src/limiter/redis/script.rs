@@ -238,7 +238,7 @@ pub(super) fn push_limits(
 pub(super) fn read_reply(reply: &[Value], limits: usize) -> Result<Reply, LimiterError> {
     let number = |at: usize| match &reply[at] {
         Value::Int(n) if *n >= 0 => Ok(*n as u64),
-        other => Err(LimiterError::Refused(format!(
+        other => Err(LimiterError::refused(format!(
             "reply item {at} is {other:?}, expected a non-negative number"
         ))),
     };
