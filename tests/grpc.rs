@@ -343,8 +343,10 @@ async fn a_call_the_upstreams_gate_sheds_is_unavailable_with_pushback() {
     );
     let fg = Floodgate::start(&grpc_routes(Config::new(), &upstream, echo).yaml());
     let target = fg.addr().to_string();
-    // One slow call holds the only slot (3 s); a call made while it does is shed.
-    let holder = grpc_client(&target, &["slow:3000:20000"], &[]);
+    // One slow call holds the only slot (6 s); a call made while it does is shed. (Each probe
+    // below is a Python process: on a loaded machine one took over a second to start, and a
+    // 3 s hold was once over before any probe landed in it.)
+    let holder = grpc_client(&target, &["slow:6000:20000"], &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let shed = loop {
         let call = grpc_calls(&target, &["unary"], &[]).remove(0);
