@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit};
+use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
 use redis::AsyncCommands;
 
 const TASKS: usize = 64;
@@ -115,7 +115,7 @@ async fn run(
                         store
                             .decide(&asks, 0)
                             .await
-                            .map(|v| (v.allowed(), 1))
+                            .map(|r| (r.verdict.allowed(), 1))
                             .map_err(|e| {
                                 redis::RedisError::from(std::io::Error::other(e.to_string()))
                             })

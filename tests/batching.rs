@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::RedisServer;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit};
+use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
 
 /// A token bucket of `capacity` that refills once an hour: within a test it only drains.
 fn bucket(capacity: u32) -> Limit {
@@ -57,6 +57,7 @@ async fn decide_at_once(
                     .decide(&asks, i as u64)
                     .await
                     .expect("decided")
+                    .verdict
                     .allowed()
             })
         })
@@ -92,6 +93,7 @@ async fn concurrent_decisions_leave_together_and_spend_exactly() {
             .decide(&[ask(&limit, b"alone")], 1)
             .await
             .expect("decided")
+            .verdict
             .allowed()
     );
 }

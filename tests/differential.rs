@@ -17,7 +17,7 @@ use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::wire::Reply;
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, LeaseId, Limit, LimiterError, ManualClock,
-    MemoryStore, Settlement, StoreUs, Verdict,
+    MemoryStore, RemoteStore, Settlement, StoreUs, Verdict,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -70,10 +70,13 @@ impl OnFakeClock for RedisStore {
         now: u64,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        self.decide_at_for_test(asks, now, lease).await
+        Ok(self
+            .decide_leasing_at_for_test(asks, now, lease, &[])
+            .await?
+            .verdict)
     }
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        RedisStore::release(self, asks, lease).await
+        RemoteStore::release(self, asks, lease).await
     }
 }
 
@@ -84,10 +87,13 @@ impl OnFakeClock for PostgresStore {
         now: u64,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        self.decide_at_for_test(asks, now, lease).await
+        Ok(self
+            .decide_leasing_at_for_test(asks, now, lease, &[])
+            .await?
+            .verdict)
     }
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        PostgresStore::release(self, asks, lease).await
+        RemoteStore::release(self, asks, lease).await
     }
 }
 
@@ -320,9 +326,14 @@ fn redis_time_is_used_when_no_time_is_given() {
         .expect("store");
         let limit = hour_window();
         let asks = [ask(&limit)];
-        let verdict = store.decide(&asks, 0).await.expect("redis answers");
+        let verdict = store.decide(&asks, 0).await.expect("redis answers").verdict;
         // The production script reads no injected time: a test-clock call is refused.
-        assert!(store.decide_at_for_test(&asks, T0, 0).await.is_err());
+        assert!(
+            store
+                .decide_leasing_at_for_test(&asks, T0, 0, &[])
+                .await
+                .is_err()
+        );
         let (secs, micros): (u64, u64) = {
             let t: Vec<String> = redis.cmd(&["TIME"]);
             (t[0].parse().unwrap(), t[1].parse().unwrap())
@@ -344,9 +355,13 @@ fn the_database_clock_is_used_when_no_time_is_given() {
     let asks = [ask(&limit)];
     let verdict = rt
         .block_on(store.decide(&asks, 0))
-        .expect("postgres answers");
+        .expect("postgres answers")
+        .verdict;
     // The production store reads no injected time: a test-clock call is refused.
-    assert!(rt.block_on(store.decide_at_for_test(&asks, T0, 0)).is_err());
+    assert!(
+        rt.block_on(store.decide_leasing_at_for_test(&asks, T0, 0, &[]))
+            .is_err()
+    );
     let db_now: u64 = postgres
         .psql("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
         .parse()

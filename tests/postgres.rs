@@ -259,10 +259,7 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
         postgres.psql("SELECT max(version) FROM floodgate_schema"),
         "2"
     );
-    assert_eq!(
-        postgres.psql("SELECT count(*) FROM floodgate_control"),
-        "0"
-    );
+    assert_eq!(postgres.psql("SELECT count(*) FROM floodgate_control"), "0");
     assert_eq!(keyed_statuses(&c.url("/x"), "K", 1).await, vec![429]);
 }
 
@@ -641,7 +638,7 @@ async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
     let mut allowed = 0;
     for task in tasks {
         let verdict = task.await.expect("task").expect("decided, no deadlock");
-        allowed += usize::from(verdict.allowed());
+        allowed += usize::from(verdict.verdict.allowed());
     }
     assert_eq!(allowed, 150, "exactly the shared budget");
     // Beyond the pool's connections (8 per store here) decisions wait and leave together.
@@ -658,7 +655,13 @@ async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
             value: b"x",
         },
     }];
-    assert!(a.decide(&alone, 1).await.expect("decided").allowed());
+    assert!(
+        a.decide(&alone, 1)
+            .await
+            .expect("decided")
+            .verdict
+            .allowed()
+    );
 }
 
 /// A database whose default isolation is `serializable` (as a distributed SQL database's is):

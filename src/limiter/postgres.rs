@@ -39,7 +39,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::RemoteStore;
 use super::wire::Call;
 use super::wire::{self, Reply};
-use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
+use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError};
 
 mod batch;
 mod db;
@@ -194,29 +194,6 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    /// Decides one request against all `asks` in one round trip, all-or-nothing, by the
-    /// database's clock; its concurrency leases (if any) are named `lease`.
-    pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        Ok(self
-            .invoke(asks, Call::Decide { lease }, &[], None)
-            .await?
-            .verdict)
-    }
-
-    /// [`PostgresStore::decide`] at `now_us` instead of the database's clock, on a store made by
-    /// [`PostgresStore::connect_for_test`].
-    pub async fn decide_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        now_us: u64,
-        lease: LeaseId,
-    ) -> Result<Verdict, LimiterError> {
-        Ok(self
-            .decide_leasing_at_for_test(asks, now_us, lease, &[])
-            .await?
-            .verdict)
-    }
-
     /// [`PostgresStore::decide_at_for_test`] asking `wants` of each limit's lease (what to
     /// lease, what an ended lease gives back), answering with what was leased.
     pub async fn decide_leasing_at_for_test(
@@ -233,37 +210,6 @@ impl PostgresStore {
         }
         self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
             .await
-    }
-
-    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
-    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
-    }
-
-    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
-    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        let keys: Vec<String> = asks
-            .iter()
-            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let lease = lease as i64; // the same bits as the decision stored
-        self.db
-            .query::<i32>(&self.db.sql.release, &[&keys, &lease])
-            .await
-            .map(|_| ())
-    }
-
-    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
-    pub async fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, None).await
     }
 
     /// [`PostgresStore::settle`] at a fake time: for the differential tests.
@@ -400,17 +346,6 @@ impl PostgresStore {
         };
         Reply::from_ints(&items, asks.len())
     }
-
-    /// Waits for the installer's attempt under way (if any), then pings: the first decision
-    /// finds the schema in place rather than spending its timeout waiting for it.
-    pub async fn prepare(&self) -> Result<(), LimiterError> {
-        self.db.prepare().await
-    }
-
-    /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
-    pub async fn ping(&self) -> Result<(), LimiterError> {
-        self.db.ping().await
-    }
 }
 
 impl RemoteStore for PostgresStore {
@@ -432,24 +367,40 @@ impl RemoteStore for PostgresStore {
         self.invoke(asks, Call::Decide { lease }, wants, late).await
     }
 
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        PostgresStore::release(self, asks, lease).await
+        let keys: Vec<String> = asks
+            .iter()
+            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+            .map(|a| wire::key_name(&self.prefix, a))
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let lease = lease as i64; // the same bits as the decision stored
+        self.db
+            .query::<i32>(&self.db.sql.release, &[&keys, &lease])
+            .await
+            .map(|_| ())
     }
 
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
     async fn settle(
         &self,
         asks: &[Ask<'_>],
         settlements: &[crate::limiter::Settlement],
     ) -> Result<(), LimiterError> {
-        PostgresStore::settle(self, asks, settlements).await
+        self.settle_on(asks, settlements, None).await
     }
 
+    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        PostgresStore::peek(self, asks).await
+        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
+    /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
     async fn ping(&self) -> Result<(), LimiterError> {
-        PostgresStore::ping(self).await
+        self.db.ping().await
     }
 
     async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
@@ -562,8 +513,10 @@ impl RemoteStore for PostgresStore {
         Ok(true)
     }
 
+    /// Waits for the installer's attempt under way (if any), then pings: the first decision
+    /// finds the schema in place rather than spending its timeout waiting for it.
     async fn prepare(&self) -> Result<(), LimiterError> {
-        PostgresStore::prepare(self).await
+        self.db.prepare().await
     }
 
     fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {

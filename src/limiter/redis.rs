@@ -48,7 +48,7 @@ use script::{
 
 use super::RemoteStore;
 use super::wire::Call;
-use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError, Verdict};
+use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError};
 
 /// A Redis error as the guard should see it: an error reply about this request's keys (a type
 /// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
@@ -208,43 +208,6 @@ impl RedisStore {
         });
     }
 
-    /// Decides one request against all `asks` in one round trip, all-or-nothing, by Redis time;
-    /// its concurrency leases (if any) are named `lease`.
-    pub async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Verdict, LimiterError> {
-        self.run(asks, Call::Decide { lease }).await
-    }
-
-    /// [`RedisStore::decide`] at `now_us` instead of Redis time, on a store made by
-    /// [`RedisStore::connect_for_test`].
-    pub async fn decide_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        now_us: u64,
-        lease: LeaseId,
-    ) -> Result<Verdict, LimiterError> {
-        Ok(self
-            .decide_leasing_at_for_test(asks, now_us, lease, &[])
-            .await?
-            .verdict)
-    }
-
-    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
-    pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        let mut invocation = self.release.prepare_invoke();
-        invocation.arg(lease);
-        let mut any = false;
-        for ask in asks {
-            if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
-                invocation.key(self.key_name(ask)).arg(ask.limit.cost());
-                any = true;
-            }
-        }
-        if !any {
-            return Ok(());
-        }
-        self.run_for_effect(&invocation).await
-    }
-
     /// Runs a script that answers a number (the release and settle scripts), for its effect.
     async fn run_for_effect(
         &self,
@@ -261,15 +224,6 @@ impl RedisStore {
         result
             .map(|_| ())
             .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
-    }
-
-    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
-    pub async fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, None).await
     }
 
     /// [`RedisStore::settle`] at a fake time (a store made by `connect_for_test`).
@@ -336,15 +290,6 @@ impl RedisStore {
             .await
     }
 
-    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
-    pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
-    }
-
-    async fn run(&self, asks: &[Ask<'_>], call: Call) -> Result<Verdict, LimiterError> {
-        Ok(self.invoke(asks, call, &[], None).await?.verdict)
-    }
-
     /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
     /// to lease beyond this request (see `lease.rs`); may be empty.
     async fn invoke(
@@ -394,37 +339,6 @@ impl RedisStore {
         read_reply(&reply, asks.len())
     }
 
-    /// Connects and loads the function library ahead of the first decision, which would
-    /// otherwise pay for both within its `storage.timeout`; before Redis 7, loads the script
-    /// (`SCRIPT LOAD`) for the `EVALSHA`s instead. A cluster or Sentinel connection is made in
-    /// the background: this waits for it (the caller bounds the wait). On a cluster the script
-    /// reaches one node; the first `EVALSHA` on each other node loads it there.
-    pub async fn prepare(&self) -> Result<(), LimiterError> {
-        let connection = loop {
-            if let Some(connection) = self.connection.load_full() {
-                break connection;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let unavailable =
-            |e: redis::RedisError| LimiterError::Unavailable(crate::limiter::Cause::from_error(e));
-        let caller = &self.caller;
-        caller
-            .load_library(&connection)
-            .await
-            .map_err(unavailable)?;
-        if caller.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
-            for script in [&caller.script, &caller.batch_script] {
-                match connection.as_ref().clone() {
-                    Connection::Single(mut c) => script.load_async(&mut c).await,
-                    Connection::Cluster(mut c) => script.load_async(&mut c).await,
-                }
-                .map_err(unavailable)?;
-            }
-        }
-        Ok(())
-    }
-
     /// The control list's hash and its version key (one hash tag: one Cluster slot).
     fn control_keys(&self) -> (String, String) {
         // (Named `bans` since bans came first; overrides and resets are entries of it too.)
@@ -449,22 +363,6 @@ impl RedisStore {
     /// The Redis key of one ask.
     pub fn key_name(&self, ask: &Ask<'_>) -> String {
         wire::key_name(&self.prefix, ask)
-    }
-
-    /// Asks Redis whether it answers: `/readyz`.
-    pub async fn ping(&self) -> Result<(), LimiterError> {
-        let guard = self.connection.load_full();
-        let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::unavailable("not connected to Redis yet"));
-        };
-        let mut cmd = redis::cmd("PING");
-        let result: redis::RedisResult<String> = match connection.clone() {
-            Connection::Single(mut c) => cmd.query_async(&mut c).await,
-            Connection::Cluster(mut c) => cmd.arg("floodgate").query_async(&mut c).await,
-        };
-        result
-            .map(|_| ())
-            .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 }
 
@@ -559,20 +457,35 @@ impl RemoteStore for RedisStore {
         self.invoke(asks, Call::Decide { lease }, wants, late).await
     }
 
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        RedisStore::release(self, asks, lease).await
+        let mut invocation = self.release.prepare_invoke();
+        invocation.arg(lease);
+        let mut any = false;
+        for ask in asks {
+            if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
+                invocation.key(self.key_name(ask)).arg(ask.limit.cost());
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        self.run_for_effect(&invocation).await
     }
 
+    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
     async fn settle(
         &self,
         asks: &[Ask<'_>],
         settlements: &[crate::limiter::Settlement],
     ) -> Result<(), LimiterError> {
-        RedisStore::settle(self, asks, settlements).await
+        self.settle_on(asks, settlements, None).await
     }
 
+    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
     async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        RedisStore::peek(self, asks).await
+        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
     fn after_failure(&self) {
@@ -581,12 +494,51 @@ impl RemoteStore for RedisStore {
         }
     }
 
+    /// Asks Redis whether it answers: `/readyz`.
     async fn ping(&self) -> Result<(), LimiterError> {
-        RedisStore::ping(self).await
+        let guard = self.connection.load_full();
+        let Some(connection) = guard.as_deref() else {
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
+        };
+        let mut cmd = redis::cmd("PING");
+        let result: redis::RedisResult<String> = match connection.clone() {
+            Connection::Single(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(mut c) => cmd.arg("floodgate").query_async(&mut c).await,
+        };
+        result
+            .map(|_| ())
+            .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 
+    /// Connects and loads the function library ahead of the first decision, which would
+    /// otherwise pay for both within its `storage.timeout`; before Redis 7, loads the script
+    /// (`SCRIPT LOAD`) for the `EVALSHA`s instead. A cluster or Sentinel connection is made in
+    /// the background: this waits for it (the caller bounds the wait). On a cluster the script
+    /// reaches one node; the first `EVALSHA` on each other node loads it there.
     async fn prepare(&self) -> Result<(), LimiterError> {
-        RedisStore::prepare(self).await
+        let connection = loop {
+            if let Some(connection) = self.connection.load_full() {
+                break connection;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let unavailable =
+            |e: redis::RedisError| LimiterError::Unavailable(crate::limiter::Cause::from_error(e));
+        let caller = &self.caller;
+        caller
+            .load_library(&connection)
+            .await
+            .map_err(unavailable)?;
+        if caller.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
+            for script in [&caller.script, &caller.batch_script] {
+                match connection.as_ref().clone() {
+                    Connection::Single(mut c) => script.load_async(&mut c).await,
+                    Connection::Cluster(mut c) => script.load_async(&mut c).await,
+                }
+                .map_err(unavailable)?;
+            }
+        }
+        Ok(())
     }
 
     fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
