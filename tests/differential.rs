@@ -469,7 +469,7 @@ impl SettlesOnFakeClock for RedisStore {
         settlements: &[Settlement],
         now: u64,
     ) -> Result<(), LimiterError> {
-        self.settle_at_for_test(asks, settlements, now).await
+        RemoteStore::settle_at(self, asks, settlements, Some(now)).await
     }
 }
 
@@ -480,7 +480,7 @@ impl SettlesOnFakeClock for PostgresStore {
         settlements: &[Settlement],
         now: u64,
     ) -> Result<(), LimiterError> {
-        self.settle_at_for_test(asks, settlements, now).await
+        RemoteStore::settle_at(self, asks, settlements, Some(now)).await
     }
 }
 

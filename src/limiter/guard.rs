@@ -593,20 +593,36 @@ mod tests {
             Ok(())
         }
 
-        async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-            Ok(self.state.peek(asks))
-        }
-
-        async fn settle(
+        async fn settle_at(
             &self,
             asks: &[Ask<'_>],
             settlements: &[crate::limiter::Settlement],
+            _now_us: Option<u64>,
         ) -> Result<(), LimiterError> {
             self.state.settle_at(asks, settlements, T0);
             Ok(())
         }
 
-        async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
+        async fn invoke(
+            &self,
+            asks: &[Ask<'_>],
+            call: crate::limiter::wire::Call,
+            _wants: &[crate::limiter::lease::LeaseAsk],
+            _late: Option<crate::limiter::batch::Late>,
+        ) -> Result<Reply, LimiterError> {
+            use crate::limiter::wire::Call;
+            let Some(lease) = call.lease() else {
+                // A peek: what the state would decide, spending nothing.
+                let decisions = self.state.peek(asks);
+                let verdict = crate::limiter::Verdict::from_decisions(T0, &decisions)
+                    .ok_or_else(|| LimiterError::protocol("no asks"))?;
+                return Ok(Reply {
+                    verdict,
+                    decisions,
+                    leased: Vec::new(),
+                });
+            };
+            debug_assert!(matches!(call, Call::Decide { .. }));
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.mode.load(Ordering::SeqCst) {
                 FAIL => Err(LimiterError::unavailable("scripted failure")),

@@ -39,7 +39,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::RemoteStore;
 use super::wire::Call;
 use super::wire::{self, Reply};
-use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError};
+use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
 mod batch;
 mod db;
@@ -175,104 +175,9 @@ impl PostgresStore {
             _alive: alive,
         })
     }
-
-    /// This store with batched decisions (`storage.batch`, see `postgres/batch.rs`): decisions
-    /// that would wait for a connection leave together, as many batches at once as the pool has
-    /// connections.
-    pub fn batched(self) -> Self {
-        self.batch(true);
-        self
-    }
-
-    /// Turns batching on or off for the decisions that follow (the batcher starts the first
-    /// time it is turned on, and stays).
-    fn batch(&self, on: bool) {
-        let in_flight = self.db.pool.status().max_size;
-        self.batching
-            .set(on, || batch::start(self.db.clone(), in_flight));
-    }
 }
 
-impl PostgresStore {
-    /// [`PostgresStore::decide_at_for_test`] asking `wants` of each limit's lease (what to
-    /// lease, what an ended lease gives back), answering with what was leased.
-    pub async fn decide_leasing_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        now_us: u64,
-        lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-    ) -> Result<Reply, LimiterError> {
-        if !self.test_clock {
-            return Err(LimiterError::protocol(
-                "this store reads the database's clock; use PostgresStore::connect_for_test",
-            ));
-        }
-        self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
-            .await
-    }
-
-    /// [`PostgresStore::settle`] at a fake time: for the differential tests.
-    pub async fn settle_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now_us: u64,
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, Some(now_us)).await
-    }
-
-    async fn settle_on(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now: Option<u64>,
-    ) -> Result<(), LimiterError> {
-        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
-        let (mut pa, mut pb, mut pb_at) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut refunds, mut charges, mut ats) = (Vec::new(), Vec::new(), Vec::new());
-        for (ask, settle) in asks.iter().zip(settlements) {
-            if settle.is_even() {
-                continue;
-            }
-            let algorithm = ask.limit.algorithm();
-            keys.push(wire::key_name(&self.prefix, ask));
-            algorithms.push(algorithm.name());
-            // Every figure is below 2^53 (the constructors and `Settlement::bounded` see to it).
-            let (a, b) = algorithm.wire_at(calendar_now);
-            let (refund, charge, at) = settle.bounded(a);
-            pa.push(a as i64);
-            pb.push(b as i64);
-            pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
-            refunds.push(refund as i64);
-            charges.push(charge as i64);
-            ats.push(at as i64);
-        }
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let clock = now.map(|n| n as i64);
-        self.db
-            .query::<i64>(
-                &self.db.sql.settle,
-                &[
-                    &clock,
-                    &keys,
-                    &algorithms,
-                    &pa,
-                    &pb,
-                    &pb_at,
-                    &refunds,
-                    &charges,
-                    &ats,
-                ],
-            )
-            .await
-            .map(|_| ())
-    }
-
+impl RemoteStore for PostgresStore {
     /// One decision call, doing what `call` says.
     /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
     async fn invoke(
@@ -346,25 +251,68 @@ impl PostgresStore {
         };
         Reply::from_ints(&items, asks.len())
     }
-}
 
-impl RemoteStore for PostgresStore {
-    fn set_batching(&self, on: bool) {
-        self.batch(on);
-    }
-
-    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, &[], None).await
-    }
-
-    async fn decide_leasing(
+    async fn settle_at(
         &self,
         asks: &[Ask<'_>],
-        lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, wants, late).await
+        settlements: &[crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> Result<(), LimiterError> {
+        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+        let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
+        let (mut pa, mut pb, mut pb_at) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut refunds, mut charges, mut ats) = (Vec::new(), Vec::new(), Vec::new());
+        for (ask, settle) in asks.iter().zip(settlements) {
+            if settle.is_even() {
+                continue;
+            }
+            let algorithm = ask.limit.algorithm();
+            keys.push(wire::key_name(&self.prefix, ask));
+            algorithms.push(algorithm.name());
+            // Every figure is below 2^53 (the constructors and `Settlement::bounded` see to it).
+            let (a, b) = algorithm.wire_at(calendar_now);
+            let (refund, charge, at) = settle.bounded(a);
+            pa.push(a as i64);
+            pb.push(b as i64);
+            pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
+            refunds.push(refund as i64);
+            charges.push(charge as i64);
+            ats.push(at as i64);
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let clock = now.map(|n| n as i64);
+        self.db
+            .query::<i64>(
+                &self.db.sql.settle,
+                &[
+                    &clock,
+                    &keys,
+                    &algorithms,
+                    &pa,
+                    &pb,
+                    &pb_at,
+                    &refunds,
+                    &charges,
+                    &ats,
+                ],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    fn reads_callers_clock(&self) -> bool {
+        self.test_clock
+    }
+
+    /// Turns batching on or off for the decisions that follow (the batcher starts the first
+    /// time it is turned on, and stays).
+    fn set_batching(&self, on: bool) {
+        let in_flight = self.db.pool.status().max_size;
+        self.batching
+            .set(on, || batch::start(self.db.clone(), in_flight));
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
@@ -382,20 +330,6 @@ impl RemoteStore for PostgresStore {
             .query::<i32>(&self.db.sql.release, &[&keys, &lease])
             .await
             .map(|_| ())
-    }
-
-    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
-    async fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, None).await
-    }
-
-    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
-    async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
     /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
@@ -464,25 +398,13 @@ impl RemoteStore for PostgresStore {
                 &[],
             )
             .await?;
-        let version = version.to_string();
-        if known.as_deref() == Some(version.as_str()) {
-            return Ok(Some(crate::limiter::store::ControlList {
-                version,
-                entries: None,
-            }));
-        }
-        let entries: Vec<String> = self
-            .db
-            .query(
-                "SELECT coalesce(array_agg(entry ORDER BY id), '{}') FROM floodgate_control \
-                 WHERE starts_with(id, $1)",
-                &[&self.prefix],
-            )
-            .await?;
-        Ok(Some(crate::limiter::store::ControlList {
-            version,
-            entries: Some(entries),
-        }))
+        let prefix: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.prefix];
+        let entries = self.db.query::<Vec<String>>(
+            "SELECT coalesce(array_agg(entry ORDER BY id), '{}') FROM floodgate_control \
+             WHERE starts_with(id, $1)",
+            &prefix,
+        );
+        crate::limiter::store::ControlList::read(version.to_string(), known, entries).await
     }
 
     async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {

@@ -48,7 +48,7 @@ use script::{
 
 use super::RemoteStore;
 use super::wire::Call;
-use super::{AlgorithmKind, Ask, Decision, LeaseId, LimiterError};
+use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
 /// A Redis error as the guard should see it: an error reply about this request's keys (a type
 /// error, a script error) is [`LimiterError::Refused`], which leaves the breaker alone; anything
@@ -191,23 +191,6 @@ impl RedisStore {
         })
     }
 
-    /// This store with batched decisions (`storage.batch`, see `redis/batch.rs`): decisions waiting
-    /// while one call is in flight leave together in the next (on Redis Cluster, one call per
-    /// hash tag).
-    pub fn batched(self) -> Self {
-        self.batch(true);
-        self
-    }
-
-    /// Turns batching on or off for the decisions that follow (the batcher starts the first
-    /// time it is turned on, and stays).
-    fn batch(&self, on: bool) {
-        // A test store decides on the caller's clock, which a batch does not carry.
-        self.batching.set(on && !self.test_clock, || {
-            batch::start(self.connection.clone(), self.caller.clone())
-        });
-    }
-
     /// Runs a script that answers a number (the release and settle scripts), for its effect.
     async fn run_for_effect(
         &self,
@@ -226,70 +209,34 @@ impl RedisStore {
             .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 
-    /// [`RedisStore::settle`] at a fake time (a store made by `connect_for_test`).
-    pub async fn settle_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now_us: u64,
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, Some(now_us)).await
+    /// The control list's hash and its version key (one hash tag: one Cluster slot).
+    fn control_keys(&self) -> (String, String) {
+        // (Named `bans` since bans came first; overrides and resets are entries of it too.)
+        let list = format!("{}{{control}}:bans", self.prefix);
+        let version = format!("{}{{control}}:version", self.prefix);
+        (list, version)
     }
 
-    async fn settle_on(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now: Option<u64>,
-    ) -> Result<(), LimiterError> {
-        let mut invocation = self.settle.prepare_invoke();
-        invocation.arg(now.map_or_else(|| "-".to_string(), |n| n.to_string()));
-        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        let mut any = false;
-        for (ask, settle) in asks.iter().zip(settlements) {
-            if settle.is_even() {
-                continue;
-            }
-            let algorithm = ask.limit.algorithm();
-            let (a, b) = algorithm.wire_at(calendar_now);
-            let (_, b_at) = algorithm.wire_at(settle.at_us);
-            let (refund, charge, at) = settle.bounded(a);
-            invocation
-                .key(self.key_name(ask))
-                .arg(algorithm.name())
-                .arg(a)
-                .arg(b)
-                .arg(b_at)
-                .arg(refund)
-                .arg(charge)
-                .arg(at);
-            any = true;
-        }
-        if !any {
-            return Ok(());
-        }
-        self.run_for_effect(&invocation).await
+    /// One plain command, on whichever connection there is.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, LimiterError> {
+        let guard = self.connection.load_full();
+        let Some(connection) = guard.as_deref() else {
+            return Err(LimiterError::unavailable("not connected to Redis yet"));
+        };
+        let result: redis::RedisResult<T> = match connection.clone() {
+            Connection::Single(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
+        };
+        result.map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
     }
 
-    /// [`RedisStore::decide_at_for_test`] asking `wants` of each limit's lease (what to lease,
-    /// what an ended lease gives back), answering with what was leased.
-    pub async fn decide_leasing_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
-        now_us: u64,
-        lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-    ) -> Result<Reply, LimiterError> {
-        if !self.test_clock {
-            return Err(LimiterError::protocol(
-                "this store's script reads Redis TIME; use RedisStore::connect_for_test",
-            ));
-        }
-        self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
-            .await
+    /// The Redis key of one ask.
+    pub fn key_name(&self, ask: &Ask<'_>) -> String {
+        wire::key_name(&self.prefix, ask)
     }
+}
 
+impl RemoteStore for RedisStore {
     /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
     /// to lease beyond this request (see `lease.rs`); may be empty.
     async fn invoke(
@@ -339,36 +286,53 @@ impl RedisStore {
         read_reply(&reply, asks.len())
     }
 
-    /// The control list's hash and its version key (one hash tag: one Cluster slot).
-    fn control_keys(&self) -> (String, String) {
-        // (Named `bans` since bans came first; overrides and resets are entries of it too.)
-        let list = format!("{}{{control}}:bans", self.prefix);
-        let version = format!("{}{{control}}:version", self.prefix);
-        (list, version)
+    async fn settle_at(
+        &self,
+        asks: &[Ask<'_>],
+        settlements: &[crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> Result<(), LimiterError> {
+        let mut invocation = self.settle.prepare_invoke();
+        invocation.arg(now.map_or_else(|| "-".to_string(), |n| n.to_string()));
+        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+        let mut any = false;
+        for (ask, settle) in asks.iter().zip(settlements) {
+            if settle.is_even() {
+                continue;
+            }
+            let algorithm = ask.limit.algorithm();
+            let (a, b) = algorithm.wire_at(calendar_now);
+            let (_, b_at) = algorithm.wire_at(settle.at_us);
+            let (refund, charge, at) = settle.bounded(a);
+            invocation
+                .key(self.key_name(ask))
+                .arg(algorithm.name())
+                .arg(a)
+                .arg(b)
+                .arg(b_at)
+                .arg(refund)
+                .arg(charge)
+                .arg(at);
+            any = true;
+        }
+        if !any {
+            return Ok(());
+        }
+        self.run_for_effect(&invocation).await
     }
 
-    /// One plain command, on whichever connection there is.
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, LimiterError> {
-        let guard = self.connection.load_full();
-        let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::unavailable("not connected to Redis yet"));
-        };
-        let result: redis::RedisResult<T> = match connection.clone() {
-            Connection::Single(mut c) => cmd.query_async(&mut c).await,
-            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
-        };
-        result.map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
+    fn reads_callers_clock(&self) -> bool {
+        self.test_clock
     }
 
-    /// The Redis key of one ask.
-    pub fn key_name(&self, ask: &Ask<'_>) -> String {
-        wire::key_name(&self.prefix, ask)
-    }
-}
-
-impl RemoteStore for RedisStore {
+    /// Turns batching on or off for the decisions that follow (the batcher starts the first
+    /// time it is turned on, and stays).
     fn set_batching(&self, on: bool) {
-        self.batch(on);
+        // A test store decides on the caller's clock, which a batch does not carry.
+        self.batching.set(on && !self.test_clock, || {
+            batch::start(self.connection.clone(), self.caller.clone())
+        });
     }
 
     async fn control_read(
@@ -377,18 +341,9 @@ impl RemoteStore for RedisStore {
     ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
         let (list, version) = self.control_keys();
         let version: Option<String> = self.query(redis::cmd("GET").arg(&version)).await?;
-        let version = version.unwrap_or_default();
-        if known.as_deref() == Some(version.as_str()) {
-            return Ok(Some(crate::limiter::store::ControlList {
-                version,
-                entries: None,
-            }));
-        }
-        let entries: Vec<String> = self.query(redis::cmd("HVALS").arg(&list)).await?;
-        Ok(Some(crate::limiter::store::ControlList {
-            version,
-            entries: Some(entries),
-        }))
+        let hvals = redis::cmd("HVALS").arg(&list).clone();
+        let entries = self.query::<Vec<String>>(&hvals);
+        crate::limiter::store::ControlList::read(version.unwrap_or_default(), known, entries).await
     }
 
     async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
@@ -406,10 +361,6 @@ impl RemoteStore for RedisStore {
         // Bumped after the write: a reader that sees the new version sees the new list.
         let _: i64 = self.query(redis::cmd("INCR").arg(&version)).await?;
         Ok(true)
-    }
-
-    async fn decide(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, &[], None).await
     }
 
     async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
@@ -447,16 +398,6 @@ impl RemoteStore for RedisStore {
         Ok(())
     }
 
-    async fn decide_leasing(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> Result<Reply, LimiterError> {
-        self.invoke(asks, Call::Decide { lease }, wants, late).await
-    }
-
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
         let mut invocation = self.release.prepare_invoke();
@@ -472,20 +413,6 @@ impl RemoteStore for RedisStore {
             return Ok(());
         }
         self.run_for_effect(&invocation).await
-    }
-
-    /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`) in one round trip.
-    async fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-    ) -> Result<(), LimiterError> {
-        self.settle_on(asks, settlements, None).await
-    }
-
-    /// What `asks` would decide now, per limit, spending nothing: for `/budgets`.
-    async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.invoke(asks, Call::Peek, &[], None).await?.decisions)
     }
 
     fn after_failure(&self) {
