@@ -11,9 +11,11 @@
 pub mod env;
 pub mod file;
 
+mod admin;
 mod alerts;
 mod consumers;
 pub mod cost;
+mod error;
 mod exempt;
 mod limit;
 pub mod reload;
@@ -27,6 +29,7 @@ mod validate;
 use validate::Validator;
 
 pub use alerts::AlertSink;
+pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
 pub use route::{
     Budget, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit, Upstream, UpstreamProtocol,
@@ -37,7 +40,6 @@ pub use storage::{Backend, StorageConfig};
 pub use telemetry::{TelemetryConfig, TelemetryFile};
 pub use tiers::KnownTiers;
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -199,54 +201,6 @@ impl Default for Timeouts {
             client_body: Duration::from_secs(60),
             upstream_body: Duration::from_secs(60),
             idle: Duration::from_secs(75),
-        }
-    }
-}
-
-/// Every problem found in a config file, each naming its field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub problems: Vec<FieldProblem>,
-}
-
-/// One problem: the field's path (`routes[1].limits[0].refill_rate`) and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldProblem {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for FieldProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.problems.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{p}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-impl ConfigError {
-    fn one(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError {
-            problems: vec![FieldProblem {
-                path: path.into(),
-                message: message.into(),
-            }],
         }
     }
 }
@@ -417,37 +371,9 @@ impl Config {
             .and_then(|s| v.service(s, overrides.base_dir.as_deref()))
             .map(Arc::new);
         let telemetry = v.telemetry(file.telemetry, &overrides.env);
-        let admin_token = file.admin.and_then(|a| a.token_file).and_then(|path| {
-            let path = match &overrides.base_dir {
-                Some(base) if Path::new(&path).is_relative() => base.join(&path),
-                _ => std::path::PathBuf::from(&path),
-            };
-            match std::fs::read_to_string(&path) {
-                Ok(text) if !text.trim().is_empty() => Some(Arc::from(text.trim())),
-                Ok(_) => {
-                    v.problem("admin.token_file", format!("{} is empty", path.display()));
-                    None
-                }
-                Err(e) => {
-                    v.problem(
-                        "admin.token_file",
-                        format!("cannot read {}: {e}", path.display()),
-                    );
-                    None
-                }
-            }
-        });
+        let admin_token = v.admin_token(file.admin, overrides.base_dir.as_deref());
         let alerts = v.alerts(file.alerts);
-        let usage_path = file.usage_path.filter(|path| {
-            let ok = path.starts_with('/') && !path.contains(['?', '#', ' ']);
-            if !ok {
-                v.problem(
-                    "usage_path",
-                    format!("{path:?} is not a path (like /rate_limit)"),
-                );
-            }
-            ok
-        });
+        let usage_path = v.usage_path(file.usage_path);
         let max_connections = match file.max_connections {
             None => 10_000,
             Some(0) => {

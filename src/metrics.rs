@@ -6,7 +6,6 @@
 
 use std::sync::atomic::Ordering;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,138 +15,10 @@ use prometheus_client::registry::Registry;
 use crate::limiter::Limiter;
 use crate::limiter::guard::{BreakerState, GuardStats};
 
-/// What happened to a request, as the `decision` label (and the access log) says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DecisionLabel {
-    /// Every enforced limit allowed.
-    Allowed,
-    /// A limit denied: 429.
-    Denied,
-    /// The store failed; `on_error` answered (forwarded unlimited, or 503).
-    StoreError,
-    /// A shadow limit (or any limit, in global shadow mode) would have denied; forwarded.
-    ShadowDenied,
-    /// The route has no limits.
-    Unlimited,
-    /// The request is exempt (`exempt:`): forwarded, no limit asked.
-    Exempt,
-    /// An API key no consumer has, rejected with 401.
-    InvalidKey,
-    /// No slot under the upstream's learned limit within `queue_timeout`: 503, not forwarded.
-    Overloaded,
-    /// A banned identity (an operator's ban, or a limit's penalty box): 429, not forwarded.
-    Banned,
-}
+mod labels;
 
-impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 9] = [
-        DecisionLabel::Allowed,
-        DecisionLabel::Denied,
-        DecisionLabel::StoreError,
-        DecisionLabel::ShadowDenied,
-        DecisionLabel::Unlimited,
-        DecisionLabel::Exempt,
-        DecisionLabel::InvalidKey,
-        DecisionLabel::Overloaded,
-        DecisionLabel::Banned,
-    ];
-
-    /// The label named `label` ([`DecisionLabel::as_str`]).
-    pub fn from_label(label: &[u8]) -> Option<DecisionLabel> {
-        Self::ALL
-            .into_iter()
-            .find(|l| l.as_str().as_bytes() == label)
-    }
-
-    /// Whether the limits let the request through (`Some(false)`: a 429), when they decided it:
-    /// what `floodgate replay` compares its own decision with.
-    pub fn admitted_by_limits(self) -> Option<bool> {
-        match self {
-            DecisionLabel::Allowed | DecisionLabel::ShadowDenied => Some(true),
-            DecisionLabel::Denied => Some(false),
-            DecisionLabel::StoreError
-            | DecisionLabel::Unlimited
-            | DecisionLabel::Exempt
-            | DecisionLabel::InvalidKey
-            | DecisionLabel::Overloaded
-            | DecisionLabel::Banned => None,
-        }
-    }
-
-    /// The `decision` label's value (and serde's).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DecisionLabel::Allowed => "allowed",
-            DecisionLabel::Denied => "denied",
-            DecisionLabel::StoreError => "store_error",
-            DecisionLabel::ShadowDenied => "shadow_denied",
-            DecisionLabel::Unlimited => "unlimited",
-            DecisionLabel::Exempt => "exempt",
-            DecisionLabel::InvalidKey => "invalid_key",
-            DecisionLabel::Overloaded => "overloaded",
-            DecisionLabel::Banned => "banned",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    route: String,
-    decision: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabel {
-    route: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StatusLabels {
-    route: String,
-    class: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-/// Why floodgate closed a client connection itself (`floodgate_connections_closed_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
-    /// An HTTP/2 connection abandoned streams faster than `http2_max_resets_per_second`.
-    Resets,
-    /// An HTTP/2 connection had no open stream for `timeouts.idle`.
-    Idle,
-}
-
-impl CloseReason {
-    const ALL: [CloseReason; 2] = [CloseReason::Resets, CloseReason::Idle];
-
-    /// The `reason` label's value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::Resets => "resets",
-            CloseReason::Idle => "idle",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabel {
-    state: &'static str,
-}
+use labels::*;
+pub use labels::{CloseReason, DecisionLabel};
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -174,19 +45,6 @@ pub struct Metrics {
     alerts: Family<OutcomeLabel, Counter>,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceLabels {
-    domain: String,
-    code: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CostLabels {
-    route: String,
-    limit: String,
-    outcome: &'static str,
-}
-
 /// One settled limit's `floodgate_cost_units_total` handles (`cost: {reserve, actual}`).
 #[derive(Debug, Clone, Default)]
 pub struct CostCounters {
@@ -198,11 +56,6 @@ pub struct CostCounters {
     pub refunded: Counter,
     /// Units taken beyond the reserve (into debt if need be).
     pub charged: Counter,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct UpstreamLabel {
-    upstream: String,
 }
 
 /// One route's metric handles, resolved when the config is loaded.
