@@ -44,6 +44,7 @@ pub mod config;
 mod demo;
 mod envoy;
 mod grpc;
+pub mod policy;
 mod postgres;
 mod process;
 mod proxies;
