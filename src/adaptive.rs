@@ -116,7 +116,7 @@ pub struct Bounds {
 
 /// What became of a request the gate let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Signal {
     /// The upstream answered (not 502/503/504) after this long.
     Answered(Duration),
     /// The upstream failed, refused or timed out: an overload signal.
@@ -186,14 +186,14 @@ impl Controller {
     }
 
     /// Records one outcome at `now`; returns the new limit when this closed a window that moved it.
-    pub fn record(&mut self, outcome: Outcome, now: u64) -> Option<u32> {
+    pub fn record(&mut self, outcome: Signal, now: u64) -> Option<u32> {
         match outcome {
-            Outcome::Answered(rtt) => {
+            Signal::Answered(rtt) => {
                 self.samples += 1;
                 self.sum_us += rtt.as_micros() as f64;
             }
-            Outcome::Overloaded => self.errors += 1,
-            Outcome::Dropped => return None,
+            Signal::Overloaded => self.errors += 1,
+            Signal::Dropped => return None,
         }
         let elapsed = now.saturating_sub(self.window_start);
         let closes = self.errors > 0
@@ -256,12 +256,12 @@ struct GateState {
 /// A slot in flight; gives it back when dropped, recording [`Permit::finish`]'s outcome.
 pub struct Permit {
     gate: Arc<Gate>,
-    outcome: Outcome,
+    outcome: Signal,
 }
 
 impl Permit {
-    /// What became of the request (the default, if never called: [`Outcome::Dropped`]).
-    pub fn finish(&mut self, outcome: Outcome) {
+    /// What became of the request (the default, if never called: [`Signal::Dropped`]).
+    pub fn finish(&mut self, outcome: Signal) {
         self.outcome = outcome;
     }
 }
@@ -350,11 +350,11 @@ impl Gate {
     fn permit(self: &Arc<Self>) -> Permit {
         Permit {
             gate: self.clone(),
-            outcome: Outcome::Dropped,
+            outcome: Signal::Dropped,
         }
     }
 
-    fn release(&self, outcome: Outcome) {
+    fn release(&self, outcome: Signal) {
         let now = self.clock.now_us();
         let mut state = self.lock();
         state.in_flight -= 1;

@@ -65,6 +65,14 @@
 //!   is tried again if the store cannot take it.
 //! - A **refusal** ([`proxy::response::Rejection`]) is floodgate answering a request itself; its
 //!   row of the refusal table (`proxy/response/table.rs`) says how, in HTTP's and gRPC's words.
+//!   The decider says why it refuses ([`policy::Refused`]: rate limited, banned, the store
+//!   unavailable); why whose a request is could not be worked out is a
+//!   [`policy::ResolveError`]; a store's failure a [`limiter::LimiterError`], which says whose
+//!   fault it was.
+//! - An **outcome** is a decision's ([`limiter::Outcome`]: allowed or denied); what the adaptive
+//!   gate learns from an upstream's answer is a [`adaptive::Signal`]. **Replay** is only
+//!   `floodgate replay`; a request body kept to be sent again on another HTTP/2 connection is a
+//!   `Resend` (`proxy/body.rs`).
 //! - A **tier** picks which limits apply: a consumer's, or the one a verified token claims if
 //!   the config names it (`default` if not), or `anonymous` ([`policy::Policy::resolve`]).
 //!

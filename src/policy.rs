@@ -43,7 +43,7 @@ pub enum Claim<'a> {
 
 /// Why a claim cannot be limited.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum ResolveError {
     /// The request itself is malformed (a conflicting header).
     #[error(transparent)]
     Identity(#[from] IdentityError),
@@ -99,9 +99,9 @@ impl<'c> Policy<'c> {
         &self,
         claim: Claim<'a>,
         token_tier: Option<&'a str>,
-        keyless: impl FnOnce() -> Result<Identity<'a>, Refusal>,
+        keyless: impl FnOnce() -> Result<Identity<'a>, ResolveError>,
         client: impl FnOnce() -> IpAddr,
-    ) -> Result<Whose<'a>, Refusal>
+    ) -> Result<Whose<'a>, ResolveError>
     where
         'c: 'a,
     {
@@ -123,7 +123,7 @@ impl<'c> Policy<'c> {
             (Claim::Consumer(name), consumers) => Some(Identity::Consumer(
                 consumers
                     .and_then(|c| c.named(name))
-                    .ok_or_else(|| Refusal::UnknownConsumer(name.to_string()))?,
+                    .ok_or_else(|| ResolveError::UnknownConsumer(name.to_string()))?,
             )),
             (Claim::Keyless(identity), _) => Some(identity),
         };

@@ -41,7 +41,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{self, field};
-use crate::adaptive::Outcome;
+use crate::adaptive::Signal;
 use crate::config::{Config, RouteConfig};
 use crate::decider::Decider;
 use crate::limiter::Limiter;
@@ -421,9 +421,9 @@ impl Proxy {
             // latency sample, taken at the head.
             let grpc = crate::grpc::status_of(response.headers());
             permit.finish(match (status, grpc) {
-                (502..=504, _) => Outcome::Overloaded,
-                (_, Some(code)) if crate::grpc::is_overload(code) => Outcome::Overloaded,
-                _ => Outcome::Answered(started.elapsed()),
+                (502..=504, _) => Signal::Overloaded,
+                (_, Some(code)) if crate::grpc::is_overload(code) => Signal::Overloaded,
+                _ => Signal::Answered(started.elapsed()),
             });
             // A gRPC call's status comes in its trailers: the permit is held until they do.
             match (ctx.dialect, grpc) {

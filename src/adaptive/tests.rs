@@ -44,7 +44,7 @@ fn run(
         let latency = upstream.latency_us(n);
         *now += latency;
         for _ in 0..n {
-            controller.record(Outcome::Answered(Duration::from_micros(latency)), *now);
+            controller.record(Signal::Answered(Duration::from_micros(latency)), *now);
         }
         rounds.push((*now, controller.limit(), latency));
     }
@@ -148,7 +148,7 @@ fn timeouts_and_upstream_errors_only_ever_lower_the_limit() {
         c.in_flight(last);
         now += 100 * MS;
         for _ in 0..last {
-            c.record(Outcome::Overloaded, now);
+            c.record(Signal::Overloaded, now);
         }
         assert!(
             c.limit() <= last,
@@ -196,7 +196,7 @@ fn no_window_pins_the_limit_low_to_measure_the_baseline() {
 fn dropped_requests_say_nothing() {
     let mut c = Controller::new(bounds(4, 100), 0);
     for i in 0..1000 {
-        assert_eq!(c.record(Outcome::Dropped, i * 10 * MS), None);
+        assert_eq!(c.record(Signal::Dropped, i * 10 * MS), None);
     }
     assert_eq!(c.limit(), 4);
 }
@@ -293,7 +293,7 @@ async fn a_busy_gate_grows_its_limit_whatever_the_priority_of_its_traffic() {
             }
             clock.advance(Duration::from_millis(50));
             for mut p in permits {
-                p.finish(Outcome::Answered(Duration::from_millis(50)));
+                p.finish(Signal::Answered(Duration::from_millis(50)));
             }
         }
         assert!(gate.limit() > 8, "{priority:?}: still {}", gate.limit());
@@ -323,7 +323,7 @@ async fn no_slot_is_lost_when_grants_race_with_timeouts() {
                 let priority = [Priority::High, Priority::Normal, Priority::Low][i % 3];
                 if let Some(mut permit) = gate.acquire(priority).await {
                     tokio::time::sleep(Duration::from_micros(100)).await;
-                    permit.finish(Outcome::Dropped);
+                    permit.finish(Signal::Dropped);
                 }
             })
         })

@@ -19,7 +19,7 @@ use crate::config::{Budget, Per, RequestView};
 use crate::decider::Decider;
 use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
 use crate::limiter::{Decision, KeyKind};
-use crate::policy::{self, Asks, Claim, Refusal, RequestKeys};
+use crate::policy::{self, Asks, Claim, RequestKeys, ResolveError};
 use crate::proxy::Proxy;
 
 /// The answer to `GET /budgets?{query}`.
@@ -62,21 +62,21 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
             claim,
             // A token's tier comes from its claim, which the query cannot show: it may say it.
             param("tier"),
-            || ip.map(Identity::Ip).ok_or(Refusal::Unidentified),
+            || ip.map(Identity::Ip).ok_or(ResolveError::Unidentified),
             || ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
         )
     });
     let whose = match resolved {
-        None | Some(Err(Refusal::Unidentified)) => None,
+        None | Some(Err(ResolveError::Unidentified)) => None,
         Some(Ok(whose)) => Some(whose),
-        Some(Err(Refusal::UnknownConsumer(name))) => {
+        Some(Err(ResolveError::UnknownConsumer(name))) => {
             return Err(bad(
                 404,
                 "unknown_consumer",
                 format!("no consumer named {name:?}"),
             ));
         }
-        Some(Err(Refusal::Identity(IdentityError::UnknownKey))) => {
+        Some(Err(ResolveError::Identity(IdentityError::UnknownKey))) => {
             return Err(bad(404, "invalid_api_key", "no consumer has this key"));
         }
         Some(Err(e)) => return Err(bad(400, "bad_request", e.to_string())),

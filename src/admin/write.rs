@@ -15,7 +15,7 @@ use crate::identity::{Identity, ip_octets};
 use crate::limiter::KeyKind;
 
 pub use crate::control::label as kind_label;
-use crate::policy::{Claim, Refusal};
+use crate::policy::{Claim, ResolveError};
 use crate::proxy::Proxy;
 
 /// Checks the request's bearer token against `admin.token_file`'s.
@@ -153,7 +153,7 @@ impl Body {
             .resolve(
                 claim,
                 None,
-                || Err(Refusal::Unidentified),
+                || Err(ResolveError::Unidentified),
                 || IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             )
             .map_err(|e| bad(400, "bad_request", format!("{name}: {e}")))?;

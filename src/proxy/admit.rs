@@ -16,7 +16,7 @@ use crate::decider::{Facts, Side};
 use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind};
 use crate::limiter::KeyKind;
-use crate::policy::{Claim, Refusal, Refused, RequestKeys, Whose};
+use crate::policy::{Claim, Refused, RequestKeys, ResolveError, Whose};
 use opentelemetry::KeyValue;
 
 /// The access log's `identity_hash`: the hex SHA-256 of an API key (the digest a consumer's
@@ -164,8 +164,8 @@ impl Proxy {
     ) -> Result<Whose<'a>, Rejection> {
         let config = &snapshot.identity;
         let headers = req.headers();
-        let rejection = |e: Refusal| match e {
-            Refusal::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
+        let rejection = |e: ResolveError| match e {
+            ResolveError::Identity(IdentityError::UnknownKey) => Rejection::InvalidApiKey,
             other => Rejection::BadRequest(other.to_string()),
         };
         // The order: an API key, then a verified token's subject, then the trusted user id,

@@ -290,9 +290,9 @@ pub async fn linger(body: Incoming) {
 /// A request body that can be sent again: an HTTP/2 upstream may refuse a stream it never
 /// processed (`REFUSED_STREAM`, or a GOAWAY naming a lower last stream), and then the request
 /// goes once more on another connection. Every frame read from the client is kept (up to
-/// [`REPLAY_BYTES`]) so that the next attempt sends them again before it reads on; past that,
-/// the request can no longer be retried ([`ReplayHandle::again`] says `None`).
-pub struct Replay {
+/// [`RESEND_BYTES`]) so that the next attempt sends them again before it reads on; past that,
+/// the request can no longer be retried ([`ResendHandle::again`] says `None`).
+pub struct Resend {
     shared: Arc<std::sync::Mutex<Recording>>,
     /// Which attempt this is: an older attempt's body reads nothing more once a newer one began.
     attempt: u32,
@@ -301,13 +301,13 @@ pub struct Replay {
 }
 
 /// The most bytes of a request body kept for a retry (Envoy buffers 64 KiB for its retries).
-pub const REPLAY_BYTES: usize = 64 * 1024;
+pub const RESEND_BYTES: usize = 64 * 1024;
 
 struct Recording {
     source: RequestBody,
     frames: Vec<Frame<Bytes>>,
     bytes: usize,
-    /// False once more than [`REPLAY_BYTES`] were read: a retry can no longer send them all.
+    /// False once more than [`RESEND_BYTES`] were read: a retry can no longer send them all.
     complete: bool,
     attempts: u32,
 }
@@ -319,10 +319,10 @@ fn copy_frame(frame: &Frame<Bytes>) -> Frame<Bytes> {
     }
 }
 
-impl Replay {
+impl Resend {
     /// The first attempt's body.
     pub fn new(source: RequestBody) -> Self {
-        Replay {
+        Resend {
             shared: Arc::new(std::sync::Mutex::new(Recording {
                 source,
                 frames: Vec::new(),
@@ -336,24 +336,24 @@ impl Replay {
     }
 
     /// A handle that can start the next attempt once this one has failed.
-    pub fn handle(&self) -> ReplayHandle {
-        ReplayHandle(self.shared.clone())
+    pub fn handle(&self) -> ResendHandle {
+        ResendHandle(self.shared.clone())
     }
 }
 
-/// Starts another attempt of a [`Replay`]'s request.
-pub struct ReplayHandle(Arc<std::sync::Mutex<Recording>>);
+/// Starts another attempt of a [`Resend`]'s request.
+pub struct ResendHandle(Arc<std::sync::Mutex<Recording>>);
 
-impl ReplayHandle {
+impl ResendHandle {
     /// The next attempt's body, sending again what the earlier one sent; `None` when the body
     /// was too large to keep. The earlier attempt's body reads nothing more from the client.
-    pub fn again(&self) -> Option<Replay> {
+    pub fn again(&self) -> Option<Resend> {
         let mut shared = self.0.lock().ok()?;
         if !shared.complete {
             return None;
         }
         shared.attempts += 1;
-        Some(Replay {
+        Some(Resend {
             shared: self.0.clone(),
             attempt: shared.attempts,
             next: 0,
@@ -361,7 +361,7 @@ impl ReplayHandle {
     }
 }
 
-impl HttpBody for Replay {
+impl HttpBody for Resend {
     type Data = Bytes;
     type Error = BodyError;
 
@@ -385,7 +385,7 @@ impl HttpBody for Replay {
             && shared.complete
         {
             shared.bytes += frame.data_ref().map_or(0, Bytes::len);
-            if shared.bytes > REPLAY_BYTES {
+            if shared.bytes > RESEND_BYTES {
                 shared.complete = false;
                 shared.frames = Vec::new();
             } else {

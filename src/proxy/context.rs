@@ -147,7 +147,7 @@ impl AfterResponse {
         if let (Some(permit), Some(trailers)) = (&mut self.permit, frame.trailers_ref())
             && crate::grpc::status_of(trailers).is_some_and(crate::grpc::is_overload)
         {
-            permit.finish(crate::adaptive::Outcome::Overloaded);
+            permit.finish(crate::adaptive::Signal::Overloaded);
         }
         for meter in &mut self.costs {
             if let Some(data) = frame.data_ref() {

@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, ClientBody, Fault, Replay, RequestBody, ResponseBody};
+use super::body::{BodyFault, ClientBody, Fault, RequestBody, Resend, ResponseBody};
 use super::multiplex::{Multiplex, copy_head};
 use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
@@ -411,7 +411,7 @@ impl Forwarder {
             }
             Hop::Http2(fresh) => {
                 let key = (scheme.clone(), authority.clone());
-                let request = request.map(Replay::new);
+                let request = request.map(Resend::new);
                 let response = Box::pin(self.multiplex.send(&key, request, fresh)).await?;
                 Ok(response.map(|b| relay(b, idle, route)))
             }

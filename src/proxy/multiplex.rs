@@ -36,11 +36,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::body::Replay;
+use super::body::Resend;
 use super::pool::{Io, Key, PoolError, dial, sweep};
 use super::upstream_frames::{Inspected, PeerSettings};
 
-type Sender = http2::SendRequest<Replay>;
+type Sender = http2::SendRequest<Resend>;
 
 /// The per-connection stream window floodgate grants an upstream: how much of one response it
 /// may send before the client has read it.
@@ -95,7 +95,7 @@ struct Conn {
     state: Arc<ConnState>,
 }
 
-type Connection = http2::Connection<Inspected<Io>, Replay, TokioExecutor>;
+type Connection = http2::Connection<Inspected<Io>, Resend, TokioExecutor>;
 
 /// What requests and the connection's task know of one connection.
 struct ConnState {
@@ -198,11 +198,11 @@ impl Multiplex {
     pub async fn send(
         &self,
         key: &Key,
-        req: Request<Replay>,
+        req: Request<Resend>,
         mut fresh: Option<Box<Io>>,
     ) -> Result<Response<MultiplexBody>, PoolError> {
         let head = copy_head(&req);
-        let replay = req.body().handle();
+        let resend = req.body().handle();
         let mut req = req;
         let mut attempt = 1;
         loop {
@@ -210,7 +210,7 @@ impl Multiplex {
                 Err(PoolError::Unprocessed(error)) => error,
                 other => return other,
             };
-            let again = (attempt < ATTEMPTS).then(|| replay.again()).flatten();
+            let again = (attempt < ATTEMPTS).then(|| resend.again()).flatten();
             let Some(body) = again else {
                 return Err(PoolError::Unprocessed(error));
             };
@@ -224,7 +224,7 @@ impl Multiplex {
     async fn send_once(
         &self,
         key: &Key,
-        req: Request<Replay>,
+        req: Request<Resend>,
         fresh: Option<Box<Io>>,
     ) -> Result<Response<MultiplexBody>, PoolError> {
         let (conn, slot) = match fresh {
@@ -540,7 +540,7 @@ mod tests {
         let req = Request::builder()
             .uri(uri)
             .version(http::Version::HTTP_2)
-            .body(Replay::new(super::super::body::RequestBody::empty()))
+            .body(Resend::new(super::super::body::RequestBody::empty()))
             .unwrap();
         let response = pool.send(&key, req, None).await.unwrap();
         response.into_body().collect().await.unwrap().to_bytes()
@@ -639,7 +639,7 @@ mod tests {
     }
 
     /// A request whose body comes through `body`'s channel, as a client's would.
-    fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Replay> {
+    fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Resend> {
         let body = super::super::body::RequestBody::new(
             super::super::body::ClientBody::Streaming(body),
             None,
@@ -651,7 +651,7 @@ mod tests {
             .method("POST")
             .uri(format!("http://{authority}/"))
             .version(http::Version::HTTP_2)
-            .body(Replay::new(body))
+            .body(Resend::new(body))
             .unwrap()
     }
 
@@ -767,7 +767,7 @@ mod tests {
         let req = Request::builder()
             .uri(uri)
             .version(http::Version::HTTP_2)
-            .body(Replay::new(super::super::body::RequestBody::empty()))
+            .body(Resend::new(super::super::body::RequestBody::empty()))
             .unwrap();
         let response = pool.send(&key, req, None).await.unwrap();
         // Long enough for 8 MiB to cross loopback many times over, were nothing holding it.
