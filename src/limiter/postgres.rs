@@ -104,7 +104,7 @@ impl PostgresStore {
         Self::with_clock(url, prefix, timeout, false)
     }
 
-    /// A store whose decisions may take the caller's time ([`PostgresStore::decide_at_for_test`]),
+    /// A store whose decisions may take the caller's time ([`RemoteStore::decide_leasing_at_for_test`]),
     /// and which sweeps nothing: for the differential tests.
     pub fn connect_for_test(
         url: &str,

@@ -88,7 +88,7 @@ impl RedisStore {
         Self::with_script(target, prefix, timeout, false)
     }
 
-    /// A store whose script reads the time from the caller ([`RedisStore::decide_at_for_test`])
+    /// A store whose script reads the time from the caller ([`RemoteStore::decide_leasing_at_for_test`])
     /// instead of Redis `TIME`: for the differential tests.
     pub fn connect_for_test(
         target: &RedisTarget,
