@@ -342,6 +342,7 @@ pub fn label(kind: KeyKind, value: &[u8]) -> String {
     use sha2::Digest;
     match kind {
         KeyKind::Consumer => format!("consumer:{}", String::from_utf8_lossy(value)),
+        KeyKind::Route => "route".into(),
         KeyKind::Ip => match value.len() {
             4 => std::net::IpAddr::from(<[u8; 4]>::try_from(value).unwrap_or_default()).to_string(),
             16 => {

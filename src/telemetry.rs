@@ -162,10 +162,6 @@ impl Telemetry {
             true => self.propagator.extract(&HeaderExtractor(headers)),
             false => Context::new(),
         };
-        let builder = self
-            .tracer
-            .span_builder(method.as_str().to_string())
-            .with_kind(SpanKind::Server);
         if !parent.has_active_span() {
             let trace_id = self.ids.new_trace_id();
             let low = u64::from_be_bytes(trace_id.to_bytes()[8..].try_into().unwrap_or([0; 8]));
@@ -179,7 +175,12 @@ impl Telemetry {
             // The SDK draws this id for the span it starts next on this thread.
             NEXT_TRACE_ID.set(Some(trace_id));
         }
-        let mut span = builder.start_with_context(&self.tracer, &parent);
+        // (Built only now: a dropped root allocates no name and no builder.)
+        let mut span = self
+            .tracer
+            .span_builder(method.as_str().to_string())
+            .with_kind(SpanKind::Server)
+            .start_with_context(&self.tracer, &parent);
         NEXT_TRACE_ID.set(None);
         if span.is_recording() {
             let version = match version {
