@@ -381,11 +381,7 @@ impl Proxy {
         let mut req = req;
         let forwarded_span = ctx.trace.as_ref().map(|trace| {
             let method = req.method().clone();
-            trace.forward(
-                &method,
-                route.config.upstream.authority.host(),
-                req.headers_mut(),
-            )
+            trace.forward(&method, &route.config.upstream.authority, req.headers_mut())
         });
         // A gRPC client's deadline bounds the wait for the upstream too.
         let deadline = match ctx.dialect {

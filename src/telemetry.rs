@@ -288,7 +288,12 @@ impl Trace {
     /// A CLIENT child for the forwarded request, whose context `headers` (the upstream
     /// request's) carry as `traceparent` (and `tracestate`): ended by [`Forwarded::end`]. An
     /// unsampled trace makes no span: the upstream hears the request's own context, flags `00`.
-    pub fn forward(&self, method: &Method, upstream: &str, headers: &mut HeaderMap) -> Forwarded {
+    pub fn forward(
+        &self,
+        method: &Method,
+        upstream: &http::uri::Authority,
+        headers: &mut HeaderMap,
+    ) -> Forwarded {
         let Some(cx) = self.recording() else {
             match (&self.cx, self.dropped) {
                 (Some(cx), _) => inject_context(cx, headers),
@@ -309,7 +314,9 @@ impl Trace {
             .with_kind(SpanKind::Client)
             .with_attributes([
                 KeyValue::new("http.request.method", method.as_str().to_string()),
-                KeyValue::new("server.address", upstream.to_string()),
+                // (The host is parsed out of the authority only for a sampled span: it is a
+                // search of the string.)
+                KeyValue::new("server.address", upstream.host().to_string()),
             ])
             .start_with_context(&self.tracer, cx);
         let cx = cx.with_span(span);
