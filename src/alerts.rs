@@ -214,13 +214,7 @@ pub async fn run(alerter: Arc<Alerter>, limiter: Limiter) {
     else {
         return;
     };
-    let client = match client() {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::error!(error = %e, "alerts: cannot build the HTTP client; no alert will be sent");
-            return;
-        }
-    };
+    let client = client();
     let pending = Arc::new(AtomicUsize::new(0));
     while let Some(change) = changes.recv().await {
         let rules = alerter.rules.load_full();
@@ -290,24 +284,10 @@ type Client = hyper_util::client::legacy::Client<
     Full<Bytes>,
 >;
 
-fn client() -> anyhow::Result<Client> {
-    let roots = crate::tls::system_roots("alert webhooks");
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(ATTEMPT_TIMEOUT));
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(connector),
-    )
+fn client() -> Client {
+    let connector = crate::tls::https_or_http("alert webhooks", Some(ATTEMPT_TIMEOUT));
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector)
 }
 
 /// POSTs `body` to `url` until a 2xx answers or the retries run out: `sent` or `failed`.

@@ -30,7 +30,7 @@ use crate::limiter::{KeyKind, Limiter, wall_clock_us};
 
 mod entry;
 
-pub use entry::{Ban, Entry, Override, Reset};
+pub use entry::{Ban, Entry, Override, OverrideFor, Reset};
 
 /// How often an instance reads the shared list's version.
 pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(300);

@@ -39,6 +39,23 @@ pub fn client_builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::W
         .expect("the aws-lc-rs provider supports the default TLS versions")
 }
 
+/// A connector for HTTP/1.1 to `peer` (what it is for, as [`system_roots`] names it) over
+/// `http://`, or `https://` verified against the system's roots: the OTLP exporter's and the
+/// alert webhooks'.
+pub fn https_or_http(
+    peer: &str,
+    connect_timeout: Option<std::time::Duration>,
+) -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(connect_timeout);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(client_config(system_roots(peer)))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
+}
+
 /// The system's root certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured). With none
 /// readable, an empty store, and a warning that TLS to `peer` (what the roots are for) will fail.
 pub fn system_roots(peer: &str) -> RootCertStore {

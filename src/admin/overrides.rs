@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
 use super::write::{Body, kind_label};
-use crate::control::{Entry, Override};
+use crate::control::{Entry, Override, OverrideFor};
 use crate::limiter::wall_clock_us;
 use crate::proxy::Proxy;
 
@@ -41,29 +41,22 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         .ok_or_else(|| bad(400, "bad_request", "limits: is required"))?;
     let control = proxy.control();
     let id = control.new_id("ovr");
-    let budget = crate::config::override_budget(
-        &route,
-        &Override::store_name(&route, &id),
-        limits.clone(),
+    let until_us = match expires_in {
+        Some(d) => wall_clock_us().saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+        None => u64::MAX,
+    };
+    let whom = OverrideFor { route, kind, value };
+    let over = Override::build(
+        id.clone(),
+        whom,
+        until_us,
+        limits,
         snapshot.verifies_tokens(),
     )
     .map_err(|e| {
         let first = e.problems.first().map(ToString::to_string);
         bad(400, "bad_request", first.unwrap_or_default())
     })?;
-    let until_us = match expires_in {
-        Some(d) => wall_clock_us().saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
-        None => u64::MAX,
-    };
-    let over = Override {
-        id: id.clone(),
-        route,
-        kind,
-        value,
-        until_us,
-        limits,
-        budget,
-    };
     tracing::info!(%id, route = %over.route, identity = %kind_label(over.kind, &over.value), limits = %over.limits, ?expires_in, "override set");
     let over = Arc::new(over);
     let entry = Entry::Override(over.clone());

@@ -37,7 +37,41 @@ pub struct Override {
     pub budget: Budget,
 }
 
+/// Who an override is for: the route and the identity.
+pub struct OverrideFor {
+    pub route: String,
+    pub kind: KeyKind,
+    pub value: Vec<u8>,
+}
+
 impl Override {
+    /// Override `id` for `whom`, its `limits` (as written) built and checked as
+    /// `routes[].limits` are (a claim key needs `verifies_tokens`).
+    pub fn build(
+        id: String,
+        whom: OverrideFor,
+        until_us: u64,
+        limits: Value,
+        verifies_tokens: bool,
+    ) -> Result<Override, crate::config::ConfigError> {
+        let store_name = Override::store_name(&whom.route, &id);
+        let budget = crate::config::override_budget(
+            &whom.route,
+            &store_name,
+            limits.clone(),
+            verifies_tokens,
+        )?;
+        Ok(Override {
+            id,
+            route: whom.route,
+            kind: whom.kind,
+            value: whom.value,
+            until_us,
+            limits,
+            budget,
+        })
+    }
+
     /// What an override's budgets are named by in the store: the route and the override's id,
     /// so that they start full and no other override shares them.
     pub fn store_name(route: &str, id: &str) -> String {
@@ -151,26 +185,15 @@ impl Entry {
                 },
             }),
             Some("override") => {
-                let route = v["route"].as_str()?.to_string();
-                let limits = v["limits"].clone();
-                // Written by an instance that checked it; claims are allowed here (the writer
-                // knew whether tokens are verified).
-                let budget = crate::config::override_budget(
-                    &route,
-                    &Override::store_name(&route, &id),
-                    limits.clone(),
-                    true,
-                )
-                .ok()?;
-                Entry::Override(std::sync::Arc::new(Override {
-                    id,
-                    route,
+                let whom = OverrideFor {
+                    route: v["route"].as_str()?.to_string(),
                     kind,
                     value,
-                    until_us,
-                    limits,
-                    budget,
-                }))
+                };
+                // Written by an instance that checked it; claims are allowed here (the writer
+                // knew whether tokens are verified).
+                let over = Override::build(id, whom, until_us, v["limits"].clone(), true).ok()?;
+                Entry::Override(std::sync::Arc::new(over))
             }
             Some("reset") => Entry::Reset(Reset {
                 id,

@@ -46,18 +46,7 @@ pub(super) type Client = opentelemetry_http::hyper::HyperClient<
 >;
 
 pub(super) fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
-    let roots = crate::tls::system_roots("the OTLP collector");
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
+    let connector = crate::tls::https_or_http("the OTLP collector", None);
     Ok(opentelemetry_http::hyper::HyperClient::new(
         connector,
         EXPORT_TIMEOUT,
