@@ -16,15 +16,18 @@
 //! composite keys read and the units its settled limits reserve, which only the caller can read
 //! (headers and a JSON body; a log line's digests and costs). In order, the decider:
 //!
-//! 1. answers `unlimited` for a route without limits and `exempt` for an exempt client;
+//! 1. answers `unlimited` for a route without limits and `exempt` for an exempt client, and
+//!    refuses a banned identity (`control.rs`);
 //! 2. builds each limit's ask (the budget it spends, at the cost it reserves), enforced limits
-//!    and shadow limits alike;
+//!    (an override's in their place, for an identity that has one) and shadow limits alike;
 //! 3. asks the store for the enforced limits, all-or-nothing (with the store's batching, leases,
 //!    deny cache, breaker and `on_error`, all inside [`Limiter::decide`]), then for the shadow
 //!    limits, which never refuse;
 //! 4. holds what an admitted request keeps until it ends (concurrency leases, reservations of
 //!    settled costs), and reads the answers through the one limit phase ([`LimitPhase`]): the
-//!    refusal if any, the label, the limit whose figures the headers carry.
+//!    refusal if any, the label, the limit whose figures the headers carry;
+//! 5. after the store's answer, counts a denial towards a limit's penalty box, and tells the
+//!    quota alerts (`alerts.rs`) how spent an admitted request left its headline budget.
 
 use std::time::Instant;
 
