@@ -154,13 +154,25 @@ impl Alerter {
             let mut shard = self.crossed[(hash >> 60) as usize % SHARDS]
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let from = shard
-                .get(&hash)
-                .filter(|c| c.until_us > now)
-                .map_or(0, |c| c.level);
-            if from == level {
-                return;
-            }
+            let until_us = now.saturating_add(figures.reset_after_us);
+            let from = match shard.get_mut(&hash) {
+                Some(c) if c.until_us > now => {
+                    if c.level == level {
+                        // Still past the same share: it would be full again later now.
+                        c.until_us = until_us;
+                        return;
+                    }
+                    c.level
+                }
+                // Ended: the budget would be full again by now.
+                Some(_) if level == 0 => {
+                    shard.remove(&hash);
+                    self.remembered.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+                None if level == 0 => return,
+                _ => 0,
+            };
             if level == 0 {
                 if shard.remove(&hash).is_some() {
                     self.remembered.fetch_sub(1, Ordering::Relaxed);
@@ -175,10 +187,7 @@ impl Alerter {
                         return;
                     }
                 }
-                let crossed = Crossed {
-                    level,
-                    until_us: now.saturating_add(figures.reset_after_us),
-                };
+                let crossed = Crossed { level, until_us };
                 if shard.insert(hash, crossed).is_none() {
                     self.remembered.fetch_add(1, Ordering::Relaxed);
                 }
@@ -315,4 +324,69 @@ async fn deliver(client: &Client, url: &http::Uri, body: String) -> &'static str
     }
     tracing::warn!(%url, "an alert could not be delivered in a minute of retries; dropped");
     "failed"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Decision, Figures};
+
+    fn verdict(limit: u64, remaining: u64, reset_after_us: u64) -> Verdict {
+        let figures = Figures {
+            limit,
+            remaining,
+            reset_after_us,
+        };
+        Verdict::from_decisions(wall_clock_us(), &[Decision::allow(figures, 0)]).unwrap()
+    }
+
+    /// (from, to) of each change queued so far.
+    fn changes(alerter: &Alerter) -> Vec<(u8, u8)> {
+        let mut receiver = alerter.receiver.lock().unwrap();
+        let receiver = receiver.as_mut().unwrap();
+        std::iter::from_fn(|| receiver.try_recv().ok())
+            .map(|c| (c.from, c.to))
+            .collect()
+    }
+
+    #[test]
+    fn a_crossing_is_queued_once_while_the_budget_stays_past_it_and_again_after_a_return() {
+        let sinks = [AlertSink {
+            url: "http://127.0.0.1:9/hook".parse().unwrap(),
+            at: vec![0.8, 1.0],
+        }];
+        let alerter = Alerter::new(&sinks, Arc::new(Metrics::new()));
+        let budget = crate::config::override_budget(
+            "api",
+            "api",
+            serde_json::json!([{"algorithm": "fixed_window", "limit": 10, "window": "1h"}]),
+            false,
+        )
+        .unwrap();
+        let limit = &budget.limits[0];
+        let key = BudgetKey {
+            budget: limit.budget_id(),
+            kind: KeyKind::ApiKey,
+            value: b"k",
+        };
+        let hour = 3_600_000_000;
+        for remaining in [9, 5, 3] {
+            alerter.observe("api", limit, key, &verdict(10, remaining, hour));
+        }
+        assert_eq!(changes(&alerter), []);
+        // 8 of 10 spent: 0.8; staying there queues nothing more; 10 of 10: 1.0.
+        for remaining in [2, 2, 1, 0] {
+            alerter.observe("api", limit, key, &verdict(10, remaining, hour));
+        }
+        assert_eq!(changes(&alerter), [(0, 1), (1, 2)]);
+        // A new window: back below every share (the claims go), then past 0.8 again.
+        alerter.observe("api", limit, key, &verdict(10, 9, hour));
+        alerter.observe("api", limit, key, &verdict(10, 2, hour));
+        assert_eq!(changes(&alerter), [(2, 0), (0, 1)]);
+        // Past a share and never back, but the budget would be full again by now: a new crossing.
+        alerter.observe("api", limit, key, &verdict(10, 9, 0));
+        alerter.observe("api", limit, key, &verdict(10, 1, 0));
+        alerter.observe("api", limit, key, &verdict(10, 1, 0));
+        assert_eq!(changes(&alerter), [(1, 0), (0, 1), (0, 1)]);
+    }
 }
