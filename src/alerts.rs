@@ -261,7 +261,7 @@ pub async fn run(alerter: Arc<Alerter>, limiter: Limiter) {
             let body = serde_json::json!({
                 "route": change.route,
                 "limit": change.limit,
-                "identity_kind": change.kind.as_str(),
+                "identity_kind": identity_kind(change.kind),
                 "identity": crate::control::label(change.kind, &change.value),
                 "consumer": (change.kind == KeyKind::Consumer)
                     .then(|| String::from_utf8_lossy(&change.value).into_owned()),
@@ -285,6 +285,15 @@ pub async fn run(alerter: Arc<Alerter>, limiter: Limiter) {
                 });
             }
         }
+    }
+}
+
+/// An identity's kind as the write endpoints and `/budgets` name it (`jwt_subject`, not the
+/// store key's `jwt`).
+fn identity_kind(kind: KeyKind) -> &'static str {
+    match kind {
+        KeyKind::Jwt => "jwt_subject",
+        other => other.as_str(),
     }
 }
 
@@ -347,6 +356,14 @@ mod tests {
         std::iter::from_fn(|| receiver.try_recv().ok())
             .map(|c| (c.from, c.to))
             .collect()
+    }
+
+    #[test]
+    fn identities_are_named_as_the_write_endpoints_name_them() {
+        assert_eq!(identity_kind(KeyKind::Jwt), "jwt_subject");
+        assert_eq!(identity_kind(KeyKind::ApiKey), "api_key");
+        assert_eq!(identity_kind(KeyKind::Consumer), "consumer");
+        assert_eq!(identity_kind(KeyKind::Ip), "ip");
     }
 
     #[test]
