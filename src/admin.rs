@@ -1,6 +1,8 @@
 //! The admin listener: `/` (the dashboard, `admin/dashboard.rs`), `/healthz` (the process serves), `/readyz` (the limiter store answers and
 //! the proxy is not draining), `/metrics` (Prometheus text), `/budgets` (one client's budgets on
-//! a route, spending nothing), `/top` (who is being limited right now). It runs with the same header-read
+//! a route, spending nothing), `/top` (who is being limited right now), and the write endpoints
+//! behind `admin.token_file`'s bearer token (`admin/write.rs`): `/bans`, `/overrides`, `/reset`
+//! (`control.rs`). It runs with the same header-read
 //! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
 //! 503 to the load balancer), and stops when told.
 
