@@ -2,11 +2,12 @@
 //! metrics exported to the same collector (`telemetry/metrics.rs`).
 //!
 //! Built on the `opentelemetry` API and SDK (the tracer, the W3C trace-context propagator, the
-//! parent-based ratio sampler) and `opentelemetry-otlp`'s span exporter, which sends through
-//! `opentelemetry-http`'s hyper client on floodgate's own runtime. What floodgate adds is the
-//! path between them: a span that ends is put on a bounded queue without waiting (a full queue
-//! drops it and counts it in `floodgate_telemetry_dropped_total`), and one task takes batches off
-//! the queue and exports them, so a slow or dead collector costs no request any time and at most
+//! parent-based ratio sampler), sending through `opentelemetry-http`'s hyper client on
+//! floodgate's own runtime. What floodgate adds is the path between them: a span that ends is
+//! put on a bounded queue without waiting (a full queue drops it and counts it in
+//! `floodgate_telemetry_dropped_total`), and one task takes batches off the queue, writes them
+//! as OTLP protobuf (`telemetry/otlp.rs`, which says why not `opentelemetry-otlp`'s exporter)
+//! and exports them, so a slow or dead collector costs no request any time and at most
 //! [`QUEUE`] spans of memory. With telemetry off there is no tracer at all: the proxy's
 //! `Option<Trace>` is `None` and no span is made.
 //!
@@ -18,6 +19,7 @@
 
 mod export;
 mod metrics;
+mod otlp;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -30,10 +32,9 @@ use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer 
 use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderExtractor;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanExporter,
+    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
 };
 use prometheus_client::metrics::counter::Counter;
 
@@ -99,21 +100,18 @@ impl Telemetry {
         let client = http_client(&config.endpoint)?;
         let base = config.endpoint.to_string();
         let base = base.trim_end_matches('/');
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client.clone())
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(format!("{base}/v1/traces"))
-            .with_timeout(EXPORT_TIMEOUT)
-            .build()?;
         let (queue, spans) = tokio::sync::mpsc::channel(QUEUE);
         let resource = opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(config.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let mut exporter = exporter;
-        exporter.set_resource(&resource);
-        tokio::spawn(export_spans(spans, exporter, dropped.clone()));
+        tokio::spawn(export_spans(
+            spans,
+            client.clone(),
+            format!("{base}/v1/traces"),
+            otlp::Resource::new(&resource),
+            dropped.clone(),
+        ));
         if let Some(interval) = config.metrics_interval {
             tokio::spawn(metrics::export(
                 client,

@@ -1,13 +1,17 @@
 //! The way out: ended spans onto a bounded queue without waiting (a full queue drops the span
-//! and counts it), and one task that exports them in batches through `opentelemetry-otlp`'s HTTP
-//! exporter on a hyper client with rustls.
+//! and counts it), and one task that exports them in batches: OTLP/HTTP protobuf
+//! (`otlp::encode`) POSTed through `opentelemetry-http`'s hyper client with rustls.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use opentelemetry::Context;
+use opentelemetry_http::HttpClient;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
 use prometheus_client::metrics::counter::Counter;
+
+use super::otlp;
 
 use super::{BATCH, BATCH_WAIT, EXPORT_TIMEOUT};
 
@@ -54,12 +58,14 @@ pub(super) fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
     ))
 }
 
-/// The exporting task: batches of at most [`BATCH`] spans, sent one export at a time; a failed
-/// export's spans are counted as dropped (the collector may be down: they are not retried, so
-/// memory stays bounded).
+/// The exporting task: batches of at most [`BATCH`] spans, sent to `url` one export at a time;
+/// a failed export's spans are counted as dropped (the collector may be down: they are not
+/// retried, so memory stays bounded).
 pub(super) async fn export_spans(
     mut spans: tokio::sync::mpsc::Receiver<SpanData>,
-    exporter: opentelemetry_otlp::SpanExporter,
+    client: Client,
+    url: String,
+    resource: otlp::Resource,
     dropped: Counter,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
@@ -76,9 +82,21 @@ pub(super) async fn export_spans(
             }
         }
         let n = batch.len() as u64;
-        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => {}
+        let body = Bytes::from(otlp::encode(&resource, &batch));
+        batch.clear();
+        let Ok(request) = http::Request::post(&url)
+            .header("content-type", "application/x-protobuf")
+            .body(body)
+        else {
+            dropped.inc_by(n);
+            continue;
+        };
+        match tokio::time::timeout(EXPORT_TIMEOUT, client.send_bytes(request)).await {
+            Ok(Ok(response)) if response.status().is_success() => {}
+            Ok(Ok(response)) => {
+                dropped.inc_by(n);
+                tracing::debug!(status = %response.status(), spans = n, "span export refused");
+            }
             Ok(Err(e)) => {
                 dropped.inc_by(n);
                 tracing::debug!(error = %e, spans = n, "span export failed");
