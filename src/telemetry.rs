@@ -21,7 +21,7 @@ mod export;
 mod metrics;
 mod otlp;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use export::{Client, QueueProcessor, export_spans, http_client};
@@ -168,36 +168,43 @@ impl Telemetry {
                     cx: None,
                     dropped: Some((trace_id, self.ids.new_span_id())),
                     tracer: self.tracer.clone(),
+                    pending: None,
                 };
             }
             // The SDK draws this id for the span it starts next on this thread.
             NEXT_TRACE_ID.set(Some(trace_id));
         }
         // (Built only now: a dropped root allocates no name and no builder.)
-        let mut span = self
+        let span = self
             .tracer
             .span_builder(method.as_str().to_string())
             .with_kind(SpanKind::Server)
             .start_with_context(&self.tracer, &parent);
         NEXT_TRACE_ID.set(None);
-        if span.is_recording() {
+        let pending = span.is_recording().then(|| {
             let version = match version {
                 Version::HTTP_10 => "1.0",
                 Version::HTTP_11 => "1.1",
                 Version::HTTP_2 => "2",
                 _ => "other",
             };
-            span.set_attributes([
+            let mut attributes = Vec::with_capacity(16);
+            attributes.extend([
                 KeyValue::new("http.request.method", method.as_str().to_string()),
                 KeyValue::new("url.path", path.to_string()),
                 KeyValue::new("network.protocol.version", version),
                 KeyValue::new("client.address", client().to_string()),
             ]);
-        }
+            Mutex::new(Pending {
+                name: None,
+                attributes,
+            })
+        });
         Trace {
             cx: Some(parent.with_span(span)),
             dropped: None,
             tracer: self.tracer.clone(),
+            pending,
         }
     }
 
@@ -214,10 +221,12 @@ impl Telemetry {
                 KeyValue::new("rpc.method", method.to_string()),
             ])
             .start_with_context(&self.tracer, &parent);
+        let pending = span.is_recording().then(|| Mutex::new(Pending::default()));
         Trace {
             cx: Some(parent.with_span(span)),
             dropped: None,
             tracer: self.tracer.clone(),
+            pending,
         }
     }
 }
@@ -235,31 +244,48 @@ pub struct Trace {
     /// A root the ratio dropped before any span was made: its trace and span ids.
     dropped: Option<(TraceId, SpanId)>,
     tracer: SdkTracer,
+    /// A sampled span's new name and attributes, given to the SDK's span in one go when it
+    /// ends (each call on the SDK's span in its context takes a lock and a dynamic call).
+    pending: Option<Mutex<Pending>>,
+}
+
+/// What a sampled SERVER span is told before it ends.
+#[derive(Default)]
+struct Pending {
+    name: Option<String>,
+    attributes: Vec<KeyValue>,
 }
 
 impl Trace {
     /// True when the span is sampled (its attributes are recorded).
     pub fn is_recording(&self) -> bool {
-        self.recording().is_some()
+        self.pending.is_some()
     }
 
     /// The context of a sampled span.
     fn recording(&self) -> Option<&Context> {
-        self.cx.as_ref().filter(|cx| cx.span().is_recording())
+        self.pending.as_ref().and(self.cx.as_ref())
+    }
+
+    /// What is pending for a sampled span (a poisoned lock is taken as it is: it holds only
+    /// names and attributes).
+    fn pending(&self) -> Option<std::sync::MutexGuard<'_, Pending>> {
+        let pending = self.pending.as_ref()?;
+        Some(pending.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Renames the span (once its route is known), if it is sampled.
     pub fn rename(&self, name: impl FnOnce() -> String) {
-        if let Some(cx) = self.recording() {
-            cx.span().update_name(name());
+        if let Some(mut pending) = self.pending() {
+            pending.name = Some(name());
         }
     }
 
     /// Sets an attribute on the SERVER span, if it is sampled (`attribute` is not built
     /// otherwise).
     pub fn set(&self, attribute: impl FnOnce() -> KeyValue) {
-        if let Some(cx) = self.recording() {
-            cx.span().set_attribute(attribute());
+        if let Some(mut pending) = self.pending() {
+            pending.attributes.push(attribute());
         }
     }
 
@@ -323,9 +349,35 @@ impl Trace {
     }
 
     /// Ends the SERVER span with the answer's status (`error.type` for a 5xx).
-    pub fn end(self, status: u16) {
+    pub fn end(mut self, status: u16) {
+        let attributes = self.take_pending();
         if let Some(cx) = &self.cx {
-            end(cx, status);
+            end(cx, status, attributes);
+        }
+    }
+
+    /// Renames the span as pending, and takes its pending attributes.
+    fn take_pending(&mut self) -> Vec<KeyValue> {
+        let Some(pending) = self.pending.take() else {
+            return Vec::new();
+        };
+        let pending = pending.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let (Some(cx), Some(name)) = (&self.cx, pending.name) {
+            cx.span().update_name(name);
+        }
+        pending.attributes
+    }
+}
+
+impl Drop for Trace {
+    /// A request dropped before its answer (the client went away) still gives its span what
+    /// was set on it; the SDK's span ends as it is dropped.
+    fn drop(&mut self) {
+        let attributes = self.take_pending();
+        if let Some(cx) = &self.cx
+            && !attributes.is_empty()
+        {
+            cx.span().set_attributes(attributes);
         }
     }
 }
@@ -339,7 +391,7 @@ impl Forwarded {
     /// Ends it with the upstream's status (or floodgate's, when the upstream failed).
     pub fn end(self, status: u16) {
         if let Some(cx) = &self.cx {
-            end(cx, status);
+            end(cx, status, Vec::new());
         }
     }
 }
@@ -406,18 +458,19 @@ fn inject(
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
 
-/// Ends `cx`'s span with an HTTP status (`error.type` for a 5xx).
-fn end(cx: &Context, status: u16) {
+/// Ends `cx`'s span with `attributes` and an HTTP status (`error.type` for a 5xx).
+fn end(cx: &Context, status: u16, mut attributes: Vec<KeyValue>) {
     let span = cx.span();
     if span.is_recording() {
-        span.set_attribute(KeyValue::new(
+        attributes.push(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
         ));
         if status >= 500 {
-            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            attributes.push(KeyValue::new("error.type", status.to_string()));
             span.set_status(Status::error(status.to_string()));
         }
+        span.set_attributes(attributes);
     }
     span.end();
 }

@@ -70,15 +70,16 @@ pub(super) async fn export_spans(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        let Some(first) = spans.recv().await else {
+        // Whatever is queued is taken at once (`recv_many`), not a span at a time.
+        if spans.recv_many(&mut batch, BATCH).await == 0 {
             return;
-        };
-        batch.push(first);
+        }
         let deadline = tokio::time::Instant::now() + BATCH_WAIT;
         while batch.len() < BATCH {
-            match tokio::time::timeout_at(deadline, spans.recv()).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) | Err(_) => break,
+            let room = BATCH - batch.len();
+            match tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, room)).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
             }
         }
         let n = batch.len() as u64;

@@ -48,34 +48,43 @@ impl Resource {
 /// `spans` as one export request's body: one `ResourceSpans`, one `ScopeSpans` per
 /// instrumentation scope (in the order first seen).
 pub(super) fn encode(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
-    let mut scopes: Vec<(&InstrumentationScope, Vec<&SpanData>)> = Vec::new();
-    for span in spans {
-        match scopes
-            .iter_mut()
-            .find(|(scope, _)| **scope == span.instrumentation_scope)
-        {
-            Some((_, group)) => group.push(span),
-            None => scopes.push((&span.instrumentation_scope, vec![span])),
-        }
+    // Each span measured once: its length, and its trace state as the header writes it.
+    let sized: Vec<Sized<'_>> = spans
+        .iter()
+        .map(|span| {
+            let state = span.span_context.trace_state().header();
+            Sized {
+                len: span_len(span, &state),
+                state,
+                span,
+            }
+        })
+        .collect();
+    let mut scopes: Vec<Scope<'_>> = Vec::new();
+    for span in &sized {
+        let scope = &span.span.instrumentation_scope;
+        let at = match scopes.iter().position(|s| s.scope == scope) {
+            Some(at) => at,
+            None => {
+                scopes.push(Scope {
+                    scope,
+                    len: field_len(1, scope_len(scope))
+                        + string_field_len(3, scope.schema_url().unwrap_or_default()),
+                    spans: Vec::new(),
+                });
+                scopes.len() - 1
+            }
+        };
+        scopes[at].len += field_len(2, span.len);
+        scopes[at].spans.push(span);
     }
     let resource_len: usize = resource
         .0
         .iter()
         .map(|(k, v)| field_len(1, string_kv_len(k, v)))
         .sum();
-    let scope_spans_len = |(scope, spans): &(&InstrumentationScope, Vec<&SpanData>)| {
-        field_len(1, scope_len(scope))
-            + spans
-                .iter()
-                .map(|s| field_len(2, span_len(s)))
-                .sum::<usize>()
-            + string_field_len(3, scope.schema_url().unwrap_or_default())
-    };
-    let resource_spans_len = field_len(1, resource_len)
-        + scopes
-            .iter()
-            .map(|s| field_len(2, scope_spans_len(s)))
-            .sum::<usize>();
+    let resource_spans_len =
+        field_len(1, resource_len) + scopes.iter().map(|s| field_len(2, s.len)).sum::<usize>();
 
     let mut out = Vec::with_capacity(field_len(1, resource_spans_len));
     let w = &mut out;
@@ -88,19 +97,32 @@ pub(super) fn encode(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
         string_kv(w, k, v);
     }
     for group in &scopes {
-        // ResourceSpans.scope_spans = 2
-        header(w, 2, scope_spans_len(group));
-        let (scope, spans) = group;
-        header(w, 1, scope_len(scope));
-        write_scope(w, scope);
-        for span in spans {
-            header(w, 2, span_len(span));
-            write_span(w, span);
+        // ResourceSpans.scope_spans = 2: ScopeSpans.scope = 1, spans = 2, schema_url = 3
+        header(w, 2, group.len);
+        header(w, 1, scope_len(group.scope));
+        write_scope(w, group.scope);
+        for span in &group.spans {
+            header(w, 2, span.len);
+            write_span(w, span.span, &span.state);
         }
-        string_field(w, 3, scope.schema_url().unwrap_or_default());
+        string_field(w, 3, group.scope.schema_url().unwrap_or_default());
     }
     debug_assert_eq!(out.len(), field_len(1, resource_spans_len));
     out
+}
+
+/// A span, its encoded length and its trace state's header.
+struct Sized<'s> {
+    span: &'s SpanData,
+    len: usize,
+    state: String,
+}
+
+/// The spans of one instrumentation scope, and their `ScopeSpans` message's length.
+struct Scope<'s> {
+    scope: &'s InstrumentationScope,
+    len: usize,
+    spans: Vec<&'s Sized<'s>>,
 }
 
 // --- InstrumentationScope: name 1, version 2, attributes 3 ---
@@ -127,15 +149,14 @@ fn write_scope(w: &mut Vec<u8>, scope: &InstrumentationScope) {
 // start 7, end 8, attributes 9, dropped_attributes_count 10, events 11, dropped_events 12,
 // links 13, dropped_links 14, status 15, flags 16 ---
 
-fn span_len(span: &SpanData) -> usize {
-    let cx = &span.span_context;
+fn span_len(span: &SpanData, state: &str) -> usize {
     let parent = match span.parent_span_id {
         SpanId::INVALID => 0,
         _ => field_len(4, 8),
     };
     field_len(1, 16)
         + field_len(2, 8)
-        + string_field_len(3, &cx.trace_state().header())
+        + string_field_len(3, state)
         + parent
         + string_field_len(5, &span.name)
         + varint_field_len(6, kind(&span.span_kind))
@@ -163,11 +184,11 @@ fn span_len(span: &SpanData) -> usize {
         + 4
 }
 
-fn write_span(w: &mut Vec<u8>, span: &SpanData) {
+fn write_span(w: &mut Vec<u8>, span: &SpanData, state: &str) {
     let cx = &span.span_context;
     bytes_field(w, 1, &cx.trace_id().to_bytes());
     bytes_field(w, 2, &cx.span_id().to_bytes());
-    string_field(w, 3, &cx.trace_state().header());
+    string_field(w, 3, state);
     if span.parent_span_id != SpanId::INVALID {
         bytes_field(w, 4, &span.parent_span_id.to_bytes());
     }
