@@ -308,6 +308,7 @@ impl Config {
             tiers_from_tokens,
         );
         v.verifies_tokens = identity.as_ref().is_some_and(|i| i.jwt.is_some());
+        v.has_global_store = storage.as_ref().is_some_and(|s| s.global.is_some());
         let mut routes = Vec::with_capacity(file.routes.len());
         for (i, mut route) in file.routes.into_iter().enumerate() {
             let path = format!("routes[{i}]");

@@ -124,6 +124,9 @@ pub struct Decider<'s> {
     pub control: Option<&'s crate::control::Control>,
     /// Quota alerts (`alerts.rs`), told of every admission; replay has none.
     pub alerts: Option<&'s crate::alerts::Alerter>,
+    /// Budgets shared across regions (`global.rs`): `scope: global` limits are spent there.
+    /// Without it (replay), they are decided in the store like any other.
+    pub global: Option<&'s crate::global::Global>,
 }
 
 impl<'s> Decider<'s> {
@@ -299,7 +302,7 @@ impl<'s> Decider<'s> {
         let mut phase = LimitPhase::new(&self.policy);
         let mut decided = Decided::of(DecisionLabel::Allowed);
         if !enforced.asks.is_empty() {
-            let admission = match self.ask(enforced.asks, &mut decided).await {
+            let admission = match self.ask_enforced(enforced.asks, &mut decided).await {
                 Ok(admission) => admission,
                 Err(_) => {
                     decided.refused = Some(phase.store_unavailable());
@@ -336,12 +339,156 @@ impl<'s> Decider<'s> {
         if asks.is_empty() {
             return Ok(Vec::new());
         }
-        self.limiter.peek(asks).await
+        let Some(global) = self
+            .global
+            .filter(|_| asks.iter().any(|a| a.limit.is_global()))
+        else {
+            return self.limiter.peek(asks).await;
+        };
+        // The region's limits in its store; each global one as its region sees it.
+        let region: Vec<Ask<'_>> = asks
+            .iter()
+            .filter(|a| !a.limit.is_global())
+            .copied()
+            .collect();
+        let mut region = match region.is_empty() {
+            true => Vec::new(),
+            false => self.limiter.peek(&region).await?,
+        }
+        .into_iter();
+        let mut decisions = Vec::with_capacity(asks.len());
+        for ask in asks {
+            decisions.push(match ask.limit.is_global() {
+                true => {
+                    global
+                        .peek(ask)
+                        .await
+                        .map_err(|e| {
+                            crate::limiter::LimiterError::unavailable(
+                                crate::limiter::Cause::from_error(e),
+                            )
+                        })?
+                        .0
+                }
+                false => region.next().unwrap_or(crate::limiter::Decision::EMPTY),
+            });
+        }
+        Ok(decisions)
+    }
+
+    /// What this region's slice of a `scope: global` limit's budget holds (`/budgets`):
+    /// the region and its units, if global budgets are on.
+    pub async fn slice(&self, ask: &Ask<'_>) -> Option<(String, u64)> {
+        let global = self.global?;
+        let (_, held) = global.peek(ask).await.ok()?;
+        Some((global.region().to_string(), held))
     }
 
     /// Gives `ask`'s units back to its budget (the service's `is_negative_hits`).
     pub async fn give_back(&self, ask: &Ask<'_>) {
         self.limiter.give_back(ask).await;
+    }
+
+    /// The enforced asks' decision: [`Decider::ask`] for a budget without a `scope: global`
+    /// limit; otherwise the region's limits first and, if they admit, each global one through
+    /// its region's slice ([`crate::global::Global::spend`]), folded into one verdict in the
+    /// order asked. (A global limit that refuses leaves the region limits' units spent: the
+    /// under-grant is theirs, never an over-grant of the global budget.)
+    async fn ask_enforced(
+        &self,
+        asks: &[Ask<'_>],
+        decided: &mut Decided,
+    ) -> Result<Admission, crate::limiter::LimiterError> {
+        let Some(global) = self
+            .global
+            .filter(|_| asks.iter().any(|a| a.limit.is_global()))
+        else {
+            return self.ask(asks, decided).await;
+        };
+        let region: Vec<Ask<'_>> = asks
+            .iter()
+            .filter(|a| !a.limit.is_global())
+            .copied()
+            .collect();
+        let region_at: Vec<usize> = (0..asks.len())
+            .filter(|&i| !asks[i].limit.is_global())
+            .collect();
+        let (region_verdict, lease, source, round_trip) = if region.is_empty() {
+            (
+                None,
+                crate::limiter::next_lease(),
+                crate::limiter::Source::Store,
+                false,
+            )
+        } else {
+            match self.ask(&region, decided).await? {
+                Admission::Limited {
+                    verdict,
+                    source,
+                    lease,
+                    round_trip,
+                } => (Some(verdict), lease, source, round_trip),
+                other => return Ok(other),
+            }
+        };
+        let mut decisions = vec![crate::limiter::Decision::EMPTY; asks.len()];
+        let mut now_us = crate::limiter::wall_clock_us();
+        if let Some(verdict) = &region_verdict {
+            now_us = verdict.now_us;
+            // The region verdict names its headline and which limits denied; the others
+            // allowed with at least the headline's figures.
+            for (j, &i) in region_at.iter().enumerate() {
+                decisions[i] = match (j == verdict.headline_index, verdict.denied_by(j)) {
+                    (true, _) => verdict.headline,
+                    (false, true) => crate::limiter::Decision::deny(
+                        figures(&verdict.headline),
+                        verdict.retry_after_us(),
+                    ),
+                    (false, false) => {
+                        crate::limiter::Decision::allow(figures(&verdict.headline), 0)
+                    }
+                };
+            }
+            if !verdict.allowed() {
+                return Ok(Admission::Limited {
+                    verdict: remapped(verdict, &region_at),
+                    source,
+                    lease,
+                    round_trip,
+                });
+            }
+        }
+        for (i, ask) in asks.iter().enumerate().filter(|(_, a)| a.limit.is_global()) {
+            match global.spend(ask).await {
+                Ok(decision) => decisions[i] = decision,
+                Err(e) => {
+                    tracing::debug!(error = %e, "global budget undecided");
+                    match self.on_error {
+                        crate::limiter::OnError::Allow => return Ok(Admission::FailedOpen),
+                        // No local stand-in can keep a budget shared across regions: `local`
+                        // refuses as `deny` does.
+                        _ => {
+                            return Err(crate::limiter::LimiterError::unavailable(
+                                crate::limiter::Cause::from_error(e),
+                            ));
+                        }
+                    }
+                }
+            }
+            if !decisions[i].allowed() {
+                break;
+            }
+        }
+        // (`None` only for no asks at all, which never reach here.)
+        let Some(verdict) = crate::limiter::Verdict::from_decisions(now_us, &decisions) else {
+            return Ok(Admission::Unlimited);
+        };
+        Ok(Admission::Limited {
+            verdict,
+            source,
+            lease,
+            round_trip,
+        })
     }
 
     /// One store decision, timed (a round trip is noted in `decided`). `Err` when the store
@@ -401,6 +548,30 @@ impl<'s> Decider<'s> {
                 }
             }
         }
+    }
+}
+
+/// A decision's figures.
+fn figures(d: &crate::limiter::Decision) -> crate::limiter::Figures {
+    crate::limiter::Figures {
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_us: d.reset_after_us,
+    }
+}
+
+/// `verdict` of the asks at `at` (their positions among all asked), in all the asks' terms.
+fn remapped(verdict: &crate::limiter::Verdict, at: &[usize]) -> crate::limiter::Verdict {
+    let mut denied = 0u16;
+    for (j, &i) in at.iter().enumerate() {
+        if verdict.denied_by(j) && i < 16 {
+            denied |= 1 << i;
+        }
+    }
+    crate::limiter::Verdict {
+        headline_index: at.get(verdict.headline_index).copied().unwrap_or(0),
+        denied,
+        ..*verdict
     }
 }
 

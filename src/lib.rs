@@ -100,6 +100,7 @@ pub mod config;
 pub mod control;
 pub mod deadline;
 pub mod decider;
+pub mod global;
 pub mod grpc;
 pub mod identity;
 pub mod limiter;

@@ -320,6 +320,12 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sample_ratio, "OpenTelemetry on");
         proxy = proxy.with_telemetry(Arc::new(started));
     }
+    if let Some(spec) = config.storage.global_spec() {
+        tracing::info!(region = %spec.region, "global budgets on (storage.global)");
+        let global = floodgate::global::Global::start(spec, metrics.clone())
+            .context("storage.global: cannot use the global store's URL")?;
+        proxy = proxy.with_global(global);
+    }
     let proxy = Arc::new(proxy);
     // Bans, overrides and resets kept in the shared store reach this instance, and come back
     // after a restart.

@@ -43,6 +43,9 @@ pub struct Metrics {
     service_decisions: Family<ServiceLabels, Counter>,
     telemetry_dropped: Counter,
     alerts: Family<OutcomeLabel, Counter>,
+    global_calls: Family<OutcomeLabel, Counter>,
+    global_units: Family<OutcomeLabel, Counter>,
+    global_held: Gauge,
 }
 
 /// One settled limit's `floodgate_cost_units_total` handles (`cost: {reserve, actual}`).
@@ -200,8 +203,29 @@ impl Metrics {
             "Quota alerts (alerts:) by outcome: sent (a webhook answered 2xx), failed (no 2xx after retrying for a minute), dropped (the queue was full)",
             alerts.clone(),
         );
+        let global_calls = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "global_calls",
+            "Round trips to the global store (storage.global) by outcome: ok, error, timeout",
+            global_calls.clone(),
+        );
+        let global_units = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "global_units",
+            "Units of region slices of global budgets: granted (by the global store), returned (given back), lapsed (held by a slice that ended unrenewed)",
+            global_units.clone(),
+        );
+        let global_held = Gauge::default();
+        registry.register(
+            "global_units_held",
+            "Units this region's slices of global budgets hold now (as this instance's keeper last saw them)",
+            global_held.clone(),
+        );
         Metrics {
             alerts,
+            global_calls,
+            global_units,
+            global_held,
             cost_units,
             service_decisions,
             telemetry_dropped,
@@ -286,6 +310,26 @@ impl Metrics {
     /// Counts one alert's fate: `sent`, `failed` or `dropped`.
     pub fn alert(&self, outcome: &'static str) {
         self.alerts.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Counts one round trip to the global store: `ok`, `error` or `timeout`.
+    pub fn global_call(&self, outcome: &'static str) {
+        self.global_calls
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Counts units of region slices: `granted`, `returned` or `lapsed`.
+    pub fn global_units(&self, outcome: &'static str, units: u64) {
+        self.global_units
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc_by(units);
+    }
+
+    /// The units this region's slices hold now.
+    pub fn set_global_held(&self, units: u64) {
+        self.global_held
+            .set(i64::try_from(units).unwrap_or(i64::MAX));
     }
 
     /// Counts one rate-limit service answer: `code` is `ok`, `over_limit` or `error`.

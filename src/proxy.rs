@@ -68,6 +68,8 @@ pub struct Proxy {
     control: crate::control::SharedControl,
     /// Quota alerts: what was crossed is kept across reloads; the sinks are the config's.
     alerts: Arc<crate::alerts::Alerter>,
+    /// Budgets shared across regions (`storage.global`), if configured (set once, at start).
+    global: Option<Arc<crate::global::Global>>,
 }
 
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
@@ -105,7 +107,19 @@ impl Proxy {
             telemetry: None,
             control: Default::default(),
             alerts,
+            global: None,
         }
+    }
+
+    /// Spends `scope: global` limits through `global` (set once, at start).
+    pub fn with_global(mut self, global: Arc<crate::global::Global>) -> Self {
+        self.global = Some(global);
+        self
+    }
+
+    /// The global budgets, if configured.
+    pub fn global(&self) -> Option<&Arc<crate::global::Global>> {
+        self.global.as_ref()
     }
 
     /// The bans and overrides in force, which the admin listener writes.
@@ -357,6 +371,7 @@ impl Proxy {
             metrics: Some(&self.metrics),
             control: Some(&self.control),
             alerts: Some(&self.alerts),
+            global: self.global.as_deref(),
         }
     }
 

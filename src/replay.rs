@@ -339,6 +339,7 @@ impl Replay {
             metrics: None,
             control: None,
             alerts: None,
+            global: None,
         };
         let mut facts = LoggedFacts(&record);
         let Some(decided) = decider.decide_now(route, &whose, &mut facts) else {

@@ -230,6 +230,14 @@ async fn peek_budget(
         .peek(&asks)
         .await
         .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?;
+    // A global limit's slice held by this region.
+    let mut slices = Vec::with_capacity(asks.len());
+    for ask in &asks {
+        slices.push(match ask.limit.is_global() {
+            true => decider.slice(ask).await,
+            false => None,
+        });
+    }
     // Every limit that applies to the tier, with figures when the query names its client.
     Ok(budget
         .limits
@@ -237,19 +245,25 @@ async fn peek_budget(
         .enumerate()
         .filter(|(_, limit)| limit.applies_to(tier))
         .map(|(position, limit)| {
-            let figures = positions
-                .iter()
-                .position(|&p| p == position)
+            let at = positions.iter().position(|&p| p == position);
+            let figures = at
                 .and_then(|i| decisions.get(i))
                 .map(|d| now_figures(d, limit.limit.cost()));
-            json!({
+            let mut value = json!({
                 "algorithm": limit.limit.algorithm().name(),
                 "per": limit.per.as_str(),
                 "limit": limit.limit.algorithm().units(),
                 "remaining": figures.map(|(remaining, _)| remaining),
                 "reset_after_s": figures.map(|(_, reset)| reset),
                 "shadow": shadow,
-            })
+            });
+            if limit.limit.is_global() {
+                value["scope"] = json!("global");
+                if let Some((region, held)) = at.and_then(|i| slices.get(i).cloned().flatten()) {
+                    value["slice"] = json!({"region": region, "held": held});
+                }
+            }
+            value
         })
         .collect())
 }

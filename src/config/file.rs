@@ -176,6 +176,31 @@ pub struct StorageFile {
     /// How long a lease lasts at most (default 250ms).
     #[serde(default)]
     pub lease_ttl: Option<String>,
+    /// The store that holds `scope: global` budgets.
+    #[serde(default)]
+    pub global: Option<GlobalFile>,
+}
+
+/// `storage.global`: the store of budgets shared across regions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalFile {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub lease_ttl: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// A limit's `scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Region,
+    Global,
 }
 
 /// `identity:` — whose budget a request spends.
@@ -404,6 +429,10 @@ pub struct LimitFile {
     /// The penalty box: this many denials by the limit within a span ban the identity.
     #[serde(default)]
     pub penalty: Option<PenaltyFile>,
+    /// `region` (default): the region's store holds the budget; `global`: one budget for
+    /// every region (`storage.global`).
+    #[serde(default)]
+    pub scope: Option<Choice<Scope>>,
 }
 
 /// A limit's `penalty:`.

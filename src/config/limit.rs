@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::file::{Choice, CostFile, LimitFile};
+use super::file::{Choice, CostFile, LimitFile, Scope};
 use super::{Validator, parse_duration};
 use crate::limiter::calendar::{Calendar, Period};
 use crate::limiter::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField};
@@ -161,7 +161,9 @@ impl Validator {
             }
         };
         let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
+        let global = self.scope(path, l, kind);
         match limit {
+            Ok(limit) if self.problems.len() == before && global => Some(limit.global()),
             Ok(limit) if self.problems.len() == before => Some(limit),
             Ok(_) => None,
             Err(e) => {
@@ -179,6 +181,40 @@ impl Validator {
                 None
             }
         }
+    }
+
+    /// A limit's `scope`: true for `global`, which needs `storage.global`, a token bucket and
+    /// a fixed cost.
+    fn scope(&mut self, path: &str, l: &LimitFile, kind: AlgorithmKind) -> bool {
+        let scope = self.choice(&format!("{path}.scope"), l.scope.clone(), Scope::Region);
+        if scope != Scope::Global {
+            return false;
+        }
+        if !self.has_global_store {
+            self.problem(
+                format!("{path}.scope"),
+                "global needs storage.global (the store that holds budgets shared across regions)",
+            );
+        }
+        if kind != AlgorithmKind::TokenBucket {
+            self.problem(
+                format!("{path}.scope"),
+                format!("global is for token_bucket limits, not {}", kind.name()),
+            );
+        }
+        if matches!(l.cost, Some(CostFile::Settled(_))) {
+            self.problem(
+                format!("{path}.cost"),
+                "a scope: global limit takes a fixed cost (settled costs are for region limits)",
+            );
+        }
+        if l.shadow == Some(true) {
+            self.problem(
+                format!("{path}.shadow"),
+                "a scope: global limit cannot be in shadow mode",
+            );
+        }
+        true
     }
 
     /// A quota's `period` and `timezone`.

@@ -22,9 +22,37 @@ pub struct StorageConfig {
     /// disabled`), for at most
     /// this long.
     pub lease_ttl: Option<Duration>,
+    /// `storage.global`: where `scope: global` budgets live.
+    pub global: Option<GlobalConfig>,
+}
+
+/// `storage.global`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalConfig {
+    pub url: String,
+    pub region: String,
+    pub lease_ttl: Duration,
+    pub timeout: Duration,
 }
 
 impl StorageConfig {
+    /// The global module's terms for `storage.global`, if it is set (and the region's store is
+    /// one Redis server, which the config checks).
+    pub fn global_spec(&self) -> Option<crate::global::GlobalSpec> {
+        let global = self.global.as_ref()?;
+        let Backend::Redis { url } = &self.backend else {
+            return None;
+        };
+        Some(crate::global::GlobalSpec {
+            url: global.url.clone(),
+            region: global.region.clone(),
+            region_url: url.clone(),
+            lease_ttl: global.lease_ttl,
+            timeout: global.timeout,
+            key_prefix: self.key_prefix.clone(),
+        })
+    }
+
     /// The limiter's own terms for this section (the limiter knows nothing of the config):
     /// which store, and how it is asked.
     pub fn limiter_spec(&self) -> crate::limiter::LimiterSpec {
@@ -177,7 +205,9 @@ impl Validator {
             }
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         };
+        let global = s.global.and_then(|g| self.global(g, &backend));
         Some(StorageConfig {
+            global,
             backend,
             timeout: self.duration(
                 "storage.timeout",
@@ -199,6 +229,76 @@ impl Validator {
                     == file::LeaseMode::Auto)
                     .then_some(ttl)
             },
+        })
+    }
+}
+
+impl Validator {
+    fn global(&mut self, g: file::GlobalFile, backend: &Backend) -> Option<GlobalConfig> {
+        if !matches!(backend, Backend::Redis { .. }) {
+            self.problem(
+                "storage.global",
+                "needs a region store that is one Redis server (backend: redis): the region's slices live there",
+            );
+        }
+        let url = match g.url {
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url),
+            Some(url) => {
+                self.problem(
+                    "storage.global.url",
+                    format!(
+                        "{:?} must start with redis:// or rediss://",
+                        redact_password(&url)
+                    ),
+                );
+                None
+            }
+            None => {
+                self.problem(
+                    "storage.global.url",
+                    "required: the global store's redis:// URL",
+                );
+                None
+            }
+        };
+        let region = match g.region {
+            Some(r)
+                if !r.is_empty()
+                    && r.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.') =>
+            {
+                Some(r)
+            }
+            Some(r) => {
+                self.problem(
+                    "storage.global.region",
+                    format!("{r:?}: letters, digits, '-', '_' and '.' only"),
+                );
+                None
+            }
+            None => {
+                self.problem("storage.global.region", "required: this instance's region");
+                None
+            }
+        };
+        let lease_ttl = self.duration(
+            "storage.global.lease_ttl",
+            g.lease_ttl.as_deref(),
+            Duration::from_secs(2),
+        );
+        let timeout = self.duration(
+            "storage.global.timeout",
+            g.timeout.as_deref(),
+            Duration::from_millis(500),
+        );
+        if lease_ttl < Duration::from_millis(100) {
+            self.problem("storage.global.lease_ttl", "must be at least 100ms");
+        }
+        Some(GlobalConfig {
+            url: url?,
+            region: region?,
+            lease_ttl,
+            timeout,
         })
     }
 }

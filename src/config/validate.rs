@@ -17,6 +17,8 @@ pub(super) struct Validator {
     pub(super) problems: Vec<FieldProblem>,
     /// `identity.jwt` is set: a `claim:` key has a verified token to read.
     pub(super) verifies_tokens: bool,
+    /// `storage.global` is set: a `scope: global` limit has a global store.
+    pub(super) has_global_store: bool,
 }
 
 impl Validator {

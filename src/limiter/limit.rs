@@ -344,6 +344,9 @@ pub struct Limit {
     /// Its cost is reserved per request and settled after the response (`cost: {reserve,
     /// actual}`): no two requests need cost the same, so nothing may assume they do.
     settled: bool,
+    /// One budget for every region (`scope: global`): spent through the region's slices of
+    /// it (`global.rs`), not the region's store alone.
+    global: bool,
 }
 
 impl Limit {
@@ -354,6 +357,7 @@ impl Limit {
                 algorithm,
                 cost,
                 settled: false,
+                global: false,
             }),
             _ => Err(LimitError::Cost {
                 max: algorithm.max_cost(),
@@ -367,6 +371,7 @@ impl Limit {
             algorithm,
             cost: NonZeroU32::MIN,
             settled: false,
+            global: false,
         }
     }
 
@@ -386,6 +391,19 @@ impl Limit {
             settled: true,
             ..self
         }
+    }
+
+    /// This limit as one budget for every region (`scope: global`).
+    pub fn global(self) -> Self {
+        Limit {
+            global: true,
+            ..self
+        }
+    }
+
+    /// True for a `scope: global` limit.
+    pub fn is_global(&self) -> bool {
+        self.global
     }
 
     /// True when each request reserves its own cost, settled after the response: leases (units

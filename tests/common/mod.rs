@@ -49,12 +49,13 @@ mod postgres;
 mod process;
 mod proxies;
 mod redis;
+mod relay;
 mod tls;
 mod upstream;
 
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
 pub use {
-    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, proxies::*, redis::*, tls::*,
-    upstream::*,
+    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, proxies::*, redis::*, relay::*,
+    tls::*, upstream::*,
 };

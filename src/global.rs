@@ -1,0 +1,618 @@
+//! Budgets across regions (`scope: global`): one budget for every region, kept in the global
+//! store (`storage.global`), spent through slices each region's store holds.
+//!
+//! The global store runs the budget as a token bucket on its own clock (`TIME`). A slice is
+//! units taken out of it: the global store counts them spent the moment it grants them, so what
+//! it has left plus every slice ever granted never exceeds the budget (plus its refill), and no
+//! region can admit a unit it was not granted: **over-grant is 0**, whatever the clocks, the
+//! delays or the failures. Unspent units a region gives back are refunded; units a slice holds
+//! when it lapses (its region cut off, every instance gone) are lost, never spent twice:
+//! under-grant is at most what slices hold unspent.
+//!
+//! In the region, a slice is a hash in the region's Redis (`units`, `demand`) that every
+//! instance of the region spends atomically, one round trip to the near store per request,
+//! and that lapses `lease_ttl` after it was last renewed. A request the slice cannot pay for
+//! goes to the global store itself (a budget's first use in the region, and its last units),
+//! taking its own units and some for the slice; a request is never made to wait on the global
+//! store otherwise. When the global store said it had nothing left, requests are refused at
+//! once until it may have refilled (or a quarter of `lease_ttl`), not sent to ask again.
+//!
+//! A keeper task renews the slices every quarter of `lease_ttl` (one instance per region and
+//! budget, by a short claim in the region's store): it reads the demand since its last pass,
+//! asks the global store for what 1.5 times the demand over a `lease_ttl` needs beyond what the
+//! slice holds, and gives the slice back when no demand came. The global store grants at most
+//! half of what it has left beyond the asker's own need, so near exhaustion slices shrink and
+//! the last units go where the demand is. The choices (a quarter of the ttl, 1.5 times the
+//! demand, half of what is left) are the simulation's (`bench/global_slices_sim.py`,
+//! docs/stores.md).
+
+mod scripts;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+use crate::limiter::{Ask, Decision, Figures, Limit};
+use crate::metrics::Metrics;
+
+/// `storage.global`, in the global module's terms.
+#[derive(Debug, Clone)]
+pub struct GlobalSpec {
+    /// The global store (Redis).
+    pub url: String,
+    /// This instance's region.
+    pub region: String,
+    /// The region's store (Redis), which holds its slices.
+    pub region_url: String,
+    /// How long a slice lasts unrenewed.
+    pub lease_ttl: Duration,
+    /// One call to the global store.
+    pub timeout: Duration,
+    /// What every key starts with.
+    pub key_prefix: String,
+}
+
+/// Why a global limit could not be decided: a store did not answer in time or failed.
+#[derive(Debug)]
+pub struct GlobalError(pub String);
+
+impl std::fmt::Display for GlobalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GlobalError {}
+
+/// What this instance knows of one global budget it spent.
+#[derive(Debug, Clone)]
+struct Local {
+    /// The budget's limit (its capacity, and µs per unit of refill).
+    limit: Limit,
+    /// When a request here last spent it (the keeper forgets a budget idle for 2 ttl).
+    last_used: Instant,
+    /// The global store had nothing left when last asked: refuse at once until then.
+    empty_until: Option<Instant>,
+    /// How many units a slice is asked for beyond a request's own (the keeper's sizing).
+    want: u64,
+    /// What the slice held at the last look, and the global store's units left.
+    held: u64,
+    global_left: u64,
+}
+
+/// The global budgets of this instance: its region's slices and the way to the global store.
+pub struct Global {
+    spec: GlobalSpec,
+    global: ConnectionManager,
+    region: ConnectionManager,
+    /// (Shared with the task a late answer is left to: see [`Global::take`].)
+    take: Arc<Script>,
+    give: Script,
+    spend: Script,
+    add: Arc<Script>,
+    read: Script,
+    drain: Script,
+    budgets: Mutex<HashMap<String, Local>>,
+    /// The global store failed: requests needing it follow `on_error` at once until then,
+    /// not each after its own timeout.
+    down_until: Mutex<Option<Instant>>,
+    metrics: Arc<Metrics>,
+}
+
+/// One call to the region's store (near: a round trip is a fraction of a millisecond).
+const REGION_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long the global store is left alone after it failed.
+const DOWN_FOR: Duration = Duration::from_secs(1);
+
+impl std::fmt::Debug for Global {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Global")
+            .field("region", &self.spec.region)
+            .finish()
+    }
+}
+
+/// Units a slice is asked for at a budget's first use in a region, before the keeper has seen
+/// any demand.
+const FIRST_SLICE: u64 = 16;
+
+impl Global {
+    /// Connects (lazily: neither store need be up yet) and starts the keeper task on the
+    /// current runtime.
+    pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> anyhow::Result<Arc<Global>> {
+        let connect = |url: &str, timeout: Duration, answer: Duration| {
+            let client = redis::Client::open(url)?;
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(answer))
+                .set_max_delay(Duration::from_secs(2))
+                .set_number_of_retries(1);
+            anyhow::Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+        };
+        let global = Arc::new(Global {
+            // (The connection waits for an answer longer than a request does: a late answer
+            // is still read, see `take`.)
+            global: connect(&spec.url, spec.timeout, Duration::from_secs(10))?,
+            region: connect(&spec.region_url, REGION_TIMEOUT, REGION_TIMEOUT)?,
+            take: Arc::new(Script::new(&scripts::take())),
+            give: Script::new(&scripts::give()),
+            spend: Script::new(scripts::SPEND),
+            add: Arc::new(Script::new(scripts::ADD)),
+            read: Script::new(scripts::READ),
+            drain: Script::new(scripts::DRAIN),
+            budgets: Mutex::new(HashMap::new()),
+            down_until: Mutex::new(None),
+            metrics,
+            spec,
+        });
+        tokio::spawn(keep(Arc::downgrade(&global)));
+        tokio::spawn(prepare(Arc::downgrade(&global)));
+        Ok(global)
+    }
+
+    /// Loads the scripts into both stores (which also opens the connections), so that a
+    /// budget's first use pays one round trip to the global store, not a connection's
+    /// handshake and a script's upload as well. `Err` while a store does not answer.
+    async fn load_scripts(&self) -> redis::RedisResult<()> {
+        let mut global = self.global.clone();
+        for script in [&self.take, &self.give] {
+            script.prepare_invoke().load_async(&mut global).await?;
+        }
+        let mut region = self.region.clone();
+        for script in [&self.spend, &self.add, &self.read, &self.drain] {
+            script.prepare_invoke().load_async(&mut region).await?;
+        }
+        Ok(())
+    }
+
+    /// This instance's region.
+    pub fn region(&self) -> &str {
+        &self.spec.region
+    }
+
+    /// The store keys of `ask`'s budget: in the global store, and its slice in the region's.
+    fn keys(&self, ask: &Ask<'_>) -> (String, String, String) {
+        let mut id = format!("{}:{}:", ask.key.budget, ask.key.kind.as_str());
+        crate::limiter::push_hex(&mut id, ask.key.value);
+        let prefix = &self.spec.key_prefix;
+        (
+            id.clone(),
+            format!("{prefix}gb:{{{id}}}"),
+            format!("{prefix}gs:{{{id}}}"),
+        )
+    }
+
+    fn budgets(&self) -> std::sync::MutexGuard<'_, HashMap<String, Local>> {
+        self.budgets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Spends `ask` (a `scope: global` limit) for one request: from the region's slice, or,
+    /// when it cannot pay, from the global store. `Err` when a store failed (then `on_error`
+    /// decides).
+    pub async fn spend(&self, ask: &Ask<'_>) -> Result<Decision, GlobalError> {
+        let limit = ask.limit;
+        let cost = u64::from(limit.cost());
+        let (id, global_key, slice_key) = self.keys(ask);
+        let now = Instant::now();
+        let (want, empty_until, global_left) = {
+            let mut budgets = self.budgets();
+            let local = budgets.entry(id.clone()).or_insert_with(|| Local {
+                limit: *limit,
+                last_used: now,
+                empty_until: None,
+                want: FIRST_SLICE * cost,
+                held: 0,
+                global_left: u64::from(limit.algorithm().units()),
+            });
+            local.last_used = now;
+            (local.want, local.empty_until, local.global_left)
+        };
+        // The region's slice: one round trip to the near store.
+        let mut region = self.region.clone();
+        let (paid, held): (i64, i64) = self
+            .spend
+            .key(&slice_key)
+            .arg(cost)
+            .invoke_async(&mut region)
+            .await
+            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+        let held = held.max(0) as u64;
+        if paid == 1 {
+            return Ok(Decision::allow(figures(limit, held + global_left), 0));
+        }
+        if let Some(until) = empty_until
+            && until > now
+        {
+            let wait = until - now;
+            return Ok(Decision::deny(
+                figures(limit, held),
+                u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
+            ));
+        }
+        // The slice cannot pay: this request asks the global store for its own units and a
+        // few for the slice (the keeper sizes slices; requests that each took a slice's worth
+        // at once would pile the budget up in one region, and lose it all if the instance
+        // died with them in flight).
+        let few = (FIRST_SLICE * cost).min(want);
+        let (granted, left, lapsed) = self
+            .take(&global_key, &slice_key, limit, cost, few, held)
+            .await?;
+        self.count_lapsed(lapsed);
+        if granted < cost {
+            // Until one unit may have refilled, or a quarter of the ttl.
+            let refill = Duration::from_micros(
+                limit
+                    .algorithm()
+                    .span_us()
+                    .saturating_mul(cost - left.min(cost)),
+            );
+            let until = now + refill.min(self.spec.lease_ttl / 4);
+            if let Some(local) = self.budgets().get_mut(&id) {
+                local.empty_until = Some(until);
+                local.global_left = left;
+            }
+            return Ok(Decision::deny(
+                figures(limit, held),
+                u64::try_from(refill.as_micros()).unwrap_or(u64::MAX),
+            ));
+        }
+        self.metrics.global_units("granted", granted);
+        let extra = granted - cost;
+        let mut held_now = held;
+        if extra > 0 {
+            held_now = self.add(&slice_key, extra, cost).await.unwrap_or(held);
+        }
+        if let Some(local) = self.budgets().get_mut(&id) {
+            local.empty_until = None;
+            local.global_left = left;
+            local.held = held_now;
+        }
+        Ok(Decision::allow(figures(limit, held_now + left), 0))
+    }
+
+    /// What `ask`'s budget has now, spending nothing (`/budgets`): the region's slice and the
+    /// global store's units left, as last seen.
+    pub async fn peek(&self, ask: &Ask<'_>) -> Result<(Decision, u64), GlobalError> {
+        let (id, _, slice_key) = self.keys(ask);
+        let mut region = self.region.clone();
+        let held: Option<u64> = region
+            .hget(&slice_key, "units")
+            .await
+            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+        let held = held.unwrap_or(0);
+        let left = self
+            .budgets()
+            .get(&id)
+            .map_or(u64::from(ask.limit.algorithm().units()), |l| l.global_left);
+        // (As a check that allowed: what is left after one request's cost.)
+        let after = (held + left).saturating_sub(u64::from(ask.limit.cost()));
+        Ok((Decision::allow(figures(ask.limit, after), 0), held))
+    }
+
+    /// One call to the global store: `need` units for a request (0 for the keeper) and up to
+    /// `want` more for the slice. Returns (granted, left, lapsed).
+    ///
+    /// A call that outlives `storage.global.timeout` is not abandoned: its request follows
+    /// `on_error`, and whatever the global store granted it when the answer does come is put
+    /// in the region's slice (`slice_key`), so a slow answer costs no unit of the budget.
+    async fn take(
+        &self,
+        key: &str,
+        slice_key: &str,
+        limit: &Limit,
+        need: u64,
+        want: u64,
+        held: u64,
+    ) -> Result<(u64, u64, u64), GlobalError> {
+        if let Some(until) = *self.down_until.lock().unwrap_or_else(|e| e.into_inner())
+            && until > Instant::now()
+        {
+            return Err(GlobalError(
+                "the global store failed less than a second ago".into(),
+            ));
+        }
+        let (script, mut global) = (self.take.clone(), self.global.clone());
+        let (key, region) = (key.to_string(), self.spec.region.clone());
+        let (units, span_us) = (limit.algorithm().units(), limit.algorithm().span_us());
+        let ttl_ms = self.spec.lease_ttl.as_millis() as u64;
+        let mut call = tokio::spawn(async move {
+            script
+                .key(&key)
+                .arg(units)
+                .arg(span_us)
+                .arg(need)
+                .arg(want)
+                .arg(&region)
+                .arg(ttl_ms)
+                .arg(held)
+                .invoke_async::<(u64, u64, u64)>(&mut global)
+                .await
+        });
+        let error = match tokio::time::timeout(self.spec.timeout, &mut call).await {
+            Ok(Ok(Ok(answer))) => {
+                self.metrics.global_call("ok");
+                return Ok(answer);
+            }
+            Ok(Ok(Err(e))) => {
+                self.metrics.global_call("error");
+                format!("the global store: {e}")
+            }
+            Ok(Err(e)) => {
+                self.metrics.global_call("error");
+                format!("the global store's call ended: {e}")
+            }
+            Err(_) => {
+                self.metrics.global_call("timeout");
+                self.adopt_late(call, slice_key);
+                format!(
+                    "the global store did not answer within {:?}",
+                    self.spec.timeout
+                )
+            }
+        };
+        self.down(&error);
+        Err(GlobalError(error))
+    }
+
+    /// Leaves a call that timed out to finish on its own, and puts what it was granted in the
+    /// region's slice.
+    fn adopt_late(
+        &self,
+        call: tokio::task::JoinHandle<redis::RedisResult<(u64, u64, u64)>>,
+        slice_key: &str,
+    ) {
+        let (add, mut region) = (self.add.clone(), self.region.clone());
+        let (slice_key, ttl_ms) = (
+            slice_key.to_string(),
+            self.spec.lease_ttl.as_millis() as u64,
+        );
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let Ok(Ok((granted, _, _))) = call.await else {
+                return;
+            };
+            if granted == 0 {
+                return;
+            }
+            metrics.global_units("granted", granted);
+            let added: redis::RedisResult<u64> = add
+                .key(&slice_key)
+                .arg(granted)
+                .arg(ttl_ms)
+                .arg(0)
+                .invoke_async(&mut region)
+                .await;
+            match added {
+                Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
+                Err(e) => {
+                    tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed")
+                }
+            }
+        });
+    }
+
+    /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
+    /// of demand seen; returns what it holds now.
+    async fn add(&self, slice_key: &str, units: u64, demand: u64) -> Result<u64, GlobalError> {
+        let mut region = self.region.clone();
+        self.add
+            .key(slice_key)
+            .arg(units)
+            .arg(self.spec.lease_ttl.as_millis() as u64)
+            .arg(demand)
+            .invoke_async(&mut region)
+            .await
+            .map_err(|e| GlobalError(format!("the region's store: {e}")))
+    }
+
+    /// The global store failed with `error`: left alone for [`DOWN_FOR`] (logged when it
+    /// was up before).
+    fn down(&self, error: &str) {
+        let now = Instant::now();
+        let mut until = self.down_until.lock().unwrap_or_else(|e| e.into_inner());
+        if until.is_none_or(|u| u <= now) {
+            tracing::warn!(region = %self.spec.region, %error, "global store failed: global limits follow storage.on_error for a second");
+        }
+        *until = Some(now + DOWN_FOR);
+    }
+
+    fn count_lapsed(&self, lapsed: u64) {
+        if lapsed > 0 {
+            self.metrics.global_units("lapsed", lapsed);
+        }
+    }
+
+    /// One keeper pass over the budgets this instance spent (see the module's docs).
+    async fn renew_all(&self) {
+        let ttl = self.spec.lease_ttl;
+        let now = Instant::now();
+        let budgets: Vec<(String, Local)> = {
+            let mut budgets = self.budgets();
+            // A budget idle for two ttls whose slice is empty is forgotten.
+            budgets.retain(|_, l| now.duration_since(l.last_used) < 2 * ttl || l.held > 0);
+            budgets
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        let mut held_total = 0;
+        for (id, local) in budgets {
+            match self.renew(&id, &local).await {
+                Ok(held) => held_total += held,
+                Err(e) => tracing::debug!(budget = %id, error = %e, "global slice not renewed"),
+            }
+        }
+        self.metrics.set_global_held(held_total);
+    }
+
+    /// Renews one budget's slice in this region, if this instance holds the region's claim on
+    /// it for this pass; returns what the slice holds after.
+    async fn renew(&self, id: &str, local: &Local) -> Result<u64, GlobalError> {
+        let prefix = &self.spec.key_prefix;
+        let slice_key = format!("{prefix}gs:{{{id}}}");
+        let global_key = format!("{prefix}gb:{{{id}}}");
+        let claim_key = format!("{prefix}gk:{{{id}}}");
+        let period = self.spec.lease_ttl / 4;
+        let mut region = self.region.clone();
+        let claimed: bool = redis::cmd("SET")
+            .arg(&claim_key)
+            .arg(&self.spec.region)
+            .arg("NX")
+            .arg("PX")
+            .arg(period.as_millis().max(1) as u64)
+            .query_async::<Option<String>>(&mut region)
+            .await
+            .map_err(|e| GlobalError(format!("the region's store: {e}")))?
+            .is_some();
+        if !claimed {
+            return Ok(local.held);
+        }
+        let (held, demand): (u64, u64) = self
+            .read
+            .key(&slice_key)
+            .invoke_async(&mut region)
+            .await
+            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+        // Demand over one ttl, from the demand over one pass (a quarter of it).
+        let per_ttl = demand * 4;
+        let limit = local.limit;
+        if per_ttl == 0 {
+            if held > 0 {
+                // No demand: the slice goes back to the global store.
+                let units: u64 = self
+                    .drain
+                    .key(&slice_key)
+                    .invoke_async(&mut region)
+                    .await
+                    .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+                if units > 0 {
+                    self.give_back(&global_key, &limit, units).await?;
+                }
+            }
+            self.update(id, 0, FIRST_SLICE, None);
+            return Ok(0);
+        }
+        let target = per_ttl + per_ttl / 2;
+        let want = target.saturating_sub(held);
+        let (granted, left, lapsed) = self
+            .take(&global_key, &slice_key, &limit, 0, want, held)
+            .await?;
+        self.count_lapsed(lapsed);
+        self.metrics.global_units("granted", granted);
+        let held_now = self.add(&slice_key, granted, 0).await?;
+        self.update(id, held_now, target.max(1), Some(left));
+        Ok(held_now)
+    }
+
+    fn update(&self, id: &str, held: u64, want: u64, left: Option<u64>) {
+        if let Some(local) = self.budgets().get_mut(id) {
+            local.held = held;
+            local.want = want;
+            if let Some(left) = left {
+                local.global_left = left;
+                if left > 0 {
+                    local.empty_until = None;
+                }
+            }
+        }
+    }
+
+    async fn give_back(&self, key: &str, limit: &Limit, units: u64) -> Result<(), GlobalError> {
+        let mut global = self.global.clone();
+        let mut invocation = self.give.key(key);
+        invocation
+            .arg(limit.algorithm().units())
+            .arg(limit.algorithm().span_us())
+            .arg(units)
+            .arg(&self.spec.region);
+        let call = invocation.invoke_async::<u64>(&mut global);
+        match tokio::time::timeout(self.spec.timeout, call).await {
+            Ok(Ok(_)) => {
+                self.metrics.global_call("ok");
+                self.metrics.global_units("returned", units);
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.metrics.global_call("error");
+                Err(GlobalError(format!("the global store: {e}")))
+            }
+            Err(_) => {
+                self.metrics.global_call("timeout");
+                Err(GlobalError("the global store did not answer".into()))
+            }
+        }
+    }
+
+    /// Gives every slice this instance's region holds of the budgets it spent back to the
+    /// global store (at shutdown), so that no unit lapses with it.
+    pub async fn give_back_all(&self) {
+        let ids: Vec<(String, Local)> = self
+            .budgets()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let prefix = &self.spec.key_prefix;
+        for (id, local) in ids {
+            let slice_key = format!("{prefix}gs:{{{id}}}");
+            let global_key = format!("{prefix}gb:{{{id}}}");
+            let mut region = self.region.clone();
+            let Ok(units) = self
+                .drain
+                .key(&slice_key)
+                .invoke_async::<u64>(&mut region)
+                .await
+            else {
+                continue;
+            };
+            if units > 0 {
+                let _ = self.give_back(&global_key, &local.limit, units).await;
+            }
+        }
+    }
+}
+
+/// A global limit's figures for the headers: its capacity, and `remaining` as this region
+/// sees it (its slice and the global store's units left at the last call).
+fn figures(limit: &Limit, remaining: u64) -> Figures {
+    let capacity = u64::from(limit.algorithm().units());
+    let remaining = remaining.min(capacity);
+    Figures {
+        limit: capacity,
+        remaining,
+        reset_after_us: (capacity - remaining).saturating_mul(limit.algorithm().span_us()),
+    }
+}
+
+/// Loads the scripts at start, again every second until both stores have answered.
+async fn prepare(global: std::sync::Weak<Global>) {
+    loop {
+        let Some(g) = global.upgrade() else {
+            return;
+        };
+        match g.load_scripts().await {
+            Ok(()) => return,
+            Err(e) => tracing::debug!(error = %e, "global budgets: stores not ready yet"),
+        }
+        drop(g);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The keeper: renews slices every quarter of `lease_ttl` until the [`Global`] is dropped.
+async fn keep(global: std::sync::Weak<Global>) {
+    loop {
+        let period = match global.upgrade() {
+            Some(g) => g.spec.lease_ttl / 4,
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(g) = global.upgrade() else {
+            return;
+        };
+        g.renew_all().await;
+    }
+}

@@ -1,0 +1,446 @@
+//! Budgets across regions (`scope: global`), with real processes: three redis-servers (the
+//! global store and two regions' stores), the global one behind a relay that delays 40 ms
+//! each way (a region away) and can cut the link, and two floodgate instances per region.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The relay's delay each way: a cross-region round trip costs 80 ms.
+const DELAY: Duration = Duration::from_millis(40);
+
+/// Three stores, the relay, the upstream, and two instances in each of two regions.
+struct World {
+    _global: RedisServer,
+    _regions: [RedisServer; 2],
+    relay: DelayRelay,
+    upstream: Upstream,
+    /// `instances[r]`: region r's two instances.
+    instances: Vec<Vec<Floodgate>>,
+}
+
+fn config(
+    region: &str,
+    region_url: &str,
+    global_url: &str,
+    upstream: &str,
+    limit: &str,
+    timeout: &str,
+) -> String {
+    format!(
+        "admin_listen: 127.0.0.1:0
+storage:
+  backend: redis
+  url: {region_url}
+  on_error: deny
+  global:
+    url: {global_url}
+    region: {region}
+    lease_ttl: 1s
+    timeout: {timeout}
+routes:
+  - name: api
+    path_prefix: /api
+    upstream: {upstream}
+    limits:
+      - {{{limit}, scope: global, per: route}}
+  - name: near
+    path_prefix: /near
+    upstream: {upstream}
+    limits:
+      - {{{limit}, per: route}}
+"
+    )
+}
+
+impl World {
+    /// Starts everything, and waits until every instance has its scripts in the global store
+    /// (its first answer from `/api`: the first request in a region waits on it).
+    ///
+    /// `timeout` is `storage.global.timeout`: short where a test wants a partition found
+    /// quickly, long (2 s) where the machine's load (every test runs beside others on two
+    /// cores) must not turn a slow answer into `on_error`.
+    async fn start(limit: &str, timeout: &str) -> World {
+        let global = RedisServer::start();
+        let regions = [RedisServer::start(), RedisServer::start()];
+        let relay = DelayRelay::start(
+            global.url().trim_start_matches("redis://").parse().unwrap(),
+            DELAY,
+        )
+        .await;
+        let upstream = Upstream::start().await;
+        let instances = ["eu", "us"]
+            .iter()
+            .zip(&regions)
+            .map(|(name, store)| {
+                let yaml = config(
+                    name,
+                    &store.url(),
+                    &relay.url(),
+                    &upstream.url(),
+                    limit,
+                    timeout,
+                );
+                vec![Floodgate::start(&yaml), Floodgate::start(&yaml)]
+            })
+            .collect();
+        let world = World {
+            _global: global,
+            _regions: regions,
+            relay,
+            upstream,
+            instances,
+        };
+        // Connected, the scripts loaded: `floodgate_global_calls_total` is not needed for
+        // that; a request on `/near` (the region's store) says the instance is up, and the
+        // scripts load in the background within a few round trips.
+        for fg in world.instances.iter().flatten() {
+            assert_eq!(get(&client(), &fg.url("/near/warm"), &[]).await.status, 200);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world
+    }
+
+    /// Every instance's URL for `path`, region by region.
+    fn urls(&self, path: &str) -> Vec<Vec<String>> {
+        self.instances
+            .iter()
+            .map(|r| r.iter().map(|fg| fg.url(path)).collect())
+            .collect()
+    }
+
+    /// Requests the upstream saw on the global route.
+    fn upstream_api(&self) -> u64 {
+        self.upstream
+            .seen()
+            .iter()
+            .filter(|s| s.path.starts_with("/api"))
+            .count() as u64
+    }
+
+    /// The sum of `series` over every instance still running.
+    async fn metric_sum(&self, series: &str) -> u64 {
+        let mut sum = 0;
+        for fg in self.instances.iter().flatten() {
+            let body = get(&client(), &fg.admin_url("/metrics"), &[]).await.body;
+            sum += body
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as u64;
+        }
+        sum
+    }
+}
+
+/// Admitted and refused counts, shared by a run's clients.
+#[derive(Default)]
+struct Tally {
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    other: AtomicU64,
+}
+
+/// `clients` clients per URL in `urls`, each sending requests one after another until `stop`
+/// says so.
+fn run_clients(
+    urls: Vec<String>,
+    clients: usize,
+    tally: Arc<Tally>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for url in urls {
+        for _ in 0..clients {
+            let (url, tally, stop) = (url.clone(), tally.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let client = client();
+                while !stop.load(Ordering::SeqCst) {
+                    match client.get(&url).send().await.map(|r| r.status().as_u16()) {
+                        Ok(200) => tally.admitted.fetch_add(1, Ordering::SeqCst),
+                        Ok(429) => tally.refused.fetch_add(1, Ordering::SeqCst),
+                        _ => tally.other.fetch_add(1, Ordering::SeqCst),
+                    };
+                }
+            }));
+        }
+    }
+    tasks
+}
+
+/// Waits until `tally`'s admitted count has not grown for `quiet` (or `deadline` passed).
+async fn until_quiet(tally: &Tally, quiet: Duration, deadline: Duration) {
+    let started = Instant::now();
+    let mut last = (tally.admitted.load(Ordering::SeqCst), Instant::now());
+    while started.elapsed() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = tally.admitted.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= quiet {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_non_refilling_global_budget_admits_exactly_it_across_two_regions() {
+    // 3,000 units, refilled one per 10,000 s: none in the test's time.
+    let world = World::start(
+        "algorithm: token_bucket, capacity: 3000, refill_rate: 0.0001",
+        "2s",
+    )
+    .await;
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // 64 clients: 16 on each instance.
+    let urls: Vec<String> = world.urls("/api/x").into_iter().flatten().collect();
+    let started = Instant::now();
+    let tasks = run_clients(urls, 16, tally.clone(), stop.clone());
+    // Quiet for 3 s (three lease_ttls: a slice still held would have been spent or lapsed),
+    // within a minute.
+    until_quiet(&tally, Duration::from_secs(3), Duration::from_secs(60)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let took = started.elapsed();
+    let admitted = tally.admitted.load(Ordering::SeqCst);
+    let calls = world
+        .metric_sum("floodgate_global_calls_total{outcome=\"ok\"}")
+        .await;
+    eprintln!(
+        "admitted {admitted}, refused {}, other {}, global calls {calls} in {took:?}",
+        tally.refused.load(Ordering::SeqCst),
+        tally.other.load(Ordering::SeqCst)
+    );
+    if tally.other.load(Ordering::SeqCst) > 0 {
+        for fg in world.instances.iter().flatten() {
+            eprintln!("{}", fg.stderr());
+        }
+    }
+    assert_eq!(
+        admitted, 3000,
+        "every region together admits exactly the budget"
+    );
+    assert_eq!(world.upstream_api(), 3000);
+    // (A slow answer is a 503 under `on_error: deny`, but costs no unit: what the global
+    // store granted it goes to the slice, so the count above stays exact either way.)
+    assert!(calls > 0);
+    assert!(world.relay.connections() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_killed_mid_run_costs_at_most_what_it_held() {
+    let world = World::start(
+        "algorithm: token_bucket, capacity: 3000, refill_rate: 0.0001",
+        "2s",
+    )
+    .await;
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let urls = world.urls("/api/x");
+    // The instance to be killed has its own clients (8), stopped with it; its region's other
+    // instance and the other region's have 16 each.
+    let doomed_tally = Arc::new(Tally::default());
+    let doomed_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let doomed = run_clients(
+        vec![urls[0][0].clone()],
+        8,
+        doomed_tally.clone(),
+        doomed_stop.clone(),
+    );
+    let others = vec![urls[0][1].clone(), urls[1][0].clone(), urls[1][1].clone()];
+    let tasks = run_clients(others, 16, tally.clone(), stop.clone());
+    while tally.admitted.load(Ordering::SeqCst) + doomed_tally.admitted.load(Ordering::SeqCst)
+        < 1000
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    world.instances[0][0].signal("KILL");
+    doomed_stop.store(true, Ordering::SeqCst);
+    for t in doomed {
+        let _ = t.await;
+    }
+    until_quiet(&tally, Duration::from_secs(3), Duration::from_secs(60)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let seen = world.upstream_api();
+    let answered =
+        tally.admitted.load(Ordering::SeqCst) + doomed_tally.admitted.load(Ordering::SeqCst);
+    eprintln!("upstream saw {seen}, clients were answered 200 {answered} times");
+    assert!(seen <= 3000, "never more than the budget: {seen}");
+    // What the killed instance can have held: the requests it had in flight (8 clients) and
+    // units it had taken from the global store but not yet put in its region's slice: one
+    // grant, at most the slice's target (1.5 times its region's demand over one lease_ttl of
+    // 1 s) or a request's first-use slice of 16. Its region demanded under 1,000 a second on
+    // this machine (3,000 units in about 2 s across both regions), so 1,500 + 8 bounds it; in
+    // practice the kill falls between grants and the loss is a handful.
+    assert!(
+        seen >= 3000 - 1508,
+        "lost more than the killed instance could hold: {seen}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_spends_the_slices_then_follows_on_error() {
+    // A budget that never runs out in the test: 1,000,000 units.
+    let world = World::start(
+        "algorithm: token_bucket, capacity: 1000000, refill_rate: 1000",
+        "300ms",
+    )
+    .await;
+    let client = client();
+    let url = world.urls("/api/x")[0][0].clone();
+    // Warm up: the region's slice is taken and renewed (a request a 10 ms for 2 s).
+    for _ in 0..200 {
+        assert_eq!(get(&client, &url, &[]).await.status, 200);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    world.relay.cut();
+    let cut_at = Instant::now();
+    let mut statuses = Vec::new();
+    let mut slowest = Duration::ZERO;
+    while cut_at.elapsed() < Duration::from_secs(4) {
+        let sent = Instant::now();
+        let status = get(&client, &url, &[]).await.status;
+        slowest = slowest.max(sent.elapsed());
+        statuses.push((cut_at.elapsed(), status));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first_refusal = statuses.iter().find(|(_, s)| *s != 200);
+    eprintln!(
+        "first refusal {first_refusal:?}, slowest {slowest:?}, admitted {} of {}",
+        statuses.iter().filter(|(_, s)| *s == 200).count(),
+        statuses.len()
+    );
+    // Cut off, the region first spends what its slice holds...
+    assert_eq!(statuses[0].1, 200, "the slice should have paid at once");
+    // ...then, once the slice is spent or has lapsed (1 s after its last renewal), `on_error:
+    // deny` refuses with 503; within 1 s and the global timeout (300 ms) and a margin.
+    let (at, status) = first_refusal.expect("a cut-off region never refused");
+    assert_eq!(*status, 503);
+    assert!(*at < Duration::from_millis(2500), "refused only at {at:?}");
+    assert!(
+        statuses.iter().rev().take(20).all(|(_, s)| *s == 503),
+        "still admitting at the end of the partition"
+    );
+    // No request waited past the global store's timeout by much (300 ms, the relay's cut
+    // connection failing faster).
+    assert!(
+        slowest < Duration::from_millis(1000),
+        "a request took {slowest:?}"
+    );
+    // Healed: admitted again (the global store is left alone for 1 s after a failure).
+    world.relay.heal();
+    let healed = Instant::now();
+    loop {
+        if get(&client, &url, &[]).await.status == 200 {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(5),
+            "not admitted after healing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_global_budget_that_never_runs_out_adds_no_cross_region_wait() {
+    let world = World::start(
+        "algorithm: token_bucket, capacity: 1000000, refill_rate: 1000",
+        "300ms",
+    )
+    .await;
+    let client = client();
+    let urls = world.urls("/");
+    let global = format!("{}api/x", urls[1][1]);
+    let near = format!("{}near/x", urls[1][1]);
+    // Warm up both (the global budget's first use in the region waits on the global store).
+    for _ in 0..100 {
+        get(&client, &global, &[]).await;
+        get(&client, &near, &[]).await;
+    }
+    let mut times = [Vec::new(), Vec::new()];
+    let calls_before = world
+        .metric_sum("floodgate_global_calls_total{outcome=\"ok\"}")
+        .await;
+    let measured = Instant::now();
+    for _ in 0..400 {
+        for (i, url) in [&global, &near].into_iter().enumerate() {
+            let sent = Instant::now();
+            assert_eq!(get(&client, url, &[]).await.status, 200);
+            times[i].push(sent.elapsed());
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    let (g, n) = (times[0][200], times[1][200]);
+    let calls = world
+        .metric_sum("floodgate_global_calls_total{outcome=\"ok\"}")
+        .await
+        - calls_before;
+    eprintln!(
+        "p50: global {g:?}, region {n:?}; {calls} global calls in {:?}",
+        measured.elapsed()
+    );
+    // A request that waited on the global store would take 80 ms more; the two paths differ
+    // by one more round trip to the region's store (a fraction of a millisecond on loopback).
+    // 5 ms is far from both.
+    assert!(
+        g < n + Duration::from_millis(5),
+        "global p50 {g:?} against region p50 {n:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refilling_global_budget_gives_its_rate_to_where_the_demand_is() {
+    // 200 a second, a burst of 50.
+    let world = World::start(
+        "algorithm: token_bucket, capacity: 50, refill_rate: 200",
+        "2s",
+    )
+    .await;
+    let urls = world.urls("/api/x");
+    let (eu, us) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
+    let stop_eu = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_us = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Both regions demand far more than the rate: 16 clients on each instance.
+    let eu_tasks = run_clients(urls[0].clone(), 16, eu.clone(), stop_eu.clone());
+    let us_tasks = run_clients(urls[1].clone(), 16, us.clone(), stop_us.clone());
+    // Measured from 2 s in (the first use and the keepers' first passes behind) for 4 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = eu.admitted.load(Ordering::SeqCst) + us.admitted.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let both = eu.admitted.load(Ordering::SeqCst) + us.admitted.load(Ordering::SeqCst) - before;
+    eprintln!("two regions: {both} in 4 s (the rate allows 800)");
+    // Never more than the rate and the burst (over-grant 0), and at least 90% of the rate.
+    assert!(both <= 800 + 50, "over the rate: {both}");
+    assert!(both >= 720, "under 90% of the rate: {both}");
+    // The demand moves to one region: within 3 s it gets at least 85% of the rate.
+    stop_us.store(true, Ordering::SeqCst);
+    for t in us_tasks {
+        let _ = t.await;
+    }
+    // (Measured from 1 s to 3 s after the shift: the region's slice grows to its demand at
+    // the keepers' passes, every 250 ms, and the other region's slice drains back.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = eu.admitted.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let alone = eu.admitted.load(Ordering::SeqCst) - before;
+    eprintln!("one region, 1 s to 3 s after the shift: {alone} in 2 s (the rate allows 400)");
+    assert!(alone <= 400 + 50, "over the rate: {alone}");
+    assert!(alone >= 340, "under 85% of the rate: {alone}");
+    stop_eu.store(true, Ordering::SeqCst);
+    for t in eu_tasks {
+        let _ = t.await;
+    }
+}
