@@ -392,6 +392,23 @@ async fn a_global_budget_that_never_runs_out_adds_no_cross_region_wait() {
         "p50: global {g:?}, region {n:?}; {calls} global calls in {:?}",
         measured.elapsed()
     );
+    // `/budgets` shows the slice the region holds.
+    let budgets = get(
+        &client,
+        &world.instances[1][1].admin_url("/budgets?route=api&ip=127.0.0.1"),
+        &[],
+    )
+    .await;
+    assert_eq!(budgets.status, 200, "{budgets:?}");
+    let text = budgets.body.clone();
+    let json = budgets.json();
+    let limit = json["limits"]
+        .as_array()
+        .and_then(|l| l.first())
+        .unwrap_or_else(|| panic!("no limits in {text}"));
+    assert_eq!(limit["scope"], "global", "{text}");
+    assert_eq!(limit["slice"]["region"], "us", "{text}");
+    assert!(limit["slice"]["held"].as_u64().unwrap_or(0) > 0, "{text}");
     // A request that waited on the global store would take 80 ms more; the two paths differ
     // by one more round trip to the region's store (a fraction of a millisecond on loopback).
     // 5 ms is far from both.

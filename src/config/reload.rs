@@ -53,6 +53,9 @@ pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     }),
     ("storage.key_prefix", |c| c.storage.key_prefix.clone()),
     ("storage.max_keys", |c| c.storage.max_keys.to_string()),
+    // The global store's connections and keeper are made once; until a restart, an instance
+    // started without it decides `scope: global` limits in its region's store alone.
+    ("storage.global", |c| format!("{:?}", c.storage.global)),
     // The service's listener is bound once and serves what it started with; its rules
     // (`service.config`'s files) are re-read by every reload.
     ("service.listen", |c| {

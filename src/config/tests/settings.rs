@@ -692,3 +692,119 @@ fn a_settled_cost_names_its_own_fields() {
         "the capacity by default"
     );
 }
+
+/// A config with a region store on Redis, `global` as `storage.global`'s body (none when
+/// empty), and one route whose limit is `limit`.
+fn with_global(global: &str, limit: &str) -> String {
+    let global = match global.is_empty() {
+        true => String::new(),
+        false => format!("  global: {global}\n"),
+    };
+    format!(
+        "listen: 127.0.0.1:8080
+storage:
+  backend: redis
+  url: redis://127.0.0.1:6379
+{global}routes:
+  - name: r
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {limit}
+"
+    )
+}
+
+#[test]
+fn storage_global_and_scope_global_are_checked_by_name() {
+    let bucket = "{algorithm: token_bucket, capacity: 100, refill_rate: 1, scope: global}";
+    let global = "{url: \"redis://10.0.0.9:6379\", region: eu-west}";
+    // Defaults: a 2 s slice, 500 ms a call.
+    let config = valid(&with_global(global, bucket));
+    let g = config.storage.global.as_ref().expect("storage.global");
+    assert_eq!(
+        (g.region.as_str(), g.lease_ttl, g.timeout),
+        (
+            "eu-west",
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_millis(500)
+        )
+    );
+    assert!(config.routes[0].enforced.limits[0].limit.is_global());
+    let spec = config.storage.global_spec().expect("a spec");
+    assert_eq!(spec.region_url, "redis://127.0.0.1:6379");
+    // A region limit stays one.
+    let config = valid(&with_global(
+        global,
+        "{algorithm: token_bucket, capacity: 100, refill_rate: 1}",
+    ));
+    assert!(!config.routes[0].enforced.limits[0].limit.is_global());
+
+    rejects(
+        &with_global("", bucket),
+        "routes[0].limits[0].scope",
+        "global needs storage.global",
+    );
+    rejects(
+        &with_global(
+            global,
+            "{algorithm: fixed_window, limit: 5, window: 1m, scope: global}",
+        ),
+        "routes[0].limits[0].scope",
+        "global is for token_bucket limits",
+    );
+    rejects(
+        &with_global(
+            global,
+            "{algorithm: token_bucket, capacity: 100, refill_rate: 1, scope: world}",
+        ),
+        "routes[0].limits[0].scope",
+        "expected `region` or `global`",
+    );
+    rejects(
+        &with_global(
+            global,
+            "{algorithm: token_bucket, capacity: 100, refill_rate: 1, scope: global, shadow: true}",
+        ),
+        "routes[0].limits[0].shadow",
+        "cannot be in shadow mode",
+    );
+    rejects(
+        &with_global("{region: eu}", bucket),
+        "storage.global.url",
+        "required",
+    );
+    rejects(
+        &with_global("{url: \"http://x:1\", region: eu}", bucket),
+        "storage.global.url",
+        "must start with redis://",
+    );
+    rejects(
+        &with_global("{url: \"redis://x:1\"}", bucket),
+        "storage.global.region",
+        "required",
+    );
+    rejects(
+        &with_global("{url: \"redis://x:1\", region: \"eu west\"}", bucket),
+        "storage.global.region",
+        "letters, digits",
+    );
+    rejects(
+        &with_global(
+            "{url: \"redis://x:1\", region: eu, lease_ttl: 10ms}",
+            bucket,
+        ),
+        "storage.global.lease_ttl",
+        "at least 100ms",
+    );
+    rejects(
+        &with_global("{url: \"redis://x:1\", region: eu, ttl: 1s}", bucket),
+        "storage.global.ttl",
+        "unknown field",
+    );
+    rejects(
+        &with_top("storage:\n  global: {url: \"redis://x:1\", region: eu}"),
+        "storage.global",
+        "one Redis server",
+    );
+}
