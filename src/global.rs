@@ -26,7 +26,9 @@
 //! demand, half of what is left) are the simulation's (`bench/global_slices_sim.py`,
 //! docs/stores.md).
 
+mod postgres;
 mod scripts;
+mod store;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,11 +88,8 @@ struct Local {
 /// The global budgets of this instance: its region's slices and the way to the global store.
 pub struct Global {
     spec: GlobalSpec,
-    global: ConnectionManager,
+    global: store::GlobalStore,
     region: ConnectionManager,
-    /// (Shared with the task a late answer is left to: see [`Global::take`].)
-    take: Arc<Script>,
-    give: Script,
     spend: Script,
     add: Arc<Script>,
     read: Script,
@@ -124,22 +123,9 @@ impl Global {
     /// Connects (lazily: neither store need be up yet) and starts the keeper task on the
     /// current runtime.
     pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> anyhow::Result<Arc<Global>> {
-        let connect = |url: &str, timeout: Duration, answer: Duration| {
-            let client = redis::Client::open(url)?;
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(answer))
-                .set_max_delay(Duration::from_secs(2))
-                .set_number_of_retries(1);
-            anyhow::Ok(ConnectionManager::new_lazy_with_config(client, config)?)
-        };
         let global = Arc::new(Global {
-            // (The connection waits for an answer longer than a request does: a late answer
-            // is still read, see `take`.)
-            global: connect(&spec.url, spec.timeout, Duration::from_secs(10))?,
-            region: connect(&spec.region_url, REGION_TIMEOUT, REGION_TIMEOUT)?,
-            take: Arc::new(Script::new(&scripts::take())),
-            give: Script::new(&scripts::give()),
+            global: store::GlobalStore::connect(&spec.url, spec.timeout)?,
+            region: redis_connection(&spec.region_url, REGION_TIMEOUT, REGION_TIMEOUT)?,
             spend: Script::new(scripts::SPEND),
             add: Arc::new(Script::new(scripts::ADD)),
             read: Script::new(scripts::READ),
@@ -157,14 +143,15 @@ impl Global {
     /// Loads the scripts into both stores (which also opens the connections), so that a
     /// budget's first use pays one round trip to the global store, not a connection's
     /// handshake and a script's upload as well. `Err` while a store does not answer.
-    async fn load_scripts(&self) -> redis::RedisResult<()> {
-        let mut global = self.global.clone();
-        for script in [&self.take, &self.give] {
-            script.prepare_invoke().load_async(&mut global).await?;
-        }
+    async fn load_scripts(&self) -> Result<(), String> {
+        self.global.prepare().await?;
         let mut region = self.region.clone();
         for script in [&self.spend, &self.add, &self.read, &self.drain] {
-            script.prepare_invoke().load_async(&mut region).await?;
+            script
+                .prepare_invoke()
+                .load_async(&mut region)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -315,23 +302,16 @@ impl Global {
                 "the global store failed less than a second ago".into(),
             ));
         }
-        let (script, mut global) = (self.take.clone(), self.global.clone());
-        let (key, region) = (key.to_string(), self.spec.region.clone());
-        let (units, span_us) = (limit.algorithm().units(), limit.algorithm().span_us());
-        let ttl_ms = self.spec.lease_ttl.as_millis() as u64;
-        let mut call = tokio::spawn(async move {
-            script
-                .key(&key)
-                .arg(units)
-                .arg(span_us)
-                .arg(need)
-                .arg(want)
-                .arg(&region)
-                .arg(ttl_ms)
-                .arg(held)
-                .invoke_async::<(u64, u64, u64)>(&mut global)
-                .await
-        });
+        let mut call = tokio::spawn(self.global.take(store::TakeArgs {
+            key: key.to_string(),
+            capacity: limit.algorithm().units(),
+            interval_us: limit.algorithm().span_us(),
+            need,
+            want,
+            region: self.spec.region.clone(),
+            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+            held,
+        }));
         let error = match tokio::time::timeout(self.spec.timeout, &mut call).await {
             Ok(Ok(Ok(answer))) => {
                 self.metrics.global_call("ok");
@@ -362,7 +342,7 @@ impl Global {
     /// region's slice.
     fn adopt_late(
         &self,
-        call: tokio::task::JoinHandle<redis::RedisResult<(u64, u64, u64)>>,
+        call: tokio::task::JoinHandle<Result<(u64, u64, u64), String>>,
         slice_key: &str,
     ) {
         let (add, mut region) = (self.add.clone(), self.region.clone());
@@ -522,14 +502,13 @@ impl Global {
     }
 
     async fn give_back(&self, key: &str, limit: &Limit, units: u64) -> Result<(), GlobalError> {
-        let mut global = self.global.clone();
-        let mut invocation = self.give.key(key);
-        invocation
-            .arg(limit.algorithm().units())
-            .arg(limit.algorithm().span_us())
-            .arg(units)
-            .arg(&self.spec.region);
-        let call = invocation.invoke_async::<u64>(&mut global);
+        let call = self.global.give(
+            key.to_string(),
+            limit.algorithm().units(),
+            limit.algorithm().span_us(),
+            units,
+            self.spec.region.clone(),
+        );
         match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(_)) => {
                 self.metrics.global_call("ok");
@@ -573,6 +552,21 @@ impl Global {
             }
         }
     }
+}
+
+/// A Redis connection (made lazily) that waits `timeout` to connect and `answer` for a reply.
+fn redis_connection(
+    url: &str,
+    timeout: Duration,
+    answer: Duration,
+) -> anyhow::Result<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(answer))
+        .set_max_delay(Duration::from_secs(2))
+        .set_number_of_retries(1);
+    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
 }
 
 /// A global limit's figures for the headers: its capacity, and `remaining` as this region

@@ -13,9 +13,15 @@ use common::*;
 /// The relay's delay each way: a cross-region round trip costs 80 ms.
 const DELAY: Duration = Duration::from_millis(40);
 
+/// The global store: Redis, or PostgreSQL.
+enum GlobalStore {
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+}
+
 /// Three stores, the relay, the upstream, and two instances in each of two regions.
 struct World {
-    _global: RedisServer,
+    _global: GlobalStore,
     _regions: [RedisServer; 2],
     relay: DelayRelay,
     upstream: Upstream,
@@ -65,13 +71,25 @@ impl World {
     /// quickly, long (2 s) where the machine's load (every test runs beside others on two
     /// cores) must not turn a slow answer into `on_error`.
     async fn start(limit: &str, timeout: &str) -> World {
-        let global = RedisServer::start();
+        World::start_on(GlobalStore::Redis(RedisServer::start()), limit, timeout).await
+    }
+
+    /// [`World::start`] with `global` as the global store.
+    async fn start_on(global: GlobalStore, limit: &str, timeout: &str) -> World {
         let regions = [RedisServer::start(), RedisServer::start()];
-        let relay = DelayRelay::start(
-            global.url().trim_start_matches("redis://").parse().unwrap(),
-            DELAY,
-        )
-        .await;
+        let target = match &global {
+            GlobalStore::Redis(r) => r.url().trim_start_matches("redis://").to_string(),
+            GlobalStore::Postgres(p) => p
+                .url()
+                .trim_start_matches("postgres://floodgate@")
+                .trim_end_matches("/postgres")
+                .to_string(),
+        };
+        let relay = DelayRelay::start(target.parse().unwrap(), DELAY).await;
+        let global_url = match &global {
+            GlobalStore::Redis(_) => relay.url(),
+            GlobalStore::Postgres(_) => format!("postgres://floodgate@{}/postgres", relay.addr()),
+        };
         let upstream = Upstream::start().await;
         let instances = ["eu", "us"]
             .iter()
@@ -80,7 +98,7 @@ impl World {
                 let yaml = config(
                     name,
                     &store.url(),
-                    &relay.url(),
+                    &global_url,
                     &upstream.url(),
                     limit,
                     timeout,
@@ -189,8 +207,18 @@ async fn until_quiet(tally: &Tally, quiet: Duration, deadline: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_refilling_global_budget_admits_exactly_it_across_two_regions() {
+    exactly_the_budget(GlobalStore::Redis(RedisServer::start())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_non_refilling_global_budget_on_postgresql_admits_exactly_it() {
+    exactly_the_budget(GlobalStore::Postgres(PostgresServer::start())).await;
+}
+
+async fn exactly_the_budget(global: GlobalStore) {
     // 3,000 units, refilled one per 10,000 s: none in the test's time.
-    let world = World::start(
+    let world = World::start_on(
+        global,
         "algorithm: token_bucket, capacity: 3000, refill_rate: 0.0001",
         "2s",
     )

@@ -243,11 +243,23 @@ impl Validator {
         }
         let url = match g.url {
             Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                match crate::limiter::postgres::url::options(&url) {
+                    Ok(_) => Some(url),
+                    Err(e) => {
+                        self.problem(
+                            "storage.global.url",
+                            format!("{:?}: {e}", redact_password(&url)),
+                        );
+                        None
+                    }
+                }
+            }
             Some(url) => {
                 self.problem(
                     "storage.global.url",
                     format!(
-                        "{:?} must start with redis:// or rediss://",
+                        "{:?} must start with redis://, rediss://, postgres:// or postgresql://",
                         redact_password(&url)
                     ),
                 );

@@ -62,8 +62,13 @@ impl DelayRelay {
         }
     }
 
+    /// `redis://ADDR`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Cuts the link: open connections are closed, new ones refused, until [`DelayRelay::heal`].
