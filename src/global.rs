@@ -451,18 +451,19 @@ impl Global {
         if !claimed {
             return Ok(local.held);
         }
-        let (held, demand): (u64, u64) = self
+        let (held, demand, idle): (u64, u64, u64) = self
             .read
             .key(&slice_key)
             .invoke_async(&mut region)
             .await
             .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
-        // Demand over one ttl, from the demand over one pass (a quarter of it).
-        let per_ttl = demand * 4;
         let limit = local.limit;
-        if per_ttl == 0 {
-            if held > 0 {
-                // No demand: the slice goes back to the global store.
+        let (want, target) = match plan(held, demand, idle) {
+            Plan::Idle => {
+                self.update(id, 0, FIRST_SLICE * u64::from(limit.cost()), None);
+                return Ok(0);
+            }
+            Plan::GiveBack => {
                 let units: u64 = self
                     .drain
                     .key(&slice_key)
@@ -472,12 +473,11 @@ impl Global {
                 if units > 0 {
                     self.give_back(&global_key, &limit, units).await?;
                 }
+                self.update(id, 0, FIRST_SLICE * u64::from(limit.cost()), None);
+                return Ok(0);
             }
-            self.update(id, 0, FIRST_SLICE, None);
-            return Ok(0);
-        }
-        let target = per_ttl + per_ttl / 2;
-        let want = target.saturating_sub(held);
+            Plan::Renew { want, target } => (want, target),
+        };
         let (granted, left, lapsed) = self
             .take(&global_key, &slice_key, &limit, 0, want, held)
             .await?;
@@ -554,6 +554,40 @@ impl Global {
     }
 }
 
+/// Passes in a row without demand before a region's slice goes back to the global store: a
+/// whole `lease_ttl` (a lull of a pass or two keeps it).
+const IDLE_PASSES: u64 = 4;
+
+/// What the keeper does with a region's slice of one budget.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// No slice and no demand: nothing.
+    Idle,
+    /// No demand for [`IDLE_PASSES`]: the slice goes back.
+    GiveBack,
+    /// Asks the global store for `want` units beyond what the slice `held`, to reach `target`
+    /// (1.5 times the demand over one `lease_ttl`); `want` 0 renews the slice's end only.
+    Renew { want: u64, target: u64 },
+}
+
+/// The keeper's rule for a slice holding `held` units after a pass (a quarter of `lease_ttl`)
+/// that saw `demand` units asked, the `idle`-th pass in a row without demand.
+fn plan(held: u64, demand: u64, idle: u64) -> Plan {
+    if demand == 0 && held == 0 {
+        return Plan::Idle;
+    }
+    if demand == 0 && idle >= IDLE_PASSES {
+        return Plan::GiveBack;
+    }
+    // Demand over one ttl, from the demand over one pass; the simulation's 1.5 times.
+    let per_ttl = demand.saturating_mul(4);
+    let target = per_ttl.saturating_add(per_ttl / 2);
+    Plan::Renew {
+        want: target.saturating_sub(held),
+        target: target.max(1),
+    }
+}
+
 /// A Redis connection (made lazily) that waits `timeout` to connect and `answer` for a reply.
 fn redis_connection(
     url: &str,
@@ -608,5 +642,71 @@ async fn keep(global: std::sync::Weak<Global>) {
             return;
         };
         g.renew_all().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_is_sized_to_one_and_a_half_times_a_ttls_demand() {
+        // 100 units asked in a pass: 400 over a ttl, a target of 600.
+        assert_eq!(
+            plan(0, 100, 0),
+            Plan::Renew {
+                want: 600,
+                target: 600
+            }
+        );
+        assert_eq!(
+            plan(250, 100, 0),
+            Plan::Renew {
+                want: 350,
+                target: 600
+            }
+        );
+        // A slice above its target asks nothing: it only renews its end.
+        assert_eq!(
+            plan(900, 100, 0),
+            Plan::Renew {
+                want: 0,
+                target: 600
+            }
+        );
+    }
+
+    #[test]
+    fn a_slice_without_demand_goes_back_after_a_whole_ttl() {
+        for idle in 1..IDLE_PASSES {
+            assert_eq!(
+                plan(40, 0, idle),
+                Plan::Renew { want: 0, target: 1 },
+                "{idle}"
+            );
+        }
+        assert_eq!(plan(40, 0, IDLE_PASSES), Plan::GiveBack);
+        assert_eq!(plan(40, 0, IDLE_PASSES + 3), Plan::GiveBack);
+        assert_eq!(plan(0, 0, 9), Plan::Idle);
+    }
+
+    #[test]
+    fn huge_demand_does_not_overflow() {
+        assert!(matches!(
+            plan(0, u64::MAX, 0),
+            Plan::Renew { want: u64::MAX, .. }
+        ));
+    }
+
+    #[test]
+    fn figures_never_say_more_than_the_capacity() {
+        let limit = Limit::of(crate::limiter::Algorithm::token_bucket(100, 10.0).unwrap());
+        let f = figures(&limit, 250);
+        assert_eq!((f.limit, f.remaining, f.reset_after_us), (100, 100, 0));
+        let f = figures(&limit, 40);
+        assert_eq!(
+            (f.limit, f.remaining, f.reset_after_us),
+            (100, 40, 6_000_000)
+        );
     }
 }

@@ -405,6 +405,11 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         }
     };
     server.run(shutdown).await;
+    // The region's slices of global budgets go back to the global store, or they would lapse
+    // unspent if this was the region's last instance (its siblings, if any, take new ones).
+    if let Some(global) = proxy.global() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), global.give_back_all()).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -115,12 +115,16 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return units
 "#;
 
-/// `read`: the slice's {units, demand since the last read}; the demand starts again from 0.
+/// `read`: the slice's {units, demand since the last read, passes in a row without demand};
+/// the demand starts again from 0.
 pub(super) const READ: &str = r#"
-local st = redis.call('HMGET', KEYS[1], 'units', 'demand')
-if st[1] == false then return {0, 0} end
-redis.call('HSET', KEYS[1], 'demand', 0)
-return {tonumber(st[1]) or 0, tonumber(st[2]) or 0}
+local st = redis.call('HMGET', KEYS[1], 'units', 'demand', 'idle')
+if st[1] == false then return {0, 0, 0} end
+local demand = tonumber(st[2]) or 0
+local idle = tonumber(st[3]) or 0
+if demand == 0 then idle = idle + 1 else idle = 0 end
+redis.call('HSET', KEYS[1], 'demand', 0, 'idle', idle)
+return {tonumber(st[1]) or 0, demand, idle}
 "#;
 
 /// `drain`: takes every unit out of the slice (to give them back); returns how many.
