@@ -36,7 +36,8 @@
 //!    the access log, `/metrics`, OpenTelemetry's traces, `/healthz`, `/readyz`, `/budgets`,
 //!    `/top` and the dashboard; [`control`]: the bans and overrides the decider applies, which
 //!    `/bans`, `/overrides` and `/reset` write; [`alerts`]: the webhooks the decider's
-//!    admissions may set off.
+//!    admissions may set off; [`global`]: budgets shared across regions, whose slices the
+//!    decider spends for `scope: global` limits.
 //!
 //! [`replay`] runs recorded traffic through the same decider, policy, limit phase and
 //! algorithms, on the log's clock. [`service`] answers other proxies (Envoy's
@@ -86,7 +87,8 @@
 //! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
 //! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
-//! limiter and config, [`alerts`] on control and metrics, [`telemetry`] on config and tls; [`server`] on admin and
+//! limiter and config, [`alerts`] on control and metrics, [`global`] on the limiter and
+//! metrics (and the decider and proxy on it), [`telemetry`] on config and tls; [`server`] on admin and
 //! proxy; `main` on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 

@@ -320,7 +320,7 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sample_ratio, "OpenTelemetry on");
         proxy = proxy.with_telemetry(Arc::new(started));
     }
-    if let Some(spec) = config.storage.global_spec() {
+    if let Some(spec) = global_spec(&config.storage) {
         tracing::info!(region = %spec.region, "global budgets on (storage.global)");
         let global = floodgate::global::Global::start(spec, metrics.clone())
             .context("storage.global: cannot use the global store's URL")?;
@@ -412,4 +412,24 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `storage.global` in the global module's terms (the config knows nothing of that module): the
+/// global store, this region, and the region's store (one Redis server, which the config
+/// checks).
+fn global_spec(
+    storage: &floodgate::config::StorageConfig,
+) -> Option<floodgate::global::GlobalSpec> {
+    let global = storage.global.as_ref()?;
+    let floodgate::config::Backend::Redis { url } = &storage.backend else {
+        return None;
+    };
+    Some(floodgate::global::GlobalSpec {
+        url: global.url.clone(),
+        region: global.region.clone(),
+        region_url: url.clone(),
+        lease_ttl: global.lease_ttl,
+        timeout: global.timeout,
+        key_prefix: storage.key_prefix.clone(),
+    })
 }

@@ -24,16 +24,17 @@ const ALLOWED: &[(&str, &str)] = &[
     ("telemetry", "config tls"),
     ("control", "config limiter"),
     ("alerts", "config control limiter metrics tls"),
+    ("global", "limiter metrics"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
     (
         "decider",
-        "alerts config control identity limiter metrics policy",
+        "alerts config control global identity limiter metrics policy",
     ),
     // The pipeline's top: anything below it, never each other (replay runs without a proxy;
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive alerts config control deadline decider grpc identity limiter metrics path policy route telemetry tls top",
+        "access_log adaptive alerts config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top",
     ),
     (
         "replay",

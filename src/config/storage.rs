@@ -36,23 +36,6 @@ pub struct GlobalConfig {
 }
 
 impl StorageConfig {
-    /// The global module's terms for `storage.global`, if it is set (and the region's store is
-    /// one Redis server, which the config checks).
-    pub fn global_spec(&self) -> Option<crate::global::GlobalSpec> {
-        let global = self.global.as_ref()?;
-        let Backend::Redis { url } = &self.backend else {
-            return None;
-        };
-        Some(crate::global::GlobalSpec {
-            url: global.url.clone(),
-            region: global.region.clone(),
-            region_url: url.clone(),
-            lease_ttl: global.lease_ttl,
-            timeout: global.timeout,
-            key_prefix: self.key_prefix.clone(),
-        })
-    }
-
     /// The limiter's own terms for this section (the limiter knows nothing of the config):
     /// which store, and how it is asked.
     pub fn limiter_spec(&self) -> crate::limiter::LimiterSpec {
