@@ -98,6 +98,10 @@ pub struct Global {
     /// The global store failed: requests needing it follow `on_error` at once until then,
     /// not each after its own timeout.
     down_until: Mutex<Option<Instant>>,
+    /// Held by the keeper for each pass, and by [`Global::give_back_all`], which ends the
+    /// keeper (`true` inside): a pass in flight at shutdown could refill a slice just given
+    /// back.
+    passes: tokio::sync::Mutex<bool>,
     metrics: Arc<Metrics>,
 }
 
@@ -132,6 +136,7 @@ impl Global {
             drain: Script::new(scripts::DRAIN),
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
+            passes: tokio::sync::Mutex::new(false),
             metrics,
             spec,
         });
@@ -251,7 +256,13 @@ impl Global {
         let extra = granted - cost;
         let mut held_now = held;
         if extra > 0 {
-            held_now = self.add(&slice_key, extra, cost).await.unwrap_or(held);
+            held_now = match self.add(&slice_key, extra, cost).await {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::warn!(units = extra, error = %e, "units granted for the slice are lost: the region's store failed");
+                    held
+                }
+            };
         }
         if let Some(local) = self.budgets().get_mut(&id) {
             local.empty_until = None;
@@ -302,7 +313,7 @@ impl Global {
                 "the global store failed less than a second ago".into(),
             ));
         }
-        let mut call = tokio::spawn(self.global.take(store::TakeArgs {
+        let call = tokio::spawn(self.global.take(store::TakeArgs {
             key: key.to_string(),
             capacity: limit.algorithm().units(),
             interval_us: limit.algorithm().span_us(),
@@ -312,22 +323,38 @@ impl Global {
             ttl_ms: self.spec.lease_ttl.as_millis() as u64,
             held,
         }));
-        let error = match tokio::time::timeout(self.spec.timeout, &mut call).await {
+        // Until the answer is read here, the call is the slice's: dropped (a timeout, or the
+        // request itself dropped while it waited: its client went away), what it is granted
+        // goes to the slice when it comes.
+        let mut pending = Pending {
+            call: Some(call),
+            add: self.add.clone(),
+            region: self.region.clone(),
+            slice_key: slice_key.to_string(),
+            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+            metrics: self.metrics.clone(),
+        };
+        let Some(call) = pending.call.as_mut() else {
+            return Err(GlobalError("no call".into()));
+        };
+        let error = match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(Ok(answer))) => {
+                pending.call = None;
                 self.metrics.global_call("ok");
                 return Ok(answer);
             }
             Ok(Ok(Err(e))) => {
+                pending.call = None;
                 self.metrics.global_call("error");
                 format!("the global store: {e}")
             }
             Ok(Err(e)) => {
+                pending.call = None;
                 self.metrics.global_call("error");
                 format!("the global store's call ended: {e}")
             }
             Err(_) => {
                 self.metrics.global_call("timeout");
-                self.adopt_late(call, slice_key);
                 format!(
                     "the global store did not answer within {:?}",
                     self.spec.timeout
@@ -336,43 +363,6 @@ impl Global {
         };
         self.down(&error);
         Err(GlobalError(error))
-    }
-
-    /// Leaves a call that timed out to finish on its own, and puts what it was granted in the
-    /// region's slice.
-    fn adopt_late(
-        &self,
-        call: tokio::task::JoinHandle<Result<(u64, u64, u64), String>>,
-        slice_key: &str,
-    ) {
-        let (add, mut region) = (self.add.clone(), self.region.clone());
-        let (slice_key, ttl_ms) = (
-            slice_key.to_string(),
-            self.spec.lease_ttl.as_millis() as u64,
-        );
-        let metrics = self.metrics.clone();
-        tokio::spawn(async move {
-            let Ok(Ok((granted, _, _))) = call.await else {
-                return;
-            };
-            if granted == 0 {
-                return;
-            }
-            metrics.global_units("granted", granted);
-            let added: redis::RedisResult<u64> = add
-                .key(&slice_key)
-                .arg(granted)
-                .arg(ttl_ms)
-                .arg(0)
-                .invoke_async(&mut region)
-                .await;
-            match added {
-                Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
-                Err(e) => {
-                    tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed")
-                }
-            }
-        });
     }
 
     /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
@@ -408,6 +398,10 @@ impl Global {
 
     /// One keeper pass over the budgets this instance spent (see the module's docs).
     async fn renew_all(&self) {
+        let stopped = self.passes.lock().await;
+        if *stopped {
+            return;
+        }
         let ttl = self.spec.lease_ttl;
         let now = Instant::now();
         let budgets: Vec<(String, Local)> = {
@@ -529,6 +523,9 @@ impl Global {
     /// Gives every slice this instance's region holds of the budgets it spent back to the
     /// global store (at shutdown), so that no unit lapses with it.
     pub async fn give_back_all(&self) {
+        // No keeper pass after this one, and none in flight.
+        let mut stopped = self.passes.lock().await;
+        *stopped = true;
         let ids: Vec<(String, Local)> = self
             .budgets()
             .iter()
@@ -551,6 +548,54 @@ impl Global {
                 let _ = self.give_back(&global_key, &local.limit, units).await;
             }
         }
+    }
+}
+
+/// What a `take` answers: (granted, left, lapsed), or why it failed.
+type TakeAnswer = Result<(u64, u64, u64), String>;
+
+/// A call to the global store whose answer nobody has read yet: dropped unread, it is left to
+/// finish on its own and what it was granted is put in the region's slice.
+struct Pending {
+    call: Option<tokio::task::JoinHandle<TakeAnswer>>,
+    add: Arc<Script>,
+    region: ConnectionManager,
+    slice_key: String,
+    ttl_ms: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (add, mut region) = (self.add.clone(), self.region.clone());
+        let (slice_key, ttl_ms) = (std::mem::take(&mut self.slice_key), self.ttl_ms);
+        let metrics = self.metrics.clone();
+        runtime.spawn(async move {
+            let Ok(Ok((granted, _, _))) = call.await else {
+                return;
+            };
+            if granted == 0 {
+                return;
+            }
+            metrics.global_units("granted", granted);
+            let added: redis::RedisResult<u64> = add
+                .key(&slice_key)
+                .arg(granted)
+                .arg(ttl_ms)
+                .arg(0)
+                .invoke_async(&mut region)
+                .await;
+            match added {
+                Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
+                Err(e) => tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed"),
+            }
+        });
     }
 }
 

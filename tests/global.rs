@@ -448,7 +448,12 @@ async fn a_global_budget_that_never_runs_out_adds_no_cross_region_wait() {
         assert!(fg.wait_exit(Duration::from_secs(10)).is_some());
     }
     let held: u64 = world.regions[1].cmd(&["HGET", &slice_keys[0], "units"]);
-    assert_eq!(held, 0, "the slice was not given back at shutdown");
+    assert_eq!(
+        held,
+        0,
+        "the slice was not given back at shutdown: {}",
+        world.instances[1][1].stderr()
+    );
     // A request that waited on the global store would take 80 ms more; the two paths differ
     // by one more round trip to the region's store (a fraction of a millisecond on loopback).
     // 5 ms is far from both.
