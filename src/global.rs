@@ -27,6 +27,7 @@
 //! docs/stores.md).
 
 mod postgres;
+mod region;
 mod scripts;
 mod store;
 
@@ -35,7 +36,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
 
 use crate::limiter::{Ask, Decision, Figures, Limit};
 use crate::metrics::Metrics;
@@ -89,11 +89,7 @@ struct Local {
 pub struct Global {
     spec: GlobalSpec,
     global: store::GlobalStore,
-    region: ConnectionManager,
-    spend: Script,
-    add: Arc<Script>,
-    read: Script,
-    drain: Script,
+    region: Arc<region::RegionStore>,
     budgets: Mutex<HashMap<String, Local>>,
     /// The global store failed: requests needing it follow `on_error` at once until then,
     /// not each after its own timeout.
@@ -129,11 +125,10 @@ impl Global {
     pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> anyhow::Result<Arc<Global>> {
         let global = Arc::new(Global {
             global: store::GlobalStore::connect(&spec.url, spec.timeout)?,
-            region: redis_connection(&spec.region_url, REGION_TIMEOUT, REGION_TIMEOUT)?,
-            spend: Script::new(scripts::SPEND),
-            add: Arc::new(Script::new(scripts::ADD)),
-            read: Script::new(scripts::READ),
-            drain: Script::new(scripts::DRAIN),
+            region: Arc::new(region::RegionStore::connect(
+                &spec.region_url,
+                REGION_TIMEOUT,
+            )?),
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
             passes: tokio::sync::Mutex::new(false),
@@ -150,14 +145,7 @@ impl Global {
     /// handshake and a script's upload as well. `Err` while a store does not answer.
     async fn load_scripts(&self) -> Result<(), String> {
         self.global.prepare().await?;
-        let mut region = self.region.clone();
-        for script in [&self.spend, &self.add, &self.read, &self.drain] {
-            script
-                .prepare_invoke()
-                .load_async(&mut region)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
+        self.region.prepare().await?;
         Ok(())
     }
 
@@ -204,16 +192,12 @@ impl Global {
             (local.want, local.empty_until, local.global_left)
         };
         // The region's slice: one round trip to the near store.
-        let mut region = self.region.clone();
-        let (paid, held): (i64, i64) = self
-            .spend
-            .key(&slice_key)
-            .arg(cost)
-            .invoke_async(&mut region)
+        let (paid, held) = self
+            .region
+            .spend(&slice_key, cost)
             .await
-            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
-        let held = held.max(0) as u64;
-        if paid == 1 {
+            .map_err(region_failed)?;
+        if paid {
             return Ok(Decision::allow(figures(limit, held + global_left), 0));
         }
         if let Some(until) = empty_until
@@ -276,12 +260,7 @@ impl Global {
     /// global store's units left, as last seen.
     pub async fn peek(&self, ask: &Ask<'_>) -> Result<(Decision, u64), GlobalError> {
         let (id, _, slice_key) = self.keys(ask);
-        let mut region = self.region.clone();
-        let held: Option<u64> = region
-            .hget(&slice_key, "units")
-            .await
-            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
-        let held = held.unwrap_or(0);
+        let held = self.region.held(&slice_key).await.map_err(region_failed)?;
         let left = self
             .budgets()
             .get(&id)
@@ -328,7 +307,6 @@ impl Global {
         // goes to the slice when it comes.
         let mut pending = Pending {
             call: Some(call),
-            add: self.add.clone(),
             region: self.region.clone(),
             slice_key: slice_key.to_string(),
             ttl_ms: self.spec.lease_ttl.as_millis() as u64,
@@ -368,15 +346,15 @@ impl Global {
     /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
     /// of demand seen; returns what it holds now.
     async fn add(&self, slice_key: &str, units: u64, demand: u64) -> Result<u64, GlobalError> {
-        let mut region = self.region.clone();
-        self.add
-            .key(slice_key)
-            .arg(units)
-            .arg(self.spec.lease_ttl.as_millis() as u64)
-            .arg(demand)
-            .invoke_async(&mut region)
+        self.region
+            .add(
+                slice_key,
+                units,
+                self.spec.lease_ttl.as_millis() as u64,
+                demand,
+            )
             .await
-            .map_err(|e| GlobalError(format!("the region's store: {e}")))
+            .map_err(region_failed)
     }
 
     /// The global store failed with `error`: left alone for [`DOWN_FOR`] (logged when it
@@ -431,26 +409,15 @@ impl Global {
         let global_key = format!("{prefix}gb:{{{id}}}");
         let claim_key = format!("{prefix}gk:{{{id}}}");
         let period = self.spec.lease_ttl / 4;
-        let mut region = self.region.clone();
-        let claimed: bool = redis::cmd("SET")
-            .arg(&claim_key)
-            .arg(&self.spec.region)
-            .arg("NX")
-            .arg("PX")
-            .arg(period.as_millis().max(1) as u64)
-            .query_async::<Option<String>>(&mut region)
+        let claimed = self
+            .region
+            .claim(&claim_key, &self.spec.region, period.as_millis() as u64)
             .await
-            .map_err(|e| GlobalError(format!("the region's store: {e}")))?
-            .is_some();
+            .map_err(region_failed)?;
         if !claimed {
             return Ok(local.held);
         }
-        let (held, demand, idle): (u64, u64, u64) = self
-            .read
-            .key(&slice_key)
-            .invoke_async(&mut region)
-            .await
-            .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+        let (held, demand, idle) = self.region.read(&slice_key).await.map_err(region_failed)?;
         let limit = local.limit;
         let (want, target) = match plan(held, demand, idle) {
             Plan::Idle => {
@@ -458,12 +425,7 @@ impl Global {
                 return Ok(0);
             }
             Plan::GiveBack => {
-                let units: u64 = self
-                    .drain
-                    .key(&slice_key)
-                    .invoke_async(&mut region)
-                    .await
-                    .map_err(|e| GlobalError(format!("the region's store: {e}")))?;
+                let units = self.region.drain(&slice_key).await.map_err(region_failed)?;
                 if units > 0 {
                     self.give_back(&global_key, &limit, units).await?;
                 }
@@ -535,13 +497,7 @@ impl Global {
         for (id, local) in ids {
             let slice_key = format!("{prefix}gs:{{{id}}}");
             let global_key = format!("{prefix}gb:{{{id}}}");
-            let mut region = self.region.clone();
-            let Ok(units) = self
-                .drain
-                .key(&slice_key)
-                .invoke_async::<u64>(&mut region)
-                .await
-            else {
+            let Ok(units) = self.region.drain(&slice_key).await else {
                 continue;
             };
             if units > 0 {
@@ -558,8 +514,7 @@ type TakeAnswer = Result<(u64, u64, u64), String>;
 /// finish on its own and what it was granted is put in the region's slice.
 struct Pending {
     call: Option<tokio::task::JoinHandle<TakeAnswer>>,
-    add: Arc<Script>,
-    region: ConnectionManager,
+    region: Arc<region::RegionStore>,
     slice_key: String,
     ttl_ms: u64,
     metrics: Arc<Metrics>,
@@ -573,7 +528,7 @@ impl Drop for Pending {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (add, mut region) = (self.add.clone(), self.region.clone());
+        let region = self.region.clone();
         let (slice_key, ttl_ms) = (std::mem::take(&mut self.slice_key), self.ttl_ms);
         let metrics = self.metrics.clone();
         runtime.spawn(async move {
@@ -584,14 +539,7 @@ impl Drop for Pending {
                 return;
             }
             metrics.global_units("granted", granted);
-            let added: redis::RedisResult<u64> = add
-                .key(&slice_key)
-                .arg(granted)
-                .arg(ttl_ms)
-                .arg(0)
-                .invoke_async(&mut region)
-                .await;
-            match added {
+            match region.add(&slice_key, granted, ttl_ms, 0).await {
                 Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
                 Err(e) => tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed"),
             }
@@ -631,6 +579,11 @@ fn plan(held: u64, demand: u64, idle: u64) -> Plan {
         want: target.saturating_sub(held),
         target: target.max(1),
     }
+}
+
+/// A failure of the region's store.
+fn region_failed(e: String) -> GlobalError {
+    GlobalError(format!("the region's store: {e}"))
 }
 
 /// A Redis connection (made lazily) that waits `timeout` to connect and `answer` for a reply.

@@ -415,14 +415,16 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
 }
 
 /// `storage.global` in the global module's terms (the config knows nothing of that module): the
-/// global store, this region, and the region's store (one Redis server, which the config
-/// checks).
+/// global store, this region, and the region's store (one Redis server or PostgreSQL, which
+/// the config checks).
 fn global_spec(
     storage: &floodgate::config::StorageConfig,
 ) -> Option<floodgate::global::GlobalSpec> {
     let global = storage.global.as_ref()?;
-    let floodgate::config::Backend::Redis { url } = &storage.backend else {
-        return None;
+    let url = match &storage.backend {
+        floodgate::config::Backend::Redis { url }
+        | floodgate::config::Backend::Postgres { url } => url,
+        _ => return None,
     };
     Some(floodgate::global::GlobalSpec {
         url: global.url.clone(),

@@ -19,10 +19,39 @@ enum GlobalStore {
     Postgres(PostgresServer),
 }
 
+enum Regions {
+    Redis([RedisServer; 2]),
+    Postgres(PostgresServer),
+}
+
+impl Regions {
+    fn urls(&self) -> [String; 2] {
+        match self {
+            Regions::Redis(r) => [r[0].url(), r[1].url()],
+            Regions::Postgres(pg) => {
+                let url = pg.url();
+                [
+                    url.replace("/postgres", "/region_eu"),
+                    url.replace("/postgres", "/region_us"),
+                ]
+            }
+        }
+    }
+
+    /// Region r's redis-server.
+    fn redis(&self, r: usize) -> &RedisServer {
+        match self {
+            Regions::Redis(servers) => &servers[r],
+            Regions::Postgres(_) => panic!("the regions' stores are PostgreSQL"),
+        }
+    }
+}
+
 /// Three stores, the relay, the upstream, and two instances in each of two regions.
 struct World {
     _global: GlobalStore,
-    regions: [RedisServer; 2],
+    /// The regions' stores: two redis-servers, or two databases of one PostgreSQL cluster.
+    regions: Regions,
     relay: DelayRelay,
     upstream: Upstream,
     /// `instances[r]`: region r's two instances.
@@ -37,10 +66,14 @@ fn config(
     limit: &str,
     timeout: &str,
 ) -> String {
+    let backend = match region_url.starts_with("postgres") {
+        true => "postgres",
+        false => "redis",
+    };
     format!(
         "admin_listen: 127.0.0.1:0
 storage:
-  backend: redis
+  backend: {backend}
   url: {region_url}
   on_error: deny
   global:
@@ -71,12 +104,22 @@ impl World {
     /// quickly, long (2 s) where the machine's load (every test runs beside others on two
     /// cores) must not turn a slow answer into `on_error`.
     async fn start(limit: &str, timeout: &str) -> World {
-        World::start_on(GlobalStore::Redis(RedisServer::start()), limit, timeout).await
+        let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
+        World::start_on(
+            GlobalStore::Redis(RedisServer::start()),
+            regions,
+            limit,
+            timeout,
+        )
+        .await
     }
 
-    /// [`World::start`] with `global` as the global store.
-    async fn start_on(global: GlobalStore, limit: &str, timeout: &str) -> World {
-        let regions = [RedisServer::start(), RedisServer::start()];
+    /// [`World::start`] with `global` as the global store and `regions` as the regions'.
+    async fn start_on(global: GlobalStore, regions: Regions, limit: &str, timeout: &str) -> World {
+        if let Regions::Postgres(pg) = &regions {
+            pg.psql("CREATE DATABASE region_eu");
+            pg.psql("CREATE DATABASE region_us");
+        }
         let target = match &global {
             GlobalStore::Redis(r) => r.url().trim_start_matches("redis://").to_string(),
             GlobalStore::Postgres(p) => p
@@ -93,16 +136,9 @@ impl World {
         let upstream = Upstream::start().await;
         let instances = ["eu", "us"]
             .iter()
-            .zip(&regions)
+            .zip(regions.urls())
             .map(|(name, store)| {
-                let yaml = config(
-                    name,
-                    &store.url(),
-                    &global_url,
-                    &upstream.url(),
-                    limit,
-                    timeout,
-                );
+                let yaml = config(name, &store, &global_url, &upstream.url(), limit, timeout);
                 vec![Floodgate::start(&yaml), Floodgate::start(&yaml)]
             })
             .collect();
@@ -207,18 +243,27 @@ async fn until_quiet(tally: &Tally, quiet: Duration, deadline: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_refilling_global_budget_admits_exactly_it_across_two_regions() {
-    exactly_the_budget(GlobalStore::Redis(RedisServer::start())).await;
+    let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
+    exactly_the_budget(GlobalStore::Redis(RedisServer::start()), regions).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_refilling_global_budget_on_postgresql_admits_exactly_it() {
-    exactly_the_budget(GlobalStore::Postgres(PostgresServer::start())).await;
+    let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
+    exactly_the_budget(GlobalStore::Postgres(PostgresServer::start()), regions).await;
 }
 
-async fn exactly_the_budget(global: GlobalStore) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn regions_on_postgresql_admit_exactly_a_non_refilling_global_budget() {
+    let regions = Regions::Postgres(PostgresServer::start());
+    exactly_the_budget(GlobalStore::Redis(RedisServer::start()), regions).await;
+}
+
+async fn exactly_the_budget(global: GlobalStore, regions: Regions) {
     // 3,000 units, refilled one per 10,000 s: none in the test's time.
     let world = World::start_on(
         global,
+        regions,
         "algorithm: token_bucket, capacity: 3000, refill_rate: 0.0001",
         "2s",
     )
@@ -438,16 +483,22 @@ async fn a_global_budget_that_never_runs_out_adds_no_cross_region_wait() {
     assert_eq!(limit["slice"]["region"], "us", "{text}");
     assert!(limit["slice"]["held"].as_u64().unwrap_or(0) > 0, "{text}");
     // Every instance of the region stopped (SIGTERM): its slice goes back, none lapses.
-    let slice_keys: Vec<String> = world.regions[1].cmd(&["KEYS", "fg:gs:*"]);
+    let slice_keys: Vec<String> = world.regions.redis(1).cmd(&["KEYS", "fg:gs:*"]);
     assert_eq!(slice_keys.len(), 1, "{slice_keys:?}");
-    let held: u64 = world.regions[1].cmd(&["HGET", &slice_keys[0], "units"]);
+    let held: u64 = world
+        .regions
+        .redis(1)
+        .cmd(&["HGET", &slice_keys[0], "units"]);
     assert!(held > 0);
     let mut world = world;
     for fg in &mut world.instances[1] {
         fg.signal("TERM");
         assert!(fg.wait_exit(Duration::from_secs(10)).is_some());
     }
-    let held: u64 = world.regions[1].cmd(&["HGET", &slice_keys[0], "units"]);
+    let held: u64 = world
+        .regions
+        .redis(1)
+        .cmd(&["HGET", &slice_keys[0], "units"]);
     assert_eq!(
         held,
         0,

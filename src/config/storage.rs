@@ -218,10 +218,10 @@ impl Validator {
 
 impl Validator {
     fn global(&mut self, g: file::GlobalFile, backend: &Backend) -> Option<GlobalConfig> {
-        if !matches!(backend, Backend::Redis { .. }) {
+        if !matches!(backend, Backend::Redis { .. } | Backend::Postgres { .. }) {
             self.problem(
                 "storage.global",
-                "needs a region store that is one Redis server (backend: redis): the region's slices live there",
+                "needs a region store that is one Redis server or PostgreSQL (backend: redis or postgres): the region's slices live there",
             );
         }
         let url = match g.url {

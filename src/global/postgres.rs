@@ -110,28 +110,8 @@ pub(super) struct PgGlobal {
 impl PgGlobal {
     /// A pool for `url` (connections made on demand). Fails only on a malformed URL.
     pub(super) fn connect(url: &str, timeout: Duration) -> anyhow::Result<Arc<PgGlobal>> {
-        let crate::limiter::postgres::url::Options { mut config, tls } =
-            crate::limiter::postgres::url::options(url)
-                .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
-        config
-            .application_name("floodgate-global")
-            .connect_timeout(timeout.max(Duration::from_secs(1)))
-            // (A statement runs on after its caller gave up: its grant is adopted late.)
-            .options("-c statement_timeout=10000");
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match tls {
-            Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
-            None => Manager::from_config(config, NoTls, manager_config),
-        };
-        let pool = Pool::builder(manager)
-            .max_size(8)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(timeout.max(Duration::from_millis(250))))
-            .create_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
-            .build()?;
+        // (A statement runs on after its caller gave up: its grant is adopted late.)
+        let pool = pool(url, timeout, "floodgate-global", Duration::from_secs(10))?;
         Ok(Arc::new(PgGlobal {
             pool,
             installed: AtomicBool::new(false),
@@ -148,15 +128,7 @@ impl PgGlobal {
         if self.installed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let client = self.pool.get().await.map_err(|e| e.to_string())?;
-        // Two instances installing at once would race on CREATE OR REPLACE: one transaction
-        // under an advisory lock.
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock(7406451); {SCHEMA} COMMIT;"
-            ))
-            .await
-            .map_err(|e| e.to_string())?;
+        install(&self.pool, SCHEMA).await?;
         self.installed.store(true, Ordering::Release);
         Ok(())
     }
@@ -228,4 +200,51 @@ impl PgGlobal {
         let left: i64 = row.try_get(0).map_err(|e| e.to_string())?;
         Ok(left.max(0) as u64)
     }
+}
+
+/// A pool for `url` (connections made on demand), named `application` in `pg_stat_activity`,
+/// its statements cancelled by the server after `statement_timeout`. Fails only on a malformed
+/// URL.
+pub(super) fn pool(
+    url: &str,
+    timeout: Duration,
+    application: &str,
+    statement_timeout: Duration,
+) -> anyhow::Result<Pool> {
+    let crate::limiter::postgres::url::Options { mut config, tls } =
+        crate::limiter::postgres::url::options(url)
+            .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
+    config
+        .application_name(application)
+        .connect_timeout(timeout.max(Duration::from_secs(1)))
+        .options(format!(
+            "-c statement_timeout={}",
+            statement_timeout.as_millis()
+        ));
+    let manager_config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls {
+        Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
+        None => Manager::from_config(config, NoTls, manager_config),
+    };
+    Ok(Pool::builder(manager)
+        .max_size(8)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .create_timeout(Some(timeout.max(Duration::from_secs(1))))
+        .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .build()?)
+}
+
+/// Runs `schema` in one transaction under an advisory lock (two instances installing at once
+/// would race on `CREATE OR REPLACE`).
+pub(super) async fn install(pool: &Pool, schema: &str) -> Result<(), String> {
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(7406451); {schema} COMMIT;"
+        ))
+        .await
+        .map_err(|e| e.to_string())
 }

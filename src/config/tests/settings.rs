@@ -803,6 +803,6 @@ fn storage_global_and_scope_global_are_checked_by_name() {
     rejects(
         &with_top("storage:\n  global: {url: \"redis://x:1\", region: eu}"),
         "storage.global",
-        "one Redis server",
+        "one Redis server or PostgreSQL",
     );
 }
