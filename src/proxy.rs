@@ -235,7 +235,7 @@ impl Proxy {
         if let Some(trace) = &ctx.trace {
             trace.rename(|| format!("{} {}", req.method(), route.config.name));
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
-            trace.set(|| KeyValue::new("floodgate.route", route.config.name.to_string()));
+            trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
         let response = match self.admit(&snapshot, &route, &mut req, &mut ctx).await {
             Ok(()) => {

@@ -177,8 +177,11 @@ impl Telemetry {
         // (Built only now: a dropped root allocates no name and no builder.)
         let span = self
             .tracer
-            .span_builder(method.as_str().to_string())
+            .span_builder(method_name(method))
             .with_kind(SpanKind::Server)
+            // Room for every attribute the span is given when it ends, so that the SDK's
+            // vector is not grown three times on the way.
+            .with_attributes(Vec::with_capacity(SERVER_ATTRIBUTES))
             .start_with_context(&self.tracer, &parent);
         NEXT_TRACE_ID.set(None);
         let pending = span.is_recording().then(|| {
@@ -190,7 +193,7 @@ impl Telemetry {
             };
             let mut attributes = Vec::with_capacity(16);
             attributes.extend([
-                KeyValue::new("http.request.method", method.as_str().to_string()),
+                KeyValue::new("http.request.method", method_name(method)),
                 KeyValue::new("url.path", path.to_string()),
                 KeyValue::new("network.protocol.version", version),
                 KeyValue::new("client.address", client().to_string()),
@@ -334,10 +337,10 @@ impl Trace {
         };
         let span = self
             .tracer
-            .span_builder(method.as_str().to_string())
+            .span_builder(method_name(method))
             .with_kind(SpanKind::Client)
             .with_attributes([
-                KeyValue::new("http.request.method", method.as_str().to_string()),
+                KeyValue::new("http.request.method", method_name(method)),
                 // (The host is parsed out of the authority only for a sampled span: it is a
                 // search of the string.)
                 KeyValue::new("server.address", upstream.host().to_string()),
@@ -473,6 +476,25 @@ fn end(cx: &Context, status: u16, mut attributes: Vec<KeyValue>) {
         span.set_attributes(attributes);
     }
     span.end();
+}
+
+/// The most attributes a SERVER span is given (HTTP's, the route's, the decision's, the
+/// answer's).
+const SERVER_ATTRIBUTES: usize = 20;
+
+/// A method's name: the standard ones without an allocation.
+fn method_name(method: &Method) -> std::borrow::Cow<'static, str> {
+    let name = match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => return std::borrow::Cow::Owned(method.as_str().to_string()),
+    };
+    std::borrow::Cow::Borrowed(name)
 }
 
 /// Shared by the proxy and the service: the process' telemetry, if it is on.

@@ -140,8 +140,7 @@ fn write_scope(w: &mut Vec<u8>, scope: &InstrumentationScope) {
     string_field(w, 1, scope.name());
     string_field(w, 2, scope.version().unwrap_or_default());
     for kv in scope.attributes() {
-        header(w, 3, kv_len(kv));
-        write_kv(w, kv);
+        write_kv(w, 3, kv);
     }
 }
 
@@ -197,8 +196,7 @@ fn write_span(w: &mut Vec<u8>, span: &SpanData, state: &str) {
     fixed64_field(w, 7, nanos(span.start_time));
     fixed64_field(w, 8, nanos(span.end_time));
     for kv in &span.attributes {
-        header(w, 9, kv_len(kv));
-        write_kv(w, kv);
+        write_kv(w, 9, kv);
     }
     varint_field(w, 10, u64::from(span.dropped_attributes_count));
     for event in span.events.iter() {
@@ -275,8 +273,7 @@ fn write_event(w: &mut Vec<u8>, event: &opentelemetry::trace::Event) {
     fixed64_field(w, 1, nanos(event.timestamp));
     string_field(w, 2, &event.name);
     for kv in &event.attributes {
-        header(w, 3, kv_len(kv));
-        write_kv(w, kv);
+        write_kv(w, 3, kv);
     }
     varint_field(w, 4, u64::from(event.dropped_attributes_count));
 }
@@ -302,8 +299,7 @@ fn write_link(w: &mut Vec<u8>, link: &opentelemetry::trace::Link) {
     bytes_field(w, 2, &cx.span_id().to_bytes());
     string_field(w, 3, &cx.trace_state().header());
     for kv in &link.attributes {
-        header(w, 4, kv_len(kv));
-        write_kv(w, kv);
+        write_kv(w, 4, kv);
     }
     varint_field(w, 5, u64::from(link.dropped_attributes_count));
     key(w, 6, FIXED32);
@@ -317,9 +313,17 @@ fn kv_len(kv: &KeyValue) -> usize {
     string_field_len(1, kv.key.as_str()) + field_len(2, value_len(&kv.value))
 }
 
-fn write_kv(w: &mut Vec<u8>, kv: &KeyValue) {
+/// `kv` as field `field` of its message: its length, then its key and value (the value
+/// measured once for both).
+fn write_kv(w: &mut Vec<u8>, field: u32, kv: &KeyValue) {
+    let value = value_len(&kv.value);
+    header(
+        w,
+        field,
+        string_field_len(1, kv.key.as_str()) + field_len(2, value),
+    );
     string_field(w, 1, kv.key.as_str());
-    header(w, 2, value_len(&kv.value));
+    header(w, 2, value);
     write_value(w, &kv.value);
 }
 
