@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::Script;
 use redis::aio::ConnectionManager;
 
 use crate::limiter::{Ask, Decision, Figures, Limit};
@@ -579,6 +580,19 @@ fn plan(held: u64, demand: u64, idle: u64) -> Plan {
         want: target.saturating_sub(held),
         target: target.max(1),
     }
+}
+
+/// Loads `scripts` into a Redis server (which also connects).
+async fn load_scripts(connection: &ConnectionManager, scripts: &[&Script]) -> Result<(), String> {
+    let mut connection = connection.clone();
+    for script in scripts {
+        script
+            .prepare_invoke()
+            .load_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// A failure of the region's store.

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
-use tokio_postgres_rustls::MakeRustlsConnect;
+use deadpool_postgres::Pool;
 
 /// The tables and functions: a budget's tokens and the instant they were counted at, and each
 /// region's slice (units as last reported, its end), as the Redis hash keeps them.
@@ -202,39 +200,23 @@ impl PgGlobal {
     }
 }
 
-/// A pool for `url` (connections made on demand), named `application` in `pg_stat_activity`,
-/// its statements cancelled by the server after `statement_timeout`. Fails only on a malformed
-/// URL.
+/// A pool for `url` (8 connections, made on demand), named `application` in
+/// `pg_stat_activity`, its statements cancelled by the server after `statement_timeout`. Fails
+/// only on a malformed URL.
 pub(super) fn pool(
     url: &str,
     timeout: Duration,
     application: &str,
     statement_timeout: Duration,
 ) -> anyhow::Result<Pool> {
-    let crate::limiter::postgres::url::Options { mut config, tls } =
-        crate::limiter::postgres::url::options(url)
-            .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
-    config
-        .application_name(application)
-        .connect_timeout(timeout.max(Duration::from_secs(1)))
-        .options(format!(
-            "-c statement_timeout={}",
-            statement_timeout.as_millis()
-        ));
-    let manager_config = ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    };
-    let manager = match tls {
-        Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
-        None => Manager::from_config(config, NoTls, manager_config),
-    };
-    Ok(Pool::builder(manager)
-        .max_size(8)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .create_timeout(Some(timeout.max(Duration::from_secs(1))))
-        .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .build()?)
+    crate::limiter::postgres::pool(
+        url,
+        application,
+        &format!("-c statement_timeout={}", statement_timeout.as_millis()),
+        8,
+        timeout,
+    )
+    .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// Runs `schema` in one transaction under an advisory lock (two instances installing at once

@@ -47,17 +47,7 @@ impl RegionStore {
                 add,
                 read,
                 drain,
-            } => {
-                let mut connection = connection.clone();
-                for script in [spend, add, read, drain] {
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut connection)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
-            }
+            } => super::load_scripts(connection, &[spend, add, read, drain]).await,
             RegionStore::Postgres(pg) => pg.install().await,
         }
     }

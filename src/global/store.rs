@@ -55,17 +55,7 @@ impl GlobalStore {
                 connection,
                 take,
                 give,
-            } => {
-                let mut connection = connection.clone();
-                for script in [take, give] {
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut connection)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
-            }
+            } => super::load_scripts(connection, &[take, give]).await,
             GlobalStore::Postgres(pg) => pg.install().await,
         }
     }

@@ -45,7 +45,7 @@ mod batch;
 mod db;
 pub mod url;
 
-use db::{Db, Sql, unavailable};
+use db::{Db, Sql};
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
@@ -120,37 +120,21 @@ impl PostgresStore {
         timeout: Duration,
         test_clock: bool,
     ) -> Result<Self, LimiterError> {
-        let url::Options { mut config, tls } = url::options(url)
-            .map_err(|e| LimiterError::unavailable(format!("invalid PostgreSQL URL: {e}")))?;
         // A statement still running long after its caller gave up (a lock queue behind a hot
         // budget) is cancelled by the server rather than left to pile up.
         let statement_timeout = (timeout * 4).max(Duration::from_millis(250));
-        config
-            .application_name("floodgate")
-            .connect_timeout(timeout.max(Duration::from_secs(1)))
-            .options(format!(
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let pool = pool(
+            url,
+            "floodgate",
+            &format!(
                 "-c synchronous_commit=off -c statement_timeout={}",
                 statement_timeout.as_millis()
-            ));
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        // TLS only when the URL demands it: `sslmode=prefer` (the default) would try TLS first,
-        // and a server with a certificate nobody here trusts (Debian's own snakeoil one, say)
-        // would then refuse every connection instead of falling back.
-        let manager = match tls {
-            Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
-            None => Manager::from_config(config, NoTls, manager_config),
-        };
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let pool = Pool::builder(manager)
-            .max_size((4 * cores).max(8))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(timeout.max(Duration::from_millis(250))))
-            .create_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
-            .build()
-            .map_err(unavailable)?;
+            ),
+            (4 * cores).max(8),
+            timeout,
+        )
+        .map_err(LimiterError::unavailable)?;
         let alive = Arc::new(());
         let db = Db {
             pool,
@@ -445,4 +429,41 @@ impl RemoteStore for PostgresStore {
         let _ = self.db.calls.set(counter);
         true
     }
+}
+
+/// A pool of connections to `url`, made on demand, named `application` in
+/// `pg_stat_activity`, each session started with `session` (`-c name=value` options), at most
+/// `max_size` of them, waited for at most `timeout` (at least 250 ms; a new connection at
+/// least 1 s). `Err` only for a URL that cannot be used at all.
+pub fn pool(
+    url: &str,
+    application: &str,
+    session: &str,
+    max_size: usize,
+    timeout: Duration,
+) -> Result<Pool, String> {
+    let url::Options { mut config, tls } =
+        url::options(url).map_err(|e| format!("invalid PostgreSQL URL: {e}"))?;
+    config
+        .application_name(application)
+        .connect_timeout(timeout.max(Duration::from_secs(1)))
+        .options(session);
+    let manager_config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    // TLS only when the URL demands it: `sslmode=prefer` (the default) would try TLS first,
+    // and a server with a certificate nobody here trusts (Debian's own snakeoil one, say)
+    // would then refuse every connection instead of falling back.
+    let manager = match tls {
+        Some(tls) => Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config),
+        None => Manager::from_config(config, NoTls, manager_config),
+    };
+    Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .create_timeout(Some(timeout.max(Duration::from_secs(1))))
+        .recycle_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .build()
+        .map_err(|e| e.to_string())
 }
