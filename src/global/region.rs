@@ -310,6 +310,9 @@ END $$;
 /// The region's store on PostgreSQL.
 pub(super) struct PgRegion {
     pool: deadpool_postgres::Pool,
+    /// One call, the connection's checkout included (a request waits on it: the server's
+    /// `statement_timeout` alone would not bound a connection that stopped answering).
+    timeout: Duration,
     installed: AtomicBool,
     installing: tokio::sync::Mutex<()>,
 }
@@ -318,6 +321,7 @@ impl PgRegion {
     fn connect(url: &str, timeout: Duration) -> anyhow::Result<PgRegion> {
         Ok(PgRegion {
             pool: super::postgres::pool(url, timeout, "floodgate-region", timeout)?,
+            timeout,
             installed: AtomicBool::new(false),
             installing: tokio::sync::Mutex::new(()),
         })
@@ -341,11 +345,16 @@ impl PgRegion {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, String> {
-        self.install().await?;
-        let client = self.pool.get().await.map_err(|e| e.to_string())?;
-        client
-            .query_one(sql, params)
+        let call = async {
+            self.install().await?;
+            let client = self.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .query_one(sql, params)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(self.timeout, call)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|_| format!("no answer within {:?}", self.timeout))?
     }
 }
