@@ -233,7 +233,7 @@ impl Proxy {
         }
         ctx.span.record(field::ROUTE, &*route.config.name);
         if let Some(trace) = &ctx.trace {
-            trace.rename(|| format!("{} {}", req.method(), route.config.name));
+            trace.rename(|| [req.method().as_str(), " ", &route.config.name].concat());
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
@@ -396,7 +396,7 @@ impl Proxy {
         let mut req = req;
         let forwarded_span = ctx.trace.as_ref().map(|trace| {
             let method = req.method().clone();
-            trace.forward(&method, &route.config.upstream.authority, req.headers_mut())
+            trace.forward(&method, &route.config.upstream.host, req.headers_mut())
         });
         // A gRPC client's deadline bounds the wait for the upstream too.
         let deadline = match ctx.dialect {

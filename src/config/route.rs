@@ -335,6 +335,9 @@ pub struct Upstream {
     pub authority: Authority,
     /// The `Host` header forwarded requests carry, built once.
     pub host_header: http::HeaderValue,
+    /// The authority's host (a forwarded request's span names it `server.address`), taken
+    /// out once.
+    pub host: std::sync::Arc<str>,
     pub protocol: UpstreamProtocol,
 }
 

@@ -1,47 +1,21 @@
-//! The way out: ended spans onto a bounded queue without waiting (a full queue drops the span
-//! and counts it), and one task that exports them in batches: OTLP/HTTP protobuf
+//! The way out: one task that takes ended spans off the bounded queue (`Telemetry::emit` puts
+//! them there without waiting, and says when a batch's worth is waiting) and exports them in
+//! batches: OTLP/HTTP protobuf
 //! (`otlp::encode`) POSTed through `opentelemetry-http`'s hyper client with rustls.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use opentelemetry::Context;
 use opentelemetry_http::HttpClient;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanProcessor};
+use opentelemetry_sdk::trace::SpanData;
+use tokio::sync::Notify;
+use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::error::TryRecvError;
 use prometheus_client::metrics::counter::Counter;
 
 use super::otlp;
 
 use super::{BATCH, BATCH_WAIT, EXPORT_TIMEOUT};
-
-/// Ended spans on their way to the exporting task.
-#[derive(Debug)]
-pub(super) struct QueueProcessor {
-    pub(super) queue: tokio::sync::mpsc::Sender<SpanData>,
-    pub(super) dropped: Counter,
-}
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        if self.queue.try_send(span).is_err() {
-            self.dropped.inc();
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-}
 
 /// The HTTP client both exporters send with: hyper on floodgate's runtime, TLS by rustls for
 /// an `https://` collector.
@@ -58,11 +32,14 @@ pub(super) fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
     ))
 }
 
-/// The exporting task: batches of at most [`BATCH`] spans, sent to `url` one export at a time;
-/// a failed export's spans are counted as dropped (the collector may be down: they are not
-/// retried, so memory stays bounded).
+/// The exporting task: every [`BATCH_WAIT`], or as soon as `full` says a batch's worth is
+/// waiting, it takes what is queued and sends it to `url` in batches of at most [`BATCH`],
+/// one export at a time. In between it does not wait on the queue, so queueing a span wakes
+/// nothing. A failed export's spans are counted as dropped (the collector may be down: they
+/// are not retried, so memory stays bounded). It ends once the queue is closed and empty.
 pub(super) async fn export_spans(
-    mut spans: tokio::sync::mpsc::Receiver<SpanData>,
+    mut spans: Receiver<SpanData>,
+    full: Arc<Notify>,
     client: Client,
     url: String,
     resource: otlp::Resource,
@@ -70,42 +47,70 @@ pub(super) async fn export_spans(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        // Whatever is queued is taken at once (`recv_many`), not a span at a time.
-        if spans.recv_many(&mut batch, BATCH).await == 0 {
-            return;
+        tokio::select! {
+            _ = tokio::time::sleep(BATCH_WAIT) => {}
+            _ = full.notified() => {}
         }
-        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
-        while batch.len() < BATCH {
-            let room = BATCH - batch.len();
-            match tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, room)).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+        loop {
+            let closed = take(&mut spans, &mut batch);
+            if !batch.is_empty() {
+                export(&client, &url, &resource, &batch, &dropped).await;
             }
+            if closed {
+                return;
+            }
+            if batch.len() < BATCH {
+                break;
+            }
+            batch.clear();
         }
-        let n = batch.len() as u64;
-        let body = Bytes::from(otlp::encode(&resource, &batch));
         batch.clear();
-        let Ok(request) = http::Request::post(&url)
-            .header("content-type", "application/x-protobuf")
-            .body(body)
-        else {
+    }
+}
+
+/// Moves up to [`BATCH`] queued spans into `batch` without waiting; true when the queue is
+/// closed and empty.
+fn take(spans: &mut Receiver<SpanData>, batch: &mut Vec<SpanData>) -> bool {
+    while batch.len() < BATCH {
+        match spans.try_recv() {
+            Ok(span) => batch.push(span),
+            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Disconnected) => return true,
+        }
+    }
+    false
+}
+
+/// One export: `batch` as one OTLP request, within [`EXPORT_TIMEOUT`].
+async fn export(
+    client: &Client,
+    url: &str,
+    resource: &otlp::Resource,
+    batch: &[SpanData],
+    dropped: &Counter,
+) {
+    let n = batch.len() as u64;
+    let body = Bytes::from(otlp::encode(resource, batch));
+    let Ok(request) = http::Request::post(url)
+        .header("content-type", "application/x-protobuf")
+        .body(body)
+    else {
+        dropped.inc_by(n);
+        return;
+    };
+    match tokio::time::timeout(EXPORT_TIMEOUT, client.send_bytes(request)).await {
+        Ok(Ok(response)) if response.status().is_success() => {}
+        Ok(Ok(response)) => {
             dropped.inc_by(n);
-            continue;
-        };
-        match tokio::time::timeout(EXPORT_TIMEOUT, client.send_bytes(request)).await {
-            Ok(Ok(response)) if response.status().is_success() => {}
-            Ok(Ok(response)) => {
-                dropped.inc_by(n);
-                tracing::debug!(status = %response.status(), spans = n, "span export refused");
-            }
-            Ok(Err(e)) => {
-                dropped.inc_by(n);
-                tracing::debug!(error = %e, spans = n, "span export failed");
-            }
-            Err(_) => {
-                dropped.inc_by(n);
-                tracing::debug!(spans = n, "span export timed out");
-            }
+            tracing::debug!(status = %response.status(), spans = n, "span export refused");
+        }
+        Ok(Err(e)) => {
+            dropped.inc_by(n);
+            tracing::debug!(error = %e, spans = n, "span export failed");
+        }
+        Err(_) => {
+            dropped.inc_by(n);
+            tracing::debug!(spans = n, "span export timed out");
         }
     }
 }

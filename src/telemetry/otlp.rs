@@ -16,7 +16,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use opentelemetry::trace::{SpanId, SpanKind, Status};
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceState};
 use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::SpanData;
 
@@ -52,7 +52,10 @@ pub(super) fn encode(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
     let sized: Vec<Sized<'_>> = spans
         .iter()
         .map(|span| {
-            let state = span.span_context.trace_state().header();
+            let state = match span.span_context.trace_state() {
+                s if *s == TraceState::NONE => String::new(),
+                s => s.header(),
+            };
             Sized {
                 len: span_len(span, &state),
                 state,
@@ -309,12 +312,14 @@ fn write_link(w: &mut Vec<u8>, link: &opentelemetry::trace::Link) {
 // --- KeyValue: key 1, value 2; AnyValue: string 1, bool 2, int 3, double 4, array 5;
 // ArrayValue: values 1 ---
 
+#[inline]
 fn kv_len(kv: &KeyValue) -> usize {
     string_field_len(1, kv.key.as_str()) + field_len(2, value_len(&kv.value))
 }
 
 /// `kv` as field `field` of its message: its length, then its key and value (the value
 /// measured once for both).
+#[inline]
 fn write_kv(w: &mut Vec<u8>, field: u32, kv: &KeyValue) {
     let value = value_len(&kv.value);
     header(
@@ -340,6 +345,7 @@ fn string_kv(w: &mut Vec<u8>, k: &str, v: &str) {
 
 /// An `AnyValue`'s one field is written even when it holds its type's default (a `false`,
 /// a `0`, an empty string): which of the oneof's fields is present is the value's type.
+#[inline]
 fn value_len(value: &Value) -> usize {
     match value {
         Value::Bool(_) => 1 + 1,
@@ -351,6 +357,7 @@ fn value_len(value: &Value) -> usize {
     }
 }
 
+#[inline]
 fn write_value(w: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Bool(v) => {
@@ -408,6 +415,7 @@ fn write_array(w: &mut Vec<u8>, array: &Array) {
 
 // --- the wire ---
 
+#[inline]
 fn varint_len(mut v: u64) -> usize {
     let mut n = 1;
     while v >= 0x80 {
@@ -417,7 +425,13 @@ fn varint_len(mut v: u64) -> usize {
     n
 }
 
+#[inline]
 fn varint(w: &mut Vec<u8>, mut v: u64) {
+    if v < 0x80 {
+        // Most are: a key, a short string's length.
+        w.push(v as u8);
+        return;
+    }
     while v >= 0x80 {
         w.push((v as u8 & 0x7f) | 0x80);
         v >>= 7;
@@ -425,26 +439,31 @@ fn varint(w: &mut Vec<u8>, mut v: u64) {
     w.push(v as u8);
 }
 
+#[inline]
 fn key(w: &mut Vec<u8>, field: u32, wire: u8) {
     varint(w, u64::from(field) << 3 | u64::from(wire));
 }
 
+#[inline]
 fn key_len(field: u32) -> usize {
     varint_len(u64::from(field) << 3)
 }
 
 /// A length-delimited field of `len` bytes, key and length included.
+#[inline]
 fn field_len(field: u32, len: usize) -> usize {
     key_len(field) + varint_len(len as u64) + len
 }
 
 /// The key and length of a length-delimited field whose `len` bytes follow.
+#[inline]
 fn header(w: &mut Vec<u8>, field: u32, len: usize) {
     key(w, field, LEN);
     varint(w, len as u64);
 }
 
 /// Proto3 leaves out a scalar field that holds its default (an empty string, a zero).
+#[inline]
 fn string_field_len(field: u32, s: &str) -> usize {
     if s.is_empty() {
         0
@@ -453,17 +472,20 @@ fn string_field_len(field: u32, s: &str) -> usize {
     }
 }
 
+#[inline]
 fn string_field(w: &mut Vec<u8>, field: u32, s: &str) {
     if !s.is_empty() {
         bytes_field(w, field, s.as_bytes());
     }
 }
 
+#[inline]
 fn bytes_field(w: &mut Vec<u8>, field: u32, bytes: &[u8]) {
     header(w, field, bytes.len());
     w.extend_from_slice(bytes);
 }
 
+#[inline]
 fn varint_field_len(field: u32, v: u64) -> usize {
     if v == 0 {
         0
@@ -472,6 +494,7 @@ fn varint_field_len(field: u32, v: u64) -> usize {
     }
 }
 
+#[inline]
 fn varint_field(w: &mut Vec<u8>, field: u32, v: u64) {
     if v != 0 {
         key(w, field, VARINT);
@@ -479,6 +502,7 @@ fn varint_field(w: &mut Vec<u8>, field: u32, v: u64) {
     }
 }
 
+#[inline]
 fn fixed64_field(w: &mut Vec<u8>, field: u32, v: u64) {
     key(w, field, FIXED64);
     w.extend_from_slice(&v.to_le_bytes());

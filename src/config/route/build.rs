@@ -410,6 +410,7 @@ impl Validator {
             scheme: scheme.clone(),
             authority: authority.clone(),
             host_header,
+            host: authority.host().into(),
             protocol: UpstreamProtocol::Http1,
         })
     }

@@ -258,6 +258,7 @@ mod tests {
         Upstream {
             scheme: uri.scheme().unwrap().clone(),
             host_header: HeaderValue::from_str(authority.as_str()).unwrap(),
+            host: authority.host().into(),
             authority,
             protocol: UpstreamProtocol::Http1,
         }
