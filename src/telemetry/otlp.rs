@@ -314,13 +314,36 @@ fn write_link(w: &mut Vec<u8>, link: &opentelemetry::trace::Link) {
 
 #[inline]
 fn kv_len(kv: &KeyValue) -> usize {
-    string_field_len(1, kv.key.as_str()) + field_len(2, value_len(&kv.value))
+    match short_kv(kv) {
+        Some(short) => short.len,
+        None => string_field_len(1, kv.key.as_str()) + field_len(2, value_len(&kv.value)),
+    }
 }
 
 /// `kv` as field `field` of its message: its length, then its key and value (the value
 /// measured once for both).
 #[inline]
 fn write_kv(w: &mut Vec<u8>, field: u32, kv: &KeyValue) {
+    if let Some(short) = short_kv(kv)
+        && field < 16
+    {
+        // The common case, with every length one byte: the fixed bytes go in as two small
+        // arrays around the key and the value, not a byte at a time.
+        let key = kv.key.as_str();
+        w.extend_from_slice(&[(field << 3) as u8 | LEN, short.len as u8, 0x0a, key.len() as u8]);
+        w.extend_from_slice(key.as_bytes());
+        match short.value {
+            Short::String(s) => {
+                w.extend_from_slice(&[0x12, short.value_len as u8, 0x0a, s.len() as u8]);
+                w.extend_from_slice(s.as_bytes());
+            }
+            Short::I64(v) => {
+                w.extend_from_slice(&[0x12, short.value_len as u8, 3 << 3 | VARINT]);
+                varint(w, v as u64);
+            }
+        }
+        return;
+    }
     let value = value_len(&kv.value);
     header(
         w,
@@ -330,6 +353,38 @@ fn write_kv(w: &mut Vec<u8>, field: u32, kv: &KeyValue) {
     string_field(w, 1, kv.key.as_str());
     header(w, 2, value);
     write_value(w, &kv.value);
+}
+
+/// A string or integer attribute with a key, whose `KeyValue` message is under 128 bytes so
+/// that each of its lengths takes one byte: most of a span's attributes.
+struct ShortKv<'a> {
+    /// The `KeyValue` message's length.
+    len: usize,
+    /// Its `AnyValue`'s length.
+    value_len: usize,
+    value: Short<'a>,
+}
+
+enum Short<'a> {
+    String(&'a str),
+    I64(i64),
+}
+
+#[inline]
+fn short_kv(kv: &KeyValue) -> Option<ShortKv<'_>> {
+    let key = kv.key.as_str().len();
+    let (value, value_len) = match &kv.value {
+        Value::String(s) => (Short::String(s.as_str()), 2 + s.as_str().len()),
+        Value::I64(v) => (Short::I64(*v), 1 + varint_len(*v as u64)),
+        _ => return None,
+    };
+    // the key (tag, length, bytes), then the value (tag, length, its AnyValue)
+    let len = 2 + key + 2 + value_len;
+    (key > 0 && len < 128).then_some(ShortKv {
+        len,
+        value_len,
+        value,
+    })
 }
 
 fn string_kv_len(k: &str, v: &str) -> usize {
@@ -555,6 +610,12 @@ mod tests {
                     Value::Array(Array::String(vec!["a".into(), "bc".into()])),
                 ),
                 KeyValue::new("numbers", Value::Array(Array::I64(vec![0, 1, 300]))),
+                // Around the short attributes' bound: a KeyValue of 127 bytes, then 128.
+                KeyValue::new("edge127", "y".repeat(114)),
+                KeyValue::new("edge128", "z".repeat(115)),
+                KeyValue::new("long", "x".repeat(300)),
+                KeyValue::new("big", i64::MIN),
+                KeyValue::new("", "no key"),
             ],
             dropped_attributes_count: 0,
             events: SpanEvents::default(),
