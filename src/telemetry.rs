@@ -190,7 +190,12 @@ impl Telemetry {
                 TraceState::NONE,
             );
             let recording = keep.then(|| {
-                Recording::new(self.clone(), name, SpanKind::Server, (SpanId::INVALID, false))
+                Recording::new(
+                    self.clone(),
+                    name,
+                    SpanKind::Server,
+                    (SpanId::INVALID, false),
+                )
             });
             return Trace::new(context, recording);
         }
@@ -200,14 +205,9 @@ impl Telemetry {
             true => remote.trace_id(),
             false => self.ids.new_trace_id(),
         };
-        let sampled = self.sampler.should_sample(
-            Some(&parent),
-            trace_id,
-            &name,
-            &SpanKind::Server,
-            &[],
-            &[],
-        );
+        let sampled =
+            self.sampler
+                .should_sample(Some(&parent), trace_id, &name, &SpanKind::Server, &[], &[]);
         let keep = sampled.decision == SamplingDecision::RecordAndSample;
         let context = SpanContext::new(
             trace_id,

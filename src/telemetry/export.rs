@@ -8,10 +8,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use opentelemetry_http::HttpClient;
 use opentelemetry_sdk::trace::SpanData;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::Receiver;
 use tokio::sync::mpsc::error::TryRecvError;
-use prometheus_client::metrics::counter::Counter;
 
 use super::otlp;
 

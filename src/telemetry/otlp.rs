@@ -330,7 +330,12 @@ fn write_kv(w: &mut Vec<u8>, field: u32, kv: &KeyValue) {
         // The common case, with every length one byte: the fixed bytes go in as two small
         // arrays around the key and the value, not a byte at a time.
         let key = kv.key.as_str();
-        w.extend_from_slice(&[(field << 3) as u8 | LEN, short.len as u8, 0x0a, key.len() as u8]);
+        w.extend_from_slice(&[
+            (field << 3) as u8 | LEN,
+            short.len as u8,
+            0x0a,
+            key.len() as u8,
+        ]);
         w.extend_from_slice(key.as_bytes());
         match short.value {
             Short::String(s) => {

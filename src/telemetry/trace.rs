@@ -213,7 +213,12 @@ impl Trace {
     fn finish(&mut self, status: Option<u16>) {
         if let Some(recording) = self.recording.take() {
             let recording = recording.into_inner().unwrap_or_else(|e| e.into_inner());
-            recording.end(self.context.clone(), SystemTime::now(), status, Status::Unset);
+            recording.end(
+                self.context.clone(),
+                SystemTime::now(),
+                status,
+                Status::Unset,
+            );
         }
     }
 }
