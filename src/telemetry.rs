@@ -9,7 +9,7 @@
 //! name and attributes, filled in as the request goes and made into `SpanData` once as it
 //! ends, rather than the SDK's `Tracer` span, which lives in a `Context` behind a mutex and a
 //! dynamic call and is copied again as it ends (callgrind put the SDK's span machinery at
-//! about 5,000 instructions of a sampled request; see docs/performance.md).
+//! about 4,000 instructions of a sampled request; see docs/performance.md).
 //!
 //! The way out never waits: an ended span is put on a bounded queue (a full queue drops it
 //! and counts it in `floodgate_telemetry_dropped_total`), and one task takes batches off the
