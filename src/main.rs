@@ -410,6 +410,11 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     if let Some(global) = proxy.global() {
         let _ = tokio::time::timeout(Duration::from_secs(2), global.give_back_all()).await;
     }
+    // The spans of the last requests are exported now rather than lost with the process (a
+    // dead collector holds the exit back 2 s at most).
+    if let Some(telemetry) = proxy.telemetry() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), telemetry.flush()).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

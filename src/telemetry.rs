@@ -72,6 +72,8 @@ pub struct Telemetry {
     queue: tokio::sync::mpsc::Sender<SpanData>,
     /// Told when a batch's worth of spans is queued (the exporter does not watch the queue).
     full: Arc<tokio::sync::Notify>,
+    /// Asks the exporter to send everything queued now (at shutdown), and hears when it has.
+    flushes: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
     dropped: Counter,
 }
 
@@ -95,6 +97,7 @@ impl Telemetry {
         let base = base.trim_end_matches('/');
         let (queue, spans) = tokio::sync::mpsc::channel(QUEUE);
         let full = Arc::new(tokio::sync::Notify::new());
+        let (flushes, flush_requests) = tokio::sync::mpsc::channel(1);
         let resource = opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(config.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
@@ -102,6 +105,7 @@ impl Telemetry {
         tokio::spawn(export_spans(
             spans,
             full.clone(),
+            flush_requests,
             client.clone(),
             format!("{base}/v1/traces"),
             otlp::Resource::new(&resource),
@@ -126,6 +130,7 @@ impl Telemetry {
             ratio: config.sample_ratio,
             queue,
             full,
+            flushes,
             dropped,
         })
     }
@@ -228,6 +233,16 @@ impl Telemetry {
             )
         });
         Trace::new(context, recording)
+    }
+
+    /// Exports every span queued so far, and returns once that export is over (sent, refused
+    /// or timed out). At shutdown, so that the last half second's spans are not lost; the
+    /// caller bounds the wait.
+    pub async fn flush(&self) {
+        let (done, exported) = tokio::sync::oneshot::channel();
+        if self.flushes.send(done).await.is_ok() {
+            let _ = exported.await;
+        }
     }
 
     /// A new span id (for a child span).

@@ -269,6 +269,39 @@ async fn a_collector_that_never_answers_costs_requests_nothing_and_memory_a_boun
     assert!(dropped >= 12_500 - 4_096 - 512, "dropped {dropped}");
 }
 
+/// The spans of the last requests before SIGTERM reach the collector: floodgate exports what
+/// is queued as it shuts down, instead of at the exporter's next turn (every half second), which
+/// the process would not live to see. (Without the flush this fails unless a turn happens to
+/// fall between the last answer and the signal, a few milliseconds apart: rarely.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_at_sigterm_are_exported_as_floodgate_stops() {
+    let receiver = Receiver::start();
+    let upstream = Upstream::start().await;
+    let mut fg = Floodgate::start(&format!(
+        "telemetry:\n  otlp_endpoint: {}\n  metrics_interval: 0s\nroutes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n",
+        receiver.endpoint(),
+        upstream.url()
+    ));
+    let client = client();
+    for i in 0..3 {
+        let status = get(&client, &fg.url(&format!("/last/{i}")), &[])
+            .await
+            .status;
+        assert_eq!(status, 200);
+    }
+    fg.signal("TERM");
+    let status = fg
+        .wait_exit(Duration::from_secs(10))
+        .expect("floodgate exits");
+    assert!(status.success(), "{status}");
+    for i in 0..3 {
+        let path = format!("/last/{i}");
+        receiver.wait_for(&format!("the SERVER span of {path}"), |v| {
+            v["kind"] == "SERVER" && attr(v, "url.path") == path.as_str()
+        });
+    }
+}
+
 /// Chromium's binary, if Debian's package is installed.
 fn chromium() -> std::path::PathBuf {
     for name in ["chromium", "chromium-browser"] {

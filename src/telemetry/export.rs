@@ -9,9 +9,9 @@ use bytes::Bytes;
 use opentelemetry_http::HttpClient;
 use opentelemetry_sdk::trace::SpanData;
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::Notify;
 use tokio::sync::mpsc::Receiver;
 use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{Notify, oneshot};
 
 use super::otlp;
 
@@ -36,10 +36,12 @@ pub(super) fn http_client(_endpoint: &http::Uri) -> anyhow::Result<Client> {
 /// waiting, it takes what is queued and sends it to `url` in batches of at most [`BATCH`],
 /// one export at a time. In between it does not wait on the queue, so queueing a span wakes
 /// nothing. A failed export's spans are counted as dropped (the collector may be down: they
-/// are not retried, so memory stays bounded). It ends once the queue is closed and empty.
+/// are not retried, so memory stays bounded). A flush (`flushes`) exports everything queued at
+/// once and then says so. It ends once the queue is closed and empty.
 pub(super) async fn export_spans(
     mut spans: Receiver<SpanData>,
     full: Arc<Notify>,
+    mut flushes: Receiver<oneshot::Sender<()>>,
     client: Client,
     url: String,
     resource: otlp::Resource,
@@ -47,10 +49,11 @@ pub(super) async fn export_spans(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(BATCH_WAIT) => {}
-            _ = full.notified() => {}
-        }
+        let flush = tokio::select! {
+            _ = tokio::time::sleep(BATCH_WAIT) => None,
+            _ = full.notified() => None,
+            Some(done) = flushes.recv() => Some(done),
+        };
         loop {
             let closed = take(&mut spans, &mut batch);
             if !batch.is_empty() {
@@ -65,6 +68,9 @@ pub(super) async fn export_spans(
             batch.clear();
         }
         batch.clear();
+        if let Some(done) = flush {
+            let _ = done.send(());
+        }
     }
 }
 
