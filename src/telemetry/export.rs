@@ -1,7 +1,7 @@
 //! The way out: one task that takes ended spans off the bounded queue (`Telemetry::emit` puts
 //! them there without waiting, and says when a batch's worth is waiting) and exports them in
-//! batches: OTLP/HTTP protobuf
-//! (`otlp::encode`) POSTed through `opentelemetry-http`'s hyper client with rustls.
+//! batches: OTLP/HTTP protobuf (`otlp::encode`) POSTed through `opentelemetry-http`'s hyper
+//! client with rustls.
 
 use std::sync::Arc;
 
