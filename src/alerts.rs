@@ -194,6 +194,11 @@ impl Alerter {
             }
             from
         };
+        // A full queue drops the crossing (counted): known before its strings are copied.
+        if self.queue.capacity() == 0 {
+            self.metrics.alert("dropped");
+            return;
+        }
         let change = Change {
             route: route.to_string(),
             limit: limit.name().to_string(),
