@@ -75,8 +75,9 @@ impl Recording {
         (context, child)
     }
 
-    /// Ends the span at `end`: with an HTTP status (`error.type` for a 5xx) if it has one, or
-    /// as the store's `status`. The span goes to the exporter's queue.
+    /// Ends the span at `end` with `status` (a failed store call's error), or with the HTTP
+    /// status code `http` (a 5xx also sets `error.type` and an error status). The span goes to
+    /// the exporter's queue.
     fn end(mut self, context: SpanContext, end: SystemTime, http: Option<u16>, status: Status) {
         let mut status = status;
         if let Some(code) = http {
