@@ -5,13 +5,15 @@
 //!
 //! 1. **On the request path** ([`Alerter::observe`], from the decider, for an admitted request's
 //!    headline limit: the one with the least left): the share spent is compared with the
-//!    configured shares. Each budget's highest share crossed is remembered in this process;
-//!    only a change of it (a crossing, or the budget back below a share: a new window, a refill,
-//!    a reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
+//!    configured shares. Each budget's highest share crossed is remembered in this process (as
+//!    the share itself, so that a reload which adds or removes shares neither repeats an alert
+//!    nor skips one); only a change of it (a crossing, or the budget back below a share: a new
+//!    window, a refill, a reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
 //!    `floodgate_alerts_total{outcome="dropped"}`). With no `alerts:`, one atomic load;
 //!    a budget below every share with nothing remembered costs no look-up either.
 //! 2. **The sender task** ([`run`]) takes a crossing and *claims* it in the shared store
-//!    (`Limiter::claim`: Redis `SET NX PX`, a PostgreSQL row), until the budget would be full
+//!    (`Limiter::claim` of `alert:{budget digest}:{share}`: Redis `SET NX PX`, a PostgreSQL row),
+//!    until the budget would be full
 //!    again: the instance whose claim succeeds sends, the others do not. A budget back below a
 //!    share gives the claim up, so the next crossing alerts again. When the store cannot be
 //!    asked, the alert is sent all the same (a duplicate is better than silence). The memory
@@ -47,23 +49,24 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pauses before each retry: seven attempts, the last 63 s after the first.
 const BACKOFF_S: [u64; 6] = [1, 2, 4, 8, 16, 32];
 
-/// A budget's highest share crossed, until the budget would be full again (µs since the epoch).
+/// A budget's highest share crossed (one of the configured shares, all above 0), until the
+/// budget would be full again (µs since the epoch).
 #[derive(Clone, Copy)]
 struct Crossed {
-    level: u8,
+    share: f64,
     until_us: u64,
 }
 
-/// What the sender task is told: a budget's highest share crossed went from `from` to `to`
-/// (up: crossings to claim and send; down: claims to give up).
+/// What the sender task is told: a budget's highest share crossed went from `from` to `to` (0:
+/// none; up: the shares between are crossings to claim and send; down: claims to give up).
 struct Change {
     route: String,
     limit: String,
     budget: String,
     kind: KeyKind,
     value: Vec<u8>,
-    from: u8,
-    to: u8,
+    from: f64,
+    to: f64,
     remaining: u64,
     reset_unix: u64,
     /// Until the budget would be full again: how long a claim holds.
@@ -112,8 +115,6 @@ impl Alerter {
         let mut shares: Vec<f64> = sinks.iter().flat_map(|s| s.at.iter().copied()).collect();
         shares.sort_by(f64::total_cmp);
         shares.dedup();
-        // At most 255 shares are told apart (a level is a u8); nobody configures that many.
-        shares.truncate(usize::from(u8::MAX));
         self.on.store(!shares.is_empty(), Ordering::Relaxed);
         self.rules.store(Arc::new(Rules {
             sinks: sinks.to_vec(),
@@ -140,12 +141,14 @@ impl Alerter {
         let spent = figures.limit.saturating_sub(figures.remaining) as f64;
         let total = figures.limit as f64;
         // Shares compared in units (0.8 of 5 is 4 spent), with room for the float's rounding.
-        let level = rules
+        let crossed = rules
             .shares
             .iter()
-            .take_while(|&&share| spent >= share * total - 1e-9)
-            .count() as u8;
-        if level == 0 && self.remembered.load(Ordering::Relaxed) == 0 {
+            .copied()
+            .take_while(|&share| spent >= share * total - 1e-9)
+            .last()
+            .unwrap_or(0.0);
+        if crossed == 0.0 && self.remembered.load(Ordering::Relaxed) == 0 {
             return;
         }
         let hash = key.hash_with(&self.hasher);
@@ -157,23 +160,23 @@ impl Alerter {
             let until_us = now.saturating_add(figures.reset_after_us);
             let from = match shard.get_mut(&hash) {
                 Some(c) if c.until_us > now => {
-                    if c.level == level {
+                    if c.share == crossed {
                         // Still past the same share: it would be full again later now.
                         c.until_us = until_us;
                         return;
                     }
-                    c.level
+                    c.share
                 }
                 // Ended: the budget would be full again by now.
-                Some(_) if level == 0 => {
+                Some(_) if crossed == 0.0 => {
                     shard.remove(&hash);
                     self.remembered.fetch_sub(1, Ordering::Relaxed);
                     return;
                 }
-                None if level == 0 => return,
-                _ => 0,
+                None if crossed == 0.0 => return,
+                _ => 0.0,
             };
-            if level == 0 {
+            if crossed == 0.0 {
                 if shard.remove(&hash).is_some() {
                     self.remembered.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -187,8 +190,11 @@ impl Alerter {
                         return;
                     }
                 }
-                let crossed = Crossed { level, until_us };
-                if shard.insert(hash, crossed).is_none() {
+                let entry = Crossed {
+                    share: crossed,
+                    until_us,
+                };
+                if shard.insert(hash, entry).is_none() {
                     self.remembered.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -206,7 +212,7 @@ impl Alerter {
             kind: key.kind,
             value: key.value.to_vec(),
             from,
-            to: level,
+            to: crossed,
             remaining: figures.remaining,
             reset_unix: verdict.reset_unix_secs(),
             full_in_us: figures.reset_after_us,
@@ -240,20 +246,25 @@ pub async fn run(alerter: Arc<Alerter>, limiter: Limiter) {
             d.update(&change.value);
             crate::limiter::hex(&d.finalize()[..12])
         };
-        let claim = |level: u8| format!("alert:{digest}:{level}");
+        // A claim is named by its share (`0.8`, as written), not its place in the list: the
+        // same in every instance, whatever shares a reload added beside it.
+        let claim = |share: f64| format!("alert:{digest}:{share}");
+        // The configured shares in (low, high]. (A share a reload removed is not given up
+        // here: its claim lapses when the budget would be full again.)
+        let between = |low: f64, high: f64| {
+            let shares = rules.shares.iter().copied();
+            shares.filter(move |&share| share > low && share <= high)
+        };
         if change.to < change.from {
-            for level in change.to + 1..=change.from {
-                if let Err(e) = limiter.unclaim(&claim(level)).await {
+            for share in between(change.to, change.from) {
+                if let Err(e) = limiter.unclaim(&claim(share)).await {
                     tracing::debug!(error = %e, "alerts: a claim could not be given up");
                 }
             }
             continue;
         }
-        for level in change.from + 1..=change.to {
-            let Some(&share) = rules.shares.get(usize::from(level) - 1) else {
-                continue;
-            };
-            let claimed = match limiter.claim(&claim(level), change.full_in_us.max(1)).await {
+        for share in between(change.from, change.to) {
+            let claimed = match limiter.claim(&claim(share), change.full_in_us.max(1)).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::debug!(error = %e, "alerts: the store could not be asked; sending");
@@ -355,7 +366,7 @@ mod tests {
     }
 
     /// (from, to) of each change queued so far.
-    fn changes(alerter: &Alerter) -> Vec<(u8, u8)> {
+    fn changes(alerter: &Alerter) -> Vec<(f64, f64)> {
         let mut receiver = alerter.receiver.lock().unwrap();
         let receiver = receiver.as_mut().unwrap();
         std::iter::from_fn(|| receiver.try_recv().ok())
@@ -400,15 +411,53 @@ mod tests {
         for remaining in [2, 2, 1, 0] {
             alerter.observe("api", limit, key, &verdict(10, remaining, hour));
         }
-        assert_eq!(changes(&alerter), [(0, 1), (1, 2)]);
+        assert_eq!(changes(&alerter), [(0.0, 0.8), (0.8, 1.0)]);
         // A new window: back below every share (the claims go), then past 0.8 again.
         alerter.observe("api", limit, key, &verdict(10, 9, hour));
         alerter.observe("api", limit, key, &verdict(10, 2, hour));
-        assert_eq!(changes(&alerter), [(2, 0), (0, 1)]);
+        assert_eq!(changes(&alerter), [(1.0, 0.0), (0.0, 0.8)]);
         // Past a share and never back, but the budget would be full again by now: a new crossing.
         alerter.observe("api", limit, key, &verdict(10, 9, 0));
         alerter.observe("api", limit, key, &verdict(10, 1, 0));
         alerter.observe("api", limit, key, &verdict(10, 1, 0));
-        assert_eq!(changes(&alerter), [(1, 0), (0, 1), (0, 1)]);
+        assert_eq!(changes(&alerter), [(0.8, 0.0), (0.0, 0.8), (0.0, 0.8)]);
+    }
+
+    /// A reload that adds shares below and above the one a budget is past: nothing is queued
+    /// again for the share already crossed (nor for the one below it, passed before it
+    /// existed); the next crossing is the share above.
+    #[test]
+    fn a_reload_that_adds_shares_neither_repeats_a_crossing_nor_misses_the_next() {
+        let sink = |at: Vec<f64>| AlertSink {
+            url: "http://127.0.0.1:9/hook".parse().unwrap(),
+            at,
+        };
+        let alerter = Alerter::new(&[sink(vec![0.8])], Arc::new(Metrics::new()));
+        let budget = crate::config::override_budget(
+            "api",
+            "api",
+            serde_json::json!([{"algorithm": "fixed_window", "limit": 10, "window": "1h"}]),
+            false,
+        )
+        .unwrap();
+        let limit = &budget.limits[0];
+        let key = BudgetKey {
+            budget: limit.budget_id(),
+            kind: KeyKind::ApiKey,
+            value: b"k",
+        };
+        let hour = 3_600_000_000;
+        alerter.observe("api", limit, key, &verdict(10, 2, hour));
+        assert_eq!(changes(&alerter), [(0.0, 0.8)]);
+        alerter.configure(&[sink(vec![0.5, 0.8, 1.0])]);
+        alerter.observe("api", limit, key, &verdict(10, 1, hour));
+        assert_eq!(changes(&alerter), []);
+        alerter.observe("api", limit, key, &verdict(10, 0, hour));
+        assert_eq!(changes(&alerter), [(0.8, 1.0)]);
+        // A reload that removes the share a budget is past: below it now, the next share down
+        // is where the budget stands (a change down: nothing sent).
+        alerter.configure(&[sink(vec![0.5])]);
+        alerter.observe("api", limit, key, &verdict(10, 0, hour));
+        assert_eq!(changes(&alerter), [(1.0, 0.5)]);
     }
 }

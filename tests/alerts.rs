@@ -1,6 +1,7 @@
 //! Quota alerts (`alerts:`): a webhook sink started in the test receives one POST per crossing
 //! of a share of a budget spent, across instances on Redis and on PostgreSQL; a failing sink is
-//! retried; a budget back below a share (a reset here) alerts again at the next crossing.
+//! retried; a budget back below a share (a reset here) alerts again at the next crossing; a
+//! reload that adds shares alerts only the crossings still to come.
 
 mod common;
 
@@ -191,6 +192,39 @@ async fn each_crossing_alerts_once_a_failing_sink_is_retried_and_a_reset_rearms(
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(both.bodies().len(), 3);
+}
+
+/// A reload keeps the crossings already alerted: with shares added below and above the one a
+/// budget is past, that share is not alerted again (nor the new one below it, passed before it
+/// existed), and the next crossing is.
+#[tokio::test]
+async fn a_reload_that_adds_shares_alerts_the_next_crossing_and_no_other() {
+    let upstream = Upstream::start().await;
+    let sink = Sink::start(0).await;
+    let token = TempFile::new("t0ken");
+    let fg = Floodgate::start(&config("", &upstream.url(), &[(&sink, "[0.8]")], &token));
+    let client = client();
+    let key = [("x-api-key", "reloaded-key")];
+    for _ in 0..4 {
+        assert_eq!(get(&client, &fg.url("/quota"), &key).await.status, 200);
+    }
+    sink.expect(1, Duration::from_secs(5)).await;
+    let reloads = r#"floodgate_config_reloads_total{result="success"}"#;
+    let before = metric(&fg, reloads).await;
+    let shares = [(&sink, "[0.5, 0.8, 1.0]")];
+    let yaml = config("", &upstream.url(), &shares, &token);
+    std::fs::write(fg.config_path(), format!("listen: 127.0.0.1:0\n{yaml}")).unwrap();
+    fg.signal("HUP");
+    // The reload runs on its own task: a few ms; 10 s for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&fg, reloads).await == before {
+        assert!(Instant::now() < deadline, "no reload: {}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 5 of 5: past 1.0. Counting shares by their place in the list, 0.8 went out again here.
+    assert_eq!(get(&client, &fg.url("/quota"), &key).await.status, 200);
+    sink.expect(2, Duration::from_secs(5)).await;
+    assert_eq!(sink.thresholds(), [0.8, 1.0]);
 }
 
 /// Two instances on one store spend one budget, alternately: each sees a crossing its own
