@@ -14,8 +14,9 @@
 //! crossings already alerted are kept), and the files
 //! `service.config` names (re-read by the service). Limiter state carries over for every limit that did not change.
 //!
-//! `tests/reload.rs` changes each of them over SIGHUP and sees it take effect, and each
-//! restart-only setting and finds its path in the warning; docs/operations.md says the same.
+//! `tests/reload.rs` changes each of them over SIGHUP and sees it take effect (`alerts` in
+//! `tests/alerts.rs`), and each restart-only setting and finds its path in the warning;
+//! docs/operations.md says the same.
 
 use super::{Backend, Config};
 
