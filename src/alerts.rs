@@ -5,19 +5,18 @@
 //!
 //! 1. **On the request path** ([`Alerter::observe`], from the decider, for an admitted request's
 //!    headline limit: the one with the least left): the share spent is compared with the
-//!    configured shares. Each budget's highest share crossed is remembered in this process (as
-//!    the share itself, so that a reload which adds or removes shares neither repeats an alert
-//!    nor skips one); only a change of it (a crossing, or the budget back below a share: a new
-//!    window, a refill, a reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
+//!    configured shares. Each budget's highest share crossed is remembered in this process, as
+//!    the share itself (a reload that adds shares beside it does not make it new again); only a
+//!    change of it (a crossing, or the budget back below a share: a new window, a refill, a
+//!    reset) is put on a bounded queue (`try_send`: a full queue drops it, counted as
 //!    `floodgate_alerts_total{outcome="dropped"}`). With no `alerts:`, one atomic load;
 //!    a budget below every share with nothing remembered costs no look-up either.
 //! 2. **The sender task** ([`run`]) takes a crossing and *claims* it in the shared store
-//!    (`Limiter::claim` of `alert:{budget digest}:{share}`: Redis `SET NX PX`, a PostgreSQL row),
-//!    until the budget would be full
-//!    again: the instance whose claim succeeds sends, the others do not. A budget back below a
-//!    share gives the claim up, so the next crossing alerts again. When the store cannot be
-//!    asked, the alert is sent all the same (a duplicate is better than silence). The memory
-//!    store is one instance's: every claim succeeds.
+//!    (`Limiter::claim` of `alert:{budget digest}:{share}`: Redis `SET NX PX`, a PostgreSQL
+//!    row) until the budget would be full again: the instance whose claim succeeds sends, the
+//!    others do not. A budget back below a share gives the claim up, so the next crossing
+//!    alerts again. When the store cannot be asked, the alert is sent all the same (a duplicate
+//!    is better than silence). The memory store is one instance's: every claim succeeds.
 //! 3. **Each delivery** is a task of its own (at most [`MAX_PENDING`] at once): a JSON POST,
 //!    retried on failure after 1, 2, 4 … 32 s (seven attempts over 63 s), then counted as
 //!    `failed`; a 2xx is `sent`.
