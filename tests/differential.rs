@@ -297,6 +297,61 @@ fn sql_leases_hold_a_bucket_exactly_like_the_rust_model() {
     leases_agree_with_the_rust_model(&rt, &store);
 }
 
+/// A sliding window log of 5 an hour, spent within one microsecond of the store's clock (as the
+/// decisions of one batch are): two admitted, then a third that gives back a late answer's
+/// request's worth (one entry of that microsecond) before it is admitted. Two units remain
+/// counted, so exactly three more are admitted. (A log that names an entry by its count within
+/// the microsecond re-used the second entry's name for the third, which replaced it: four more.)
+fn a_log_spent_within_one_microsecond_counts_every_admission(
+    rt: &tokio::runtime::Runtime,
+    store: &impl LeasesOnFakeClock,
+) {
+    let limit = Limit::of(
+        Algorithm::from_parts(AlgorithmKind::SlidingWindowLog, 5, 3600 * SEC).expect("valid"),
+    );
+    let asks = [Ask {
+        limit: &limit,
+        key: BudgetKey {
+            budget: "one-microsecond",
+            kind: KeyKind::ApiKey,
+            value: b"k",
+        },
+    }];
+    let decide = |ask: LeaseAsk| {
+        rt.block_on(store.decide_leasing_at(&asks, T0, &[ask]))
+            .expect("the store answers")
+            .verdict
+            .allowed()
+    };
+    let plain = LeaseAsk::default();
+    assert!(decide(plain) && decide(plain));
+    let late_answers_own = LeaseAsk {
+        back: 1,
+        back_at: StoreUs(T0),
+        lease_us: SEC,
+        ..LeaseAsk::default()
+    };
+    assert!(decide(late_answers_own));
+    let more = (0..6).filter(|_| decide(plain)).count();
+    assert_eq!(more, 3, "admitted after 3 of 5, one given back");
+}
+
+#[test]
+fn lua_log_counts_every_admission_within_one_microsecond() {
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let store = redis_store(&rt, &redis);
+    a_log_spent_within_one_microsecond_counts_every_admission(&rt, &store);
+}
+
+#[test]
+fn sql_log_counts_every_admission_within_one_microsecond() {
+    let postgres = PostgresServer::start();
+    let rt = runtime();
+    let store = postgres_store(&rt, &postgres, true);
+    a_log_spent_within_one_microsecond_counts_every_admission(&rt, &store);
+}
+
 /// A one-hour fixed window of 5 on a fixed IP: long enough that no test crosses a window.
 fn hour_window() -> Limit {
     Limit::of(Algorithm::from_parts(AlgorithmKind::FixedWindow, 5, 3600 * SEC).expect("valid"))

@@ -32,12 +32,20 @@ ALGORITHMS['sliding_window_log'] = {
   -- `leased` of the `cost` units are a lease's, stamped `lease_end` (decide.lua; 0 otherwise).
   commit = function(key, now, count, window, cost, leased, lease_end)
     leased = leased or 0
-    -- Members must be unique: within one microsecond the count after trimming only grows.
-    for i = 1, cost - leased do
-      redis.call('ZADD', key, fmt(now), fmt(now) .. '-' .. (count + i))
+    -- Members must be unique, or an entry replaces another and an admission goes uncounted.
+    -- They are numbered from the count, but within one microsecond (one batch) a give-back
+    -- can lower the count below a number already taken: ZADD NX skips to the next free one.
+    local n = count
+    local function add(score, prefix)
+      repeat
+        n = n + 1
+      until redis.call('ZADD', key, 'NX', score, prefix .. n) == 1
     end
-    for i = cost - leased + 1, cost do
-      redis.call('ZADD', key, fmt(lease_end), log_lease_prefix(now) .. (count + i))
+    for _ = 1, cost - leased do
+      add(fmt(now), fmt(now) .. '-')
+    end
+    for _ = cost - leased + 1, cost do
+      add(fmt(lease_end), log_lease_prefix(now))
     end
     local newest = now
     if leased > 0 then
