@@ -12,8 +12,10 @@
 //! The caller's `storage.timeout` still bounds each decision (the guard drops its receiver when
 //! it gives up): a decision whose caller has gone is left out of the next batch, and a late
 //! batch's answer to a decision that had left goes to the decision's [`Late`] handler, if it has
-//! one (the guard's leases owe back what it granted). How a batch is sent, and how one decision's error is kept from
-//! the others, is the store's (`redis/batch.rs`, `postgres/batch.rs`).
+//! one (the guard's leases owe back what it granted): whether the caller had gone before the
+//! answer came, or gave up with it delivered but unread ([`Delivery`]). How a batch is sent, and
+//! how one decision's error is kept from the others, is the store's (`redis/batch.rs`,
+//! `postgres/batch.rs`).
 
 use std::future::Future;
 
@@ -66,9 +68,32 @@ impl<T> Batching<T> {
 /// One decision waiting for a batch: what the store needs to send it, and where its answer goes.
 pub struct Pending<T> {
     pub job: T,
-    pub reply: oneshot::Sender<Result<Reply, LimiterError>>,
+    pub reply: oneshot::Sender<Delivery>,
     /// What to do with an answer that came after the caller gave up.
     pub late: Option<Late>,
+}
+
+/// A decision's answer on its way to the caller. An answer the caller never reads (it gave up
+/// before the answer came, or just after: a timeout firing with the answer in the channel) goes
+/// to the decision's [`Late`] handler as it is dropped, so what the store granted is never lost.
+pub struct Delivery {
+    answer: Option<Result<Reply, LimiterError>>,
+    late: Option<Late>,
+}
+
+impl Delivery {
+    /// The answer, read: it no longer goes to the late handler.
+    fn take(mut self) -> Option<Result<Reply, LimiterError>> {
+        self.answer.take()
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let (Some(Ok(reply)), Some(late)) = (self.answer.take(), self.late.take()) {
+            late(Some(reply));
+        }
+    }
 }
 
 /// Takes the store's answer to a decision whose caller had given up (timed out) after the
@@ -132,7 +157,8 @@ pub async fn decide<T>(
     driver
         .send(Pending { job, reply, late })
         .map_err(|_| stopped())?;
-    answer.await.map_err(|_| stopped())?
+    let delivery = answer.await.map_err(|_| stopped())?;
+    delivery.take().unwrap_or_else(|| Err(stopped()))
 }
 
 /// Sends each decision of `batch` its answer: its own, or the call's error.
@@ -143,17 +169,21 @@ pub fn answer<T>(
     match answers {
         Ok(answers) => {
             for (pending, answer) in batch.into_iter().zip(answers) {
-                if let Err(Ok(reply)) = pending.reply.send(answer)
-                    && let Some(late) = pending.late
-                {
-                    late(Some(reply));
-                }
+                // A caller that has gone drops the delivery here, or later unread: either
+                // way an answer that granted goes to `late`.
+                let _ = pending.reply.send(Delivery {
+                    answer: Some(answer),
+                    late: pending.late,
+                });
             }
         }
         Err(e) => {
             // Each decision of the failed call hears the same error (its cause shared).
             for pending in batch {
-                let _ = pending.reply.send(Err(e.clone()));
+                let _ = pending.reply.send(Delivery {
+                    answer: Some(Err(e.clone())),
+                    late: None,
+                });
             }
         }
     }
@@ -164,6 +194,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Poll;
 
     fn reply() -> Reply {
         Reply::from_ints(&[1, 7, 1, 10, 9, 100, 0, 0, 0], 1).unwrap()
@@ -206,6 +237,83 @@ mod tests {
             assert!(r.await.unwrap().is_ok());
         }
         assert_eq!(*calls.lock().unwrap(), vec![vec![0], vec![1, 2, 3]]);
+    }
+
+    /// A late handler that records what it is given.
+    fn recording() -> (Arc<std::sync::Mutex<Vec<Option<Reply>>>>, Late) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        (seen, Box::new(move |reply| log.lock().unwrap().push(reply)))
+    }
+
+    /// A driver whose calls wait for `gate`, then answer every decision allowed.
+    fn gated(gate: tokio::sync::watch::Receiver<bool>) -> mpsc::UnboundedSender<Pending<u32>> {
+        start(1, move |batch: Vec<Pending<u32>>| {
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                let n = batch.len();
+                answer(batch, Ok((0..n).map(|_| Ok(reply())).collect()));
+            }
+        })
+    }
+
+    /// The caller gives up with the answer delivered but unread (a timeout that fires after the
+    /// answer came, before the caller looked): the answer goes to the late handler all the
+    /// same, and only once.
+    #[tokio::test]
+    async fn an_answer_delivered_but_never_read_goes_to_the_late_handler() {
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let driver = gated(gate);
+        let (seen, late) = recording();
+        let mut caller = Box::pin(decide(&driver, 0, Some(late)));
+        // Polled once: the decision goes to the driver, whose call waits at the gate.
+        let first = std::future::poll_fn(|cx| Poll::Ready(caller.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        release.send(true).unwrap();
+        // The answer is in the caller's channel once a second decision, sent after, is answered.
+        assert!(decide(&driver, 1, None).await.is_ok());
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "not late while it may still be read"
+        );
+        drop(caller);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].as_ref().is_some_and(|r| r.verdict.allowed()));
+    }
+
+    /// The caller gives up before its decision leaves: the late handler hears `None` (nothing
+    /// was decided); before the answer comes: it hears the answer.
+    #[tokio::test]
+    async fn a_caller_gone_before_its_answer_hands_the_late_handler_what_was_decided() {
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let driver = gated(gate);
+        // The first decision holds the driver's one call at the gate.
+        let mut first = Box::pin(decide(&driver, 0, None));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+        assert!(polled.is_pending());
+        // The second waits for the next batch, and gives up there.
+        let (never_sent, late) = recording();
+        let mut waiting = Box::pin(decide(&driver, 1, Some(late)));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
+        assert!(polled.is_pending());
+        drop(waiting);
+        // The first gives up while its call is out.
+        let (answered, late) = recording();
+        drop(first);
+        let mut third = Box::pin(decide(&driver, 2, Some(late)));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(third.as_mut().poll(cx))).await;
+        assert!(polled.is_pending());
+        release.send(true).unwrap();
+        assert!(third.await.is_ok());
+        assert!(decide(&driver, 3, None).await.is_ok());
+        assert_eq!(never_sent.lock().unwrap().len(), 1);
+        assert!(never_sent.lock().unwrap()[0].is_none());
+        assert!(
+            answered.lock().unwrap().is_empty(),
+            "the third read its answer"
+        );
     }
 
     #[tokio::test]
