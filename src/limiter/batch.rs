@@ -246,10 +246,15 @@ mod tests {
         (seen, Box::new(move |reply| log.lock().unwrap().push(reply)))
     }
 
-    /// A driver whose calls wait for `gate`, then answer every decision allowed.
-    fn gated(gate: tokio::sync::watch::Receiver<bool>) -> mpsc::UnboundedSender<Pending<u32>> {
+    /// A driver whose calls wait for `gate`, then answer every decision allowed; `calls` counts
+    /// the calls sent.
+    fn gated(
+        gate: tokio::sync::watch::Receiver<bool>,
+        calls: Arc<AtomicUsize>,
+    ) -> mpsc::UnboundedSender<Pending<u32>> {
         start(1, move |batch: Vec<Pending<u32>>| {
             let mut gate = gate.clone();
+            calls.fetch_add(1, Ordering::SeqCst);
             async move {
                 let _ = gate.wait_for(|open| *open).await;
                 let n = batch.len();
@@ -264,7 +269,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_delivered_but_never_read_goes_to_the_late_handler() {
         let (release, gate) = tokio::sync::watch::channel(false);
-        let driver = gated(gate);
+        let driver = gated(gate, Arc::default());
         let (seen, late) = recording();
         let mut caller = Box::pin(decide(&driver, 0, Some(late)));
         // Polled once: the decision goes to the driver, whose call waits at the gate.
@@ -284,36 +289,46 @@ mod tests {
     }
 
     /// The caller gives up before its decision leaves: the late handler hears `None` (nothing
-    /// was decided); before the answer comes: it hears the answer.
+    /// was decided); before the answer comes: it hears the answer; a caller that reads its
+    /// answer leaves its handler unheard.
     #[tokio::test]
     async fn a_caller_gone_before_its_answer_hands_the_late_handler_what_was_decided() {
         let (release, gate) = tokio::sync::watch::channel(false);
-        let driver = gated(gate);
-        // The first decision holds the driver's one call at the gate.
-        let mut first = Box::pin(decide(&driver, 0, None));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let driver = gated(gate, calls.clone());
+        // The first decision's call waits at the gate; its caller gives up while it is out.
+        let (answered_late, late) = recording();
+        let mut first = Box::pin(decide(&driver, 0, Some(late)));
         let polled = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
         assert!(polled.is_pending());
+        while calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(first);
         // The second waits for the next batch, and gives up there.
         let (never_sent, late) = recording();
         let mut waiting = Box::pin(decide(&driver, 1, Some(late)));
         let polled = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
         assert!(polled.is_pending());
         drop(waiting);
-        // The first gives up while its call is out.
-        let (answered, late) = recording();
-        drop(first);
+        // The third waits for the next batch too, and reads its answer.
+        let (read, late) = recording();
         let mut third = Box::pin(decide(&driver, 2, Some(late)));
         let polled = std::future::poll_fn(|cx| Poll::Ready(third.as_mut().poll(cx))).await;
         assert!(polled.is_pending());
         release.send(true).unwrap();
         assert!(third.await.is_ok());
-        assert!(decide(&driver, 3, None).await.is_ok());
-        assert_eq!(never_sent.lock().unwrap().len(), 1);
-        assert!(never_sent.lock().unwrap()[0].is_none());
+        let answered_late = answered_late.lock().unwrap();
+        assert_eq!(answered_late.len(), 1);
         assert!(
-            answered.lock().unwrap().is_empty(),
-            "the third read its answer"
+            answered_late[0]
+                .as_ref()
+                .is_some_and(|r| r.verdict.allowed())
         );
+        let never_sent = never_sent.lock().unwrap();
+        assert_eq!(never_sent.len(), 1);
+        assert!(never_sent[0].is_none());
+        assert!(read.lock().unwrap().is_empty(), "the third read its answer");
     }
 
     #[tokio::test]
