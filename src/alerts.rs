@@ -373,6 +373,25 @@ mod tests {
             .collect()
     }
 
+    /// One fixed window of 10 an hour, for the API key `k` ([`key_of`]).
+    fn ten_an_hour() -> crate::config::Budget {
+        crate::config::override_budget(
+            "api",
+            "api",
+            serde_json::json!([{"algorithm": "fixed_window", "limit": 10, "window": "1h"}]),
+            false,
+        )
+        .unwrap()
+    }
+
+    fn key_of(limit: &RouteLimit) -> BudgetKey<'_> {
+        BudgetKey {
+            budget: limit.budget_id(),
+            kind: KeyKind::ApiKey,
+            value: b"k",
+        }
+    }
+
     #[test]
     fn identities_are_named_as_the_write_endpoints_name_them() {
         assert_eq!(identity_kind(KeyKind::Jwt), "jwt_subject");
@@ -388,19 +407,9 @@ mod tests {
             at: vec![0.8, 1.0],
         }];
         let alerter = Alerter::new(&sinks, Arc::new(Metrics::new()));
-        let budget = crate::config::override_budget(
-            "api",
-            "api",
-            serde_json::json!([{"algorithm": "fixed_window", "limit": 10, "window": "1h"}]),
-            false,
-        )
-        .unwrap();
+        let budget = ten_an_hour();
         let limit = &budget.limits[0];
-        let key = BudgetKey {
-            budget: limit.budget_id(),
-            kind: KeyKind::ApiKey,
-            value: b"k",
-        };
+        let key = key_of(limit);
         let hour = 3_600_000_000;
         for remaining in [9, 5, 3] {
             alerter.observe("api", limit, key, &verdict(10, remaining, hour));
@@ -432,19 +441,9 @@ mod tests {
             at,
         };
         let alerter = Alerter::new(&[sink(vec![0.8])], Arc::new(Metrics::new()));
-        let budget = crate::config::override_budget(
-            "api",
-            "api",
-            serde_json::json!([{"algorithm": "fixed_window", "limit": 10, "window": "1h"}]),
-            false,
-        )
-        .unwrap();
+        let budget = ten_an_hour();
         let limit = &budget.limits[0];
-        let key = BudgetKey {
-            budget: limit.budget_id(),
-            kind: KeyKind::ApiKey,
-            value: b"k",
-        };
+        let key = key_of(limit);
         let hour = 3_600_000_000;
         alerter.observe("api", limit, key, &verdict(10, 2, hour));
         assert_eq!(changes(&alerter), [(0.0, 0.8)]);
