@@ -54,20 +54,21 @@ pub(super) async fn export_spans(
             _ = full.notified() => None,
             Some(done) = flushes.recv() => Some(done),
         };
+        // Batches until the queue is empty (a batch short of `BATCH` took the last span).
         loop {
             let closed = take(&mut spans, &mut batch);
+            let more = batch.len() == BATCH;
             if !batch.is_empty() {
                 export(&client, &url, &resource, &batch, &dropped).await;
+                batch.clear();
             }
             if closed {
                 return;
             }
-            if batch.len() < BATCH {
+            if !more {
                 break;
             }
-            batch.clear();
         }
-        batch.clear();
         if let Some(done) = flush {
             let _ = done.send(());
         }
