@@ -209,29 +209,20 @@ impl Config {
     /// Reads and validates a config file. Blocking: call it from a blocking thread on a runtime.
     /// Relative paths in it (`consumers.file`) are read from the file's folder.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-        // A config is kilobytes; a huge file is a mistake, and would stall whoever parses it.
-        const MAX_CONFIG_BYTES: u64 = 16 << 20;
-        if let Ok(meta) = std::fs::metadata(path)
-            && meta.len() > MAX_CONFIG_BYTES
-        {
-            return Err(ConfigError::one(
-                "",
-                format!(
-                    "{} is {} bytes; a config may have at most {MAX_CONFIG_BYTES}",
-                    path.display(),
-                    meta.len()
-                ),
-            ));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            let who = match e.kind() {
-                std::io::ErrorKind::PermissionDenied => format!(
+        // A config is kilobytes; a huge file, a device or a FIFO is a mistake, and would stall
+        // whoever parses it (`files` reads regular files only, up to a limit).
+        let text = crate::files::read_text(path).map_err(|e| {
+            let denied = std::fs::File::open(path)
+                .err()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+            let who = match denied {
+                true => format!(
                     "; floodgate runs as {}, which must be able to read it (the Docker image runs as uid 10001)",
                     process_user()
                 ),
-                _ => String::new(),
+                false => String::new(),
             };
-            ConfigError::one("", format!("cannot read {}: {e}{who}", path.display()))
+            ConfigError::one("", format!("{e}{who}"))
         })?;
         let overrides = Overrides {
             base_dir: path.parent().map(Path::to_path_buf),

@@ -81,6 +81,9 @@ pub struct Decided {
     /// Which limits denied (bit `p` for the limit at position `p` of its budget), enforced and
     /// shadow.
     pub denied: [u16; 2],
+    /// Where each limit asked stands after the decision (by its position in its budget),
+    /// enforced and shadow: what a rate-limit service reports per descriptor.
+    pub standings: [crate::limiter::Standings; 2],
     /// The store round trips the decision waited on (not the answers a lease, the deny cache
     /// or the in-process store gave): when each began and how long it took, for traces.
     pub store_calls: Vec<(Instant, std::time::Duration)>,
@@ -95,6 +98,7 @@ impl Decided {
             leases: Vec::new(),
             reservations: Vec::new(),
             denied: [0; 2],
+            standings: Default::default(),
             store_calls: Vec::new(),
         }
     }
@@ -539,12 +543,13 @@ impl<'s> Decider<'s> {
                 positions,
             });
         }
-        if let Some(verdict) = admission.verdict()
-            && !verdict.allowed()
-        {
+        if let Some(verdict) = admission.verdict() {
             for (i, &position) in budget.positions.iter().enumerate() {
                 if verdict.denied_by(i) && position < MAX_LIMITS {
                     decided.denied[side as usize] |= 1 << position;
+                }
+                if let Some(standing) = verdict.standings.get(i) {
+                    decided.standings[side as usize].set(position, standing);
                 }
             }
         }
@@ -563,14 +568,19 @@ fn figures(d: &crate::limiter::Decision) -> crate::limiter::Figures {
 /// `verdict` of the asks at `at` (their positions among all asked), in all the asks' terms.
 fn remapped(verdict: &crate::limiter::Verdict, at: &[usize]) -> crate::limiter::Verdict {
     let mut denied = 0u16;
+    let mut standings = crate::limiter::Standings::default();
     for (j, &i) in at.iter().enumerate() {
         if verdict.denied_by(j) && i < 16 {
             denied |= 1 << i;
+        }
+        if let Some(standing) = verdict.standings.get(j) {
+            standings.set(i, standing);
         }
     }
     crate::limiter::Verdict {
         headline_index: at.get(verdict.headline_index).copied().unwrap_or(0),
         denied,
+        standings,
         ..*verdict
     }
 }

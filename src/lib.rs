@@ -102,6 +102,7 @@ pub mod config;
 pub mod control;
 pub mod deadline;
 pub mod decider;
+pub mod files;
 pub mod global;
 pub mod grpc;
 pub mod identity;

@@ -38,7 +38,9 @@ pub use clock::{
     AnchoredClock, Clock, ClockOffset, LocalUs, ManualClock, MonotonicClock, StoreUs, SystemClock,
     wall_clock_us,
 };
-pub use decision::{Admission, Decision, Figures, Outcome, Settlement, Source, Verdict};
+pub use decision::{
+    Admission, Decision, Figures, Outcome, Settlement, Source, Standing, Standings, Verdict,
+};
 pub use error::{Cause, Fault, LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, Reservation, StoreSpec};
 pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};

@@ -37,6 +37,9 @@ pub enum Failure {
     /// The request is malformed: gRPC `INVALID_ARGUMENT`, HTTP 400. Nothing was spent.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A message larger than the service reads: gRPC `RESOURCE_EXHAUSTED`, HTTP 413.
+    #[error("the message is larger than the service reads")]
+    TooLarge,
     /// The store failed and `on_error` is `deny`: gRPC `UNAVAILABLE`, HTTP 503.
     #[error("the rate limiter's store is unavailable")]
     Unavailable,
@@ -87,8 +90,8 @@ enum Plan<'r> {
     TooMany,
     /// Checked without spending (`hits_addend: 0`).
     Checked(&'r RuleLimit),
-    /// Asked of the store: its side and its place among that side's asks.
-    Asked(&'r RuleLimit, Side, usize),
+    /// Asked of the store: its side, its place among that side's asks, and its cost.
+    Asked(&'r RuleLimit, Side, usize, u64),
 }
 
 impl Service {
@@ -174,16 +177,18 @@ impl Service {
             .flat_map(|l| l.replaces.iter().map(String::as_str))
             .collect();
         // The store's keys: per descriptor, its entries (each value its own budget), in one
-        // buffer.
+        // buffer; each key and value with its length before it, so that no value (whatever
+        // bytes it holds) spells another descriptor's key.
         let mut buf = Vec::new();
         let mut ranges = Vec::with_capacity(found.len());
         for (entries, _) in &found {
             let start = buf.len();
             for e in entries {
-                buf.extend_from_slice(e.key.as_bytes());
-                buf.push(0x1f);
-                buf.extend_from_slice(e.value.as_bytes());
-                buf.push(0x1e);
+                for part in [&e.key, &e.value] {
+                    let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+                    buf.extend_from_slice(&len.to_le_bytes());
+                    buf.extend_from_slice(part.as_bytes());
+                }
             }
             ranges.push(start..buf.len());
         }
@@ -229,7 +234,7 @@ impl Service {
                 }
                 counts[side as usize] += 1;
                 costed.push((side, limit.costing(clamp(hits)), i));
-                Plan::Asked(rule, side, at)
+                Plan::Asked(rule, side, at, u64::from(clamp(hits)))
             };
             plans.push(plan);
         }
@@ -322,10 +327,11 @@ fn clamp(hits: u64) -> u32 {
 
 /// The response: one status per descriptor, in order; the overall code; the headers.
 ///
-/// The store answers a request's limits together with the figures of the tightest one (the
-/// fewest remaining: what the rate-limit headers carry), so that descriptor's status has
-/// `current_limit`, `limit_remaining` and `duration_until_reset`; the others have their code
-/// only (Envoy reads the headers' figures from the statuses that carry `current_limit`).
+/// Every descriptor that found a limit has `current_limit`, `limit_remaining` and
+/// `duration_until_reset` in its status, as envoyproxy/ratelimit answers (the store reports
+/// where each limit asked stands); the headers carry the tightest one's (the fewest remaining).
+/// A denial the deny cache answered knows only the limit it remembers: the other descriptors of
+/// that answer have their code only.
 fn answer(
     plans: &[Plan<'_>],
     checks: &[(usize, Option<crate::limiter::Decision>)],
@@ -385,7 +391,7 @@ fn answer(
                     None => code_only(Code::Ok),
                 }
             }
-            Plan::Asked(rule, side, at) => {
+            Plan::Asked(rule, side, at, cost) => {
                 let denied = decided.is_some_and(|d| d.denied_by(side, at));
                 let enforced_denial = denied && side == Side::Enforced;
                 over |= enforced_denial;
@@ -393,20 +399,32 @@ fn answer(
                     true => Code::OverLimit,
                     false => Code::Ok,
                 };
-                match headline {
-                    Some((v, _)) if headline_at == Some(i) => {
-                        if enforced_denial {
-                            retry_after_us = retry_after_us.max(v.retry_after_us());
-                        }
-                        let d = v.headline;
-                        tighter(headline_of(rule, d.remaining, d.reset_after_us));
-                        status(rule, code, d.remaining, d.reset_after_us)
+                if enforced_denial && let Some((v, _)) = headline {
+                    retry_after_us = retry_after_us.max(v.retry_after_us());
+                }
+                // Every limited descriptor's own figures, as the store left its budget; the
+                // headline's from its verdict (the deny cache's answer knows no other).
+                let standing = decided.and_then(|d| d.standings[side as usize].get(at));
+                let figures = match (headline, standing) {
+                    (Some((v, _)), _) if headline_at == Some(i) => {
+                        Some((v.headline.remaining, v.headline.reset_after_us))
                     }
-                    Some((v, _)) => {
-                        if enforced_denial {
-                            retry_after_us = retry_after_us.max(v.retry_after_us());
-                        }
-                        code_only(code)
+                    (_, Some(s)) => {
+                        Some((u64::from(s.remaining), u64::from(s.reset_secs) * 1_000_000))
+                    }
+                    _ => None,
+                };
+                match figures {
+                    Some((remaining, reset_us)) => {
+                        // A limit that allowed a request another denied reports what it would
+                        // have left after spending; nothing was spent (all or nothing).
+                        let refused = decided.is_some_and(|d| d.refused.is_some());
+                        let remaining = match refused && !denied {
+                            true => (remaining + cost).min(headline_of(rule, 0, 0).limit),
+                            false => remaining,
+                        };
+                        tighter(headline_of(rule, remaining, reset_us));
+                        status(rule, code, remaining, reset_us)
                     }
                     None => code_only(code),
                 }

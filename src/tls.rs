@@ -176,8 +176,9 @@ pub(crate) fn root_store(path: &Path) -> Result<RootCertStore, String> {
 
 /// Every `CERTIFICATE` block of a PEM file; at least one.
 pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+    let pem = crate::files::read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| pem_problem(path, e))?;
     if certs.is_empty() {
         return Err(format!(
@@ -190,7 +191,8 @@ pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, 
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) of a PEM file.
 pub(crate) fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+    let pem = crate::files::read(path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
         pem::Error::NoItemsFound => format!(
             "no private key found in {} (expected a PEM PKCS#8, PKCS#1 or SEC1 key)",
             path.display()

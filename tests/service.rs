@@ -342,6 +342,7 @@ fn descriptor(pairs: &[(&str, &str)]) -> rls::RateLimitDescriptor {
                 value: v.to_string(),
             })
             .collect(),
+        limit: None,
         hits_addend: None,
         is_negative_hits: false,
     }
@@ -371,6 +372,23 @@ async fn should_rate_limit_answers_each_descriptor_and_refuses_bad_requests_whol
     .expect("answered");
     assert_eq!(answer.overall_code, rls::Code::Ok as i32);
     assert_eq!(answer.statuses.len(), 3);
+    // Every descriptor that found a limit reports it (not the tightest alone): the client's 3
+    // an hour with 2 left.
+    let client_status = &answer.statuses[0];
+    assert_eq!(
+        client_status
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    assert_eq!(client_status.limit_remaining, 2);
+    let reset = client_status
+        .duration_until_reset
+        .expect("the client's reset")
+        .seconds;
+    assert!((1..=3600).contains(&reset), "{reset}");
     let tightest = &answer.statuses[1];
     assert_eq!(
         tightest.current_limit.as_ref().unwrap().requests_per_unit,
@@ -395,6 +413,15 @@ async fn should_rate_limit_answers_each_descriptor_and_refuses_bad_requests_whol
     assert_eq!(over.overall_code, rls::Code::OverLimit as i32);
     assert_eq!(over.statuses[0].code, rls::Code::Ok as i32);
     assert_eq!(over.statuses[1].code, rls::Code::OverLimit as i32);
+    // Both carry their figures on a denial too: the client's budget, untouched by the denied
+    // request, still has 1 left; /api/a none.
+    assert_eq!(
+        over.statuses[0].limit_remaining, 1,
+        "{:?}",
+        over.statuses[0]
+    );
+    assert!(over.statuses[0].current_limit.is_some());
+    assert_eq!(over.statuses[1].limit_remaining, 0);
     assert!(
         over.response_headers_to_add
             .iter()
@@ -675,6 +702,38 @@ async fn sighup_reads_the_rules_again() {
     }
     assert_eq!(ask("b").await, rls::Code::Ok as i32);
     assert_eq!(ask("b").await, rls::Code::Ok as i32);
+    // A link to /dev/zero and a FIFO among the rules: each reload is refused naming the file
+    // (before, the link was read until the process passed 1 GB), and the rules in force serve.
+    std::fs::write(
+        &rules,
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let zero = dir.path().join("zero.yaml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for _ in 0..2 {
+        let failures = metric(&fg, r#"floodgate_config_reloads_total{result="failure"}"#).await;
+        fg.signal("HUP");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while metric(&fg, r#"floodgate_config_reloads_total{result="failure"}"#).await == failures {
+            assert!(std::time::Instant::now() < deadline, "no failed reload");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            fg.stderr().contains("zero.yaml"),
+            "the reload error names the file"
+        );
+        std::fs::remove_file(&zero).unwrap();
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&zero)
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    assert_eq!(ask("c").await, rls::Code::Ok as i32);
+    assert_eq!(ask("c").await, rls::Code::Ok as i32);
 }
 
 #[tokio::test]
@@ -717,4 +776,131 @@ async fn a_store_that_fails_follows_on_error_unavailable_or_ok() {
         .await
         .unwrap();
     assert_eq!(ok.overall_code, rls::Code::Ok as i32);
+}
+
+/// Rules where a key holding a separator sits beside the key and value it spells when joined
+/// (envoyproxy/ratelimit's `key_value` map would find `a_b` for `[a=b, c=Z]`).
+const SEPARATORS: &str = r#"
+domain: edge
+descriptors:
+  - key: a
+    value: b
+    descriptors:
+      - key: c
+        rate_limit: {unit: hour, requests_per_unit: 1, name: nested}
+  - key: a_b
+    rate_limit: {unit: hour, requests_per_unit: 100, name: joined}
+  - key: "a:b"
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: "a|b"
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: "a\u001fb"
+    rate_limit: {unit: hour, requests_per_unit: 100}
+"#;
+
+#[tokio::test]
+async fn a_key_holding_a_separator_does_not_unlimit_a_nested_descriptor() {
+    keep_clear_of_window_boundary(3600, Duration::from_secs(60)).await;
+    let svc = service_with(SEPARATORS, "");
+    let nested = rls::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor(&[("a", "b"), ("c", "Z")])],
+        hits_addend: 0,
+    };
+    // Over gRPC: the nested limit of 1 applies.
+    let first = should_rate_limit(svc.fg.service_addr(), &nested)
+        .await
+        .unwrap();
+    assert_eq!(first.overall_code, rls::Code::Ok as i32);
+    assert_eq!(
+        first.statuses[0].current_limit.as_ref().unwrap().name,
+        "nested"
+    );
+    let second = should_rate_limit(svc.fg.service_addr(), &nested)
+        .await
+        .unwrap();
+    assert_eq!(second.overall_code, rls::Code::OverLimit as i32);
+    // Over /json: the same rule, the same budget.
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a","value":"b"},{"key":"c","value":"Z"}]}]}"#;
+    let r = client()
+        .post(svc.fg.service_url("/json"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    // The joined key is a rule of its own.
+    let joined = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a_b","value":"Z"}]}]}"#;
+    let r = client()
+        .post(svc.fg.service_url("/json"))
+        .body(joined)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let json: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        json["statuses"][0]["currentLimit"]["name"], "joined",
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn a_mistyped_json_field_is_400_and_spends_nothing() {
+    keep_clear_of_window_boundary(3600, Duration::from_secs(60)).await;
+    let svc = service_with(RULES, "");
+    let post = |body: &'static str| {
+        let url = svc.fg.service_url("/json");
+        async move { client().post(url).body(body).send().await.unwrap() }
+    };
+    for body in [
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"path","value":"/api/t"}],"isNegativeHits":"yes"}]}"#,
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"path","value":"/api/t"}],"hitsAddend":"1x"}]}"#,
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"path","value":"/api/t"}]}],"bogus":true}"#,
+    ] {
+        let r = post(body).await;
+        assert_eq!(r.status(), 400, "{body}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+    }
+    // /api/t's 2 an hour are whole.
+    let ok = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"path","value":"/api/t"}]}]}"#;
+    assert_eq!(post(ok).await.status(), 200);
+    assert_eq!(post(ok).await.status(), 200);
+    assert_eq!(post(ok).await.status(), 429);
+}
+
+/// A message whose prefix announces 4 GiB, the stream then left open: refused as the prefix
+/// arrives (`RESOURCE_EXHAUSTED`), not after the body timeout. 3 s is far above an answer that
+/// needs no more bytes (milliseconds), and far below the 10 s the body timeout would take.
+#[tokio::test]
+async fn a_grpc_prefix_larger_than_the_limit_is_refused_when_it_arrives() {
+    let svc = service_with(RULES, "");
+    let tcp = tokio::net::TcpStream::connect(svc.fg.service_addr())
+        .await
+        .unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut h2 = h2.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        svc.fg.service_addr()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut stream) = h2.send_request(request, false).unwrap();
+    stream
+        .send_data(
+            bytes::Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff, 1, 2, 3]),
+            false,
+        )
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(3), response)
+        .await
+        .expect("answered before the rest of the message")
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["grpc-status"], "8");
+    drop(stream);
 }

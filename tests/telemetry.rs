@@ -408,6 +408,7 @@ async fn a_should_rate_limit_call_is_a_server_span() {
                 key: "k".into(),
                 value: "v".into(),
             }],
+            limit: None,
             hits_addend: None,
             is_negative_hits: false,
         }],

@@ -20,17 +20,14 @@ impl Validator {
             Some(base) if Path::new(&path).is_relative() => base.join(&path),
             _ => std::path::PathBuf::from(&path),
         };
-        match std::fs::read_to_string(&path) {
+        match crate::files::read_text(&path) {
             Ok(text) if !text.trim().is_empty() => Some(Arc::from(text.trim())),
             Ok(_) => {
                 self.problem("admin.token_file", format!("{} is empty", path.display()));
                 None
             }
             Err(e) => {
-                self.problem(
-                    "admin.token_file",
-                    format!("cannot read {}: {e}", path.display()),
-                );
+                self.problem("admin.token_file", e);
                 None
             }
         }

@@ -64,16 +64,14 @@ impl Validator {
                 Some(dir) => dir.join(&file),
                 None => PathBuf::from(&file),
             };
-            let entries = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                .and_then(|text| {
-                    let value: serde_json::Value = serde_saphyr::from_str(&text)
-                        .map_err(|e| format!("invalid YAML in {}: {e}", path.display()))?;
-                    serde_path_to_error::deserialize::<_, Vec<ConsumerFile>>(value).map_err(|e| {
-                        let at = e.path().to_string();
-                        format!("[{at}]: {}", e.into_inner())
-                    })
-                });
+            let entries = crate::files::read_text(&path).and_then(|text| {
+                let value: serde_json::Value = serde_saphyr::from_str(&text)
+                    .map_err(|e| format!("invalid YAML in {}: {e}", path.display()))?;
+                serde_path_to_error::deserialize::<_, Vec<ConsumerFile>>(value).map_err(|e| {
+                    let at = e.path().to_string();
+                    format!("[{at}]: {}", e.into_inner())
+                })
+            });
             match entries {
                 Ok(entries) => {
                     for (i, entry) in entries.into_iter().enumerate() {

@@ -187,7 +187,7 @@ impl Validator {
                 Some(dir) => dir.join(file),
                 None => std::path::PathBuf::from(file),
             };
-            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+            crate::files::read(&path)
         };
         // The shared secret of the HMAC algorithms: the file's bytes, less a final newline.
         let hmac_secret = j.hmac_secret_file.as_deref().and_then(|file| {
@@ -297,13 +297,10 @@ impl Validator {
                     Some(dir) => dir.join(file),
                     None => std::path::PathBuf::from(file),
                 };
-                match std::fs::read_to_string(&path) {
+                match crate::files::read_text(&path) {
                     Ok(text) => Some(text),
                     Err(e) => {
-                        self.problem(
-                            "identity.jwt.jwks_file",
-                            format!("cannot read {}: {e}", path.display()),
-                        );
+                        self.problem("identity.jwt.jwks_file", e);
                         None
                     }
                 }

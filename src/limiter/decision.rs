@@ -103,6 +103,49 @@ impl Decision {
     }
 }
 
+/// Where one limit stands after a decision, as a rate-limit service's status reports it:
+/// compact, since a verdict carries one per limit asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Standing {
+    /// Units left (at most `u32::MAX`: the status's field is 32 bits).
+    pub remaining: u32,
+    /// Whole seconds until the budget is fully restored, rounded up.
+    pub reset_secs: u32,
+}
+
+impl Standing {
+    /// The standing a decision reports.
+    pub fn of(d: &Decision) -> Standing {
+        Standing {
+            remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+            reset_secs: u32::try_from(d.reset_after_us.div_ceil(1_000_000)).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Where each limit asked stands (by its place in the list asked), for those the answer
+/// reported: every limit when a store decided, the remembered one for the deny cache's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Standings {
+    known: u16,
+    each: [Standing; super::MAX_LIMITS],
+}
+
+impl Standings {
+    /// Where the limit at `index` stands, if the answer said.
+    pub fn get(&self, index: usize) -> Option<Standing> {
+        (index < super::MAX_LIMITS && self.known & (1 << index) != 0).then(|| self.each[index])
+    }
+
+    /// Records where the limit at `index` stands (an index past the last limit is ignored).
+    pub fn set(&mut self, index: usize, standing: Standing) {
+        if index < super::MAX_LIMITS {
+            self.known |= 1 << index;
+            self.each[index] = standing;
+        }
+    }
+}
+
 /// The decision of all the limits asked about one request, taken all-or-nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
@@ -118,6 +161,8 @@ pub struct Verdict {
     /// Which limits denied: bit `i` for the i-th asked (at most [`MAX_LIMITS`](super::MAX_LIMITS)
     /// are asked). A denial remembered by the deny cache names only the limit it remembers.
     pub denied: u16,
+    /// Where each limit asked stands after the decision.
+    pub standings: Standings,
 }
 
 impl Verdict {
@@ -129,7 +174,9 @@ impl Verdict {
         let mut retry_after_us = 0;
         let mut delay_us = 0;
         let mut denied = 0u16;
+        let mut standings = Standings::default();
         for (i, d) in decisions.iter().enumerate() {
+            standings.set(i, Standing::of(d));
             if d.remaining < headline.remaining {
                 headline = *d;
                 headline_index = i;
@@ -151,6 +198,7 @@ impl Verdict {
                 Outcome::Denied { retry_after_us }
             },
             denied,
+            standings,
         })
     }
 

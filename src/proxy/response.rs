@@ -438,6 +438,7 @@ mod tests {
                 retry_after_us: 2_500_000,
             },
             denied: 1,
+            standings: Default::default(),
         }
     }
 

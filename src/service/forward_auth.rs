@@ -45,6 +45,7 @@ pub fn request(
         }
         descriptors.push(RateLimitDescriptor {
             entries,
+            limit: None,
             hits_addend: None,
             is_negative_hits: false,
         });

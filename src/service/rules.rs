@@ -4,8 +4,11 @@
 //! A file names a `domain` and a tree of `descriptors`: each node a `key`, an optional `value`
 //! (with `*` matching any run of characters), an optional `rate_limit` and child `descriptors`.
 //! A request's descriptor (a list of entries, each a key and a value) walks the tree entry by
-//! entry: at each level the node for the exact `key_value`, else the first wildcard that matches,
-//! else the bare `key` (each value its own budget). The limit that applies is the one on the node
+//! entry: at each level the node for the exact key and value, else the first wildcard of that key
+//! that matches, else the bare `key` (each value its own budget). Keys and values are compared as
+//! the pairs they are, never joined into one string: envoyproxy/ratelimit looks nodes up by
+//! `key + "_" + value`, so a key `a_b` there shadows key `a` with value `b` (and its children);
+//! here they are different nodes whatever characters a key or value holds. The limit that applies is the one on the node
 //! reached at the descriptor's last entry; a descriptor that stops early, or matches nothing, is
 //! answered OK without a limit.
 //!
@@ -30,13 +33,21 @@ pub struct Rules {
     pub ignored: Vec<String>,
 }
 
-/// One level of a domain's descriptor tree.
+/// One level of a domain's descriptor tree: its nodes by key.
 #[derive(Debug, Default)]
 struct Level {
-    /// By `key_value`, or by `key` for a node without a value.
-    exact: HashMap<String, Node>,
-    /// Nodes whose value has a `*`, in file order: (key, value pattern).
-    wildcards: Vec<(String, String, Node)>,
+    keys: HashMap<String, KeyNodes>,
+}
+
+/// The nodes of one key at one level.
+#[derive(Debug, Default)]
+struct KeyNodes {
+    /// By exact value.
+    values: HashMap<String, Node>,
+    /// Values with a `*`, in file order: (pattern, node).
+    wildcards: Vec<(String, Node)>,
+    /// The node without a value (each value its own budget).
+    bare: Option<Node>,
 }
 
 #[derive(Debug)]
@@ -112,6 +123,16 @@ impl Unit {
     /// The proto's number for it.
     pub fn number(self) -> i32 {
         self as i32
+    }
+
+    /// The proto's number of the unit the proto3 JSON `name` names (`UNKNOWN` is 0).
+    pub fn number_of(name: &str) -> Option<i32> {
+        if name == "UNKNOWN" {
+            return Some(0);
+        }
+        Self::parse(name)
+            .filter(|u| u.name() == name)
+            .map(Unit::number)
     }
 
     /// The proto3 JSON name of the proto's unit `number`.
@@ -244,8 +265,7 @@ impl Rules {
         let mut problems = Vec::new();
         let mut seen: HashMap<String, PathBuf> = HashMap::new();
         for file in files {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| one(&file, "", format!("cannot read it: {e}")))?;
+            let text = crate::files::read_text(&file).map_err(|e| one(&file, "", e))?;
             match Rules::parse_file(&file, &text, &mut rules) {
                 Ok(domain) => {
                     if let Some(first) = seen.insert(domain.clone(), file.clone()) {
@@ -324,25 +344,22 @@ impl Rules {
 
 impl Level {
     fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.wildcards.is_empty()
+        self.keys.is_empty()
     }
 
     fn find(&self, entry: &Entry) -> Option<&Node> {
-        let mut key_value = String::with_capacity(entry.key.len() + 1 + entry.value.len());
-        key_value.push_str(&entry.key);
-        key_value.push('_');
-        key_value.push_str(&entry.value);
-        if let Some(node) = self.exact.get(&key_value) {
+        let nodes = self.keys.get(&entry.key)?;
+        if let Some(node) = nodes.values.get(&entry.value) {
             return Some(node);
         }
-        if let Some((_, _, node)) = self
+        if let Some((_, node)) = nodes
             .wildcards
             .iter()
-            .find(|(key, pattern, _)| *key == entry.key && glob(pattern, &entry.value))
+            .find(|(pattern, _)| glob(pattern, &entry.value))
         {
             return Some(node);
         }
-        self.exact.get(&entry.key)
+        nodes.bare.as_ref()
     }
 }
 

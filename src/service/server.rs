@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -163,14 +163,24 @@ struct Decision(&'static str);
 
 async fn should_rate_limit_traced(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
     let deadline = grpc::timeout(req.headers());
-    let body = match read(req.into_body()).await {
-        Ok(body) => body,
-        Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
+    let message = match read_message(req.into_body()).await {
+        Ok(message) => message,
+        Err(Unread::TooLarge(len)) => {
+            tracing::debug!(
+                len,
+                max = MAX_REQUEST_BYTES,
+                "ShouldRateLimit message too large"
+            );
+            return failure_grpc(&Failure::TooLarge);
+        }
+        Err(Unread::Invalid(message)) => {
+            return failure_grpc(&Failure::InvalidArgument(message));
+        }
     };
-    tracing::trace!(bytes = %crate::limiter::hex(&body), "ShouldRateLimit message");
-    let request = match unframe(body).and_then(|m| {
-        RateLimitRequest::decode(m).map_err(|e| format!("not a RateLimitRequest: {e}"))
-    }) {
+    tracing::trace!(bytes = %crate::limiter::hex(&message), "ShouldRateLimit message");
+    let request = match RateLimitRequest::decode(message)
+        .map_err(|e| format!("not a RateLimitRequest: {e}"))
+    {
         Ok(request) => request,
         Err(message) => return failure_grpc(&Failure::InvalidArgument(message)),
     };
@@ -316,20 +326,79 @@ async fn read(body: Incoming) -> Result<Bytes, String> {
     }
 }
 
-/// The one message of a gRPC request body (its 5-byte prefix: not compressed, the length).
-fn unframe(mut body: Bytes) -> Result<Bytes, String> {
-    if body.len() < 5 {
-        return Err("the gRPC message is shorter than its prefix".into());
+/// Why a gRPC request's message was not read.
+#[derive(Debug, PartialEq)]
+enum Unread {
+    /// Its prefix announces more than [`MAX_REQUEST_BYTES`]: refused as the prefix arrives.
+    TooLarge(u64),
+    /// Anything else: malformed, compressed, cut short, too slow.
+    Invalid(String),
+}
+
+/// The one message of a gRPC request body (its 5-byte prefix: not compressed, the length),
+/// read within [`BODY_TIMEOUT`]. The prefix is judged as soon as it arrives: a message
+/// announced larger than [`MAX_REQUEST_BYTES`] is refused then, not after the client has sent
+/// (or failed to send) it.
+async fn read_message<B>(body: B) -> Result<Bytes, Unread>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let read = async {
+        let mut body = std::pin::pin!(body);
+        let mut buf = BytesMut::new();
+        let mut want: Option<usize> = None;
+        loop {
+            if want.is_none() && buf.len() >= 5 {
+                let compressed = buf[0];
+                let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+                if compressed != 0 {
+                    return Err(Unread::Invalid(
+                        "compressed messages are not accepted".into(),
+                    ));
+                }
+                if len as usize > MAX_REQUEST_BYTES {
+                    return Err(Unread::TooLarge(u64::from(len)));
+                }
+                want = Some(5 + len as usize);
+            }
+            if let Some(want) = want
+                && buf.len() > want
+            {
+                return Err(Unread::Invalid(
+                    "the gRPC message's length does not match its prefix".into(),
+                ));
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(Unread::Invalid(format!(
+                        "the request body could not be read: {e}"
+                    )));
+                }
+                None => break,
+            }
+        }
+        match want {
+            None => Err(Unread::Invalid(
+                "the gRPC message is shorter than its prefix".into(),
+            )),
+            Some(want) if buf.len() != want => Err(Unread::Invalid(
+                "the gRPC message's length does not match its prefix".into(),
+            )),
+            Some(_) => Ok(buf.freeze().split_off(5)),
+        }
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(read) => read,
+        Err(_) => Err(Unread::Invalid(format!(
+            "the request body did not arrive within {BODY_TIMEOUT:?}"
+        ))),
     }
-    let compressed = body.get_u8();
-    let len = body.get_u32() as usize;
-    if compressed != 0 {
-        return Err("compressed messages are not accepted".into());
-    }
-    if body.len() != len {
-        return Err("the gRPC message's length does not match its prefix".into());
-    }
-    Ok(body)
 }
 
 fn grpc_message(message: &RateLimitResponse) -> Response<Body> {
@@ -374,6 +443,7 @@ fn failure_http(failure: &Failure) -> Response<Body> {
 fn rejection(failure: &Failure) -> Rejection {
     match failure {
         Failure::InvalidArgument(message) => Rejection::InvalidArgument(message.clone()),
+        Failure::TooLarge => Rejection::PayloadTooLarge,
         Failure::Unavailable => Rejection::LimiterUnavailable,
     }
 }

@@ -76,19 +76,23 @@ impl DenyCache {
         let (index, cached) = found?;
         let d = cached.decision;
         let retry_after_us = cached.retry_at - now;
+        let headline = Decision::deny(
+            Figures {
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after_us: cached.reset_at.saturating_sub(now),
+            },
+            retry_after_us,
+        );
+        let mut standings = crate::limiter::Standings::default();
+        standings.set(index, crate::limiter::Standing::of(&headline));
         Some(Verdict {
             now_us: now.saturating_add_signed(cached.store_offset),
-            headline: Decision::deny(
-                Figures {
-                    limit: d.limit,
-                    remaining: d.remaining,
-                    reset_after_us: cached.reset_at.saturating_sub(now),
-                },
-                retry_after_us,
-            ),
+            headline,
             headline_index: index,
             outcome: Outcome::Denied { retry_after_us },
             denied: 1u16.checked_shl(index as u32).unwrap_or(0),
+            standings,
         })
     }
 

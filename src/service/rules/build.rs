@@ -39,7 +39,12 @@ impl Builder<'_> {
                 Some(value) => format!("{}_{value}", d.key),
                 None => d.key.clone(),
             };
-            let tree = format!("{tree}/{name}");
+            // The node's place in the budget id: each part with its length before it, so no
+            // key or value (whatever it holds) names another node's place.
+            let tree = match &d.value {
+                Some(value) => format!("{tree}/{}:{}={}:{value}", d.key.len(), d.key, value.len()),
+                None => format!("{tree}/{}:{}", d.key.len(), d.key),
+            };
             for (key, given) in [
                 ("quota_mode", d.quota_mode.is_some()),
                 ("share_threshold", d.share_threshold.is_some()),
@@ -60,16 +65,15 @@ impl Builder<'_> {
                 limit: limit.map(Box::new),
                 children: self.level(&format!("{path}.descriptors"), &tree, &d.descriptors),
             };
+            let nodes = level.keys.entry(d.key.clone()).or_default();
             let duplicate = match &d.value {
                 Some(value) if value.contains('*') => {
-                    let twice = level
-                        .wildcards
-                        .iter()
-                        .any(|(k, v, _)| *k == d.key && v == value);
-                    level.wildcards.push((d.key.clone(), value.clone(), node));
+                    let twice = nodes.wildcards.iter().any(|(v, _)| v == value);
+                    nodes.wildcards.push((value.clone(), node));
                     twice
                 }
-                _ => level.exact.insert(name.clone(), node).is_some(),
+                Some(value) => nodes.values.insert(value.clone(), node).is_some(),
+                None => nodes.bare.replace(node).is_some(),
             };
             if duplicate {
                 self.problems.push(problem(
@@ -154,7 +158,11 @@ impl Builder<'_> {
             crate::limiter::hex(&digest[..6])
         };
         Some(RuleLimit {
-            budget_id: format!("svc:{}{tree}:{fingerprint}", self.domain),
+            budget_id: format!(
+                "svc:{}:{}{tree}:{fingerprint}",
+                self.domain.len(),
+                self.domain
+            ),
             limit,
             requests_per_unit: r.requests_per_unit.unwrap_or_else(|| {
                 limit_units(r).map_or(0, |u| u32::try_from(u).unwrap_or(u32::MAX))

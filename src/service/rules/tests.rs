@@ -222,3 +222,70 @@ fn glob_matches_any_run_of_characters() {
     assert!(!glob("/api/*", "/apx/"));
     assert!(glob("*", ""));
 }
+
+/// envoyproxy/ratelimit joins a key and its value with `_` to look a node up, so a key `a_b`
+/// shadows key `a` with value `b` and the limit below it goes unapplied. Here every separator a
+/// key or value may hold leaves the two apart.
+#[test]
+fn a_key_holding_a_separator_never_shadows_another_key_and_value() {
+    for sep in ["_", ":", "|", ".", "/", "=", "\u{1f}", "\u{1e}", "\n", "\0"] {
+        let yaml = format!(
+            r#"
+domain: d
+descriptors:
+  - key: a
+    value: b
+    descriptors:
+      - key: c
+        rate_limit: {{unit: second, requests_per_unit: 1, name: nested}}
+  - key: "a{sep}b"
+    rate_limit: {{unit: second, requests_per_unit: 9, name: joined}}
+"#,
+            sep = yaml_escaped(sep)
+        );
+        let r = rules(&yaml);
+        assert_eq!(
+            name(find(&r, &[("a", "b"), ("c", "Z")])),
+            Some("nested"),
+            "separator {sep:?}"
+        );
+        let joined = format!("a{sep}b");
+        assert_eq!(name(find(&r, &[(&joined, "x")])), Some("joined"));
+        // Their budgets are apart too.
+        let nested = find(&r, &[("a", "b"), ("c", "Z")]).unwrap();
+        let other = find(&r, &[(&joined, "x")]).unwrap();
+        assert_ne!(nested.budget_id, other.budget_id);
+    }
+}
+
+#[test]
+fn budget_ids_of_different_places_differ_whatever_the_keys_hold() {
+    let r = rules(
+        r#"
+domain: d
+descriptors:
+  - key: a
+    value: "b/1:c"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    value: b
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 1}
+"#,
+    );
+    let one = find(&r, &[("a", "b/1:c")]).unwrap();
+    let two = find(&r, &[("a", "b"), ("c", "x")]).unwrap();
+    assert_ne!(one.budget_id, two.budget_id);
+}
+
+/// `text` as it stands inside a YAML double-quoted string.
+fn yaml_escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '"' | '\\' => format!("\\{c}"),
+            c if c.is_control() => format!("\\u{:04x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
+}
