@@ -189,6 +189,25 @@ impl Control {
         });
     }
 
+    /// The ban or override `id`, ended or not.
+    pub fn entry(&self, id: &str) -> Option<Entry> {
+        let tables = self.tables.load();
+        if let Some(ban) = tables
+            .bans
+            .values()
+            .flat_map(|l| l.iter())
+            .find(|b| b.id == id)
+        {
+            return Some(Entry::Ban(ban.clone()));
+        }
+        tables
+            .overrides
+            .values()
+            .flat_map(|l| l.iter())
+            .find(|o| o.id == id)
+            .map(|o| Entry::Override(o.clone()))
+    }
+
     /// Removes the ban or override `id`; false when there is none.
     pub fn remove(&self, id: &str) -> bool {
         let mut found = false;
@@ -271,12 +290,55 @@ impl Control {
     }
 }
 
-/// Writes `entry` to the store's shared list as `id` (`None`: removes it), if the store keeps
-/// one; a failure is logged (the change holds here, not on the other instances).
-pub async fn share(limiter: &Limiter, id: &str, entry: Option<&Entry>) {
-    let text = entry.map(Entry::to_json);
-    if let Err(e) = limiter.control_write(id, text.as_deref()).await {
-        tracing::warn!(%id, error = %e, "the change could not be written to the store: it holds on this instance only");
+/// Writes `changes` to the store's shared list, all or none (each an id and its entry, `None`:
+/// it goes), if the store keeps one. The caller applies a change here only once this is `Ok`: an
+/// instance never keeps a change the store did not take.
+///
+/// A failure may be a timeout of a write the store then applies late (a stopped Redis answers
+/// when it resumes). So on a failure the changes' inverse (`undo`) is sent at once, on the same
+/// connection and so after the write: whatever became of the write, the list ends as it was.
+pub async fn share(
+    limiter: &Limiter,
+    changes: &[(&str, Option<&Entry>)],
+    undo: &[(&str, Option<&Entry>)],
+) -> Result<(), crate::limiter::LimiterError> {
+    let texts: Vec<(String, Option<String>)> = changes
+        .iter()
+        .map(|(id, e)| (id.to_string(), e.map(Entry::to_json)))
+        .collect();
+    let borrowed: Vec<_> = texts
+        .iter()
+        .map(|(id, e)| (id.as_str(), e.as_deref()))
+        .collect();
+    let Err(e) = limiter.control_write(&borrowed).await else {
+        return Ok(());
+    };
+    if undo.is_empty() {
+        return Err(e);
+    }
+    let undo: Vec<(String, Option<String>)> = undo
+        .iter()
+        .map(|(id, e)| (id.to_string(), e.map(Entry::to_json)))
+        .collect();
+    let limiter = limiter.clone();
+    tokio::spawn(async move {
+        let borrowed: Vec<_> = undo
+            .iter()
+            .map(|(id, e)| (id.as_str(), e.as_deref()))
+            .collect();
+        if let Err(e) = limiter.control_write(&borrowed).await {
+            let ids: Vec<&str> = borrowed.iter().map(|(id, _)| *id).collect();
+            tracing::warn!(?ids, error = %e, "undoing a change the store did not acknowledge failed too: if the store applied it late, every instance follows it");
+        }
+    });
+    Err(e)
+}
+
+/// Removes ended entry `id` from the shared list (the follower's housekeeping; a failure is
+/// tried again at the next read).
+async fn sweep(limiter: &Limiter, id: &str) {
+    if let Err(e) = limiter.control_write(&[(id, None)]).await {
+        tracing::debug!(%id, error = %e, "removing an ended entry from the shared list failed");
     }
 }
 
@@ -310,7 +372,7 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                             continue;
                         };
                         if entry.until_us() <= now {
-                            share(&limiter, entry.id(), None).await;
+                            sweep(&limiter, entry.id()).await;
                             continue;
                         }
                         match entry {

@@ -277,8 +277,14 @@ impl<'s> Decider<'s> {
                 control.ban(ban.clone());
                 tracing::info!(ban = %ban.id, %route, limit = limit.name(), ban_for = ?penalty.ban, "penalty box: identity banned");
                 let id = ban.id.clone();
-                crate::control::share(self.limiter, &id, Some(&crate::control::Entry::Ban(ban)))
-                    .await;
+                // The penalty holds here whatever the store says (this instance counted the
+                // denials); the other instances learn of it when the store takes it.
+                let entry = crate::control::Entry::Ban(ban);
+                if let Err(e) =
+                    crate::control::share(self.limiter, &[(&id, Some(&entry))], &[]).await
+                {
+                    tracing::warn!(ban = %id, error = %e, "the penalty's ban could not be written to the store: it holds on this instance only");
+                }
             }
         }
     }

@@ -535,3 +535,160 @@ async fn on_postgres_changes_reach_every_instance_within_a_second_and_survive_a_
     ))
     .await;
 }
+
+/// Redis stopped (SIGSTOP) while an operator writes: each write is 503 and changes nothing on
+/// this instance; once Redis is continued (and whatever it then applies of the stopped writes),
+/// both instances agree, with nothing of the refused writes in force anywhere. Before, each
+/// write was 200 after the store's timeout and held on the instance that took it alone.
+#[tokio::test]
+async fn a_write_the_shared_store_did_not_take_is_503_and_changes_nothing_anywhere() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let token = TempFile::new("t0ken");
+    let yaml = format!(
+        "storage:\n  backend: redis\n  url: {}\n{}",
+        redis.url(),
+        config(&upstream.url(), Some(&token))
+    );
+    let one = Floodgate::start(&yaml);
+    let two = Floodgate::start(&yaml);
+    let client = client();
+    let t = Some("t0ken");
+    let key = [("x-api-key", "stopped")];
+    // An override made while Redis answers, to be deleted while it does not.
+    let r = admin(
+        &one,
+        reqwest::Method::PUT,
+        "/overrides",
+        t,
+        Some(r#"{"route": "quota", "api_key": "kept", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}]}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let kept = r.json()["id"].as_str().unwrap().to_string();
+    let within = std::time::Duration::from_secs(3);
+    let kept_key = [("x-api-key", "kept")];
+    eventually(within, "the override did not reach two", || async {
+        get(&client, &two.url("/quota"), &kept_key)
+            .await
+            .header_u64("x-ratelimit-limit")
+            == 5
+    })
+    .await;
+
+    redis.signal("STOP");
+    let ban = admin(
+        &one,
+        reqwest::Method::PUT,
+        "/bans",
+        t,
+        Some(r#"{"route": "search", "api_key": "stopped", "duration": "1h"}"#),
+    )
+    .await;
+    assert_eq!(ban.status, 503, "{ban:?}");
+    assert_eq!(ban.json()["error"], "store_unavailable");
+    let over = admin(
+        &one,
+        reqwest::Method::PUT,
+        "/overrides",
+        t,
+        Some(r#"{"route": "quota", "api_key": "stopped", "limits": [{"algorithm": "fixed_window", "limit": 7, "window": "1h"}]}"#),
+    )
+    .await;
+    assert_eq!(over.status, 503, "{over:?}");
+    let deleted = admin(
+        &one,
+        reqwest::Method::DELETE,
+        &format!("/overrides/{kept}"),
+        t,
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status, 503, "{deleted:?}");
+    // Nothing changed here (the memory of the instance that took the writes).
+    let listed = admin(&one, reqwest::Method::GET, "/bans", t, None).await;
+    assert_eq!(
+        listed.json()["bans"].as_array().unwrap().len(),
+        0,
+        "{listed:?}"
+    );
+    let listed = admin(&one, reqwest::Method::GET, "/overrides", t, None).await;
+    let ids: Vec<String> = listed.json()["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, [kept.clone()]);
+
+    redis.signal("CONT");
+    // Redis now runs the stopped writes and their undoing, in order. Give both instances
+    // time to read the list (they follow it every 300 ms; 2 s leaves a loaded machine room),
+    // then both must agree: no ban, the kept override only.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    for fg in [&one, &two] {
+        let listed = admin(fg, reqwest::Method::GET, "/bans", t, None).await;
+        assert_eq!(
+            listed.json()["bans"].as_array().unwrap().len(),
+            0,
+            "{listed:?}"
+        );
+        let listed = admin(fg, reqwest::Method::GET, "/overrides", t, None).await;
+        let ids: Vec<String> = listed.json()["overrides"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ids, [kept.clone()], "{listed:?}");
+        assert_eq!(get(&client, &fg.url("/search"), &key).await.status, 200);
+    }
+    // And a write once Redis answers again is taken.
+    let ban = admin(
+        &two,
+        reqwest::Method::PUT,
+        "/bans",
+        t,
+        Some(r#"{"route": "search", "api_key": "stopped", "duration": "1h"}"#),
+    )
+    .await;
+    assert_eq!(ban.status, 200, "{ban:?}");
+}
+
+#[tokio::test]
+async fn a_write_body_with_a_field_the_endpoint_does_not_know_is_400_and_changes_nothing() {
+    let upstream = Upstream::start().await;
+    let token = TempFile::new("t0ken");
+    let fg = Floodgate::start(&config(&upstream.url(), Some(&token)));
+    let t = Some("t0ken");
+    for (method, path, body, field) in [
+        (
+            reqwest::Method::PUT,
+            "/overrides",
+            r#"{"route": "quota", "api_key": "k", "limits": [{"algorithm": "fixed_window", "limit": 5, "window": "1h"}], "expire_in": "2s"}"#,
+            "expire_in",
+        ),
+        (
+            reqwest::Method::PUT,
+            "/bans",
+            r#"{"route": "search", "api_key": "k", "duration": "1h", "bogus": 1}"#,
+            "bogus",
+        ),
+        (
+            reqwest::Method::POST,
+            "/reset",
+            r#"{"route": "quota", "api_key": "k", "everything": true}"#,
+            "everything",
+        ),
+    ] {
+        let r = admin(&fg, method, path, t, Some(body)).await;
+        assert_eq!(r.status, 400, "{path}: {r:?}");
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_string();
+        assert!(detail.contains(field), "{path}: {detail}");
+    }
+    for list in ["/bans", "/overrides"] {
+        let r = admin(&fg, reqwest::Method::GET, list, t, None).await;
+        let name = &list[1..];
+        assert_eq!(r.json()[name].as_array().unwrap().len(), 0, "{r:?}");
+    }
+}

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
-use super::write::{Body, kind_label};
+use super::write::{Body, kind_label, unshared};
 use crate::control::{Ban, Entry};
 use crate::limiter::wall_clock_us;
 use crate::proxy::Proxy;
@@ -13,7 +13,7 @@ use crate::proxy::Proxy;
 /// `PUT /bans`: the ban holds here at once, and is written to the store's shared list for the
 /// other instances.
 pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
-    let body = Body::parse(body)?;
+    let body = Body::parse(body, &["route", "duration", "reason"])?;
     let route = match body.text("route")? {
         Some("*") => None,
         _ => Some(body.route(proxy)?),
@@ -36,10 +36,13 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         reason,
         by: "operator",
     };
+    let id = ban.id.clone();
+    let entry = Entry::Ban(ban.clone());
+    crate::control::share(proxy.limiter(), &[(&id, Some(&entry))], &[(&id, None)])
+        .await
+        .map_err(unshared)?;
     control.ban(ban.clone());
     tracing::info!(id = %ban.id, route = ban.route.as_deref().unwrap_or("*"), identity = %label, ?duration, reason = %ban.reason, "ban added");
-    let id = ban.id.clone();
-    crate::control::share(proxy.limiter(), &id, Some(&Entry::Ban(ban))).await;
     Ok(json!({ "id": id }))
 }
 
@@ -66,11 +69,17 @@ pub fn list(proxy: &Proxy) -> Value {
 
 /// `DELETE /bans/{id}` (and `/overrides/{id}`: an id names one entry of either).
 pub async fn delete(proxy: &Proxy, id: &str, what: &str) -> Result<Value, AdminError> {
-    if id.starts_with(&format!("{what}-")) && proxy.control().remove(id) {
-        tracing::info!(%id, "{what} removed");
-        crate::control::share(proxy.limiter(), id, None).await;
-        Ok(json!({ "id": id }))
-    } else {
-        Err(bad(404, "not_found", format!("no {what} {id:?}")))
-    }
+    let control = proxy.control();
+    let Some(entry) = control
+        .entry(id)
+        .filter(|_| id.starts_with(&format!("{what}-")))
+    else {
+        return Err(bad(404, "not_found", format!("no {what} {id:?}")));
+    };
+    crate::control::share(proxy.limiter(), &[(id, None)], &[(id, Some(&entry))])
+        .await
+        .map_err(unshared)?;
+    control.remove(id);
+    tracing::info!(%id, "{what} removed");
+    Ok(json!({ "id": id }))
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
-use super::write::{Body, kind_label};
+use super::write::{Body, kind_label, unshared};
 use crate::control::{Entry, Override, OverrideFor};
 use crate::limiter::wall_clock_us;
 use crate::proxy::Proxy;
@@ -17,7 +17,7 @@ use crate::proxy::Proxy;
 /// `PUT /overrides`: in force here at once, and written to the store's shared list for the
 /// other instances. An identity's earlier override of the same route is replaced.
 pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
-    let body = Body::parse(body)?;
+    let body = Body::parse(body, &["route", "limits", "expires_in"])?;
     let route = body.route(proxy)?;
     let snapshot = proxy.snapshot();
     if snapshot
@@ -57,15 +57,23 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         let first = e.problems.first().map(ToString::to_string);
         bad(400, "bad_request", first.unwrap_or_default())
     })?;
-    tracing::info!(%id, route = %over.route, identity = %kind_label(over.kind, &over.value), limits = %over.limits, ?expires_in, "override set");
     let over = Arc::new(over);
     let entry = Entry::Override(over.clone());
-    // The identity's earlier override of the route goes from the shared list too.
-    if let Some(earlier) = control.override_for(&over.route, over.kind, &over.value) {
-        crate::control::share(proxy.limiter(), &earlier.id, None).await;
+    // The identity's earlier override of the route goes from the shared list in the same write.
+    let earlier = control
+        .override_for(&over.route, over.kind, &over.value)
+        .map(Entry::Override);
+    let mut changes = vec![(id.as_str(), Some(&entry))];
+    let mut undo = vec![(id.as_str(), None)];
+    if let Some(earlier) = &earlier {
+        changes.push((earlier.id(), None));
+        undo.push((earlier.id(), Some(earlier)));
     }
+    crate::control::share(proxy.limiter(), &changes, &undo)
+        .await
+        .map_err(unshared)?;
+    tracing::info!(%id, route = %over.route, identity = %kind_label(over.kind, &over.value), limits = %over.limits, ?expires_in, "override set");
     control.set_override(over);
-    crate::control::share(proxy.limiter(), &id, Some(&entry)).await;
     Ok(json!({ "id": id }))
 }
 

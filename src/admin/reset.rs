@@ -18,7 +18,7 @@ use crate::proxy::Proxy;
 
 /// `POST /reset`.
 pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
-    let body = Body::parse(body)?;
+    let body = Body::parse(body, &["route"])?;
     let route_name = body.route(proxy)?;
     let (kind, value) = body.identity(proxy)?;
     let snapshot = proxy.snapshot();
@@ -60,6 +60,20 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     };
     tracing::info!(id = %reset.id, route = %route.name, identity = %kind_label(kind, &value), budgets = asks.len(), "budgets reset");
     let id = reset.id.clone();
-    crate::control::share(proxy.limiter(), &id, Some(&Entry::Reset(reset))).await;
+    // The store's budgets are full again already; the entry tells the other instances to forget
+    // what they kept of them. A reset is safe to repeat, so a failure here asks for that.
+    crate::control::share(
+        proxy.limiter(),
+        &[(&id, Some(&Entry::Reset(reset)))],
+        &[(&id, None)],
+    )
+    .await
+    .map_err(|e| {
+        bad(
+            503,
+            "store_unavailable",
+            format!("the budgets were reset in the store, but the other instances could not be told (repeat the reset): {e}"),
+        )
+    })?;
     Ok(json!({ "id": id, "route": &*route.name, "budgets": asks.len() }))
 }

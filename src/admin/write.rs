@@ -45,18 +45,50 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A change the shared store did not take: 503, nothing changed here (and the change undone
+/// there, if it landed late: `control::share`).
+pub fn unshared(e: crate::limiter::LimiterError) -> AdminError {
+    bad(
+        503,
+        "store_unavailable",
+        format!("the store did not take the change, so nothing was changed: {e}"),
+    )
+}
+
+/// The fields that name an identity, which every write body may hold (exactly one of them).
+const IDENTITY_FIELDS: [&str; 5] = ["api_key", "consumer", "user_id", "jwt_subject", "ip"];
+
 /// A write's JSON body: an object, its fields read by name.
 pub struct Body(Map<String, Value>);
 
 impl Body {
-    pub fn parse(bytes: &[u8]) -> Result<Body, AdminError> {
-        serde_json::from_slice(bytes).map(Body).map_err(|e| {
+    /// The body, if it is a JSON object whose every field is an identity field or one of
+    /// `fields`: a field the endpoint does not know (a typo such as `expire_in`) is a 400 naming
+    /// it, so that nothing is changed on a misreading.
+    pub fn parse(bytes: &[u8], fields: &[&str]) -> Result<Body, AdminError> {
+        let map: Map<String, Value> = serde_json::from_slice(bytes).map_err(|e| {
             bad(
                 400,
                 "bad_request",
                 format!("the body is not a JSON object: {e}"),
             )
-        })
+        })?;
+        if let Some(unknown) = map
+            .keys()
+            .find(|k| !fields.contains(&k.as_str()) && !IDENTITY_FIELDS.contains(&k.as_str()))
+        {
+            let mut known: Vec<&str> = fields.to_vec();
+            known.extend(IDENTITY_FIELDS);
+            return Err(bad(
+                400,
+                "bad_request",
+                format!(
+                    "{unknown}: not a field of this request (it takes {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        Ok(Body(map))
     }
 
     /// The string field `name`, if given.
@@ -118,7 +150,7 @@ impl Body {
     pub fn identity(&self, proxy: &Proxy) -> Result<(KeyKind, Vec<u8>), AdminError> {
         let snapshot = proxy.snapshot();
         let mut named = Vec::new();
-        for name in ["api_key", "consumer", "user_id", "jwt_subject", "ip"] {
+        for name in IDENTITY_FIELDS {
             if let Some(value) = self.text(name)? {
                 named.push((name, value));
             }

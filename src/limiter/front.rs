@@ -152,10 +152,13 @@ impl Limiter {
         by_store!(self, _store => Ok(None), guarded => guarded.control_read(known).await)
     }
 
-    /// Writes an entry of the store's shared control list (`None`: removes it); false when the
-    /// store keeps none (the memory store).
-    pub async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
-        by_store!(self, _store => Ok(false), guarded => guarded.control_write(id, entry).await)
+    /// Writes entries of the store's shared control list, all or none (each an id and its
+    /// entry, `None`: it goes); false when the store keeps none (the memory store).
+    pub async fn control_write(
+        &self,
+        changes: &[super::store::ControlChange<'_>],
+    ) -> Result<bool, LimiterError> {
+        by_store!(self, _store => Ok(false), guarded => guarded.control_write(changes).await)
     }
 
     /// Claims `key` for every instance sharing the store, for `ttl_us`: true when this call

@@ -391,31 +391,36 @@ impl RemoteStore for PostgresStore {
         crate::limiter::store::ControlList::read(version.to_string(), known, entries).await
     }
 
-    async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+    async fn control_write(
+        &self,
+        changes: &[crate::limiter::store::ControlChange<'_>],
+    ) -> Result<bool, LimiterError> {
         // Rows are named with the key prefix: instances with different prefixes keep apart
-        // lists in one database. The version is bumped in the same statement.
-        let id = format!("{}{id}", self.prefix);
-        let _: i64 = match entry {
-            Some(entry) => {
-                self.db
-                    .query(
-                        "WITH w AS (INSERT INTO floodgate_control (id, entry) VALUES ($1, $2) \
-                         ON CONFLICT (id) DO UPDATE SET entry = excluded.entry RETURNING 1) \
-                         SELECT nextval('floodgate_control_version') FROM (SELECT count(*) FROM w) c",
-                        &[&id, &entry],
-                    )
-                    .await?
+        // lists in one database. One statement: the changes and the version's bump together.
+        let mut gone: Vec<String> = Vec::new();
+        let (mut ids, mut entries): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+        for (id, entry) in changes {
+            let id = format!("{}{id}", self.prefix);
+            match entry {
+                Some(entry) => {
+                    ids.push(id);
+                    entries.push((*entry).to_string());
+                }
+                None => gone.push(id),
             }
-            None => {
-                self.db
-                    .query(
-                        "WITH w AS (DELETE FROM floodgate_control WHERE id = $1 RETURNING 1) \
-                         SELECT nextval('floodgate_control_version') FROM (SELECT count(*) FROM w) c",
-                        &[&id],
-                    )
-                    .await?
-            }
-        };
+        }
+        let _: i64 = self
+            .db
+            .query(
+                "WITH d AS (DELETE FROM floodgate_control WHERE id = ANY($1::text[]) RETURNING 1), \
+                 w AS (INSERT INTO floodgate_control (id, entry) \
+                       SELECT * FROM unnest($2::text[], $3::text[]) \
+                       ON CONFLICT (id) DO UPDATE SET entry = excluded.entry RETURNING 1) \
+                 SELECT nextval('floodgate_control_version') \
+                 FROM (SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM w)) c",
+                &[&gone, &ids, &entries],
+            )
+            .await?;
         Ok(true)
     }
 

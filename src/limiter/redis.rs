@@ -346,20 +346,26 @@ impl RemoteStore for RedisStore {
         crate::limiter::store::ControlList::read(version.unwrap_or_default(), known, entries).await
     }
 
-    async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+    async fn control_write(
+        &self,
+        changes: &[crate::limiter::store::ControlChange<'_>],
+    ) -> Result<bool, LimiterError> {
+        // One script: the changes and the version's bump are applied together or not at all
+        // (a reader that sees the new version sees every change; none is seen without it).
+        const WRITE: &str = "for i = 1, #ARGV, 3 do \
+             if ARGV[i + 1] == '1' then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2]) \
+             else redis.call('HDEL', KEYS[1], ARGV[i]) end \
+           end \
+           return redis.call('INCR', KEYS[2])";
         let (list, version) = self.control_keys();
-        match entry {
-            Some(entry) => {
-                let _: i64 = self
-                    .query(redis::cmd("HSET").arg(&list).arg(id).arg(entry))
-                    .await?;
-            }
-            None => {
-                let _: i64 = self.query(redis::cmd("HDEL").arg(&list).arg(id)).await?;
-            }
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(WRITE).arg(2).arg(&list).arg(&version);
+        for (id, entry) in changes {
+            cmd.arg(*id)
+                .arg(if entry.is_some() { "1" } else { "0" })
+                .arg(entry.unwrap_or(""));
         }
-        // Bumped after the write: a reader that sees the new version sees the new list.
-        let _: i64 = self.query(redis::cmd("INCR").arg(&version)).await?;
+        let _: i64 = self.query(&cmd).await?;
         Ok(true)
     }
 

@@ -10,6 +10,9 @@ use prometheus_client::metrics::counter::Counter;
 use super::wire::Reply;
 use super::{Ask, Decision, LeaseId, LimiterError};
 
+/// One change of the shared control list: an entry's id, and its text (`None`: it goes).
+pub type ControlChange<'a> = (&'a str, Option<&'a str>);
+
 /// The control list as a store holds it: its version, and its entries (unchanged since `known`:
 /// `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,14 +160,13 @@ pub trait RemoteStore: Send + Sync + 'static {
         let _ = known;
         async { Ok(None) }
     }
-    /// Writes entry `id` of the control list (`None`: removes it). False when the store keeps
-    /// no such list.
+    /// Writes entries of the control list, all of them or none: each change an id and its
+    /// entry (`None`: removes it). False when the store keeps no such list.
     fn control_write(
         &self,
-        id: &str,
-        entry: Option<&str>,
+        changes: &[ControlChange<'_>],
     ) -> impl Future<Output = Result<bool, LimiterError>> + Send {
-        let _ = (id, entry);
+        let _ = changes;
         async { Ok(false) }
     }
     /// Claims `key` for every instance for `ttl_us` (µs): true when this call claimed it (nobody

@@ -196,6 +196,19 @@ impl RedisServer {
             .sum()
     }
 
+    /// Sends the server `signal` (`STOP`, `CONT`): a stopped server keeps its connections and
+    /// answers nothing until it is continued.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let sent = std::process::Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status()
+                .expect("run kill");
+            assert!(sent.success(), "kill -{signal}");
+        }
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -17,10 +17,13 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             .map_err(|_| LimiterError::Timeout(timeout))?
     }
 
-    /// Writes an entry of the store's shared control list.
-    pub async fn control_write(&self, id: &str, entry: Option<&str>) -> Result<bool, LimiterError> {
+    /// Writes entries of the store's shared control list, all or none.
+    pub async fn control_write(
+        &self,
+        changes: &[crate::limiter::store::ControlChange<'_>],
+    ) -> Result<bool, LimiterError> {
         let timeout = self.timeout() * 10;
-        tokio::time::timeout(timeout, self.store.control_write(id, entry))
+        tokio::time::timeout(timeout, self.store.control_write(changes))
             .await
             .map_err(|_| LimiterError::Timeout(timeout))?
     }
