@@ -107,6 +107,7 @@ pub mod global;
 pub mod grpc;
 pub mod identity;
 pub mod limiter;
+pub mod logging;
 pub mod metrics;
 pub mod path;
 pub mod policy;

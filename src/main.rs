@@ -273,7 +273,8 @@ fn init_logging(format: LogFormat) {
         // One line per event with the request span's fields once (`floodgate replay` reads them).
         builder.json().with_span_list(false).init();
     } else {
-        builder.init();
+        // Control characters a client sent are escaped: one event, one line (`logging.rs`).
+        builder.fmt_fields(floodgate::logging::EscapedFields).init();
     }
 }
 

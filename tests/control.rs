@@ -692,3 +692,43 @@ async fn a_write_body_with_a_field_the_endpoint_does_not_know_is_400_and_changes
         assert_eq!(r.json()[name].as_array().unwrap().len(), 0, "{r:?}");
     }
 }
+
+/// A ban's reason and an API key holding line breaks and terminal escapes: floodgate's log has
+/// no line that begins with the attacker's text, and no raw ESC (e9faff0 wrote them raw).
+#[tokio::test]
+async fn values_from_an_admin_body_cannot_forge_log_lines() {
+    let upstream = Upstream::start().await;
+    let token = TempFile::new("t0ken");
+    let fg = Floodgate::start_with_env(
+        &config(&upstream.url(), Some(&token)),
+        &[("RUST_LOG", "info")],
+    );
+    let body = serde_json::json!({
+        "route": "search",
+        "user_id": "u\nFORGED INFO floodgate: admin login ok\r\u{1b}[2J",
+        "duration": "1h",
+        "reason": "spam\nFORGED INFO floodgate: ban removed\u{1b}]0;owned\u{7}",
+    });
+    let r = admin(
+        &fg,
+        reqwest::Method::PUT,
+        "/bans",
+        Some("t0ken"),
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    // The log is read from the process's stderr as it comes.
+    eventually(
+        std::time::Duration::from_secs(3),
+        "the ban was not logged",
+        || async { fg.stderr().contains("ban added") },
+    )
+    .await;
+    let log = fg.stderr();
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED")),
+        "a forged line: {log}"
+    );
+    assert!(!log.contains('\u{1b}') && !log.contains('\r'), "{log:?}");
+}
