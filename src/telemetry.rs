@@ -184,7 +184,10 @@ impl Telemetry {
     fn begin(self: &Arc<Self>, name: std::borrow::Cow<'static, str>, headers: &HeaderMap) -> Trace {
         // Most requests carry no trace: one starts here, and the ratio decides. (The
         // propagator and the SDK's sampler are asked only when there is a parent to read.)
-        if !headers.contains_key(TRACEPARENT) {
+        // W3C Trace Context: a `traceparent` sent twice (two fields, or values joined with a
+        // comma) is invalid, and an invalid parent starts a new trace; the SDK's extractor
+        // would read the first.
+        if !one_traceparent(headers) {
             let trace_id = self.ids.new_trace_id();
             let keep = ratio_keeps(self.ratio, trace_id);
             let context = SpanContext::new(
@@ -297,6 +300,15 @@ fn address_text(ip: std::net::IpAddr) -> String {
         text.push(char::from(b'0' + n % 10));
     }
     text
+}
+
+/// True when `headers` hold exactly one `traceparent`, one value (no comma-joined list).
+fn one_traceparent(headers: &HeaderMap) -> bool {
+    let mut values = headers.get_all(TRACEPARENT).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => !value.as_bytes().contains(&b','),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

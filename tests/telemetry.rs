@@ -463,3 +463,43 @@ async fn a_should_rate_limit_call_is_a_server_span() {
         "{decisions:?}"
     );
 }
+
+/// W3C Trace Context: a `traceparent` sent twice, or two values joined with a comma, is
+/// invalid, and floodgate starts a new trace (e9faff0 continued the first). The upstream hears
+/// a trace id that is neither of the client's.
+#[tokio::test]
+async fn a_duplicated_traceparent_starts_a_new_trace() {
+    let upstream = Upstream::start().await;
+    // No collector: nothing is read from it here (exports fail and are counted).
+    let fg = Floodgate::start(&format!(
+        "telemetry:\n  otlp_endpoint: http://127.0.0.1:9\n  metrics_interval: 0s\nroutes:\n  - name: open\n    path_prefix: /open\n    upstream: {}\n",
+        upstream.url()
+    ));
+    let one = "00-11111111111111111111111111111111-1111111111111111-01";
+    let two = "00-22222222222222222222222222222222-2222222222222222-01";
+    let mut twice = reqwest::header::HeaderMap::new();
+    twice.append("traceparent", one.parse().unwrap());
+    twice.append("traceparent", two.parse().unwrap());
+    let mut joined = reqwest::header::HeaderMap::new();
+    joined.insert("traceparent", format!("{one},{two}").parse().unwrap());
+    let mut single = reqwest::header::HeaderMap::new();
+    single.insert("traceparent", one.parse().unwrap());
+    for (headers, continued) in [(twice, false), (joined, false), (single, true)] {
+        let r = client()
+            .get(fg.url("/open"))
+            .headers(headers)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let seen = upstream.seen();
+        let heard = seen.last().unwrap().header("traceparent").unwrap();
+        let trace_id = heard.split('-').nth(1).unwrap().to_string();
+        assert_eq!(
+            trace_id == "11111111111111111111111111111111",
+            continued,
+            "{heard}"
+        );
+        assert_ne!(trace_id, "22222222222222222222222222222222");
+    }
+}
