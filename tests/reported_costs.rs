@@ -241,3 +241,62 @@ async fn a_late_answer_to_a_request_that_failed_open_spends_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     until_remaining(&fg, "heidi", 990).await;
 }
+
+/// An HTTP/1.1 upstream that answers every request chunked, the cost only in a trailer it
+/// declares (`Trailer: X-Cost`), as an API that learns its cost while streaming does.
+async fn trailer_upstream(cost: &'static str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut seen = Vec::new();
+                loop {
+                    let Ok(n) = socket.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    // One answer per request head (the requests here have no body).
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..end + 4);
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Cost\r\n\r\n\
+                             5\r\nhello\r\n0\r\nX-Cost: {cost}\r\n\r\n"
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The contract reads `actual` from a "response header or trailer": over HTTP/1.1 too, from a
+/// chunked trailer (e9faff0 settled such a call at its reserve).
+#[tokio::test]
+async fn a_cost_in_an_http1_chunked_trailer_is_settled() {
+    let upstream = trailer_upstream("7").await;
+    let fg = Floodgate::start(&config(&format!("http://{upstream}"), ""));
+    let before = settled(&fg).await;
+    let reply = get(&client(), &fg.url("/cost"), &[("x-api-key", "chunked")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "hello");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while settled(&fg).await == before {
+        assert!(Instant::now() < deadline, "never settled: {}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // 1000 less 7 (the trailer's figure), not less 10 (the reserve).
+    until_remaining(&fg, "chunked", 993).await;
+}

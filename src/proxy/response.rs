@@ -189,7 +189,15 @@ impl hyper::body::Body for Ending {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
-            std::task::Poll::Ready(Some(Ok(frame))) => this.after.frame(frame),
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                this.after.frame(frame);
+                // Trailers are a body's last frame: it is complete. (An HTTP/1.1 server stops
+                // polling there and drops the body, whose `is_end_stream` may not say so yet: a
+                // cost read from an HTTP/1.1 chunked trailer was settled at the reserve.)
+                if frame.is_trailers() {
+                    this.after.run(true);
+                }
+            }
             std::task::Poll::Ready(None) => this.after.run(true),
             std::task::Poll::Ready(Some(Err(_))) => this.after.run(false),
             std::task::Poll::Pending => {}
