@@ -19,7 +19,7 @@
 # calls it served (the upstream's is not included). It checks that no call failed.
 #
 # Knobs (environment): ROUNDS=3 DURATION=5 WARMUP=1 CONNECTIONS=16 STREAMS=8
-#   FLOODGATE=target/release/floodgate  BUILD=1 (cargo build --release first)
+#   FLOODGATE=target/dist/floodgate  BUILD=1 (cargo build --profile dist first)
 # Results: a markdown table on stdout; h2load's own output in a temporary directory, removed on
 # exit (KEEP=1 keeps it). All load goes to 127.0.0.1; every process started here is stopped on exit.
 
@@ -33,7 +33,7 @@ CONNECTIONS="${CONNECTIONS:-16}"
 STREAMS="${STREAMS:-8}"
 BUILD="${BUILD:-1}"
 KEEP="${KEEP:-0}"
-FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
+FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
 TARGETS=(upstream nginx_grpc fg_grpc fg_grpc_limit)
 
 log() { printf '[bench-grpc] %s\n' "$*" >&2; }
@@ -49,12 +49,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin floodgate --example grpc_upstream) \
-        || die "cargo build --release failed"
+    (cd "$ROOT" && cargo build --profile dist --bin floodgate --example grpc_upstream) \
+        || die "cargo build --profile dist failed"
 fi
 [ -x "$FLOODGATE" ] || die "no floodgate binary at $FLOODGATE"
-GRPC_UPSTREAM="${GRPC_UPSTREAM:-$ROOT/target/release/examples/grpc_upstream}"
-[ -x "$GRPC_UPSTREAM" ] || die "no $GRPC_UPSTREAM (cargo build --release --example grpc_upstream)"
+GRPC_UPSTREAM="${GRPC_UPSTREAM:-$ROOT/target/dist/examples/grpc_upstream}"
+[ -x "$GRPC_UPSTREAM" ] || die "no $GRPC_UPSTREAM (cargo build --profile dist --example grpc_upstream)"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-bench-grpc.XXXXXX")"
 PIDS=()

@@ -6,10 +6,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
-(cd "$ROOT" && cargo build --release -q --example lua_vs_watch)
+(cd "$ROOT" && cargo build --profile dist -q --example lua_vs_watch)
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 REDIS=$!
 trap 'kill $REDIS 2>/dev/null || true' EXIT
 for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-"$ROOT/target/release/examples/lua_vs_watch" "redis://127.0.0.1:$PORT"
+"$ROOT/target/dist/examples/lua_vs_watch" "redis://127.0.0.1:$PORT"

@@ -10,5 +10,5 @@ redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/nul
 redis_pid=$!
 trap 'kill $redis_pid 2>/dev/null || true' EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-cargo build --release --example redis_clients -q
-./target/release/examples/redis_clients "redis://127.0.0.1:$port" "${1:-64}" "${2:-5}" "${3:-3}"
+cargo build --profile dist --example redis_clients -q
+./target/dist/examples/redis_clients "redis://127.0.0.1:$port" "${1:-64}" "${2:-5}" "${3:-3}"

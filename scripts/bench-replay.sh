@@ -6,12 +6,12 @@
 # bucket per key, a per: ip ceiling, a per: route cap), then times
 #   floodgate replay --config bench/replay.yaml --format json LOG
 # with one core (taskset) and prints lines per second and the peak resident memory.
-#   LINES=2000000  FLOODGATE=target/release/floodgate  BUILD=1
+#   LINES=2000000  FLOODGATE=target/dist/floodgate  BUILD=1
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LINES="${LINES:-2000000}"
-FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
-[ "${BUILD:-1}" = 1 ] && (cd "$ROOT" && cargo build --release -q)
+FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
+[ "${BUILD:-1}" = 1 ] && (cd "$ROOT" && cargo build --profile dist -q)
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 python3 "$ROOT/bench/replay_log.py" "$LINES" >"$WORK/access.log"

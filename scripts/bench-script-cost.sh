@@ -4,10 +4,10 @@
 # own (loopback, a free port). Prints a markdown table.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-(cd "$ROOT" && cargo build --release -q --example script_cost)
+(cd "$ROOT" && cargo build --profile dist -q --example script_cost)
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 REDIS=$!
 trap 'kill $REDIS 2>/dev/null || true' EXIT
 for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-"$ROOT/target/release/examples/script_cost" "redis://127.0.0.1:$PORT"
+"$ROOT/target/dist/examples/script_cost" "redis://127.0.0.1:$PORT"

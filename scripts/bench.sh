@@ -60,8 +60,8 @@
 #   RESULTS_DIR=bench/results
 #   TARGETS="upstream nginx_proxy ..."  a subset of the targets above, in this order
 #   PIN=1      pin wrk to CPU 1 and every server to CPU 0 with taskset (needs 2+ CPUs)
-#   BUILD=1    run `cargo build --release` first (a no-op when the binary is fresh)
-#   FLOODGATE=target/release/floodgate
+#   BUILD=1    run `cargo build --profile dist` first (a no-op when the binary is fresh)
+#   FLOODGATE=target/dist/floodgate
 #   PERF=0     1: also `perf record $PERF_ARGS` floodgate for one extra DURATION on the memory allow
 #              and Redis deny paths, reports in $RESULTS_DIR/perf-*.txt (PERF_DATA_DIR=dir keeps the
 #              perf.data files; default PERF_ARGS="-F 997 --call-graph dwarf,16384")
@@ -81,7 +81,7 @@ PIN="${PIN:-1}"
 BUILD="${BUILD:-1}"
 PERF="${PERF:-0}"
 PERF_ARGS="${PERF_ARGS:--F 997 --call-graph dwarf,16384}"
-FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
+FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
 read -r -a TARGETS <<<"${TARGETS:-upstream nginx_proxy fg_memory_allow fg_memory_policies fg_redis_allow fg_redis_deny}"
 BASELINE=nginx_proxy
 
@@ -105,19 +105,19 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$BUILD" = 1 ]; then
-    log "cargo build --release (no-op when fresh)"
+    log "cargo build --profile dist (no-op when fresh)"
     if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
-        (cd "$ROOT" && cargo build --release --example stack_floor) || die "cannot build bench/stack_floor.rs"
+        (cd "$ROOT" && cargo build --profile dist --example stack_floor) || die "cannot build bench/stack_floor.rs"
     fi
     if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
-        (cd "$ROOT" && cargo build --release --example delay_relay) || die "cannot build bench/delay_relay.rs"
+        (cd "$ROOT" && cargo build --profile dist --example delay_relay) || die "cannot build bench/delay_relay.rs"
     fi
-    if ! (cd "$ROOT" && cargo build --release --bin floodgate); then
+    if ! (cd "$ROOT" && cargo build --profile dist --bin floodgate); then
         [ -x "$FLOODGATE" ] || die "build failed and there is no $FLOODGATE"
         log "WARNING: build failed; benchmarking the existing $FLOODGATE ($(date -r "$FLOODGATE" '+%F %T'))"
     fi
 fi
-[ -x "$FLOODGATE" ] || die "no floodgate binary at $FLOODGATE (run cargo build --release)"
+[ -x "$FLOODGATE" ] || die "no floodgate binary at $FLOODGATE (run cargo build --profile dist)"
 
 # --- pinning -----------------------------------------------------------------------------------
 SERVER_PIN=()
@@ -289,7 +289,7 @@ fi
 NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 
 # --- the stack's floor: hyper alone, serving and proxying (bench/stack_floor.rs) -------------
-STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/release/examples/stack_floor}"
+STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/dist/examples/stack_floor}"
 start_stack_floor() { # name mode [upstream]  -> sets FLOOR_PID, FLOOR_URL
     local name=$1 dir="$WORK/$1"
     shift
@@ -306,7 +306,7 @@ start_stack_floor() { # name mode [upstream]  -> sets FLOOR_PID, FLOOR_URL
     [ -n "$FLOOR_URL" ] || die "stack_floor ($name) printed no listening line"
 }
 if [[ " ${TARGETS[*]} " == *" hyper_"* ]]; then
-    [ -x "$STACK_FLOOR" ] || die "no $STACK_FLOOR (cargo build --release --example stack_floor)"
+    [ -x "$STACK_FLOOR" ] || die "no $STACK_FLOOR (cargo build --profile dist --example stack_floor)"
     start_stack_floor hyper_serve serve
     HYPER_SERVE_PID=$FLOOR_PID HYPER_SERVE_URL=$FLOOR_URL
     start_stack_floor hyper_proxy proxy "127.0.0.1:$UPSTREAM_PORT"
@@ -386,8 +386,8 @@ REDIS_STORAGE="  backend: redis
   on_error: deny"
 RELAY_PID=-
 if [[ " ${TARGETS[*]} " == *" fg_redis_relay_"* ]]; then
-    RELAY="${RELAY:-$ROOT/target/release/examples/delay_relay}"
-    [ -x "$RELAY" ] || die "no relay at $RELAY (cargo build --release --example delay_relay)"
+    RELAY="${RELAY:-$ROOT/target/dist/examples/delay_relay}"
+    [ -x "$RELAY" ] || die "no relay at $RELAY (cargo build --profile dist --example delay_relay)"
     "$RELAY" 127.0.0.1:0 "127.0.0.1:$REDIS_PORT" "${RELAY_DELAY_US:-250}" >"$WORK/relay.log" 2>&1 &
     RELAY_PID=$!
     PIDS+=("$RELAY_PID")

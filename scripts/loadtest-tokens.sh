@@ -25,8 +25,8 @@ API_KEYS="${API_KEYS:-5}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/loadtest/results}"
 BUILD="${BUILD:-0}"
 VENV="$ROOT/loadtest/.venv"
-FLOODGATE="$ROOT/target/release/floodgate"
-DEMO_UPSTREAM="$ROOT/target/release/floodgate-demo-upstream"
+FLOODGATE="$ROOT/target/dist/floodgate"
+DEMO_UPSTREAM="$ROOT/target/dist/floodgate-demo-upstream"
 
 log() { printf '[loadtest-tokens %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -63,7 +63,7 @@ wait_for_address() {
 mkdir -p "$RESULTS_DIR"
 if [[ "$BUILD" == 1 || ! -x "$FLOODGATE" || ! -x "$DEMO_UPSTREAM" ]]; then
   log "building the release binaries"
-  (cd "$ROOT" && cargo build --release -p floodgate -p floodgate-demo-upstream >/dev/null)
+  (cd "$ROOT" && cargo build --profile dist -p floodgate -p floodgate-demo-upstream >/dev/null)
 fi
 if ! command -v redis-server >/dev/null; then
   log "installing redis-server with apt-get"

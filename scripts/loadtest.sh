@@ -43,8 +43,8 @@ PIN_CPUS="${PIN_CPUS:-1}"
 BUILD="${BUILD:-0}"
 BASE_CONFIG="$ROOT/config/floodgate.docker.yaml"
 VENV="$ROOT/loadtest/.venv"
-FLOODGATE="$ROOT/target/release/floodgate"
-DEMO_UPSTREAM="$ROOT/target/release/floodgate-demo-upstream"
+FLOODGATE="$ROOT/target/dist/floodgate"
+DEMO_UPSTREAM="$ROOT/target/dist/floodgate-demo-upstream"
 read -r -a RUNS <<<"${RUNS:-no_limit with_limit adaptive adaptive_degrade}"
 LOCUST_PROCESSES="${LOCUST_PROCESSES:-1}"
 # One process by default: with --processes, a master aggregates its workers' stats, which arrive
@@ -135,8 +135,8 @@ CLIENT_PREFIX=()
 if [[ "$PIN_CPUS" == 1 ]]; then SERVER_PREFIX=(taskset -c 0); CLIENT_PREFIX=(taskset -c 1); fi
 
 if [[ "$BUILD" == 1 || ! -x "$FLOODGATE" || ! -x "$DEMO_UPSTREAM" ]]; then
-  log "building release binaries (cargo build --release --workspace --bins)"
-  (cd "$ROOT" && cargo build --release --workspace --bins)
+  log "building release binaries (cargo build --profile dist --workspace --bins)"
+  (cd "$ROOT" && cargo build --profile dist --workspace --bins)
 fi
 
 if [[ "$STORE" == redis ]] && ! command -v redis-server >/dev/null; then
