@@ -619,7 +619,7 @@ async fn a_write_the_shared_store_did_not_take_is_503_and_changes_nothing_anywhe
         .iter()
         .map(|o| o["id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(ids, [kept.clone()]);
+    assert_eq!(ids, std::slice::from_ref(&kept));
 
     redis.signal("CONT");
     // Redis now runs the stopped writes and their undoing, in order. Give both instances
@@ -640,7 +640,7 @@ async fn a_write_the_shared_store_did_not_take_is_503_and_changes_nothing_anywhe
             .iter()
             .map(|o| o["id"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(ids, [kept.clone()], "{listed:?}");
+        assert_eq!(ids, std::slice::from_ref(&kept), "{listed:?}");
         assert_eq!(get(&client, &fg.url("/search"), &key).await.status, 200);
     }
     // And a write once Redis answers again is taken.

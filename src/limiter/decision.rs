@@ -235,6 +235,10 @@ impl Verdict {
 /// What the limiter answered for one request. A store failure under `on_error: deny` is not an
 /// admission: [`Limiter::decide`](super::Limiter::decide) returns the error instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
+)]
 pub enum Admission {
     /// Nothing was asked: no limits apply.
     Unlimited,

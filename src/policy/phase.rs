@@ -35,6 +35,10 @@ impl LimitRef {
 
 /// Why the limit phase refuses a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
+)]
 pub enum Refused {
     /// An enforced limit denied it (429); the verdict and the limit that speaks for it.
     RateLimited(Verdict, LimitRef),
@@ -70,6 +74,10 @@ impl LimitPhase {
     /// failed and `on_error` forwarded it unlimited), `positions` mapping each ask to its
     /// limit's position, and whether the store failed (`on_error` answered). `Err` refuses the
     /// request; `Ok` goes on to the shadow budget.
+    #[allow(
+        clippy::result_large_err,
+        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
+    )]
     pub fn enforced(
         &mut self,
         verdict: Option<Verdict>,

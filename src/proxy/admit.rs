@@ -155,6 +155,10 @@ impl Proxy {
     /// ignored, as `unknown_key` says.
     /// Records on `span` what `floodgate replay` reads back (never a raw key): the identity's
     /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
+    #[allow(
+        clippy::result_large_err,
+        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
+    )]
     pub(super) fn identify<'a>(
         snapshot: &'a Snapshot,
         req: &'a Request<ClientBody>,
