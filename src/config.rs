@@ -72,6 +72,8 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Roots for verifying HTTPS upstreams instead of the system's.
     pub upstream_ca: Option<UpstreamCa>,
+    /// `resolver:`: how upstream names are found (restart-only).
+    pub resolver: crate::upstream::discovery::ResolverSpec,
     pub storage: StorageConfig,
     pub identity: IdentityConfig,
     /// The known API keys, when the file has a `consumers:` section.
@@ -282,6 +284,7 @@ impl Config {
             .and_then(|a| v.socket_addr("admin_listen", a));
         let tls = file.tls.and_then(|t| v.tls(t));
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
+        let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
         let identity = v.identity(file.identity, overrides.base_dir.as_deref());
         let consumers = file
@@ -394,6 +397,7 @@ impl Config {
                 admin_listen,
                 tls,
                 upstream_ca,
+                resolver,
                 storage,
                 identity,
                 consumers,

@@ -77,10 +77,12 @@
 //! - A **tier** picks which limits apply: a consumer's, or the one a verified token claims if
 //!   the config names it (`default` if not), or `anonymous` ([`policy::Policy::resolve`]).
 //!
-//! Dependencies point one way: [`tls`], [`path`], [`deadline`] and [`grpc`] know nothing of the
-//! rest; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
+//! Dependencies point one way: [`files`], [`logging`], [`tls`] (which reads through files),
+//! [`path`], [`deadline`] and [`grpc`] know nothing of the rest; [`upstream`] (pools,
+//! discovery, balancing, passive health, retry budgets) only metrics; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), and identity tls (a
-//! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those; [`policy`] (whose allowance a request spends, and the
+//! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those
+//! (and on upstream's pool specs); [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
 //! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy, control
 //! and alerts;
@@ -119,3 +121,4 @@ pub mod service;
 pub mod telemetry;
 pub mod tls;
 pub mod top;
+pub mod upstream;

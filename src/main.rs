@@ -328,6 +328,17 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         proxy = proxy.with_global(global);
     }
     let proxy = Arc::new(proxy);
+    // Upstream names: resolved once before the listener opens (so that the first requests find
+    // their endpoints), then every resolver.refresh in the background.
+    let resolver = floodgate::upstream::discovery::resolver(&config.resolver)
+        .map_err(|e| anyhow::anyhow!("resolver: {e}"))?;
+    floodgate::upstream::discovery::resolve_all(proxy.pools(), &resolver, Duration::from_secs(3))
+        .await;
+    tokio::spawn(floodgate::upstream::discovery::run(
+        proxy.pools().clone(),
+        resolver,
+        config.resolver.refresh,
+    ));
     // Bans, overrides and resets kept in the shared store reach this instance, and come back
     // after a restart.
     tokio::spawn(floodgate::control::follow(

@@ -46,6 +46,76 @@ pub struct Metrics {
     global_calls: Family<OutcomeLabel, Counter>,
     global_units: Family<OutcomeLabel, Counter>,
     global_held: Gauge,
+    upstream: UpstreamFamilies,
+}
+
+/// The upstream pools' metric families (`upstream.rs`).
+#[derive(Clone, Default)]
+struct UpstreamFamilies {
+    endpoints: Family<EndpointStateLabels, Gauge>,
+    requests: Family<EndpointLabels, Counter>,
+    ejections: Family<EndpointLabels, Counter>,
+    retries: Family<RouteOutcomeLabels, Counter>,
+    panics: Family<RouteLabel, Counter>,
+    resolutions: Family<RouteOutcomeLabels, Counter>,
+}
+
+/// One route pool's metric handles and families, taken once per pool.
+#[derive(Clone, Default)]
+pub struct UpstreamMetrics {
+    route: String,
+    families: UpstreamFamilies,
+    /// `floodgate_upstream_retries_total{outcome}`: sent, over_budget.
+    pub retries_sent: Counter,
+    pub retries_over_budget: Counter,
+    /// `floodgate_upstream_panic_total`: requests sent to an ejected or unhealthy endpoint
+    /// because every endpoint was out.
+    pub panics: Counter,
+}
+
+impl UpstreamMetrics {
+    /// `floodgate_upstream_requests_total` of one endpoint (`address:port`).
+    pub fn requests(&self, endpoint: &str) -> Counter {
+        self.families.requests.get_or_create_owned(&EndpointLabels {
+            route: self.route.clone(),
+            endpoint: endpoint.to_string(),
+        })
+    }
+
+    /// Counts an ejection of `endpoint`.
+    pub fn ejected(&self, endpoint: &str) {
+        self.families
+            .ejections
+            .get_or_create(&EndpointLabels {
+                route: self.route.clone(),
+                endpoint: endpoint.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets how many endpoints are in each state.
+    pub fn states(&self, counts: [(&'static str, i64); 4]) {
+        for (state, n) in counts {
+            self.families
+                .endpoints
+                .get_or_create(&EndpointStateLabels {
+                    route: self.route.clone(),
+                    state,
+                })
+                .set(n);
+        }
+    }
+
+    /// Counts a resolution of the pool's names: `ok` or `error`.
+    pub fn resolved(&self, outcome: &'static str) {
+        self.families
+            .resolutions
+            .get_or_create(&RouteOutcomeLabels {
+                route: self.route.clone(),
+                outcome,
+            })
+            .inc();
+    }
 }
 
 /// One settled limit's `floodgate_cost_units_total` handles (`cost: {reserve, actual}`).
@@ -221,7 +291,39 @@ impl Metrics {
             "Units this region's slices of global budgets hold now (as this instance's keeper last saw them)",
             global_held.clone(),
         );
+        let upstream = UpstreamFamilies::default();
+        registry.register(
+            "upstream_endpoints",
+            "Endpoints of each route's upstream pool by state: healthy, ejected (passive), unhealthy (active checks), draining (gone from discovery, requests still in flight)",
+            upstream.endpoints.clone(),
+        );
+        registry.register(
+            "upstream_requests",
+            "Attempts sent to each endpoint (address:port) of a route's pool, retries included",
+            upstream.requests.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Passive ejections of each endpoint of a route's pool (consecutive failures)",
+            upstream.ejections.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Retries of a route's failed attempts by outcome: sent (to an endpoint not yet tried), over_budget (refused by the retry budget)",
+            upstream.retries.clone(),
+        );
+        registry.register(
+            "upstream_panic",
+            "Requests sent to an ejected endpoint because every endpoint of the route's pool was out",
+            upstream.panics.clone(),
+        );
+        registry.register(
+            "upstream_resolutions",
+            "Resolutions of a route's upstream names by outcome: ok, error (the last addresses are kept)",
+            upstream.resolutions.clone(),
+        );
         Metrics {
+            upstream,
             alerts,
             global_calls,
             global_units,
@@ -244,6 +346,27 @@ impl Metrics {
             untracked,
             tracked_keys,
             adaptive_limit,
+        }
+    }
+
+    /// The handles of route `route`'s upstream pool.
+    pub fn upstream(&self, route: &str) -> UpstreamMetrics {
+        let outcome = |outcome| {
+            self.upstream
+                .retries
+                .get_or_create_owned(&RouteOutcomeLabels {
+                    route: route.to_string(),
+                    outcome,
+                })
+        };
+        UpstreamMetrics {
+            route: route.to_string(),
+            families: self.upstream.clone(),
+            retries_sent: outcome("sent"),
+            retries_over_budget: outcome("over_budget"),
+            panics: self.upstream.panics.get_or_create_owned(&RouteLabel {
+                route: route.to_string(),
+            }),
         }
     }
 

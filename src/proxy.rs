@@ -62,6 +62,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     gates: Gates,
     tops: Tops,
+    /// Every route's upstream pool, kept across reloads (endpoints that stay keep their health).
+    pools: Arc<crate::upstream::Pools>,
     /// OpenTelemetry, when it is on (`telemetry:`): a trace per request.
     telemetry: crate::telemetry::Shared,
     /// The bans and overrides in force (operators' and penalty boxes'): kept across reloads.
@@ -97,9 +99,13 @@ impl Proxy {
         }
         let gates = Gates::default();
         let tops = Tops::default();
+        let pools = Arc::new(crate::upstream::Pools::default());
         let alerts = Arc::new(crate::alerts::Alerter::new(&config.alerts, metrics.clone()));
         Proxy {
-            snapshot: ArcSwap::from_pointee(Snapshot::from_config(config, &metrics, &gates, &tops)),
+            snapshot: ArcSwap::from_pointee(Snapshot::from_config(
+                config, &metrics, &gates, &tops, &pools,
+            )),
+            pools,
             limiter,
             metrics,
             gates,
@@ -120,6 +126,11 @@ impl Proxy {
     /// The global budgets, if configured.
     pub fn global(&self) -> Option<&Arc<crate::global::Global>> {
         self.global.as_ref()
+    }
+
+    /// Every route's upstream pool (discovery resolves their names; admin `/upstreams`).
+    pub fn pools(&self) -> &Arc<crate::upstream::Pools> {
+        &self.pools
     }
 
     /// The bans and overrides in force, which the admin listener writes.
@@ -161,6 +172,7 @@ impl Proxy {
             &self.metrics,
             &self.gates,
             &self.tops,
+            &self.pools,
         )));
     }
 
@@ -415,9 +427,26 @@ impl Proxy {
             Dialect::Grpc(_) => crate::grpc::timeout(req.headers()),
             Dialect::Http => None,
         };
+        let pool = &route.extras.pool;
+        let key = match &route.config.pool.balance {
+            crate::upstream::Balance::Hash(crate::upstream::HashOn::Header(name)) => req
+                .headers()
+                .get(name)
+                .map(|v| crate::upstream::balance::hash_bytes(v.as_bytes())),
+            crate::upstream::Balance::Hash(_) => ctx.balance_key,
+            _ => None,
+        };
         let forwarded = snapshot
             .forwarder
-            .forward(req, route.config, ctx.peer.ip(), snapshot.tls, deadline)
+            .forward(
+                req,
+                route.config,
+                pool,
+                key,
+                ctx.peer.ip(),
+                snapshot.tls,
+                deadline,
+            )
             .await
             .map_err(Rejection::from);
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears

@@ -197,7 +197,7 @@ fn an_oversized_config_file_is_refused_with_a_reason() {
     ]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("a config may have at most"),
+        String::from_utf8_lossy(&out.stderr).contains("the most floodgate reads"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

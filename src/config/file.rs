@@ -48,6 +48,9 @@ pub struct FileConfig {
     /// A PEM bundle of CA certificates for verifying HTTPS upstreams (default: the system's).
     #[serde(default)]
     pub upstream_ca: Option<String>,
+    /// How upstream names are resolved.
+    #[serde(default)]
+    pub resolver: Option<ResolverFile>,
     #[serde(default)]
     pub storage: StorageFile,
     #[serde(default)]
@@ -323,7 +326,27 @@ pub struct RouteFile {
     /// at a `/`: `/api/rides` matches `/api/rides/1`, not `/api/ridesX`).
     #[serde(default)]
     pub path_match: Option<Choice<super::PathMatch>>,
-    pub upstream: String,
+    /// One origin (a name: every address it resolves to is an endpoint); or `upstreams`.
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// A pool of origins, each a URL or `{url, weight}` (instead of `upstream`).
+    #[serde(default)]
+    pub upstreams: Option<Vec<OriginFile>>,
+    /// `least_request` (default), `round_robin` or `hash`.
+    #[serde(default)]
+    pub balance: Option<String>,
+    /// `balance: hash` only: `identity` (default) or `header:NAME`.
+    #[serde(default)]
+    pub hash_on: Option<String>,
+    /// Passive ejection (on by default).
+    #[serde(default)]
+    pub outlier: Option<OutlierFile>,
+    /// Retries of failed attempts on another endpoint.
+    #[serde(default)]
+    pub retries: Option<RetriesFile>,
+    /// Active health checks.
+    #[serde(default)]
+    pub health_check: Option<serde_json::Value>,
     /// `http1` (default), `http2` (h2c by prior knowledge on `http://`, ALPN `h2` on
     /// `https://`) or `auto` (ALPN picks on `https://`; HTTP/1.1 on `http://`).
     #[serde(default)]
@@ -348,6 +371,58 @@ pub struct RouteFile {
     pub exempt: Option<ExemptFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
+}
+
+/// An entry of `upstreams:`: a URL, or a URL with its weight.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OriginFile {
+    Url(String),
+    Weighted(WeightedOriginFile),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedOriginFile {
+    pub url: String,
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+/// `outlier:` on a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierFile {
+    #[serde(default)]
+    pub consecutive_failures: Option<u32>,
+    #[serde(default)]
+    pub ejection: Option<String>,
+    /// A share of the pool, like `50%`.
+    #[serde(default)]
+    pub max_ejected: Option<String>,
+}
+
+/// `retries:` on a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetriesFile {
+    #[serde(default)]
+    pub attempts: Option<u32>,
+    #[serde(default)]
+    pub on: Option<Vec<String>>,
+    /// A share of the route's requests, like `20%`.
+    #[serde(default)]
+    pub budget: Option<String>,
+}
+
+/// `resolver:`: how upstream names are found.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolverFile {
+    #[serde(default)]
+    pub servers: Option<Vec<String>>,
+    #[serde(default)]
+    pub refresh: Option<String>,
 }
 
 /// `per:` as written: one scope, or a list of them.

@@ -2,11 +2,12 @@
 //! and tiers.
 
 use http::Method;
-use http::uri::{Authority, Scheme};
+use http::uri::Scheme;
 
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
+mod pool;
 
 pub use build::override_budget;
 
@@ -20,7 +21,10 @@ pub struct RouteConfig {
     pub methods: Option<Vec<Method>>,
     /// How `path_prefix` is compared with the (normalised) path.
     pub path_match: PathMatch,
+    /// The first origin (what names the upstream in its learned limit, traces and logs).
     pub upstream: Upstream,
+    /// Every origin, and how requests are spread, retried and kept off failing endpoints.
+    pub pool: crate::upstream::PoolSpec,
     /// The gRPC status a rate-limited gRPC call is refused with.
     pub grpc_rate_limited: crate::grpc::RateLimitedStatus,
     /// Rewrite `Location` / `Content-Location` pointing at the upstream to the client's origin.
@@ -327,53 +331,7 @@ impl RouteLimit {
     }
 }
 
-/// An upstream origin: scheme and authority (the request's path is forwarded unchanged), and
-/// the HTTP version it is spoken to in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub scheme: Scheme,
-    pub authority: Authority,
-    /// The `Host` header forwarded requests carry, built once.
-    pub host_header: http::HeaderValue,
-    /// The authority's host (a forwarded request's span names it `server.address`), taken
-    /// out once.
-    pub host: std::sync::Arc<str>,
-    pub protocol: UpstreamProtocol,
-}
-
-/// How floodgate speaks to a route's upstream (`upstream_protocol:`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UpstreamProtocol {
-    /// HTTP/1.1 on pooled keep-alive connections, one request at a time on each.
-    #[default]
-    Http1,
-    /// HTTP/2, many streams on each connection: cleartext by prior knowledge (h2c) on
-    /// `http://`, ALPN `h2` on `https://`. What gRPC upstreams need.
-    Http2,
-    /// On `https://`, whichever of `h2` and `http/1.1` the upstream picks in ALPN; HTTP/1.1 on
-    /// `http://` (cleartext has no negotiation that does not cost a round trip).
-    Auto,
-}
-
-impl UpstreamProtocol {
-    /// The name used in the config file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpstreamProtocol::Http1 => "http1",
-            UpstreamProtocol::Http2 => "http2",
-            UpstreamProtocol::Auto => "auto",
-        }
-    }
-}
-
-impl Upstream {
-    /// `scheme://authority`: what names the upstream (in `floodgate_adaptive_limit{upstream}`,
-    /// and for the routes that share its learned limit).
-    pub fn origin(&self) -> String {
-        format!("{}://{}", self.scheme, self.authority)
-    }
-}
+pub use crate::upstream::{Origin as Upstream, UpstreamProtocol};
 
 /// The first value of query parameter `name` in `query`, as sent (not percent-decoded).
 fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {

@@ -153,3 +153,21 @@ pub(super) struct CostLabels {
 pub(super) struct UpstreamLabel {
     pub(super) upstream: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct EndpointLabels {
+    pub(super) route: String,
+    pub(super) endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct EndpointStateLabels {
+    pub(super) route: String,
+    pub(super) state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RouteOutcomeLabels {
+    pub(super) route: String,
+    pub(super) outcome: &'static str,
+}

@@ -85,7 +85,13 @@ impl Proxy {
             // Nothing to limit. When the upstream's gate may still shed the request, or a ban
             // may cover the route, whose it is is worked out all the same (never refused for
             // it), to be counted in `/top` and checked against the bans.
-            let whose = (route.extras.gate.is_some() || !self.control.is_empty())
+            let hashes_identity = matches!(
+                route.config.pool.balance,
+                crate::upstream::Balance::Hash(crate::upstream::HashOn::Identity)
+            );
+            let whose = (route.extras.gate.is_some()
+                || !self.control.is_empty()
+                || hashes_identity)
                 .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
                 .flatten();
             let banned = whose.as_ref().and_then(|whose| {
@@ -119,6 +125,14 @@ impl Proxy {
                 Err(rejection) => (None, Err(rejection)),
             }
         };
+        if let (crate::upstream::Balance::Hash(crate::upstream::HashOn::Identity), Some(identity)) =
+            (&route.config.pool.balance, &identity)
+        {
+            let mut buf = [0u8; 16];
+            let mut key = vec![identity.kind() as u8];
+            key.extend_from_slice(identity.key_bytes(&mut buf));
+            ctx.balance_key = Some(crate::upstream::balance::hash_bytes(&key));
+        }
         if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
             trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
         }

@@ -419,16 +419,24 @@ pub struct ResponseBody<B> {
     relayed: u64,
     /// The upstream's error, held back for one poll.
     failed: Option<BodyError>,
+    /// The endpoint's count of requests in flight, held until the body is dropped.
+    _held: Option<crate::upstream::InFlight>,
 }
 
 impl<B> ResponseBody<B> {
-    pub fn new(inner: B, idle: Duration, route: Arc<str>) -> Self {
+    pub fn new(
+        inner: B,
+        idle: Duration,
+        route: Arc<str>,
+        held: Option<crate::upstream::InFlight>,
+    ) -> Self {
         ResponseBody {
             inner,
             watchdog: Watchdog::new(idle),
             route,
             relayed: 0,
             failed: None,
+            _held: held,
         }
     }
 }

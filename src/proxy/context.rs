@@ -57,6 +57,8 @@ pub(super) struct Context {
     refused: Option<Option<DecisionLabel>>,
     /// The request's OpenTelemetry trace, when telemetry is on.
     pub trace: Option<crate::telemetry::Trace>,
+    /// What `balance: hash` hashes for this request (its identity), once known.
+    pub balance_key: Option<u64>,
 }
 
 impl Context {
@@ -71,6 +73,7 @@ impl Context {
             permit: None,
             refused: None,
             trace: None,
+            balance_key: None,
         }
     }
 

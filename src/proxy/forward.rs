@@ -27,11 +27,12 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, ClientBody, Fault, RequestBody, Resend, ResponseBody};
+use super::body::{BodyFault, ClientBody, Fault, RequestBody, Resend, ResendHandle, ResponseBody};
 use super::multiplex::{Multiplex, copy_head};
 use super::pool::{Io, Key, Pool, PoolError, dial};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
+use crate::upstream::{InFlight, Outcome, RoutePool};
 
 mod failure;
 mod headers;
@@ -90,6 +91,8 @@ pub enum ForwardError {
     /// What the client did wrong on the way through: its body.
     Client(Fault),
     Upstream(UpstreamFault),
+    /// The route's pool has no endpoint (a name that never resolved): 503 with `Retry-After`.
+    NoUpstream,
 }
 
 /// What the upstream did.
@@ -124,6 +127,7 @@ impl From<ForwardError> for Rejection {
                 Rejection::BadGateway(detail)
             }
             ForwardError::Upstream(UpstreamFault::Timeout) => Rejection::GatewayTimeout,
+            ForwardError::NoUpstream => Rejection::NoUpstream,
         }
     }
 }
@@ -179,18 +183,25 @@ impl Forwarder {
         &self.limits
     }
 
-    /// Forwards `req` to `route`'s upstream and returns its response, or the rejection that
-    /// replaces it. `deadline`, a gRPC client's `grpc-timeout`, shortens the wait for the
-    /// response head (never beyond `timeouts.upstream_response`).
+    /// Forwards `req` to an endpoint of `route`'s pool and returns its response, or the
+    /// rejection that replaces it. `key` is what `balance: hash` hashes. A failed attempt is
+    /// tried again on an endpoint not yet tried, as the route's `retries` say and its budget
+    /// allows: any request whose attempt never reached an upstream (no connection; a stream
+    /// refused unprocessed), an idempotent one without a body after a reset or a listed
+    /// 502/503/504. Every attempt's outcome goes to its endpoint's passive health. `deadline`, a
+    /// gRPC client's `grpc-timeout`, shortens the wait for the response head (never beyond
+    /// `timeouts.upstream_response`; it bounds every attempt together).
+    #[allow(clippy::too_many_arguments)]
     pub async fn forward(
         &self,
         mut req: Request<ClientBody>,
         route: &RouteConfig,
+        pool: &RoutePool,
+        key: Option<u64>,
         client_ip: IpAddr,
         client_tls: bool,
         deadline: Option<Duration>,
     ) -> Result<Response<Body>, ForwardError> {
-        let upstream = &route.upstream;
         let upgrade = is_websocket_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
 
@@ -210,32 +221,158 @@ impl Forwarder {
             }
             return Err(ForwardError::Client(Fault::TooLarge));
         }
+        pool.count_request();
+        let Some(first) = pool.pick(key, &[]) else {
+            return Err(ForwardError::NoUpstream);
+        };
         let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
         let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
+        let retries = pool.spec().retries;
+        // Only a request with nothing to send beyond its head can be sent again after it
+        // reached an upstream.
+        let resendable = is_idempotent(&parts.method) && hyper::body::Body::is_end_stream(&body);
 
         let wait = deadline.map_or(self.response_timeout, |d| d.min(self.response_timeout));
         let sent = async {
-            // WebSocket upgrades are HTTP/1.1 only.
-            let hop = if upgrade {
-                Hop::Http1(None)
-            } else {
-                self.hop(upstream).await?
-            };
-            let client =
-                Self::request_head(&mut parts, route, client_ip, client_tls, &hop, upgrade);
-            let request = Request::from_parts(parts, body);
-            let response = if upgrade {
-                let (scheme, authority) = (&upstream.scheme, &upstream.authority);
-                // Boxed: rare, and large (see `Pool::send`).
-                let response = Box::pin(self.pool.send_upgrade(scheme, authority, request)).await?;
-                response.map(|b| relay(b, self.limits.upstream_idle, route))
-            } else {
-                self.send(upstream, request, hop, route).await?
-            };
-            Ok::<_, PoolError>((response, client))
+            let mut attempt = first;
+            let mut tried: Vec<u64> = Vec::new();
+            let mut body = Some(body);
+            let mut resend: Option<ResendHandle> = None;
+            let mut client: Option<ClientSide> = None;
+            loop {
+                let endpoint = attempt.endpoint().clone();
+                tried.push(endpoint.id);
+                let may_retry = |tried: &[u64]| tried.len() < retries.attempts as usize;
+                // WebSocket upgrades are HTTP/1.1 only.
+                let hop = if upgrade {
+                    Ok(Hop::Http1(None))
+                } else {
+                    self.hop(&endpoint.target).await
+                };
+                let hop = match hop {
+                    Ok(hop) => hop,
+                    Err(e) => {
+                        pool.outcome(&endpoint, Outcome::Failed);
+                        if retries.on.connect_failure
+                            && may_retry(&tried)
+                            && let Some(next) = pool.retry(key, &tried)
+                        {
+                            attempt = next;
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                };
+                match &client {
+                    None => {
+                        client = Some(Self::request_head(
+                            &mut parts, route, client_ip, client_tls, &hop, upgrade,
+                        ));
+                    }
+                    Some(_) => parts.version = hop.version(),
+                }
+                Self::address(&mut parts, &endpoint.origin, &hop);
+                let (scheme, authority) = (&endpoint.target.scheme, &endpoint.target.authority);
+                let idle = self.limits.upstream_idle;
+                // The attempt: its response, or why it failed and whether the request left.
+                let result: Result<Response<Body>, (PoolError, bool)> = match hop {
+                    _ if upgrade => {
+                        let Some(b) = body.take() else {
+                            return Err(PoolError::Closed { reused: false });
+                        };
+                        let request = Request::from_parts(copy_parts(&parts), b);
+                        // Boxed: rare, and large (see `Pool::send`).
+                        match Box::pin(self.pool.send_upgrade(scheme, authority, request)).await {
+                            Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
+                            Err(e) => Err((e, true)),
+                        }
+                    }
+                    Hop::Http1(fresh) => {
+                        // The connection first: a failure to get one leaves the request here.
+                        match self.pool.connection(scheme, authority, fresh).await {
+                            Err(e) => Err((e, false)),
+                            Ok(connection) => {
+                                let b = match (body.take(), resendable) {
+                                    (Some(b), _) => b,
+                                    (None, true) => RequestBody::empty(),
+                                    (None, false) => {
+                                        return Err(PoolError::Closed { reused: false });
+                                    }
+                                };
+                                let request = Request::from_parts(copy_parts(&parts), b);
+                                match self
+                                    .send_http1(connection, request, scheme, authority)
+                                    .await
+                                {
+                                    Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
+                                    Err(e) => Err((e, true)),
+                                }
+                            }
+                        }
+                    }
+                    Hop::Http2(fresh) => {
+                        let b = match (body.take(), resend.as_ref().and_then(ResendHandle::again)) {
+                            (Some(b), _) => Resend::new(b),
+                            (None, Some(again)) => again,
+                            (None, None) => return Err(PoolError::Closed { reused: false }),
+                        };
+                        resend = Some(b.handle());
+                        let request = Request::from_parts(copy_parts(&parts), b);
+                        let key = (scheme.clone(), authority.clone());
+                        match Box::pin(self.multiplex.send(&key, request, fresh)).await {
+                            Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
+                            // A connect failure or a refused stream never reached the upstream.
+                            Err(e) => {
+                                let reached =
+                                    !matches!(e, PoolError::Connect(_) | PoolError::Unprocessed(_));
+                                Err((e, reached))
+                            }
+                        }
+                    }
+                };
+                match result {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        if matches!(status, 502..=504) {
+                            pool.outcome(&endpoint, Outcome::Failed);
+                            if retries.on.status(status)
+                                && resendable
+                                && may_retry(&tried)
+                                && let Some(next) = pool.retry(key, &tried)
+                            {
+                                attempt = next;
+                                continue;
+                            }
+                        } else {
+                            pool.outcome(&endpoint, Outcome::Answered);
+                        }
+                        return Ok((response, client, endpoint));
+                    }
+                    Err((e, reached)) => {
+                        pool.outcome(&endpoint, Outcome::Failed);
+                        let retry = match (&e, reached) {
+                            (PoolError::Connect(_), false) => retries.on.connect_failure,
+                            (PoolError::Unprocessed(_), false) => retries.on.refused_stream,
+                            (PoolError::Connect(_) | PoolError::Unprocessed(_), true) => false,
+                            (_, _) => retries.on.reset && resendable,
+                        };
+                        // A request whose own body failed is the client's to answer for.
+                        if retry
+                            && fault.get().is_none()
+                            && !upgrade
+                            && may_retry(&tried)
+                            && let Some(next) = pool.retry(key, &tried)
+                        {
+                            attempt = next;
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         };
-        let (response, client) = match tokio::time::timeout(wait, sent).await {
+        let (response, client, endpoint) = match tokio::time::timeout(wait, sent).await {
             Err(_) => return Err(ForwardError::Upstream(UpstreamFault::Timeout)),
             Ok(Err(e)) => {
                 // The request's own body failed: the client's error, not the upstream's.
@@ -249,12 +386,16 @@ impl Forwarder {
                 } else {
                     "the upstream connection failed".to_string()
                 };
-                tracing::debug!(error = %e, upstream = %upstream.authority, "upstream request failed");
+                tracing::debug!(error = %e, route = &*route.name, "upstream request failed");
                 return Err(ForwardError::Upstream(UpstreamFault::Unreachable(detail)));
             }
             Ok(Ok(sent)) => sent,
         };
-        Self::response_head(response, upstream, client, client_upgrade)
+        let client = client.unwrap_or(ClientSide {
+            version: Version::HTTP_11,
+            origin: None,
+        });
+        Self::response_head(response, &endpoint.origin, client, client_upgrade)
     }
 
     /// The HTTP version to speak to `upstream`: its `upstream_protocol`, and for `auto` on
@@ -312,12 +453,6 @@ impl Forwarder {
         hop: &Hop,
         upgrade: bool,
     ) -> ClientSide {
-        let upstream = &route.upstream;
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let original_host = parts.headers.get(HOST).cloned().or_else(|| {
             parts
                 .uri
@@ -354,18 +489,33 @@ impl Forwarder {
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
+        ClientSide {
+            version: client_version,
+            origin,
+        }
+    }
+
+    /// Names the upstream in the request for `hop`: the URI origin-form with the origin's
+    /// `Host` on HTTP/1.1, absolute (its `:authority`) on HTTP/2. Done again for each attempt
+    /// (another endpoint may belong to another origin).
+    fn address(parts: &mut Parts, origin: &Upstream, hop: &Hop) {
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         match hop {
             Hop::Http1(_) => {
                 // Origin-form (`/path?query`): the upstream is named by the connection and `Host`.
                 parts.uri = Uri::from(path);
                 join_cookies(&mut parts.headers);
-                parts.headers.insert(HOST, upstream.host_header.clone());
+                parts.headers.insert(HOST, origin.host_header.clone());
             }
             Hop::Http2(_) => {
                 // HTTP/2 names the upstream in `:authority`, taken from an absolute URI.
                 let mut uri = http::uri::Parts::default();
-                uri.scheme = Some(upstream.scheme.clone());
-                uri.authority = Some(upstream.authority.clone());
+                uri.scheme = Some(origin.scheme.clone());
+                uri.authority = Some(origin.authority.clone());
                 uri.path_and_query = Some(path);
                 if let Ok(uri) = Uri::from_parts(uri) {
                     parts.uri = uri;
@@ -373,48 +523,31 @@ impl Forwarder {
                 parts.headers.remove(HOST);
             }
         }
-        ClientSide {
-            version: client_version,
-            origin,
-        }
     }
 
-    /// Sends the request over `hop`, once more when the upstream provably did not process it:
-    /// on HTTP/1.1 an idempotent request without a body whose reused connection the upstream
-    /// had just closed (nginx: `proxy_next_upstream error`), on HTTP/2 a stream the upstream
-    /// refused or dropped in a graceful GOAWAY, if its body so far was small enough to keep.
-    async fn send(
+    /// Sends an HTTP/1.1 request on `connection`, once more on a new connection when the
+    /// upstream provably did not process it: an idempotent request without a body whose reused
+    /// connection the upstream had just closed (nginx: `proxy_next_upstream error`).
+    async fn send_http1(
         &self,
-        upstream: &Upstream,
+        connection: super::pool::Connection,
         request: Request<RequestBody>,
-        hop: Hop,
-        route: &RouteConfig,
-    ) -> Result<Response<Body>, PoolError> {
-        let (scheme, authority) = (&upstream.scheme, &upstream.authority);
-        let idle = self.limits.upstream_idle;
-        match hop {
-            Hop::Http1(fresh) => {
-                // The head is copied only when the request could be sent again.
-                let retry = (is_idempotent(request.method())
-                    && hyper::body::Body::is_end_stream(request.body()))
-                .then(|| copy_head(&request));
-                let response = match self.pool.send(scheme, authority, request, fresh).await {
-                    Err(e) if retry.is_some() && is_stale_connection(&e) => {
-                        tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
-                        let Some(head) = retry else { return Err(e) };
-                        let head = head.map(|()| RequestBody::empty());
-                        Box::pin(self.pool.send(scheme, authority, head, None)).await?
-                    }
-                    other => other?,
-                };
-                Ok(response.map(|b| relay(b, idle, route)))
+        scheme: &Scheme,
+        authority: &http::uri::Authority,
+    ) -> Result<Response<super::pool::PooledBody>, PoolError> {
+        // The head is copied only when the request could be sent again.
+        let retry = (connection.reused
+            && is_idempotent(request.method())
+            && hyper::body::Body::is_end_stream(request.body()))
+        .then(|| copy_head(&request));
+        match self.pool.send_on(connection, request).await {
+            Err(e) if retry.is_some() && is_stale_connection(&e) => {
+                tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
+                let Some(head) = retry else { return Err(e) };
+                let head = head.map(|()| RequestBody::empty());
+                Box::pin(self.pool.send(scheme, authority, head, None)).await
             }
-            Hop::Http2(fresh) => {
-                let key = (scheme.clone(), authority.clone());
-                let request = request.map(Resend::new);
-                let response = Box::pin(self.multiplex.send(&key, request, fresh)).await?;
-                Ok(response.map(|b| relay(b, idle, route)))
-            }
+            other => other,
         }
     }
 
@@ -474,11 +607,21 @@ impl Forwarder {
 
 /// An upstream response body as relayed to the client: cut off after `idle` without data, and
 /// logged with `route` if the upstream ends it early.
-fn relay<B>(body: B, idle: Duration, route: &RouteConfig) -> Body
+fn relay<B>(body: B, idle: Duration, route: &RouteConfig, held: Option<InFlight>) -> Body
 where
     B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static,
 {
-    ResponseBody::new(body, idle, route.name.clone())
+    ResponseBody::new(body, idle, route.name.clone(), held)
         .map_err(BoxError::from)
         .boxed_unsync()
+}
+
+/// A request head's copy, for an attempt (the original stays for the next).
+fn copy_parts(parts: &Parts) -> Parts {
+    let mut head = Request::new(());
+    *head.method_mut() = parts.method.clone();
+    *head.uri_mut() = parts.uri.clone();
+    *head.version_mut() = parts.version;
+    *head.headers_mut() = parts.headers.clone();
+    head.into_parts().0
 }

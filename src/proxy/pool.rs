@@ -45,6 +45,14 @@ pub type Key = (Scheme, Authority);
 
 /// A connection: the handle requests are sent through, and the connection state machine that
 /// reads and writes the socket when polled.
+/// A connection ready for one request ([`Pool::connection`]), and whether it served one before.
+pub struct Connection {
+    conn: Conn,
+    /// It served an earlier request (the upstream may close it just as it is reused).
+    pub reused: bool,
+    key: Key,
+}
+
 struct Conn {
     sender: http1::SendRequest<RequestBody>,
     driver: Driver,
@@ -169,16 +177,44 @@ impl Pool {
         req: Request<RequestBody>,
         fresh: Option<Box<Io>>,
     ) -> Result<Response<PooledBody>, PoolError> {
+        let connection = self.connection(scheme, authority, fresh).await?;
+        self.send_on(connection, req).await
+    }
+
+    /// A connection to `scheme://authority`: a pooled one, or a new one (`fresh`, when the
+    /// caller dialled it already). A failure here is a connect failure: the request was not
+    /// sent, so the caller still has it (to try another endpoint).
+    pub async fn connection(
+        self: &Arc<Self>,
+        scheme: &Scheme,
+        authority: &Authority,
+        fresh: Option<Box<Io>>,
+    ) -> Result<Connection, PoolError> {
         let key = (scheme.clone(), authority.clone());
         // A new connection's dial and handshake are boxed: they happen once per connection, and
         // inline they would grow every request's future (which hyper moves into place).
-        let (mut conn, reused) = match fresh {
+        let (conn, reused) = match fresh {
             Some(io) => (Box::pin(Self::handshake(*io)).await?, false),
             None => match self.checkout(&key) {
                 Some(conn) => (conn, true),
                 None => (Box::pin(self.connect(scheme, authority)).await?, false),
             },
         };
+        Ok(Connection { conn, reused, key })
+    }
+
+    /// Sends `req` on `connection` and returns the response head; its body drives the
+    /// connection on, and puts it back in the pool once read to its end.
+    pub async fn send_on(
+        self: &Arc<Self>,
+        connection: Connection,
+        req: Request<RequestBody>,
+    ) -> Result<Response<PooledBody>, PoolError> {
+        let Connection {
+            mut conn,
+            reused,
+            key,
+        } = connection;
         let response = conn.sender.send_request(req);
         let mut response = std::pin::pin!(response);
         let mut conn = Some(conn);

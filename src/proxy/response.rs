@@ -69,6 +69,9 @@ pub enum Rejection {
     /// No slot under the upstream's learned limit within `queue_timeout`: 503 with
     /// `Retry-After`, never forwarded.
     UpstreamOverloaded,
+    /// The route's pool has no endpoint (a name that has not resolved yet): 503 with
+    /// `Retry-After: 1`.
+    NoUpstream,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.

@@ -72,6 +72,8 @@ pub(super) struct RouteExtras {
     pub top: Arc<TopTable>,
     /// Per limit position, a settled limit's `floodgate_cost_units_total` handles.
     pub costs: Vec<Option<crate::metrics::CostCounters>>,
+    /// Where its requests go: its upstream pool (kept across reloads by route name).
+    pub pool: Arc<crate::upstream::RoutePool>,
 }
 
 /// Each route's heavy-hitter table, by route name: kept across reloads.
@@ -134,14 +136,31 @@ impl Gates {
 impl Snapshot {
     /// Builds everything the request path needs from `config`; upstream gates come from (and
     /// stay in) `gates`.
-    pub fn from_config(config: &Config, metrics: &Metrics, gates: &Gates, tops: &Tops) -> Self {
+    pub fn from_config(
+        config: &Config,
+        metrics: &Metrics,
+        gates: &Gates,
+        tops: &Tops,
+        pools: &crate::upstream::Pools,
+    ) -> Self {
         Snapshot {
             extras: config
                 .routes
                 .iter()
                 .zip(gates.for_routes(config, metrics))
                 .zip(tops.for_routes(config))
-                .map(|((r, gate), top)| RouteExtras {
+                .zip(
+                    pools.for_routes(
+                        &config
+                            .routes
+                            .iter()
+                            .map(|r| (r.name.clone(), r.pool.clone()))
+                            .collect::<Vec<_>>(),
+                        metrics,
+                    ),
+                )
+                .map(|(((r, gate), top), pool)| RouteExtras {
+                    pool,
                     metrics: metrics.route(&r.name),
                     headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
                     gate,

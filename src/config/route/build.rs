@@ -12,7 +12,7 @@ use crate::config::{Validator, is_name};
 use crate::limiter::MAX_LIMITS;
 
 impl Validator {
-    pub(in crate::config) fn route(&mut self, path: &str, r: RouteFile) -> Option<RouteConfig> {
+    pub(in crate::config) fn route(&mut self, path: &str, mut r: RouteFile) -> Option<RouteConfig> {
         let before = self.problems.len();
         if !is_name(&r.name) {
             self.problem(
@@ -26,7 +26,7 @@ impl Validator {
                 format!("{:?} must start with /", r.path_prefix),
             );
         }
-        let methods = r.methods.map(|methods| {
+        let methods = r.methods.take().map(|methods| {
             methods
                 .iter()
                 .enumerate()
@@ -42,20 +42,20 @@ impl Validator {
                 })
                 .collect::<Vec<_>>()
         });
+
         let protocol = self.choice(
             &format!("{path}.upstream_protocol"),
-            r.upstream_protocol,
+            r.upstream_protocol.take(),
             UpstreamProtocol::Http1,
         );
-        let upstream = self
-            .upstream(&format!("{path}.upstream"), &r.upstream)
-            .map(|u| Upstream { protocol, ..u });
+        let pool = self.pool(path, &r, protocol);
         let grpc_rate_limited = self.choice(
             &format!("{path}.grpc_rate_limited_status"),
             r.grpc_rate_limited_status,
             Default::default(),
         );
         let (enforced, shadow) = self.budgets(path, &r.name, &r.name, &r.limits);
+        let pool = pool?;
         if self.problems.len() > before {
             return None;
         }
@@ -78,7 +78,8 @@ impl Validator {
             path_prefix: r.path_prefix,
             methods,
             path_match,
-            upstream: upstream?,
+            upstream: pool.origins.first()?.0.clone(),
+            pool,
             grpc_rate_limited,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
             priority,

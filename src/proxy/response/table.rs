@@ -165,6 +165,15 @@ static UPSTREAM_OVERLOADED: Answer = row(
     Some(DecisionLabel::Overloaded),
 );
 
+static NO_UPSTREAM: Answer = row(
+    StatusCode::SERVICE_UNAVAILABLE,
+    "no_upstream",
+    Code::Unavailable,
+    "the route's upstream has no endpoint (its name has not resolved)",
+    Some(1),
+    None,
+);
+
 impl Rejection {
     /// This refusal's row of the table.
     pub(super) fn answer(&self) -> &'static Answer {
@@ -183,6 +192,7 @@ impl Rejection {
             Rejection::RequestTimeout => &REQUEST_TIMEOUT,
             Rejection::TooManyStreams => &TOO_MANY_STREAMS,
             Rejection::UpstreamOverloaded => &UPSTREAM_OVERLOADED,
+            Rejection::NoUpstream => &NO_UPSTREAM,
         }
     }
 

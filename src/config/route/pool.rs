@@ -1,0 +1,216 @@
+//! A route's pool as written (`upstream` or `upstreams`, `balance`, `hash_on`, `outlier`,
+//! `retries`) checked into a [`PoolSpec`], and `resolver:`; every problem named by its field.
+
+use std::time::Duration;
+
+use crate::config::Validator;
+use crate::config::file::{OriginFile, ResolverFile, RouteFile};
+use crate::upstream::discovery::ResolverSpec;
+use crate::upstream::{Balance, HashOn, OutlierSpec, PoolSpec, RetryOn, RetrySpec};
+
+use super::UpstreamProtocol;
+
+/// A share written `20%` (or a bare number), 0 to 100.
+fn percent(text: &str) -> Option<u32> {
+    let n: u32 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    (n <= 100).then_some(n)
+}
+
+impl Validator {
+    /// The route's pool (`upstream` or `upstreams`, and how it is used), spoken to in
+    /// `protocol`.
+    pub(in crate::config) fn pool(
+        &mut self,
+        path: &str,
+        r: &RouteFile,
+        protocol: UpstreamProtocol,
+    ) -> Option<PoolSpec> {
+        let before = self.problems.len();
+        let written: Vec<(String, String, u32)> = match (&r.upstream, &r.upstreams) {
+            (Some(url), None) => vec![(format!("{path}.upstream"), url.clone(), 1)],
+            (None, Some(list)) if !list.is_empty() => list
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let at = format!("{path}.upstreams[{i}]");
+                    match o {
+                        OriginFile::Url(url) => (at, url.clone(), 1),
+                        OriginFile::Weighted(w) => {
+                            let weight = w.weight.unwrap_or(1);
+                            if !(1..=100).contains(&weight) {
+                                self.problem(
+                                    format!("{at}.weight"),
+                                    format!("{weight} is not a weight from 1 to 100"),
+                                );
+                            }
+                            (format!("{at}.url"), w.url.clone(), weight)
+                        }
+                    }
+                })
+                .collect(),
+            (None, Some(_)) => {
+                self.problem(format!("{path}.upstreams"), "must name at least one origin");
+                Vec::new()
+            }
+            (Some(_), Some(_)) => {
+                self.problem(
+                    format!("{path}.upstreams"),
+                    "a route has upstream or upstreams, not both",
+                );
+                Vec::new()
+            }
+            (None, None) => {
+                self.problem(
+                    format!("{path}.upstream"),
+                    "is required (or upstreams: a pool of origins)",
+                );
+                Vec::new()
+            }
+        };
+        let mut origins = Vec::with_capacity(written.len());
+        for (at, url, weight) in written {
+            if let Some(origin) = self.upstream(&at, &url) {
+                if origins.iter().any(|(o, _): &(super::Upstream, u32)| {
+                    o.scheme == origin.scheme && o.authority == origin.authority
+                }) {
+                    self.problem(at, format!("{url:?} is in the pool twice"));
+                    continue;
+                }
+                origins.push((super::Upstream { protocol, ..origin }, weight));
+            }
+        }
+        let balance = match r.balance.as_deref() {
+            None | Some("least_request") => Balance::LeastRequest,
+            Some("round_robin") => Balance::RoundRobin,
+            Some("hash") => Balance::Hash(match r.hash_on.as_deref() {
+                None | Some("identity") => HashOn::Identity,
+                Some(h) => match h
+                    .strip_prefix("header:")
+                    .map(|n| n.parse::<http::HeaderName>())
+                {
+                    Some(Ok(name)) => HashOn::Header(name),
+                    _ => {
+                        self.problem(
+                            format!("{path}.hash_on"),
+                            format!("{h:?} is not identity or header:NAME"),
+                        );
+                        HashOn::Identity
+                    }
+                },
+            }),
+            Some(other) => {
+                self.problem(
+                    format!("{path}.balance"),
+                    format!("{other:?} is not one of least_request, round_robin, hash"),
+                );
+                Balance::LeastRequest
+            }
+        };
+        if r.hash_on.is_some() && !matches!(balance, Balance::Hash(_)) {
+            self.problem(format!("{path}.hash_on"), "is for balance: hash");
+        }
+        if r.health_check.is_some() {
+            self.problem(
+                format!("{path}.health_check"),
+                "active health checks are not built yet: passive ejection (outlier:) is on by default",
+            );
+        }
+        let mut outlier = OutlierSpec::default();
+        if let Some(o) = &r.outlier {
+            if let Some(n) = o.consecutive_failures {
+                outlier.consecutive_failures = n;
+            }
+            outlier.ejection = self.duration(
+                &format!("{path}.outlier.ejection"),
+                o.ejection.as_deref(),
+                outlier.ejection,
+            );
+            if let Some(text) = &o.max_ejected {
+                match percent(text) {
+                    Some(p) => outlier.max_ejected_percent = p,
+                    None => self.problem(
+                        format!("{path}.outlier.max_ejected"),
+                        format!("{text:?} is not a share like 50%"),
+                    ),
+                }
+            }
+        }
+        let mut retries = RetrySpec::default();
+        if let Some(rf) = &r.retries {
+            if let Some(n) = rf.attempts {
+                if !(1..=5).contains(&n) {
+                    self.problem(
+                        format!("{path}.retries.attempts"),
+                        format!("{n} is not from 1 (no retry) to 5"),
+                    );
+                }
+                retries.attempts = n.clamp(1, 5);
+            }
+            if let Some(list) = &rf.on {
+                let mut on = RetryOn {
+                    connect_failure: false,
+                    refused_stream: false,
+                    reset: false,
+                    statuses: 0,
+                };
+                for (i, what) in list.iter().enumerate() {
+                    match what.as_str() {
+                        "connect_failure" => on.connect_failure = true,
+                        "refused_stream" => on.refused_stream = true,
+                        "reset" => on.reset = true,
+                        "502" => on.statuses |= 1,
+                        "503" => on.statuses |= 2,
+                        "504" => on.statuses |= 4,
+                        other => self.problem(
+                            format!("{path}.retries.on[{i}]"),
+                            format!("{other:?} is not one of connect_failure, refused_stream, reset, 502, 503, 504"),
+                        ),
+                    }
+                }
+                retries.on = on;
+            }
+            if let Some(text) = &rf.budget {
+                match percent(text) {
+                    Some(p) => retries.budget_percent = p,
+                    None => self.problem(
+                        format!("{path}.retries.budget"),
+                        format!("{text:?} is not a share like 20%"),
+                    ),
+                }
+            }
+        }
+        (self.problems.len() == before && !origins.is_empty()).then_some(PoolSpec {
+            origins,
+            balance,
+            outlier,
+            retries,
+        })
+    }
+
+    /// `resolver:`.
+    pub(in crate::config) fn resolver(&mut self, file: Option<ResolverFile>) -> ResolverSpec {
+        let mut spec = ResolverSpec::default();
+        let Some(file) = file else {
+            return spec;
+        };
+        for (i, text) in file.servers.iter().flatten().enumerate() {
+            // A bare address means port 53.
+            let parsed = text
+                .parse::<std::net::SocketAddr>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| (ip, 53).into()));
+            match parsed {
+                Ok(addr) => spec.servers.push(addr),
+                Err(_) => self.problem(
+                    format!("resolver.servers[{i}]"),
+                    format!("{text:?} is not an address like 127.0.0.11:53"),
+                ),
+            }
+        }
+        spec.refresh = self.duration(
+            "resolver.refresh",
+            file.refresh.as_deref(),
+            Duration::from_secs(5),
+        );
+        spec
+    }
+}

@@ -1,0 +1,516 @@
+//! A route's pool: its endpoints as discovery and the config last left them, the pick
+//! (balancing over those that may be picked), what an attempt's outcome does to an endpoint's
+//! health, and the route's retry budget. Kept across reloads by route name ([`Pools`]), so an
+//! endpoint that stays keeps its health and its counters.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use http::uri::Scheme;
+
+use super::balance::{self, Load};
+use super::budget::RetryBudget;
+use super::endpoint::{Endpoint, InFlight};
+use super::outlier::may_eject;
+use super::spec::{Balance, PoolSpec};
+use crate::metrics::{Metrics, UpstreamMetrics};
+
+/// The most addresses one name gives the pool: a larger answer is cut to these (the first, in
+/// the order the resolver gave) and logged.
+pub const MAX_ADDRESSES_PER_NAME: usize = 512;
+
+/// The endpoints a pick chooses from, with what the balancers need built once per set.
+#[derive(Debug, Default)]
+struct EndpointSet {
+    endpoints: Vec<Arc<Endpoint>>,
+    /// Smooth weighted round robin's cycle, by index into `endpoints`.
+    order: Vec<u16>,
+}
+
+/// A route's pool.
+pub struct RoutePool {
+    pub route: Arc<str>,
+    spec: ArcSwap<PoolSpec>,
+    set: ArcSwap<EndpointSet>,
+    /// Per origin (by position in the spec), the addresses its name last resolved to; `None`
+    /// for a name not resolved yet (an address or an `https://` origin needs none).
+    resolved: Mutex<Vec<Option<Vec<SocketAddr>>>>,
+    /// Endpoints discovery dropped that still had requests in flight.
+    draining: Mutex<Vec<Arc<Endpoint>>>,
+    cursor: AtomicUsize,
+    budget: RetryBudget,
+    /// When this pool began: the clock of ejections and of the retry budget.
+    epoch: Instant,
+    /// The latest end of an ejection (ms since `epoch`; 0: none yet): a pick reads the clock
+    /// only when an ejection may be in force.
+    ejected_until_ms: AtomicU64,
+    pub(super) metrics: UpstreamMetrics,
+}
+
+/// What an attempt on an endpoint came to, for its health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response head that is not 502, 503 or 504.
+    Answered,
+    /// No connection, a connection lost before the response head, or 502/503/504.
+    Failed,
+}
+
+/// The host of an origin, when it is an address.
+fn literal(host: &str) -> Option<IpAddr> {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
+/// The port an origin is dialled on.
+fn port_of(origin: &super::Origin) -> u16 {
+    origin
+        .authority
+        .port_u16()
+        .unwrap_or(if origin.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        })
+}
+
+/// `scheme://authority`: what names an origin across reloads.
+fn origin_key(origin: &super::Origin) -> String {
+    format!("{}://{}", origin.scheme, origin.authority)
+}
+
+impl RoutePool {
+    fn new(route: Arc<str>, spec: PoolSpec, metrics: UpstreamMetrics) -> Arc<RoutePool> {
+        let pool = Arc::new(RoutePool {
+            route,
+            resolved: Mutex::new(vec![None; spec.origins.len()]),
+            spec: ArcSwap::from_pointee(spec),
+            set: ArcSwap::from_pointee(EndpointSet::default()),
+            draining: Mutex::new(Vec::new()),
+            cursor: AtomicUsize::new(0),
+            budget: RetryBudget::default(),
+            epoch: Instant::now(),
+            ejected_until_ms: AtomicU64::new(0),
+            metrics,
+        });
+        pool.rebuild();
+        pool
+    }
+
+    /// The spec in force.
+    pub fn spec(&self) -> Arc<PoolSpec> {
+        self.spec.load_full()
+    }
+
+    /// A reload's spec: origins kept by URL keep what they resolved to, endpoints kept by
+    /// origin and address keep their health and counters.
+    fn update(&self, spec: PoolSpec) {
+        let old = self.spec.load_full();
+        if *old == spec {
+            return;
+        }
+        {
+            let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+            let kept: Vec<Option<Vec<SocketAddr>>> = spec
+                .origins
+                .iter()
+                .map(|(o, _)| {
+                    old.origins
+                        .iter()
+                        .position(|(old, _)| origin_key(old) == origin_key(o))
+                        .and_then(|at| resolved.get(at).cloned().flatten())
+                })
+                .collect();
+            *resolved = kept;
+        }
+        self.spec.store(Arc::new(spec));
+        self.rebuild();
+    }
+
+    /// The names to resolve: per origin that is an `http://` name, its position, host and
+    /// port.
+    pub fn names(&self) -> Vec<(usize, String, u16)> {
+        self.spec
+            .load()
+            .origins
+            .iter()
+            .enumerate()
+            .filter(|(_, (o, _))| o.scheme == Scheme::HTTP && literal(o.authority.host()).is_none())
+            .map(|(i, (o, _))| (i, o.authority.host().to_string(), port_of(o)))
+            .collect()
+    }
+
+    /// Discovery's answer for origin `index`: its addresses now (at most
+    /// [`MAX_ADDRESSES_PER_NAME`]). The set is rebuilt when they changed.
+    pub fn resolved(&self, index: usize, mut addrs: Vec<SocketAddr>) {
+        addrs.sort();
+        addrs.dedup();
+        if addrs.len() > MAX_ADDRESSES_PER_NAME {
+            tracing::warn!(
+                route = &*self.route,
+                addresses = addrs.len(),
+                kept = MAX_ADDRESSES_PER_NAME,
+                "a name resolved to more addresses than a pool takes; the rest are left out"
+            );
+            addrs.truncate(MAX_ADDRESSES_PER_NAME);
+        }
+        let changed = {
+            let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+            match resolved.get_mut(index) {
+                Some(slot) if slot.as_ref() != Some(&addrs) => {
+                    *slot = Some(addrs);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if changed {
+            self.rebuild();
+        }
+    }
+
+    /// Builds the endpoint set from the spec and what the names resolved to, keeping every
+    /// endpoint that stays; one that goes with requests in flight drains.
+    fn rebuild(&self) {
+        let spec = self.spec.load_full();
+        let resolved = self
+            .resolved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let old = self.set.load_full();
+        let mut by_key: HashMap<(String, String), Arc<Endpoint>> = old
+            .endpoints
+            .iter()
+            .map(|e| ((origin_key(&e.origin), e.name.clone()), e.clone()))
+            .collect();
+        let mut endpoints: Vec<Arc<Endpoint>> = Vec::new();
+        for (i, (origin, weight)) in spec.origins.iter().enumerate() {
+            let addrs: Vec<Option<SocketAddr>> = match literal(origin.authority.host()) {
+                Some(ip) => vec![Some(SocketAddr::new(ip, port_of(origin)))],
+                None if origin.scheme == Scheme::HTTPS => vec![None],
+                None => resolved
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+            };
+            for addr in addrs {
+                let name = match addr {
+                    Some(a) => a.to_string(),
+                    None => origin.authority.to_string(),
+                };
+                let key = (origin_key(origin), name);
+                let endpoint = match by_key.remove(&key) {
+                    Some(kept) if kept.origin == *origin => {
+                        kept.set_weight(*weight);
+                        kept
+                    }
+                    _ => Arc::new(Endpoint::new(origin.clone(), i, addr, *weight, |n| {
+                        self.metrics.requests(n)
+                    })),
+                };
+                if !endpoints
+                    .iter()
+                    .any(|e| e.name == endpoint.name && e.origin_index == i)
+                {
+                    endpoints.push(endpoint);
+                }
+            }
+        }
+        let weights: Vec<u32> = endpoints.iter().map(|e| e.weight()).collect();
+        let order = match spec.balance {
+            Balance::RoundRobin => balance::smooth_order(&weights),
+            _ => Vec::new(),
+        };
+        {
+            let mut draining = self.draining.lock().unwrap_or_else(|p| p.into_inner());
+            draining.retain(|e| e.in_flight() > 0);
+            draining.extend(by_key.into_values().filter(|e| e.in_flight() > 0));
+        }
+        self.set.store(Arc::new(EndpointSet { endpoints, order }));
+    }
+
+    /// True when the pool has no endpoint (a name that never resolved).
+    pub fn is_empty(&self) -> bool {
+        self.set.load().endpoints.is_empty()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Picks an endpoint for an attempt: one not in `tried` (endpoint ids) that passive health
+    /// does not keep out, as the route's `balance` says; when every untried endpoint is out,
+    /// one of them anyway (counted: a pool never fails everything because all look unwell).
+    /// `key` is what `balance: hash` hashes. `None` when every endpoint was tried.
+    pub fn pick(&self, key: Option<u64>, tried: &[u64]) -> Option<InFlight> {
+        let set = self.set.load();
+        let endpoints = &set.endpoints;
+        // One endpoint, first attempt: nothing to choose.
+        if endpoints.len() == 1 && tried.is_empty() {
+            return Some(endpoints[0].start());
+        }
+        let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
+        let eligible =
+            |e: &Arc<Endpoint>| !tried.contains(&e.id) && now.is_none_or(|now| !e.is_ejected(now));
+        let mut chosen = self.choose(&set, key, &eligible);
+        if chosen.is_none() {
+            // Every untried endpoint is out: try them anyway.
+            chosen = self.choose(&set, key, &|e: &Arc<Endpoint>| !tried.contains(&e.id));
+            if chosen.is_some() {
+                self.metrics.panics.inc();
+            }
+        }
+        chosen.map(|i| endpoints[i].start())
+    }
+
+    fn choose(
+        &self,
+        set: &EndpointSet,
+        key: Option<u64>,
+        eligible: &dyn Fn(&Arc<Endpoint>) -> bool,
+    ) -> Option<usize> {
+        let endpoints = &set.endpoints;
+        let spec = self.spec.load();
+        match (&spec.balance, key) {
+            (Balance::RoundRobin, _) if !set.order.is_empty() => {
+                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+                (0..set.order.len())
+                    .map(|step| set.order[(start + step) % set.order.len()] as usize)
+                    .find(|&i| endpoints.get(i).is_some_and(eligible))
+            }
+            (Balance::Hash(_), Some(key)) => {
+                let which: Vec<usize> = (0..endpoints.len())
+                    .filter(|&i| eligible(&endpoints[i]))
+                    .collect();
+                let ids: Vec<u64> = which.iter().map(|&i| endpoints[i].id).collect();
+                let weights: Vec<u32> = which.iter().map(|&i| endpoints[i].weight()).collect();
+                balance::rendezvous(key, &ids, &weights).map(|at| which[at])
+            }
+            _ => {
+                // least_request (and hash without a key): on a small stack buffer.
+                const INLINE: usize = 32;
+                let mut which = [0usize; INLINE];
+                let mut loads = [Load {
+                    weight: 1,
+                    in_flight: 0,
+                }; INLINE];
+                let (mut which_vec, mut loads_vec) = (Vec::new(), Vec::new());
+                let mut n = 0;
+                for (i, e) in endpoints.iter().enumerate() {
+                    if !eligible(e) {
+                        continue;
+                    }
+                    let load = Load {
+                        weight: e.weight(),
+                        in_flight: e.in_flight(),
+                    };
+                    if endpoints.len() <= INLINE {
+                        which[n] = i;
+                        loads[n] = load;
+                    } else {
+                        which_vec.push(i);
+                        loads_vec.push(load);
+                    }
+                    n += 1;
+                }
+                let (which, loads) = if endpoints.len() <= INLINE {
+                    (&which[..n], &loads[..n])
+                } else {
+                    (&which_vec[..], &loads_vec[..])
+                };
+                balance::least_request(loads, |n| fastrand::usize(..n)).map(|at| which[at])
+            }
+        }
+    }
+
+    /// What an attempt on `endpoint` came to: a failure counts toward its ejection (when the
+    /// pool may lose one more), an answer starts the count again.
+    pub fn outcome(&self, endpoint: &Endpoint, outcome: Outcome) {
+        match outcome {
+            Outcome::Answered => endpoint.health().success(),
+            Outcome::Failed => {
+                endpoint.failed();
+                let spec = self.spec.load();
+                let now = Instant::now();
+                let set = self.set.load();
+                let ejected = set
+                    .endpoints
+                    .iter()
+                    .filter(|e| !std::ptr::eq(e.as_ref(), endpoint) && e.is_ejected(now))
+                    .count();
+                let may = may_eject(
+                    set.endpoints.len(),
+                    ejected,
+                    spec.outlier.max_ejected_percent,
+                );
+                let ejection = endpoint.health().failure(now, &spec.outlier, may);
+                if let Some(length) = ejection {
+                    let until = self.now_ms() + length.as_millis() as u64;
+                    self.ejected_until_ms.fetch_max(until, Ordering::Relaxed);
+                    self.metrics.ejected(&endpoint.name);
+                    tracing::warn!(route = &*self.route, endpoint = %endpoint.name, ejection = ?length, "upstream endpoint ejected after consecutive failures");
+                }
+            }
+        }
+    }
+
+    /// Counts a request of the route for its retry budget.
+    pub fn count_request(&self) {
+        if self.spec.load().retries.attempts > 1 {
+            self.budget.request(self.epoch.elapsed().as_secs());
+        }
+    }
+
+    /// The next attempt of a request that failed on the endpoints `tried`: an endpoint not yet
+    /// tried, if there is one and the retry budget allows it (counted as sent or over budget).
+    pub fn retry(&self, key: Option<u64>, tried: &[u64]) -> Option<InFlight> {
+        let set = self.set.load();
+        if !set.endpoints.iter().any(|e| !tried.contains(&e.id)) {
+            return None;
+        }
+        drop(set);
+        if !self.take_retry() {
+            return None;
+        }
+        self.pick(key, tried)
+    }
+
+    /// Takes a retry from the budget, counted either way.
+    fn take_retry(&self) -> bool {
+        let percent = self.spec.load().retries.budget_percent;
+        let ok = self
+            .budget
+            .try_retry(self.epoch.elapsed().as_secs(), percent);
+        match ok {
+            true => self.metrics.retries_sent.inc(),
+            false => self.metrics.retries_over_budget.inc(),
+        };
+        ok
+    }
+
+    /// How many endpoints are in each state, for the gauge (and forgets drained endpoints).
+    pub fn publish(&self) {
+        let now = Instant::now();
+        let set = self.set.load();
+        let ejected = set.endpoints.iter().filter(|e| e.is_ejected(now)).count() as i64;
+        let healthy = set.endpoints.len() as i64 - ejected;
+        let draining = {
+            let mut draining = self.draining.lock().unwrap_or_else(|p| p.into_inner());
+            draining.retain(|e| e.in_flight() > 0);
+            draining.len() as i64
+        };
+        self.metrics.states([
+            ("healthy", healthy),
+            ("ejected", ejected),
+            ("unhealthy", 0),
+            ("draining", draining),
+        ]);
+    }
+
+    /// The pool as admin `GET /upstreams` shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let spec = self.spec.load();
+        let set = self.set.load();
+        let draining = self
+            .draining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let row = |e: &Arc<Endpoint>, state: &str| {
+            serde_json::json!({
+                "endpoint": e.name,
+                "origin": origin_key(&e.origin),
+                "weight": e.weight(),
+                "state": state,
+                "in_flight": e.in_flight(),
+                "requests": e.requests(),
+                "failures": e.failures(),
+                "ejections": e.health().ejections(),
+            })
+        };
+        let mut endpoints: Vec<serde_json::Value> = set
+            .endpoints
+            .iter()
+            .map(|e| {
+                row(
+                    e,
+                    if e.is_ejected(now) {
+                        "ejected"
+                    } else {
+                        "healthy"
+                    },
+                )
+            })
+            .collect();
+        endpoints.extend(draining.iter().map(|e| row(e, "draining")));
+        serde_json::json!({
+            "route": &*self.route,
+            "balance": match spec.balance {
+                Balance::LeastRequest => "least_request",
+                Balance::RoundRobin => "round_robin",
+                Balance::Hash(_) => "hash",
+            },
+            "endpoints": endpoints,
+        })
+    }
+}
+
+/// Every route's pool, by route name: kept across reloads.
+#[derive(Default)]
+pub struct Pools {
+    by_route: Mutex<HashMap<Arc<str>, Arc<RoutePool>>>,
+    /// Wakes discovery when a reload brought names it has not resolved.
+    pub(super) wake: tokio::sync::Notify,
+}
+
+impl Pools {
+    /// The pool of each route, in order: kept (with the route's new spec) for a route that
+    /// stays, new for a route that is new; the pools of routes gone are dropped.
+    pub fn for_routes(
+        &self,
+        routes: &[(Arc<str>, PoolSpec)],
+        metrics: &Metrics,
+    ) -> Vec<Arc<RoutePool>> {
+        let mut by_route = self.by_route.lock().unwrap_or_else(|p| p.into_inner());
+        by_route.retain(|name, _| routes.iter().any(|(r, _)| r == name));
+        let mut unresolved = false;
+        let pools = routes
+            .iter()
+            .map(|(name, spec)| {
+                let pool = by_route
+                    .entry(name.clone())
+                    .or_insert_with(|| {
+                        RoutePool::new(name.clone(), spec.clone(), metrics.upstream(name))
+                    })
+                    .clone();
+                pool.update(spec.clone());
+                unresolved |= !pool.names().is_empty() && pool.is_empty();
+                pool
+            })
+            .collect();
+        if unresolved {
+            self.wake.notify_one();
+        }
+        pools
+    }
+
+    /// Every pool now.
+    pub fn all(&self) -> Vec<Arc<RoutePool>> {
+        let by_route = self.by_route.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pools: Vec<Arc<RoutePool>> = by_route.values().cloned().collect();
+        pools.sort_by(|a, b| a.route.cmp(&b.route));
+        pools
+    }
+}
