@@ -135,6 +135,12 @@ async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     if req.uri().path() == "/top" {
         return json_answer(top::top(proxy, req.uri().query().unwrap_or("")));
     }
+    if req.uri().path() == "/upstreams" {
+        // Every route's pool: its endpoints, their state and counters.
+        let routes: Vec<serde_json::Value> =
+            proxy.pools().all().iter().map(|p| p.to_json()).collect();
+        return json_answer(Ok(serde_json::json!({ "routes": routes })));
+    }
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if state.health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),

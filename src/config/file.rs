@@ -408,8 +408,9 @@ pub struct OutlierFile {
 pub struct RetriesFile {
     #[serde(default)]
     pub attempts: Option<u32>,
+    /// Names, and statuses as numbers or strings (`[connect_failure, 503]`).
     #[serde(default)]
-    pub on: Option<Vec<String>>,
+    pub on: Option<Vec<serde_json::Value>>,
     /// A share of the route's requests, like `20%`.
     #[serde(default)]
     pub budget: Option<String>,

@@ -306,7 +306,12 @@ impl Forwarder {
                                     .await
                                 {
                                     Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
-                                    Err(e) => Err((e, true)),
+                                    // A connect failure here is the stale connection's second
+                                    // try: neither sent the request to be processed.
+                                    Err(e) => {
+                                        let reached = !matches!(e, PoolError::Connect(_));
+                                        Err((e, reached))
+                                    }
                                 }
                             }
                         }

@@ -154,6 +154,10 @@ impl Validator {
                     statuses: 0,
                 };
                 for (i, what) in list.iter().enumerate() {
+                    let what = match what {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
                     match what.as_str() {
                         "connect_failure" => on.connect_failure = true,
                         "refused_stream" => on.refused_stream = true,

@@ -1,0 +1,678 @@
+//! Upstream pools (`upstreams:`, `balance:`, `outlier:`, `retries:`, `resolver:`): real
+//! upstreams on 127.0.0.2-4 (one port, as replicas behind one name have), the demo upstream's
+//! processes where one is killed with SIGKILL, and a DNS server written here whose answers the
+//! test changes.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Floodgate, metric};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, UdpSocket};
+
+/// One client for the whole test binary: building one per request (its TLS configuration) costs
+/// milliseconds in a debug build.
+fn client() -> reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(common::client).clone()
+}
+
+/// A port free on 127.0.0.1 (and, in practice, on the other loopback addresses): replicas
+/// behind one name share a port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One replica: an HTTP/1.1 server on `ip:port` answering with its own address (after its
+/// delay, with its status), counting requests by method.
+struct Replica {
+    addr: SocketAddr,
+    gets: Arc<AtomicU64>,
+    posts: Arc<AtomicU64>,
+    delay_ms: Arc<AtomicU64>,
+    status: Arc<AtomicU16>,
+    tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Replica {
+    async fn start(ip: &str, port: u16) -> Replica {
+        let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+        let listener = TcpListener::bind(addr).await.expect("bind the replica");
+        let replica = Replica {
+            addr,
+            gets: Arc::default(),
+            posts: Arc::default(),
+            delay_ms: Arc::default(),
+            status: Arc::new(AtomicU16::new(200)),
+            tasks: Arc::default(),
+        };
+        let (gets, posts, delay, status, tasks) = (
+            replica.gets.clone(),
+            replica.posts.clone(),
+            replica.delay_ms.clone(),
+            replica.status.clone(),
+            replica.tasks.clone(),
+        );
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (gets, posts, delay, status) =
+                    (gets.clone(), posts.clone(), delay.clone(), status.clone());
+                let conn = tokio::spawn(async move {
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (gets, posts, delay, status) =
+                            (gets.clone(), posts.clone(), delay.clone(), status.clone());
+                        async move {
+                            match *req.method() {
+                                hyper::Method::POST => posts.fetch_add(1, Ordering::SeqCst),
+                                _ => gets.fetch_add(1, Ordering::SeqCst),
+                            };
+                            let wait = delay.load(Ordering::SeqCst);
+                            if wait > 0 {
+                                tokio::time::sleep(Duration::from_millis(wait)).await;
+                            }
+                            let mut response = hyper::Response::new(Full::new(bytes::Bytes::from(
+                                addr.ip().to_string(),
+                            )));
+                            *response.status_mut() =
+                                hyper::StatusCode::from_u16(status.load(Ordering::SeqCst)).unwrap();
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+                tasks.lock().unwrap().push(conn.abort_handle());
+            }
+        });
+        replica.tasks.lock().unwrap().push(accept.abort_handle());
+        replica
+    }
+
+    fn served(&self) -> u64 {
+        self.gets.load(Ordering::SeqCst) + self.posts.load(Ordering::SeqCst)
+    }
+
+    /// Closes the listener and every connection at once.
+    fn stop(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn three(port: u16) -> Vec<Replica> {
+    let mut replicas = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        replicas.push(Replica::start(ip, port).await);
+    }
+    replicas
+}
+
+/// A route `/` to `pool` (YAML lines under the route), with an admin listener.
+fn config(pool: &str) -> String {
+    format!("admin_listen: 127.0.0.1:0\nroutes:\n  - name: pool\n    path_prefix: /\n{pool}")
+}
+
+fn origins(port: u16) -> String {
+    format!(
+        "    upstreams: [http://127.0.0.2:{port}, http://127.0.0.3:{port}, http://127.0.0.4:{port}]\n"
+    )
+}
+
+async fn get(fg: &Floodgate, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut request = client().get(fg.url("/work"));
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.expect("a response");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+async fn upstreams(fg: &Floodgate) -> serde_json::Value {
+    let body = client()
+        .get(fg.admin_url("/upstreams"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Waits (10 s at most: a loaded machine) until `check` holds.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn round_robin_spreads_evenly_and_weights_are_honoured() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let fg = Floodgate::start(&config(&format!(
+        "{}    balance: round_robin\n",
+        origins(port)
+    )));
+    for _ in 0..300 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    // Within 5% of a third each (one client, one instance: exactly a third).
+    for r in &replicas {
+        let served = r.served();
+        assert!((95..=105).contains(&served), "{}: {served}", r.addr);
+    }
+    drop(fg);
+    let before: Vec<u64> = replicas.iter().map(Replica::served).collect();
+    let fg = Floodgate::start(&config(&format!(
+        "    upstreams:\n      - {{url: http://127.0.0.2:{port}, weight: 3}}\n      - http://127.0.0.3:{port}\n      - http://127.0.0.4:{port}\n    balance: round_robin\n"
+    )));
+    for _ in 0..500 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    let served: Vec<u64> = replicas
+        .iter()
+        .zip(&before)
+        .map(|(r, b)| r.served() - b)
+        .collect();
+    // 3:1:1 of 500.
+    assert!((285..=315).contains(&served[0]), "{served:?}");
+    assert!((95..=105).contains(&served[1]), "{served:?}");
+    assert!((95..=105).contains(&served[2]), "{served:?}");
+}
+
+#[tokio::test]
+async fn least_request_sends_fewer_requests_to_a_slower_endpoint() {
+    let port = free_port();
+    let replicas = three(port).await;
+    replicas[0].delay_ms.store(20, Ordering::SeqCst);
+    let fg = Arc::new(Floodgate::start(&config(&origins(port))));
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let fg = fg.clone();
+        clients.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                assert_eq!(get(&fg, &[]).await.0, 200);
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let served: Vec<u64> = replicas.iter().map(Replica::served).collect();
+    // The slow one holds its requests 20 ms longer, so it has more in flight whenever it is
+    // compared: it must get clearly fewer than either fast one (an even spread is 213 each).
+    let fast = served[1].min(served[2]);
+    assert!(served[0] * 10 < fast * 8, "{served:?}");
+}
+
+#[tokio::test]
+async fn hash_keeps_an_identity_on_one_endpoint_and_moves_only_the_removed_ones() {
+    let port = free_port();
+    let _replicas = three(port).await;
+    let fg = Floodgate::start(&config(&format!("{}    balance: hash\n", origins(port))));
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut home: HashMap<String, String> = HashMap::new();
+    for key in &keys {
+        for _ in 0..3 {
+            let (status, body) = get(&fg, &[("x-api-key", key)]).await;
+            assert_eq!(status, 200);
+            let first = home.entry(key.clone()).or_insert(body.clone());
+            assert_eq!(*first, body, "{key} moved");
+        }
+    }
+    let spread: std::collections::HashSet<&String> = home.values().collect();
+    assert_eq!(spread.len(), 3, "every endpoint has keys: {home:?}");
+    // 127.0.0.3 leaves (a reload): its keys move, no other key does.
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "listen: 127.0.0.1:0\n{}",
+            config(&format!(
+                "    upstreams: [http://127.0.0.2:{port}, http://127.0.0.4:{port}]\n    balance: hash\n"
+            ))
+        ),
+    )
+    .unwrap();
+    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    until("the reload", || async {
+        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
+    })
+    .await;
+    for key in &keys {
+        let (_, now) = get(&fg, &[("x-api-key", key)]).await;
+        if home[key] != "127.0.0.3" {
+            assert_eq!(now, home[key], "{key} moved though its endpoint stayed");
+        } else {
+            assert_ne!(now, "127.0.0.3");
+        }
+    }
+}
+
+/// The demo upstream's process on `ip:port`.
+struct Process(std::process::Child);
+
+impl Process {
+    fn start(ip: &str, port: u16) -> Process {
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_floodgate"))
+            .with_file_name("floodgate-demo-upstream");
+        let mut child = std::process::Command::new(binary)
+            .args(["--listen", &format!("{ip}:{port}"), "--workers", "64"])
+            .args(["--service-time", "5ms", "--queue-timeout", "5s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the demo upstream (cargo build -p floodgate-demo-upstream)");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        Process(child)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn served_by(ip: &str, port: u16) -> Option<u64> {
+    let body = client()
+        .get(format!("http://{ip}:{port}/__stats"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    serde_json::from_str::<serde_json::Value>(&body).ok()?["served"].as_u64()
+}
+
+/// SIGKILL of one of three replicas under 16 clients: every GET succeeds (a request in flight
+/// on it is retried on another, `retries.on: reset`), no POST is sent twice, the dead endpoint
+/// is ejected and gets no request while it is out, and once restarted it is used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_load_costs_no_get_and_comes_back_when_restarted() {
+    let port = free_port();
+    let mut replicas: Vec<Process> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+        .iter()
+        .map(|ip| Process::start(ip, port))
+        .collect();
+    let fg = Arc::new(Floodgate::start(&config(&format!(
+        "{}    retries: {{attempts: 3, on: [connect_failure, refused_stream, reset]}}\n    outlier: {{consecutive_failures: 2, ejection: 2s}}\n",
+        origins(port)
+    ))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let (fg, stop, failed, done) = (fg.clone(), stop.clone(), failed.clone(), done.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let (status, body) = get(&fg, &[]).await;
+                if status != 200 {
+                    eprintln!("failed: {status} {body}");
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    replicas[0].kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(
+        done.load(Ordering::SeqCst) > 200,
+        "the load ran: {} done, {} failed",
+        done.load(Ordering::SeqCst),
+        failed.load(Ordering::SeqCst)
+    );
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "{}", fg.stderr());
+    // The dead endpoint was ejected.
+    let state = upstreams(&fg).await;
+    let dead = format!("127.0.0.2:{port}");
+    let row = state["routes"][0]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["endpoint"] == dead.as_str())
+        .cloned()
+        .expect("the dead endpoint is listed");
+    assert!(row["ejections"].as_u64().unwrap() >= 1, "{state}");
+    assert!(
+        metric(
+            &fg,
+            &format!(r#"floodgate_upstream_ejections_total{{route="pool",endpoint="{dead}"}}"#)
+        )
+        .await
+            >= 1
+    );
+    // POSTs now: each reaches exactly one replica (a connect failure is retried, as the request
+    // never left; nothing that reached a replica is sent again).
+    let before: u64 =
+        served_by("127.0.0.3", port).await.unwrap() + served_by("127.0.0.4", port).await.unwrap();
+    for _ in 0..30 {
+        let r = client()
+            .post(fg.url("/work"))
+            .body("ride")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let after: u64 =
+        served_by("127.0.0.3", port).await.unwrap() + served_by("127.0.0.4", port).await.unwrap();
+    assert_eq!(after - before, 30, "every POST reached one replica, once");
+    // Restarted, it is used again once its ejection ends (2 s, or 4 s for a second one).
+    replicas[0] = Process::start("127.0.0.2", port);
+    until("the restarted replica is used again", || async {
+        for _ in 0..6 {
+            get(&fg, &[]).await;
+        }
+        served_by("127.0.0.2", port).await.unwrap_or(0) > 0
+    })
+    .await;
+}
+
+/// A DNS server on 127.0.0.1:0 (UDP, and TCP on the same port for answers too large for a
+/// datagram) answering A queries for any name with `addresses`, AAAA with none; silent while
+/// `silent` is set.
+struct Dns {
+    addr: SocketAddr,
+    addresses: Arc<Mutex<Vec<Ipv4Addr>>>,
+    silent: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Dns {
+    async fn start(addresses: &[&str]) -> Dns {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        let tcp = TcpListener::bind(addr).await.unwrap();
+        let list = Arc::new(Mutex::new(
+            addresses
+                .iter()
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<Ipv4Addr>>(),
+        ));
+        let silent = Arc::new(AtomicBool::new(false));
+        let (l, s) = (list.clone(), silent.clone());
+        let udp_task = tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            loop {
+                let Ok((n, from)) = udp.recv_from(&mut buf).await else {
+                    continue;
+                };
+                if s.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let answer = answer(&buf[..n], &l.lock().unwrap(), true);
+                let _ = udp.send_to(&answer, from).await;
+            }
+        });
+        let (l, s) = (list.clone(), silent.clone());
+        let tcp_task = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            loop {
+                let Ok((mut stream, _)) = tcp.accept().await else {
+                    continue;
+                };
+                let (l, s) = (l.clone(), s.clone());
+                tokio::spawn(async move {
+                    let mut len = [0u8; 2];
+                    while stream.read_exact(&mut len).await.is_ok() {
+                        let mut query = vec![0u8; u16::from_be_bytes(len) as usize];
+                        if stream.read_exact(&mut query).await.is_err() || s.load(Ordering::SeqCst)
+                        {
+                            return;
+                        }
+                        let answer = answer(&query, &l.lock().unwrap(), false);
+                        let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
+                        framed.extend_from_slice(&answer);
+                        if stream.write_all(&framed).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Dns {
+            addr,
+            addresses: list,
+            silent,
+            tasks: vec![udp_task, tcp_task],
+        }
+    }
+
+    fn set(&self, addresses: Vec<Ipv4Addr>) {
+        *self.addresses.lock().unwrap() = addresses;
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The answer to DNS `query`: its question echoed, and for type A one record per address (TTL
+/// 600, as Docker's). Over UDP an answer over 512 bytes is cut to its header and question with
+/// the TC bit, so the client asks again over TCP.
+fn answer(query: &[u8], addresses: &[Ipv4Addr], udp: bool) -> Vec<u8> {
+    // The question: the name's labels, then type and class.
+    let mut at = 12;
+    while at < query.len() && query[at] != 0 {
+        at += 1 + query[at] as usize;
+    }
+    let question_end = (at + 5).min(query.len());
+    let qtype = u16::from_be_bytes([query[at + 1], query[at + 2]]);
+    let records: &[Ipv4Addr] = if qtype == 1 { addresses } else { &[] };
+    let mut out = Vec::new();
+    out.extend_from_slice(&query[0..2]); // id
+    out.extend_from_slice(&[0x81, 0x80]); // response, recursion desired and available
+    out.extend_from_slice(&[0, 1]); // one question
+    out.extend_from_slice(&(records.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&query[12..question_end]);
+    for ip in records {
+        out.extend_from_slice(&[0xc0, 0x0c]); // the question's name
+        out.extend_from_slice(&[0, 1, 0, 1]); // A, IN
+        out.extend_from_slice(&600u32.to_be_bytes());
+        out.extend_from_slice(&[0, 4]);
+        out.extend_from_slice(&ip.octets());
+    }
+    if udp && out.len() > 512 {
+        out.truncate(12 + (question_end - 12));
+        out[2] |= 0x02; // TC
+        out[6] = 0;
+        out[7] = 0;
+    }
+    out
+}
+
+async fn endpoints(fg: &Floodgate) -> Vec<(String, String)> {
+    upstreams(fg).await["routes"][0]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["endpoint"].as_str().unwrap().to_string(),
+                e["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Discovery follows the name: an address that arrives is used within `refresh` + 1 s, one
+/// that leaves drains with no failed request, a silent resolver keeps the last addresses, and
+/// an answer of 3,000 addresses is cut to the pool's 512.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_follows_the_names_answers_and_keeps_them_when_it_goes_silent() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let dns = Dns::start(&["127.0.0.2", "127.0.0.3"]).await;
+    let fg = Floodgate::start(&format!(
+        "resolver: {{servers: [\"{}\"], refresh: 1s}}\n{}",
+        dns.addr,
+        config(&format!(
+            "    upstream: http://pool.test:{port}\n    balance: round_robin\n"
+        ))
+    ));
+    for _ in 0..20 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    assert!(replicas[0].served() >= 9 && replicas[1].served() >= 9);
+    assert_eq!(replicas[2].served(), 0);
+    // A new replica: used within refresh + 1 s (2 s; 10 s for a loaded machine).
+    dns.set(vec![
+        "127.0.0.2".parse().unwrap(),
+        "127.0.0.3".parse().unwrap(),
+        "127.0.0.4".parse().unwrap(),
+    ]);
+    let added = Instant::now();
+    until("the new address is used", || async {
+        get(&fg, &[]).await;
+        replicas[2].served() > 0
+    })
+    .await;
+    println!(
+        "a new address was used {:?} after it was answered",
+        added.elapsed()
+    );
+    // One leaves: no request fails while it drains, and none reaches it afterwards.
+    dns.set(vec![
+        "127.0.0.3".parse().unwrap(),
+        "127.0.0.4".parse().unwrap(),
+    ]);
+    until("the address left the pool", || async {
+        let (status, _) = get(&fg, &[]).await;
+        assert_eq!(status, 200);
+        !endpoints(&fg)
+            .await
+            .iter()
+            .any(|(e, _)| *e == format!("127.0.0.2:{port}"))
+    })
+    .await;
+    let gone = replicas[0].served();
+    for _ in 0..30 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    assert_eq!(replicas[0].served(), gone);
+    // The resolver goes silent: the last addresses are kept.
+    dns.silent.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..10 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    assert_eq!(endpoints(&fg).await.len(), 2);
+    assert!(
+        metric(
+            &fg,
+            r#"floodgate_upstream_resolutions_total{route="pool",outcome="error"}"#
+        )
+        .await
+            >= 1
+    );
+    // 3,000 addresses: capped at 512.
+    dns.silent.store(false, Ordering::SeqCst);
+    dns.set(
+        (0..3000u32)
+            .map(|i| Ipv4Addr::from(0x7f01_0000 + i))
+            .collect(),
+    );
+    until("the large answer is read", || async {
+        endpoints(&fg).await.len() > 2
+    })
+    .await;
+    assert_eq!(
+        endpoints(&fg).await.len(),
+        floodgate::upstream::MAX_ADDRESSES_PER_NAME
+    );
+}
+
+/// Every endpoint answering 503, retried on 503: the retries stay within the budget (20% of
+/// the requests over 10 s plus 10 a second), the rest are counted as over budget.
+#[tokio::test]
+async fn retries_stay_within_the_budget_when_every_endpoint_fails() {
+    let port = free_port();
+    let replicas = three(port).await;
+    for r in &replicas {
+        r.status.store(503, Ordering::SeqCst);
+    }
+    let fg = Floodgate::start(&config(&format!(
+        "{}    retries: {{attempts: 3, on: [503], budget: 20%}}\n",
+        origins(port)
+    )));
+    let requests = 400u64;
+    let started = Instant::now();
+    for _ in 0..requests {
+        assert_eq!(get(&fg, &[]).await.0, 503);
+    }
+    let elapsed = started.elapsed().as_secs();
+    let sent = metric(
+        &fg,
+        r#"floodgate_upstream_retries_total{route="pool",outcome="sent"}"#,
+    )
+    .await;
+    let over = metric(
+        &fg,
+        r#"floodgate_upstream_retries_total{route="pool",outcome="over_budget"}"#,
+    )
+    .await;
+    let reached: u64 = replicas.iter().map(Replica::served).sum();
+    // Over any 10 s the budget allows 20% of that window's requests plus 100 (10 a second), so
+    // over a run of `elapsed` seconds at most 20% of all of them plus 10 a second of the run and
+    // one more window's floor (the windows a run straddles). Without a budget every request
+    // would be retried twice: 800.
+    assert!(
+        sent <= requests / 5 + 10 * elapsed + 100,
+        "sent {sent} in {elapsed} s"
+    );
+    assert!(over > 0, "some retries were refused");
+    assert_eq!(
+        reached,
+        requests + sent,
+        "each retry is one more request upstream"
+    );
+}
