@@ -334,6 +334,7 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         .map_err(|e| anyhow::anyhow!("resolver: {e}"))?;
     floodgate::upstream::discovery::resolve_all(proxy.pools(), &resolver, Duration::from_secs(3))
         .await;
+    tokio::spawn(floodgate::upstream::health::run(proxy.pools().clone()));
     tokio::spawn(floodgate::upstream::discovery::run(
         proxy.pools().clone(),
         resolver,

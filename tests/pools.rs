@@ -676,3 +676,129 @@ async fn retries_stay_within_the_budget_when_every_endpoint_fails() {
         "each retry is one more request upstream"
     );
 }
+
+/// SIGHUP keeps what the pool knows of an endpoint that stays (its ejection, its counters) and
+/// applies the rest (here its retries); an endpoint the new config drops leaves the pool.
+#[tokio::test]
+async fn a_reload_keeps_the_state_of_endpoints_that_stay() {
+    let port = free_port();
+    let replicas = three(port).await;
+    replicas[0].stop();
+    let pool = |extra: &str| {
+        config(&format!(
+            "{}    outlier: {{consecutive_failures: 2, ejection: 1m}}\n{extra}",
+            origins(port)
+        ))
+    };
+    let fg = Floodgate::start(&pool(""));
+    let dead = format!("127.0.0.2:{port}");
+    until("the stopped replica is ejected", || async {
+        get(&fg, &[]).await;
+        endpoints(&fg)
+            .await
+            .iter()
+            .any(|(e, s)| *e == dead && s == "ejected")
+    })
+    .await;
+    let requests_before = upstreams(&fg).await["routes"][0]["endpoints"][1]["requests"]
+        .as_u64()
+        .unwrap();
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "listen: 127.0.0.1:0\n{}",
+            pool("    retries: {attempts: 3}\n")
+        ),
+    )
+    .unwrap();
+    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    until("the reload", || async {
+        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
+    })
+    .await;
+    let after = upstreams(&fg).await;
+    let rows = after["routes"][0]["endpoints"].as_array().unwrap();
+    let row = rows
+        .iter()
+        .find(|e| e["endpoint"] == dead.as_str())
+        .unwrap();
+    assert_eq!(row["state"], "ejected", "{after}");
+    assert_eq!(row["ejections"], 1);
+    assert!(
+        rows[1]["requests"].as_u64().unwrap() >= requests_before,
+        "counters kept"
+    );
+    // Dropped from the config: gone from the pool.
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "listen: 127.0.0.1:0\n{}",
+            config(&format!(
+                "    upstreams: [http://127.0.0.3:{port}, http://127.0.0.4:{port}]\n"
+            ))
+        ),
+    )
+    .unwrap();
+    fg.signal("HUP");
+    until("the endpoint left", || async {
+        endpoints(&fg).await.len() == 2
+    })
+    .await;
+    for _ in 0..10 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+}
+
+/// Active checks (`health_check:`): an endpoint whose check path answers 503 is taken out after
+/// `unhealthy_after` failures and gets no request (though it would answer them), and comes back
+/// after `healthy_after` passes.
+#[tokio::test]
+async fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let fg = Floodgate::start(&config(&format!(
+        "{}    balance: round_robin\n    health_check: {{path: /healthz, interval: 100ms, timeout: 500ms, healthy_after: 2, unhealthy_after: 2}}\n",
+        origins(port)
+    )));
+    let sick = format!("127.0.0.2:{port}");
+    // Every answer of the replica is 503 from now on: the checks too. (Its requests would be
+    // answered 503, not refused, so nothing but the checks takes it out: passive ejection needs
+    // five in a row.)
+    replicas[0].status.store(503, Ordering::SeqCst);
+    until("the failing endpoint is taken out", || async {
+        endpoints(&fg)
+            .await
+            .iter()
+            .any(|(e, s)| *e == sick && s == "unhealthy")
+    })
+    .await;
+    let before = replicas[0].gets.load(Ordering::SeqCst);
+    for _ in 0..30 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    // Only the checks reach it (one every 100 ms at most while these 30 requests ran).
+    let during = replicas[0].gets.load(Ordering::SeqCst) - before;
+    assert!(during < 30 / 3, "it was still sent requests: {during}");
+    // The gauge follows within its publishing period (a second).
+    until("the gauge shows it", || async {
+        let text = client()
+            .get(fg.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.contains(r#"floodgate_upstream_endpoints{route="pool",state="unhealthy"} 1"#)
+    })
+    .await;
+    replicas[0].status.store(200, Ordering::SeqCst);
+    until("the endpoint is back", || async {
+        endpoints(&fg)
+            .await
+            .iter()
+            .any(|(e, s)| *e == sick && s == "healthy")
+    })
+    .await;
+}

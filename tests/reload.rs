@@ -198,6 +198,7 @@ async fn restart_only_settings_are_named_in_the_warning_and_keep_their_values() 
         &fg,
         &Config::new()
             .with("max_connections", "7")
+            .with("resolver", "{refresh: 2s}")
             .storage("key_prefix", "\"other:\"")
             .storage("max_keys", "1000")
             .route(route),
@@ -217,7 +218,12 @@ async fn restart_only_settings_are_named_in_the_warning_and_keep_their_values() 
         assert!(Instant::now() < deadline, "no restart warning: {log}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    for path in ["max_connections", "storage.key_prefix", "storage.max_keys"] {
+    for path in [
+        "max_connections",
+        "resolver",
+        "storage.key_prefix",
+        "storage.max_keys",
+    ] {
         assert!(warning.contains(path), "{path} not named: {warning}");
     }
     assert!(

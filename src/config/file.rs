@@ -346,7 +346,7 @@ pub struct RouteFile {
     pub retries: Option<RetriesFile>,
     /// Active health checks.
     #[serde(default)]
-    pub health_check: Option<serde_json::Value>,
+    pub health_check: Option<HealthCheckFile>,
     /// `http1` (default), `http2` (h2c by prior knowledge on `http://`, ALPN `h2` on
     /// `https://`) or `auto` (ALPN picks on `https://`; HTTP/1.1 on `http://`).
     #[serde(default)]
@@ -387,6 +387,21 @@ pub struct WeightedOriginFile {
     pub url: String,
     #[serde(default)]
     pub weight: Option<u32>,
+}
+
+/// `health_check:` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckFile {
+    pub path: String,
+    #[serde(default)]
+    pub interval: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub healthy_after: Option<u32>,
+    #[serde(default)]
+    pub unhealthy_after: Option<u32>,
 }
 
 /// `outlier:` on a route.

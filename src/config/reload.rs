@@ -3,7 +3,8 @@
 //! changes one of them says so, naming each by its path ([`restart_only_changes`]).
 //!
 //! Applied by a reload (for requests and connections that start after it; those in flight
-//! keep what they started with): `routes` (limits, upstreams, `upstream_protocol`…),
+//! keep what they started with): `routes` (limits, upstreams and pools, `balance`, `outlier`,
+//! `retries`, `upstream_protocol`…: an endpoint kept keeps its health and counters),
 //! `identity`, `consumers` (and the file it names, re-read at every reload), `shadow`,
 //! `rate_limit_headers`, `path_normalization`, `merge_slashes`, `timeouts.*`, `max_body_size`,
 //! `http2_max_resets_per_second`, `http2_max_streams_per_second`, `tls` (the certificate files
@@ -53,6 +54,9 @@ pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
         _ => String::new(),
     }),
     ("storage.key_prefix", |c| c.storage.key_prefix.clone()),
+    // The resolver is built once, with its servers and the discovery task's period; the pools'
+    // names (routes' upstreams) follow reloads.
+    ("resolver", |c| format!("{:?}", c.resolver)),
     ("storage.max_keys", |c| c.storage.max_keys.to_string()),
     // The global store's connections and keeper are made once; until a restart, an instance
     // started without it decides `scope: global` limits in its region's store alone.

@@ -36,6 +36,10 @@ pub struct Endpoint {
     requests: AtomicU64,
     failures: AtomicU64,
     health: Mutex<Health>,
+    /// Active checks: passes (positive) or failures (negative) in a row.
+    streak: std::sync::atomic::AtomicI32,
+    /// False while active checks keep it out.
+    checked_healthy: std::sync::atomic::AtomicBool,
     /// `floodgate_upstream_requests_total{route, endpoint}`.
     counter: Counter,
 }
@@ -73,6 +77,8 @@ impl Endpoint {
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
+            streak: std::sync::atomic::AtomicI32::new(0),
+            checked_healthy: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -107,6 +113,39 @@ impl Endpoint {
     /// True while passive health keeps it out.
     pub fn is_ejected(&self, now: Instant) -> bool {
         self.health().is_ejected(now)
+    }
+
+    /// False while active health checks keep it out.
+    pub fn is_healthy(&self) -> bool {
+        self.checked_healthy.load(Ordering::Relaxed)
+    }
+
+    /// One active check's result: `healthy_after` passes in a row bring it back,
+    /// `unhealthy_after` failures in a row take it out. Returns its health when it changed.
+    pub(super) fn checked(
+        &self,
+        passed: bool,
+        healthy_after: u32,
+        unhealthy_after: u32,
+    ) -> Option<bool> {
+        let streak = self.streak.load(Ordering::Relaxed);
+        let streak = match (passed, streak > 0) {
+            (true, true) => streak.saturating_add(1),
+            (true, false) => 1,
+            (false, false) => streak.saturating_sub(1),
+            (false, true) => -1,
+        };
+        self.streak.store(streak, Ordering::Relaxed);
+        let healthy = self.is_healthy();
+        if healthy && streak <= -(unhealthy_after as i32) {
+            self.checked_healthy.store(false, Ordering::Relaxed);
+            return Some(false);
+        }
+        if !healthy && streak >= healthy_after as i32 {
+            self.checked_healthy.store(true, Ordering::Relaxed);
+            return Some(true);
+        }
+        None
     }
 
     pub(super) fn failed(&self) {

@@ -261,8 +261,9 @@ impl RoutePool {
             return Some(endpoints[0].start());
         }
         let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
-        let eligible =
-            |e: &Arc<Endpoint>| !tried.contains(&e.id) && now.is_none_or(|now| !e.is_ejected(now));
+        let eligible = |e: &Arc<Endpoint>| {
+            !tried.contains(&e.id) && e.is_healthy() && now.is_none_or(|now| !e.is_ejected(now))
+        };
         let mut chosen = self.choose(&set, key, &eligible);
         if chosen.is_none() {
             // Every untried endpoint is out: try them anyway.
@@ -365,6 +366,11 @@ impl RoutePool {
         }
     }
 
+    /// The endpoints now (for active health checks).
+    pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        self.set.load().endpoints.clone()
+    }
+
     /// Counts a request of the route for its retry budget.
     pub fn count_request(&self) {
         if self.spec.load().retries.attempts > 1 {
@@ -403,8 +409,13 @@ impl RoutePool {
     pub fn publish(&self) {
         let now = Instant::now();
         let set = self.set.load();
-        let ejected = set.endpoints.iter().filter(|e| e.is_ejected(now)).count() as i64;
-        let healthy = set.endpoints.len() as i64 - ejected;
+        let unhealthy = set.endpoints.iter().filter(|e| !e.is_healthy()).count() as i64;
+        let ejected = set
+            .endpoints
+            .iter()
+            .filter(|e| e.is_healthy() && e.is_ejected(now))
+            .count() as i64;
+        let healthy = set.endpoints.len() as i64 - ejected - unhealthy;
         let draining = {
             let mut draining = self.draining.lock().unwrap_or_else(|p| p.into_inner());
             draining.retain(|e| e.in_flight() > 0);
@@ -413,7 +424,7 @@ impl RoutePool {
         self.metrics.states([
             ("healthy", healthy),
             ("ejected", ejected),
-            ("unhealthy", 0),
+            ("unhealthy", unhealthy),
             ("draining", draining),
         ]);
     }
@@ -444,14 +455,12 @@ impl RoutePool {
             .endpoints
             .iter()
             .map(|e| {
-                row(
-                    e,
-                    if e.is_ejected(now) {
-                        "ejected"
-                    } else {
-                        "healthy"
-                    },
-                )
+                let state = match (e.is_healthy(), e.is_ejected(now)) {
+                    (false, _) => "unhealthy",
+                    (true, true) => "ejected",
+                    (true, false) => "healthy",
+                };
+                row(e, state)
             })
             .collect();
         endpoints.extend(draining.iter().map(|e| row(e, "draining")));

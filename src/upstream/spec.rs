@@ -18,6 +18,21 @@ pub struct PoolSpec {
     pub balance: Balance,
     pub outlier: OutlierSpec,
     pub retries: RetrySpec,
+    /// Active checks (`health_check:`), if any.
+    pub health: Option<HealthSpec>,
+}
+
+/// Active health checks (`health_check:`): a GET from every instance to every endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthSpec {
+    /// The path checked; a 2xx within `timeout` passes.
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Passes in a row that bring an unhealthy endpoint back.
+    pub healthy_after: u32,
+    /// Failures in a row that take a healthy endpoint out.
+    pub unhealthy_after: u32,
 }
 
 /// How a request picks an endpoint (`balance:`).

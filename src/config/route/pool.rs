@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::Validator;
 use crate::config::file::{OriginFile, ResolverFile, RouteFile};
 use crate::upstream::discovery::ResolverSpec;
-use crate::upstream::{Balance, HashOn, OutlierSpec, PoolSpec, RetryOn, RetrySpec};
+use crate::upstream::{Balance, HashOn, HealthSpec, OutlierSpec, PoolSpec, RetryOn, RetrySpec};
 
 use super::UpstreamProtocol;
 
@@ -109,12 +109,39 @@ impl Validator {
         if r.hash_on.is_some() && !matches!(balance, Balance::Hash(_)) {
             self.problem(format!("{path}.hash_on"), "is for balance: hash");
         }
-        if r.health_check.is_some() {
-            self.problem(
-                format!("{path}.health_check"),
-                "active health checks are not built yet: passive ejection (outlier:) is on by default",
-            );
-        }
+        let health = r.health_check.as_ref().map(|h| {
+            let at = format!("{path}.health_check");
+            if !h.path.starts_with('/') || h.path.contains([' ', '\r', '\n']) {
+                self.problem(
+                    format!("{at}.path"),
+                    format!("{:?} must be a path starting with /", h.path),
+                );
+            }
+            let check = HealthSpec {
+                path: h.path.clone(),
+                interval: self.duration(
+                    &format!("{at}.interval"),
+                    h.interval.as_deref(),
+                    Duration::from_secs(5),
+                ),
+                timeout: self.duration(
+                    &format!("{at}.timeout"),
+                    h.timeout.as_deref(),
+                    Duration::from_secs(1),
+                ),
+                healthy_after: h.healthy_after.unwrap_or(2),
+                unhealthy_after: h.unhealthy_after.unwrap_or(3),
+            };
+            for (name, n) in [
+                ("healthy_after", check.healthy_after),
+                ("unhealthy_after", check.unhealthy_after),
+            ] {
+                if n == 0 {
+                    self.problem(format!("{at}.{name}"), "must be at least 1");
+                }
+            }
+            check
+        });
         let mut outlier = OutlierSpec::default();
         if let Some(o) = &r.outlier {
             if let Some(n) = o.consecutive_failures {
@@ -188,6 +215,7 @@ impl Validator {
             balance,
             outlier,
             retries,
+            health,
         })
     }
 
