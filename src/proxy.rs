@@ -347,6 +347,11 @@ impl Proxy {
                 "an HTTP/1.1 request needs exactly one Host header".into(),
             ));
         }
+        // A request that already passed through this floodgate (an upstream name that resolves
+        // to its own listener: a common compose mistake) is not sent round again.
+        if forward::came_through_here(req.headers()) {
+            return Err(Rejection::LoopDetected);
+        }
         let normalized = match snapshot.paths.normalize(req.uri().path()) {
             Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
             Ok(std::borrow::Cow::Owned(path)) => path,

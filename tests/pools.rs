@@ -802,3 +802,33 @@ async fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     })
     .await;
 }
+
+/// An upstream that leads back to floodgate itself (a name resolving to its own listener)
+/// does not loop: the request comes back carrying floodgate's own `Via`, and is answered 508.
+#[tokio::test]
+async fn a_route_whose_upstream_is_floodgate_itself_answers_508_instead_of_looping() {
+    let port = free_port();
+    let _replicas = three(port).await;
+    let fg = Floodgate::start(&config(&origins(port)));
+    let own = fg.addr();
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "listen: 127.0.0.1:0\n{}",
+            config(&format!("    upstream: http://{own}\n"))
+        ),
+    )
+    .unwrap();
+    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    until("the reload", || async {
+        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
+    })
+    .await;
+    let response = client().get(fg.url("/work")).send().await.unwrap();
+    // The first pass forwards to itself; the second sees its Via and answers 508, which the
+    // first relays.
+    assert_eq!(response.status().as_u16(), 508);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("loop_detected"), "{body}");
+}

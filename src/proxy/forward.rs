@@ -487,6 +487,7 @@ impl Forwarder {
                 .insert(TE, HeaderValue::from_static("trailers"));
         }
         append_forwarded_for(&mut parts.headers, client_ip);
+        parts.headers.append(http::header::VIA, via().clone());
         parts.headers.insert(
             X_FORWARDED_PROTO,
             HeaderValue::from_static(if client_tls { "https" } else { "http" }),
@@ -629,4 +630,27 @@ fn copy_parts(parts: &Parts) -> Parts {
     *head.version_mut() = parts.version;
     *head.headers_mut() = parts.headers.clone();
     head.into_parts().0
+}
+
+/// This process's `Via` entry (RFC 9110 §7.6.3): `1.1 floodgate-` and a random id drawn at
+/// start, so that a request that comes back to the same process is recognised, while a chain
+/// of distinct floodgates is not mistaken for a loop.
+fn via() -> &'static HeaderValue {
+    static VIA: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+    VIA.get_or_init(|| {
+        let id = fastrand::u64(..);
+        HeaderValue::from_str(&format!("1.1 floodgate-{id:016x}"))
+            .unwrap_or(HeaderValue::from_static("1.1 floodgate"))
+    })
+}
+
+/// True when `headers` carry this process's `Via` entry: the request passed through here.
+pub fn came_through_here(headers: &http::HeaderMap) -> bool {
+    let mut values = headers.get_all(http::header::VIA).iter().peekable();
+    if values.peek().is_none() {
+        return false;
+    }
+    let ours = via().as_bytes();
+    let ours = &ours[4..]; // `floodgate-<id>`, without the protocol version
+    values.any(|v| v.as_bytes().windows(ours.len()).any(|w| w == ours))
 }

@@ -72,6 +72,9 @@ pub enum Rejection {
     /// The route's pool has no endpoint (a name that has not resolved yet): 503 with
     /// `Retry-After: 1`.
     NoUpstream,
+    /// The request carries this floodgate's own `Via`: it came back through it (an upstream
+    /// that is floodgate itself). 508, never forwarded again.
+    LoopDetected,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -481,6 +484,10 @@ mod tests {
             Rejection::RequestTimeout,
             Rejection::TooManyStreams,
             Rejection::UpstreamOverloaded,
+            Rejection::Banned(7),
+            Rejection::InvalidArgument("the domain is empty".into()),
+            Rejection::NoUpstream,
+            Rejection::LoopDetected,
         ]
     }
 
@@ -509,10 +516,13 @@ mod tests {
                 ),
                 "{rejection:?}"
             );
+            // A ban carries its own delay (how long it has left).
             assert_eq!(
                 retry.is_some(),
                 answer.retry_secs.is_some()
                     || answer.label == Some(crate::metrics::DecisionLabel::Denied)
+                    || matches!(rejection, Rejection::Banned(_)),
+                "{rejection:?}"
             );
             // gRPC: a trailers-only 200 with the row's code (a rate-limited call: the
             // route's), the same message.

@@ -174,6 +174,15 @@ static NO_UPSTREAM: Answer = row(
     None,
 );
 
+static LOOP_DETECTED: Answer = row(
+    StatusCode::LOOP_DETECTED,
+    "loop_detected",
+    Code::Internal,
+    "the request came back through this floodgate: its upstream leads to itself",
+    None,
+    None,
+);
+
 impl Rejection {
     /// This refusal's row of the table.
     pub(super) fn answer(&self) -> &'static Answer {
@@ -193,6 +202,7 @@ impl Rejection {
             Rejection::TooManyStreams => &TOO_MANY_STREAMS,
             Rejection::UpstreamOverloaded => &UPSTREAM_OVERLOADED,
             Rejection::NoUpstream => &NO_UPSTREAM,
+            Rejection::LoopDetected => &LOOP_DETECTED,
         }
     }
 
