@@ -14,6 +14,9 @@
 #   TELEMETRY=RATIO  floodgate with OpenTelemetry on at that sample_ratio (the upstream nginx as
 #                    the OTLP sink, metrics off); unset: telemetry off, the default
 #   KEEP=DIR         keep floodgate's callgrind output files there (callgrind_annotate them)
+#   POOL=N           floodgate's route forwards to a pool of N endpoints (the upstream nginx on
+#                    127.0.0.1 to 127.0.0.N, one port; balance least_request): compare with
+#                    POOL unset (one upstream) for what a pool costs a request
 #   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
@@ -76,7 +79,18 @@ EOF
 
 UP_PORT="$(free_port)"
 mkdir -p "$WORK/up"
-nginx_conf "$WORK/up" "$UP_PORT" "    server { listen 127.0.0.1:$UP_PORT; location / { return 200 \"ok\n\"; } }"
+UP_LISTEN="listen 127.0.0.1:$UP_PORT;"
+UPSTREAM="upstream: http://127.0.0.1:$UP_PORT"
+if [ -n "${POOL:-}" ]; then
+    UP_LISTEN=""
+    UPSTREAM="upstreams: ["
+    for i in $(seq 1 "$POOL"); do
+        UP_LISTEN="$UP_LISTEN listen 127.0.0.$i:$UP_PORT;"
+        UPSTREAM="${UPSTREAM}http://127.0.0.$i:$UP_PORT, "
+    done
+    UPSTREAM="${UPSTREAM%, }]"
+fi
+nginx_conf "$WORK/up" "$UP_PORT" "    server { $UP_LISTEN location / { return 200 \"ok\n\"; } }"
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >/dev/null 2>&1 &
 PIDS+=("$!")
 
@@ -88,7 +102,7 @@ identity:
 routes:
   - name: bench
     path_prefix: /
-    upstream: http://127.0.0.1:$UP_PORT
+    $UPSTREAM
     limits:
       - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000}
 EOF

@@ -441,6 +441,7 @@ impl Proxy {
             crate::upstream::Balance::Hash(_) => ctx.balance_key,
             _ => None,
         };
+        let mut used = None;
         let forwarded = snapshot
             .forwarder
             .forward(
@@ -451,6 +452,7 @@ impl Proxy {
                 ctx.peer.ip(),
                 snapshot.tls,
                 deadline,
+                &mut used,
             )
             .await
             .map_err(Rejection::from);
@@ -468,7 +470,10 @@ impl Proxy {
             .extras
             .metrics
             .upstream(status, started.elapsed().as_secs_f64());
-        if let Some(span) = forwarded_span {
+        if let Some(mut span) = forwarded_span {
+            if let Some(addr) = used {
+                span.endpoint(addr);
+            }
             span.end(status);
         }
         if let Some(mut permit) = ctx.permit.take() {

@@ -145,6 +145,9 @@ async fn a_request_is_one_trace_from_the_client_through_the_decision_to_the_upst
         v["kind"] == "CLIENT" && v["parent_span_id"] == server_id.as_str()
     });
     let client_id = client[0]["span_id"].as_str().unwrap();
+    // It names the endpoint the request went to: its address and port.
+    assert_eq!(attr(&client[0], "server.address"), "127.0.0.1");
+    assert_eq!(attr(&client[0], "server.port"), upstream.addr().port());
     // The upstream got a traceparent naming the CLIENT span, sampled.
     let seen = upstream.seen();
     let traceparent = seen[0]

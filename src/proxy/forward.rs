@@ -201,6 +201,7 @@ impl Forwarder {
         client_ip: IpAddr,
         client_tls: bool,
         deadline: Option<Duration>,
+        used: &mut Option<std::net::SocketAddr>,
     ) -> Result<Response<Body>, ForwardError> {
         let upgrade = is_websocket_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -243,6 +244,7 @@ impl Forwarder {
             loop {
                 let endpoint = attempt.endpoint().clone();
                 tried.push(endpoint.id);
+                *used = endpoint.addr;
                 let may_retry = |tried: &[u64]| tried.len() < retries.attempts as usize;
                 // WebSocket upgrades are HTTP/1.1 only.
                 let hop = if upgrade {

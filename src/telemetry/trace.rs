@@ -238,6 +238,24 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
+    /// Names the endpoint the request went to (its last attempt's): `server.address` becomes
+    /// its address (it was the origin's name) and `server.port` its port.
+    pub fn endpoint(&mut self, addr: std::net::SocketAddr) {
+        if let Some((_, span)) = &mut self.span {
+            let address = match addr.ip() {
+                std::net::IpAddr::V4(ip) => ip.to_string(),
+                std::net::IpAddr::V6(ip) => ip.to_string(),
+            };
+            for kv in span.attributes.iter_mut() {
+                if kv.key.as_str() == "server.address" {
+                    kv.value = address.clone().into();
+                }
+            }
+            span.attributes
+                .push(KeyValue::new("server.port", i64::from(addr.port())));
+        }
+    }
+
     /// Ends it with the upstream's status (or floodgate's, when the upstream failed).
     pub fn end(mut self, status: u16) {
         self.finish(Some(status));
