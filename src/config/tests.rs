@@ -419,7 +419,7 @@ fn unknown_keys_are_named_at_every_depth() {
             with_top("tls:\n  cert: c.pem\n  key: k.pem\n  ca: ca.pem"),
             "tls.ca",
         ),
-        (with_route_field("upstreams", "[]"), "routes[0].upstreams"),
+        (with_route_field("upstreamz", "[]"), "routes[0].upstreamz"),
         (
             with_limit("{algorithm: token_bucket, capacity: 3, refill_rate: 1, burst: 5}"),
             "routes[0].limits[0].burst",
@@ -437,8 +437,8 @@ fn missing_required_keys_are_named() {
     assert!(shown.contains("missing field `listen`"), "{shown}");
     rejects(
         "listen: 127.0.0.1:8080\nroutes:\n  - name: r\n    path_prefix: /\n",
-        "routes[0]",
-        "missing field `upstream`",
+        "routes[0].upstream",
+        "is required (or upstreams: a pool of origins)",
     );
 }
 
@@ -469,3 +469,96 @@ fn bad_durations_are_named() {
 }
 
 mod settings;
+
+#[test]
+fn a_routes_pool_is_checked_field_by_field() {
+    for (field, value, path, message) in [
+        (
+            "upstreams",
+            "[http://127.0.0.1:1, http://127.0.0.1:1]",
+            "routes[0].upstreams[1]",
+            "twice",
+        ),
+        (
+            "upstreams",
+            "[{url: http://127.0.0.1:1, weight: 0}]",
+            "routes[0].upstreams[0].weight",
+            "from 1 to 100",
+        ),
+        (
+            "upstreams",
+            "[]",
+            "routes[0].upstreams",
+            "at least one origin",
+        ),
+        ("balance", "random", "routes[0].balance", "least_request"),
+        (
+            "hash_on",
+            "header:X-A",
+            "routes[0].hash_on",
+            "balance: hash",
+        ),
+        (
+            "outlier",
+            "{max_ejected: 150%}",
+            "routes[0].outlier.max_ejected",
+            "share",
+        ),
+        (
+            "outlier",
+            "{ejection: soon}",
+            "routes[0].outlier.ejection",
+            "",
+        ),
+        (
+            "retries",
+            "{attempts: 9}",
+            "routes[0].retries.attempts",
+            "from 1",
+        ),
+        (
+            "retries",
+            "{on: [teapot]}",
+            "routes[0].retries.on[0]",
+            "connect_failure",
+        ),
+        (
+            "retries",
+            "{budget: lots}",
+            "routes[0].retries.budget",
+            "share",
+        ),
+        (
+            "health_check",
+            "{path: healthz}",
+            "routes[0].health_check.path",
+            "starting with /",
+        ),
+        (
+            "health_check",
+            "{path: /h, healthy_after: 0}",
+            "routes[0].health_check.healthy_after",
+            "at least 1",
+        ),
+    ] {
+        let origin = match field {
+            "upstreams" => String::new(),
+            _ => "    upstream: http://127.0.0.1:9000\n".to_string(),
+        };
+        let yaml = format!(
+            "listen: 127.0.0.1:8080\nroutes:\n  - name: r\n    path_prefix: /\n{origin}    {field}: {value}\n"
+        );
+        rejects(&yaml, path, message);
+    }
+    // Both upstream and upstreams.
+    rejects(
+        "listen: 127.0.0.1:8080\nroutes:\n  - name: r\n    path_prefix: /\n    upstream: http://127.0.0.1:1\n    upstreams: [http://127.0.0.1:2]\n",
+        "routes[0].upstreams",
+        "not both",
+    );
+    rejects(
+        &with_top("resolver: {servers: [nameserver]}"),
+        "resolver.servers[0]",
+        "address",
+    );
+}
