@@ -545,3 +545,37 @@ async fn grpc_overload_statuses_are_overload_signals_for_the_adaptive_gate() {
         assert_eq!(adaptive_limit(&fg, &upstream).await, 2, "{scenario}");
     }
 }
+
+/// A pool of two grpcio servers (127.0.0.2 and 127.0.0.3, one port) behind one HTTP/2 route,
+/// connections per endpoint: calls are spread over both, and once one is killed the calls go on
+/// on the other (its connection's failure and the connect failures that follow are retried
+/// there, and the dead one is ejected).
+#[test]
+fn grpc_calls_go_on_through_a_pool_when_one_server_is_killed() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let first = GrpcServer::start_on(&format!("127.0.0.2:{port}"));
+    let _second = GrpcServer::start_on(&format!("127.0.0.3:{port}"));
+    let fg = Floodgate::start(&format!(
+        "admin_listen: 127.0.0.1:0\nroutes:\n  - name: echo\n    path_prefix: {ECHO}\n    upstream_protocol: http2\n    upstreams: [http://127.0.0.2:{port}, http://127.0.0.3:{port}]\n    balance: round_robin\n"
+    ));
+    let target = fg.addr().to_string();
+    let calls = grpc_calls(&target, &["unary"; 6], &[]);
+    assert!(calls.iter().all(|c| code(c) == "OK"), "{calls:?}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for ip in ["127.0.0.2", "127.0.0.3"] {
+        let series =
+            format!(r#"floodgate_upstream_requests_total{{route="echo",endpoint="{ip}:{port}"}}"#);
+        assert_eq!(
+            rt.block_on(metric(&fg, &series)),
+            3,
+            "round robin over both"
+        );
+    }
+    drop(first); // SIGKILL
+    let calls = grpc_calls(&target, &["unary"; 8], &[]);
+    assert!(calls.iter().all(|c| code(c) == "OK"), "{calls:?}");
+}

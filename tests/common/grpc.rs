@@ -36,6 +36,11 @@ impl GrpcServer {
         GrpcServer::start_with(&[])
     }
 
+    /// Starts it over h2c on `addr` (`127.0.0.2:PORT`: one of a pool's replicas).
+    pub fn start_on(addr: &str) -> GrpcServer {
+        GrpcServer::start_with(&["--listen".as_ref(), addr.as_ref()])
+    }
+
     /// Starts it over TLS with this certificate and key (PEM files).
     pub fn start_tls(cert: &Path, key: &Path) -> GrpcServer {
         GrpcServer::start_with(&["--tls".as_ref(), cert.as_os_str(), key.as_os_str()])

@@ -121,7 +121,7 @@ def serve(args):
             key = f.read()
         port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(((key, cert),)))
     else:
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(option(args, "--listen", "127.0.0.1:0"))
     server.start()
     print("listening %d" % port, flush=True)
     # Ends when the test closes stdin (or kills this process).
