@@ -149,16 +149,20 @@ async fn get(fg: &Floodgate, headers: &[(&str, &str)]) -> (u16, String) {
     (status, response.text().await.unwrap_or_default())
 }
 
-async fn upstreams(fg: &Floodgate) -> serde_json::Value {
-    let body = client()
-        .get(fg.admin_url("/upstreams"))
+/// The text of `path` on the admin listener.
+async fn admin_text(fg: &Floodgate, path: &str) -> String {
+    client()
+        .get(fg.admin_url(path))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    serde_json::from_str(&body).unwrap()
+        .unwrap()
+}
+
+async fn upstreams(fg: &Floodgate) -> serde_json::Value {
+    serde_json::from_str(&admin_text(fg, "/upstreams").await).unwrap()
 }
 
 /// Waits (10 s at most: a loaded machine) until `check` holds.
@@ -782,15 +786,9 @@ async fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     assert!(during < 30 / 3, "it was still sent requests: {during}");
     // The gauge follows within its publishing period (a second).
     until("the gauge shows it", || async {
-        let text = client()
-            .get(fg.admin_url("/metrics"))
-            .send()
+        admin_text(&fg, "/metrics")
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.contains(r#"floodgate_upstream_endpoints{route="pool",state="unhealthy"} 1"#)
+            .contains(r#"floodgate_upstream_endpoints{route="pool",state="unhealthy"} 1"#)
     })
     .await;
     replicas[0].status.store(200, Ordering::SeqCst);

@@ -821,22 +821,14 @@ async fn a_key_holding_a_separator_does_not_unlimit_a_nested_descriptor() {
         .unwrap();
     assert_eq!(second.overall_code, rls::Code::OverLimit as i32);
     // Over /json: the same rule, the same budget.
-    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a","value":"b"},{"key":"c","value":"Z"}]}]}"#;
-    let r = client()
-        .post(svc.fg.service_url("/json"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let post = |body: &'static str| {
+        let url = svc.fg.service_url("/json");
+        async move { client().post(url).body(body).send().await.unwrap() }
+    };
+    let r = post(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a","value":"b"},{"key":"c","value":"Z"}]}]}"#).await;
     assert_eq!(r.status(), 429);
     // The joined key is a rule of its own.
-    let joined = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a_b","value":"Z"}]}]}"#;
-    let r = client()
-        .post(svc.fg.service_url("/json"))
-        .body(joined)
-        .send()
-        .await
-        .unwrap();
+    let r = post(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a_b","value":"Z"}]}]}"#).await;
     assert_eq!(r.status(), 200);
     let json: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(
