@@ -828,7 +828,8 @@ async fn a_key_holding_a_separator_does_not_unlimit_a_nested_descriptor() {
     let r = post(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a","value":"b"},{"key":"c","value":"Z"}]}]}"#).await;
     assert_eq!(r.status(), 429);
     // The joined key is a rule of its own.
-    let r = post(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a_b","value":"Z"}]}]}"#).await;
+    let r =
+        post(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"a_b","value":"Z"}]}]}"#).await;
     assert_eq!(r.status(), 200);
     let json: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(
