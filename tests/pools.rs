@@ -330,13 +330,29 @@ async fn served_by(ip: &str, port: u16) -> Option<u64> {
 /// is ejected and gets no request while it is out, and once restarted it is used again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_load_costs_no_get_and_comes_back_when_restarted() {
+    killed_mid_load(
+        "    retries: {attempts: 3, on: [connect_failure, refused_stream, reset]}\n",
+        0,
+    )
+    .await;
+}
+
+/// The same with the default retries (connect failures and refused streams only): only the
+/// GETs in flight on the killed replica may fail (16 clients: at most 16); every one that found
+/// no connection, or a connection the replica had closed, goes on elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_retries_only_requests_in_flight_on_a_killed_replica_fail() {
+    killed_mid_load("", 16).await;
+}
+
+async fn killed_mid_load(retries: &str, max_failed: u64) {
     let port = free_port();
     let mut replicas: Vec<Process> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
         .iter()
         .map(|ip| Process::start(ip, port))
         .collect();
     let fg = Arc::new(Floodgate::start(&config(&format!(
-        "{}    retries: {{attempts: 3, on: [connect_failure, refused_stream, reset]}}\n    outlier: {{consecutive_failures: 2, ejection: 2s}}\n",
+        "{}{retries}    outlier: {{consecutive_failures: 2, ejection: 2s}}\n",
         origins(port)
     ))));
     let stop = Arc::new(AtomicBool::new(false));
@@ -369,7 +385,12 @@ async fn a_replica_killed_mid_load_costs_no_get_and_comes_back_when_restarted() 
         done.load(Ordering::SeqCst),
         failed.load(Ordering::SeqCst)
     );
-    assert_eq!(failed.load(Ordering::SeqCst), 0, "{}", fg.stderr());
+    assert!(
+        failed.load(Ordering::SeqCst) <= max_failed,
+        "{} failed: {}",
+        failed.load(Ordering::SeqCst),
+        fg.stderr()
+    );
     // The dead endpoint was ejected.
     let state = upstreams(&fg).await;
     let dead = format!("127.0.0.2:{port}");

@@ -222,22 +222,26 @@ impl Forwarder {
             }
             return Err(ForwardError::Client(Fault::TooLarge));
         }
-        pool.count_request();
         let Some(first) = pool.pick(key, &[]) else {
             return Err(ForwardError::NoUpstream);
         };
         let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
         let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
-        let retries = pool.spec().retries;
+        let retries = pool.retries();
         // Only a request with nothing to send beyond its head can be sent again after it
         // reached an upstream.
         let resendable = is_idempotent(&parts.method) && hyper::body::Body::is_end_stream(&body);
+        // Whether an attempt that was sent may be followed by another (which needs the request's
+        // head again): otherwise the head is moved into the one attempt, not copied.
+        let may_again = retries.attempts > 1 && pool.len() > 1;
+        let again_http1 = may_again && resendable && (retries.on.reset || retries.on.statuses != 0);
+        let again_http2 = again_http1 || (may_again && retries.on.refused_stream);
 
         let wait = deadline.map_or(self.response_timeout, |d| d.min(self.response_timeout));
         let sent = async {
             let mut attempt = first;
-            let mut tried: Vec<u64> = Vec::new();
+            let mut tried = Tried::default();
             let mut body = Some(body);
             let mut resend: Option<ResendHandle> = None;
             let mut client: Option<ClientSide> = None;
@@ -257,8 +261,8 @@ impl Forwarder {
                     Err(e) => {
                         pool.outcome(&endpoint, Outcome::Failed);
                         if retries.on.connect_failure
-                            && may_retry(&tried)
-                            && let Some(next) = pool.retry(key, &tried)
+                            && may_retry(tried.ids())
+                            && let Some(next) = pool.retry(key, tried.ids())
                         {
                             attempt = next;
                             continue;
@@ -283,7 +287,7 @@ impl Forwarder {
                         let Some(b) = body.take() else {
                             return Err(PoolError::Closed { reused: false });
                         };
-                        let request = Request::from_parts(copy_parts(&parts), b);
+                        let request = Request::from_parts(head(&mut parts, false), b);
                         // Boxed: rare, and large (see `Pool::send`).
                         match Box::pin(self.pool.send_upgrade(scheme, authority, request)).await {
                             Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
@@ -302,18 +306,20 @@ impl Forwarder {
                                         return Err(PoolError::Closed { reused: false });
                                     }
                                 };
-                                let request = Request::from_parts(copy_parts(&parts), b);
+                                let request = Request::from_parts(head(&mut parts, again_http1), b);
                                 match self
                                     .send_http1(connection, request, scheme, authority)
                                     .await
                                 {
                                     Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
-                                    // A connect failure here is the stale connection's second
-                                    // try: neither sent the request to be processed.
-                                    Err(e) => {
-                                        let reached = !matches!(e, PoolError::Connect(_));
-                                        Err((e, reached))
+                                    // A stale connection whose second try found no connection:
+                                    // neither sent the request to be processed, and its head
+                                    // comes back for another endpoint.
+                                    Err((e, Some(head))) => {
+                                        parts = head;
+                                        Err((e, false))
                                     }
+                                    Err((e, None)) => Err((e, true)),
                                 }
                             }
                         }
@@ -325,7 +331,7 @@ impl Forwarder {
                             (None, None) => return Err(PoolError::Closed { reused: false }),
                         };
                         resend = Some(b.handle());
-                        let request = Request::from_parts(copy_parts(&parts), b);
+                        let request = Request::from_parts(head(&mut parts, again_http2), b);
                         let key = (scheme.clone(), authority.clone());
                         match Box::pin(self.multiplex.send(&key, request, fresh)).await {
                             Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
@@ -345,8 +351,8 @@ impl Forwarder {
                             pool.outcome(&endpoint, Outcome::Failed);
                             if retries.on.status(status)
                                 && resendable
-                                && may_retry(&tried)
-                                && let Some(next) = pool.retry(key, &tried)
+                                && may_retry(tried.ids())
+                                && let Some(next) = pool.retry(key, tried.ids())
                             {
                                 attempt = next;
                                 continue;
@@ -368,8 +374,8 @@ impl Forwarder {
                         if retry
                             && fault.get().is_none()
                             && !upgrade
-                            && may_retry(&tried)
-                            && let Some(next) = pool.retry(key, &tried)
+                            && may_retry(tried.ids())
+                            && let Some(next) = pool.retry(key, tried.ids())
                         {
                             attempt = next;
                             continue;
@@ -542,7 +548,7 @@ impl Forwarder {
         request: Request<RequestBody>,
         scheme: &Scheme,
         authority: &http::uri::Authority,
-    ) -> Result<Response<super::pool::PooledBody>, PoolError> {
+    ) -> Result<Response<super::pool::PooledBody>, (PoolError, Option<Parts>)> {
         // The head is copied only when the request could be sent again.
         let retry = (connection.reused
             && is_idempotent(request.method())
@@ -551,11 +557,20 @@ impl Forwarder {
         match self.pool.send_on(connection, request).await {
             Err(e) if retry.is_some() && is_stale_connection(&e) => {
                 tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
-                let Some(head) = retry else { return Err(e) };
-                let head = head.map(|()| RequestBody::empty());
-                Box::pin(self.pool.send(scheme, authority, head, None)).await
+                let Some(head) = retry else {
+                    return Err((e, None));
+                };
+                let again = copy_head(&head).map(|()| RequestBody::empty());
+                match Box::pin(self.pool.send(scheme, authority, again, None)).await {
+                    Ok(response) => Ok(response),
+                    // Not even a new connection: the request never left, and its head goes back
+                    // for another endpoint.
+                    Err(e @ PoolError::Connect(_)) => Err((e, Some(head.into_parts().0))),
+                    Err(e) => Err((e, None)),
+                }
             }
-            other => other,
+            Ok(response) => Ok(response),
+            Err(e) => Err((e, None)),
         }
     }
 
@@ -622,6 +637,35 @@ where
     ResponseBody::new(body, idle, route.name.clone(), held)
         .map_err(BoxError::from)
         .boxed_unsync()
+}
+
+/// The request ids tried so far (at most five attempts: `retries.attempts`' bound).
+#[derive(Default)]
+struct Tried {
+    ids: [u64; 5],
+    len: usize,
+}
+
+impl Tried {
+    fn push(&mut self, id: u64) {
+        if self.len < self.ids.len() {
+            self.ids[self.len] = id;
+            self.len += 1;
+        }
+    }
+
+    fn ids(&self) -> &[u64] {
+        &self.ids[..self.len]
+    }
+}
+
+/// The head for an attempt: a copy when another attempt may follow (the original stays for
+/// it), else the head itself (`parts` is left empty: nothing follows).
+fn head(parts: &mut Parts, again: bool) -> Parts {
+    match again {
+        true => copy_parts(parts),
+        false => std::mem::replace(parts, Request::new(()).into_parts().0),
+    }
 }
 
 /// A request head's copy, for an attempt (the original stays for the next).

@@ -256,9 +256,12 @@ impl RoutePool {
     pub fn pick(&self, key: Option<u64>, tried: &[u64]) -> Option<InFlight> {
         let set = self.set.load();
         let endpoints = &set.endpoints;
-        // One endpoint, first attempt: nothing to choose.
+        // One endpoint, first attempt: nothing to choose (and no retry to budget for).
         if endpoints.len() == 1 && tried.is_empty() {
             return Some(endpoints[0].start());
+        }
+        if tried.is_empty() {
+            self.count_request();
         }
         let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
         let eligible = |e: &Arc<Endpoint>| {
@@ -371,8 +374,18 @@ impl RoutePool {
         self.set.load().endpoints.clone()
     }
 
+    /// The route's retries (what the forwarder needs of the spec, copied out).
+    pub fn retries(&self) -> super::RetrySpec {
+        self.spec.load().retries
+    }
+
+    /// How many endpoints the pool has now.
+    pub fn len(&self) -> usize {
+        self.set.load().endpoints.len()
+    }
+
     /// Counts a request of the route for its retry budget.
-    pub fn count_request(&self) {
+    fn count_request(&self) {
         if self.spec.load().retries.attempts > 1 {
             self.budget.request(self.epoch.elapsed().as_secs());
         }
