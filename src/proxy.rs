@@ -253,7 +253,10 @@ impl Proxy {
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
-        let response = match self.admit(&snapshot, &route, &mut req, &mut ctx).await {
+        // Boxed, as the forward below: the limit phase's state (the decider's, the store's) is
+        // a large part of a request's future, which hyper builds in place and moves several
+        // times; one allocation costs less than copying it at every move.
+        let response = match Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx)).await {
             Ok(()) => {
                 let identity = &snapshot.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
@@ -442,20 +445,21 @@ impl Proxy {
             _ => None,
         };
         let mut used = None;
-        let forwarded = snapshot
-            .forwarder
-            .forward(
-                req,
-                route.config,
-                pool,
-                key,
-                ctx.peer.ip(),
-                snapshot.tls,
-                deadline,
-                &mut used,
-            )
-            .await
-            .map_err(Rejection::from);
+        // Boxed: the forward's state (its attempts, each one's connection and send) is the
+        // largest part of a request's future, which hyper builds in place and moves; on the heap
+        // it is one allocation instead of kilobytes copied at every move.
+        let forwarded = Box::pin(snapshot.forwarder.forward(
+            req,
+            route.config,
+            pool,
+            key,
+            ctx.peer.ip(),
+            snapshot.tls,
+            deadline,
+            &mut used,
+        ))
+        .await
+        .map_err(Rejection::from);
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears
         // of floodgate's 502 and 504 as gRPC statuses in a 200).
         let status = match &forwarded {
