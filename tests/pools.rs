@@ -555,6 +555,14 @@ fn answer(query: &[u8], addresses: &[Ipv4Addr], udp: bool) -> Vec<u8> {
     out
 }
 
+/// True when the pool lists `endpoint` in `state`.
+async fn has(fg: &Floodgate, endpoint: &str, state: &str) -> bool {
+    endpoints(fg)
+        .await
+        .iter()
+        .any(|(e, s)| e == endpoint && s == state)
+}
+
 async fn endpoints(fg: &Floodgate) -> Vec<(String, String)> {
     upstreams(fg).await["routes"][0]["endpoints"]
         .as_array()
@@ -719,10 +727,7 @@ async fn a_reload_keeps_the_state_of_endpoints_that_stay() {
     let dead = format!("127.0.0.2:{port}");
     until("the stopped replica is ejected", || async {
         get(&fg, &[]).await;
-        endpoints(&fg)
-            .await
-            .iter()
-            .any(|(e, s)| *e == dead && s == "ejected")
+        has(&fg, &dead, "ejected").await
     })
     .await;
     let requests_before = upstreams(&fg).await["routes"][0]["endpoints"][1]["requests"]
@@ -792,10 +797,7 @@ async fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     // five in a row.)
     replicas[0].status.store(503, Ordering::SeqCst);
     until("the failing endpoint is taken out", || async {
-        endpoints(&fg)
-            .await
-            .iter()
-            .any(|(e, s)| *e == sick && s == "unhealthy")
+        has(&fg, &sick, "unhealthy").await
     })
     .await;
     let before = replicas[0].gets.load(Ordering::SeqCst);
@@ -814,10 +816,7 @@ async fn active_health_checks_take_an_endpoint_out_and_bring_it_back() {
     .await;
     replicas[0].status.store(200, Ordering::SeqCst);
     until("the endpoint is back", || async {
-        endpoints(&fg)
-            .await
-            .iter()
-            .any(|(e, s)| *e == sick && s == "healthy")
+        has(&fg, &sick, "healthy").await
     })
     .await;
 }
