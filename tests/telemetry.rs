@@ -387,6 +387,12 @@ async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
         .expect("a denied/s cell");
     assert!(allowed + denied > 0.0, "no live figure: {dom}");
     assert!(dom.contains("closed"), "breaker state shown");
+    // Each route's upstream endpoints, with their state (from /upstreams).
+    let endpoint = upstream.addr().to_string();
+    assert!(
+        dom.contains(&format!("data-endpoint=\"{endpoint}\">healthy<")),
+        "no endpoints table: {dom}"
+    );
 }
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! The dashboard: admin `GET /` serves one self-contained page (`dashboard.html`: its HTML, CSS
 //! and JS built into the binary, nothing fetched from elsewhere, so it works offline), and
 //! `GET /dashboard.json` the little it needs that no other endpoint says: the routes with their
-//! limits, and the store. Everything live (requests per second by decision, the breaker, leases)
-//! the page reads from `/metrics`, `/top` and `/budgets` itself. Read-only.
+//! limits, and the store. Everything live (requests per second by decision, the breaker, leases,
+//! each route's upstream endpoints and their state) the page reads from `/metrics`, `/top`,
+//! `/upstreams` and `/budgets` itself. Read-only.
 
 use serde_json::{Value, json};
 
