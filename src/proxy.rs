@@ -103,7 +103,7 @@ impl Proxy {
         let alerts = Arc::new(crate::alerts::Alerter::new(&config.alerts, metrics.clone()));
         Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::from_config(
-                config, &metrics, &gates, &tops, &pools,
+                config, &metrics, &gates, &tops, &pools, None,
             )),
             pools,
             limiter,
@@ -173,6 +173,7 @@ impl Proxy {
             &self.gates,
             &self.tops,
             &self.pools,
+            Some(&self.snapshot.load()),
         )));
     }
 

@@ -41,6 +41,8 @@ struct Replica {
     posts: Arc<AtomicU64>,
     delay_ms: Arc<AtomicU64>,
     status: Arc<AtomicU16>,
+    /// Connections accepted so far.
+    accepts: Arc<AtomicU64>,
     tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
@@ -54,8 +56,10 @@ impl Replica {
             posts: Arc::default(),
             delay_ms: Arc::default(),
             status: Arc::new(AtomicU16::new(200)),
+            accepts: Arc::default(),
             tasks: Arc::default(),
         };
+        let accepts = replica.accepts.clone();
         let (gets, posts, delay, status, tasks) = (
             replica.gets.clone(),
             replica.posts.clone(),
@@ -68,6 +72,7 @@ impl Replica {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepts.fetch_add(1, Ordering::SeqCst);
                 let (gets, posts, delay, status) =
                     (gets.clone(), posts.clone(), delay.clone(), status.clone());
                 let conn = tokio::spawn(async move {
@@ -849,4 +854,52 @@ async fn a_route_whose_upstream_is_floodgate_itself_answers_508_instead_of_loopi
     assert_eq!(response.status().as_u16(), 508);
     let body = response.text().await.unwrap();
     assert!(body.contains("loop_detected"), "{body}");
+}
+
+/// A reload that keeps the pool keeps its connections too: the endpoints that stay are not
+/// dialled again (the connection pools pass to the new config when they were made the same way).
+#[tokio::test]
+async fn a_reload_keeps_the_upstream_connections_of_endpoints_that_stay() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let pool = |extra: &str| {
+        config(&format!(
+            "{}    balance: round_robin\n{extra}",
+            origins(port)
+        ))
+    };
+    let fg = Floodgate::start(&pool(""));
+    for _ in 0..30 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    let dialled: Vec<u64> = replicas
+        .iter()
+        .map(|r| r.accepts.load(Ordering::SeqCst))
+        .collect();
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "listen: 127.0.0.1:0\n{}",
+            pool("    retries: {attempts: 3}\n")
+        ),
+    )
+    .unwrap();
+    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    until("the reload", || async {
+        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
+    })
+    .await;
+    for _ in 0..30 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+    let after: Vec<u64> = replicas
+        .iter()
+        .map(|r| r.accepts.load(Ordering::SeqCst))
+        .collect();
+    assert_eq!(after, dialled, "no endpoint was dialled again");
+    assert!(
+        replicas.iter().all(|r| r.served() >= 15),
+        "every endpoint served"
+    );
 }

@@ -8,7 +8,8 @@
 //! `identity`, `consumers` (and the file it names, re-read at every reload), `shadow`,
 //! `rate_limit_headers`, `path_normalization`, `merge_slashes`, `timeouts.*`, `max_body_size`,
 //! `http2_max_resets_per_second`, `http2_max_streams_per_second`, `tls` (the certificate files
-//! are re-read), `upstream_ca` (re-read; the upstream connection pools start anew),
+//! are re-read), `upstream_ca` (re-read; the upstream connection pools start anew; without it,
+//! and with `timeouts.upstream_connect` unchanged, a reload keeps the upstream connections),
 //! `storage.timeout`, `storage.on_error`, `storage.batch`, `storage.leases` and
 //! `storage.lease_ttl` (a remote store's connections keep the reply timeout they were made with:
 //! [`storage_timeout_ceiling`]), `usage_path`, `admin.token_file` (re-read), `alerts` (the

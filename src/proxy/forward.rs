@@ -53,9 +53,11 @@ pub struct Forwarder {
     /// Offers both in ALPN: the first connection to an `auto` upstream.
     negotiating: HttpsConnector<HttpConnector>,
     /// What ALPN chose for each `auto` upstream so far.
-    negotiated: Mutex<HashMap<Key, Version>>,
+    negotiated: Arc<Mutex<HashMap<Key, Version>>>,
     response_timeout: Duration,
     limits: BodyLimits,
+    /// What its connections were made with: a reload with the same keeps them.
+    made_with: Option<Duration>,
 }
 
 /// The limits on bodies in flight (see [`super::body`]).
@@ -149,6 +151,35 @@ impl Forwarder {
         limits: BodyLimits,
         upstream_ca: Option<&UpstreamCa>,
     ) -> Self {
+        Self::new_after(None, connect_timeout, response_timeout, limits, upstream_ca)
+    }
+
+    /// A forwarder for a reload: it keeps `previous`'s connections (so every endpoint that
+    /// stays keeps its pooled and multiplexed connections) when they were made the same way
+    /// (the same connect timeout, the system's roots); with an `upstream_ca`, which the reload
+    /// has read again, connections are made anew.
+    pub fn new_after(
+        previous: Option<&Forwarder>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        limits: BodyLimits,
+        upstream_ca: Option<&UpstreamCa>,
+    ) -> Self {
+        let made_with = upstream_ca.is_none().then_some(connect_timeout);
+        if let Some(previous) = previous
+            && made_with.is_some()
+            && previous.made_with == made_with
+        {
+            return Forwarder {
+                pool: previous.pool.clone(),
+                multiplex: previous.multiplex.clone(),
+                negotiating: previous.negotiating.clone(),
+                negotiated: previous.negotiated.clone(),
+                response_timeout,
+                limits,
+                made_with,
+            };
+        }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -172,9 +203,10 @@ impl Forwarder {
             ),
             multiplex: Multiplex::new(builder().enable_http2().wrap_connector(http.clone()), idle),
             negotiating: builder().enable_all_versions().wrap_connector(http),
-            negotiated: Mutex::new(HashMap::new()),
+            negotiated: Arc::new(Mutex::new(HashMap::new())),
             response_timeout,
             limits,
+            made_with,
         }
     }
 

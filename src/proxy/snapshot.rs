@@ -142,6 +142,7 @@ impl Snapshot {
         gates: &Gates,
         tops: &Tops,
         pools: &crate::upstream::Pools,
+        previous: Option<&Snapshot>,
     ) -> Self {
         Snapshot {
             extras: config
@@ -178,7 +179,8 @@ impl Snapshot {
             no_limit_headers: RateLimitHeaders::none(),
             usage_path: config.usage_path.clone(),
             admin_token: config.admin_token.clone(),
-            forwarder: Forwarder::new(
+            forwarder: Forwarder::new_after(
+                previous.map(|p| &p.forwarder),
                 config.timeouts.upstream_connect,
                 config.timeouts.upstream_response,
                 forward::BodyLimits {
