@@ -330,16 +330,28 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     let proxy = Arc::new(proxy);
     // Upstream names: resolved once before the listener opens (so that the first requests find
     // their endpoints), then every resolver.refresh in the background.
-    let resolver = floodgate::upstream::discovery::resolver(&config.resolver)
-        .map_err(|e| anyhow::anyhow!("resolver: {e}"))?;
-    floodgate::upstream::discovery::resolve_all(proxy.pools(), &resolver, Duration::from_secs(3))
-        .await;
+    // A machine without a readable /etc/resolv.conf can still serve a config of addresses only:
+    // then discovery is off (and said so); with a name to resolve, it is an error at start.
+    match floodgate::upstream::discovery::resolver(&config.resolver) {
+        Ok(resolver) => {
+            floodgate::upstream::discovery::resolve_all(
+                proxy.pools(),
+                &resolver,
+                Duration::from_secs(3),
+            )
+            .await;
+            tokio::spawn(floodgate::upstream::discovery::run(
+                proxy.pools().clone(),
+                resolver,
+                config.resolver.refresh,
+            ));
+        }
+        Err(e) if proxy.pools().all().iter().all(|p| p.names().is_empty()) => {
+            tracing::warn!(error = %e, "no DNS resolver: upstream names will not be resolved (every upstream in the config is an address)");
+        }
+        Err(e) => anyhow::bail!("resolver: {e}"),
+    }
     tokio::spawn(floodgate::upstream::health::run(proxy.pools().clone()));
-    tokio::spawn(floodgate::upstream::discovery::run(
-        proxy.pools().clone(),
-        resolver,
-        config.resolver.refresh,
-    ));
     // Bans, overrides and resets kept in the shared store reach this instance, and come back
     // after a restart.
     tokio::spawn(floodgate::control::follow(

@@ -113,7 +113,7 @@ fn keep_last(pool: &super::RoutePool, host: &str, why: &str) {
 }
 
 /// Discovery, forever: every pool's names every `spec.refresh` (and at once when a reload
-/// brings a name not resolved yet), and each pool's state gauges every second.
+/// brings a name not resolved yet).
 pub async fn run(pools: Arc<Pools>, resolver: TokioResolver, refresh: Duration) {
     let mut next = tokio::time::Instant::now() + refresh;
     loop {
@@ -124,9 +124,6 @@ pub async fn run(pools: Arc<Pools>, resolver: TokioResolver, refresh: Duration) 
         if woken || tokio::time::Instant::now() >= next {
             resolve_all(&pools, &resolver, refresh.max(Duration::from_millis(500))).await;
             next = tokio::time::Instant::now() + refresh;
-        }
-        for pool in pools.all() {
-            pool.publish();
         }
     }
 }

@@ -54,11 +54,19 @@ pub async fn check(endpoint: &Endpoint, spec: &HealthSpec) -> bool {
     )
 }
 
-/// Checks forever: each pool with `health_check:` at its `interval`.
+/// Checks forever: each pool with `health_check:` at its `interval`; and every second, each
+/// pool's state gauges (`floodgate_upstream_endpoints`).
 pub async fn run(pools: Arc<Pools>) {
     let mut last: std::collections::HashMap<Arc<str>, Instant> = Default::default();
+    let mut published = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if published.elapsed() >= Duration::from_secs(1) {
+            published = Instant::now();
+            for pool in pools.all() {
+                pool.publish();
+            }
+        }
         for pool in pools.all() {
             let spec = pool.spec();
             let Some(health) = spec.health.clone() else {
