@@ -170,6 +170,18 @@ async fn upstreams(fg: &Floodgate) -> serde_json::Value {
     serde_json::from_str(&admin_text(fg, "/upstreams").await).unwrap()
 }
 
+/// Rewrites `fg`'s config with `yaml` (its `listen: 127.0.0.1:0` kept), sends SIGHUP and
+/// waits until the reload is counted.
+async fn reload(fg: &Floodgate, yaml: &str) {
+    std::fs::write(fg.config_path(), format!("listen: 127.0.0.1:0\n{yaml}")).unwrap();
+    let before = metric(fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
+    fg.signal("HUP");
+    until("the reload", || async {
+        metric(fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
+    })
+    .await;
+}
+
 /// Waits (10 s at most: a loaded machine) until `check` holds.
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -257,21 +269,12 @@ async fn hash_keeps_an_identity_on_one_endpoint_and_moves_only_the_removed_ones(
     let spread: std::collections::HashSet<&String> = home.values().collect();
     assert_eq!(spread.len(), 3, "every endpoint has keys: {home:?}");
     // 127.0.0.3 leaves (a reload): its keys move, no other key does.
-    std::fs::write(
-        fg.config_path(),
-        format!(
-            "listen: 127.0.0.1:0\n{}",
-            config(&format!(
-                "    upstreams: [http://127.0.0.2:{port}, http://127.0.0.4:{port}]\n    balance: hash\n"
-            ))
-        ),
+    reload(
+        &fg,
+        &config(&format!(
+            "    upstreams: [http://127.0.0.2:{port}, http://127.0.0.4:{port}]\n    balance: hash\n"
+        )),
     )
-    .unwrap();
-    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
-    fg.signal("HUP");
-    until("the reload", || async {
-        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
-    })
     .await;
     for key in &keys {
         let (_, now) = get(&fg, &[("x-api-key", key)]).await;
@@ -738,20 +741,7 @@ async fn a_reload_keeps_the_state_of_endpoints_that_stay() {
     let requests_before = upstreams(&fg).await["routes"][0]["endpoints"][1]["requests"]
         .as_u64()
         .unwrap();
-    std::fs::write(
-        fg.config_path(),
-        format!(
-            "listen: 127.0.0.1:0\n{}",
-            pool("    retries: {attempts: 3}\n")
-        ),
-    )
-    .unwrap();
-    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
-    fg.signal("HUP");
-    until("the reload", || async {
-        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
-    })
-    .await;
+    reload(&fg, &pool("    retries: {attempts: 3}\n")).await;
     let after = upstreams(&fg).await;
     let rows = after["routes"][0]["endpoints"].as_array().unwrap();
     let row = rows
@@ -765,17 +755,13 @@ async fn a_reload_keeps_the_state_of_endpoints_that_stay() {
         "counters kept"
     );
     // Dropped from the config: gone from the pool.
-    std::fs::write(
-        fg.config_path(),
-        format!(
-            "listen: 127.0.0.1:0\n{}",
-            config(&format!(
-                "    upstreams: [http://127.0.0.3:{port}, http://127.0.0.4:{port}]\n"
-            ))
-        ),
+    reload(
+        &fg,
+        &config(&format!(
+            "    upstreams: [http://127.0.0.3:{port}, http://127.0.0.4:{port}]\n"
+        )),
     )
-    .unwrap();
-    fg.signal("HUP");
+    .await;
     until("the endpoint left", || async {
         endpoints(&fg).await.len() == 2
     })
@@ -834,20 +820,7 @@ async fn a_route_whose_upstream_is_floodgate_itself_answers_508_instead_of_loopi
     let _replicas = three(port).await;
     let fg = Floodgate::start(&config(&origins(port)));
     let own = fg.addr();
-    std::fs::write(
-        fg.config_path(),
-        format!(
-            "listen: 127.0.0.1:0\n{}",
-            config(&format!("    upstream: http://{own}\n"))
-        ),
-    )
-    .unwrap();
-    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
-    fg.signal("HUP");
-    until("the reload", || async {
-        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
-    })
-    .await;
+    reload(&fg, &config(&format!("    upstream: http://{own}\n"))).await;
     let response = client().get(fg.url("/work")).send().await.unwrap();
     // The first pass forwards to itself; the second sees its Via and answers 508, which the
     // first relays.
@@ -876,20 +849,7 @@ async fn a_reload_keeps_the_upstream_connections_of_endpoints_that_stay() {
         .iter()
         .map(|r| r.accepts.load(Ordering::SeqCst))
         .collect();
-    std::fs::write(
-        fg.config_path(),
-        format!(
-            "listen: 127.0.0.1:0\n{}",
-            pool("    retries: {attempts: 3}\n")
-        ),
-    )
-    .unwrap();
-    let before = metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await;
-    fg.signal("HUP");
-    until("the reload", || async {
-        metric(&fg, r#"floodgate_config_reloads_total{result="success"}"#).await > before
-    })
-    .await;
+    reload(&fg, &pool("    retries: {attempts: 3}\n")).await;
     for _ in 0..30 {
         assert_eq!(get(&fg, &[]).await.0, 200);
     }

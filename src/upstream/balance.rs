@@ -90,13 +90,27 @@ pub fn smooth_order(weights: &[u32]) -> Vec<u16> {
 /// only its keys move (each to its next-highest score), and one that arrives takes only the keys
 /// it now scores highest on.
 pub fn rendezvous(key: u64, ids: &[u64], weights: &[u32]) -> Option<usize> {
+    highest(
+        ids.iter()
+            .zip(weights)
+            .enumerate()
+            .map(|(i, (&id, &weight))| (i, rendezvous_score(key, id, weight))),
+    )
+}
+
+/// The endpoint `id`'s rendezvous score for `key` at `weight`: a uniform draw in (0, 1) from
+/// the hash, scaled as -w / ln(u), which orders endpoints as a weighted draw would
+/// (Schindelhauer and Schomaker's weighted rendezvous).
+pub fn rendezvous_score(key: u64, id: u64, weight: u32) -> f64 {
+    let h = mix(key ^ mix(id));
+    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    -f64::from(weight.max(1)) / u.ln()
+}
+
+/// The index with the highest score (the first of equals).
+pub fn highest(scores: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
     let mut best: Option<(usize, f64)> = None;
-    for (i, (&id, &weight)) in ids.iter().zip(weights).enumerate() {
-        let h = mix(key ^ mix(id));
-        // A uniform draw in (0, 1) from the hash; the score -w / ln(u) orders endpoints as a
-        // weighted draw would (Schindelhauer and Schomaker's weighted rendezvous).
-        let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        let score = -f64::from(weight.max(1)) / u.ln();
+    for (i, score) in scores {
         if best.is_none_or(|(_, s)| score > s) {
             best = Some((i, score));
         }

@@ -293,14 +293,14 @@ impl RoutePool {
                     .map(|step| set.order[(start + step) % set.order.len()] as usize)
                     .find(|&i| endpoints.get(i).is_some_and(eligible))
             }
-            (Balance::Hash(_), Some(key)) => {
-                let which: Vec<usize> = (0..endpoints.len())
-                    .filter(|&i| eligible(&endpoints[i]))
-                    .collect();
-                let ids: Vec<u64> = which.iter().map(|&i| endpoints[i].id).collect();
-                let weights: Vec<u32> = which.iter().map(|&i| endpoints[i].weight()).collect();
-                balance::rendezvous(key, &ids, &weights).map(|at| which[at])
-            }
+            // Nothing allocated: each eligible endpoint scored in place.
+            (Balance::Hash(_), Some(key)) => balance::highest(
+                endpoints
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| eligible(e))
+                    .map(|(i, e)| (i, balance::rendezvous_score(key, e.id, e.weight()))),
+            ),
             _ => {
                 // least_request (and hash without a key): on a small stack buffer.
                 const INLINE: usize = 32;
