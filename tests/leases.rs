@@ -117,10 +117,12 @@ async fn two_instances(
 
 /// Requests one at a time on `a` and `b` in turn until each is refused 5 times running: what
 /// the instances owe the store (late answers' grants, ended leases) goes back with them, and is
-/// spent by them if anything is left.
-async fn settle(a: &Floodgate, b: &Floodgate, path: &str) {
+/// spent by them if anything is left. Returns how many requests were answered other than 200
+/// or 429 (a decision that outlived its 1 s timeout on a loaded machine: a 503).
+async fn settle_once(a: &Floodgate, b: &Floodgate, path: &str) -> u32 {
     let client = common::client();
     let mut refused = [0, 0];
+    let mut failed = 0;
     for i in 0..200 {
         if refused.iter().all(|&n| n >= 5) {
             break;
@@ -133,7 +135,26 @@ async fn settle(a: &Floodgate, b: &Floodgate, path: &str) {
             .await
             .expect("send")
             .status();
+        if status != 200 && status != 429 {
+            eprintln!("{path}: settling, answered {status}");
+            failed += 1;
+        }
         refused[which] = if status == 429 { refused[which] + 1 } else { 0 };
+    }
+    failed
+}
+
+/// [`settle_once`], again after a pause as long as any request failed: the answer to a
+/// decision abandoned at its timeout may come after the refusals that ended the settling, and
+/// what it granted is owed back with the next call (2 s: twice the decision budget, past which
+/// a PostgreSQL or Redis call on loopback has answered however loaded this machine is; the
+/// loop ends, as the test does, if a store never answers).
+async fn settle(a: &Floodgate, b: &Floodgate, path: &str) {
+    for _ in 0..5 {
+        if settle_once(a, b, path).await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
@@ -197,7 +218,12 @@ async fn never_more_than_1500(yaml: &str, upstream: &Upstream) {
         let admitted = upstream.seen().iter().filter(|s| s.path == path).count() as u64;
         let leased = granted().await - granted_before;
         let unspent = outstanding(&[&a, &b]).await - outstanding_before;
-        eprintln!("{path}: {admitted} admitted, {leased} units leased, {unspent} held or lapsed");
+        let errors = metric(&a, "floodgate_store_errors_total").await
+            + metric(&b, "floodgate_store_errors_total").await;
+        eprintln!(
+            "{path}: {admitted} admitted, {leased} units leased, {unspent} held or lapsed \
+             ({errors} store errors so far)"
+        );
         assert!(leased > 0, "{path} was leased (else this tests nothing)");
         // Never more than the budget.
         assert!(admitted <= 1500, "{path} over-granted: {admitted}");
