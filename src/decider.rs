@@ -31,7 +31,7 @@
 
 use std::time::Instant;
 
-use crate::config::{Budget, RouteConfig, RouteLimit};
+use crate::config::{Budget, Per, RouteConfig, RouteLimit};
 use crate::identity::ip_octets;
 use crate::limiter::{
     Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Verdict,
@@ -47,6 +47,35 @@ pub trait Facts {
     fn keys(&mut self, budget: &Budget, identity: (KeyKind, &[u8]), ip: &[u8]) -> RequestKeys;
     /// The units `limit` (a settled one) reserves for this request.
     fn reserve(&mut self, limit: &RouteLimit) -> u32;
+}
+
+/// Where a request may be sent, for its route's limits `per: endpoint`: the pool's endpoints
+/// in the balancer's order, offered one at a time ([`Decider::decide_sent`]).
+pub trait Endpoints {
+    /// The next endpoint's name (`address:port`, its budget's key); `None` when none is left.
+    /// The last one offered before an admission is the one the request is sent to.
+    fn next(&mut self) -> Option<&[u8]>;
+}
+
+/// One request as the decider asks for it: whose it is (the identity's and the address's
+/// bytes), the budgets it spends (enforced, shadow) and their composite keys.
+struct Request<'a, 'w> {
+    whose: &'a Whose<'w>,
+    id: &'a [u8],
+    ip: &'a [u8],
+    budgets: [&'a Budget; 2],
+    keys: [RequestKeys; 2],
+}
+
+/// True when the limits that denied (`denied`, bits by position in `budget`) are all
+/// `per: endpoint` ones: another endpoint may still admit.
+fn only_per_endpoint(budget: &Budget, denied: u16) -> bool {
+    denied != 0
+        && budget
+            .limits
+            .iter()
+            .enumerate()
+            .all(|(p, l)| p >= MAX_LIMITS || denied & (1 << p) == 0 || l.per == Per::Endpoint)
 }
 
 /// The enforced limits of a route, or its shadow ones.
@@ -134,12 +163,25 @@ pub struct Decider<'s> {
 }
 
 impl<'s> Decider<'s> {
-    /// Decides a request on `route` by `whose`, whose composite keys and reserves `facts` reads.
+    /// Decides a request on `route` by `whose`, whose composite keys and reserves `facts` reads
+    /// (its limits `per: endpoint`, if any, are left out: [`Decider::decide_sent`]).
     pub async fn decide(
         &self,
         route: &RouteConfig,
         whose: &Whose<'_>,
         facts: &mut impl Facts,
+    ) -> Decided {
+        self.decide_sent(route, whose, facts, None).await
+    }
+
+    /// [`Decider::decide`] for a request that will be sent to one of `endpoints`: its limits
+    /// `per: endpoint` spend the budget of the first endpoint offered that has one left.
+    pub async fn decide_sent(
+        &self,
+        route: &RouteConfig,
+        whose: &Whose<'_>,
+        facts: &mut impl Facts,
+        endpoints: Option<&mut (dyn Endpoints + Send)>,
     ) -> Decided {
         if !route.is_limited() {
             return Decided::of(DecisionLabel::Unlimited);
@@ -164,42 +206,26 @@ impl<'s> Decider<'s> {
             return decided;
         }
         let budget = found.over.as_ref().map_or(&route.enforced, |o| &o.budget);
-        let enforced_keys = facts.keys(budget, (kind, id), ip);
-        let enforced = whose.asks(budget, id, ip, &enforced_keys);
-        let enforced_costs = reserves(budget, &enforced, facts);
-        let enforced_asks = costed(&enforced, &enforced_costs);
-        // Both budgets' asks are built before either is decided (the access log records a
+        // Both budgets' keys are built before either is decided (the access log records a
         // refused request's shadow keys too); most routes have no shadow limit.
         let shadow_keys = match route.shadow.is_empty() {
             true => RequestKeys::default(),
             false => facts.keys(&route.shadow, (kind, id), ip),
         };
-        let shadow =
-            (!route.shadow.is_empty()).then(|| whose.asks(&route.shadow, id, ip, &shadow_keys));
-        let shadow_costs = match &shadow {
-            Some(shadow) => reserves(&route.shadow, shadow, facts),
-            None => Vec::new(),
+        let request = Request {
+            whose,
+            id,
+            ip,
+            budgets: [budget, &route.shadow],
+            keys: [facts.keys(budget, (kind, id), ip), shadow_keys],
         };
-        let shadow_asks = shadow.as_ref().and_then(|s| costed(s, &shadow_costs));
-        let shadow = match &shadow {
-            Some(shadow) => BudgetAsks {
-                asks: shadow_asks.as_deref().unwrap_or(&shadow.asks),
-                positions: &shadow.positions[..shadow.asks.len()],
-            },
-            None => BudgetAsks {
-                asks: &[],
-                positions: &[],
-            },
+        let by_endpoint = [budget, &route.shadow]
+            .iter()
+            .any(|b| b.limits.iter().any(|l| l.per == Per::Endpoint));
+        let decided = match endpoints {
+            Some(endpoints) if by_endpoint => self.pass_over(&request, facts, endpoints).await,
+            _ => self.attempt(&request, facts, None).await,
         };
-        let decided = self
-            .decide_asks(
-                BudgetAsks {
-                    asks: enforced_asks.as_deref().unwrap_or(&enforced.asks),
-                    positions: &enforced.positions[..enforced.asks.len()],
-                },
-                shadow,
-            )
-            .await;
         if let Some(Refused::RateLimited(..)) = decided.refused {
             self.penalize(&route.name, budget, &decided, kind, id).await;
         }
@@ -213,6 +239,88 @@ impl<'s> Decider<'s> {
             alerts.observe(&route.name, limit, ask.key, verdict);
         }
         decided
+    }
+
+    /// The request's decision with its limits `per: endpoint` (a replica's budget): the
+    /// endpoints `endpoints` offers, in the balancer's order, one at a time until one's budget
+    /// admits; an endpoint whose budget is spent (only limits `per: endpoint` refused) is passed
+    /// over. When every one is spent, the refusal that can be retried soonest. A refusal by any
+    /// other limit, or a store failure, ends the search: no endpoint would change it. Each try
+    /// is all-or-nothing (a refused one spends nothing), so the search never over-admits.
+    async fn pass_over(
+        &self,
+        request: &Request<'_, '_>,
+        facts: &mut impl Facts,
+        endpoints: &mut (dyn Endpoints + Send),
+    ) -> Decided {
+        let mut soonest: Option<(u64, Decided)> = None;
+        while let Some(endpoint) = endpoints.next() {
+            let decided = self.attempt(request, facts, Some(endpoint)).await;
+            let retry_us = match &decided.refused {
+                Some(Refused::RateLimited(verdict, _))
+                    if only_per_endpoint(request.budgets[0], decided.denied[0]) =>
+                {
+                    verdict.retry_after_us()
+                }
+                _ => return decided,
+            };
+            if soonest
+                .as_ref()
+                .is_none_or(|(soonest, _)| retry_us < *soonest)
+            {
+                soonest = Some((retry_us, decided));
+            }
+        }
+        match soonest {
+            Some((_, decided)) => decided,
+            // No endpoint at all: the other limits decide (the forward answers 503 `no_upstream`).
+            None => self.attempt(request, facts, None).await,
+        }
+    }
+
+    /// One decision of `request`'s budgets, for a request sent to `endpoint` (`None`: the
+    /// limits `per: endpoint` are left out).
+    async fn attempt(
+        &self,
+        request: &Request<'_, '_>,
+        facts: &mut impl Facts,
+        endpoint: Option<&[u8]>,
+    ) -> Decided {
+        let Request {
+            whose,
+            id,
+            ip,
+            budgets: [budget, shadow_budget],
+            keys: [enforced_keys, shadow_keys],
+        } = request;
+        let enforced = whose.asks(budget, id, ip, enforced_keys, endpoint);
+        let enforced_costs = reserves(budget, &enforced, facts);
+        let enforced_asks = costed(&enforced, &enforced_costs);
+        let shadow = (!shadow_budget.is_empty())
+            .then(|| whose.asks(shadow_budget, id, ip, shadow_keys, endpoint));
+        let shadow_costs = match &shadow {
+            Some(shadow) => reserves(shadow_budget, shadow, facts),
+            None => Vec::new(),
+        };
+        let shadow_asks = shadow.as_ref().and_then(|s| costed(s, &shadow_costs));
+        let shadow = match &shadow {
+            Some(shadow) => BudgetAsks {
+                asks: shadow_asks.as_deref().unwrap_or(&shadow.asks),
+                positions: &shadow.positions[..shadow.asks.len()],
+            },
+            None => BudgetAsks {
+                asks: &[],
+                positions: &[],
+            },
+        };
+        self.decide_asks(
+            BudgetAsks {
+                asks: enforced_asks.as_deref().unwrap_or(&enforced.asks),
+                positions: &enforced.positions[..enforced.asks.len()],
+            },
+            shadow,
+        )
+        .await
     }
 
     /// The override of `kind`/`id`'s limits on `route`, if one is in force: its budget stands

@@ -227,14 +227,16 @@ impl RequestKeys {
 
 impl<'a> Whose<'a> {
     /// The asks of `budget`'s limits that apply to this request. `id` and `ip` are the
-    /// identity's and the address's bytes (`Identity::key_bytes`, `ip_octets`), and `keys` its
-    /// composite keys ([`RequestKeys::of`]), which the asks borrow.
+    /// identity's and the address's bytes (`Identity::key_bytes`, `ip_octets`), `keys` its
+    /// composite keys ([`RequestKeys::of`]) and `endpoint` the name of the endpoint it would be
+    /// sent to (`per: endpoint` limits are left out without one), which the asks borrow.
     pub fn asks(
         &self,
         budget: &'a Budget,
         id: &'a [u8],
         ip: &'a [u8],
         keys: &'a RequestKeys,
+        endpoint: Option<&'a [u8]>,
     ) -> Asks<'a> {
         asks_with(
             budget,
@@ -242,6 +244,7 @@ impl<'a> Whose<'a> {
             Some((KeyKind::from(self.identity.kind()), id)),
             Some(ip),
             keys,
+            endpoint,
         )
     }
 }
@@ -255,16 +258,18 @@ pub fn asks<'a>(
     ip: Option<&'a [u8]>,
 ) -> Asks<'a> {
     static NONE: std::sync::LazyLock<RequestKeys> = std::sync::LazyLock::new(RequestKeys::default);
-    asks_with(budget, tier, identity, ip, &NONE)
+    asks_with(budget, tier, identity, ip, &NONE, None)
 }
 
-/// [`asks`] with the request's composite keys.
+/// [`asks`] with the request's composite keys, and the endpoint it would be sent to for the
+/// limits `per: endpoint` (left out without one).
 pub fn asks_with<'a>(
     budget: &'a Budget,
     tier: &str,
     identity: Option<(KeyKind, &'a [u8])>,
     ip: Option<&'a [u8]>,
     keys: &'a RequestKeys,
+    endpoint: Option<&'a [u8]>,
 ) -> Asks<'a> {
     let mut out = Asks {
         asks: Vec::with_capacity(budget.limits.len()),
@@ -274,9 +279,10 @@ pub fn asks_with<'a>(
         if !limit.applies_to(tier) || out.asks.len() == MAX_LIMITS {
             continue;
         }
-        let ask = match keys.get(position) {
-            Some(key) => Some(limit.ask_request(key)),
-            None => limit.ask(identity, ip),
+        let ask = match (limit.per, keys.get(position)) {
+            (Per::Endpoint, _) => endpoint.map(|e| limit.ask_endpoint(e)),
+            (_, Some(key)) => Some(limit.ask_request(key)),
+            (_, None) => limit.ask(identity, ip),
         };
         if let Some(ask) = ask {
             out.positions[out.asks.len()] = position;

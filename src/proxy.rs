@@ -437,14 +437,13 @@ impl Proxy {
             Dialect::Http => None,
         };
         let pool = &route.extras.pool;
-        let key = match &route.config.pool.balance {
-            crate::upstream::Balance::Hash(crate::upstream::HashOn::Header(name)) => req
-                .headers()
-                .get(name)
-                .map(|v| crate::upstream::balance::hash_bytes(v.as_bytes())),
-            crate::upstream::Balance::Hash(_) => ctx.balance_key,
-            _ => None,
-        };
+        let key = ctx.balance_key;
+        // The endpoint whose budget the limits `per: endpoint` spent, if they did.
+        let first = ctx
+            .admitted
+            .as_ref()
+            .and_then(|a| a.endpoint.as_ref())
+            .map(|endpoint| pool.send_to(endpoint));
         let mut used = None;
         // Boxed: the forward's state (its attempts, each one's connection and send) is the
         // largest part of a request's future, which hyper builds in place and moves; on the heap
@@ -454,6 +453,7 @@ impl Proxy {
             route.config,
             pool,
             key,
+            first,
             ctx.peer.ip(),
             snapshot.tls,
             deadline,

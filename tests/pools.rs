@@ -863,3 +863,117 @@ async fn a_reload_keeps_the_upstream_connections_of_endpoints_that_stay() {
         "every endpoint served"
     );
 }
+
+/// `per: endpoint` with a budget of `limit` an hour (nothing refills within the test), on a pool
+/// of the three replicas, with `storage` (YAML at the top level, may be empty).
+fn per_endpoint(port: u16, limit: u32, storage: &str, extra: &str) -> String {
+    format!(
+        "{storage}{}{}    limits:\n      - {{algorithm: fixed_window, limit: {limit}, window: 1h, per: endpoint}}\n{extra}",
+        config(""),
+        origins(port)
+    )
+}
+
+/// How many of `n` POSTs through `fgs` (in turn) were answered 200 (POSTs: the replicas
+/// count them apart from health checks' GETs); every refusal must carry `Retry-After`.
+async fn admitted_of(fgs: &[&Floodgate], n: usize) -> u64 {
+    let mut admitted = 0;
+    for i in 0..n {
+        let response = client()
+            .post(fgs[i % fgs.len()].url("/work"))
+            .send()
+            .await
+            .expect("a response");
+        match response.status().as_u16() {
+            200 => admitted += 1,
+            429 => assert!(
+                response.headers().contains_key("retry-after"),
+                "a refusal says when to come back"
+            ),
+            other => panic!("answered {other}"),
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn per_endpoint_budgets_add_up_to_the_pools_capacity_and_each_replica_gets_its_own() {
+    let port = free_port();
+    let replicas = three(port).await;
+    // least_request (the default) would favour whichever replica is idle: the budget, not the
+    // balance, must decide where the 10th to 30th requests go.
+    let fg = Floodgate::start(&per_endpoint(port, 10, "", ""));
+    assert_eq!(admitted_of(&[&fg], 45).await, 30, "3 replicas × 10");
+    for r in &replicas {
+        assert_eq!(r.served(), 10, "{} serves its own budget exactly", r.addr);
+    }
+    // The 15 passed over every replica and were refused, counted as any denial.
+    let refused = metric(
+        &fg,
+        r#"floodgate_requests_total{route="pool",decision="denied"}"#,
+    )
+    .await;
+    assert_eq!(refused, 15);
+}
+
+#[tokio::test]
+async fn per_endpoint_capacity_falls_with_an_endpoint_taken_out_by_its_health_check() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let fg = Floodgate::start(&per_endpoint(
+        port,
+        10,
+        "",
+        "    health_check: {path: /healthz, interval: 100ms, timeout: 500ms, healthy_after: 2, unhealthy_after: 2}\n",
+    ));
+    replicas[0].status.store(503, Ordering::SeqCst);
+    let sick = format!("127.0.0.2:{port}");
+    until("the failing endpoint is taken out", || async {
+        has(&fg, &sick, "unhealthy").await
+    })
+    .await;
+    // Two healthy replicas: 20 admitted, and the unhealthy one's budget is never offered.
+    assert_eq!(admitted_of(&[&fg], 30).await, 20, "2 healthy replicas × 10");
+    let posts = |r: &Replica| r.posts.load(Ordering::SeqCst);
+    assert_eq!((posts(&replicas[1]), posts(&replicas[2])), (10, 10));
+    // Only health checks (GETs) reached the sick one meanwhile: its budget is whole.
+    assert_eq!(posts(&replicas[0]), 0);
+    // Back in health, its 10 are there to spend.
+    replicas[0].status.store(200, Ordering::SeqCst);
+    until("the endpoint is back", || async {
+        has(&fg, &sick, "healthy").await
+    })
+    .await;
+    assert_eq!(
+        admitted_of(&[&fg], 15).await,
+        10,
+        "its own budget, untouched"
+    );
+    assert_eq!(posts(&replicas[0]), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_redis_admit_exactly_each_endpoints_budget() {
+    let redis = common::RedisServer::start();
+    let port = free_port();
+    let replicas = three(port).await;
+    let storage = format!("storage:\n  backend: redis\n  url: {}\n", redis.url());
+    let yaml = per_endpoint(port, 20, &storage, "");
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    // 16 clients over both instances, far more requests than the 60 units there are.
+    let urls = [a.url("/work"), b.url("/work")];
+    let totals = common::hammer(&urls, "anyone", 16, Duration::from_secs(2)).await;
+    assert!(
+        totals.keys().all(|s| *s == 200 || *s == 429),
+        "only 200 and 429: {totals:?}"
+    );
+    assert_eq!(totals.get(&200).copied().unwrap_or(0), 60, "{totals:?}");
+    for r in &replicas {
+        assert_eq!(
+            r.served(),
+            20,
+            "{}: its budget, across both instances",
+            r.addr
+        );
+    }
+}

@@ -125,7 +125,7 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
         let identity = identity
             .as_ref()
             .map(|identity| (KeyKind::from(identity.kind()), id));
-        let asks = policy::asks_with(budget, tier, identity, ip_bytes, &keys);
+        let asks = policy::asks_with(budget, tier, identity, ip_bytes, &keys, None);
         limits.extend(peek_budget(&decider, budget, shadow, tier, asks).await?);
     }
     Ok(json!({

@@ -97,6 +97,9 @@ pub enum Per {
     Ip,
     /// One budget shared by every client of the route.
     Route,
+    /// One budget per endpoint of the route's pool (a replica's capacity): the request spends
+    /// the budget of the endpoint it is sent to, and the balancer passes over spent ones.
+    Endpoint,
     /// One budget per combination of values read from the request (`header:NAME`,
     /// `query:NAME`, `segment:N`, beside `identity`, `ip`, `route`): see [`RouteLimit::parts`].
     Request,
@@ -156,6 +159,7 @@ impl Per {
             Per::Identity => "identity",
             Per::Ip => "ip",
             Per::Route => "route",
+            Per::Endpoint => "endpoint",
             Per::Request => "request",
         }
     }
@@ -236,6 +240,8 @@ impl RouteLimit {
             Per::Identity | Per::Request => identity?,
             Per::Ip => (KeyKind::Ip, ip?),
             Per::Route => (KeyKind::Route, &[][..]),
+            // Only with the endpoint a request is sent to: `ask_endpoint`.
+            Per::Endpoint => return None,
         };
         Some(Ask {
             limit: &self.limit,
@@ -245,6 +251,19 @@ impl RouteLimit {
                 value,
             },
         })
+    }
+
+    /// A `per: endpoint` limit's ask: the budget of the endpoint named `endpoint`
+    /// (`address:port`), the same name on every instance that resolves it.
+    pub fn ask_endpoint<'a>(&'a self, endpoint: &'a [u8]) -> Ask<'a> {
+        Ask {
+            limit: &self.limit,
+            key: BudgetKey {
+                budget: &self.budget_id,
+                kind: KeyKind::Endpoint,
+                value: endpoint,
+            },
+        }
     }
 
     /// A composite limit's ask: its budget for `value` ([`RouteLimit::request_key`]'s bytes).

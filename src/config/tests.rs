@@ -562,3 +562,24 @@ fn a_routes_pool_is_checked_field_by_field() {
         "address",
     );
 }
+
+#[test]
+fn per_endpoint_stands_alone_and_takes_no_penalty() {
+    let limits = |limit: &str| with_route_field("limits", &format!("[{limit}]"));
+    let config = valid(&limits(
+        "{algorithm: fixed_window, limit: 5, window: 1s, per: endpoint}",
+    ));
+    assert_eq!(config.routes[0].enforced.limits[0].per, Per::Endpoint);
+    rejects(
+        &limits("{algorithm: fixed_window, limit: 5, window: 1s, per: [endpoint, ip]}"),
+        "routes[0].limits[0].per[0]",
+        "stands alone",
+    );
+    rejects(
+        &limits(
+            "{algorithm: fixed_window, limit: 5, window: 1s, per: endpoint, penalty: {denials: 3, within: 1m, ban: 1m}}",
+        ),
+        "routes[0].limits[0].penalty",
+        "no penalty",
+    );
+}

@@ -221,6 +221,7 @@ pub fn kind_named(name: &str) -> Option<KeyKind> {
         KeyKind::Ip,
         KeyKind::Route,
         KeyKind::Request,
+        KeyKind::Endpoint,
     ]
     .into_iter()
     .find(|k| k.as_str() == name)

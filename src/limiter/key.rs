@@ -37,6 +37,8 @@ pub enum KeyKind {
     /// A combination of values read from the request (`per:` with `header:`, `query:`,
     /// `segment:` parts): hashed before it reaches any store, like an API key.
     Request,
+    /// An endpoint of a route's pool (`per: endpoint`), by its `address:port`.
+    Endpoint,
 }
 
 impl KeyKind {
@@ -50,6 +52,7 @@ impl KeyKind {
             KeyKind::Ip => "ip",
             KeyKind::Route => "route",
             KeyKind::Request => "request",
+            KeyKind::Endpoint => "endpoint",
         }
     }
 }

@@ -62,6 +62,49 @@ impl Facts for HttpFacts<'_> {
     }
 }
 
+/// The route's pool, offered to its limits `per: endpoint` in the balancer's order
+/// ([`crate::decider::Endpoints`]); the last endpoint offered is the one an admitted request
+/// goes to.
+struct Offered<'a> {
+    pool: &'a crate::upstream::RoutePool,
+    key: Option<u64>,
+    /// The endpoints offered so far (their ids).
+    ids: Vec<u64>,
+    last: Option<std::sync::Arc<crate::upstream::Endpoint>>,
+}
+
+impl crate::decider::Endpoints for Offered<'_> {
+    fn next(&mut self) -> Option<&[u8]> {
+        self.last = self.pool.offer(self.key, &self.ids);
+        let endpoint = self.last.as_ref()?;
+        self.ids.push(endpoint.id);
+        Some(endpoint.name.as_bytes())
+    }
+}
+
+/// What `balance: hash` hashes for a request whose identity is `identity`: the identity, or
+/// the configured header's value; `None` for the other balances (or without either).
+fn balance_key(
+    route: &Matched<'_>,
+    req: &Request<ClientBody>,
+    identity: Option<&Identity<'_>>,
+) -> Option<u64> {
+    use crate::upstream::{Balance, HashOn, balance::hash_bytes};
+    match &route.config.pool.balance {
+        Balance::Hash(HashOn::Header(name)) => {
+            req.headers().get(name).map(|v| hash_bytes(v.as_bytes()))
+        }
+        Balance::Hash(HashOn::Identity) => {
+            let identity = identity?;
+            let mut buf = [0u8; 16];
+            let mut key = vec![identity.kind() as u8];
+            key.extend_from_slice(identity.key_bytes(&mut buf));
+            Some(hash_bytes(&key))
+        }
+        _ => None,
+    }
+}
+
 impl Proxy {
     /// Phases 2 to 4: identify, limit, gate. Whose the request is, once known, is counted in the
     /// route's `/top` (admitted or not).
@@ -107,31 +150,30 @@ impl Proxy {
             (whose.map(|w| w.identity), admitted)
         } else {
             match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
-                Ok(whose) => (
-                    Some(whose.identity),
-                    self.limit(
-                        snapshot,
-                        route,
-                        req,
-                        &whose,
-                        Read {
-                            verified: verified.as_ref(),
-                            json: json.as_ref(),
-                        },
-                        ctx,
+                Ok(whose) => {
+                    // Known before the limits: those `per: endpoint` follow the balancer.
+                    ctx.balance_key = balance_key(route, req, Some(&whose.identity));
+                    (
+                        Some(whose.identity),
+                        self.limit(
+                            snapshot,
+                            route,
+                            req,
+                            &whose,
+                            Read {
+                                verified: verified.as_ref(),
+                                json: json.as_ref(),
+                            },
+                            ctx,
+                        )
+                        .await,
                     )
-                    .await,
-                ),
+                }
                 Err(rejection) => (None, Err(rejection)),
             }
         };
-        if let (crate::upstream::Balance::Hash(crate::upstream::HashOn::Identity), Some(identity)) =
-            (&route.config.pool.balance, &identity)
-        {
-            let mut buf = [0u8; 16];
-            let mut key = vec![identity.kind() as u8];
-            key.extend_from_slice(identity.key_bytes(&mut buf));
-            ctx.balance_key = Some(crate::upstream::balance::hash_bytes(&key));
+        if ctx.balance_key.is_none() {
+            ctx.balance_key = balance_key(route, req, identity.as_ref());
         }
         if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
             trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
@@ -310,9 +352,15 @@ impl Proxy {
             span,
             logged_keys: String::new(),
         };
+        let mut offered = Offered {
+            pool: &route.extras.pool,
+            key: ctx.balance_key,
+            ids: Vec::new(),
+            last: None,
+        };
         let decided = self
             .decider(snapshot)
-            .decide(config, whose, &mut facts)
+            .decide_sent(config, whose, &mut facts, Some(&mut offered))
             .await;
         if let Some(trace) = trace {
             let system = match self.limiter.backend_name() {
@@ -354,6 +402,7 @@ impl Proxy {
             label: decided.label,
             leases: decided.leases,
             costs,
+            endpoint: offered.last,
         })
     }
 }

@@ -25,6 +25,8 @@ pub(super) struct Admitted {
     pub leases: Vec<HeldLeases>,
     /// What it reserved of settled costs, read and settled as the response goes by.
     pub costs: Vec<CostMeter>,
+    /// The endpoint whose budget its limits `per: endpoint` spent: its first attempt goes there.
+    pub endpoint: Option<std::sync::Arc<crate::upstream::Endpoint>>,
 }
 
 impl Admitted {
@@ -35,6 +37,7 @@ impl Admitted {
             label: DecisionLabel::Unlimited,
             leases: Vec::new(),
             costs: Vec::new(),
+            endpoint: None,
         }
     }
 }

@@ -230,6 +230,7 @@ impl Forwarder {
         route: &RouteConfig,
         pool: &RoutePool,
         key: Option<u64>,
+        first: Option<InFlight>,
         client_ip: IpAddr,
         client_tls: bool,
         deadline: Option<Duration>,
@@ -254,7 +255,7 @@ impl Forwarder {
             }
             return Err(ForwardError::Client(Fault::TooLarge));
         }
-        let Some(first) = pool.pick(key, &[]) else {
+        let Some(first) = first.or_else(|| pool.pick(key, &[])) else {
             return Err(ForwardError::NoUpstream);
         };
         let fault = Arc::new(BodyFault::default());

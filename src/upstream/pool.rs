@@ -278,6 +278,28 @@ impl RoutePool {
         chosen.map(|i| endpoints[i].start())
     }
 
+    /// For a request's limits `per: endpoint`: the endpoint the balancer would pick among the
+    /// healthy ones not yet offered (`offered`), or among all not yet offered when none is
+    /// healthy (as [`RoutePool::pick`] tries them all); `None` when every candidate was offered.
+    /// Nothing is counted: the request is sent with [`RoutePool::send_to`].
+    pub fn offer(&self, key: Option<u64>, offered: &[u64]) -> Option<Arc<Endpoint>> {
+        let set = self.set.load();
+        let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
+        let healthy =
+            |e: &Arc<Endpoint>| e.is_healthy() && now.is_none_or(|now| !e.is_ejected(now));
+        let chosen = match set.endpoints.iter().any(healthy) {
+            true => self.choose(&set, key, &|e| healthy(e) && !offered.contains(&e.id)),
+            false => self.choose(&set, key, &|e| !offered.contains(&e.id)),
+        };
+        chosen.map(|i| set.endpoints[i].clone())
+    }
+
+    /// The first attempt of a request whose limits chose `endpoint` ([`RoutePool::offer`]).
+    pub fn send_to(&self, endpoint: &Arc<Endpoint>) -> InFlight {
+        self.count_request();
+        endpoint.start()
+    }
+
     fn choose(
         &self,
         set: &EndpointSet,

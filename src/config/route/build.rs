@@ -151,6 +151,14 @@ impl Validator {
             let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
             let penalty = l.penalty.as_ref().and_then(|p| {
                 let path = format!("{limit_path}.penalty");
+                if per == Per::Endpoint {
+                    // A spent replica is passed over, not the client's doing.
+                    self.problem(
+                        &path,
+                        "a limit per: endpoint has no penalty (a client is not to blame for a spent replica)",
+                    );
+                    return None;
+                }
                 let within = crate::config::parse_duration(&p.within)
                     .map_err(|e| self.problem(format!("{path}.within"), e))
                     .ok()?;
@@ -285,6 +293,17 @@ impl Validator {
             self.problem(path, "names no scope");
             return (Per::Identity, Box::new([]));
         }
+        // A replica's budget is a scope of its own: the request's endpoint is chosen by the
+        // limits, not read from the request, so it joins no composite key.
+        if let Some((at, _)) = texts.iter().find(|(_, text)| *text == "endpoint") {
+            if texts.len() > 1 {
+                self.problem(
+                    at.as_str(),
+                    "endpoint stands alone (per: endpoint): a replica's budget is shared by every client",
+                );
+            }
+            return (Per::Endpoint, Box::new([]));
+        }
         let mut parts = Vec::with_capacity(texts.len());
         for (at, text) in &texts {
             let part = match text.split_once(':') {
@@ -331,7 +350,7 @@ impl Validator {
                 None => self.problem(
                     at.as_str(),
                     format!(
-                        "{text:?} is not a scope: identity, ip, route, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD"
+                        "{text:?} is not a scope: identity, ip, route, endpoint, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD"
                     ),
                 ),
             }
