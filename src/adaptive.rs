@@ -238,6 +238,53 @@ impl Controller {
     }
 }
 
+/// The learned limits of one upstream's endpoints: a [`Gate`] per endpoint, made at its first
+/// request, so that one slow replica's limit does not shrink the others' (each learns from its
+/// own latencies). Routes to one upstream share it, and a reload that keeps the bounds keeps it.
+pub struct EndpointGates {
+    bounds: Bounds,
+    /// `floodgate_adaptive_limit{upstream}`'s gauge for a label.
+    gauge: Box<dyn Fn(&str) -> prometheus_client::metrics::gauge::Gauge + Send + Sync>,
+    /// By endpoint name (`address:port`).
+    gates: Mutex<std::collections::HashMap<String, Arc<Gate>>>,
+}
+
+impl EndpointGates {
+    pub fn new(
+        bounds: Bounds,
+        gauge: impl Fn(&str) -> prometheus_client::metrics::gauge::Gauge + Send + Sync + 'static,
+    ) -> EndpointGates {
+        EndpointGates {
+            bounds,
+            gauge: Box::new(gauge),
+            gates: Mutex::default(),
+        }
+    }
+
+    /// The bounds every endpoint's gate has.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// The gate of the endpoint named `name`, made on first use with the gauge labelled
+    /// `label()` (its `scheme://address:port`).
+    pub fn of(&self, name: &str, label: impl FnOnce() -> String) -> Arc<Gate> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gate) = gates.get(name) {
+            return gate.clone();
+        }
+        let label = label();
+        let gate = Gate::new(
+            label.as_str().into(),
+            self.bounds,
+            Arc::new(crate::limiter::MonotonicClock::default()),
+            (self.gauge)(&label),
+        );
+        gates.insert(name.to_string(), gate.clone());
+        gate
+    }
+}
+
 /// Admits requests to one upstream while fewer than the learned limit are in flight.
 pub struct Gate {
     name: Arc<str>,

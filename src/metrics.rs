@@ -371,6 +371,16 @@ impl Metrics {
     }
 
     /// The gauge of `upstream`'s learned limit.
+    /// [`Metrics::adaptive_limit`] for any label, later (for gates made as endpoints appear).
+    pub fn adaptive_limits(&self) -> impl Fn(&str) -> Gauge + Send + Sync + 'static {
+        let family = self.adaptive_limit.clone();
+        move |upstream| {
+            family.get_or_create_owned(&UpstreamLabel {
+                upstream: upstream.to_string(),
+            })
+        }
+    }
+
     pub fn adaptive_limit(&self, upstream: &str) -> Gauge {
         self.adaptive_limit.get_or_create_owned(&UpstreamLabel {
             upstream: upstream.to_string(),

@@ -977,3 +977,42 @@ async fn two_instances_on_redis_admit_exactly_each_endpoints_budget() {
         );
     }
 }
+
+/// `floodgate_adaptive_limit` of the endpoint `addr`.
+async fn learned(fg: &Floodgate, addr: SocketAddr) -> u64 {
+    metric(
+        fg,
+        &format!("floodgate_adaptive_limit{{upstream=\"http://{addr}\"}}"),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_concurrency_learns_one_limit_per_endpoint() {
+    let port = free_port();
+    let replicas = three(port).await;
+    // Every replica takes 20 ms; the first answers 503 (an overload signal) to everything. No
+    // ejection and no retries, so it keeps its third of the requests and its signals.
+    for r in &replicas {
+        r.delay_ms.store(20, Ordering::SeqCst);
+    }
+    replicas[0].status.store(503, Ordering::SeqCst);
+    let fg = Floodgate::start(&config(&format!(
+        "{}    balance: round_robin\n    outlier: {{consecutive_failures: 1000000}}\n    retries: {{attempts: 1}}\n    adaptive_concurrency: {{min_limit: 2, max_limit: 100, queue_timeout: 200ms}}\n",
+        origins(port)
+    )));
+    // 24 clients: 8 per replica at once, more than the limits start at (2), so the healthy
+    // replicas' limits bind and grow.
+    common::hammer(&[fg.url("/work")], "k", 24, Duration::from_secs(3)).await;
+    let sick = learned(&fg, replicas[0].addr).await;
+    let healthy = [
+        learned(&fg, replicas[1].addr).await,
+        learned(&fg, replicas[2].addr).await,
+    ];
+    eprintln!("learned limits: sick {sick}, healthy {healthy:?}");
+    // The sick replica's limit only fell (it starts at min_limit, so it stays there); the
+    // others learned their own, larger ones. One limit for the upstream would have held all
+    // three at the floor, every window having the sick one's 503s in it.
+    assert_eq!(sick, 2);
+    assert!(healthy.iter().all(|&l| l > 2), "{healthy:?}");
+}

@@ -179,7 +179,10 @@ impl Proxy {
             trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
         }
         let admitted = match admitted {
-            Ok(admitted) => self.gate(route, ctx).await.map(|()| admitted),
+            Ok(mut admitted) => self
+                .gate(route, ctx, &mut admitted)
+                .await
+                .map(|()| admitted),
             Err(rejection) => Err(rejection),
         };
         if let Some(identity) = identity {
@@ -192,14 +195,24 @@ impl Proxy {
         Ok(())
     }
 
-    /// Phase 4: a slot under the upstream's learned limit (`adaptive_concurrency`), if the
-    /// route's upstream has one.
+    /// Phase 4: a slot under the learned limit (`adaptive_concurrency`) of the endpoint the
+    /// request goes to, if the route's upstream has learned limits. The endpoint is the one its
+    /// limits `per: endpoint` chose, or the balancer's pick now: the first attempt goes there.
+    /// (A pool with no endpoint has no gate to wait at: the forward answers 503 `no_upstream`.)
     pub(super) async fn gate(
         &self,
         route: &Matched<'_>,
         ctx: &mut Context,
+        admitted: &mut Admitted,
     ) -> Result<(), Rejection> {
-        if let Some(gate) = &route.extras.gate {
+        let Some(gates) = &route.extras.gate else {
+            return Ok(());
+        };
+        if admitted.endpoint.is_none() {
+            admitted.endpoint = route.extras.pool.offer(ctx.balance_key, &[]);
+        }
+        if let Some(endpoint) = &admitted.endpoint {
+            let gate = gates.of(&endpoint.name, || endpoint.target.origin());
             let permit = gate.acquire(route.config.priority).await;
             ctx.permit = Some(permit.ok_or(Rejection::UpstreamOverloaded)?);
         }

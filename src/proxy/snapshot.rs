@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::forward::{self, Forwarder};
 use super::response::RateLimitHeaders;
-use crate::adaptive::Gate;
+use crate::adaptive::EndpointGates;
 use crate::config::{Config, OnError};
 use crate::identity::{Consumers, IdentityConfig};
 use crate::metrics::{Metrics, RouteMetrics};
@@ -66,8 +66,8 @@ impl Snapshot {
 pub(super) struct RouteExtras {
     pub metrics: RouteMetrics,
     pub headers: RateLimitHeaders,
-    /// The learned limit of the route's upstream, if any route to it asks for one.
-    pub gate: Option<Arc<Gate>>,
+    /// The learned limits of the route's upstream's endpoints, if any route to it asks for them.
+    pub gate: Option<Arc<EndpointGates>>,
     /// The route's heaviest identities of the recent past (`/top`).
     pub top: Arc<TopTable>,
     /// Per limit position, a settled limit's `floodgate_cost_units_total` handles.
@@ -98,15 +98,15 @@ pub fn uptime_us() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
-/// The gates of upstreams with `adaptive_concurrency`, by origin: kept across reloads, so a
-/// learned limit survives one (unless its bounds change).
+/// The gates of upstreams with `adaptive_concurrency`, by origin (each one gate per endpoint):
+/// kept across reloads, so learned limits survive one (unless their bounds change).
 #[derive(Default)]
-pub struct Gates(std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>);
+pub struct Gates(std::sync::Mutex<std::collections::HashMap<String, Arc<EndpointGates>>>);
 
 impl Gates {
-    /// The gate of each route's upstream (`None` where no route to it has
+    /// The gates of each route's upstream (`None` where no route to it has
     /// `adaptive_concurrency`), reusing the ones with unchanged bounds.
-    fn for_routes(&self, config: &Config, metrics: &Metrics) -> Vec<Option<Arc<Gate>>> {
+    fn for_routes(&self, config: &Config, metrics: &Metrics) -> Vec<Option<Arc<EndpointGates>>> {
         let mut gates = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let mut wanted = std::collections::HashMap::new();
         for route in &config.routes {
@@ -116,14 +116,9 @@ impl Gates {
         }
         gates.retain(|origin, gate| wanted.get(origin) == Some(&gate.bounds()));
         for (origin, bounds) in wanted {
-            gates.entry(origin.clone()).or_insert_with(|| {
-                Gate::new(
-                    origin.as_str().into(),
-                    bounds,
-                    Arc::new(crate::limiter::MonotonicClock::default()),
-                    metrics.adaptive_limit(&origin),
-                )
-            });
+            gates
+                .entry(origin.clone())
+                .or_insert_with(|| Arc::new(EndpointGates::new(bounds, metrics.adaptive_limits())));
         }
         config
             .routes
