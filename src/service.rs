@@ -379,8 +379,7 @@ fn answer(
                         if !allowed {
                             retry_after_us = retry_after_us.max(d.retry_after_us());
                         }
-                        // A check that would have allowed counted that one more unit.
-                        let remaining = (d.remaining + u64::from(allowed)).min(d.limit);
+                        let remaining = d.remaining_before(1);
                         tighter(headline_of(rule, remaining, d.reset_after_us));
                         let code = match allowed || rule.shadow {
                             true => Code::Ok,

@@ -70,3 +70,27 @@ async fn a_client_reads_its_own_budgets_and_the_endpoint_is_limited_per_identity
     let post = client.post(fg.url("/rate_limit")).send().await.unwrap();
     assert_eq!(post.status(), 404);
 }
+
+/// A limit keyed by identity and a header: the usage endpoint reads the header from its own
+/// request, as the proxy does, and shows the budget the client spends (e9faff0 showed the
+/// identity's untouched budget: 10 where 7 were left).
+#[tokio::test]
+async fn a_composite_key_reads_the_usage_requests_own_headers() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "usage_path: /rate_limit\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {}\n    limits:\n      - {{algorithm: token_bucket, capacity: 10, refill_rate: 0.001, per: [identity, \"header:X-Tenant\"]}}\n",
+        upstream.url()
+    ));
+    let client = client();
+    let t1 = [("x-api-key", "alice"), ("x-tenant", "t1")];
+    for _ in 0..3 {
+        assert_eq!(get(&client, &fg.url("/orders"), &t1).await.status, 200);
+    }
+    let remaining = |body: serde_json::Value| body["routes"][0]["limits"][0]["remaining"].clone();
+    let usage = get(&client, &fg.url("/rate_limit"), &t1).await.json();
+    assert_eq!(remaining(usage), 7);
+    // Another tenant of the same client has its own budget.
+    let t2 = [("x-api-key", "alice"), ("x-tenant", "t2")];
+    let usage = get(&client, &fg.url("/rate_limit"), &t2).await.json();
+    assert_eq!(remaining(usage), 10);
+}

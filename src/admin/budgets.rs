@@ -271,10 +271,5 @@ async fn peek_budget(
 /// A peeked decision as figures of now: the units left before the next request (a check that
 /// allowed counted that request's cost), and `reset_after_s`.
 fn now_figures(d: &Decision, cost: u32) -> (u64, f64) {
-    let remaining = if d.allowed() {
-        d.remaining + u64::from(cost)
-    } else {
-        d.remaining
-    };
-    (remaining.min(d.limit), d.reset_after_us as f64 / 1e6)
+    (d.remaining_before(cost), d.reset_after_us as f64 / 1e6)
 }

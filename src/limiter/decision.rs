@@ -59,6 +59,14 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// What a peek (a check that spends nothing) says was left before the request it checked:
+    /// a check that allowed counted that request's `cost` in its `remaining`. `/budgets`, the
+    /// usage endpoint and the rate-limit service's peeks report this.
+    pub fn remaining_before(&self, cost: u32) -> u64 {
+        let counted = if self.allowed() { u64::from(cost) } else { 0 };
+        (self.remaining + counted).min(self.limit)
+    }
+
     /// An allowing decision with nothing in it: a placeholder for fixed-size buffers.
     pub(crate) const EMPTY: Decision = Decision::allow(
         Figures {
@@ -320,5 +328,26 @@ impl Settlement {
     /// True when it changes nothing.
     pub fn is_even(&self) -> bool {
         self.refund == 0 && self.charge == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(limit: u64, remaining: u64) -> Figures {
+        Figures {
+            limit,
+            remaining,
+            reset_after_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_peek_that_allowed_gives_back_what_it_counted_and_never_past_the_limit() {
+        assert_eq!(Decision::allow(figures(10, 6), 0).remaining_before(3), 9);
+        assert_eq!(Decision::allow(figures(10, 9), 0).remaining_before(3), 10);
+        // A refusal counted nothing.
+        assert_eq!(Decision::deny(figures(10, 2), 1).remaining_before(3), 2);
     }
 }

@@ -16,9 +16,10 @@ use super::body::ClientBody;
 use super::context::Context;
 use super::response::{self, Body, RateLimitHeaders, Rejection};
 use super::{Proxy, Snapshot};
+use crate::config::RequestView;
 use crate::identity::ip_octets;
 use crate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, next_lease, wall_clock_us};
-use crate::policy::{self, LimitRef};
+use crate::policy::{self, LimitRef, RequestKeys};
 
 /// How many usage requests an identity may make at once.
 pub const USAGE_CAPACITY: u32 = 10;
@@ -73,7 +74,18 @@ impl Proxy {
             }
             let over = decider.override_of(&route.name, kind, id);
             let budget = over.as_ref().map_or(&route.enforced, |o| &o.budget);
-            let asks = policy::asks(budget, whose.tier, Some((kind, id)), Some(ip));
+            // Composite keys read this request as the proxy reads one to the route: its
+            // headers, query and token claims (no path segment past the route's prefix).
+            let view = RequestView {
+                headers: req.headers(),
+                query: req.uri().query(),
+                rest: "",
+                claims: verified.as_ref().map(|v| &v.claims),
+                json: None,
+            };
+            let keys = RequestKeys::of(budget, &view, (kind, id), ip);
+            let asks =
+                policy::asks_with(budget, whose.tier, Some((kind, id)), Some(ip), &keys, None);
             let decisions = decider
                 .peek(&asks.asks)
                 .await
@@ -83,16 +95,12 @@ impl Proxy {
                 .zip(&asks.positions)
                 .map(|(d, &position)| {
                     let limit = &budget.limits[position];
-                    // A check that would pass counted this request's cost; give it back.
-                    let remaining = match d.allowed() {
-                        true => d.remaining + u64::from(limit.limit.cost()),
-                        false => d.remaining,
-                    };
+                    let remaining = d.remaining_before(limit.limit.cost());
                     json!({
                         "algorithm": limit.limit.algorithm().name(),
                         "per": limit.per.as_str(),
                         "limit": limit.limit.algorithm().units(),
-                        "remaining": remaining.min(d.limit),
+                        "remaining": remaining,
                         "reset": (now_us + d.reset_after_us).div_ceil(1_000_000),
                     })
                 })
