@@ -8,6 +8,11 @@
 #   adaptive          no limits, only `adaptive_concurrency: {}` on every route: no number configured
 #   adaptive_degrade  the same, and the upstream gets sick a third of the way in (its service time × 3,
 #                     through its /__capacity knob) and heals two thirds of the way in
+#   replica_kill      (asked for in RUNS) the with_limit config in front of three replicas of the demo
+#                     upstream on 127.0.0.2-4 (one port, as compose's replicas behind one name):
+#                     `upstreams:` of three; the first replica is killed (SIGKILL) a third of the way in
+#                     and started again at two thirds. What clients saw is in the tables (Fail%), what
+#                     each replica got in NAME_endpoints.txt (floodgate_upstream_* from /metrics).
 # Every config is derived from config/floodgate.docker.yaml. Results go to $RESULTS_DIR: Locust CSVs,
 # logs, floodgate's learned limit over time (NAME_limit_timeline.csv), summary.json, summary.md and
 # surge.png.
@@ -259,6 +264,38 @@ make_adaptive_config() {
 make_with_limit_config "$RESULTS_DIR/with_limit_floodgate.yaml"
 make_no_limit_config "$RESULTS_DIR/no_limit_floodgate.yaml" "$RESULTS_DIR/with_limit_floodgate.yaml"
 make_adaptive_config "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/no_limit_floodgate.yaml"
+
+# replica_kill: three replicas of the demo upstream on one port, 127.0.0.2-4, for that run only.
+REPLICA_PORT="$(free_port)"
+REPLICAS=(127.0.0.2 127.0.0.3 127.0.0.4)
+REPLICA_PIDS=()
+start_replica() { # index
+  local ip="${REPLICAS[$1]}"
+  "${SERVER_PREFIX[@]}" "$DEMO_UPSTREAM" --listen "$ip:$REPLICA_PORT" --workers "$UPSTREAM_WORKERS" \
+    --service-time "$UPSTREAM_SERVICE_TIME" --queue-timeout "$UPSTREAM_QUEUE_TIMEOUT" \
+    >"$RESULTS_DIR/replica-$1.out" 2>>"$RESULTS_DIR/replica-$1.log" &
+  REPLICA_PIDS[$1]=$!
+  PIDS+=("${REPLICA_PIDS[$1]}")
+  wait_for_address "$RESULTS_DIR/replica-$1.out" "${REPLICA_PIDS[$1]}" floodgate-demo-upstream >/dev/null
+  echo "${REPLICA_PIDS[$1]}" >"$RESULTS_DIR/replica-$1.pid"
+}
+if [[ " ${RUNS[*]} " == *" replica_kill "* ]]; then
+  origins="$(printf "http://%s:$REPLICA_PORT, " "${REPLICAS[@]}" | sed 's/, $//')"
+  sed -E "s#^( +)upstream: $UPSTREAM\$#\1upstreams: [$origins]#" \
+    "$RESULTS_DIR/with_limit_floodgate.yaml" >"$RESULTS_DIR/replica_kill_floodgate.yaml"
+  grep -q 'upstreams:' "$RESULTS_DIR/replica_kill_floodgate.yaml" || die "could not make the replica_kill config"
+fi
+
+# The first replica is killed a third of the way into the run and started again at two thirds.
+kill_replica_midrun() {
+  local third=$((DUR_S / 3))
+  sleep "$third"
+  log "[$1] kill -9 of the replica on ${REPLICAS[0]}:$REPLICA_PORT"
+  kill -KILL "${REPLICA_PIDS[0]}" 2>/dev/null || true
+  sleep "$third"
+  log "[$1] the replica on ${REPLICAS[0]} starts again"
+  start_replica 0
+}
 cp "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/adaptive_degrade_floodgate.yaml"
 
 cat >"$RESULTS_DIR/context.md" <<EOF
@@ -298,6 +335,11 @@ degrade_midrun() {
 # --- one run ----------------------------------------------------------------------------------------------
 run_scenario() {
   local run="$1" config="$RESULTS_DIR/$1_floodgate.yaml" fg_pid proxy status before after poll_pid locust_pid rc budget
+  if [[ "$run" == replica_kill ]]; then
+    local i
+    for i in 0 1 2; do start_replica "$i"; done
+    log "[$run] replicas on ${REPLICAS[*]} port $REPLICA_PORT"
+  fi
   log "[$run] starting floodgate with $config"
   local environment=(RUST_LOG="${RUST_LOG:-warn}")
   if [[ -n "$REDIS_URL" ]]; then environment+=(FLOODGATE_REDIS_URL="$REDIS_URL"); fi
@@ -327,6 +369,11 @@ run_scenario() {
     sick_pid=$!
     PIDS+=("$sick_pid")
   fi
+  if [[ "$run" == replica_kill ]]; then
+    kill_replica_midrun "$run" &
+    sick_pid=$!
+    PIDS+=("$sick_pid")
+  fi
 
   budget=$((DUR_S + 25))
   if ((budget > $(remaining) - 5)); then budget=$(($(remaining) - 5)); fi
@@ -353,10 +400,13 @@ run_scenario() {
   forget_pid "$poll_pid"
   stop_pid "$limit_pid"
   forget_pid "$limit_pid"
-  printf '{"before": %s, "after": %s}\n' "$before" "$after" >"$RESULTS_DIR/${run}_upstream.json"
+  # (The replicas' own counts end with the killed one: floodgate's per-endpoint counters say it.)
+  [[ "$run" == replica_kill ]] ||
+    printf '{"before": %s, "after": %s}\n' "$before" "$after" >"$RESULTS_DIR/${run}_upstream.json"
 
   if curl -fsS --max-time 2 "http://127.0.0.1:$ADMIN_PORT/metrics" >"$RESULTS_DIR/${run}_metrics.txt" 2>/dev/null; then
     log "[$run] saved floodgate's /metrics"
+    grep -E '^floodgate_upstream_' "$RESULTS_DIR/${run}_metrics.txt" >"$RESULTS_DIR/${run}_endpoints.txt" || true
   else
     rm -f "$RESULTS_DIR/${run}_metrics.txt"
   fi
@@ -367,6 +417,10 @@ run_scenario() {
   fi
   stop_pid "$fg_pid"
   forget_pid "$fg_pid"
+  if [[ "$run" == replica_kill ]]; then
+    # (The restarted replica's pid is in its file: it was started by the background kill.)
+    for i in 0 1 2; do stop_pid "$(cat "$RESULTS_DIR/replica-$i.pid")"; done
+  fi
   log "[$run] done: upstream $before -> $after"
 }
 

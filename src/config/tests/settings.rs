@@ -254,7 +254,7 @@ fn per_and_tiers_are_read_and_default_to_identity_and_everyone() {
     rejects(
         &with_limit("{algorithm: fixed_window, limit: 7, window: 1s, per: planet}"),
         &format!("{L}.per"),
-        "is not a scope: identity, ip, route, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD",
+        "is not a scope: identity, ip, route, endpoint, header:NAME, query:NAME, segment:N, claim:NAME or json:FIELD",
     );
 }
 
