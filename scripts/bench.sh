@@ -149,7 +149,7 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
-    rm -rf "$WORK"
+    [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
     exit $status
 }
 trap cleanup EXIT
@@ -375,7 +375,7 @@ YAML
             echo "        - {endpoint: {address: {socket_address: {address: ${e%:*}, port_value: ${e##*:}}}}}"
         done
     } >"$WORK/$name/envoy.yaml"
-    "${SERVER_PIN[@]}" "$ENVOY" -c "$WORK/$name/envoy.yaml" --concurrency "$(nproc)" \
+    "${SERVER_PIN[@]}" "$ENVOY" -c "$WORK/$name/envoy.yaml" --concurrency "$(nproc)" --disable-hot-restart \
         --log-level warn >"$WORK/$name/log" 2>&1 &
     ENVOY_PID=$!
     PIDS+=("$ENVOY_PID")
