@@ -49,6 +49,19 @@ pub trait Facts {
     fn reserve(&mut self, limit: &RouteLimit) -> u32;
 }
 
+/// The facts of a request whose route reads none (a route without limits: only bans apply).
+pub struct NoFacts;
+
+impl Facts for NoFacts {
+    fn keys(&mut self, _: &Budget, _: (KeyKind, &[u8]), _: &[u8]) -> RequestKeys {
+        RequestKeys::default()
+    }
+
+    fn reserve(&mut self, limit: &RouteLimit) -> u32 {
+        limit.limit.cost()
+    }
+}
+
 /// Where a request may be sent, for its route's limits `per: endpoint`: the pool's endpoints
 /// in the balancer's order, offered one at a time ([`Decider::decide_sent`]).
 pub trait Endpoints {
@@ -132,6 +145,13 @@ impl Decided {
         }
     }
 
+    /// A banned identity's refusal, `wait_us` before the ban ends.
+    fn banned(wait_us: u64) -> Decided {
+        let mut decided = Decided::of(DecisionLabel::Banned);
+        decided.refused = Some(Refused::Banned(wait_us));
+        decided
+    }
+
     /// True when the limit at `position` of `side`'s budget denied.
     pub fn denied_by(&self, side: Side, position: usize) -> bool {
         position < MAX_LIMITS && self.denied[side as usize] & (1 << position) != 0
@@ -184,7 +204,14 @@ impl<'s> Decider<'s> {
         endpoints: Option<&mut (dyn Endpoints + Send)>,
     ) -> Decided {
         if !route.is_limited() {
-            return Decided::of(DecisionLabel::Unlimited);
+            // Nothing to spend; a ban covers the route all the same.
+            let mut buf = [0u8; 16];
+            let id = whose.identity.key_bytes(&mut buf);
+            let kind = KeyKind::from(whose.identity.kind());
+            return match self.control.and_then(|c| c.banned(&route.name, kind, id)) {
+                Some(wait_us) => Decided::banned(wait_us),
+                None => Decided::of(DecisionLabel::Unlimited),
+            };
         }
         if route.exempt.covers(whose.ip, &whose.identity, whose.tier) {
             return Decided::of(DecisionLabel::Exempt);
@@ -201,9 +228,7 @@ impl<'s> Decider<'s> {
             None => Default::default(),
         };
         if let Some(wait_us) = found.banned_us {
-            let mut decided = Decided::of(DecisionLabel::Banned);
-            decided.refused = Some(Refused::Banned(wait_us));
-            return decided;
+            return Decided::banned(wait_us);
         }
         let budget = found.over.as_ref().map_or(&route.enforced, |o| &o.budget);
         // Both budgets' keys are built before either is decided (the access log records a
@@ -736,3 +761,6 @@ fn costed<'a>(asks: &Asks<'a>, costs: &'a [Option<Limit>]) -> Option<Vec<Ask<'a>
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -105,6 +105,17 @@ fn balance_key(
     }
 }
 
+impl From<Refused> for Rejection {
+    fn from(refused: Refused) -> Rejection {
+        match refused {
+            Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
+            Refused::StoreUnavailable => Rejection::LimiterUnavailable,
+            // A ban's wait in whole seconds, at least one (`Retry-After`).
+            Refused::Banned(wait_us) => Rejection::Banned(wait_us.div_ceil(1_000_000).max(1)),
+        }
+    }
+}
+
 impl Proxy {
     /// Phases 2 to 4: identify, limit, gate. Whose the request is, once known, is counted in the
     /// route's `/top` (admitted or not).
@@ -137,14 +148,18 @@ impl Proxy {
                 || hashes_identity)
                 .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
                 .flatten();
-            let banned = whose.as_ref().and_then(|whose| {
-                let mut buf = [0u8; 16];
-                let id = whose.identity.key_bytes(&mut buf);
-                let kind = KeyKind::from(whose.identity.kind());
-                self.control.banned(&route.config.name, kind, id)
-            });
-            let admitted = match banned {
-                Some(wait_us) => Err(Rejection::Banned(wait_us.div_ceil(1_000_000).max(1))),
+            // The decider answers `unlimited`, or refuses a banned identity.
+            let refused = match &whose {
+                Some(whose) if !self.control.is_empty() => {
+                    self.decider(snapshot)
+                        .decide(route.config, whose, &mut crate::decider::NoFacts)
+                        .await
+                        .refused
+                }
+                _ => None,
+            };
+            let admitted = match refused {
+                Some(refused) => Err(Rejection::from(refused)),
                 None => Ok(Admitted::unlimited()),
             };
             (whose.map(|w| w.identity), admitted)
@@ -392,11 +407,7 @@ impl Proxy {
             }
         }
         if let Some(refused) = decided.refused {
-            return Err(match refused {
-                Refused::RateLimited(verdict, limit) => Rejection::RateLimited(verdict, limit),
-                Refused::StoreUnavailable => Rejection::LimiterUnavailable,
-                Refused::Banned(wait_us) => Rejection::Banned(wait_us.div_ceil(1_000_000).max(1)),
-            });
+            return Err(Rejection::from(refused));
         }
         let costs = decided
             .reservations

@@ -1,0 +1,260 @@
+//! The decider on the memory store at a manual clock: bans on routes with and without limits, an
+//! override and its end, the search over endpoints (`per: endpoint`).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use super::*;
+use crate::config::Config;
+use crate::control::{Ban, Control, Override};
+use crate::identity::Identity;
+use crate::limiter::{ManualClock, MemoryStore, wall_clock_us};
+
+/// Two routes on the memory store: `open` without limits, `api` with a bucket of 2 that does not
+/// refill within a test, and `pool` with a bucket of 1 per endpoint beside one of 3 per client.
+fn config() -> Config {
+    Config::from_yaml(
+        "listen: 127.0.0.1:0
+routes:
+  - name: open
+    path_prefix: /open
+    upstream: http://127.0.0.1:9
+  - name: api
+    path_prefix: /api
+    upstream: http://127.0.0.1:9
+    limits:
+      - {algorithm: token_bucket, capacity: 2, refill_rate: 0.001}
+  - name: pool
+    path_prefix: /pool
+    upstream: http://127.0.0.1:9
+    limits:
+      - {algorithm: fixed_window, limit: 1, window: 1h, per: endpoint}
+      - {algorithm: fixed_window, limit: 3, window: 1h}
+",
+    )
+    .expect("a valid config")
+}
+
+struct Fixture {
+    config: Config,
+    limiter: Limiter,
+    control: Control,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        Fixture {
+            config: config(),
+            limiter: Limiter::Memory(Arc::new(MemoryStore::new(clock, 10_000))),
+            control: Control::default(),
+        }
+    }
+
+    fn decider(&self) -> Decider<'_> {
+        Decider {
+            policy: Policy {
+                identity: &self.config.identity,
+                consumers: None,
+                tiers: &self.config.tiers,
+                shadow: false,
+            },
+            limiter: &self.limiter,
+            on_error: OnError::Deny,
+            metrics: None,
+            control: Some(&self.control),
+            alerts: None,
+            global: None,
+        }
+    }
+
+    fn route(&self, name: &str) -> &RouteConfig {
+        self.config
+            .routes
+            .iter()
+            .find(|r| &*r.name == name)
+            .unwrap()
+    }
+
+    /// Decides one request of the API key `key` on `route`.
+    fn decide(&self, route: &str, key: &[u8]) -> Decided {
+        self.decide_sent(route, key, None)
+    }
+
+    fn decide_sent(
+        &self,
+        route: &str,
+        key: &[u8],
+        endpoints: Option<&mut (dyn Endpoints + Send)>,
+    ) -> Decided {
+        let whose = Whose {
+            identity: Identity::ApiKey(key),
+            ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            tier: crate::identity::ANONYMOUS_TIER,
+        };
+        let decider = self.decider();
+        let mut facts = NoFacts;
+        let future = decider.decide_sent(self.route(route), &whose, &mut facts, endpoints);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(future).poll(&mut cx) {
+            std::task::Poll::Ready(decided) => decided,
+            std::task::Poll::Pending => panic!("the memory store decides at once"),
+        }
+    }
+
+    fn ban(&self, route: Option<&str>, key: &[u8]) {
+        self.control.ban(Ban {
+            id: self.control.new_id("ban"),
+            route: route.map(str::to_string),
+            kind: KeyKind::ApiKey,
+            value: key.to_vec(),
+            until_us: wall_clock_us() + 60_000_000,
+            reason: "test".into(),
+            by: "operator",
+        });
+    }
+}
+
+fn banned(decided: &Decided) -> bool {
+    matches!(decided.refused, Some(Refused::Banned(wait)) if wait > 0)
+}
+
+fn rate_limited(decided: &Decided) -> bool {
+    matches!(decided.refused, Some(Refused::RateLimited(..)))
+}
+
+#[test]
+fn a_ban_refuses_on_a_route_without_limits_and_on_one_with_them() {
+    let f = Fixture::new();
+    assert!(f.decide("open", b"k").refused.is_none());
+    assert_eq!(f.decide("open", b"k").label, DecisionLabel::Unlimited);
+    f.ban(None, b"k");
+    assert!(banned(&f.decide("open", b"k")));
+    assert!(banned(&f.decide("api", b"k")));
+    // Another identity is untouched.
+    assert!(f.decide("open", b"other").refused.is_none());
+    // A ban on one route covers only that route.
+    f.ban(Some("api"), b"only-api");
+    assert!(f.decide("open", b"only-api").refused.is_none());
+    assert!(banned(&f.decide("api", b"only-api")));
+}
+
+#[test]
+fn an_override_stands_in_for_the_routes_limits_until_it_ends() {
+    let f = Fixture::new();
+    let budget = crate::config::override_budget(
+        "api",
+        "api~ovr1",
+        serde_json::json!([{"algorithm": "token_bucket", "capacity": 1, "refill_rate": 0.001}]),
+        false,
+    )
+    .unwrap();
+    let over = |until_us| {
+        Arc::new(Override {
+            id: f.control.new_id("ovr"),
+            route: "api".into(),
+            kind: KeyKind::ApiKey,
+            value: b"vip".to_vec(),
+            until_us,
+            limits: serde_json::Value::Null,
+            budget: budget.clone(),
+        })
+    };
+    f.control.set_override(over(wall_clock_us() + 60_000_000));
+    // The override's bucket of 1, not the route's 2.
+    assert!(f.decide("api", b"vip").refused.is_none());
+    assert!(rate_limited(&f.decide("api", b"vip")));
+    // Ended, the route's own budget (untouched so far) applies again.
+    f.control.set_override(over(1));
+    assert!(f.decide("api", b"vip").refused.is_none());
+    assert!(f.decide("api", b"vip").refused.is_none());
+    assert!(rate_limited(&f.decide("api", b"vip")));
+}
+
+/// Offers `names` in order, counting what it offered.
+struct Offer {
+    names: Vec<&'static [u8]>,
+    offered: usize,
+}
+
+impl Endpoints for Offer {
+    fn next(&mut self) -> Option<&[u8]> {
+        let name = *self.names.get(self.offered)?;
+        self.offered += 1;
+        Some(name)
+    }
+}
+
+#[test]
+fn a_spent_endpoint_is_passed_over_and_a_spent_client_ends_the_search() {
+    let f = Fixture::new();
+    let offer = || Offer {
+        names: vec![b"10.0.0.2:80", b"10.0.0.3:80"],
+        offered: 0,
+    };
+    // Each endpoint's budget of 1: the first request takes the first endpoint, the second
+    // passes over it to the second.
+    let mut first = offer();
+    assert!(
+        f.decide_sent("pool", b"a", Some(&mut first))
+            .refused
+            .is_none()
+    );
+    assert_eq!(first.offered, 1);
+    let mut second = offer();
+    assert!(
+        f.decide_sent("pool", b"b", Some(&mut second))
+            .refused
+            .is_none()
+    );
+    assert_eq!(
+        second.offered, 2,
+        "the spent first endpoint was passed over"
+    );
+    // Both spent: refused, after both were tried, and nothing spent from the client's budget
+    // (b has 2 of 3 left: it is admitted on a fresh endpoint below).
+    let mut third = offer();
+    let refused = f.decide_sent("pool", b"b", Some(&mut third));
+    assert!(rate_limited(&refused));
+    assert_eq!(third.offered, 2);
+    // A client whose own budget is spent is refused at the first endpoint: no other one would
+    // change that.
+    for _ in 0..2 {
+        let mut fresh = Offer {
+            names: vec![b"10.0.0.9:80"],
+            offered: 0,
+        };
+        let _ = f.decide_sent("pool", b"c", Some(&mut fresh));
+    }
+    let mut many = Offer {
+        names: vec![
+            b"10.0.0.10:80",
+            b"10.0.0.11:80",
+            b"10.0.0.12:80",
+            b"10.0.0.13:80",
+        ],
+        offered: 0,
+    };
+    // c spent 1 of 3 (the second request found 10.0.0.9 spent and nothing else): 2 left.
+    assert!(
+        f.decide_sent("pool", b"c", Some(&mut many))
+            .refused
+            .is_none()
+    );
+    assert!(
+        f.decide_sent("pool", b"c", Some(&mut many))
+            .refused
+            .is_none()
+    );
+    let mut rest = Offer {
+        names: vec![b"10.0.0.20:80", b"10.0.0.21:80"],
+        offered: 0,
+    };
+    assert!(rate_limited(&f.decide_sent("pool", b"c", Some(&mut rest))));
+    assert_eq!(
+        rest.offered, 1,
+        "the client's own limit refused: no endpoint passed over"
+    );
+    // Without endpoints (replay, /budgets), the per-endpoint limit is left out.
+    assert!(f.decide("pool", b"d").refused.is_none());
+}
