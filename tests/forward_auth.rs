@@ -157,3 +157,48 @@ async fn check_answers_with_the_proxys_headers_and_skips_a_descriptor_it_cannot_
     // Reset in Unix seconds, as the proxy writes it.
     assert!(limited.header_u64("x-ratelimit-reset") > unix_now());
 }
+
+/// `/check` writes the config's `rate_limit_headers` profile, as the proxy does (e9faff0 wrote
+/// `X-RateLimit-*` whatever the profile).
+#[tokio::test]
+async fn check_follows_the_rate_limit_headers_profile() {
+    keep_clear_of_window_boundary(3600, Duration::from_secs(60)).await;
+    let dir = TempDir::new("rules");
+    std::fs::write(
+        dir.path().join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let config = |profile: &str| {
+        format!(
+            "rate_limit_headers: {profile}\nroutes: []\nservice:\n  listen: 127.0.0.1:0\n  config: [{}]\n  forward_auth:\n    domain: edge\n    descriptors:\n      - [{{key: api_key, value: \"header:X-API-Key\"}}]\n",
+            dir.path().display()
+        )
+    };
+    let client = client();
+    let fg = Floodgate::start(&config("ietf"));
+    let key = [("x-api-key", "ietf-k")];
+    let ok = get(&client, &fg.service_url("/check"), &key).await;
+    assert_eq!(ok.status, 200);
+    assert!(
+        !ok.headers.contains_key("x-ratelimit-limit"),
+        "{:?}",
+        ok.headers
+    );
+    let field = ok.header("ratelimit");
+    assert!(field.starts_with("\"default\";r=1;t="), "{field}");
+    get(&client, &fg.service_url("/check"), &key).await;
+    let limited = get(&client, &fg.service_url("/check"), &key).await;
+    assert_eq!(limited.status, 429);
+    // On a refusal, t is the Retry-After.
+    let retry = limited.header_u64("retry-after");
+    assert_eq!(
+        limited.header("ratelimit"),
+        format!("\"default\";r=0;t={retry}")
+    );
+    drop(fg);
+    let fg = Floodgate::start(&config("none"));
+    let ok = get(&client, &fg.service_url("/check"), &key).await;
+    assert_eq!(ok.status, 200);
+    assert!(!ok.headers.contains_key("x-ratelimit-limit") && !ok.headers.contains_key("ratelimit"));
+}

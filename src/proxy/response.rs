@@ -129,6 +129,35 @@ impl RateLimitHeaders {
         }
     }
 
+    /// Writes `profile`'s fields for figures a rate-limit service computed (`/check`): `limit`
+    /// units, `remaining`, the reset `reset_secs` from now (the Unix second `reset_unix`), and
+    /// for a refusal `retry_secs`. The service knows no route's policy: the IETF `RateLimit`
+    /// names the policy `default` and no `RateLimit-Policy` is sent.
+    pub fn write_figures(
+        profile: HeaderProfile,
+        headers: &mut HeaderMap,
+        limit: u64,
+        remaining: u64,
+        (reset_secs, reset_unix): (u64, u64),
+        retry_secs: Option<u64>,
+    ) {
+        match profile {
+            HeaderProfile::None => {}
+            HeaderProfile::XRateLimit => {
+                headers.insert(X_RATELIMIT_LIMIT, int_value(limit));
+                headers.insert(X_RATELIMIT_REMAINING, int_value(remaining));
+                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_unix));
+            }
+            HeaderProfile::Ietf => {
+                let t = retry_secs.unwrap_or(reset_secs);
+                let value = format!("\"default\";r={remaining};t={t}");
+                if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+                    headers.insert(RATELIMIT, value);
+                }
+            }
+        }
+    }
+
     /// Writes the fields for `verdict`, whose headline limit is `limit`. On a 429, the IETF `t`
     /// is the `Retry-After` instant.
     pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, limit: LimitRef) {

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub on_error: OnError,
     pub shadow: bool,
     pub(super) no_limit_headers: RateLimitHeaders,
+    /// `rate_limit_headers`: which fields answers carry (the rate-limit service's `/check` too).
+    pub header_profile: crate::config::HeaderProfile,
     /// The upstream client, with its own connection pools: a reload makes a new one (new
     /// connections with the new timeouts and `upstream_ca`; requests in flight keep theirs).
     pub(super) forwarder: Forwarder,
@@ -172,6 +174,7 @@ impl Snapshot {
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
+            header_profile: config.rate_limit_headers,
             usage_path: config.usage_path.clone(),
             admin_token: config.admin_token.clone(),
             forwarder: Forwarder::new_after(

@@ -283,10 +283,17 @@ async fn check(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -
         text(StatusCode::OK, "")
     };
     if let Some(h) = answer.headline {
-        let headers = response.headers_mut();
-        headers.insert("x-ratelimit-limit", HeaderValue::from(h.limit));
-        headers.insert("x-ratelimit-remaining", HeaderValue::from(h.remaining));
-        headers.insert("x-ratelimit-reset", HeaderValue::from(h.reset_unix));
+        // The config's `rate_limit_headers`, as the proxy writes them.
+        RateLimitHeaders::write_figures(
+            snapshot.header_profile,
+            response.headers_mut(),
+            h.limit,
+            h.remaining,
+            (h.reset_secs, h.reset_unix),
+            answer
+                .over_limit()
+                .then_some(answer.retry_after_secs.unwrap_or(1)),
+        );
     }
     response
 }
