@@ -40,7 +40,7 @@ use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::access_log::{self, field};
+use crate::access_log::field;
 use crate::adaptive::Signal;
 use crate::config::{Config, RouteConfig};
 use crate::decider::Decider;
@@ -328,13 +328,13 @@ impl Proxy {
         match line {
             // A request that settles costs is logged when they are settled.
             Some(line) if after.meters_costs() => after.log = Some(line),
-            Some(line) => log_line(&line, None),
+            Some(line) => line.write(None),
             None => {}
         }
         if after.is_empty() {
             return response;
         }
-        response.map(|body| response::with_after_response(body, after))
+        response.map(|body| context::with_after_response(body, after))
     }
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
@@ -511,29 +511,4 @@ impl Proxy {
         }
         response
     }
-}
-
-/// A request's outcome on its span (the access log, target `floodgate::access`); `cost`, its
-/// settled costs (`cost.rs`).
-fn log_line(line: &PendingLog, cost: Option<&str>) {
-    let span = &line.span;
-    let latency_ms = line.started.elapsed().as_secs_f64() * 1000.0;
-    span.record(field::STATUS, line.status);
-    if let Some(code) = line.grpc_status {
-        span.record(field::GRPC_STATUS, code);
-    }
-    span.record(field::LATENCY_MS, latency_ms);
-    if let Some(label) = line.label {
-        span.record(field::DECISION, label.as_str());
-    }
-    if let Some(cost) = cost {
-        span.record(field::COST, cost);
-    }
-    let _entered = span.enter();
-    tracing::info!(
-        target: access_log::TARGET,
-        route = (!line.route.is_empty()).then_some(&*line.route),
-        status = line.status,
-        "request done"
-    );
 }

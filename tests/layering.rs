@@ -128,3 +128,139 @@ fn the_check_sees_a_forbidden_name() {
         BTreeSet::from(["config".into(), "limiter".into(), "{".into()])
     );
 }
+
+/// Every `.rs` file under `root`, with its module path (`proxy/context.rs` is
+/// `["proxy", "context"]`; `main.rs` and `lib.rs` are the crate's root, `[]`).
+fn modules_under(root: &Path) -> Vec<(Vec<String>, PathBuf)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(root).unwrap().with_extension("");
+            let mut module: Vec<String> = relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(module.as_slice(), [one] if one == "lib" || one == "main") {
+                module.clear();
+            }
+            out.push((module, path));
+        }
+    }
+    out
+}
+
+/// The modules a file's code names through `crate::a::b…` and `super::a…` paths (outside
+/// comments and its `#[cfg(test)]` part), each the longest prefix that is a file of the crate.
+fn file_names(
+    text: &str,
+    module: &[String],
+    files: &BTreeSet<Vec<String>>,
+) -> BTreeSet<Vec<String>> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    let mut out = BTreeSet::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (at, _) in line
+            .match_indices("crate::")
+            .chain(line.match_indices("super::"))
+        {
+            // Not the tail of a longer path (`a::super::`) or a word (`supercrate::`).
+            if at > 0
+                && (line.as_bytes()[at - 1].is_ascii_alphanumeric()
+                    || line.as_bytes()[at - 1] == b':'
+                    || line.as_bytes()[at - 1] == b'_')
+            {
+                continue;
+            }
+            let path: String = line[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let mut parts = path.split("::").filter(|p| !p.is_empty());
+            let mut base: Vec<String> = match parts.next() {
+                Some("crate") => Vec::new(),
+                _ => module[..module.len().saturating_sub(1)].to_vec(),
+            };
+            let mut found = None;
+            for part in parts {
+                if part == "super" {
+                    base.pop();
+                    continue;
+                }
+                base.push(part.to_string());
+                if files.contains(&base) {
+                    found = Some(base.clone());
+                }
+            }
+            if let Some(found) = found {
+                out.insert(found);
+            }
+        }
+    }
+    out
+}
+
+/// Two files of which neither contains the other (siblings, cousins) never name each other:
+/// such a pair is one thing split in two, or a dependency the wrong way round (round 6 found
+/// identity/jwks.rs and jwt.rs, proxy/context.rs and response.rs, and the demo upstream's chat.rs
+/// and service.rs doing this).
+#[test]
+fn no_two_files_name_each_other() {
+    for root in ["src", "demo-upstream/src"] {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
+        let modules = modules_under(&root);
+        let files: BTreeSet<Vec<String>> = modules.iter().map(|(m, _)| m.clone()).collect();
+        let mut names = std::collections::BTreeMap::new();
+        for (module, path) in &modules {
+            let text = std::fs::read_to_string(path).expect("read source");
+            names.insert(module.clone(), file_names(&text, module, &files));
+        }
+        let mut circles = Vec::new();
+        for (a, named) in &names {
+            for b in named {
+                let related = a.starts_with(b) || b.starts_with(a);
+                if !related && a < b && names.get(b).is_some_and(|n| n.contains(a)) {
+                    circles.push(format!("{} <-> {}", a.join("/"), b.join("/")));
+                }
+            }
+        }
+        assert!(
+            circles.is_empty(),
+            "{}: {}",
+            root.display(),
+            circles.join(", ")
+        );
+    }
+}
+
+#[test]
+fn the_circle_check_resolves_super_and_crate_paths() {
+    let files: BTreeSet<Vec<String>> = [
+        vec!["proxy".to_string()],
+        vec!["proxy".into(), "context".into()],
+        vec!["proxy".into(), "response".into()],
+        vec!["limiter".into()],
+    ]
+    .into();
+    let module = vec!["proxy".to_string(), "context".to_string()];
+    let named = file_names(
+        "use super::response::Dialect;\nuse crate::limiter::Verdict;\n// super::nothing\n#[cfg(test)]\nuse super::proxy;",
+        &module,
+        &files,
+    );
+    assert_eq!(
+        named,
+        BTreeSet::from([
+            vec!["proxy".to_string(), "response".to_string()],
+            vec!["limiter".to_string()],
+        ])
+    );
+}

@@ -24,7 +24,7 @@ use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::service::{BodyError, DemoBody, json_response};
+use crate::body::{BodyError, DemoBody, json_response};
 
 /// The path.
 pub const PATH: &str = "/v1/chat/completions";

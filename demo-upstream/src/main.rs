@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+mod body;
 mod chat;
 mod duration;
 mod service;

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Body;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Semaphore;
+
+use crate::body::{DemoBody, json_response};
 
 /// Path of the statistics endpoint, which bypasses the worker pool.
 pub const STATS_PATH: &str = "/__stats";
@@ -213,30 +213,12 @@ impl DemoApi {
     }
 }
 
-/// Every response's body: whole, or an event stream (`chat.rs`).
-pub type DemoBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BodyError>;
-
-/// Why a response body broke off (only a stream cut on purpose, `x-demo-cut-after`).
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A response with a JSON body and `Content-Type: application/json`.
-pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response<DemoBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use http_body_util::Empty;
+    use http_body_util::Full;
 
     fn api(workers: usize) -> Arc<DemoApi> {
         DemoApi::new(Capacity {

@@ -21,8 +21,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::jwt::JwtConfig;
-
 /// How often the set is fetched when nothing asks sooner (Envoy's `remote_jwks` default).
 pub const REFRESH: Duration = Duration::from_secs(300);
 /// The least time between two fetches.
@@ -38,6 +36,15 @@ const MAX_BYTES: usize = 1 << 20;
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
+/// The keys a [`Remote`] set is fetched into: the token verifier that owns it (`jwt.rs`'s
+/// config). The fetch tasks hold it by this trait, so this file needs nothing of the verifier.
+pub(super) trait KeySet: Send + Sync + 'static {
+    /// The remote set, if the keys come from one.
+    fn remote(&self) -> Option<&Remote>;
+    /// Fetches the set now and takes its keys: how many it has, or why not.
+    fn fetch(&self) -> std::pin::Pin<Box<dyn Future<Output = Result<usize, String>> + Send + '_>>;
+}
+
 /// Where a remote set comes from, and when it was last asked for.
 pub struct Remote {
     url: http::Uri,
@@ -50,7 +57,7 @@ pub struct Remote {
     /// waiting for keys and the refresh loop wait on.
     finished: tokio::sync::watch::Sender<(u64, bool)>,
     /// The config this set belongs to, for the fetch task (set by `keep_fresh`).
-    owner: OnceLock<Weak<JwtConfig>>,
+    owner: OnceLock<Weak<dyn KeySet>>,
 }
 
 impl Remote {
@@ -116,7 +123,7 @@ impl Remote {
 
 /// Starts a fetch of `jwt`'s set in a task of its own, unless one is running; returns at once.
 /// False when none could be started (one is running, or no runtime).
-fn start_fetch(jwt: Arc<JwtConfig>) -> bool {
+fn start_fetch(jwt: Arc<dyn KeySet>) -> bool {
     let Some(remote) = jwt.remote() else {
         return false;
     };
@@ -153,7 +160,7 @@ fn start_fetch(jwt: Arc<JwtConfig>) -> bool {
 /// For a token whose key `jwt`'s set lacks: starts a fetch if none ran in the last [`MIN_GAP`],
 /// and waits for the fetch in flight (this one or another's) for [`WAIT_FOR_KEYS`] at most.
 /// Returns at once when no fetch is in flight.
-pub(super) async fn refetch(jwt: &JwtConfig) {
+pub(super) async fn refetch(jwt: &dyn KeySet) {
     let Some(remote) = jwt.remote() else {
         return;
     };
@@ -175,11 +182,12 @@ pub(super) async fn refetch(jwt: &JwtConfig) {
 
 /// Fetches the set now and every [`REFRESH`] ([`RETRY`] after a failure) while `jwt` lives. No
 /// runtime (`floodgate check`): nothing.
-pub(super) fn keep_fresh(jwt: &Arc<JwtConfig>) {
+pub(super) fn keep_fresh<K: KeySet>(jwt: &Arc<K>) {
     let Some(remote) = jwt.remote() else {
         return;
     };
-    let _ = remote.owner.set(Arc::downgrade(jwt));
+    let owner: Weak<dyn KeySet> = Arc::downgrade(jwt) as Weak<K>;
+    let _ = remote.owner.set(owner);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };

@@ -216,7 +216,7 @@ impl JwtConfig {
     }
 
     /// Fetches the keys from `jwks_url` now; Err says why not (the keys are then unchanged).
-    pub(super) async fn fetch(&self) -> Result<usize, String> {
+    async fn fetch_keys(&self) -> Result<usize, String> {
         let Some(remote) = &self.remote else {
             return Ok(self.keys.load().len());
         };
@@ -225,11 +225,6 @@ impl JwtConfig {
         let n = keys.len();
         self.keys.store(Arc::new(keys));
         Ok(n)
-    }
-
-    /// The remote set's fetcher, if any.
-    pub(super) fn remote(&self) -> Option<&super::jwks::Remote> {
-        self.remote.as_ref()
     }
 
     /// The request's bearer token, verified: `Ok(None)` when it carries none.
@@ -450,5 +445,15 @@ fn algorithms_of(jwk: &Jwk) -> Vec<Algorithm> {
         AlgorithmParameters::OctetKeyPair(_) => vec![Algorithm::EdDSA],
         // A shared secret (`oct`) is never taken from a JWKS; nor is anything newer.
         _ => Vec::new(),
+    }
+}
+
+impl super::jwks::KeySet for JwtConfig {
+    fn remote(&self) -> Option<&super::jwks::Remote> {
+        self.remote.as_ref()
+    }
+
+    fn fetch(&self) -> std::pin::Pin<Box<dyn Future<Output = Result<usize, String>> + Send + '_>> {
+        Box::pin(self.fetch_keys())
     }
 }

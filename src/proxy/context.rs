@@ -9,12 +9,14 @@ use std::time::Instant;
 use http::Request;
 
 use super::cost::CostMeter;
-use super::response::Dialect;
-use crate::access_log;
+use super::response::{Body, BoxError, Dialect};
+use crate::access_log::{self, field};
 use crate::adaptive::Permit;
 use crate::limiter::{HeldLeases, Verdict};
 use crate::metrics::DecisionLabel;
 use crate::policy::LimitRef;
+use bytes::Bytes;
+use http_body_util::BodyExt;
 
 /// What the limit phase decided for a request that goes on to the upstream.
 pub(super) struct Admitted {
@@ -176,7 +178,7 @@ impl AfterResponse {
         }
         if let Some(log) = self.log.take() {
             let cost = (!figures.is_empty()).then(|| crate::access_log::cost_field(&figures));
-            super::log_line(&log, cost.as_deref());
+            log.write(cost.as_deref());
         }
     }
 }
@@ -185,5 +187,89 @@ impl Drop for AfterResponse {
     /// Never run (no response went out, or the body was dropped): nothing was read to its end.
     fn drop(&mut self) {
         self.run(false);
+    }
+}
+
+impl PendingLog {
+    /// The request's outcome on its span (the access log, target `floodgate::access`); `cost`,
+    /// its settled costs (`cost.rs`).
+    pub fn write(&self, cost: Option<&str>) {
+        let line = self;
+        let span = &line.span;
+        let latency_ms = line.started.elapsed().as_secs_f64() * 1000.0;
+        span.record(field::STATUS, line.status);
+        if let Some(code) = line.grpc_status {
+            span.record(field::GRPC_STATUS, code);
+        }
+        span.record(field::LATENCY_MS, latency_ms);
+        if let Some(label) = line.label {
+            span.record(field::DECISION, label.as_str());
+        }
+        if let Some(cost) = cost {
+            span.record(field::COST, cost);
+        }
+        let _entered = span.enter();
+        tracing::info!(
+            target: access_log::TARGET,
+            route = (!line.route.is_empty()).then_some(&*line.route),
+            status = line.status,
+            "request done"
+        );
+    }
+}
+
+/// `body`, which runs `after` (the phase after the response) when it ends (its last frame or an
+/// error is read) or is dropped (the client went away).
+pub(super) fn with_after_response(body: Body, after: AfterResponse) -> Body {
+    Ending { inner: body, after }.boxed_unsync()
+}
+
+struct Ending {
+    inner: Body,
+    after: AfterResponse,
+}
+
+impl hyper::body::Body for Ending {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                this.after.frame(frame);
+                // Trailers are a body's last frame: it is complete. (An HTTP/1.1 server stops
+                // polling there and drops the body, whose `is_end_stream` may not say so yet: a
+                // cost read from an HTTP/1.1 chunked trailer was settled at the reserve.)
+                if frame.is_trailers() {
+                    this.after.run(true);
+                }
+            }
+            std::task::Poll::Ready(None) => this.after.run(true),
+            std::task::Poll::Ready(Some(Err(_))) => this.after.run(false),
+            std::task::Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Ending {
+    /// Dropped before its end was polled: complete if the body says it has ended (hyper stops
+    /// polling a body whose last frame it has), cut short otherwise (the client went away).
+    fn drop(&mut self) {
+        let complete = hyper::body::Body::is_end_stream(&self.inner);
+        self.after.run(complete);
     }
 }

@@ -12,7 +12,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
-use super::context::AfterResponse;
 use crate::config::{HeaderProfile, RouteConfig};
 use crate::limiter::{Limit, Verdict};
 use crate::policy::LimitRef;
@@ -200,62 +199,6 @@ fn quota_and_window(limit: &Limit) -> (u64, u64) {
         u64::from(algorithm.units()),
         window_us.div_ceil(1_000_000).max(1),
     )
-}
-
-/// `body`, which runs `after` (the phase after the response) when it ends (its last frame or an
-/// error is read) or is dropped (the client went away).
-pub(super) fn with_after_response(body: Body, after: AfterResponse) -> Body {
-    Ending { inner: body, after }.boxed_unsync()
-}
-
-struct Ending {
-    inner: Body,
-    after: AfterResponse,
-}
-
-impl hyper::body::Body for Ending {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            std::task::Poll::Ready(Some(Ok(frame))) => {
-                this.after.frame(frame);
-                // Trailers are a body's last frame: it is complete. (An HTTP/1.1 server stops
-                // polling there and drops the body, whose `is_end_stream` may not say so yet: a
-                // cost read from an HTTP/1.1 chunked trailer was settled at the reserve.)
-                if frame.is_trailers() {
-                    this.after.run(true);
-                }
-            }
-            std::task::Poll::Ready(None) => this.after.run(true),
-            std::task::Poll::Ready(Some(Err(_))) => this.after.run(false),
-            std::task::Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Ending {
-    /// Dropped before its end was polled: complete if the body says it has ended (hyper stops
-    /// polling a body whose last frame it has), cut short otherwise (the client went away).
-    fn drop(&mut self) {
-        let complete = hyper::body::Body::is_end_stream(&self.inner);
-        self.after.run(complete);
-    }
 }
 
 /// A body from bytes floodgate made itself.
