@@ -1016,3 +1016,33 @@ async fn adaptive_concurrency_learns_one_limit_per_endpoint() {
     assert_eq!(sick, 2);
     assert!(healthy.iter().all(|&l| l > 2), "{healthy:?}");
 }
+
+/// A name that does not resolve yet when floodgate starts (under compose, the upstream's
+/// containers still starting): 503 `no_upstream` meanwhile, and its first addresses used within
+/// a second of their first answer, not a whole `refresh` later (30 s here; the until's 10 s
+/// would not see it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_resolves_late_is_used_as_soon_as_it_does() {
+    let port = free_port();
+    let replicas = three(port).await;
+    let dns = Dns::start(&[]).await;
+    let fg = Floodgate::start(&format!(
+        "resolver: {{servers: [\"{}\"], refresh: 30s}}\n{}",
+        dns.addr,
+        config(&format!("    upstream: http://late.test:{port}\n"))
+    ));
+    let (status, body) = get(&fg, &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no_upstream"), "{body}");
+    dns.set(vec!["127.0.0.2".parse().unwrap()]);
+    let answered = Instant::now();
+    until("the first address is used", || async {
+        get(&fg, &[]).await.0 == 200
+    })
+    .await;
+    println!(
+        "used {:?} after the name first resolved",
+        answered.elapsed()
+    );
+    assert!(replicas[0].served() > 0);
+}

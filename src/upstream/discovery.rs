@@ -112,18 +112,39 @@ fn keep_last(pool: &super::RoutePool, host: &str, why: &str) {
     );
 }
 
+/// How soon a round follows one that left a pool without any endpoint, at first: doubled each
+/// round that still does, up to `refresh`.
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+
 /// Discovery, forever: every pool's names every `spec.refresh` (and at once when a reload
-/// brings a name not resolved yet).
+/// brings a name not resolved yet). While a pool has no endpoint at all (its name has never
+/// resolved: under compose, an upstream container still starting beside floodgate, whose name
+/// Docker's DNS does not know yet), rounds come sooner: [`FIRST_RETRY`], doubling up to
+/// `refresh` (Envoy's `dns_failure_refresh_rate` does the same), so the first replica is used
+/// within a fraction of a second of its name resolving, not a whole `refresh` later.
 pub async fn run(pools: Arc<Pools>, resolver: TokioResolver, refresh: Duration) {
-    let mut next = tokio::time::Instant::now() + refresh;
+    let mut retry = FIRST_RETRY.min(refresh);
+    let mut next = tokio::time::Instant::now() + after_round(&pools, refresh, &mut retry);
     loop {
         let woken = tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(1).min(refresh)) => false,
+            () = tokio::time::sleep_until(next) => false,
             () = pools.wake.notified() => true,
         };
         if woken || tokio::time::Instant::now() >= next {
             resolve_all(&pools, &resolver, refresh.max(Duration::from_millis(500))).await;
-            next = tokio::time::Instant::now() + refresh;
+            next = tokio::time::Instant::now() + after_round(&pools, refresh, &mut retry);
         }
+    }
+}
+
+/// How long until the next round: `refresh`, or the growing `retry` while a pool is empty.
+fn after_round(pools: &Pools, refresh: Duration, retry: &mut Duration) -> Duration {
+    if pools.all().iter().any(|pool| pool.is_empty()) {
+        let wait = *retry;
+        *retry = (*retry * 2).min(refresh);
+        wait
+    } else {
+        *retry = FIRST_RETRY.min(refresh);
+        refresh
     }
 }
