@@ -406,11 +406,6 @@ impl RoutePool {
         self.set.load().endpoints.len()
     }
 
-    /// True when the pool has no endpoint (a name that has not resolved yet).
-    pub fn is_empty(&self) -> bool {
-        self.set.load().endpoints.is_empty()
-    }
-
     /// Counts a request of the route for its retry budget.
     fn count_request(&self) {
         if self.spec.load().retries.attempts > 1 {
