@@ -29,7 +29,7 @@
 //!    leases;
 //! 6. [`adaptive`]: holds requests to an upstream at the limit it learned
 //!    (`adaptive_concurrency`), by priority;
-//! 7. [`proxy::forward`] and [`proxy::response`]: the upstream call (HTTP/1.1 or HTTP/2, with
+//! 7. [`proxy::forward`] and [`answer`]: the upstream call (HTTP/1.1 or HTTP/2, with
 //!    trailers), and every status and header floodgate writes itself (in [`grpc`]'s words for
 //!    a gRPC call);
 //! 8. [`access_log`], [`metrics`], [`telemetry`], [`top`] and [`admin`]: what was decided, on
@@ -64,8 +64,8 @@
 //!   {reserve, actual}`) until the response ends; its **settlement** gives back or takes the
 //!   difference once the real cost is read ([`limiter::Settlement`], bounded by the limit), and
 //!   is tried again if the store cannot take it.
-//! - A **refusal** ([`proxy::response::Rejection`]) is floodgate answering a request itself; its
-//!   row of the refusal table (`proxy/response/table.rs`) says how, in HTTP's and gRPC's words.
+//! - A **refusal** ([`answer::Rejection`]) is floodgate answering a request itself; its
+//!   row of the refusal table (`answer/table.rs`) says how, in HTTP's and gRPC's words.
 //!   The decider says why it refuses ([`policy::Refused`]: rate limited, banned, the store
 //!   unavailable); why whose a request is could not be worked out is a
 //!   [`policy::ResolveError`]; a store's failure a [`limiter::LimiterError`], which says whose
@@ -100,6 +100,7 @@ pub mod access_log;
 pub mod adaptive;
 pub mod admin;
 pub mod alerts;
+pub mod answer;
 pub mod config;
 pub mod control;
 pub mod deadline;

@@ -27,7 +27,7 @@ pub mod cost;
 pub mod forward;
 mod multiplex;
 mod pool;
-pub mod response;
+pub use crate::answer as response;
 mod snapshot;
 mod upstream_frames;
 mod usage;

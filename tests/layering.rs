@@ -32,6 +32,8 @@ const ALLOWED: &[(&str, &str)] = &[
     ("control", "config limiter"),
     ("alerts", "config control limiter metrics tls"),
     ("global", "limiter metrics"),
+    // floodgate's own answers (refusals, rate-limit headers), below every front end.
+    ("answer", "config grpc limiter metrics policy"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
     (
         "decider",
@@ -41,7 +43,7 @@ const ALLOWED: &[(&str, &str)] = &[
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive alerts config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top upstream",
+        "access_log adaptive alerts answer config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top upstream",
     ),
     (
         "replay",
@@ -54,7 +56,7 @@ const ALLOWED: &[(&str, &str)] = &[
     // The rate-limit service: descriptors decided by the proxy's decider and store.
     (
         "service",
-        "config deadline decider files grpc identity limiter metrics policy proxy telemetry",
+        "answer config deadline decider files grpc identity limiter metrics policy proxy telemetry",
     ),
 ];
 

@@ -29,11 +29,10 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::sync::Notify;
 
+use crate::answer::{Body, BoxError};
 use crate::limiter::algorithm::State;
 use crate::limiter::{AlgorithmKind, Clock as _, Limit, MonotonicClock};
 use crate::metrics::Metrics;
-use crate::proxy::Body;
-use crate::proxy::response::BoxError;
 
 /// One client connection's watch, shared by its requests and the task serving it.
 pub(super) struct ConnWatch {

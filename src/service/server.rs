@@ -8,7 +8,7 @@
 //! - `GET /check`: forward auth ([`super::forward_auth`]).
 //! - `GET /healthz`.
 //!
-//! Every refusal is a row of the one refusal table (`proxy/response/table.rs`), rendered in
+//! Every refusal is a row of the one refusal table (`answer/table.rs`), rendered in
 //! gRPC's words or as problem+json.
 
 use std::convert::Infallible;
@@ -31,10 +31,10 @@ use tokio::net::TcpListener;
 
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use super::{Answer, Failure, Service};
+use crate::answer::{self as response, Body, RateLimitHeaders, Rejection};
 use crate::config::ServiceConfig;
 use crate::deadline::FirstByteDeadline;
 use crate::grpc;
-use crate::proxy::{Body, RateLimitHeaders, Rejection, response};
 
 /// The gRPC method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

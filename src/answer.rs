@@ -1,7 +1,8 @@
-//! The one place where floodgate chooses its own statuses and headers: rejections become
-//! `application/problem+json` responses (RFC 9457), or for a gRPC call trailers-only gRPC
-//! responses ([`crate::grpc`]); admitted responses get the rate-limit headers of the configured
-//! profile.
+//! The one place where floodgate chooses its own statuses and headers, below every front end
+//! (the proxy, the rate-limit service's `/json` and `/check`, its gRPC answers): rejections
+//! become `application/problem+json` responses (RFC 9457), or for a gRPC call trailers-only gRPC
+//! responses ([`crate::grpc`]), by one table (`answer/table.rs`); admitted responses get the
+//! rate-limit headers of the configured profile.
 
 use std::io::Write as _;
 use std::sync::LazyLock;
@@ -19,7 +20,7 @@ use crate::policy::LimitRef;
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
-/// A body's error: hyper's, or one of floodgate's own limits ([`super::body`]).
+/// A body's error: hyper's, or one of floodgate's own limits ([`crate::proxy::body`]).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 mod grpc;
