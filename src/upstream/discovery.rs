@@ -119,7 +119,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 /// Discovery, forever: every pool's names every `spec.refresh` (and at once when a reload
 /// brings a name not resolved yet). While a pool has no endpoint at all (its name has never
 /// resolved: under compose, an upstream container still starting beside floodgate, whose name
-/// Docker's DNS does not know yet), rounds come sooner: [`FIRST_RETRY`], doubling up to
+/// Docker's DNS does not know yet), rounds come sooner: 250 ms (`FIRST_RETRY`), doubling up to
 /// `refresh` (Envoy's `dns_failure_refresh_rate` does the same), so the first replica is used
 /// within a fraction of a second of its name resolving, not a whole `refresh` later.
 pub async fn run(pools: Arc<Pools>, resolver: TokioResolver, refresh: Duration) {
