@@ -75,6 +75,9 @@ pub enum Rejection {
     /// The request carries this floodgate's own `Via`: it came back through it (an upstream
     /// that is floodgate itself). 508, never forwarded again.
     LoopDetected,
+    /// The rate-limit service could not decide within the gRPC call's own deadline
+    /// (`grpc-timeout`): 504, `DEADLINE_EXCEEDED`.
+    DeadlineExceeded,
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -461,6 +464,7 @@ mod tests {
             Rejection::InvalidArgument("the domain is empty".into()),
             Rejection::NoUpstream,
             Rejection::LoopDetected,
+            Rejection::DeadlineExceeded,
         ]
     }
 

@@ -182,6 +182,14 @@ static LOOP_DETECTED: Answer = row(
     None,
     None,
 );
+static DEADLINE_EXCEEDED: Answer = row(
+    StatusCode::GATEWAY_TIMEOUT,
+    "deadline_exceeded",
+    Code::DeadlineExceeded,
+    "no decision within the call's deadline",
+    None,
+    None,
+);
 
 impl Rejection {
     /// This refusal's row of the table.
@@ -203,6 +211,7 @@ impl Rejection {
             Rejection::UpstreamOverloaded => &UPSTREAM_OVERLOADED,
             Rejection::NoUpstream => &NO_UPSTREAM,
             Rejection::LoopDetected => &LOOP_DETECTED,
+            Rejection::DeadlineExceeded => &DEADLINE_EXCEEDED,
         }
     }
 

@@ -120,7 +120,11 @@ async fn handle(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) 
     let path = req.uri().path();
     if grpc::is_grpc(req.headers()) {
         if path != SHOULD_RATE_LIMIT || req.method() != Method::POST {
-            return grpc_status(grpc::Code::Unimplemented, "no such method");
+            // UNIMPLEMENTED, the table's gRPC word for no route.
+            return Rejection::NoRoute.respond(
+                &RateLimitHeaders::none(),
+                response::Dialect::Grpc(Default::default()),
+            );
         }
         return should_rate_limit(req, state).await;
     }
@@ -190,9 +194,9 @@ async fn should_rate_limit_traced(req: Request<Incoming>, state: &ServiceState) 
         Some(deadline) => match tokio::time::timeout(deadline, decided).await {
             Ok(answer) => answer,
             Err(_) => {
-                return grpc_status(
-                    grpc::Code::DeadlineExceeded,
-                    "no decision within the call's deadline",
+                return Rejection::DeadlineExceeded.respond(
+                    &RateLimitHeaders::none(),
+                    response::Dialect::Grpc(Default::default()),
                 );
             }
         },
@@ -425,12 +429,6 @@ fn grpc_message(message: &RateLimitResponse) -> Response<Body> {
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    response
-}
-
-fn grpc_status(code: grpc::Code, message: &str) -> Response<Body> {
-    let mut response = Response::new(response::full(Bytes::new()));
-    grpc::write_status(response.headers_mut(), code, message, None);
     response
 }
 
