@@ -158,6 +158,34 @@ impl Decided {
     }
 }
 
+/// Whom a peek ([`Decider::peek_route`]) is about: what the caller knows of the client.
+pub struct Peek<'a> {
+    pub tier: &'a str,
+    /// The identity's kind and bytes, if the caller names one.
+    pub identity: Option<(KeyKind, &'a [u8])>,
+    /// The address's octets (`ip_octets`), if known.
+    pub ip: Option<&'a [u8]>,
+    /// What the composite keys read.
+    pub view: &'a crate::config::RequestView<'a>,
+}
+
+/// One limit as a peek sees it.
+#[derive(Debug, Clone)]
+pub struct Peeked {
+    pub algorithm: &'static str,
+    pub per: &'static str,
+    /// Its units (a bucket's capacity, a window's limit).
+    pub limit: u64,
+    pub shadow: bool,
+    /// `scope: global`.
+    pub global: bool,
+    /// What is left now (a check that allowed gives back what it counted) and µs to the
+    /// reset; `None` when the caller does not name the limit's client.
+    pub figures: Option<(u64, u64)>,
+    /// A global limit's slice held by this region: the region, its units.
+    pub slice: Option<(String, u64)>,
+}
+
 /// One budget's asks for one request, each at the cost it reserves (see [`Decider::decide_asks`]).
 pub struct BudgetAsks<'a> {
     pub asks: &'a [Ask<'a>],
@@ -474,7 +502,62 @@ impl<'s> Decider<'s> {
         decided
     }
 
-    /// What `asks` would be told now, per limit asked, spending nothing (`/budgets`).
+    /// What `who` would be told now on `route`, spending nothing, for every limit that applies
+    /// to its tier (enforced, an override's in their place for an identity that has one; then
+    /// shadow ones, with `shadow`): the one peek behind `/budgets` and the usage endpoint.
+    /// Composite keys read `who.view` as the proxy reads a request; a limit whose client the
+    /// caller does not name (an admin query that names only an address) has no figures, and
+    /// the limits `per: endpoint` none either (no endpoint is chosen by a peek).
+    pub async fn peek_route(
+        &self,
+        route: &RouteConfig,
+        who: &Peek<'_>,
+        shadow: bool,
+    ) -> Result<Vec<Peeked>, crate::limiter::LimiterError> {
+        let over = who
+            .identity
+            .and_then(|(kind, id)| self.override_of(&route.name, kind, id));
+        let enforced = over.as_ref().map_or(&route.enforced, |o| &o.budget);
+        let mut out = Vec::new();
+        let budgets = [(enforced, false), (&route.shadow, true)];
+        for (budget, is_shadow) in budgets.into_iter().take(1 + usize::from(shadow)) {
+            let keys = match who.identity {
+                Some(identity) => {
+                    RequestKeys::of(budget, who.view, identity, who.ip.unwrap_or(&[]))
+                }
+                None => RequestKeys::default(),
+            };
+            let asks =
+                crate::policy::asks_with(budget, who.tier, who.identity, who.ip, &keys, None);
+            let positions = &asks.positions[..asks.asks.len()];
+            let decisions = self.peek(&asks.asks).await?;
+            for (position, limit) in budget.limits.iter().enumerate() {
+                if !limit.applies_to(who.tier) {
+                    continue;
+                }
+                let at = positions.iter().position(|&p| p == position);
+                let figures = at
+                    .and_then(|i| decisions.get(i))
+                    .map(|d| (d.remaining_before(limit.limit.cost()), d.reset_after_us));
+                let slice = match (limit.limit.is_global(), at) {
+                    (true, Some(i)) => self.slice(&asks.asks[i]).await,
+                    _ => None,
+                };
+                out.push(Peeked {
+                    algorithm: limit.limit.algorithm().name(),
+                    per: limit.per.as_str(),
+                    limit: u64::from(limit.limit.algorithm().units()),
+                    shadow: is_shadow,
+                    global: limit.limit.is_global(),
+                    figures,
+                    slice,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// What `asks` would be told now, per limit asked, spending nothing.
     pub async fn peek(
         &self,
         asks: &[Ask<'_>],

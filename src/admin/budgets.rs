@@ -15,11 +15,11 @@ use std::net::IpAddr;
 use serde_json::{Value, json};
 
 use super::query::{AdminError, Query, bad};
-use crate::config::{Budget, Per, RequestView};
-use crate::decider::Decider;
+use crate::config::{Per, RequestView};
+use crate::decider::Peek;
 use crate::identity::{ANONYMOUS_TIER, Identity, IdentityError, ip_octets};
-use crate::limiter::{Decision, KeyKind};
-use crate::policy::{self, Asks, Claim, RequestKeys, ResolveError};
+use crate::limiter::KeyKind;
+use crate::policy::{Claim, ResolveError};
 use crate::proxy::Proxy;
 
 /// The answer to `GET /budgets?{query}`.
@@ -98,39 +98,45 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
     let tier = whose.map_or(ANONYMOUS_TIER, |w| w.tier);
     let values = RequestValues::of(&query);
     let mut id_buf = [0u8; 16];
-    let id: &[u8] = match &identity {
-        Some(identity) => identity.key_bytes(&mut id_buf),
-        None => &[],
-    };
+    let identity = identity
+        .as_ref()
+        .map(|i| (KeyKind::from(i.kind()), i.key_bytes(&mut id_buf)));
     let mut ip_buf = [0u8; 16];
     let ip_bytes = ip.map(|ip| ip_octets(ip, &mut ip_buf));
-    let mut limits = Vec::new();
     let view = values.view();
-    let decider = proxy.decider(&snapshot);
-    // An override in force for the identity stands in for the route's enforced limits.
-    let over = identity
-        .as_ref()
-        .and_then(|i| decider.override_of(&route.name, KeyKind::from(i.kind()), id));
-    let enforced = over.as_ref().map_or(&route.enforced, |o| &o.budget);
-    for (budget, shadow) in [(enforced, false), (&route.shadow, true)] {
-        let keys = match (&identity, ip_bytes) {
-            (Some(identity), Some(ip)) => {
-                RequestKeys::of(budget, &view, (KeyKind::from(identity.kind()), id), ip)
+    let who = Peek {
+        tier,
+        identity,
+        ip: ip_bytes,
+        view: &view,
+    };
+    let limits: Vec<Value> = proxy
+        .decider(&snapshot)
+        .peek_route(route, &who, true)
+        .await
+        .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?
+        .into_iter()
+        .map(|peeked| {
+            let mut value = json!({
+                "algorithm": peeked.algorithm,
+                "per": peeked.per,
+                "limit": peeked.limit,
+                "remaining": peeked.figures.map(|(remaining, _)| remaining),
+                "reset_after_s": peeked.figures.map(|(_, reset_us)| reset_us as f64 / 1e6),
+                "shadow": peeked.shadow,
+            });
+            if peeked.global {
+                value["scope"] = json!("global");
+                if let Some((region, held)) = peeked.slice {
+                    value["slice"] = json!({"region": region, "held": held});
+                }
             }
-            (Some(identity), None) => {
-                RequestKeys::of(budget, &view, (KeyKind::from(identity.kind()), id), &[])
-            }
-            (None, _) => RequestKeys::default(),
-        };
-        let identity = identity
-            .as_ref()
-            .map(|identity| (KeyKind::from(identity.kind()), id));
-        let asks = policy::asks_with(budget, tier, identity, ip_bytes, &keys, None);
-        limits.extend(peek_budget(&decider, budget, shadow, tier, asks).await?);
-    }
+            value
+        })
+        .collect();
     Ok(json!({
         "route": &*route.name,
-        "identity": identity.map(|i| i.kind().as_str()),
+        "identity": whose.map(|w| w.identity.kind().as_str()),
         "tier": tier,
         "limits": limits,
     }))
@@ -215,61 +221,4 @@ impl RequestValues {
             json: Some(&self.json),
         }
     }
-}
-
-/// One budget's limits (`asks`: those that apply and whose client the query names), with figures of now where the query names their client.
-async fn peek_budget(
-    decider: &Decider<'_>,
-    budget: &Budget,
-    shadow: bool,
-    tier: &str,
-    Asks { asks, positions }: Asks<'_>,
-) -> Result<Vec<Value>, AdminError> {
-    let positions = &positions[..asks.len()];
-    let decisions = decider
-        .peek(&asks)
-        .await
-        .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?;
-    // A global limit's slice held by this region.
-    let mut slices = Vec::with_capacity(asks.len());
-    for ask in &asks {
-        slices.push(match ask.limit.is_global() {
-            true => decider.slice(ask).await,
-            false => None,
-        });
-    }
-    // Every limit that applies to the tier, with figures when the query names its client.
-    Ok(budget
-        .limits
-        .iter()
-        .enumerate()
-        .filter(|(_, limit)| limit.applies_to(tier))
-        .map(|(position, limit)| {
-            let at = positions.iter().position(|&p| p == position);
-            let figures = at
-                .and_then(|i| decisions.get(i))
-                .map(|d| now_figures(d, limit.limit.cost()));
-            let mut value = json!({
-                "algorithm": limit.limit.algorithm().name(),
-                "per": limit.per.as_str(),
-                "limit": limit.limit.algorithm().units(),
-                "remaining": figures.map(|(remaining, _)| remaining),
-                "reset_after_s": figures.map(|(_, reset)| reset),
-                "shadow": shadow,
-            });
-            if limit.limit.is_global() {
-                value["scope"] = json!("global");
-                if let Some((region, held)) = at.and_then(|i| slices.get(i).cloned().flatten()) {
-                    value["slice"] = json!({"region": region, "held": held});
-                }
-            }
-            value
-        })
-        .collect())
-}
-
-/// A peeked decision as figures of now: the units left before the next request (a check that
-/// allowed counted that request's cost), and `reset_after_s`.
-fn now_figures(d: &Decision, cost: u32) -> (u64, f64) {
-    (d.remaining_before(cost), d.reset_after_us as f64 / 1e6)
 }

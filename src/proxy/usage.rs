@@ -17,9 +17,10 @@ use super::context::Context;
 use super::response::{self, Body, RateLimitHeaders, Rejection};
 use super::{Proxy, Snapshot};
 use crate::config::RequestView;
+use crate::decider::Peek;
 use crate::identity::ip_octets;
 use crate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, next_lease, wall_clock_us};
-use crate::policy::{self, LimitRef, RequestKeys};
+use crate::policy::LimitRef;
 
 /// How many usage requests an identity may make at once.
 pub const USAGE_CAPACITY: u32 = 10;
@@ -67,42 +68,40 @@ impl Proxy {
         }
         let decider = self.decider(snapshot);
         let now_us = wall_clock_us();
+        // Composite keys read this request as the proxy reads one to the route: its headers,
+        // query and token claims (no path segment past the route's prefix).
+        let view = RequestView {
+            headers: req.headers(),
+            query: req.uri().query(),
+            rest: "",
+            claims: verified.as_ref().map(|v| &v.claims),
+            json: None,
+        };
+        let who = Peek {
+            tier: whose.tier,
+            identity: Some((kind, id)),
+            ip: Some(ip),
+            view: &view,
+        };
         let mut routes = Vec::new();
         for route in snapshot.routes.routes() {
             if route.enforced.is_empty() {
                 continue;
             }
-            let over = decider.override_of(&route.name, kind, id);
-            let budget = over.as_ref().map_or(&route.enforced, |o| &o.budget);
-            // Composite keys read this request as the proxy reads one to the route: its
-            // headers, query and token claims (no path segment past the route's prefix).
-            let view = RequestView {
-                headers: req.headers(),
-                query: req.uri().query(),
-                rest: "",
-                claims: verified.as_ref().map(|v| &v.claims),
-                json: None,
-            };
-            let keys = RequestKeys::of(budget, &view, (kind, id), ip);
-            let asks =
-                policy::asks_with(budget, whose.tier, Some((kind, id)), Some(ip), &keys, None);
-            let decisions = decider
-                .peek(&asks.asks)
+            let limits: Vec<Value> = decider
+                .peek_route(route, &who, false)
                 .await
-                .map_err(|_| Rejection::LimiterUnavailable)?;
-            let limits: Vec<Value> = decisions
-                .iter()
-                .zip(&asks.positions)
-                .map(|(d, &position)| {
-                    let limit = &budget.limits[position];
-                    let remaining = d.remaining_before(limit.limit.cost());
-                    json!({
-                        "algorithm": limit.limit.algorithm().name(),
-                        "per": limit.per.as_str(),
-                        "limit": limit.limit.algorithm().units(),
+                .map_err(|_| Rejection::LimiterUnavailable)?
+                .into_iter()
+                .filter_map(|peeked| {
+                    let (remaining, reset_us) = peeked.figures?;
+                    Some(json!({
+                        "algorithm": peeked.algorithm,
+                        "per": peeked.per,
+                        "limit": peeked.limit,
                         "remaining": remaining,
-                        "reset": (now_us + d.reset_after_us).div_ceil(1_000_000),
-                    })
+                        "reset": (now_us + reset_us).div_ceil(1_000_000),
+                    }))
                 })
                 .collect();
             routes.push(json!({ "route": &*route.name, "limits": limits }));
