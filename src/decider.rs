@@ -468,7 +468,10 @@ impl<'s> Decider<'s> {
 
     /// Decides a request's asks, built by the caller: the enforced ones all-or-nothing (a
     /// denial refuses, unless `shadow: true`; a store failure follows `on_error`), then, if it
-    /// goes on, the shadow ones, which never refuse.
+    /// goes on, the shadow ones, which never refuse. Only the asks: no exemption, ban,
+    /// override, penalty or alert, which need a route and an identity ([`Decider::decide`]
+    /// applies them around this); the rate-limit service, whose descriptors name neither,
+    /// enters here.
     pub async fn decide_asks(&self, enforced: BudgetAsks<'_>, shadow: BudgetAsks<'_>) -> Decided {
         let mut phase = LimitPhase::new(&self.policy);
         let mut decided = Decided::of(DecisionLabel::Allowed);

@@ -138,117 +138,40 @@ impl Service {
         answer
     }
 
+    /// The decision, in steps: the descriptors checked ([`entries_of`]), each one's rule found,
+    /// the store keys made ([`StoreKeys`]), what each comes to ([`plan`]), the give-backs and
+    /// checks, then the asks decided all-or-nothing by the decider's `decide_asks`, and the
+    /// answer written ([`answer`]). What the proxy's decision adds for an identity (exemptions,
+    /// bans, overrides, the penalty box, quota alerts) does not apply: a descriptor names no
+    /// identity, only values a caller chose, and the caller's own proxy answers for its
+    /// clients (docs/service.md, "What the service does not apply").
     async fn decide_counted(&self, request: &RateLimitRequest) -> Result<Answer, Failure> {
-        if request.domain.is_empty() {
-            return Err(Failure::InvalidArgument("the domain is empty".into()));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Failure::InvalidArgument("there are no descriptors".into()));
-        }
+        let descriptors = entries_of(request)?;
         let rules = self.rules.load();
-        // Each descriptor's entries, and the limit it finds.
-        let mut found: Vec<(Vec<Entry>, Option<&RuleLimit>)> =
-            Vec::with_capacity(request.descriptors.len());
-        for (i, d) in request.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(Failure::InvalidArgument(format!(
-                    "descriptors[{i}] has no entries"
-                )));
-            }
-            let mut entries = Vec::with_capacity(d.entries.len());
-            for (j, e) in d.entries.iter().enumerate() {
-                if e.key.is_empty() {
-                    return Err(Failure::InvalidArgument(format!(
-                        "descriptors[{i}].entries[{j}] has no key"
-                    )));
-                }
-                entries.push(Entry {
-                    key: e.key.clone(),
-                    value: e.value.clone(),
-                });
-            }
-            let limit = rules.find(&request.domain, &entries);
-            found.push((entries, limit));
-        }
-        // `replaces`: a limit found drops the limits it names.
+        // Each descriptor's limit; `replaces`: a limit found drops the limits it names.
+        let found: Vec<Option<&RuleLimit>> = descriptors
+            .iter()
+            .map(|entries| rules.find(&request.domain, entries))
+            .collect();
         let replaced: Vec<&str> = found
             .iter()
-            .filter_map(|(_, l)| *l)
+            .filter_map(|l| *l)
             .flat_map(|l| l.replaces.iter().map(String::as_str))
             .collect();
-        // The store's keys: per descriptor, its entries (each value its own budget), in one
-        // buffer; each key and value with its length before it, so that no value (whatever
-        // bytes it holds) spells another descriptor's key.
-        let mut buf = Vec::new();
-        let mut ranges = Vec::with_capacity(found.len());
-        for (entries, _) in &found {
-            let start = buf.len();
-            for e in entries {
-                for part in [&e.key, &e.value] {
-                    let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
-                    buf.extend_from_slice(&len.to_le_bytes());
-                    buf.extend_from_slice(part.as_bytes());
-                }
-            }
-            ranges.push(start..buf.len());
-        }
-        let mut plans = Vec::with_capacity(found.len());
-        let mut costed: Vec<(Side, Limit, usize)> = Vec::new();
-        let mut counts = [0usize; 2];
-        for (i, (d, (_, limit))) in request.descriptors.iter().zip(&found).enumerate() {
-            let Some(rule) = limit.filter(|l| {
-                l.name
-                    .as_deref()
-                    .is_none_or(|name| !replaced.contains(&name))
-            }) else {
-                plans.push(Plan::Free);
-                continue;
-            };
-            let Some(limit) = rule.limit.as_ref() else {
-                plans.push(Plan::Unlimited(rule));
-                continue;
-            };
-            let hits = match d.hits_addend {
-                Some(h) => h.value,
-                None => u64::from(request.hits_addend.max(1)),
-            };
-            let side = if rule.shadow {
-                Side::Shadow
-            } else {
-                Side::Enforced
-            };
-            let plan = if d.is_negative_hits {
-                costed.push((side, limit.costing(clamp(hits)), i));
-                Plan::GivenBack
-            } else if hits == 0 {
-                costed.push((side, *limit, i));
-                Plan::Checked(rule)
-            } else if hits > u64::from(limit.algorithm().max_cost()) {
-                Plan::TooMany
-            } else {
-                let at = counts[side as usize];
-                if at == MAX_LIMITS {
-                    return Err(Failure::InvalidArgument(format!(
-                        "more than {MAX_LIMITS} descriptors find a limit"
-                    )));
-                }
-                counts[side as usize] += 1;
-                costed.push((side, limit.costing(clamp(hits)), i));
-                Plan::Asked(rule, side, at, u64::from(clamp(hits)))
-            };
-            plans.push(plan);
-        }
-        let mut asks: Vec<(Side, usize, Ask<'_>)> = Vec::with_capacity(costed.len());
-        for (side, limit, i) in &costed {
-            if let (_, Some(rule)) = &found[*i] {
+        let keys = StoreKeys::of(&descriptors);
+        let (plans, costed) = plan(request, &found, &replaced)?;
+        let asks: Vec<(Side, usize, Ask<'_>)> = costed
+            .iter()
+            .filter_map(|(side, limit, i)| {
+                let rule = found[*i]?;
                 let key = BudgetKey {
                     budget: rule.budget_id.as_str(),
                     kind: KeyKind::Request,
-                    value: &buf[ranges[*i].clone()],
+                    value: keys.get(*i),
                 };
-                asks.push((*side, *i, Ask { limit, key }));
-            }
-        }
+                Some((*side, *i, Ask { limit, key }))
+            })
+            .collect();
         let snapshot = self.proxy.snapshot();
         let decider = self.proxy.decider(&snapshot);
         // Given back first: they spend nothing and are not part of the decision.
@@ -283,15 +206,6 @@ impl Service {
                 asked[*side as usize].push(*i);
             }
         }
-        const POSITIONS: [usize; MAX_LIMITS] = {
-            let mut p = [0; MAX_LIMITS];
-            let mut i = 0;
-            while i < MAX_LIMITS {
-                p[i] = i;
-                i += 1;
-            }
-            p
-        };
         let decided = match checked_over || too_many {
             true => None,
             false => Some(
@@ -318,6 +232,143 @@ impl Service {
         }
         Ok(answer(&plans, &checks, decided.as_ref(), &asked))
     }
+}
+
+/// The positions of a side's asks: the first `n` of these (the service's budgets are its
+/// asks, in order).
+const POSITIONS: [usize; MAX_LIMITS] = {
+    let mut p = [0; MAX_LIMITS];
+    let mut i = 0;
+    while i < MAX_LIMITS {
+        p[i] = i;
+        i += 1;
+    }
+    p
+};
+
+/// Each descriptor's entries, checked: a request needs a domain and descriptors, each with
+/// entries, each with a key.
+fn entries_of(request: &RateLimitRequest) -> Result<Vec<Vec<Entry>>, Failure> {
+    if request.domain.is_empty() {
+        return Err(Failure::InvalidArgument("the domain is empty".into()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Failure::InvalidArgument("there are no descriptors".into()));
+    }
+    let mut out = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(Failure::InvalidArgument(format!(
+                "descriptors[{i}] has no entries"
+            )));
+        }
+        let mut entries = Vec::with_capacity(d.entries.len());
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.is_empty() {
+                return Err(Failure::InvalidArgument(format!(
+                    "descriptors[{i}].entries[{j}] has no key"
+                )));
+            }
+            entries.push(Entry {
+                key: e.key.clone(),
+                value: e.value.clone(),
+            });
+        }
+        out.push(entries);
+    }
+    Ok(out)
+}
+
+/// The store's keys: per descriptor, its entries (each value its own budget), in one buffer;
+/// each key and value with its length before it, so that no value (whatever bytes it holds)
+/// spells another descriptor's key.
+struct StoreKeys {
+    buf: Vec<u8>,
+    ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl StoreKeys {
+    fn of(descriptors: &[Vec<Entry>]) -> StoreKeys {
+        let mut buf = Vec::new();
+        let mut ranges = Vec::with_capacity(descriptors.len());
+        for entries in descriptors {
+            let start = buf.len();
+            for e in entries {
+                for part in [&e.key, &e.value] {
+                    let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+                    buf.extend_from_slice(&len.to_le_bytes());
+                    buf.extend_from_slice(part.as_bytes());
+                }
+            }
+            ranges.push(start..buf.len());
+        }
+        StoreKeys { buf, ranges }
+    }
+
+    /// Descriptor `i`'s key.
+    fn get(&self, i: usize) -> &[u8] {
+        &self.buf[self.ranges[i].clone()]
+    }
+}
+
+/// Per descriptor, what it comes to before the store is asked (its [`Plan`]), and the limits
+/// to ask, each at its cost: per ask, its side, its limit and which descriptor it is.
+#[allow(
+    clippy::type_complexity,
+    reason = "the plans and the costed asks, read once by decide_counted"
+)]
+fn plan<'r>(
+    request: &RateLimitRequest,
+    found: &[Option<&'r RuleLimit>],
+    replaced: &[&str],
+) -> Result<(Vec<Plan<'r>>, Vec<(Side, Limit, usize)>), Failure> {
+    let mut plans = Vec::with_capacity(found.len());
+    let mut costed: Vec<(Side, Limit, usize)> = Vec::new();
+    let mut counts = [0usize; 2];
+    for (i, (d, limit)) in request.descriptors.iter().zip(found).enumerate() {
+        let Some(rule) = limit.filter(|l| {
+            l.name
+                .as_deref()
+                .is_none_or(|name| !replaced.contains(&name))
+        }) else {
+            plans.push(Plan::Free);
+            continue;
+        };
+        let Some(limit) = rule.limit.as_ref() else {
+            plans.push(Plan::Unlimited(rule));
+            continue;
+        };
+        let hits = match d.hits_addend {
+            Some(h) => h.value,
+            None => u64::from(request.hits_addend.max(1)),
+        };
+        let side = if rule.shadow {
+            Side::Shadow
+        } else {
+            Side::Enforced
+        };
+        let plan = if d.is_negative_hits {
+            costed.push((side, limit.costing(clamp(hits)), i));
+            Plan::GivenBack
+        } else if hits == 0 {
+            costed.push((side, *limit, i));
+            Plan::Checked(rule)
+        } else if hits > u64::from(limit.algorithm().max_cost()) {
+            Plan::TooMany
+        } else {
+            let at = counts[side as usize];
+            if at == MAX_LIMITS {
+                return Err(Failure::InvalidArgument(format!(
+                    "more than {MAX_LIMITS} descriptors find a limit"
+                )));
+            }
+            counts[side as usize] += 1;
+            costed.push((side, limit.costing(clamp(hits)), i));
+            Plan::Asked(rule, side, at, u64::from(clamp(hits)))
+        };
+        plans.push(plan);
+    }
+    Ok((plans, costed))
 }
 
 /// `hits` as a cost (at most `u32::MAX`, and a limit caps it further).
