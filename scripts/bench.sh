@@ -216,13 +216,16 @@ UPSTREAM_PID=$NGINX_PID
 UPSTREAM_URL="http://127.0.0.1:$UPSTREAM_PORT"
 wait_http "$UPSTREAM_URL/"
 
-# The upstream pool and the proxying every nginx target shares (nginx_proxy, openresty_limit).
-nginx_backend() {
+# The upstream pool and the proxying every nginx target shares (nginx_proxy, nginx_pool,
+# openresty_limit): the servers given, or the one upstream.
+nginx_backend() { # [server...]
+    local servers=("$@")
+    [ ${#servers[@]} -gt 0 ] || servers=("127.0.0.1:$UPSTREAM_PORT")
     cat <<EOF
 keepalive_requests 1000000;
     keepalive_timeout 120s;
     upstream backend {
-        server 127.0.0.1:$UPSTREAM_PORT;
+        $(printf 'server %s; ' "${servers[@]}")
         keepalive 64;
         keepalive_requests 1000000;
     }
@@ -232,60 +235,39 @@ nginx_proxy_pass() {
     echo 'proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";'
 }
 
-# --- nginx as a plain reverse proxy ------------------------------------------------------------
-PROXY_PORT="$(free_port)"
-start_nginx nginx_proxy <<EOF
+# --- nginx as a plain reverse proxy, and with an upstream block of three ------------------------
+start_nginx_proxy() { # name port [server...]  -> sets NGINX_PID
+    local name=$1 port=$2
+    shift 2
+    start_nginx "$name" <<EOF
 daemon off;
 master_process on;
 worker_processes auto;
-pid $WORK/nginx_proxy/nginx.pid;
-error_log $WORK/nginx_proxy/error.log warn;
+pid $WORK/$name/nginx.pid;
+error_log $WORK/$name/error.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
-    $(nginx_temp_paths "$WORK/nginx_proxy")
-    $(nginx_backend)
+    $(nginx_temp_paths "$WORK/$name")
+    $(nginx_backend "$@")
     server {
-        listen 127.0.0.1:$PROXY_PORT;
+        listen 127.0.0.1:$port;
         location / {
             $(nginx_proxy_pass)
         }
     }
 }
 EOF
+}
+PROXY_PORT="$(free_port)"
+start_nginx_proxy nginx_proxy "$PROXY_PORT"
 NGINX_PROXY_PID=$NGINX_PID
 NGINX_PROXY_URL="http://127.0.0.1:$PROXY_PORT"
 wait_http "$NGINX_PROXY_URL/"
 POOL_ORIGINS=("127.0.0.2:$UPSTREAM_PORT" "127.0.0.3:$UPSTREAM_PORT" "127.0.0.4:$UPSTREAM_PORT")
-
-# --- nginx with an upstream block of three ------------------------------------------------------
 if [[ " ${TARGETS[*]} " == *" nginx_pool "* ]]; then
     POOL_PORT="$(free_port)"
-    start_nginx nginx_pool <<EOF
-daemon off;
-master_process on;
-worker_processes auto;
-pid $WORK/nginx_pool/nginx.pid;
-error_log $WORK/nginx_pool/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    $(nginx_temp_paths "$WORK/nginx_pool")
-    keepalive_requests 1000000;
-    keepalive_timeout 120s;
-    upstream backend {
-        $(printf 'server %s; ' "${POOL_ORIGINS[@]}")
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$POOL_PORT;
-        location / {
-            $(nginx_proxy_pass)
-        }
-    }
-}
-EOF
+    start_nginx_proxy nginx_pool "$POOL_PORT" "${POOL_ORIGINS[@]}"
     NGINX_POOL_PID=$NGINX_PID
     NGINX_POOL_URL="http://127.0.0.1:$POOL_PORT"
     wait_http "$NGINX_POOL_URL/"
