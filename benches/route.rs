@@ -1,6 +1,7 @@
 //! The cost of finding a request's route: [`RouteTable::position`] over 20 routes in file order, for
 //! a request matching the first route, one in the middle, the last (a `/` catch-all), and, in a
-//! table without a catch-all, none.
+//! table without a catch-all, none; and [`RouteTable::find`] over 200 routes on 20 hosts (10
+//! each, `hosts:` names), for a request of the last host's last route.
 //!
 //! Run: `cargo bench --bench route` (short: `-- --warm-up-time 1 --measurement-time 2`).
 
@@ -79,5 +80,41 @@ fn find(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, find);
+/// 200 routes: 20 hosts (`api-00.example.com` …), 10 path prefixes on each.
+fn by_host() -> RouteTable {
+    let mut yaml = String::from("listen: 127.0.0.1:0\nroutes:\n");
+    for h in 0..20 {
+        for p in 0..10 {
+            let _ = writeln!(
+                yaml,
+                "  - name: h{h:02}p{p}\n    hosts: [api-{h:02}.example.com]\n    path_prefix: /v1/resource-{p}/\n    upstream: http://127.0.0.1:9000"
+            );
+        }
+    }
+    RouteTable::new(Config::from_yaml(&yaml).expect("valid bench config").routes)
+}
+
+fn find_by_host(c: &mut Criterion) {
+    let table = by_host();
+    assert_eq!(table.routes().len(), 200);
+    let headers = http::HeaderMap::new();
+    let request = floodgate::route::Request {
+        method: &Method::GET,
+        host: Some("api-19.example.com"),
+        headers: &headers,
+        path: "/v1/resource-9/items/7",
+    };
+    assert_eq!(
+        table.find(&request).map(|i| &*table.routes()[i].name),
+        Some("h19p9")
+    );
+    let mut group = c.benchmark_group("route_find");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("last_of_200_on_20_hosts", |b| {
+        b.iter(|| black_box(table.find(black_box(&request)).is_some()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, find, find_by_host);
 criterion_main!(benches);

@@ -385,9 +385,18 @@ impl Proxy {
         snapshot: &'r Snapshot,
         req: &Request<ClientBody>,
     ) -> Result<Matched<'r>, Rejection> {
+        let host = match snapshot.routes.by_host() {
+            true => crate::config::request_host(req.uri(), req.headers()),
+            false => None,
+        };
         let i = snapshot
             .routes
-            .position(req.method(), req.uri().path())
+            .find(&crate::route::Request {
+                method: req.method(),
+                host: host.as_deref(),
+                headers: req.headers(),
+                path: req.uri().path(),
+            })
             .ok_or(Rejection::NoRoute)?;
         Ok(Matched {
             config: &snapshot.routes.routes()[i],

@@ -322,6 +322,12 @@ pub struct RouteFile {
     pub path_prefix: String,
     #[serde(default)]
     pub methods: Option<Vec<String>>,
+    /// Host names (`*.` for subdomains) the route answers for; none: any host.
+    #[serde(default)]
+    pub hosts: Option<Vec<String>>,
+    /// Headers the request must have: each a value, or `"*"` for any.
+    #[serde(default)]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
     /// `prefix` (default: a plain string prefix, like nginx) or `segment` (the prefix must end
     /// at a `/`: `/api/rides` matches `/api/rides/1`, not `/api/ridesX`).
     #[serde(default)]

@@ -7,9 +7,11 @@ use http::uri::Scheme;
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
+mod matching;
 mod pool;
 
 pub use build::override_budget;
+pub use matching::{HeaderMatch, HostPattern, request_host};
 
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
@@ -19,6 +21,10 @@ pub struct RouteConfig {
     pub path_prefix: String,
     /// `None` matches every method.
     pub methods: Option<Vec<Method>>,
+    /// `hosts:`: the request's host must match one (empty: any host).
+    pub hosts: Vec<HostPattern>,
+    /// `headers:`: the request must have every one.
+    pub headers: Vec<HeaderMatch>,
     /// How `path_prefix` is compared with the (normalised) path.
     pub path_match: PathMatch,
     /// The first origin (what names the upstream in its learned limit, traces and logs).

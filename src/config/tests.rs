@@ -583,3 +583,36 @@ fn per_endpoint_stands_alone_and_takes_no_penalty() {
         "no penalty",
     );
 }
+
+#[test]
+fn hosts_and_headers_are_read_and_a_bad_one_is_named() {
+    let config = valid(&with_route_field(
+        "hosts",
+        "[Billing.Example.com, \"*.example.com\"]\n    headers: {X-Canary: \"1\", X-Beta: \"*\"}",
+    ));
+    let route = &config.routes[0];
+    assert_eq!(
+        route.hosts,
+        vec![
+            HostPattern::Exact("billing.example.com".into()),
+            HostPattern::Suffix(".example.com".into())
+        ]
+    );
+    assert_eq!(route.headers.len(), 2);
+    assert!(
+        route
+            .headers
+            .iter()
+            .any(|h| h.name == "x-beta" && h.value.is_none())
+    );
+    rejects(
+        &with_route_field("hosts", "[\"ex ample.com\"]"),
+        "routes[0].hosts[0]",
+        "is not a host name",
+    );
+    rejects(
+        &with_route_field("headers", "{\"bad name\": x}"),
+        "routes[0].headers.bad name",
+        "is not a header name",
+    );
+}

@@ -42,6 +42,41 @@ impl Validator {
                 })
                 .collect::<Vec<_>>()
         });
+        let hosts: Vec<HostPattern> = r
+            .hosts
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter_map(|(n, host)| {
+                HostPattern::parse(host)
+                    .map_err(|e| self.problem(format!("{path}.hosts[{n}]"), e))
+                    .ok()
+            })
+            .collect();
+        let headers: Vec<HeaderMatch> = r
+            .headers
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(name, value)| {
+                let at = format!("{path}.headers.{name}");
+                let name = http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| self.problem(&at, format!("{name:?} is not a header name")))
+                    .ok()?;
+                let value = match value.as_str() {
+                    "*" => None,
+                    v => Some(
+                        http::HeaderValue::from_str(v)
+                            .map_err(|_| {
+                                self.problem(&at, format!("{v:?} cannot be a header value"))
+                            })
+                            .ok()?,
+                    ),
+                };
+                Some(HeaderMatch { name, value })
+            })
+            .collect();
 
         let protocol = self.choice(
             &format!("{path}.upstream_protocol"),
@@ -77,6 +112,8 @@ impl Validator {
             name: r.name.into(),
             path_prefix: r.path_prefix,
             methods,
+            hosts,
+            headers,
             path_match,
             upstream: pool.origins.first()?.0.clone(),
             pool,

@@ -1,0 +1,109 @@
+//! Several APIs behind one front door (`hosts:`, `headers:` on a route): real upstreams, one per
+//! API, and a real floodgate; requests told apart by their `Host`, an absolute-form target's
+//! host, or a header.
+
+mod common;
+
+use common::*;
+
+/// Sends a raw HTTP/1.1 request `head` (its lines, CRLF added) to `fg` and returns the status.
+async fn raw_status(fg: &Floodgate, head: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = fg
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{}\r\nConnection: close\r\n\r\n",
+        head.replace('\n', "\r\n")
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn routes_are_told_apart_by_host_and_header_first_match_wins() {
+    let (billing, rides, canary, fallback) = (
+        Upstream::start().await,
+        Upstream::start().await,
+        Upstream::start().await,
+        Upstream::start().await,
+    );
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: billing
+    hosts: [billing.example.com]
+    path_prefix: /
+    upstream: {}
+  - name: canary
+    hosts: [\"*.example.com\"]
+    headers: {{X-Canary: \"1\"}}
+    path_prefix: /
+    upstream: {}
+  - name: rides
+    hosts: [\"*.example.com\"]
+    path_prefix: /
+    upstream: {}
+  - name: any
+    path_prefix: /
+    upstream: {}
+",
+        billing.url(),
+        canary.url(),
+        rides.url(),
+        fallback.url()
+    ));
+    let client = client();
+    let url = fg.url("/v1/x");
+    let send = async |headers: &[(&str, &str)]| get(&client, &url, headers).await.status;
+    // Exact name, case and port ignored.
+    assert_eq!(send(&[("host", "Billing.Example.com:8080")]).await, 200);
+    // A subdomain, with and without the header that narrows the canary route.
+    assert_eq!(send(&[("host", "rides.example.com")]).await, 200);
+    assert_eq!(
+        send(&[("host", "eu.rides.example.com"), ("x-canary", "1")]).await,
+        200
+    );
+    assert_eq!(
+        send(&[("host", "eu.rides.example.com"), ("x-canary", "0")]).await,
+        200
+    );
+    // The bare domain is not "*.example.com"; another host falls through to `any`.
+    assert_eq!(send(&[("host", "example.com")]).await, 200);
+    assert_eq!(send(&[("host", "other.test")]).await, 200);
+    assert_eq!(billing.count(), 1);
+    assert_eq!(canary.count(), 1);
+    assert_eq!(rides.count(), 2);
+    assert_eq!(fallback.count(), 2);
+    // An absolute-form target's host counts over the Host header, as nginx counts it.
+    let status = raw_status(
+        &fg,
+        "GET http://billing.example.com/v1/abs HTTP/1.1\nHost: other.test",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(billing.count(), 2);
+}
+
+#[tokio::test]
+async fn a_request_no_route_matches_by_host_is_404_no_route() {
+    let upstream = Upstream::start().await;
+    let fg = Floodgate::start(&format!(
+        "routes:\n  - name: billing\n    hosts: [billing.example.com]\n    path_prefix: /\n    upstream: {}\n",
+        upstream.url()
+    ));
+    let client = client();
+    let reply = get(&client, &fg.url("/"), &[("host", "rides.example.com")]).await;
+    assert_problem(&reply, http::StatusCode::NOT_FOUND, "no_route");
+    // An HTTP/1.0 request without Host names no host: no route with hosts matches it.
+    assert_eq!(raw_status(&fg, "GET / HTTP/1.0").await, 404);
+    assert_eq!(upstream.count(), 0);
+}
