@@ -107,3 +107,55 @@ async fn a_request_no_route_matches_by_host_is_404_no_route() {
     assert_eq!(raw_status(&fg, "GET / HTTP/1.0").await, 404);
     assert_eq!(upstream.count(), 0);
 }
+
+/// `rewrite_prefix`: the API mounted under `/api/rides/` sees `/request`; no spelling of the
+/// path gets past the prefix (it is replaced after normalisation); a redirect it answers under
+/// its own root comes back under `/api/rides/`.
+#[tokio::test]
+async fn a_rewritten_prefix_reaches_the_api_at_its_root_and_its_redirects_come_back() {
+    let api = Upstream::start().await;
+    let redirecting = RawUpstream::start(
+        b"HTTP/1.1 302 Found\r\nLocation: /login?next=%2F\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: rides
+    path_prefix: /api/rides/
+    rewrite_prefix: /
+    upstream: {}
+  - name: auth
+    path_prefix: /auth/
+    rewrite_prefix: /
+    upstream: {}
+",
+        api.url(),
+        redirecting.url()
+    ));
+    let client = client();
+    for path in [
+        "/api/rides/request?x=1",
+        "/api/rides//request?x=1",
+        "/api/rides/a/../request?x=1",
+    ] {
+        assert_eq!(get(&client, &fg.url(path), &[]).await.status, 200, "{path}");
+    }
+    let seen: Vec<String> = api.seen().iter().map(|s| s.path.clone()).collect();
+    assert_eq!(seen, ["/request"; 3], "{seen:?}");
+    // `..` that would climb out of the prefix leaves the route: nothing reaches the API.
+    let escaped = get(&client, &fg.url("/api/rides/../admin"), &[]).await;
+    assert_eq!(escaped.status, 404);
+    assert_eq!(api.count(), 3);
+    // A redirect from the API's root comes back under the route's prefix.
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let redirect = no_redirects
+        .get(fg.url("/auth/start"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redirect.status(), 302);
+    assert_eq!(redirect.headers()["location"], "/auth/login?next=%2F");
+}

@@ -365,6 +365,9 @@ pub struct RouteFile {
     /// the origin the client used (default true, as nginx's `proxy_redirect default`).
     #[serde(default)]
     pub rewrite_redirects: Option<bool>,
+    /// What the matched `path_prefix` becomes in the forwarded path.
+    #[serde(default)]
+    pub rewrite_prefix: Option<String>,
     /// `high`, `normal` (default) or `low`: how soon its requests are shed when the upstream's
     /// learned limit binds.
     #[serde(default)]

@@ -35,6 +35,9 @@ pub struct RouteConfig {
     pub grpc_rate_limited: crate::grpc::RateLimitedStatus,
     /// Rewrite `Location` / `Content-Location` pointing at the upstream to the client's origin.
     pub rewrite_redirects: bool,
+    /// `rewrite_prefix:`: the matched `path_prefix` is replaced by this in the forwarded path
+    /// (and a redirect under it comes back under `path_prefix`).
+    pub rewrite_prefix: Option<String>,
     /// How soon its requests are shed when the upstream's learned limit binds.
     pub priority: crate::adaptive::Priority,
     /// `adaptive_concurrency:`: the bounds of the upstream's learned limit, if this route asks

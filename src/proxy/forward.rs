@@ -41,7 +41,7 @@ use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_con
 pub use headers::strip_hop_by_hop;
 use headers::{
     X_FORWARDED_HOST, X_FORWARDED_PROTO, append_forwarded_for, header_has_token,
-    is_websocket_upgrade, join_cookies, rewrite_redirects,
+    is_websocket_upgrade, join_cookies, prefix_redirects, replace_prefix, rewrite_redirects,
 };
 
 /// Sends requests to upstreams over pooled connections.
@@ -441,7 +441,7 @@ impl Forwarder {
             version: Version::HTTP_11,
             origin: None,
         });
-        Self::response_head(response, &endpoint.origin, client, client_upgrade)
+        Self::response_head(response, &endpoint.origin, route, client, client_upgrade)
     }
 
     /// The HTTP version to speak to `upstream`: its `upstream_protocol`, and for `auto` on
@@ -536,6 +536,19 @@ impl Forwarder {
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
+        // `rewrite_prefix`: the matched prefix of the (normalised) path replaced, once, for
+        // every attempt.
+        if let Some(new) = &route.rewrite_prefix {
+            let path = parts.uri.path();
+            let mut rewritten = replace_prefix(path, &route.path_prefix, new);
+            if let Some(query) = parts.uri.query() {
+                rewritten.push('?');
+                rewritten.push_str(query);
+            }
+            if let Ok(path) = PathAndQuery::try_from(rewritten) {
+                parts.uri = Uri::from(path);
+            }
+        }
         ClientSide {
             version: client_version,
             origin,
@@ -613,6 +626,7 @@ impl Forwarder {
     fn response_head(
         mut response: Response<Body>,
         upstream: &Upstream,
+        route: &RouteConfig,
         client: ClientSide,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     ) -> Result<Response<Body>, ForwardError> {
@@ -654,8 +668,11 @@ impl Forwarder {
         }
         strip_hop_by_hop(response.headers_mut());
         *response.version_mut() = client.version;
-        if let Some((tls, host)) = client.origin {
-            rewrite_redirects(response.headers_mut(), upstream, tls, &host);
+        if let Some((tls, host)) = &client.origin {
+            rewrite_redirects(response.headers_mut(), upstream, *tls, host);
+        }
+        if let Some(new) = &route.rewrite_prefix {
+            prefix_redirects(response.headers_mut(), new, &route.path_prefix, &client);
         }
         Ok(response)
     }

@@ -42,6 +42,14 @@ impl Validator {
                 })
                 .collect::<Vec<_>>()
         });
+        if let Some(rewrite) = &r.rewrite_prefix
+            && !rewrite.starts_with('/')
+        {
+            self.problem(
+                format!("{path}.rewrite_prefix"),
+                format!("{rewrite:?} must start with /"),
+            );
+        }
         let hosts: Vec<HostPattern> = r
             .hosts
             .take()
@@ -119,6 +127,7 @@ impl Validator {
             pool,
             grpc_rate_limited,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
+            rewrite_prefix: r.rewrite_prefix.take(),
             priority,
             adaptive,
             enforced,

@@ -72,6 +72,62 @@ pub(super) fn rewrite_redirects(
     }
 }
 
+/// `path` with its leading `prefix` replaced by `new` (`rewrite_prefix`, as nginx's
+/// `proxy_pass http://u/new/` in a `location /prefix/`): a plain string replacement, with one
+/// slash where the two meet on one. A path that does not start with `prefix` is `new` followed
+/// by it.
+pub(crate) fn replace_prefix(path: &str, prefix: &str, new: &str) -> String {
+    let rest = path.strip_prefix(prefix).unwrap_or(path);
+    let mut out = String::with_capacity(new.len() + rest.len());
+    out.push_str(new);
+    match (new.ends_with('/'), rest.strip_prefix('/')) {
+        (true, Some(rest)) => out.push_str(rest),
+        _ => out.push_str(rest),
+    }
+    out
+}
+
+/// A redirect (`Location`, `Content-Location`) under the forwarded prefix `new` comes back under
+/// the route's `prefix`, so the client's next request matches the route again: an
+/// absolute-path value (`/login`), or an absolute URL on the client's origin (after
+/// [`rewrite_redirects`]). Other origins, and paths outside `new`, are left as they are.
+pub(in crate::proxy) fn prefix_redirects(
+    headers: &mut HeaderMap,
+    new: &str,
+    prefix: &str,
+    client: &super::ClientSide,
+) {
+    for name in [LOCATION, CONTENT_LOCATION] {
+        let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        // The origin part kept as it is, and the path after it.
+        let (origin, path) = match value.split_once("://") {
+            Some((scheme, rest)) => {
+                let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                let authority = &rest[..end];
+                let ours = client.origin.as_ref().is_some_and(|(_, host)| {
+                    host.to_str()
+                        .is_ok_and(|h| h.eq_ignore_ascii_case(authority))
+                });
+                if !ours {
+                    continue;
+                }
+                (&value[..scheme.len() + 3 + end], &rest[end..])
+            }
+            None if value.starts_with('/') && !value.starts_with("//") => ("", value),
+            None => continue,
+        };
+        if !path.starts_with(new) {
+            continue;
+        }
+        let back = replace_prefix(path, new, prefix);
+        if let Ok(value) = HeaderValue::from_str(&format!("{origin}{back}")) {
+            headers.insert(name, value);
+        }
+    }
+}
+
 /// What follows `upstream`'s origin in the absolute URL `value` (the path, query and fragment,
 /// possibly empty), or `None` when `value` is not on that origin. Scheme and host compare
 /// without case, and a default port (80, 443) may be written or left out.
@@ -197,6 +253,59 @@ mod tests {
     use super::*;
     use crate::config::UpstreamProtocol;
     use http::Uri;
+
+    #[test]
+    fn a_prefix_is_replaced_with_one_slash_where_the_two_meet() {
+        assert_eq!(
+            replace_prefix("/api/rides/request", "/api/rides/", "/"),
+            "/request"
+        );
+        assert_eq!(
+            replace_prefix("/api/rides/request", "/api/rides", "/"),
+            "/request"
+        );
+        assert_eq!(replace_prefix("/api/rides", "/api/rides", "/"), "/");
+        assert_eq!(replace_prefix("/api/rides/x", "/api/rides", "/v2"), "/v2/x");
+        assert_eq!(
+            replace_prefix("/api/rides/x", "/api/rides/", "/v2/"),
+            "/v2/x"
+        );
+        // A plain string replacement, as nginx's.
+        assert_eq!(replace_prefix("/api/ridesX", "/api/rides", "/v2"), "/v2X");
+    }
+
+    #[test]
+    fn a_redirect_under_the_forwarded_prefix_comes_back_under_the_routes() {
+        let client = super::super::ClientSide {
+            version: http::Version::HTTP_11,
+            origin: Some((false, HeaderValue::from_static("front.test:8080"))),
+        };
+        let back = |location: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(LOCATION, HeaderValue::from_str(location).unwrap());
+            prefix_redirects(&mut headers, "/", "/api/rides/", &client);
+            headers[LOCATION].to_str().unwrap().to_string()
+        };
+        assert_eq!(back("/login?next=1"), "/api/rides/login?next=1");
+        assert_eq!(
+            back("http://front.test:8080/login"),
+            "http://front.test:8080/api/rides/login"
+        );
+        // Another origin, and a protocol-relative reference, are left alone.
+        assert_eq!(
+            back("http://elsewhere.test/login"),
+            "http://elsewhere.test/login"
+        );
+        assert_eq!(back("//elsewhere.test/login"), "//elsewhere.test/login");
+        assert_eq!(back("relative/path"), "relative/path");
+        let mut headers = HeaderMap::new();
+        headers.insert(LOCATION, HeaderValue::from_static("/v1/other"));
+        prefix_redirects(&mut headers, "/v2/", "/api/", &client);
+        assert_eq!(
+            headers[LOCATION], "/v1/other",
+            "outside the forwarded prefix"
+        );
+    }
 
     #[test]
     fn addresses_are_written_as_display_writes_them() {
