@@ -611,6 +611,13 @@ fn hosts_and_headers_are_read_and_a_bad_one_is_named() {
         "is not a host name",
     );
     rejects(
+        &with_route_field("rewrite_prefix", "v2/"),
+        "routes[0].rewrite_prefix",
+        "must start with /",
+    );
+    let rewritten = valid(&with_route_field("rewrite_prefix", "/v2/"));
+    assert_eq!(rewritten.routes[0].rewrite_prefix.as_deref(), Some("/v2/"));
+    rejects(
         &with_route_field("headers", "{\"bad name\": x}"),
         "routes[0].headers.bad name",
         "is not a header name",
