@@ -32,8 +32,8 @@ pub use alerts::AlertSink;
 pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
 pub use route::{
-    Budget, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig, RouteLimit,
-    Upstream, UpstreamProtocol, override_budget, request_host,
+    Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
+    RouteLimit, Upstream, UpstreamProtocol, Vars, override_budget, request_host,
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};

@@ -74,6 +74,11 @@ pub struct Proxy {
     global: Option<Arc<crate::global::Global>>,
 }
 
+/// The variables of a request whose route's header values hold none, or whose identity was
+/// never worked out (refused before): every one empty.
+static NO_VARS: std::sync::LazyLock<crate::config::Vars> =
+    std::sync::LazyLock::new(crate::config::Vars::default);
+
 /// Reads what is left of an HTTP/1 request's body after floodgate answered it without reading
 /// it, so that the client reads the answer ([`body::linger`]). HTTP/2 needs none: a stream is
 /// closed on its own, and the connection stays.
@@ -266,6 +271,12 @@ impl Proxy {
                 {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
+                // `request_headers`: what the upstream is told (a client-sent value of a name
+                // set here is replaced: it cannot be forged).
+                let edits = &route.config.request_headers;
+                if !edits.is_empty() {
+                    edits.apply(req.headers_mut(), ctx.vars.as_deref().unwrap_or(&NO_VARS));
+                }
                 // An HTTP/2 stream the client reset while it was being decided (a rapid-reset
                 // flood resets each stream right after opening it) must cost the upstream
                 // nothing: hyper looks for the reset only when this future waits, and
@@ -292,6 +303,15 @@ impl Proxy {
                 rejection.respond(&route.extras.headers, ctx.dialect)
             }
         };
+        // `response_headers`: on every answer of the route, floodgate's own refusals too.
+        let mut response = response;
+        let edits = &route.config.response_headers;
+        if !edits.is_empty() {
+            edits.apply(
+                response.headers_mut(),
+                ctx.vars.as_deref().unwrap_or(&NO_VARS),
+            );
+        }
         Self::respond(ctx, Some(&route), response)
     }
 

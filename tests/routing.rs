@@ -159,3 +159,65 @@ async fn a_rewritten_prefix_reaches_the_api_at_its_root_and_its_redirects_come_b
     assert_eq!(redirect.status(), 302);
     assert_eq!(redirect.headers()["location"], "/auth/login?next=%2F");
 }
+
+/// `request_headers` and `response_headers`: the upstream learns who the client is from headers
+/// floodgate sets (a client-sent value of that name is replaced, never forwarded), a header is
+/// removed both ways, and floodgate's own 429 carries the route's response headers too.
+#[tokio::test]
+async fn headers_set_and_removed_tell_the_upstream_the_identity_and_cannot_be_forged() {
+    let upstream = Upstream::start().await;
+    // acme has the key `test` (its SHA-256 below), tier pro.
+    let fg = Floodgate::start(&format!(
+        "consumers:
+  unknown_key: reject
+  entries:
+    - name: acme
+      tier: pro
+      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    request_headers:
+      set: {{X-Consumer: \"{{consumer}}\", X-Tier: \"{{tier}}\", X-Via-Route: \"{{route}}/{{identity_kind}}\", X-Gateway: floodgate}}
+      remove: [X-Debug]
+    response_headers:
+      set: {{Strict-Transport-Security: max-age=63072000}}
+      remove: [X-Powered-By]
+    limits:
+      - {{algorithm: fixed_window, limit: 1, window: 1h}}
+",
+        upstream.url()
+    ));
+    let client = client();
+    let reply = get(
+        &client,
+        &fg.url("/x"),
+        &[
+            ("x-api-key", "test"),
+            ("x-consumer", "forged"),
+            ("x-debug", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("strict-transport-security"),
+        "max-age=63072000"
+    );
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.headers.get_all("x-consumer").iter().count(), 1);
+    assert_eq!(seen.headers["x-consumer"], "acme");
+    assert_eq!(seen.headers["x-tier"], "pro");
+    assert_eq!(seen.headers["x-via-route"], "api/consumer");
+    assert_eq!(seen.headers["x-gateway"], "floodgate");
+    assert!(!seen.headers.contains_key("x-debug"));
+    // The raw key is never a variable, and floodgate's own 429 has the route's headers.
+    let refused = get(&client, &fg.url("/x"), &[("x-api-key", "test")]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("strict-transport-security"),
+        "max-age=63072000"
+    );
+    assert_eq!(upstream.count(), 1);
+}

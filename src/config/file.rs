@@ -127,6 +127,16 @@ impl<'de> Deserialize<'de> for SizeText {
     }
 }
 
+/// `request_headers:` / `response_headers:` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderEditsFile {
+    #[serde(default)]
+    pub set: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    pub remove: Option<Vec<String>>,
+}
+
 /// `tls:` — terminate TLS on the proxy listener.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -368,6 +378,12 @@ pub struct RouteFile {
     /// What the matched `path_prefix` becomes in the forwarded path.
     #[serde(default)]
     pub rewrite_prefix: Option<String>,
+    /// Headers set and removed on the forwarded request.
+    #[serde(default)]
+    pub request_headers: Option<HeaderEditsFile>,
+    /// Headers set and removed on every answer of the route.
+    #[serde(default)]
+    pub response_headers: Option<HeaderEditsFile>,
     /// `high`, `normal` (default) or `low`: how soon its requests are shed when the upstream's
     /// learned limit binds.
     #[serde(default)]

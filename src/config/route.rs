@@ -7,10 +7,12 @@ use http::uri::Scheme;
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
+mod edits;
 mod matching;
 mod pool;
 
 pub use build::override_budget;
+pub use edits::{HeaderEdits, Vars};
 pub use matching::{HeaderMatch, HostPattern, request_host};
 
 /// One route: which requests it matches, where they go, and what limits them.
@@ -38,6 +40,10 @@ pub struct RouteConfig {
     /// `rewrite_prefix:`: the matched `path_prefix` is replaced by this in the forwarded path
     /// (and a redirect under it comes back under `path_prefix`).
     pub rewrite_prefix: Option<String>,
+    /// `request_headers:`: set and removed on the forwarded request.
+    pub request_headers: HeaderEdits,
+    /// `response_headers:`: set and removed on every answer of the route, floodgate's own too.
+    pub response_headers: HeaderEdits,
     /// How soon its requests are shed when the upstream's learned limit binds.
     pub priority: crate::adaptive::Priority,
     /// `adaptive_concurrency:`: the bounds of the upstream's learned limit, if this route asks

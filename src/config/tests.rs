@@ -615,6 +615,21 @@ fn hosts_and_headers_are_read_and_a_bad_one_is_named() {
         "routes[0].rewrite_prefix",
         "must start with /",
     );
+    rejects(
+        &with_route_field("request_headers", "{set: {Transfer-Encoding: x}}"),
+        "routes[0].request_headers.set.Transfer-Encoding",
+        "managed by floodgate",
+    );
+    rejects(
+        &with_route_field("response_headers", "{set: {X-Key: \"{api_key}\"}}"),
+        "routes[0].response_headers.set.X-Key",
+        "not a variable",
+    );
+    rejects(
+        &with_route_field("request_headers", "{remove: [Connection]}"),
+        "routes[0].request_headers.remove[0]",
+        "managed by floodgate",
+    );
     let rewritten = valid(&with_route_field("rewrite_prefix", "/v2/"));
     assert_eq!(rewritten.routes[0].rewrite_prefix.as_deref(), Some("/v2/"));
     rejects(

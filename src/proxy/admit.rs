@@ -82,6 +82,37 @@ impl crate::decider::Endpoints for Offered<'_> {
     }
 }
 
+/// The variables of the route's `request_headers` and `response_headers` values for a
+/// request by `whose` (`None` when the route's values hold none: nothing is worked out).
+fn vars_of(
+    snapshot: &Snapshot,
+    route: &Matched<'_>,
+    req: &Request<ClientBody>,
+    whose: Option<&Whose<'_>>,
+    peer: SocketAddr,
+) -> Option<Box<crate::config::Vars>> {
+    let config = route.config;
+    if !config.request_headers.uses_vars() && !config.response_headers.uses_vars() {
+        return None;
+    }
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let identity = whose.map(|w| w.identity);
+    Some(Box::new(crate::config::Vars {
+        route: config.name.clone(),
+        identity_kind: identity.map_or("", |i| i.kind().as_str()),
+        consumer: match identity {
+            Some(Identity::Consumer(consumer)) => Some(consumer.name.clone()),
+            _ => None,
+        },
+        tier: whose.map(|w| w.tier.to_string()),
+        jwt_subject: match identity {
+            Some(Identity::Jwt(subject)) => Some(text(subject)),
+            _ => None,
+        },
+        client_ip: Some(snapshot.identity.client_addr(req.headers(), peer.ip())),
+    }))
+}
+
 /// What `balance: hash` hashes for a request whose identity is `identity`: the identity, or
 /// the configured header's value; `None` for the other balances (or without either).
 fn balance_key(
@@ -145,9 +176,11 @@ impl Proxy {
             );
             let whose = (route.extras.gate.is_some()
                 || !self.control.is_empty()
-                || hashes_identity)
-                .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
-                .flatten();
+                || hashes_identity
+                || route.config.request_headers.uses_vars()
+                || route.config.response_headers.uses_vars())
+            .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
+            .flatten();
             // The decider answers `unlimited`, or refuses a banned identity.
             let refused = match &whose {
                 Some(whose) if !self.control.is_empty() => {
@@ -162,12 +195,14 @@ impl Proxy {
                 Some(refused) => Err(Rejection::from(refused)),
                 None => Ok(Admitted::unlimited()),
             };
+            ctx.vars = vars_of(snapshot, route, req, whose.as_ref(), ctx.peer);
             (whose.map(|w| w.identity), admitted)
         } else {
             match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
                 Ok(whose) => {
                     // Known before the limits: those `per: endpoint` follow the balancer.
                     ctx.balance_key = balance_key(route, req, Some(&whose.identity));
+                    ctx.vars = vars_of(snapshot, route, req, Some(&whose), ctx.peer);
                     (
                         Some(whose.identity),
                         self.limit(

@@ -64,6 +64,9 @@ pub(super) struct Context {
     pub trace: Option<crate::telemetry::Trace>,
     /// What `balance: hash` hashes for this request (its identity), once known.
     pub balance_key: Option<u64>,
+    /// The variables of the route's header values, when they hold any (set once whose the
+    /// request is is known).
+    pub vars: Option<Box<crate::config::Vars>>,
 }
 
 impl Context {
@@ -79,6 +82,7 @@ impl Context {
             refused: None,
             trace: None,
             balance_key: None,
+            vars: None,
         }
     }
 

@@ -50,6 +50,12 @@ impl Validator {
                 format!("{rewrite:?} must start with /"),
             );
         }
+        let request_headers =
+            self.header_edits(&format!("{path}.request_headers"), r.request_headers.take());
+        let response_headers = self.header_edits(
+            &format!("{path}.response_headers"),
+            r.response_headers.take(),
+        );
         let hosts: Vec<HostPattern> = r
             .hosts
             .take()
@@ -128,6 +134,8 @@ impl Validator {
             grpc_rate_limited,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),
             rewrite_prefix: r.rewrite_prefix.take(),
+            request_headers,
+            response_headers,
             priority,
             adaptive,
             enforced,
@@ -408,6 +416,49 @@ impl Validator {
             [] => (Per::Identity, Box::new([])),
             _ => (Per::Request, parts.into_boxed_slice()),
         }
+    }
+
+    /// `request_headers:` or `response_headers:` at `path`: each name a header floodgate does
+    /// not manage itself (framing, hop by hop), each `set` value text with the contract's
+    /// variables.
+    pub(in crate::config) fn header_edits(
+        &mut self,
+        path: &str,
+        file: Option<crate::config::file::HeaderEditsFile>,
+    ) -> super::edits::HeaderEdits {
+        let mut out = super::edits::HeaderEdits::default();
+        let Some(file) = file else {
+            return out;
+        };
+        let name_of = |v: &mut Self, at: &str, name: &str| {
+            let parsed = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| v.problem(at, format!("{name:?} is not a header name")))
+                .ok()?;
+            if super::edits::managed(&parsed) {
+                v.problem(
+                    at,
+                    format!("{name} is managed by floodgate (framing, hop by hop): a route may not set or remove it"),
+                );
+                return None;
+            }
+            Some(parsed)
+        };
+        for (name, value) in file.set.unwrap_or_default() {
+            let at = format!("{path}.set.{name}");
+            let Some(parsed) = name_of(self, &at, &name) else {
+                continue;
+            };
+            match super::edits::Value::parse(&value) {
+                Ok(value) => out.set.push((parsed, value)),
+                Err(e) => self.problem(&at, e),
+            }
+        }
+        for (n, name) in file.remove.unwrap_or_default().iter().enumerate() {
+            if let Some(parsed) = name_of(self, &format!("{path}.remove[{n}]"), name) {
+                out.remove.push(parsed);
+            }
+        }
+        out
     }
 
     /// Redis Cluster runs one script per decision, and a script's keys must share a slot. The
