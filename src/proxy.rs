@@ -535,7 +535,7 @@ impl Proxy {
         }
         if let Some(admitted) = &mut ctx.admitted {
             for meter in &mut admitted.costs {
-                meter.head(response.headers());
+                meter.head(response.status(), response.headers());
             }
         }
         response

@@ -221,3 +221,47 @@ routes:
     );
     assert_eq!(upstream.count(), 1);
 }
+
+/// `refund_on` and `spend_on`: a login limit that counts only failed attempts, and a budget
+/// whose 404s cost nothing; the units come back at the response head, on the store that holds
+/// the budget (here Redis, shared by two instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_answers_that_matter_are_counted() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\nroutes:
+  - name: login
+    path_prefix: /status/
+    upstream: {u}
+    limits:
+      - {{algorithm: fixed_window, limit: 2, window: 1h, spend_on: [401, 403]}}
+      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.001, refund_on: [404, \"5xx\"]}}
+",
+        redis.url(),
+        u = upstream.url()
+    );
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    let client = client();
+    let key = [("x-api-key", "k")];
+    let status = async |fg: &Floodgate, path: &str| get(&client, &fg.url(path), &key).await.status;
+    // Not found and server errors, many, across both instances: neither limit keeps a unit.
+    for i in 0..8 {
+        let fg = [&a, &b][i % 2];
+        let path = ["/status/404", "/status/503"][i % 2];
+        assert_eq!(status(fg, path).await.as_u16(), [404, 503][i % 2], "{path}");
+    }
+    // Successes spend the bucket (3) but not the login window; two refusals spend the window.
+    assert_eq!(status(&a, "/status/200").await, 200);
+    assert_eq!(status(&b, "/status/401").await, 401);
+    assert_eq!(status(&a, "/status/403").await, 403);
+    // The window is spent (2 failures), whatever the bucket has left.
+    assert_eq!(status(&b, "/status/200").await, 429);
+    assert_eq!(status(&a, "/status/404").await, 429);
+    let refunded = metric(
+        &a,
+        r#"floodgate_cost_units_total{route="login",limit="login-1",outcome="refunded"}"#,
+    )
+    .await;
+    assert!(refunded >= 4, "a's refunds of the bucket: {refunded}");
+}

@@ -39,6 +39,26 @@ pub enum Field {
     Json(Box<[String]>),
     /// A header (or, for `actual`, a trailer).
     Header(HeaderName),
+    /// `refund_on` / `spend_on`: the response's status says whether the request keeps its units
+    /// (as reserved) or gets them back (0), decided at the response head.
+    Status(Statuses),
+}
+
+/// The statuses of `refund_on` (`refund: true`) or `spend_on` (`refund: false`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statuses {
+    /// Whole statuses, and classes by their hundreds digit (`4` for `"4xx"`).
+    pub codes: Vec<u16>,
+    pub classes: Vec<u16>,
+    pub refund: bool,
+}
+
+impl Statuses {
+    /// True when an answer of `status` gets the request's units back.
+    pub fn refunds(&self, status: u16) -> bool {
+        let listed = self.codes.contains(&status) || self.classes.contains(&(status / 100));
+        listed == self.refund
+    }
 }
 
 /// Where the real cost is read when the response ends.
@@ -53,6 +73,7 @@ impl Reserve {
                 let read = match from {
                     Field::Json(path) => json.and_then(|m| lookup(m, path)).and_then(units_of),
                     Field::Header(name) => header_units(headers, name),
+                    Field::Status(_) => None,
                 };
                 let units = read.map_or(*default, |n| n.min(u64::from(*max)) as u32);
                 units.max(1)
@@ -131,6 +152,63 @@ pub(super) fn reserve_default(settled: &SettledFile) -> u32 {
 }
 
 impl Validator {
+    /// `refund_on` or `spend_on` (`refund`) at `path` of `limit`, whose requests cost `cost`:
+    /// a settled cost whose actual is the reserve or nothing, as the answer's status says.
+    pub(super) fn status_settled(
+        &mut self,
+        path: &str,
+        statuses: &[super::file::StatusFile],
+        refund: bool,
+        limit: &Limit,
+        cost: u32,
+    ) -> Option<Arc<Settled>> {
+        use super::file::StatusFile;
+        let before = self.problems.len();
+        let kind = limit.algorithm().kind();
+        if !SETTLEABLE.contains(&kind) {
+            self.problem(
+                path,
+                format!(
+                    "{} cannot give units back after the response: use token_bucket, fixed_window, sliding_window_counter or quota",
+                    kind.name()
+                ),
+            );
+        }
+        if statuses.is_empty() {
+            self.problem(path, "name at least one status or class");
+        }
+        let mut out = Statuses {
+            codes: Vec::new(),
+            classes: Vec::new(),
+            refund,
+        };
+        for (n, status) in statuses.iter().enumerate() {
+            match status {
+                StatusFile::Code(code) if (100..=599).contains(code) => {
+                    out.codes.push(*code as u16)
+                }
+                StatusFile::Class(class)
+                    if class.len() == 3
+                        && class[1..].eq_ignore_ascii_case("xx")
+                        && matches!(class.as_bytes()[0], b'1'..=b'5') =>
+                {
+                    out.classes.push(u16::from(class.as_bytes()[0] - b'0'))
+                }
+                _ => self.problem(
+                    format!("{path}[{n}]"),
+                    "a status (100-599) or a class (\"1xx\" to \"5xx\")",
+                ),
+            }
+        }
+        (self.problems.len() == before).then(|| {
+            Arc::new(Settled {
+                reserve: Reserve::Units(cost.max(1)),
+                actual: Field::Status(out),
+                actual_max: u64::from(limit.algorithm().units()),
+            })
+        })
+    }
+
     /// `cost: {reserve, actual}` at `path` of `limit`: each field checked and named.
     pub(super) fn settled(
         &mut self,

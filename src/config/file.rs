@@ -532,6 +532,12 @@ pub struct LimitFile {
     /// Units one request spends: a number, or `{reserve, actual}` (settled after the response).
     #[serde(default)]
     pub cost: Option<CostFile>,
+    /// Statuses and classes (`404`, `"5xx"`) whose answers get the request's units back.
+    #[serde(default)]
+    pub refund_on: Option<Vec<StatusFile>>,
+    /// Statuses and classes whose answers alone keep the request's units (the others refund).
+    #[serde(default)]
+    pub spend_on: Option<Vec<StatusFile>>,
     /// Shadow mode for this limit: decide and count, never deny.
     #[serde(default)]
     pub shadow: Option<bool>,
@@ -561,6 +567,14 @@ pub struct PenaltyFile {
 }
 
 /// A limit's `cost:`: a number, or reserve-then-settle.
+/// A status (`404`) or a class (`"4xx"`) in `refund_on` / `spend_on`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StatusFile {
+    Code(i64),
+    Class(String),
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum CostFile {

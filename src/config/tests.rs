@@ -630,6 +630,32 @@ fn hosts_and_headers_are_read_and_a_bad_one_is_named() {
         "routes[0].request_headers.remove[0]",
         "managed by floodgate",
     );
+    let limit = |extra: &str| {
+        with_route_field(
+            "limits",
+            &format!("[{{algorithm: fixed_window, limit: 5, window: 1m, {extra}}}]"),
+        )
+    };
+    rejects(
+        &limit("refund_on: [404], spend_on: [401]"),
+        "routes[0].limits[0].spend_on",
+        "use one",
+    );
+    rejects(
+        &limit("refund_on: [\"6xx\"]"),
+        "routes[0].limits[0].refund_on[0]",
+        "a status",
+    );
+    rejects(
+        &with_route_field(
+            "limits",
+            "[{algorithm: sliding_window_log, limit: 5, window: 1m, refund_on: [404]}]",
+        ),
+        "routes[0].limits[0].refund_on",
+        "cannot give units back",
+    );
+    let refunding = valid(&limit("refund_on: [404, \"5xx\"]"));
+    assert!(refunding.routes[0].enforced.limits[0].settled.is_some());
     let rewritten = valid(&with_route_field("rewrite_prefix", "/v2/"));
     assert_eq!(rewritten.routes[0].rewrite_prefix.as_deref(), Some("/v2/"));
     rejects(

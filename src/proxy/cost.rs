@@ -209,6 +209,18 @@ impl Figures {
         }
     }
 
+    /// `refund_on` / `spend_on`: the answer's status decides, at its head (whether or not the
+    /// body then ends well): the units back (0), or kept (the reserve).
+    fn read_status(&mut self, status: u16) {
+        for (limit, found) in self.limits.iter().zip(&mut self.found) {
+            if let Field::Status(statuses) = &limit.settled.actual
+                && statuses.refunds(status)
+            {
+                *found = Some(0);
+            }
+        }
+    }
+
     fn read_headers(&mut self, headers: &HeaderMap) {
         for (limit, found) in self.limits.iter().zip(&mut self.found) {
             if let Field::Header(name) = &limit.settled.actual
@@ -287,8 +299,9 @@ impl CostMeter {
     }
 
     /// The response head: costs in headers, and how to read (and decode) the body.
-    pub fn head(&mut self, headers: &HeaderMap) {
+    pub fn head(&mut self, status: http::StatusCode, headers: &HeaderMap) {
         let figures = self.reading.figures();
+        figures.read_status(status.as_u16());
         figures.read_headers(headers);
         let reads_json = figures
             .limits
@@ -340,8 +353,13 @@ impl CostMeter {
         let actual: Vec<u64> = reserved
             .iter()
             .zip(&figures.found)
-            .map(|(&reserved, found)| match found {
-                Some(found) if complete => *found,
+            .zip(&figures.limits)
+            .map(|((&reserved, found), limit)| match found {
+                // A status's word is final at the head; a figure read from the body only if
+                // the body ended well.
+                Some(found) if complete || matches!(limit.settled.actual, Field::Status(_)) => {
+                    *found
+                }
                 _ => reserved,
             })
             .collect();

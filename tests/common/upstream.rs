@@ -194,6 +194,15 @@ async fn handle(
             response.headers_mut().insert("x-cost", cost.clone());
         }
         response
+    } else if let Some(code) = path
+        .strip_prefix("/status/")
+        .and_then(|c| c.parse::<u16>().ok())
+        .and_then(|c| StatusCode::from_u16(c).ok())
+    {
+        // Answers with the status the path names (`/status/404`).
+        let mut response = Response::new(Full::new(Bytes::from_static(b"as asked")));
+        *response.status_mut() = code;
+        response
     } else if path.starts_with("/slow") {
         tokio::time::sleep(SLOW).await;
         Response::new(Full::new(Bytes::from_static(b"slow but done")))

@@ -168,15 +168,41 @@ impl Validator {
             let Some(limit) = self.limit(&limit_path, l) else {
                 continue;
             };
-            let settled = match &l.cost {
-                Some(crate::config::file::CostFile::Settled(file)) => {
+            let by_status = match (&l.refund_on, &l.spend_on) {
+                (Some(_), Some(_)) => {
+                    self.problem(
+                        format!("{limit_path}.spend_on"),
+                        "refund_on and spend_on are two ways to say one thing: use one",
+                    );
+                    continue;
+                }
+                (Some(list), None) => Some((format!("{limit_path}.refund_on"), list, true)),
+                (None, Some(list)) => Some((format!("{limit_path}.spend_on"), list, false)),
+                (None, None) => None,
+            };
+            let settled = match (&l.cost, by_status) {
+                (Some(crate::config::file::CostFile::Settled(_)), Some((at, _, _))) => {
+                    self.problem(
+                        at,
+                        "a cost settled after the response (cost: {reserve, actual}) is already settled by what it reads",
+                    );
+                    continue;
+                }
+                (Some(crate::config::file::CostFile::Settled(file)), None) => {
                     let Some(settled) = self.settled(&format!("{limit_path}.cost"), file, &limit)
                     else {
                         continue;
                     };
                     Some(settled)
                 }
-                _ => None,
+                (_, Some((at, list, refund))) => {
+                    let cost = limit.cost();
+                    let Some(settled) = self.status_settled(&at, list, refund, &limit, cost) else {
+                        continue;
+                    };
+                    Some(settled)
+                }
+                (_, None) => None,
             };
             // A settled limit's requests each cost what they reserve: flagged so that nothing
             // assumes one request's cost (leases, the deny cache).
