@@ -231,7 +231,9 @@ impl Proxy {
             && req.method() == http::Method::GET
             && req.uri().path() == path
         {
-            let response = match self.usage(&snapshot, &req, &ctx).await {
+            // Boxed: the usage endpoint is rare, and its peek's state (every route's budgets, a
+            // global slice's store call) would otherwise size every request's future.
+            let response = match Box::pin(self.usage(&snapshot, &req, &ctx)).await {
                 Ok(response) => response,
                 Err(rejection) => rejection.respond(&usage::headers(), ctx.dialect),
             };
