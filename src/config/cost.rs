@@ -152,6 +152,20 @@ pub(super) fn reserve_default(settled: &SettledFile) -> u32 {
 }
 
 impl Validator {
+    /// A problem at `path` unless `limit`'s algorithm can `what` after the response.
+    fn settleable(&mut self, path: &str, limit: &Limit, what: &str) {
+        let kind = limit.algorithm().kind();
+        if !SETTLEABLE.contains(&kind) {
+            self.problem(
+                path,
+                format!(
+                    "{} cannot {what} after the response: use token_bucket, fixed_window, sliding_window_counter or quota",
+                    kind.name()
+                ),
+            );
+        }
+    }
+
     /// `refund_on` or `spend_on` (`refund`) at `path` of `limit`, whose requests cost `cost`:
     /// a settled cost whose actual is the reserve or nothing, as the answer's status says.
     pub(super) fn status_settled(
@@ -164,16 +178,7 @@ impl Validator {
     ) -> Option<Arc<Settled>> {
         use super::file::StatusFile;
         let before = self.problems.len();
-        let kind = limit.algorithm().kind();
-        if !SETTLEABLE.contains(&kind) {
-            self.problem(
-                path,
-                format!(
-                    "{} cannot give units back after the response: use token_bucket, fixed_window, sliding_window_counter or quota",
-                    kind.name()
-                ),
-            );
-        }
+        self.settleable(path, limit, "give units back");
         if statuses.is_empty() {
             self.problem(path, "name at least one status or class");
         }
@@ -217,16 +222,7 @@ impl Validator {
         limit: &Limit,
     ) -> Option<Arc<Settled>> {
         let before = self.problems.len();
-        let kind = limit.algorithm().kind();
-        if !SETTLEABLE.contains(&kind) {
-            self.problem(
-                path,
-                format!(
-                    "{} cannot settle a cost after the response: use token_bucket, fixed_window, sliding_window_counter or quota",
-                    kind.name()
-                ),
-            );
-        }
+        self.settleable(path, limit, "settle a cost");
         let units = limit.algorithm().units();
         let reserve = match &file.reserve {
             None => {
