@@ -223,45 +223,122 @@ routes:
 }
 
 /// `refund_on` and `spend_on`: a login limit that counts only failed attempts, and a budget
-/// whose 404s cost nothing; the units come back at the response head, on the store that holds
-/// the budget (here Redis, shared by two instances).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_answers_that_matter_are_counted() {
-    let redis = RedisServer::start();
+/// whose 404s and 5xx cost nothing; the units come back at the response head, on the store that
+/// holds the budget, through two instances when it is shared.
+async fn only_the_answers_that_matter_are_counted(storage: &str, instances: usize) {
     let upstream = Upstream::start().await;
     let yaml = format!(
-        "admin_listen: 127.0.0.1:0\nstorage:\n  backend: redis\n  url: {}\nroutes:
+        "admin_listen: 127.0.0.1:0\n{storage}routes:
   - name: login
     path_prefix: /status/
     upstream: {u}
     limits:
-      - {{algorithm: fixed_window, limit: 2, window: 1h, spend_on: [401, 403]}}
-      - {{algorithm: token_bucket, capacity: 3, refill_rate: 0.001, refund_on: [404, \"5xx\"]}}
+      - {{algorithm: fixed_window, limit: 5, window: 1h, spend_on: [401]}}
+      - {{algorithm: token_bucket, capacity: 10, refill_rate: 0.001, refund_on: [404, \"5xx\"]}}
 ",
-        redis.url(),
         u = upstream.url()
     );
-    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    let fgs: Vec<Floodgate> = (0..instances).map(|_| Floodgate::start(&yaml)).collect();
     let client = client();
     let key = [("x-api-key", "k")];
-    let status = async |fg: &Floodgate, path: &str| get(&client, &fg.url(path), &key).await.status;
-    // Not found and server errors, many, across both instances: neither limit keeps a unit.
-    for i in 0..8 {
-        let fg = [&a, &b][i % 2];
-        let path = ["/status/404", "/status/503"][i % 2];
-        assert_eq!(status(fg, path).await.as_u16(), [404, 503][i % 2], "{path}");
+    let mut n = 0;
+    let mut status = async |path: &str| {
+        n += 1;
+        get(&client, &fgs[n % fgs.len()].url(path), &key)
+            .await
+            .status
+            .as_u16()
+    };
+    // Not found and server errors, more than the bucket holds: neither limit keeps a unit.
+    for i in 0..12 {
+        let (path, code) = [("/status/404", 404), ("/status/503", 503)][i % 2];
+        assert_eq!(status(path).await, code, "{path}");
     }
-    // Successes spend the bucket (3) but not the login window; two refusals spend the window.
-    assert_eq!(status(&a, "/status/200").await, 200);
-    assert_eq!(status(&b, "/status/401").await, 401);
-    assert_eq!(status(&a, "/status/403").await, 403);
-    // The window is spent (2 failures), whatever the bucket has left.
-    assert_eq!(status(&b, "/status/200").await, 429);
-    assert_eq!(status(&a, "/status/404").await, 429);
+    // Two successes spend the bucket (10) but not the login window.
+    assert_eq!(status("/status/200").await, 200);
+    assert_eq!(status("/status/200").await, 200);
+    // Five failed logins spend the window (and the bucket: 7 of 10); the sixth is stopped by
+    // the window.
+    for _ in 0..5 {
+        assert_eq!(status("/status/401").await, 401);
+    }
+    assert_eq!(status("/status/401").await, 429);
+    assert_eq!(upstream.count(), 19);
     let refunded = metric(
-        &a,
+        &fgs[0],
         r#"floodgate_cost_units_total{route="login",limit="login-1",outcome="refunded"}"#,
     )
     .await;
-    assert!(refunded >= 4, "a's refunds of the bucket: {refunded}");
+    assert!(refunded >= 1, "refunds of the bucket counted: {refunded}");
+}
+
+#[tokio::test]
+async fn only_the_answers_that_matter_are_counted_in_memory() {
+    only_the_answers_that_matter_are_counted("", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_answers_that_matter_are_counted_on_redis_by_two_instances() {
+    let redis = RedisServer::start();
+    let storage = format!("storage:\n  backend: redis\n  url: {}\n", redis.url());
+    only_the_answers_that_matter_are_counted(&storage, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_answers_that_matter_are_counted_on_postgres_by_two_instances() {
+    let postgres = PostgresServer::start();
+    let storage = format!("storage:\n  backend: postgres\n  url: {}\n", postgres.url());
+    only_the_answers_that_matter_are_counted(&storage, 2).await;
+}
+
+/// Over HTTP/2 the host is the `:authority` (here a name resolved by the client to floodgate),
+/// and the route's response headers go on floodgate's own 502 too.
+#[tokio::test]
+async fn http2_routes_by_authority_and_a_502_carries_the_routes_headers() {
+    let upstream = Upstream::start().await;
+    let dead = closed_port_addr();
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: billing
+    hosts: [billing.example.com]
+    path_prefix: /
+    upstream: {}
+    response_headers: {{set: {{X-Api: billing}}}}
+  - name: broken
+    hosts: [broken.example.com]
+    path_prefix: /
+    upstream: http://{dead}
+    response_headers: {{set: {{X-Api: broken}}}}
+",
+        upstream.url()
+    ));
+    let addr: std::net::SocketAddr = fg
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("billing.example.com", addr)
+        .resolve("broken.example.com", addr)
+        .build()
+        .unwrap();
+    let port = addr.port();
+    let ok = h2
+        .get(format!("http://billing.example.com:{port}/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.version(), reqwest::Version::HTTP_2);
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["x-api"], "billing");
+    assert_eq!(upstream.count(), 1);
+    let broken = h2
+        .get(format!("http://broken.example.com:{port}/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(broken.status(), 502);
+    assert_eq!(broken.headers()["x-api"], "broken");
 }
