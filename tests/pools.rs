@@ -5,6 +5,11 @@
 
 mod common;
 
+/// Store settings for a test that counts exactly: a decision may wait 5 s (a loaded machine's
+/// store never takes that long; the 50 ms default would fail some decisions open and admit
+/// more than the budget), and a store that fails refuses (503), never admits unspent.
+const EXACT: &str = "  timeout: 5s\n  on_error: deny\n";
+
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -957,7 +962,10 @@ async fn two_instances_on_redis_admit_exactly_each_endpoints_budget() {
     let redis = common::RedisServer::start();
     let port = free_port();
     let replicas = three(port).await;
-    let storage = format!("storage:\n  backend: redis\n  url: {}\n", redis.url());
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\n{EXACT}",
+        redis.url()
+    );
     let yaml = per_endpoint(port, 20, &storage, "");
     let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
     // 16 clients over both instances, far more requests than the 60 units there are.
