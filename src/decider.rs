@@ -377,8 +377,8 @@ impl<'s> Decider<'s> {
     }
 
     /// The override of `kind`/`id`'s limits on `route`, if one is in force: its budget stands
-    /// in for the route's enforced one (`/budgets` and the usage endpoint ask this).
-    pub fn override_of(
+    /// in for the route's enforced one ([`Decider::peek_route`] asks this).
+    fn override_of(
         &self,
         route: &str,
         kind: KeyKind,

@@ -5,11 +5,6 @@
 
 mod common;
 
-/// Store settings for a test that counts exactly: a decision may wait 5 s (a loaded machine's
-/// store never takes that long; the 50 ms default would fail some decisions open and admit
-/// more than the budget), and a store that fails refuses (503), never admits unspent.
-const EXACT: &str = "  timeout: 5s\n  on_error: deny\n";
-
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -21,6 +16,11 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, UdpSocket};
+
+/// Store settings for a test that counts exactly: a decision may wait 5 s (a loaded machine's
+/// store never takes that long; the 50 ms default would fail some decisions open and admit
+/// more than the budget), and a store that fails refuses (503), never admits unspent.
+const EXACT: &str = "  timeout: 5s\n  on_error: deny\n";
 
 /// One client for the whole test binary: building one per request (its TLS configuration) costs
 /// milliseconds in a debug build.

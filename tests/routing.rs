@@ -4,12 +4,12 @@
 
 mod common;
 
+use common::*;
+
 /// Store settings for a test that counts exactly: a decision may wait 5 s (a loaded machine's
 /// store never takes that long; the 50 ms default would fail some decisions open and admit
 /// more than the budget), and a store that fails refuses (503), never admits unspent.
 const EXACT: &str = "  timeout: 5s\n  on_error: deny\n";
-
-use common::*;
 
 /// Sends a raw HTTP/1.1 request `head` (its lines, CRLF added) to `fg` and returns the status.
 async fn raw_status(fg: &Floodgate, head: &str) -> u16 {
@@ -282,24 +282,21 @@ async fn only_the_answers_that_matter_are_counted_in_memory() {
     only_the_answers_that_matter_are_counted("", 1).await;
 }
 
+/// `storage:` for `backend` at `url`, counting exactly.
+fn shared(backend: &str, url: &str) -> String {
+    format!("storage:\n  backend: {backend}\n  url: {url}\n{EXACT}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_answers_that_matter_are_counted_on_redis_by_two_instances() {
     let redis = RedisServer::start();
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: {}\n{EXACT}",
-        redis.url()
-    );
-    only_the_answers_that_matter_are_counted(&storage, 2).await;
+    only_the_answers_that_matter_are_counted(&shared("redis", &redis.url()), 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_answers_that_matter_are_counted_on_postgres_by_two_instances() {
     let postgres = PostgresServer::start();
-    let storage = format!(
-        "storage:\n  backend: postgres\n  url: {}\n{EXACT}",
-        postgres.url()
-    );
-    only_the_answers_that_matter_are_counted(&storage, 2).await;
+    only_the_answers_that_matter_are_counted(&shared("postgres", &postgres.url()), 2).await;
 }
 
 /// Over HTTP/2 the host is the `:authority` (here a name resolved by the client to floodgate),
