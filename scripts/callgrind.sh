@@ -17,6 +17,11 @@
 #   POOL=N           floodgate's route forwards to a pool of N endpoints (the upstream nginx on
 #                    127.0.0.1 to 127.0.0.N, one port; balance least_request): compare with
 #                    POOL unset (one upstream) for what a pool costs a request
+#   DENY=1           the refusal path instead: floodgate's bucket holds one request and refills
+#                    once in 1,000 s, so every counted request is answered 429 (the first,
+#                    before counting, is allowed); nginx refuses with `limit_req` (one request a
+#                    minute per X-API-Key, `limit_req_status 429`) and answers nothing upstream.
+#                    hyper_proxy is not run (it has no refusal to compare)
 #   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
@@ -95,6 +100,8 @@ nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >/dev/null 2>&1 &
 PIDS+=("$!")
 
 PORT="$(free_port)"
+CAPACITY=1000000000 REFILL=1000000
+[ -n "${DENY:-}" ] && CAPACITY=1 REFILL=0.001
 cat >"$WORK/floodgate.yaml" <<EOF
 listen: 127.0.0.1:$PORT
 identity:
@@ -104,7 +111,7 @@ routes:
     path_prefix: /
     $UPSTREAM
     limits:
-      - {algorithm: token_bucket, capacity: 1000000000, refill_rate: 1000000}
+      - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}
 EOF
 if [ -n "${OVERRIDES:-}" ]; then
     ADMIN_PORT="$(free_port)"
@@ -117,8 +124,13 @@ if [ -n "${TELEMETRY:-}" ]; then
         >>"$WORK/floodgate.yaml"
 fi
 mkdir -p "$WORK/proxy"
+LIMIT_REQ=""
+if [ -n "${DENY:-}" ]; then
+    LIMIT_REQ="limit_req zone=bench nodelay; limit_req_status 429;"
+fi
 nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
-    server { listen 127.0.0.1:$PORT; location / { proxy_pass http://backend;
+    limit_req_zone \$http_x_api_key zone=bench:1m rate=1r/m;
+    server { listen 127.0.0.1:$PORT; location / { $LIMIT_REQ proxy_pass http://backend;
         proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 
 # total instructions of one proxy process serving $2 requests: run_one NAME N COMMAND...
@@ -149,6 +161,14 @@ PY
     fi
     h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "http://127.0.0.1:$PORT/" >"$WORK/$name.$n.h2load" 2>&1
     grep -q "$n succeeded" "$WORK/$name.$n.h2load" || { echo "$name: not every request succeeded" >&2; exit 1; }
+    # Every request took the path being measured: all 2xx, or (DENY) all but the first 4xx.
+    local ok
+    ok=$(sed -n 's/^status codes: \([0-9]*\) 2xx.*/\1/p' "$WORK/$name.$n.h2load")
+    if [ -n "${DENY:-}" ] && [ "$name" != hyper_proxy ]; then
+        [ "$ok" -le 1 ] || { echo "$name: $ok of $n requests were allowed, not refused" >&2; exit 1; }
+    else
+        [ "$ok" = "$n" ] || { echo "$name: only $ok of $n requests were answered 2xx" >&2; exit 1; }
+    fi
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
     if [ -n "${KEEP:-}" ] && [ "$name" = floodgate ]; then mkdir -p "$KEEP" && cp "$out" "$KEEP/"; fi
@@ -166,6 +186,12 @@ per_request() { # NAME COMMAND...
 
 fg=$(per_request floodgate "$FLOODGATE" --config "$WORK/floodgate.yaml")
 ng=$(per_request nginx nginx -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf")
+if [ -n "${DENY:-}" ]; then
+    echo "floodgate (memory store, one token bucket): $fg instructions per refused request"
+    echo "nginx limit_req:                            $ng instructions per refused request"
+    python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x')"
+    exit 0
+fi
 hp=$(per_request hyper_proxy "$STACK_FLOOR" proxy "127.0.0.1:$PORT" "127.0.0.1:$UP_PORT")
 echo "floodgate (memory store, one token bucket): $fg instructions per proxied request"
 echo "nginx reverse proxy:                        $ng instructions per proxied request"
