@@ -31,6 +31,11 @@
 #                     1e6/s: it stays nearly full, the typical request's budget)
 #   fg_redis_allow_nolease  the same with leases: disabled
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
+#   fg_memory_deny    the same on the memory store (if asked for in TARGETS)
+#   nginx_limit_deny  nginx `limit_req` keyed on X-API-Key, one request a minute: every request
+#                     refused (429) after the first of each key (if asked for in TARGETS)
+#   haproxy_deny      HAProxy's stick table keyed on X-API-Key, refusing (429) past one request
+#                     in 10 s: every request refused after the first of each key
 #   fg_redis_lease_allow, fg_redis_relay_lease_allow (and _nolease: leases: disabled)  the allow
 #                     path on a budget that leases can serve: a bucket of 1e6 per key refilled once
 #                     per 100 s (spent down, never denying in a run), directly and behind the relay.
@@ -273,6 +278,35 @@ if [[ " ${TARGETS[*]} " == *" nginx_pool "* ]]; then
     wait_http "$NGINX_POOL_URL/"
 fi
 
+if [[ " ${TARGETS[*]} " == *" nginx_limit_deny "* ]]; then
+    NGINX_DENY_PORT="$(free_port)"
+    start_nginx nginx_limit_deny <<EOF
+daemon off;
+master_process on;
+worker_processes auto;
+pid $WORK/nginx_limit_deny/nginx.pid;
+error_log $WORK/nginx_limit_deny/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    $(nginx_temp_paths "$WORK/nginx_limit_deny")
+    $(nginx_backend)
+    limit_req_zone \$http_x_api_key zone=keys:10m rate=1r/m;
+    server {
+        listen 127.0.0.1:$NGINX_DENY_PORT;
+        location / {
+            limit_req zone=keys nodelay;
+            limit_req_status 429;
+            $(nginx_proxy_pass)
+        }
+    }
+}
+EOF
+    NGINX_DENY_PID=$NGINX_PID
+    NGINX_DENY_URL="http://127.0.0.1:$NGINX_DENY_PORT"
+    wait_http "$NGINX_DENY_URL/"
+fi
+
 # --- HAProxy: a plain proxy, and a stick-table limit keyed on the API key -------------------------
 # (Only when a haproxy target is asked for; `apt-get install haproxy` provides it.)
 start_haproxy() { # name extra-frontend-lines [backend-server-lines]  -> sets HAPROXY_PID, HAPROXY_URL
@@ -313,6 +347,12 @@ if [[ " ${TARGETS[*]} " == *" haproxy_"* ]]; then
     http-request track-sc0 req.hdr(X-API-Key)
     http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }"
     HAPROXY_LIMIT_PID=$HAPROXY_PID HAPROXY_LIMIT_URL=$HAPROXY_URL
+    if [[ " ${TARGETS[*]} " == *" haproxy_deny "* ]]; then
+        start_haproxy haproxy_deny "    stick-table type string len 64 size 100k expire 60s store http_req_rate(10s)
+    http-request track-sc0 req.hdr(X-API-Key)
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1 }"
+        HAPROXY_DENY_PID=$HAPROXY_PID HAPROXY_DENY_URL=$HAPROXY_URL
+    fi
     if [[ " ${TARGETS[*]} " == *" haproxy_pool "* ]]; then
         start_haproxy haproxy_pool "" "$(for i in 0 1 2; do echo "    server up$i ${POOL_ORIGINS[$i]}"; done)"
         HAPROXY_POOL_PID=$HAPROXY_PID HAPROXY_POOL_URL=$HAPROXY_URL
@@ -572,6 +612,10 @@ start_floodgate fg_redis_allow "$REDIS_STORAGE" 1000000000 1000000
 FG_REDIS_ALLOW_URL=$FG_URL FG_REDIS_ALLOW_PID=$FG_PID
 start_floodgate fg_redis_deny "$REDIS_STORAGE" 1 0.001
 FG_REDIS_DENY_URL=$FG_URL FG_REDIS_DENY_PID=$FG_PID
+if [[ " ${TARGETS[*]} " == *" fg_memory_deny "* ]]; then
+    start_floodgate fg_memory_deny "  backend: memory" 1 0.001
+    FG_MEMORY_DENY_URL=$FG_URL FG_MEMORY_DENY_PID=$FG_PID
+fi
 if [[ " ${TARGETS[*]} " == *" fg_redis_allow_unbatched "* ]]; then
     start_floodgate fg_redis_allow_unbatched "$REDIS_STORAGE
   batch: false" 1000000000 1000000
@@ -653,6 +697,9 @@ pids_of() {
         nginx_proxy) echo "$NGINX_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_PID $UPSTREAM_PID -" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_PID $UPSTREAM_PID -" ;;
+        haproxy_deny) echo "$HAPROXY_DENY_PID $UPSTREAM_PID -" ;;
+        nginx_limit_deny) echo "$NGINX_DENY_PID $UPSTREAM_PID -" ;;
+        fg_memory_deny) echo "$FG_MEMORY_DENY_PID $UPSTREAM_PID -" ;;
         haproxy_pool) echo "$HAPROXY_POOL_PID $UPSTREAM_PID -" ;;
         nginx_pool) echo "$NGINX_POOL_PID $UPSTREAM_PID -" ;;
         envoy_proxy) echo "$ENVOY_PROXY_PID $UPSTREAM_PID -" ;;
@@ -699,6 +746,9 @@ url_of() {
         nginx_proxy) echo "$NGINX_PROXY_URL/" ;;
         haproxy_proxy) echo "$HAPROXY_PROXY_URL/" ;;
         haproxy_limit) echo "$HAPROXY_LIMIT_URL/" ;;
+        haproxy_deny) echo "$HAPROXY_DENY_URL/" ;;
+        nginx_limit_deny) echo "$NGINX_DENY_URL/" ;;
+        fg_memory_deny) echo "$FG_MEMORY_DENY_URL/" ;;
         haproxy_pool) echo "$HAPROXY_POOL_URL/" ;;
         nginx_pool) echo "$NGINX_POOL_URL/" ;;
         envoy_proxy) echo "$ENVOY_PROXY_URL/" ;;

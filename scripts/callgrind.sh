@@ -21,11 +21,14 @@
 #                    once in 1,000 s, so every counted request is answered 429 (the first,
 #                    before counting, is allowed); nginx refuses with `limit_req` (one request a
 #                    minute per X-API-Key, `limit_req_status 429`) and answers nothing upstream.
-#                    hyper_proxy is not run (it has no refusal to compare)
+#                    hyper_serve stands for the floor (bench/stack_floor.rs `serve`: hyper
+#                    answering every request itself, with nothing else)
 #   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
 #                    them, so their cost cancels out of the difference)
+# With KEEP, `scripts/callgrind-phases.py KEEP/floodgate.N1.out KEEP/floodgate.N2.out N1 N2`
+# splits floodgate's figure phase by phase.
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
 # All traffic goes to 127.0.0.1; every process started here is stopped on exit.
 
@@ -160,11 +163,12 @@ for i in range(n):
 PY
     fi
     h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "http://127.0.0.1:$PORT/" >"$WORK/$name.$n.h2load" 2>&1
-    grep -q "$n succeeded" "$WORK/$name.$n.h2load" || { echo "$name: not every request succeeded" >&2; exit 1; }
-    # Every request took the path being measured: all 2xx, or (DENY) all but the first 4xx.
+    # Every request was answered (h2load counts a 4xx as done, not succeeded), and each took the
+    # path being measured: all 2xx, or (DENY) all but the first 4xx.
+    grep -q "$n done" "$WORK/$name.$n.h2load" || { echo "$name: not every request was answered" >&2; exit 1; }
     local ok
     ok=$(sed -n 's/^status codes: \([0-9]*\) 2xx.*/\1/p' "$WORK/$name.$n.h2load")
-    if [ -n "${DENY:-}" ] && [ "$name" != hyper_proxy ]; then
+    if [ -n "${DENY:-}" ] && [[ "$name" != hyper_* ]]; then
         [ "$ok" -le 1 ] || { echo "$name: $ok of $n requests were allowed, not refused" >&2; exit 1; }
     else
         [ "$ok" = "$n" ] || { echo "$name: only $ok of $n requests were answered 2xx" >&2; exit 1; }
@@ -187,9 +191,11 @@ per_request() { # NAME COMMAND...
 fg=$(per_request floodgate "$FLOODGATE" --config "$WORK/floodgate.yaml")
 ng=$(per_request nginx nginx -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf")
 if [ -n "${DENY:-}" ]; then
+    hs=$(per_request hyper_serve "$STACK_FLOOR" serve "127.0.0.1:$PORT")
     echo "floodgate (memory store, one token bucket): $fg instructions per refused request"
     echo "nginx limit_req:                            $ng instructions per refused request"
-    python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x')"
+    echo "hyper_serve (the stack's floor: a fixed answer): $hs instructions per request"
+    python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x; hyper_serve / nginx: {$hs / $ng:.2f}x')"
     exit 0
 fi
 hp=$(per_request hyper_proxy "$STACK_FLOOR" proxy "127.0.0.1:$PORT" "127.0.0.1:$UP_PORT")

@@ -149,7 +149,7 @@ impl RateLimitHeaders {
             HeaderProfile::XRateLimit => {
                 headers.insert(X_RATELIMIT_LIMIT, int_value(limit));
                 headers.insert(X_RATELIMIT_REMAINING, int_value(remaining));
-                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_unix));
+                headers.insert(X_RATELIMIT_RESET, unix_secs_value(reset_unix));
             }
             HeaderProfile::Ietf => {
                 let t = retry_secs.unwrap_or(reset_secs);
@@ -169,7 +169,7 @@ impl RateLimitHeaders {
             HeaderProfile::XRateLimit => {
                 headers.insert(X_RATELIMIT_LIMIT, int_value(v.headline.limit));
                 headers.insert(X_RATELIMIT_REMAINING, int_value(v.headline.remaining));
-                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(v.reset_unix_secs()));
+                headers.insert(X_RATELIMIT_RESET, unix_secs_value(v.reset_unix_secs()));
             }
             HeaderProfile::Ietf => {
                 if let Some(policy) = &self.policy {
@@ -276,6 +276,10 @@ impl Rejection {
         };
         let mut response = Response::new(full(body));
         *response.status_mut() = answer.status;
+        // Sized once for what a refusal carries (Retry-After, three or two rate-limit fields,
+        // Content-Type, and a route's `response_headers`): an empty map would allocate on the
+        // first insert and again as it grew.
+        *response.headers_mut() = HeaderMap::with_capacity(REFUSAL_HEADERS);
         let h = response.headers_mut();
         if let Some(retry_after) = retry_after {
             h.insert(RETRY_AFTER, int_value(retry_after));
@@ -337,8 +341,34 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
         .map(|(head, tail)| (&*head.to_string().leak(), &*tail.to_string().leak()))
 });
 
-/// The 429 body for `retry_after`: what `problem_json` writes, in one allocation.
+/// The header map's room in a refusal (see `into_response`).
+const REFUSAL_HEADERS: usize = 12;
+
+/// The 429 bodies for the small `retry_after`s (below [`SMALL_INTS`]: most are seconds), each
+/// made the first time it is needed and kept (at most 1,024 of about 190 bytes), so that a
+/// refusal in a surge shares its body instead of writing one.
+static RATE_LIMITED_BODIES: LazyLock<Box<[std::sync::OnceLock<&'static [u8]>]>> =
+    LazyLock::new(|| {
+        (0..SMALL_INTS)
+            .map(|_| std::sync::OnceLock::new())
+            .collect()
+    });
+
+/// The 429 body for `retry_after`: what `problem_json` writes; shared when `retry_after` is
+/// small, else written in one allocation.
 pub fn rate_limited_body(retry_after: u64) -> Bytes {
+    if let Some(slot) = usize::try_from(retry_after)
+        .ok()
+        .and_then(|i| RATE_LIMITED_BODIES.get(i))
+    {
+        let body = slot.get_or_init(|| written_rate_limited_body(retry_after).to_vec().leak());
+        return Bytes::from_static(body);
+    }
+    written_rate_limited_body(retry_after)
+}
+
+/// The 429 body for `retry_after`, written around the number.
+fn written_rate_limited_body(retry_after: u64) -> Bytes {
     let Some((head, tail)) = *RATE_LIMITED_PARTS else {
         // Cannot happen (the body always holds its number), but never panic on a request.
         return Bytes::from(problem_json(
@@ -364,6 +394,30 @@ static SMALL_INT_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
         .map(|n| HeaderValue::from_static(n.to_string().leak()))
         .collect()
 });
+
+thread_local! {
+    /// The last Unix second each thread wrote as a header value (`X-RateLimit-Reset`), and
+    /// that value: within a second, most answers name the same one (a fixed window's end, or
+    /// now plus a full bucket's refill), so it is formatted once and shared, as nginx caches its
+    /// `Date`.
+    static LAST_UNIX_SECS: std::cell::RefCell<(u64, HeaderValue)> =
+        std::cell::RefCell::new((0, HeaderValue::from_static("0")));
+}
+
+/// The decimal header value of `secs`, a Unix second: shared with the thread's previous answer
+/// when it names the same second.
+fn unix_secs_value(secs: u64) -> HeaderValue {
+    if secs < SMALL_INTS as u64 {
+        return int_value(secs);
+    }
+    LAST_UNIX_SECS.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != secs {
+            *last = (secs, HeaderValue::from(secs));
+        }
+        last.1.clone()
+    })
+}
 
 /// The decimal header value of `n`, without an allocation when `n` is small.
 fn int_value(n: u64) -> HeaderValue {
@@ -537,5 +591,36 @@ mod tests {
         for n in [0, 1, 42, 1_023, 1_024, 1_700_000_000, u64::MAX] {
             assert_eq!(int_value(n), HeaderValue::from(n), "{n}");
         }
+    }
+
+    #[test]
+    fn a_unix_second_is_written_again_when_it_changes() {
+        // The thread's cache: the same second twice, then the next, then back, then a small
+        // figure (from the shared table).
+        for n in [
+            1_700_000_000,
+            1_700_000_000,
+            1_700_000_001,
+            1_700_000_000,
+            7,
+            u64::MAX,
+        ] {
+            assert_eq!(unix_secs_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_shared_429_body_is_the_one_written_for_its_retry_after() {
+        // Twice each: the first makes the shared body, the second takes it; 1,024 and above
+        // are written per answer.
+        for retry_after in [0, 1, 1, 1_023, 1_023, 1_024, 1_024] {
+            assert_eq!(
+                rate_limited_body(retry_after),
+                written_rate_limited_body(retry_after),
+                "{retry_after}"
+            );
+        }
+        let body: serde_json::Value = serde_json::from_slice(&rate_limited_body(1)).unwrap();
+        assert_eq!(body["retry_after"], 1);
     }
 }
