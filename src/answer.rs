@@ -401,7 +401,7 @@ thread_local! {
     /// now plus a full bucket's refill), so it is formatted once and shared, as nginx caches its
     /// `Date`.
     static LAST_UNIX_SECS: std::cell::RefCell<(u64, HeaderValue)> =
-        std::cell::RefCell::new((0, HeaderValue::from_static("0")));
+        const { std::cell::RefCell::new((0, HeaderValue::from_static("0"))) };
 }
 
 /// The decimal header value of `secs`, a Unix second: shared with the thread's previous answer
