@@ -276,11 +276,20 @@ impl<'s> Decider<'s> {
             .iter()
             .any(|b| b.limits.iter().any(|l| l.per == Per::Endpoint));
         let decided = match endpoints {
-            Some(endpoints) if by_endpoint => self.pass_over(&request, facts, endpoints).await,
+            // Boxed: its search holds a decision beside the next one's future, and most routes
+            // have no limit `per: endpoint`.
+            Some(endpoints) if by_endpoint => {
+                Box::pin(self.pass_over(&request, facts, endpoints)).await
+            }
             _ => self.attempt(&request, facts, None).await,
         };
-        if let Some(Refused::RateLimited(..)) = decided.refused {
-            self.penalize(&route.name, budget, &decided, kind, id).await;
+        // Boxed, and only where a limit has a penalty box: its store calls would otherwise
+        // size every decision's future (and every refusal would allocate).
+        if let Some(Refused::RateLimited(..)) = decided.refused
+            && self.control.is_some()
+            && budget.limits.iter().any(|l| l.penalty.is_some())
+        {
+            Box::pin(self.penalize(&route.name, budget, &decided, kind, id)).await;
         }
         if let (Some(alerts), None, Some((verdict, LimitRef::Enforced(position)))) = (
             self.alerts.filter(|a| a.is_on()),
@@ -628,12 +637,23 @@ impl<'s> Decider<'s> {
         asks: &[Ask<'_>],
         decided: &mut Decided,
     ) -> Result<Admission, crate::limiter::LimiterError> {
-        let Some(global) = self
+        match self
             .global
             .filter(|_| asks.iter().any(|a| a.limit.is_global()))
-        else {
-            return self.ask(asks, decided).await;
-        };
+        {
+            None => self.ask(asks, decided).await,
+            // Boxed: the global store's call would otherwise size every decision's future.
+            Some(global) => Box::pin(self.ask_with_global(global, asks, decided)).await,
+        }
+    }
+
+    /// [`Decider::ask_enforced`] for asks among which some are `scope: global`.
+    async fn ask_with_global(
+        &self,
+        global: &crate::global::Global,
+        asks: &[Ask<'_>],
+        decided: &mut Decided,
+    ) -> Result<Admission, crate::limiter::LimiterError> {
         let region: Vec<Ask<'_>> = asks
             .iter()
             .filter(|a| !a.limit.is_global())

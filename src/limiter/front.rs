@@ -121,7 +121,15 @@ impl Limiter {
                 },
                 None => Admission::Unlimited,
             }),
-            guarded => guarded.decide(asks, lease, on_error).await
+            // The round trip's future (a store call, its timeout) is boxed: a decision made
+            // here (a lease's units, the deny cache) and the memory store's carry none of its
+            // size, which every future above this one would otherwise copy at each move.
+            guarded => match guarded.decide_here(asks, lease, on_error) {
+                guard::Here::Decided(decided) => decided,
+                guard::Here::AskTheStore(trip) => {
+                    Box::pin(guarded.decide_remotely(asks, lease, on_error, trip)).await
+                }
+            }
         )
     }
 

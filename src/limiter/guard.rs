@@ -267,8 +267,20 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         lease: LeaseId,
         on_error: OnError,
     ) -> Result<Admission, LimiterError> {
+        match self.decide_here(asks, lease, on_error) {
+            Here::Decided(decided) => decided,
+            Here::AskTheStore(trip) => self.decide_remotely(asks, lease, on_error, trip).await,
+        }
+    }
+
+    /// What can be decided without the store: nothing asked, a lease's units, the deny cache, an
+    /// open breaker's fallback. Otherwise what the round trip ([`Guarded::decide_remotely`])
+    /// needs. Split so that a caller can keep the round trip's state (the store call's future,
+    /// the largest part of a decision's) out of its own future: `Limiter::decide` boxes it, and
+    /// a decision made here moves and allocates none of it.
+    pub fn decide_here(&self, asks: &[Ask<'_>], lease: LeaseId, on_error: OnError) -> Here {
         if asks.is_empty() {
-            return Ok(Admission::Unlimited);
+            return Here::Decided(Ok(Admission::Unlimited));
         }
         let now = self.clock.now_us();
         // An Arc, not a borrowed guard: it is held across the store call.
@@ -276,33 +288,47 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         // The leases' clock is this process' own (the breaker and deny cache read it raw).
         let local = LocalUs(now);
         if let Some(verdict) = leases.as_ref().and_then(|l| l.spend(asks, local)) {
-            return Ok(Admission::Limited {
+            return Here::Decided(Ok(Admission::Limited {
                 verdict,
                 source: Source::Store,
                 lease,
                 round_trip: false,
-            });
+            }));
         }
         if let Some(verdict) = self.deny_cache.get(asks, now)
             && !leases.as_ref().is_some_and(|l| l.owes(asks, local))
         {
             self.stats.deny_cache_hits.inc();
-            return Ok(Admission::Limited {
+            return Here::Decided(Ok(Admission::Limited {
                 verdict,
                 source: Source::Store,
                 lease,
                 round_trip: false,
-            });
+            }));
         }
         if !self.breaker.allow(now) {
             self.stats.breaker_skips.inc();
-            return self.fallback(
+            return Here::Decided(self.fallback(
                 asks,
                 lease,
                 on_error,
                 LimiterError::unavailable("circuit breaker open"),
-            );
+            ));
         }
+        Here::AskTheStore(RoundTrip { leases, local })
+    }
+
+    /// The store's decision (a round trip), after [`Guarded::decide_here`] found it needed:
+    /// leases granted or owed, the deny cache filled, the breaker told; `on_error` when the
+    /// store fails or takes longer than the timeout.
+    pub async fn decide_remotely(
+        &self,
+        asks: &[Ask<'_>],
+        lease: LeaseId,
+        on_error: OnError,
+        trip: RoundTrip,
+    ) -> Result<Admission, LimiterError> {
+        let RoundTrip { leases, local } = trip;
         let (wants, late) = match leases.as_ref() {
             Some(leases) => {
                 let (wants, debts) = leases.wants_taking(asks, local);
@@ -491,6 +517,25 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             Ok(Ok(()))
         )
     }
+}
+
+/// What [`Guarded::decide_here`] found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned and matched at once, never stored: boxing the decision would cost the allocation this split saves"
+)]
+pub enum Here {
+    /// Decided without the store (or by `on_error` while the breaker is open).
+    Decided(Result<Admission, LimiterError>),
+    /// The store must be asked: [`Guarded::decide_remotely`] with this.
+    AskTheStore(RoundTrip),
+}
+
+/// What a round trip carries over from [`Guarded::decide_here`]: the leases in force when it
+/// looked, and the time it looked at.
+pub struct RoundTrip {
+    leases: Option<Arc<super::lease::Leases>>,
+    local: LocalUs,
 }
 
 #[cfg(test)]
