@@ -23,6 +23,7 @@
 #                    minute per X-API-Key, `limit_req_status 429`) and answers nothing upstream.
 #                    hyper_serve stands for the floor (bench/stack_floor.rs `serve`: hyper
 #                    answering every request itself, with nothing else)
+#   ACCESS_LOG=1     each proxy writes an access log line per request (off: the default of both)
 #   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
@@ -67,6 +68,15 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# ACCESS_LOG=1: one access log line per request from each proxy (floodgate's `floodgate::access`
+# target, nginx's `combined` format to a file), written where it would be (stdout, a file).
+RUST_LOG_FG=warn
+ACCESS_LOG_NGINX="access_log off;"
+if [ -n "${ACCESS_LOG:-}" ]; then
+    RUST_LOG_FG="warn,floodgate::access=info"
+    ACCESS_LOG_NGINX="access_log @DIR@/access.log combined;"
+fi
+
 nginx_conf() { # dir port body
     cat >"$1/nginx.conf" <<EOF
 daemon off;
@@ -76,7 +86,7 @@ pid $1/nginx.pid;
 error_log $1/error.log warn;
 events { worker_connections 1024; }
 http {
-    access_log off;
+    ${ACCESS_LOG_NGINX//@DIR@/$1}
     client_body_temp_path $1/b; proxy_temp_path $1/p; fastcgi_temp_path $1/f;
     uwsgi_temp_path $1/u; scgi_temp_path $1/s;
     keepalive_requests 10000000;
@@ -140,7 +150,7 @@ nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PO
 run_one() {
     local name=$1 n=$2 out="$WORK/$1.$2.out"
     shift 2
-    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 &
+    RUST_LOG="$RUST_LOG_FG" valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 &
     local pid=$!
     for _ in $(seq 300); do
         curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break

@@ -268,6 +268,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
+        .with_timer(floodgate::logging::CachedTime)
         .with_writer(std::io::stderr);
     if format == LogFormat::Json {
         // One line per event with the request span's fields once (`floodgate replay` reads them).
