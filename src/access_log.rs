@@ -177,6 +177,78 @@ mod tests {
         }
     }
 
+    /// What one `record_all!` of present and absent values writes, as JSON and as text.
+    fn recorded_all(json: bool) -> String {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let builder = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone());
+        let log = || {
+            let span = span(&http::Method::GET, "/x");
+            let (tier, hash): (Option<&str>, Option<&str>) = (None, None);
+            tracing::record_all!(
+                span,
+                identity = IdentityKind::Ip.as_str(),
+                client_ip = %"192.0.2.1",
+                tier = tier,
+                identity_hash = hash
+            );
+            let label: Option<DecisionLabel> = Some(DecisionLabel::Denied);
+            let grpc: Option<u8> = None;
+            tracing::record_all!(
+                span,
+                decision = label.map(|l| l.as_str()),
+                status = 429u16,
+                grpc_status = grpc,
+                latency_ms = 0.5f64,
+                cost = None::<&str>
+            );
+            let _entered = span.enter();
+            tracing::info!(target: TARGET, "request done");
+        };
+        if json {
+            let subscriber = builder.json().with_span_list(false).finish();
+            tracing::subscriber::with_default(subscriber, log);
+        } else {
+            let subscriber = builder.fmt_fields(crate::logging::EscapedFields).finish();
+            tracing::subscriber::with_default(subscriber, log);
+        }
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn values_recorded_together_leave_out_the_absent_ones() {
+        // The proxy records a phase's fields in one call; an absent one (no tier, no gRPC
+        // status, no cost) is not written, as when it was never recorded.
+        let line = recorded_all(true);
+        #[derive(Deserialize)]
+        struct Line<'a> {
+            #[serde(borrow)]
+            span: AccessRecord<'a>,
+        }
+        let read: Line<'_> = serde_json::from_str(line.trim()).expect(&line);
+        assert_eq!(read.span.identity, Some(IdentityKind::Ip));
+        assert_eq!(read.span.client_ip.as_deref(), Some("192.0.2.1"));
+        assert_eq!(read.span.decision, Some(DecisionLabel::Denied));
+        assert_eq!(read.span.status, Some(429));
+        assert_eq!(read.span.latency_ms, Some(0.5));
+        assert_eq!((read.span.tier, read.span.grpc_status), (None, None));
+        assert!(
+            !line.contains("tier") && !line.contains("cost") && !line.contains("null"),
+            "{line}"
+        );
+        let text = recorded_all(false);
+        assert!(
+            text.contains(
+                "identity=\"ip\" client_ip=192.0.2.1 decision=\"denied\" status=429 latency_ms=0.5}"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("tier") && !text.contains("  "), "{text}");
+    }
+
     #[test]
     fn what_the_proxy_writes_is_what_replay_reads() {
         let captured = Captured::default();

@@ -10,7 +10,7 @@ use http::Request;
 
 use super::cost::CostMeter;
 use super::response::{Body, BoxError, Dialect};
-use crate::access_log::{self, field};
+use crate::access_log;
 use crate::adaptive::Permit;
 use crate::limiter::{HeldLeases, Verdict};
 use crate::metrics::DecisionLabel;
@@ -201,17 +201,15 @@ impl PendingLog {
         let line = self;
         let span = &line.span;
         let latency_ms = line.started.elapsed().as_secs_f64() * 1000.0;
-        span.record(field::STATUS, line.status);
-        if let Some(code) = line.grpc_status {
-            span.record(field::GRPC_STATUS, code);
-        }
-        span.record(field::LATENCY_MS, latency_ms);
-        if let Some(label) = line.label {
-            span.record(field::DECISION, label.as_str());
-        }
-        if let Some(cost) = cost {
-            span.record(field::COST, cost);
-        }
+        // One record for the five (each record looks the span up and formats again).
+        tracing::record_all!(
+            span,
+            decision = line.label.map(|label| label.as_str()),
+            status = line.status,
+            grpc_status = line.grpc_status,
+            latency_ms = latency_ms,
+            cost = cost
+        );
         let _entered = span.enter();
         tracing::info!(
             target: access_log::TARGET,
