@@ -260,3 +260,60 @@ async fn exemptions_take_effect_on_sighup() {
     reload(&fg, &config(None)).await;
     assert_eq!(status_of(&url).await, StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// Sends `GET path` with `Host: host` (and `extra` header lines) on a fresh connection; returns
+/// the whole response.
+async fn get_as_host(fg: &Floodgate, host: &str, path: &str, extra: &str) -> String {
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    raw_exchange(fg.addr(), request.as_bytes()).await
+}
+
+#[tokio::test]
+async fn routes_by_host_rewrites_and_header_edits_take_effect_on_sighup() {
+    let (apps, billing) = (Upstream::start().await, Upstream::start().await);
+    let before = Config::new().route(Route::new("all", "/", &apps.url()));
+    let fg = Floodgate::start(&before.yaml());
+    let reply = get_as_host(&fg, "billing.example.com", "/api/billing/invoices", "").await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert_eq!(apps.seen()[0].path, "/api/billing/invoices");
+    // The billing API gets its own route by host, mounted at its root, told the route's name
+    // (a client's value of that header replaced) and rid of a header; its answers carry one.
+    let after = Config::new()
+        .route(
+            Route::new("billing", "/api/billing/", &billing.url())
+                .with("hosts", "[billing.example.com]")
+                .with("rewrite_prefix", "/")
+                .with(
+                    "request_headers",
+                    "{set: {X-Route: \"{route}\"}, remove: [X-Debug]}",
+                )
+                .with("response_headers", "{set: {X-Served-By: floodgate}}"),
+        )
+        .route(Route::new("all", "/", &apps.url()));
+    reload(&fg, &after).await;
+    let reply = get_as_host(
+        &fg,
+        "billing.example.com",
+        "/api/billing/invoices",
+        "X-Route: forged\r\nX-Debug: 1\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply
+            .to_ascii_lowercase()
+            .contains("x-served-by: floodgate"),
+        "{reply}"
+    );
+    let seen = billing.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/invoices");
+    assert_eq!(seen[0].header("x-route"), Some("billing"));
+    assert_eq!(seen[0].header("x-debug"), None);
+    // Another host still reaches the first upstream, unchanged.
+    let reply = get_as_host(&fg, "rides.example.com", "/api/billing/invoices", "").await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert_eq!(apps.count(), 2);
+    assert_eq!(billing.count(), 1);
+}
