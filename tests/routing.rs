@@ -275,6 +275,25 @@ async fn only_the_answers_that_matter_are_counted(storage: &str, instances: usiz
     )
     .await;
     assert!(refunded >= 1, "refunds of the bucket counted: {refunded}");
+    // `/budgets` shows what was kept, on every instance: the window spent by the five failed
+    // logins, the bucket by those and the two successes (3 of 10), nothing for the 404s and
+    // 503s.
+    for fg in &fgs {
+        let budgets = get(
+            &client,
+            &fg.admin_url("/budgets?route=login&api_key=k"),
+            &[],
+        )
+        .await
+        .json();
+        let remaining: Vec<u64> = budgets["limits"]
+            .as_array()
+            .expect("limits")
+            .iter()
+            .map(|l| l["remaining"].as_u64().unwrap())
+            .collect();
+        assert_eq!(remaining, [0, 3], "{budgets}");
+    }
 }
 
 #[tokio::test]
