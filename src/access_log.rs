@@ -1,19 +1,26 @@
 //! The access log: one line per request, written by the proxy ([`crate::proxy`]) under the
 //! target [`TARGET`] and read back by `floodgate replay` ([`crate::replay`]).
 //!
-//! The proxy opens a span per request ([`span`]) and records its fields as they become known
-//! (by the names in [`field`]); with `log_format: json`, tracing-subscriber writes them as the
-//! line's `span` object, which is an [`AccessRecord`]. Replay reads that object as the same type
-//! (serde), so what the proxy writes and what replay reads cannot drift apart: the test below
-//! writes a line through tracing-subscriber and reads it back.
+//! The proxy fills a [`Line`] (an [`AccessRecord`]) as the request goes, when the access log is
+//! on ([`Line::start`]: `RUST_LOG` enables `floodgate::access` at info), and writes it once at
+//! the end ([`Line::write`]) to stderr, as tracing-subscriber would have written a span's fields
+//! and one event: with `log_format: json` the record is the line's `span` object, which replay
+//! reads as the same type (serde), so what the proxy writes and what replay reads cannot drift
+//! apart (the tests below write lines and read them back, and compare both formats with what
+//! tracing-subscriber writes for the same span). Written directly because tracing's span
+//! machinery (a registry entry, each field formatted as it was recorded, the event formatted
+//! around it) cost about 21,000 instructions a line, as much as the refusal itself
+//! (docs/performance.md).
 //!
 //! Nothing here is a secret: an API key or user id appears only as the SHA-256 of its value
 //! (`identity_hash`, the digest a consumer's `keys_sha256` holds, so replay can find it).
 
 use std::borrow::Cow;
 
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::{Deserialize, Serialize};
-use tracing::field::Empty;
 
 use crate::identity::IdentityKind;
 use crate::metrics::DecisionLabel;
@@ -44,62 +51,234 @@ pub struct AccessRecord<'a> {
     /// The normalised path (what was routed and limited).
     #[serde(borrow)]
     pub path: Cow<'a, str>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Cow<'a, str>>,
     /// The client address whose allowance `per: ip` limits spent (an IPv6 client's prefix);
     /// absent for a request rejected before it was identified.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub client_ip: Option<Cow<'a, str>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<IdentityKind>,
     /// The hex SHA-256 of the API key (also for a consumer, or a key refused) or user id.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub identity_hash: Option<Cow<'a, str>>,
     /// The tier a verified token's subject was limited as (its claim, as the config names
     /// tiers): replay cannot tell it from the digest.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<Cow<'a, str>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<DecisionLabel>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// The gRPC status of an answer floodgate gave a gRPC call itself (a trailers-only response,
     /// whose HTTP status is 200).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<u8>,
     /// From the request's arrival to its response head (how long a concurrency slot was held);
     /// for a request with settled costs, to its response's end.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<f64>,
     /// Settled costs (`cost: {reserve, actual}`): per limit, `position=reserved/settled`.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cow<'a, str>>,
     /// Composite keys (`per:` with request parts): per limit, `position=digest` (32 hex digits
     /// of the key's SHA-256), so replay can tell budgets apart without the values.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Cow<'a, str>>,
 }
 
-/// The span of one request: its method and path now, the other [`field`]s empty until the
-/// proxy records them.
-pub fn span(method: &http::Method, path: &str) -> tracing::Span {
-    tracing::info_span!(
-        target: TARGET,
-        "request",
-        method = %method,
-        path = path,
-        route = Empty,
-        client_ip = Empty,
-        identity = Empty,
-        identity_hash = Empty,
-        tier = Empty,
-        decision = Empty,
-        status = Empty,
-        grpc_status = Empty,
-        latency_ms = Empty,
-        cost = Empty,
-        keys = Empty,
-    )
+/// Whether lines are written as JSON (`log_format: json`, set once at start by `main`); text
+/// otherwise.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Writes the access log as JSON from now on (`log_format: json`).
+pub fn write_json(json: bool) {
+    JSON.store(json, Ordering::Relaxed);
+}
+
+/// One request's access log line, filled in as the request goes (see the module's docs).
+pub type Line = AccessRecord<'static>;
+
+impl AccessRecord<'static> {
+    /// A line for a request of `method` to `path`, if the access log is on (`RUST_LOG` enables
+    /// the target `floodgate::access` at info); boxed, so that a request without one carries a
+    /// pointer's worth.
+    pub fn start(method: &http::Method, path: &str) -> Option<Box<Line>> {
+        if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+            return None;
+        }
+        Some(Box::new(AccessRecord {
+            method: method_text(method),
+            path: Cow::Owned(path.to_string()),
+            route: None,
+            client_ip: None,
+            identity: None,
+            identity_hash: None,
+            tier: None,
+            decision: None,
+            status: None,
+            grpc_status: None,
+            latency_ms: None,
+            cost: None,
+            keys: None,
+        }))
+    }
+}
+
+impl AccessRecord<'_> {
+    /// Writes the line to stderr, in one write, as tracing-subscriber's format would (text or
+    /// JSON, with the process' timestamp format).
+    pub fn write(&self) {
+        LINE.with(|buffer| {
+            let Ok(mut out) = buffer.try_borrow_mut() else {
+                return;
+            };
+            out.clear();
+            let mut time = String::with_capacity(32);
+            let _ = tracing_subscriber::fmt::time::FormatTime::format_time(
+                &crate::logging::CachedTime,
+                &mut tracing_subscriber::fmt::format::Writer::new(&mut time),
+            );
+            match JSON.load(Ordering::Relaxed) {
+                true => self.json_into(&time, &mut out),
+                false => self.text_into(&time, &mut out),
+            }
+            out.push('\n');
+            // One write: lines from several threads never interleave.
+            let _ = std::io::stderr().write_all(out.as_bytes());
+            if out.capacity() > 16 * 1024 {
+                *out = String::new();
+            }
+        });
+    }
+
+    /// The line as tracing-subscriber's full text format writes a span `request` with these
+    /// fields (in the order the proxy records them) and the event `request done` in it,
+    /// colourless, after `time`.
+    fn text_into(&self, time: &str, out: &mut String) {
+        use std::fmt::Write as _;
+        out.push_str(time);
+        out.push_str("  INFO request{method=");
+        crate::logging::escape_into(&self.method, out).ok();
+        text_str(out, "path", &self.path);
+        if let Some(route) = &self.route {
+            text_str(out, "route", route);
+        }
+        if let Some(identity) = self.identity {
+            text_str(out, "identity", identity.as_str());
+        }
+        if let Some(ip) = &self.client_ip {
+            out.push_str(" client_ip=");
+            crate::logging::escape_into(ip, out).ok();
+        }
+        if let Some(tier) = &self.tier {
+            text_str(out, "tier", tier);
+        }
+        if let Some(hash) = &self.identity_hash {
+            text_str(out, "identity_hash", hash);
+        }
+        if let Some(keys) = &self.keys {
+            text_str(out, "keys", keys);
+        }
+        if let Some(decision) = self.decision {
+            text_str(out, "decision", decision.as_str());
+        }
+        if let Some(status) = self.status {
+            let _ = write!(out, " status={status}");
+        }
+        if let Some(code) = self.grpc_status {
+            let _ = write!(out, " grpc_status={code}");
+        }
+        if let Some(ms) = self.latency_ms {
+            let _ = write!(out, " latency_ms={ms:?}");
+        }
+        if let Some(cost) = &self.cost {
+            text_str(out, "cost", cost);
+        }
+        out.push_str("}: floodgate::access: request done");
+        if let Some(route) = self.route.as_deref().filter(|r| !r.is_empty()) {
+            text_str(out, "route", route);
+        }
+        if let Some(status) = self.status {
+            let _ = write!(out, " status={status}");
+        }
+    }
+
+    /// The line as tracing-subscriber's JSON format writes the same span and event (`span` is
+    /// this record, with the span's name).
+    fn json_into(&self, time: &str, out: &mut String) {
+        #[derive(Serialize)]
+        struct Event<'r> {
+            timestamp: &'r str,
+            level: &'static str,
+            fields: Fields<'r>,
+            target: &'static str,
+            span: Span<'r>,
+        }
+        #[derive(Serialize)]
+        struct Fields<'r> {
+            message: &'static str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            route: Option<&'r str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: Option<u16>,
+        }
+        #[derive(Serialize)]
+        struct Span<'r> {
+            #[serde(flatten)]
+            record: &'r AccessRecord<'r>,
+            name: &'static str,
+        }
+        let event = Event {
+            timestamp: time,
+            level: "INFO",
+            fields: Fields {
+                message: "request done",
+                route: self.route.as_deref().filter(|r| !r.is_empty()),
+                status: self.status,
+            },
+            target: TARGET,
+            span: Span {
+                record: self,
+                name: "request",
+            },
+        };
+        // Serialising these plain fields cannot fail; a failure would leave the line empty.
+        if let Ok(json) = serde_json::to_string(&event) {
+            out.push_str(&json);
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's buffer for the line it writes.
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// ` name="value"` as tracing's text format writes a string field (quoted, escaped).
+fn text_str(out: &mut String, name: &str, value: &str) {
+    out.push(' ');
+    out.push_str(name);
+    out.push('=');
+    crate::logging::quoted_into(value, out);
+}
+
+/// A method's text, without an allocation for the common ones.
+fn method_text(method: &http::Method) -> Cow<'static, str> {
+    use http::Method;
+    const KNOWN: [(Method, &str); 7] = [
+        (Method::GET, "GET"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::DELETE, "DELETE"),
+        (Method::HEAD, "HEAD"),
+        (Method::PATCH, "PATCH"),
+        (Method::OPTIONS, "OPTIONS"),
+    ];
+    match KNOWN.iter().find(|(known, _)| known == method) {
+        Some((_, text)) => Cow::Borrowed(text),
+        None => Cow::Owned(method.as_str().to_string()),
+    }
 }
 
 /// The access log's `cost` field: per settled limit, `position=reserved/settled`, comma
@@ -177,8 +356,32 @@ mod tests {
         }
     }
 
-    /// What one `record_all!` of present and absent values writes, as JSON and as text.
-    fn recorded_all(json: bool) -> String {
+    /// The span the proxy opened per request until the access log was written directly: the
+    /// reference the direct writer is held to.
+    fn reference_span(method: &http::Method, path: &str) -> tracing::Span {
+        use tracing::field::Empty;
+        tracing::info_span!(
+            target: TARGET,
+            "request",
+            method = %method,
+            path = path,
+            route = Empty,
+            client_ip = Empty,
+            identity = Empty,
+            identity_hash = Empty,
+            tier = Empty,
+            decision = Empty,
+            status = Empty,
+            grpc_status = Empty,
+            latency_ms = Empty,
+            cost = Empty,
+            keys = Empty,
+        )
+    }
+
+    /// What tracing-subscriber writes for `line` as the proxy recorded it (the fields in the
+    /// order the phases set them, then the event), without the time.
+    fn written_by_tracing(line: &Line, json: bool) -> String {
         let captured = Captured::default();
         let writer = captured.clone();
         let builder = tracing_subscriber::fmt()
@@ -186,27 +389,50 @@ mod tests {
             .without_time()
             .with_writer(move || writer.clone());
         let log = || {
-            let span = span(&http::Method::GET, "/x");
-            let (tier, hash): (Option<&str>, Option<&str>) = (None, None);
-            tracing::record_all!(
-                span,
-                identity = IdentityKind::Ip.as_str(),
-                client_ip = %"192.0.2.1",
-                tier = tier,
-                identity_hash = hash
+            let span = reference_span(
+                &http::Method::from_bytes(line.method.as_bytes()).unwrap(),
+                &line.path,
             );
-            let label: Option<DecisionLabel> = Some(DecisionLabel::Denied);
-            let grpc: Option<u8> = None;
-            tracing::record_all!(
-                span,
-                decision = label.map(|l| l.as_str()),
-                status = 429u16,
-                grpc_status = grpc,
-                latency_ms = 0.5f64,
-                cost = None::<&str>
-            );
+            if let Some(route) = &line.route {
+                span.record(field::ROUTE, route.as_ref());
+            }
+            if let Some(identity) = line.identity {
+                span.record(field::IDENTITY, identity.as_str());
+            }
+            if let Some(ip) = &line.client_ip {
+                span.record(field::CLIENT_IP, tracing::field::display(ip));
+            }
+            if let Some(tier) = &line.tier {
+                span.record(field::TIER, tier.as_ref());
+            }
+            if let Some(hash) = &line.identity_hash {
+                span.record(field::IDENTITY_HASH, hash.as_ref());
+            }
+            if let Some(keys) = &line.keys {
+                span.record(field::KEYS, keys.as_ref());
+            }
+            if let Some(decision) = line.decision {
+                span.record(field::DECISION, decision.as_str());
+            }
+            if let Some(status) = line.status {
+                span.record(field::STATUS, status);
+            }
+            if let Some(code) = line.grpc_status {
+                span.record(field::GRPC_STATUS, code);
+            }
+            if let Some(ms) = line.latency_ms {
+                span.record(field::LATENCY_MS, ms);
+            }
+            if let Some(cost) = &line.cost {
+                span.record(field::COST, cost.as_ref());
+            }
             let _entered = span.enter();
-            tracing::info!(target: TARGET, "request done");
+            tracing::info!(
+                target: TARGET,
+                route = line.route.as_deref().filter(|r| !r.is_empty()),
+                status = line.status,
+                "request done"
+            );
         };
         if json {
             let subscriber = builder.json().with_span_list(false).finish();
@@ -218,89 +444,116 @@ mod tests {
         String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
     }
 
-    #[test]
-    fn values_recorded_together_leave_out_the_absent_ones() {
-        // The proxy records a phase's fields in one call; an absent one (no tier, no gRPC
-        // status, no cost) is not written, as when it was never recorded.
-        let line = recorded_all(true);
-        #[derive(Deserialize)]
-        struct Line<'a> {
-            #[serde(borrow)]
-            span: AccessRecord<'a>,
-        }
-        let read: Line<'_> = serde_json::from_str(line.trim()).expect(&line);
-        assert_eq!(read.span.identity, Some(IdentityKind::Ip));
-        assert_eq!(read.span.client_ip.as_deref(), Some("192.0.2.1"));
-        assert_eq!(read.span.decision, Some(DecisionLabel::Denied));
-        assert_eq!(read.span.status, Some(429));
-        assert_eq!(read.span.latency_ms, Some(0.5));
-        assert_eq!((read.span.tier, read.span.grpc_status), (None, None));
-        assert!(
-            !line.contains("tier") && !line.contains("cost") && !line.contains("null"),
-            "{line}"
-        );
-        let text = recorded_all(false);
-        assert!(
-            text.contains(
-                "identity=\"ip\" client_ip=192.0.2.1 decision=\"denied\" status=429 latency_ms=0.5}"
-            ),
-            "{text}"
-        );
-        assert!(!text.contains("tier") && !text.contains("  "), "{text}");
+    /// Lines as the proxy fills them: everything set; a refusal before identity; a path and
+    /// values that need escaping.
+    fn lines() -> Vec<Line> {
+        let mut full = *Box::new(AccessRecord {
+            method: "POST".into(),
+            path: "/api/x".into(),
+            route: Some("api".into()),
+            client_ip: Some("2001:db8::".into()),
+            identity: Some(IdentityKind::Consumer),
+            identity_hash: Some("ab".repeat(32).into()),
+            tier: Some("pro".into()),
+            decision: Some(DecisionLabel::ShadowDenied),
+            status: Some(200),
+            grpc_status: Some(8),
+            latency_ms: Some(1.5),
+            cost: Some("0=1000/187".into()),
+            keys: Some(format!("0={}", "07".repeat(16)).into()),
+        });
+        let bare = AccessRecord {
+            method: "GET".into(),
+            path: "/nowhere".into(),
+            route: None,
+            client_ip: None,
+            identity: None,
+            identity_hash: None,
+            tier: None,
+            decision: None,
+            status: Some(404),
+            grpc_status: None,
+            latency_ms: Some(0.25),
+            cost: None,
+            keys: None,
+        };
+        let mut odd = full.clone();
+        odd.method = "PURGE".into();
+        odd.path = "/a b/\"quoted\"/back\\slash/caf\u{e9}/\u{1b}[2J".into();
+        odd.tier = Some("line\nbreak".into());
+        odd.latency_ms = Some(1.0);
+        full.latency_ms = Some(3.6011480000000002);
+        vec![full, bare, odd]
     }
 
     #[test]
-    fn what_the_proxy_writes_is_what_replay_reads() {
-        let captured = Captured::default();
-        let writer = captured.clone();
+    fn a_text_line_is_what_tracing_wrote_for_the_requests_span() {
+        for line in lines() {
+            let mut ours = String::new();
+            line.text_into("TIME", &mut ours);
+            let theirs = written_by_tracing(&line, false);
+            // tracing without a timer starts at the level; ours after the time and two spaces
+            // (the level right-aligned in five, as tracing writes it after a time).
+            let ours = ours.strip_prefix("TIME  INFO ").unwrap();
+            let theirs = theirs.trim_start().strip_prefix("INFO ").unwrap();
+            assert_eq!(format!("{ours}\n"), theirs);
+        }
+    }
+
+    #[test]
+    fn a_json_line_is_what_tracing_wrote_and_what_replay_reads() {
+        for line in lines() {
+            let mut ours = String::new();
+            line.json_into("2026-11-28T16:27:00.123456Z", &mut ours);
+            let theirs = written_by_tracing(&line, true);
+            let mut ours_value: serde_json::Value = serde_json::from_str(&ours).expect(&ours);
+            let theirs_value: serde_json::Value = serde_json::from_str(theirs.trim()).unwrap();
+            assert_eq!(ours_value["timestamp"], "2026-11-28T16:27:00.123456Z");
+            ours_value.as_object_mut().unwrap().remove("timestamp");
+            assert_eq!(ours_value, theirs_value, "{ours}");
+            // Replay's two readers take it back whole.
+            #[derive(Deserialize)]
+            struct Read<'a> {
+                target: &'a str,
+                #[serde(borrow)]
+                span: AccessRecord<'a>,
+            }
+            let read: Read<'_> = serde_json::from_str(&ours).unwrap();
+            assert_eq!(read.target, TARGET);
+            // (serde_json reads a float back within a unit in the last place.)
+            let (Some(a), Some(b)) = (read.span.latency_ms, line.latency_ms) else {
+                panic!("no latency: {ours}");
+            };
+            assert!((a - b).abs() <= b * 1e-15, "{a} {b}");
+            let mut read = read.span;
+            read.latency_ms = line.latency_ms;
+            assert_eq!(read, line);
+        }
+    }
+
+    #[test]
+    fn the_access_log_is_off_unless_its_target_is_enabled() {
+        // No subscriber here: nothing is enabled, and no line is started.
+        assert!(Line::start(&http::Method::GET, "/").is_none());
         let subscriber = tracing_subscriber::fmt()
-            .json()
-            .with_span_list(false)
-            .with_writer(move || writer.clone())
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "warn,floodgate::access=info",
+            ))
+            .with_writer(std::io::sink)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let span = span(&http::Method::POST, "/api/x");
-            span.record(field::ROUTE, "api");
-            span.record(field::CLIENT_IP, tracing::field::display("2001:db8::"));
-            span.record(field::IDENTITY, IdentityKind::Consumer.as_str());
-            span.record(field::IDENTITY_HASH, "ab".repeat(32).as_str());
-            span.record(field::TIER, "pro");
-            span.record(field::DECISION, DecisionLabel::ShadowDenied.as_str());
-            span.record(field::STATUS, 200u16);
-            span.record(field::GRPC_STATUS, 8u8);
-            span.record(field::LATENCY_MS, 1.5f64);
-            span.record(field::COST, "0=1000/187");
-            let _entered = span.enter();
-            tracing::info!(target: TARGET, "request done");
+            let line = Line::start(&http::Method::GET, "/x").expect("on");
+            assert_eq!((line.method.as_ref(), line.path.as_ref()), ("GET", "/x"));
         });
-        let line = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        #[derive(Deserialize)]
-        struct Line<'a> {
-            target: &'a str,
-            #[serde(borrow)]
-            span: AccessRecord<'a>,
-        }
-        let read: Line<'_> = serde_json::from_str(line.trim()).expect(&line);
-        assert_eq!(read.target, TARGET);
-        let hash = "ab".repeat(32);
-        assert_eq!(
-            read.span,
-            AccessRecord {
-                method: "POST".into(),
-                path: "/api/x".into(),
-                route: Some("api".into()),
-                client_ip: Some("2001:db8::".into()),
-                identity: Some(IdentityKind::Consumer),
-                identity_hash: Some(hash.as_str().into()),
-                tier: Some("pro".into()),
-                decision: Some(DecisionLabel::ShadowDenied),
-                status: Some(200),
-                grpc_status: Some(8),
-                latency_ms: Some(1.5),
-                cost: Some("0=1000/187".into()),
-                keys: None,
-            }
-        );
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,floodgate::access=warn",
+            ))
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(Line::start(&http::Method::GET, "/x").is_none());
+        });
     }
 
     #[test]

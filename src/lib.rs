@@ -84,7 +84,7 @@
 //! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those
 //! (and on upstream's pool specs); [`policy`] (whose allowance a request spends, and the
 //! one limit phase; it names decisions by [`metrics`]' labels) and
-//! [`route`] on config; [`access_log`] on identity and metrics; [`decider`] on policy, control
+//! [`route`] on config; [`access_log`] on identity, metrics and logging (its text format); [`decider`] on policy, control
 //! and alerts;
 //! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,

@@ -215,6 +215,19 @@ fn date_time(secs: u64) -> [u8; 19] {
     out
 }
 
+/// Writes `value` as the text format writes a string field: its `Debug` form (quoted, with
+/// quotes and backslashes escaped), every control character and line separator escaped.
+pub fn quoted_into(value: &str, out: &mut String) {
+    if debug_is_quoted(value) {
+        out.push('"');
+        out.push_str(value);
+        out.push('"');
+    } else {
+        let text = format!("{value:?}");
+        let _ = escape_into(&text, out);
+    }
+}
+
 /// Writes `text` with every control character and line separator escaped.
 pub fn escape_into(text: &str, out: &mut impl Write) -> fmt::Result {
     let mut rest = text;

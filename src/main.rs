@@ -270,6 +270,8 @@ fn init_logging(format: LogFormat) {
         .with_ansi(ansi)
         .with_timer(floodgate::logging::CachedTime)
         .with_writer(std::io::stderr);
+    // The access log's lines are written by `access_log.rs` in the same format.
+    floodgate::access_log::write_json(format == LogFormat::Json);
     if format == LogFormat::Json {
         // One line per event with the request span's fields once (`floodgate replay` reads them).
         builder.json().with_span_list(false).init();

@@ -40,7 +40,6 @@ use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::access_log::field;
 use crate::adaptive::Signal;
 use crate::config::{Config, RouteConfig};
 use crate::decider::Decider;
@@ -233,7 +232,7 @@ impl Proxy {
         {
             // Boxed: the usage endpoint is rare, and its peek's state (every route's budgets, a
             // global slice's store call) would otherwise size every request's future.
-            let response = match Box::pin(self.usage(&snapshot, &req, &ctx)).await {
+            let response = match Box::pin(self.usage(&snapshot, &req, &mut ctx)).await {
                 Ok(response) => response,
                 Err(rejection) => rejection.respond(&usage::headers(), ctx.dialect),
             };
@@ -255,7 +254,9 @@ impl Proxy {
         if let Dialect::Grpc(_) = ctx.dialect {
             ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
         }
-        ctx.span.record(field::ROUTE, &*route.config.name);
+        if let Some(log) = ctx.log.as_deref_mut() {
+            log.route = Some(route.config.name.to_string().into());
+        }
         if let Some(trace) = &ctx.trace {
             trace.rename(|| [req.method().as_str(), " ", &route.config.name].concat());
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
@@ -336,8 +337,8 @@ impl Proxy {
             trace.end(response.status().as_u16());
         }
         let mut after = ctx.after_response();
-        let line = (!ctx.span.is_disabled()).then(|| PendingLog {
-            span: ctx.span.clone(),
+        let line = ctx.log.take().map(|line| PendingLog {
+            line,
             started: ctx.started,
             route: route.map_or_else(|| Arc::from(""), |r| r.config.name.clone()),
             status: response.status().as_u16(),

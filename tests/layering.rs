@@ -27,7 +27,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     ("route", "config path"),
     ("policy", "config identity limiter metrics"),
-    ("access_log", "identity metrics"),
+    ("access_log", "identity logging metrics"),
     ("telemetry", "config tls"),
     ("control", "config limiter"),
     ("alerts", "config control limiter metrics tls"),

@@ -10,7 +10,7 @@ use http::Request;
 use super::body::{self, ClientBody};
 use super::context::{Admitted, Context};
 use super::{Matched, Proxy, Rejection, Snapshot, cost, uptime_us};
-use crate::access_log::{self, field};
+use crate::access_log;
 use crate::config::{Budget, RequestView, RouteLimit};
 use crate::decider::{Facts, Side};
 use crate::identity::jwt::{Verified, WhenMissing};
@@ -38,7 +38,8 @@ pub(super) struct Read<'a> {
 /// on the access log's span for replay) and its settled limits' reserves.
 struct HttpFacts<'a> {
     view: RequestView<'a>,
-    span: &'a tracing::Span,
+    /// Whether the access log is on (its `keys` are then written down).
+    logging: bool,
     /// The access log's `keys`: every composite key's digest, enforced and shadow.
     logged_keys: String,
 }
@@ -46,11 +47,8 @@ struct HttpFacts<'a> {
 impl Facts for HttpFacts<'_> {
     fn keys(&mut self, budget: &Budget, identity: (KeyKind, &[u8]), ip: &[u8]) -> RequestKeys {
         let keys = RequestKeys::of(budget, &self.view, identity, ip);
-        if !self.span.is_disabled() {
+        if self.logging {
             access_log::keys_field(keys.digests(budget), &mut self.logged_keys);
-            if !self.logged_keys.is_empty() {
-                self.span.record(field::KEYS, self.logged_keys.as_str());
-            }
         }
         keys
     }
@@ -159,7 +157,7 @@ impl Proxy {
     ) -> Result<(), Rejection> {
         // A bearer token is verified on every route when `identity.jwt` is set: an invalid one
         // never reaches the upstream.
-        let verified = Self::verify_token(snapshot, req, &ctx.span).await?;
+        let verified = Self::verify_token(snapshot, req).await?;
         let json = match route.config.reads_body {
             true => Self::read_body(snapshot, req).await?,
             false => None,
@@ -179,7 +177,16 @@ impl Proxy {
                 || hashes_identity
                 || route.config.request_headers.uses_vars()
                 || route.config.response_headers.uses_vars())
-            .then(|| Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span).ok())
+            .then(|| {
+                Self::identify(
+                    snapshot,
+                    req,
+                    verified.as_ref(),
+                    ctx.peer,
+                    ctx.log.as_deref_mut(),
+                )
+                .ok()
+            })
             .flatten();
             // The decider answers `unlimited`, or refuses a banned identity.
             let refused = match &whose {
@@ -198,7 +205,13 @@ impl Proxy {
             ctx.vars = vars_of(snapshot, route, req, whose.as_ref(), ctx.peer);
             (whose.map(|w| w.identity), admitted)
         } else {
-            match Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span) {
+            match Self::identify(
+                snapshot,
+                req,
+                verified.as_ref(),
+                ctx.peer,
+                ctx.log.as_deref_mut(),
+            ) {
                 Ok(whose) => {
                     // Known before the limits: those `per: endpoint` follow the balancer.
                     ctx.balance_key = balance_key(route, req, Some(&whose.identity));
@@ -283,7 +296,7 @@ impl Proxy {
         req: &'a Request<ClientBody>,
         verified: Option<&'a Verified>,
         peer: SocketAddr,
-        span: &tracing::Span,
+        log: Option<&mut access_log::Line>,
     ) -> Result<Whose<'a>, Rejection> {
         let config = &snapshot.identity;
         let headers = req.headers();
@@ -312,31 +325,26 @@ impl Proxy {
             || Ok(keyless()?),
             || config.client_addr(headers, peer.ip()),
         );
-        if !span.is_disabled() {
+        if let Some(log) = log {
             let (kind, ip) = match &resolved {
                 Ok(whose) => (whose.identity.kind(), whose.ip),
                 Err(_) => (IdentityKind::ApiKey, config.client_addr(headers, peer.ip())),
             };
+            log.identity = Some(kind);
+            log.client_ip = Some(ip.to_string().into());
             // A token's tier, which replay cannot know from the subject's digest.
-            let tier = match &resolved {
-                Ok(whose) if matches!(whose.identity, Identity::Jwt(_)) => Some(whose.tier),
-                _ => None,
-            };
+            if let Ok(whose) = &resolved
+                && matches!(whose.identity, Identity::Jwt(_))
+            {
+                log.tier = Some(whose.tier.to_string().into());
+            }
             let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
                 (_, Ok(Identity::UserId(user) | Identity::Jwt(user))) => Some(user),
                 (_, Ok(Identity::Ip(_))) => None,
                 (Claim::ApiKey(key), _) => Some(key),
                 _ => None,
             };
-            let hash = hashed.map(digest_hex);
-            // One record for the four (each record looks the span up and formats again).
-            tracing::record_all!(
-                span,
-                identity = kind.as_str(),
-                client_ip = %ip,
-                tier = tier,
-                identity_hash = hash.as_deref()
-            );
+            log.identity_hash = hashed.map(|value| digest_hex(value).into());
         }
         resolved.map_err(rejection)
     }
@@ -373,7 +381,6 @@ impl Proxy {
     pub(super) async fn verify_token(
         snapshot: &Snapshot,
         req: &Request<ClientBody>,
-        span: &tracing::Span,
     ) -> Result<Option<Verified>, Rejection> {
         let Some(jwt) = &snapshot.identity.jwt else {
             return Ok(None);
@@ -383,7 +390,7 @@ impl Proxy {
             Ok(None) if jwt.when_missing == WhenMissing::Reject => Err(Rejection::InvalidToken),
             Ok(None) => Ok(None),
             Err(why) => {
-                span.in_scope(|| tracing::debug!(%why, "bearer token refused"));
+                tracing::debug!(%why, path = req.uri().path(), "bearer token refused");
                 Err(Rejection::InvalidToken)
             }
         }
@@ -399,9 +406,8 @@ impl Proxy {
         req: &Request<ClientBody>,
         whose: &Whose<'_>,
         read: Read<'_>,
-        ctx: &Context,
+        ctx: &mut Context,
     ) -> Result<Admitted, Rejection> {
-        let (span, trace) = (&ctx.span, ctx.trace.as_ref());
         let config = route.config;
         let mut facts = HttpFacts {
             view: RequestView {
@@ -415,7 +421,7 @@ impl Proxy {
                 claims: read.verified.map(|v| &v.claims),
                 json: read.json,
             },
-            span,
+            logging: ctx.log.is_some(),
             logged_keys: String::new(),
         };
         let mut offered = Offered {
@@ -428,7 +434,12 @@ impl Proxy {
             .decider(snapshot)
             .decide_sent(config, whose, &mut facts, Some(&mut offered))
             .await;
-        if let Some(trace) = trace {
+        if let Some(log) = ctx.log.as_deref_mut()
+            && !facts.logged_keys.is_empty()
+        {
+            log.keys = Some(std::mem::take(&mut facts.logged_keys).into());
+        }
+        if let Some(trace) = &ctx.trace {
             let system = match self.limiter.backend_name() {
                 "postgres" => "postgresql",
                 other => other,

@@ -48,8 +48,8 @@ impl Admitted {
 pub(super) struct Context {
     /// When the request arrived.
     pub started: Instant,
-    /// The access log's span, whose fields the phases record.
-    pub span: tracing::Span,
+    /// The access log's line, whose fields the phases fill in (`None`: the access log is off).
+    pub log: Option<Box<access_log::Line>>,
     /// The TCP peer.
     pub peer: SocketAddr,
     /// HTTP's or gRPC's words for floodgate's own answers (set once routed).
@@ -74,7 +74,7 @@ impl Context {
     pub fn new<B>(req: &Request<B>, peer: SocketAddr) -> Self {
         Context {
             started: Instant::now(),
-            span: access_log::span(req.method(), req.uri().path()),
+            log: access_log::Line::start(req.method(), req.uri().path()),
             peer,
             dialect: Dialect::of(req.headers(), Default::default()),
             admitted: None,
@@ -120,7 +120,7 @@ impl Context {
 /// The access log line of a request whose line waits for the response to end (its settled
 /// costs go in it).
 pub(super) struct PendingLog {
-    pub span: tracing::Span,
+    pub line: Box<access_log::Line>,
     pub started: Instant,
     pub route: std::sync::Arc<str>,
     pub status: u16,
@@ -197,26 +197,17 @@ impl Drop for AfterResponse {
 impl PendingLog {
     /// The request's outcome on its span (the access log, target `floodgate::access`); `cost`,
     /// its settled costs (`cost.rs`).
-    pub fn write(&self, cost: Option<&str>) {
-        let line = self;
-        let span = &line.span;
-        let latency_ms = line.started.elapsed().as_secs_f64() * 1000.0;
-        // One record for the five (each record looks the span up and formats again).
-        tracing::record_all!(
-            span,
-            decision = line.label.map(|label| label.as_str()),
-            status = line.status,
-            grpc_status = line.grpc_status,
-            latency_ms = latency_ms,
-            cost = cost
-        );
-        let _entered = span.enter();
-        tracing::info!(
-            target: access_log::TARGET,
-            route = (!line.route.is_empty()).then_some(&*line.route),
-            status = line.status,
-            "request done"
-        );
+    pub fn write(mut self, cost: Option<&str>) {
+        let line = &mut *self.line;
+        line.decision = self.label;
+        line.status = Some(self.status);
+        line.grpc_status = self.grpc_status;
+        line.latency_ms = Some(self.started.elapsed().as_secs_f64() * 1000.0);
+        line.cost = cost.map(|c| c.to_string().into());
+        if line.route.is_none() && !self.route.is_empty() {
+            line.route = Some(self.route.to_string().into());
+        }
+        line.write();
     }
 }
 

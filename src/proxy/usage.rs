@@ -39,10 +39,16 @@ impl Proxy {
         &self,
         snapshot: &Snapshot,
         req: &Request<ClientBody>,
-        ctx: &Context,
+        ctx: &mut Context,
     ) -> Result<Response<Body>, Rejection> {
-        let verified = Self::verify_token(snapshot, req, &ctx.span).await?;
-        let whose = Self::identify(snapshot, req, verified.as_ref(), ctx.peer, &ctx.span)?;
+        let verified = Self::verify_token(snapshot, req).await?;
+        let whose = Self::identify(
+            snapshot,
+            req,
+            verified.as_ref(),
+            ctx.peer,
+            ctx.log.as_deref_mut(),
+        )?;
         let (mut id_buf, mut ip_buf) = ([0u8; 16], [0u8; 16]);
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
