@@ -331,7 +331,9 @@ impl Proxy {
                 Err(_) => (IdentityKind::ApiKey, config.client_addr(headers, peer.ip())),
             };
             log.identity = Some(kind);
-            log.client_ip = Some(ip.to_string().into());
+            let mut text = Vec::with_capacity(16);
+            super::forward::push_ip(&mut text, ip);
+            log.client_ip = Some(String::from_utf8_lossy(&text).into_owned().into());
             // A token's tier, which replay cannot know from the subject's digest.
             if let Ok(whose) = &resolved
                 && matches!(whose.identity, Identity::Jwt(_))

@@ -36,6 +36,7 @@ use crate::upstream::{InFlight, Outcome, RoutePool};
 
 mod failure;
 mod headers;
+pub(super) use headers::push_ip;
 
 use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_config};
 pub use headers::strip_hop_by_hop;
