@@ -129,27 +129,40 @@ impl AccessRecord<'_> {
     /// Writes the line to stderr, in one write, as tracing-subscriber's format would (text or
     /// JSON, with the process' timestamp format).
     pub fn write(&self) {
-        LINE.with(|buffer| {
-            let Ok(mut out) = buffer.try_borrow_mut() else {
-                return;
-            };
-            out.clear();
-            let mut time = String::with_capacity(32);
-            let _ = tracing_subscriber::fmt::time::FormatTime::format_time(
-                &crate::logging::CachedTime,
-                &mut tracing_subscriber::fmt::format::Writer::new(&mut time),
-            );
-            match JSON.load(Ordering::Relaxed) {
-                true => self.json_into(&time, &mut out),
-                false => self.text_into(&time, &mut out),
-            }
-            out.push('\n');
-            // One write: lines from several threads never interleave.
-            let _ = std::io::stderr().write_all(out.as_bytes());
-            if out.capacity() > 16 * 1024 {
-                *out = String::new();
-            }
-        });
+        // The thread's buffer; a fresh one if it is in use or already gone (a line written as
+        // the thread ends).
+        let written = LINE
+            .try_with(|buffer| match buffer.try_borrow_mut() {
+                Ok(mut out) => {
+                    self.write_with(&mut out);
+                    if out.capacity() > 16 * 1024 {
+                        *out = String::new();
+                    }
+                    true
+                }
+                Err(_) => false,
+            })
+            .unwrap_or(false);
+        if !written {
+            self.write_with(&mut String::new());
+        }
+    }
+
+    /// Formats the line into `out` (cleared first) and writes it.
+    fn write_with(&self, out: &mut String) {
+        out.clear();
+        let mut time = String::with_capacity(32);
+        let _ = tracing_subscriber::fmt::time::FormatTime::format_time(
+            &crate::logging::CachedTime,
+            &mut tracing_subscriber::fmt::format::Writer::new(&mut time),
+        );
+        match JSON.load(Ordering::Relaxed) {
+            true => self.json_into(&time, out),
+            false => self.text_into(&time, out),
+        }
+        out.push('\n');
+        // One write: lines from several threads never interleave.
+        let _ = std::io::stderr().write_all(out.as_bytes());
     }
 
     /// The line as tracing-subscriber's full text format writes a span `request` with these

@@ -410,13 +410,18 @@ fn unix_secs_value(secs: u64) -> HeaderValue {
     if secs < SMALL_INTS as u64 {
         return int_value(secs);
     }
-    LAST_UNIX_SECS.with(|last| {
-        let mut last = last.borrow_mut();
-        if last.0 != secs {
-            *last = (secs, HeaderValue::from(secs));
-        }
-        last.1.clone()
-    })
+    // (Formatted afresh if the thread's cache is in use or already gone.)
+    LAST_UNIX_SECS
+        .try_with(|last| {
+            let mut last = last.try_borrow_mut().ok()?;
+            if last.0 != secs {
+                *last = (secs, HeaderValue::from(secs));
+            }
+            Some(last.1.clone())
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| HeaderValue::from(secs))
 }
 
 /// The decimal header value of `n`, without an allocation when `n` is small.

@@ -120,18 +120,21 @@ impl Visit for Visitor<'_> {
         }
         // The value's text, escaped on its way out; the buffer is the thread's own, reused.
         // (A value whose formatting logs, and so comes back here, gets a buffer of its own.)
-        let done = TEXT.with(|text| {
-            let Ok(mut text) = text.try_borrow_mut() else {
-                return false;
-            };
-            text.clear();
-            let _ = write!(text, "{value:?}");
-            self.result = escape_into(&text, &mut self.writer);
-            if text.capacity() > TEXT_KEPT {
-                *text = String::new();
-            }
-            true
-        });
+        // (And one whose thread is ending, its buffer gone.)
+        let done = TEXT
+            .try_with(|text| {
+                let Ok(mut text) = text.try_borrow_mut() else {
+                    return false;
+                };
+                text.clear();
+                let _ = write!(text, "{value:?}");
+                self.result = escape_into(&text, &mut self.writer);
+                if text.capacity() > TEXT_KEPT {
+                    *text = String::new();
+                }
+                true
+            })
+            .unwrap_or(false);
         if !done {
             let mut text = String::new();
             let _ = write!(text, "{value:?}");
