@@ -35,7 +35,7 @@ pub(super) struct Read<'a> {
 }
 
 /// What the decider reads of a live request: its composite keys' parts (recorded, as digests,
-/// on the access log's span for replay) and its settled limits' reserves.
+/// in the access log's line for replay) and its settled limits' reserves.
 struct HttpFacts<'a> {
     view: RequestView<'a>,
     /// Whether the access log is on (its `keys` are then written down).
@@ -285,7 +285,7 @@ impl Proxy {
     /// Phase 2: whose budgets the request spends: its identity, and its client address.
     /// With `consumers:`, an API key becomes its consumer; an unknown one is rejected (401) or
     /// ignored, as `unknown_key` says.
-    /// Records on `span` what `floodgate replay` reads back (never a raw key): the identity's
+    /// Writes into the access log's `log` (when it is on) what `floodgate replay` reads back (never a raw key): the identity's
     /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
     #[allow(
         clippy::result_large_err,
