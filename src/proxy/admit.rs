@@ -285,8 +285,9 @@ impl Proxy {
     /// Phase 2: whose budgets the request spends: its identity, and its client address.
     /// With `consumers:`, an API key becomes its consumer; an unknown one is rejected (401) or
     /// ignored, as `unknown_key` says.
-    /// Writes into the access log's `log` (when it is on) what `floodgate replay` reads back (never a raw key): the identity's
-    /// kind, the digest of an API key (a consumer's, or one refused) or user id, the address.
+    /// Writes into the access log's line `log` (when the log is on) what `floodgate replay`
+    /// reads back (never a raw key): the identity's kind, the digest of an API key (a
+    /// consumer's, or one refused) or user id, the address.
     #[allow(
         clippy::result_large_err,
         reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
