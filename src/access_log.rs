@@ -31,6 +31,7 @@ pub const TARGET: &str = "floodgate::access";
 /// The span's field names, as the proxy records them and [`AccessRecord`] names them.
 pub mod field {
     pub const ROUTE: &str = "route";
+    pub const HOST: &str = "host";
     pub const CLIENT_IP: &str = "client_ip";
     pub const IDENTITY: &str = "identity";
     pub const IDENTITY_HASH: &str = "identity_hash";
@@ -53,6 +54,10 @@ pub struct AccessRecord<'a> {
     pub path: Cow<'a, str>,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Cow<'a, str>>,
+    /// The host the request named (lowercase, without the port: what a route's `hosts`
+    /// compares), so that replay can route by it.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Cow<'a, str>>,
     /// The client address whose allowance `per: ip` limits spent (an IPv6 client's prefix);
     /// absent for a request rejected before it was identified.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +116,7 @@ impl AccessRecord<'static> {
             method: method_text(method),
             path: Cow::Owned(path.to_string()),
             route: None,
+            host: None,
             client_ip: None,
             identity: None,
             identity_hash: None,
@@ -176,6 +182,9 @@ impl AccessRecord<'_> {
         text_str(out, "path", &self.path);
         if let Some(route) = &self.route {
             text_str(out, "route", route);
+        }
+        if let Some(host) = &self.host {
+            text_str(out, "host", host);
         }
         if let Some(identity) = self.identity {
             text_str(out, "identity", identity.as_str());
@@ -379,6 +388,7 @@ mod tests {
             method = %method,
             path = path,
             route = Empty,
+            host = Empty,
             client_ip = Empty,
             identity = Empty,
             identity_hash = Empty,
@@ -408,6 +418,9 @@ mod tests {
             );
             if let Some(route) = &line.route {
                 span.record(field::ROUTE, route.as_ref());
+            }
+            if let Some(host) = &line.host {
+                span.record(field::HOST, host.as_ref());
             }
             if let Some(identity) = line.identity {
                 span.record(field::IDENTITY, identity.as_str());
@@ -464,6 +477,7 @@ mod tests {
             method: "POST".into(),
             path: "/api/x".into(),
             route: Some("api".into()),
+            host: Some("billing.example.com".into()),
             client_ip: Some("2001:db8::".into()),
             identity: Some(IdentityKind::Consumer),
             identity_hash: Some("ab".repeat(32).into()),
@@ -479,6 +493,7 @@ mod tests {
             method: "GET".into(),
             path: "/nowhere".into(),
             route: None,
+            host: None,
             client_ip: None,
             identity: None,
             identity_hash: None,

@@ -256,6 +256,9 @@ impl Proxy {
         }
         if let Some(log) = ctx.log.as_deref_mut() {
             log.route = Some(route.config.name.to_string().into());
+            // For replay, which may route a proposed config by host.
+            log.host = crate::config::request_host(req.uri(), req.headers())
+                .map(|host| host.into_owned().into());
         }
         if let Some(trace) = &ctx.trace {
             trace.rename(|| [req.method().as_str(), " ", &route.config.name].concat());

@@ -293,7 +293,16 @@ impl Replay {
         }
         self.requests += 1;
         let proposal = Arc::clone(&self.proposal);
-        let Some(i) = proposal.table.position(&record.method, &record.path) else {
+        // By method, path and the host the log recorded; routes with `headers` are passed over
+        // (the log holds no headers).
+        let headers = http::HeaderMap::new();
+        let routed = proposal.table.find(&crate::route::Request {
+            method: &record.method,
+            host: record.host.as_deref(),
+            headers: &headers,
+            path: &record.path,
+        });
+        let Some(i) = routed else {
             self.no_route += 1;
             return;
         };

@@ -19,6 +19,8 @@ pub struct Record {
     pub at_us: u64,
     pub method: Method,
     pub path: String,
+    /// The host the request named, when the log says (floodgate's JSON log does).
+    pub host: Option<String>,
     pub client_ip: IpAddr,
     pub identity: RecordedIdentity,
     /// How long the request took, when the log says (concurrency slots are held that long).
@@ -144,6 +146,7 @@ struct Fields<'a> {
     target: Option<&'a [u8]>,
     method: Option<&'a [u8]>,
     path: Option<&'a [u8]>,
+    host: Option<&'a [u8]>,
     client_ip: Option<&'a [u8]>,
     identity: Option<&'a [u8]>,
     identity_hash: Option<&'a [u8]>,
@@ -211,6 +214,7 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
                     (1, _, b"target") => &mut f.target,
                     (2, true, b"method") => &mut f.method,
                     (2, true, b"path") => &mut f.path,
+                    (2, true, b"host") => &mut f.host,
                     (2, true, b"client_ip") => &mut f.client_ip,
                     (2, true, b"identity") => &mut f.identity,
                     (2, true, b"identity_hash") => &mut f.identity_hash,
@@ -258,6 +262,7 @@ impl<'a> Fields<'a> {
             method: text(self.method.ok_or("no method")?, "the method")?,
             path: text(self.path.ok_or("no path")?, "the path")?,
             route: None,
+            host: self.host.map(|h| text(h, "host")).transpose()?,
             client_ip: self.client_ip.map(|ip| text(ip, "client_ip")).transpose()?,
             identity: self
                 .identity
@@ -343,6 +348,7 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
         at_us: at_us.saturating_sub(latency_us.unwrap_or(0)),
         method,
         path: span.path.into_owned(),
+        host: span.host.map(Cow::into_owned),
         client_ip,
         identity,
         latency_us,
@@ -419,6 +425,7 @@ fn parse_combined(line: &str) -> Result<Record, String> {
         at_us,
         method,
         path: path.to_string(),
+        host: None,
         client_ip: client_ip.to_canonical(),
         identity: RecordedIdentity::Ip,
         latency_us: None,

@@ -225,6 +225,7 @@ fn memory_stays_bounded_by_the_budgets_alive_at_once() {
             at_us: T0 + i * 1000,
             method: Method::GET,
             path: "/api/x".into(),
+            host: None,
             client_ip: IpAddr::from((i as u32 + 1).to_be_bytes()),
             identity: RecordedIdentity::Ip,
             latency_us: None,
@@ -349,4 +350,60 @@ fn settled_costs_are_replayed_at_what_the_log_says_they_cost() {
         parse_json(line.as_bytes()).unwrap().unwrap().costs,
         vec![(0, 900)]
     );
+}
+
+/// A proposed config that routes by host: each line goes to the route of the host it recorded
+/// (a line without one, as nginx's, to a route without `hosts`), each route limited on its own.
+#[test]
+fn lines_are_routed_by_the_host_they_recorded() {
+    let config = Config::from_yaml(
+        "listen: 127.0.0.1:0
+routes:
+  - name: billing
+    hosts: [billing.example.com]
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {algorithm: fixed_window, limit: 3, window: 1h}
+  - name: rest
+    path_prefix: /
+    upstream: http://127.0.0.1:9000
+    limits:
+      - {algorithm: fixed_window, limit: 5, window: 1h}
+",
+    )
+    .expect("config");
+    let with_host = |i: u64, host: &str| {
+        json_line(T0 + i * 1000, "203.0.113.7", None, "allowed").replace(
+            r#""path":"/api/x","#,
+            &format!(r#""path":"/api/x","host":"{host}","#),
+        )
+    };
+    let mut lines: Vec<String> = (0..10)
+        .map(|i| with_host(i, "billing.example.com"))
+        .collect();
+    lines.extend((10..20).map(|i| with_host(i, "rides.example.com")));
+    lines.extend((20..30).map(|i| json_line(T0 + i * 1000, "203.0.113.7", None, "allowed")));
+    // Both of the line's readers see the host: the one-pass scanner, and serde_json.
+    assert_eq!(
+        parse_json(lines[0].as_bytes())
+            .unwrap()
+            .unwrap()
+            .host
+            .as_deref(),
+        Some("billing.example.com")
+    );
+    assert_eq!(
+        parse_json_general(lines[0].as_bytes())
+            .unwrap()
+            .unwrap()
+            .host
+            .as_deref(),
+        Some("billing.example.com")
+    );
+    let report = replay(config, &lines);
+    let by_name = |name: &str| report.routes.iter().find(|r| r.name == name).unwrap();
+    let (billing, rest) = (by_name("billing"), by_name("rest"));
+    assert_eq!((billing.requests, billing.allowed), (10, 3));
+    assert_eq!((rest.requests, rest.allowed), (20, 5));
 }
