@@ -28,22 +28,6 @@ use crate::metrics::DecisionLabel;
 /// The tracing target of the access log's events.
 pub const TARGET: &str = "floodgate::access";
 
-/// The span's field names, as the proxy records them and [`AccessRecord`] names them.
-pub mod field {
-    pub const ROUTE: &str = "route";
-    pub const HOST: &str = "host";
-    pub const CLIENT_IP: &str = "client_ip";
-    pub const IDENTITY: &str = "identity";
-    pub const IDENTITY_HASH: &str = "identity_hash";
-    pub const TIER: &str = "tier";
-    pub const DECISION: &str = "decision";
-    pub const STATUS: &str = "status";
-    pub const GRPC_STATUS: &str = "grpc_status";
-    pub const LATENCY_MS: &str = "latency_ms";
-    pub const COST: &str = "cost";
-    pub const KEYS: &str = "keys";
-}
-
 /// One request's span as the access log holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AccessRecord<'a> {
@@ -180,31 +164,17 @@ impl AccessRecord<'_> {
         out.push_str("  INFO request{method=");
         crate::logging::escape_into(&self.method, out).ok();
         text_str(out, "path", &self.path);
-        if let Some(route) = &self.route {
-            text_str(out, "route", route);
-        }
-        if let Some(host) = &self.host {
-            text_str(out, "host", host);
-        }
-        if let Some(identity) = self.identity {
-            text_str(out, "identity", identity.as_str());
-        }
+        text_opt(out, "route", self.route.as_deref());
+        text_opt(out, "host", self.host.as_deref());
+        text_opt(out, "identity", self.identity.map(|i| i.as_str()));
         if let Some(ip) = &self.client_ip {
             out.push_str(" client_ip=");
             crate::logging::escape_into(ip, out).ok();
         }
-        if let Some(tier) = &self.tier {
-            text_str(out, "tier", tier);
-        }
-        if let Some(hash) = &self.identity_hash {
-            text_str(out, "identity_hash", hash);
-        }
-        if let Some(keys) = &self.keys {
-            text_str(out, "keys", keys);
-        }
-        if let Some(decision) = self.decision {
-            text_str(out, "decision", decision.as_str());
-        }
+        text_opt(out, "tier", self.tier.as_deref());
+        text_opt(out, "identity_hash", self.identity_hash.as_deref());
+        text_opt(out, "keys", self.keys.as_deref());
+        text_opt(out, "decision", self.decision.map(|d| d.as_str()));
         if let Some(status) = self.status {
             let _ = write!(out, " status={status}");
         }
@@ -214,13 +184,13 @@ impl AccessRecord<'_> {
         if let Some(ms) = self.latency_ms {
             let _ = write!(out, " latency_ms={ms:?}");
         }
-        if let Some(cost) = &self.cost {
-            text_str(out, "cost", cost);
-        }
+        text_opt(out, "cost", self.cost.as_deref());
         out.push_str("}: floodgate::access: request done");
-        if let Some(route) = self.route.as_deref().filter(|r| !r.is_empty()) {
-            text_str(out, "route", route);
-        }
+        text_opt(
+            out,
+            "route",
+            self.route.as_deref().filter(|r| !r.is_empty()),
+        );
         if let Some(status) = self.status {
             let _ = write!(out, " status={status}");
         }
@@ -282,7 +252,15 @@ fn text_str(out: &mut String, name: &str, value: &str) {
     out.push(' ');
     out.push_str(name);
     out.push('=');
-    crate::logging::quoted_into(value, out);
+    let _ = crate::logging::quoted_into(value, out);
+}
+
+/// [`text_str`] for a field that may be absent (then nothing is written, as for a field never
+/// recorded).
+fn text_opt(out: &mut String, name: &str, value: Option<&str>) {
+    if let Some(value) = value {
+        text_str(out, name, value);
+    }
 }
 
 /// A method's text, without an allocation for the common ones.
@@ -376,6 +354,22 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// The reference span's field names ([`AccessRecord`]'s).
+    mod field {
+        pub const ROUTE: &str = "route";
+        pub const HOST: &str = "host";
+        pub const CLIENT_IP: &str = "client_ip";
+        pub const IDENTITY: &str = "identity";
+        pub const IDENTITY_HASH: &str = "identity_hash";
+        pub const TIER: &str = "tier";
+        pub const DECISION: &str = "decision";
+        pub const STATUS: &str = "status";
+        pub const GRPC_STATUS: &str = "grpc_status";
+        pub const LATENCY_MS: &str = "latency_ms";
+        pub const COST: &str = "cost";
+        pub const KEYS: &str = "keys";
     }
 
     /// The span the proxy opened per request until the access log was written directly: the

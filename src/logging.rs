@@ -84,17 +84,8 @@ impl Visit for Visitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
             self.record_debug(field, &format_args!("{value}"));
-        } else if debug_is_quoted(value) {
-            // What `{value:?}` writes, without formatting it char by char into a buffer.
-            if self.begin(field) {
-                self.result = self
-                    .writer
-                    .write_char('"')
-                    .and_then(|()| self.writer.write_str(value))
-                    .and_then(|()| self.writer.write_char('"'));
-            }
-        } else {
-            self.record_debug(field, &value);
+        } else if self.begin(field) {
+            self.result = quoted_into(value, &mut self.writer);
         }
     }
 
@@ -220,14 +211,14 @@ fn date_time(secs: u64) -> [u8; 19] {
 
 /// Writes `value` as the text format writes a string field: its `Debug` form (quoted, with
 /// quotes and backslashes escaped), every control character and line separator escaped.
-pub fn quoted_into(value: &str, out: &mut String) {
+pub fn quoted_into(value: &str, out: &mut impl Write) -> fmt::Result {
     if debug_is_quoted(value) {
-        out.push('"');
-        out.push_str(value);
-        out.push('"');
+        // What `{value:?}` writes, without formatting it char by char into a buffer.
+        out.write_char('"')?;
+        out.write_str(value)?;
+        out.write_char('"')
     } else {
-        let text = format!("{value:?}");
-        let _ = escape_into(&text, out);
+        escape_into(&format!("{value:?}"), out)
     }
 }
 

@@ -343,7 +343,6 @@ impl Proxy {
         let line = ctx.log.take().map(|line| PendingLog {
             line,
             started: ctx.started,
-            route: route.map_or_else(|| Arc::from(""), |r| r.config.name.clone()),
             status: response.status().as_u16(),
             grpc_status: response
                 .headers()

@@ -122,7 +122,6 @@ impl Context {
 pub(super) struct PendingLog {
     pub line: Box<access_log::Line>,
     pub started: Instant,
-    pub route: std::sync::Arc<str>,
     pub status: u16,
     pub grpc_status: Option<u8>,
     pub label: Option<DecisionLabel>,
@@ -182,7 +181,7 @@ impl AfterResponse {
         }
         if let Some(log) = self.log.take() {
             let cost = (!figures.is_empty()).then(|| crate::access_log::cost_field(&figures));
-            log.write(cost.as_deref());
+            log.write(cost);
         }
     }
 }
@@ -195,18 +194,15 @@ impl Drop for AfterResponse {
 }
 
 impl PendingLog {
-    /// The request's outcome on its span (the access log, target `floodgate::access`); `cost`,
+    /// The request's outcome into its access log line, then the line written; `cost`,
     /// its settled costs (`cost.rs`).
-    pub fn write(mut self, cost: Option<&str>) {
+    pub fn write(mut self, cost: Option<String>) {
         let line = &mut *self.line;
         line.decision = self.label;
         line.status = Some(self.status);
         line.grpc_status = self.grpc_status;
         line.latency_ms = Some(self.started.elapsed().as_secs_f64() * 1000.0);
-        line.cost = cost.map(|c| c.to_string().into());
-        if line.route.is_none() && !self.route.is_empty() {
-            line.route = Some(self.route.to_string().into());
-        }
+        line.cost = cost.map(Into::into);
         line.write();
     }
 }
