@@ -70,6 +70,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: Option<SocketAddr>,
     pub tls: Option<TlsConfig>,
+    /// `http3:`: the QUIC listener, if any (always with `tls`).
+    pub http3: Option<Http3Config>,
     /// Roots for verifying HTTPS upstreams instead of the system's.
     pub upstream_ca: Option<UpstreamCa>,
     /// `resolver:`: how upstream names are found (restart-only).
@@ -138,6 +140,8 @@ pub struct TlsConfig {
     cert: PathBuf,
     key: PathBuf,
     server_config: Arc<rustls::ServerConfig>,
+    /// The certificate the chain starts with: the names it serves.
+    leaf: rustls::pki_types::CertificateDer<'static>,
 }
 
 impl TlsConfig {
@@ -150,6 +154,29 @@ impl TlsConfig {
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         self.server_config.clone()
     }
+
+    /// True when the certificate is valid for the DNS name `name` (its subject alternative
+    /// names, wildcards as TLS matches them).
+    pub fn serves(&self, name: &str) -> bool {
+        let Ok(name) = rustls::pki_types::ServerName::try_from(name) else {
+            return false;
+        };
+        webpki::EndEntityCert::try_from(&self.leaf)
+            .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
+    }
+}
+
+/// `http3:`: where and how HTTP/3 is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http3Config {
+    /// The UDP address.
+    pub listen: SocketAddr,
+    /// `Alt-Svc: h3=":PORT"` on the TCP listener's answers, for the certificate's names.
+    pub advertise: bool,
+    /// Request streams open at once per connection.
+    pub max_streams: u32,
+    /// A connection silent this long is closed.
+    pub idle_timeout: Duration,
 }
 
 /// `upstream_ca:`: a PEM bundle of CA certificates trusted for HTTPS upstreams in place of the
@@ -282,7 +309,9 @@ impl Config {
             .admin_listen
             .as_deref()
             .and_then(|a| v.socket_addr("admin_listen", a));
+        let tls_set = file.tls.is_some();
         let tls = file.tls.and_then(|t| v.tls(t));
+        let http3 = file.http3.and_then(|h| v.http3(h, tls_set));
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
@@ -396,6 +425,7 @@ impl Config {
                 listen,
                 admin_listen,
                 tls,
+                http3,
                 upstream_ca,
                 resolver,
                 storage,

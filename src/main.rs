@@ -395,6 +395,10 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     } else {
         "http"
     };
+    // Before the proxy's line, which tests wait for.
+    if let Some(addr) = server.http3_addr() {
+        println!("floodgate http3 listening on udp://{addr}");
+    }
     println!("floodgate listening on {scheme}://{addr}");
     if let Some(admin) = server.admin_addr() {
         println!("floodgate admin listening on http://{admin}");

@@ -31,6 +31,7 @@ pub struct Metrics {
     limiter_latency: Histogram,
     reloads: Family<ResultLabel, Counter>,
     open_connections: Gauge,
+    http3_connections: Gauge,
     no_route: Counter,
     streams_refused: Counter,
     http2_resets: Counter,
@@ -196,6 +197,12 @@ impl Metrics {
             "Client connections open now",
             open_connections.clone(),
         );
+        let http3_connections = Gauge::default();
+        registry.register(
+            "http3_connections",
+            "HTTP/3 (QUIC) client connections open now",
+            http3_connections.clone(),
+        );
         let streams_refused = Counter::default();
         registry.register(
             "http2_streams_refused",
@@ -338,6 +345,7 @@ impl Metrics {
             limiter_latency,
             reloads,
             open_connections,
+            http3_connections,
             no_route,
             streams_refused,
             http2_resets,
@@ -549,6 +557,11 @@ impl Metrics {
     /// The open-connections gauge.
     pub fn open_connections(&self) -> &Gauge {
         &self.open_connections
+    }
+
+    /// HTTP/3 connections open now (`floodgate_http3_connections`).
+    pub fn http3_connections(&self) -> &Gauge {
+        &self.http3_connections
     }
 
     /// Renders every metric in the OpenMetrics text format, after reading the gauges that are

@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::adaptive::Signal;
 use crate::config::{Config, RouteConfig};
@@ -210,7 +209,7 @@ impl Proxy {
         clippy::result_large_err,
         reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
     )]
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Response<Body> {
         let mut req = req.map(ClientBody::Streaming);
         let snapshot = self.snapshot.load_full();
         let mut ctx = Context::new(&req, peer);

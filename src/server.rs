@@ -3,6 +3,7 @@
 //! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown. The
 //! admin listener is always plain HTTP.
 
+mod http3;
 mod reload;
 mod watch;
 
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use http::HeaderValue;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -27,6 +29,7 @@ use crate::deadline::FirstByteDeadline;
 use crate::limiter::Limit;
 use crate::metrics::CloseReason;
 use crate::proxy::Proxy;
+use crate::proxy::body::Incoming;
 use crate::service::Service;
 use crate::service::server::ServiceState;
 use watch::{ConnWatch, StreamGuard};
@@ -40,6 +43,8 @@ pub struct Server {
     admin: Option<TcpListener>,
     /// The rate-limit service's listener and what it serves (`service:`).
     service: Option<(TcpListener, ServiceState)>,
+    /// The HTTP/3 listener (`http3:`), and the `Alt-Svc` value that advertises it.
+    http3: Option<(http3::Http3Listener, HeaderValue)>,
     max_connections: usize,
     /// How connections are served; a reload swaps it for new connections ([`Server::settings`]).
     settings: Arc<ArcSwap<Serving>>,
@@ -51,6 +56,12 @@ pub struct Serving {
     builder: Arc<auto::Builder<TokioExecutor>>,
     /// Set when the proxy listener terminates TLS (certificates read when the config was).
     tls: Option<TlsAcceptor>,
+    /// The certificate's names: `Alt-Svc` is said only to a client that asked for one.
+    names: Option<crate::config::TlsConfig>,
+    /// New HTTP/3 connections' QUIC config (`http3:`), with the same certificate.
+    quic: Option<Arc<quinn::ServerConfig>>,
+    /// `http3.advertise`.
+    advertise: bool,
     header_read_timeout: Duration,
     drain_timeout: Duration,
     /// What each connection is held to.
@@ -84,6 +95,20 @@ impl Serving {
                 .tls
                 .as_ref()
                 .map(|tls| TlsAcceptor::from(tls.server_config())),
+            names: config.tls.clone(),
+            quic: match (&config.tls, &config.http3) {
+                (Some(tls), Some(http3)) => {
+                    match http3::quic_config(&tls.server_config(), http3) {
+                        Ok(quic) => Some(quic),
+                        Err(e) => {
+                            tracing::error!(error = %e, "HTTP/3 cannot be served");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            },
+            advertise: config.http3.as_ref().is_some_and(|h| h.advertise),
             header_read_timeout: timeouts.header_read,
             drain_timeout: timeouts.drain,
             per_connection: PerConnection {
@@ -124,12 +149,23 @@ impl Server {
         self.service.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
-    /// Binds the proxy listener and, if configured, the admin listener.
+    /// Binds the proxy listener and, if configured, the admin and HTTP/3 listeners.
     pub async fn bind(config: &Config, proxy: Arc<Proxy>) -> std::io::Result<Server> {
         let listener = bind(config.listen)?;
         let admin = match config.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
+        };
+        let serving = Serving::from_config(config);
+        let http3 = match (&config.http3, &serving.quic) {
+            (Some(http3), Some(quic)) => {
+                let listener = http3::Http3Listener::bind(http3.listen, quic.clone())?;
+                let port = listener.local_addr()?.port();
+                let alt_svc = HeaderValue::try_from(format!("h3=\":{port}\"; ma=86400"))
+                    .map_err(std::io::Error::other)?;
+                Some((listener, alt_svc))
+            }
+            _ => None,
         };
         Ok(Server {
             proxy,
@@ -137,9 +173,15 @@ impl Server {
             listener,
             admin,
             service: None,
+            http3,
             max_connections: config.max_connections,
-            settings: Arc::new(ArcSwap::from_pointee(Serving::from_config(config))),
+            settings: Arc::new(ArcSwap::from_pointee(serving)),
         })
+    }
+
+    /// The HTTP/3 listener's (UDP) address, if there is one.
+    pub fn http3_addr(&self) -> Option<SocketAddr> {
+        self.http3.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// How new connections are served: store a new [`Serving`] to apply a reload (TLS
@@ -204,6 +246,19 @@ impl Server {
             }
         };
         let connections = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        // HTTP/3 shares `max_connections` and the drain with the TCP listener.
+        let (http3_task, alt_svc) = match self.http3 {
+            Some((listener, alt_svc)) => (
+                Some(tokio::spawn(listener.run(
+                    self.proxy.clone(),
+                    self.settings.clone(),
+                    connections.clone(),
+                    draining.clone(),
+                ))),
+                Some(alt_svc),
+            ),
+            None => (None, None),
+        };
         let mut last_full_warning: Option<std::time::Instant> = None;
         tokio::pin!(shutdown);
         loop {
@@ -246,6 +301,7 @@ impl Server {
             let builder = serving.builder.clone();
             let draining = draining.clone();
             let tls = serving.tls.clone();
+            let alt_svc = alt_svc.clone();
             // Bounds the TLS handshake, and then the connection's opening bytes.
             let header_read = serving.header_read_timeout;
             let limits = serving.per_connection;
@@ -256,16 +312,20 @@ impl Server {
                 match tls {
                     None => {
                         let stream = FirstByteDeadline::new(stream, header_read);
-                        serve_connection(&builder, draining, stream, proxy, peer, limits).await
+                        serve_connection(&builder, draining, stream, proxy, peer, limits, None)
+                            .await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
                     Some(acceptor) => {
                         match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
+                                let advertise = advertised(&serving, alt_svc, &stream);
                                 let stream = FirstByteDeadline::new(stream, header_read);
-                                serve_connection(&builder, draining, stream, proxy, peer, limits)
-                                    .await
+                                serve_connection(
+                                    &builder, draining, stream, proxy, peer, limits, advertise,
+                                )
+                                .await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(error = %e, %peer, "TLS handshake failed")
@@ -283,6 +343,9 @@ impl Server {
         let drain_timeout = self.settings.load().drain_timeout;
         tracing::info!(timeout = ?drain_timeout, "draining in-flight requests");
         let _ = drain.send(());
+        if let Some(task) = http3_task {
+            let _ = task.await;
+        }
         let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
         if tokio::time::timeout(drain_timeout, connections.acquire_many(all))
             .await
@@ -328,6 +391,7 @@ async fn serve_connection<S>(
     proxy: Arc<Proxy>,
     peer: SocketAddr,
     limits: PerConnection,
+    alt_svc: Option<Advertised>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -343,12 +407,16 @@ async fn serve_connection<S>(
             None
         };
         let admitted = stream.is_none() || streams.admit_stream();
+        let alt_svc = alt_svc.as_ref().and_then(|a| a.for_request(&req));
         async move {
-            let response = if admitted {
-                proxy.handle(req, peer).await
+            let mut response = if admitted {
+                proxy.handle(req.map(Incoming::Hyper), peer).await
             } else {
                 proxy.refuse_stream(&req)
             };
+            if let Some(value) = alt_svc {
+                response.headers_mut().insert(http::header::ALT_SVC, value);
+            }
             Ok::<_, Infallible>(match stream {
                 Some(stream) => stream.answered(response),
                 None => response,
@@ -395,4 +463,40 @@ async fn serve_connection<S>(
             () = &mut cut, if cutting => return,
         }
     }
+}
+
+/// `Alt-Svc` for one TLS connection: the value, and the name the client asked for (its SNI),
+/// which the certificate serves.
+struct Advertised {
+    value: HeaderValue,
+    name: String,
+}
+
+impl Advertised {
+    /// The value for `req`, when it names the host the connection was opened for (a request for
+    /// another host, which the certificate may not serve, is told nothing).
+    fn for_request<B>(&self, req: &http::Request<B>) -> Option<HeaderValue> {
+        let host = crate::config::request_host(req.uri(), req.headers())?;
+        host.eq_ignore_ascii_case(&self.name)
+            .then(|| self.value.clone())
+    }
+}
+
+/// What a new TLS connection is told of HTTP/3: `alt_svc` when `http3.advertise` is on and the
+/// client named (SNI) a host the certificate serves.
+fn advertised<S>(
+    serving: &Serving,
+    alt_svc: Option<HeaderValue>,
+    stream: &tokio_rustls::server::TlsStream<S>,
+) -> Option<Advertised> {
+    let value = alt_svc.filter(|_| serving.advertise)?;
+    let name = stream.get_ref().1.server_name()?;
+    serving
+        .names
+        .as_ref()
+        .is_some_and(|tls| tls.serves(name))
+        .then(|| Advertised {
+            value,
+            name: name.to_ascii_lowercase(),
+        })
 }

@@ -154,6 +154,7 @@ impl Telemetry {
                 Version::HTTP_10 => "1.0",
                 Version::HTTP_11 => "1.1",
                 Version::HTTP_2 => "2",
+                Version::HTTP_3 => "3",
                 _ => "other",
             };
             recording.attributes.extend([

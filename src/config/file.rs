@@ -45,6 +45,9 @@ pub struct FileConfig {
     pub admin_listen: Option<String>,
     #[serde(default)]
     pub tls: Option<TlsFile>,
+    /// HTTP/3 over QUIC beside the TCP listener (needs `tls`).
+    #[serde(default)]
+    pub http3: Option<Http3File>,
     /// A PEM bundle of CA certificates for verifying HTTPS upstreams (default: the system's).
     #[serde(default)]
     pub upstream_ca: Option<String>,
@@ -143,6 +146,22 @@ pub struct HeaderEditsFile {
 pub struct TlsFile {
     pub cert: String,
     pub key: String,
+}
+
+/// `http3:` — a QUIC listener (UDP) serving HTTP/3 with the proxy's routes and limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http3File {
+    pub listen: String,
+    /// Say `Alt-Svc: h3=":PORT"` on HTTP/1.1 and HTTP/2 answers (default true).
+    #[serde(default)]
+    pub advertise: Option<bool>,
+    /// Request streams open at once per connection (default 100).
+    #[serde(default)]
+    pub max_streams: Option<u64>,
+    /// How long a connection may be silent before it is closed (default 30s).
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
 }
 
 /// `admin:`: what the admin listener's write endpoints need.

@@ -56,11 +56,23 @@ impl Validator {
     pub(super) fn tls(&mut self, t: file::TlsFile) -> Option<TlsConfig> {
         let (cert, key) = (PathBuf::from(t.cert), PathBuf::from(t.key));
         match tls::server_config(&cert, &key) {
-            Ok(server_config) => Some(TlsConfig {
-                cert,
-                key,
-                server_config,
-            }),
+            Ok(server_config) => {
+                // Read again for its names (the file was just read whole, so this succeeds
+                // unless it changed in between; then the config is refused, not half-built).
+                let Some(leaf) = tls::certificates(&cert)
+                    .ok()
+                    .and_then(|certs| certs.into_iter().next())
+                else {
+                    self.problem("tls.cert", format!("{} changed while read", cert.display()));
+                    return None;
+                };
+                Some(TlsConfig {
+                    cert,
+                    key,
+                    server_config,
+                    leaf,
+                })
+            }
             Err(problems) => {
                 for p in problems {
                     self.problem(format!("tls.{}", p.field), p.message);
@@ -68,6 +80,41 @@ impl Validator {
                 None
             }
         }
+    }
+
+    /// `http3:`; `tls` says whether the file has `tls:` (QUIC is always encrypted).
+    pub(super) fn http3(&mut self, h: file::Http3File, tls: bool) -> Option<Http3Config> {
+        if !tls {
+            self.problem(
+                "http3",
+                "needs `tls:` (a certificate and key): QUIC is always encrypted",
+            );
+        }
+        let listen = self.socket_addr("http3.listen", &h.listen);
+        let max_streams = match h.max_streams {
+            None => 100,
+            Some(n @ 1..=10_000) => n as u32,
+            Some(n) => {
+                self.problem("http3.max_streams", format!("{n} is not between 1 and 10000"));
+                100
+            }
+        };
+        let idle_timeout = self.duration(
+            "http3.idle_timeout",
+            h.idle_timeout.as_deref(),
+            Duration::from_secs(30),
+        );
+        // QUIC carries the idle timeout in milliseconds, at most 2^62.
+        if idle_timeout > Duration::from_secs(24 * 3600) {
+            self.problem("http3.idle_timeout", "must be at most 24h");
+        }
+        Some(Http3Config {
+            listen: listen?,
+            advertise: h.advertise.unwrap_or(true),
+            max_streams,
+            idle_timeout,
+        })
+        .filter(|_| tls)
     }
 
     pub(super) fn upstream_ca(&mut self, path: String) -> Option<UpstreamCa> {

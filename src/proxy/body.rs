@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 /// Why a request body stopped, if it did: shared between the body (which the upstream client
@@ -65,6 +65,10 @@ pub enum BodyError {
     Idle(Duration),
     #[error(transparent)]
     Hyper(#[from] hyper::Error),
+    /// The body of a request that came over HTTP/3 failed (the stream was reset, the
+    /// connection lost).
+    #[error("HTTP/3: {0}")]
+    Http3(BoxError),
     #[error("a retry of this request is sending its body")]
     Superseded,
 }
@@ -104,6 +108,55 @@ impl Watchdog {
             sleep.as_mut().reset(deadline);
         }
         sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// Any error, boxed: what another transport's body fails with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A body from another transport than hyper's (HTTP/3's request streams), boxed.
+pub type OtherBody = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError> + Send + Sync>>;
+
+/// A client's request body as a listener hands it to the pipeline: hyper's, for HTTP/1.1 and
+/// HTTP/2 over TCP, or another transport's (HTTP/3, `server/http3.rs`). One type, so that
+/// every transport goes through the one pipeline; hyper's stays unboxed, as it was.
+pub enum Incoming {
+    Hyper(hyper::body::Incoming),
+    Other(OtherBody),
+}
+
+impl From<hyper::body::Incoming> for Incoming {
+    fn from(body: hyper::body::Incoming) -> Self {
+        Incoming::Hyper(body)
+    }
+}
+
+impl HttpBody for Incoming {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            Incoming::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(BodyError::Hyper),
+            Incoming::Other(body) => body.as_mut().poll_frame(cx).map_err(BodyError::Http3),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Incoming::Hyper(body) => body.is_end_stream(),
+            Incoming::Other(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Incoming::Hyper(body) => body.size_hint(),
+            Incoming::Other(body) => body.size_hint(),
+        }
     }
 }
 
@@ -236,7 +289,7 @@ impl HttpBody for RequestBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 this.fault.set(Fault::Malformed);
-                Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending if this.watchdog.expired(cx) => {

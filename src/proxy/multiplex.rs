@@ -641,7 +641,7 @@ mod tests {
     /// A request whose body comes through `body`'s channel, as a client's would.
     fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Resend> {
         let body = super::super::body::RequestBody::new(
-            super::super::body::ClientBody::Streaming(body),
+            super::super::body::ClientBody::Streaming(body.into()),
             None,
             Duration::from_secs(10),
             Default::default(),
