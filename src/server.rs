@@ -97,15 +97,13 @@ impl Serving {
                 .map(|tls| TlsAcceptor::from(tls.server_config())),
             names: config.tls.clone(),
             quic: match (&config.tls, &config.http3) {
-                (Some(tls), Some(http3)) => {
-                    match http3::quic_config(&tls.server_config(), http3) {
-                        Ok(quic) => Some(quic),
-                        Err(e) => {
-                            tracing::error!(error = %e, "HTTP/3 cannot be served");
-                            None
-                        }
+                (Some(tls), Some(http3)) => match http3::quic_config(&tls.server_config(), http3) {
+                    Ok(quic) => Some(quic),
+                    Err(e) => {
+                        tracing::error!(error = %e, "HTTP/3 cannot be served");
+                        None
                     }
-                }
+                },
                 _ => None,
             },
             advertise: config.http3.as_ref().is_some_and(|h| h.advertise),
@@ -343,15 +341,19 @@ impl Server {
         let drain_timeout = self.settings.load().drain_timeout;
         tracing::info!(timeout = ?drain_timeout, "draining in-flight requests");
         let _ = drain.send(());
-        if let Some(task) = http3_task {
-            let _ = task.await;
-        }
+        let endpoint = match http3_task {
+            Some(task) => task.await.ok(),
+            None => None,
+        };
         let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
         if tokio::time::timeout(drain_timeout, connections.acquire_many(all))
             .await
             .is_err()
         {
             tracing::warn!("drain timeout reached; closing remaining connections");
+        }
+        if let Some(endpoint) = endpoint {
+            http3::close(endpoint, Duration::from_secs(1)).await;
         }
         // The service drains with the proxy.
         let _ = service_stop.send(());

@@ -95,7 +95,10 @@ impl Validator {
             None => 100,
             Some(n @ 1..=10_000) => n as u32,
             Some(n) => {
-                self.problem("http3.max_streams", format!("{n} is not between 1 and 10000"));
+                self.problem(
+                    "http3.max_streams",
+                    format!("{n} is not between 1 and 10000"),
+                );
                 100
             }
         };

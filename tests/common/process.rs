@@ -43,6 +43,7 @@ pub struct Floodgate {
     addr: SocketAddr,
     admin: Arc<Mutex<Option<SocketAddr>>>,
     service: Arc<Mutex<Option<SocketAddr>>>,
+    http3: Arc<Mutex<Option<SocketAddr>>>,
     stderr: Arc<Mutex<String>>,
     _config: TempFile,
 }
@@ -102,10 +103,17 @@ impl Floodgate {
         let admin_sink = admin.clone();
         let service = Arc::new(Mutex::new(None));
         let service_sink = service.clone();
+        let http3 = Arc::new(Mutex::new(None));
+        let http3_sink = http3.clone();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
-                if let Some(addr) = line.strip_prefix("floodgate admin listening on http://") {
+                if let Some(addr) = line.strip_prefix("floodgate http3 listening on udp://") {
+                    if let Ok(addr) = addr.trim().parse::<SocketAddr>() {
+                        *http3_sink.lock().unwrap() = Some(addr);
+                    }
+                } else if let Some(addr) = line.strip_prefix("floodgate admin listening on http://")
+                {
                     if let Ok(addr) = addr.trim().parse::<SocketAddr>() {
                         *admin_sink.lock().unwrap() = Some(addr);
                     }
@@ -130,6 +138,7 @@ impl Floodgate {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin,
             service,
+            http3,
             stderr,
             _config: config,
         };
@@ -142,6 +151,15 @@ impl Floodgate {
             ),
         }
         floodgate
+    }
+
+    /// The HTTP/3 listener's (UDP) address (the config must set `http3.listen`); printed
+    /// before the proxy's.
+    pub fn http3_addr(&self) -> SocketAddr {
+        self.http3
+            .lock()
+            .unwrap()
+            .expect("floodgate reported no HTTP/3 address")
     }
 
     /// The proxy listener's address.

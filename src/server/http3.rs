@@ -1,0 +1,432 @@
+//! The HTTP/3 listener: QUIC (quinn) on a UDP socket beside the TCP listener, HTTP/3 (h3) on each
+//! connection, and every request through the proxy's one pipeline ([`Proxy::handle`]), as the
+//! TCP listener's: this module only turns QUIC streams into requests and responses back.
+//!
+//! What a flood meets here (`docs/deployment.md`, "HTTP/3"):
+//! - 0-RTT is never accepted (the TLS config offers no early data), so no request is decided
+//!   before its handshake is complete and a replayed one is never seen;
+//! - handshakes in progress past [`RETRY_ABOVE`] make every new client prove its address first
+//!   (a Retry: one more round trip, and a spoofed source gets nowhere); connections past
+//!   `max_connections` (shared with TCP) are refused; QUIC's own queue of connection attempts
+//!   not yet looked at is bounded ([`MAX_INCOMING`]);
+//! - per connection, `http3.max_streams` request streams at once (QUIC's stream credit),
+//!   header sections of at most 64 KiB, QPACK without a dynamic table (h3 encodes and decodes
+//!   statelessly, so a client cannot make the server hold one), and `http3.idle_timeout`;
+//! - a stream reset before floodgate looked at it is dropped unanswered: nothing decided,
+//!   nothing forwarded;
+//! - a drain (SIGTERM) sends GOAWAY, lets the streams already accepted finish, then closes.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use arc_swap::ArcSwap;
+use bytes::{Buf, Bytes};
+use http::Response;
+use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use super::Serving;
+use crate::config::Http3Config;
+use crate::proxy::body::{BoxError, Incoming};
+use crate::proxy::{Body, Proxy};
+
+/// Handshakes in progress past which new clients must prove their address (a Retry) first.
+const RETRY_ABOVE: usize = 256;
+
+/// Connection attempts QUIC holds before floodgate has looked at them; more are dropped.
+const MAX_INCOMING: usize = 4096;
+
+/// The largest header section a request may send (nginx's `large_client_header_buffers`
+/// default is 4 × 8 KiB; HTTP/2's listener allows 64 KiB).
+const MAX_FIELD_SECTION: u64 = 64 * 1024;
+
+/// HTTP/3's "no error" code, for closing a connection that is done.
+const H3_NO_ERROR: u32 = 0x100;
+
+/// HTTP/3's "internal error" code, for a response whose body failed mid-way.
+const H3_INTERNAL_ERROR: u64 = 0x102;
+
+/// The QUIC config a [`Serving`] gives new connections: the TCP listener's certificate and key,
+/// ALPN `h3`, no early data, and the `http3:` limits.
+pub(super) fn quic_config(
+    tls: &rustls::ServerConfig,
+    http3: &Http3Config,
+) -> Result<Arc<quinn::ServerConfig>, String> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    // 0-RTT refused: early data would be decided before the handshake proves the client.
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+        .map_err(|e| format!("the certificate cannot serve QUIC: {e}"))?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(http3.max_streams.into())
+        // The client's control stream and QPACK's two, and room for greased ones.
+        .max_concurrent_uni_streams(8u8.into())
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(http3.idle_timeout)
+                .map_err(|e| format!("http3.idle_timeout: {e}"))?,
+        ));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
+    config.max_incoming(MAX_INCOMING);
+    config.incoming_buffer_size_total(16 << 20);
+    Ok(Arc::new(config))
+}
+
+/// The UDP endpoint, bound.
+pub(super) struct Http3Listener {
+    endpoint: quinn::Endpoint,
+}
+
+impl Http3Listener {
+    /// Binds `addr` (UDP). Must be called within the runtime that serves it.
+    pub(super) fn bind(addr: SocketAddr, first: Arc<quinn::ServerConfig>) -> std::io::Result<Self> {
+        let endpoint = quinn::Endpoint::server((*first).clone(), addr)?;
+        Ok(Http3Listener { endpoint })
+    }
+
+    pub(super) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// Accepts connections until `draining` changes, then tells each open connection to finish
+    /// (GOAWAY) and returns the endpoint, which must be kept until they are closed
+    /// ([`close`]); each connection's task holds a permit of `connections` until it ends, so the
+    /// server's drain waits for them as for TCP's.
+    pub(super) async fn run(
+        self,
+        proxy: Arc<Proxy>,
+        settings: Arc<ArcSwap<Serving>>,
+        connections: Arc<Semaphore>,
+        mut draining: watch::Receiver<()>,
+    ) -> quinn::Endpoint {
+        let handshaking = Arc::new(AtomicUsize::new(0));
+        loop {
+            let incoming = tokio::select! {
+                incoming = self.endpoint.accept() => match incoming {
+                    Some(incoming) => incoming,
+                    None => break,
+                },
+                _ = draining.changed() => break,
+            };
+            let Ok(permit) = connections.clone().try_acquire_owned() else {
+                incoming.refuse();
+                continue;
+            };
+            if handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
+                && !incoming.remote_address_validated()
+                && incoming.may_retry()
+            {
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().ignore();
+                }
+                continue;
+            }
+            let serving = settings.load_full();
+            // A reload that turned HTTP/3 off leaves the socket bound until a restart, and
+            // new connections are refused.
+            let Some(config) = serving.quic.clone() else {
+                incoming.refuse();
+                continue;
+            };
+            let connecting = match incoming.accept_with(config) {
+                Ok(connecting) => connecting,
+                Err(e) => {
+                    tracing::debug!(error = %e, "QUIC connection refused");
+                    continue;
+                }
+            };
+            let handshake = Handshake::start(&handshaking);
+            let proxy = proxy.clone();
+            let draining = draining.clone();
+            let header_read = serving.header_read_timeout;
+            tokio::spawn(async move {
+                let connection = tokio::time::timeout(header_read, connecting).await;
+                drop(handshake);
+                match connection {
+                    Ok(Ok(connection)) => {
+                        serve_connection(connection, proxy, draining, permit).await
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "QUIC handshake failed"),
+                    Err(_) => tracing::debug!("QUIC handshake timed out"),
+                }
+            });
+        }
+        // New connection attempts are refused from here; open ones drain in their tasks.
+        self.endpoint.set_server_config(None);
+        self.endpoint
+    }
+}
+
+/// After the drain: lets the connections' closes reach their clients (a closed QUIC
+/// connection lingers for three probe timeouts to answer late packets), for at most `within`.
+pub(super) async fn close(endpoint: quinn::Endpoint, within: std::time::Duration) {
+    let _ = tokio::time::timeout(within, endpoint.wait_idle()).await;
+}
+
+/// One handshake in progress, counted until dropped.
+struct Handshake(Arc<AtomicUsize>);
+
+impl Handshake {
+    fn start(count: &Arc<AtomicUsize>) -> Handshake {
+        count.fetch_add(1, Ordering::Relaxed);
+        Handshake(count.clone())
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one QUIC connection's requests until it closes, or a drain ends it.
+async fn serve_connection(
+    connection: quinn::Connection,
+    proxy: Arc<Proxy>,
+    mut draining: watch::Receiver<()>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let peer = connection.remote_address();
+    let open = proxy.metrics().http3_connections().clone();
+    open.inc();
+    let _open = scopeguard(move || {
+        open.dec();
+    });
+    let built = h3::server::builder()
+        .max_field_section_size(MAX_FIELD_SECTION)
+        .build::<_, Bytes>(h3_quinn::Connection::new(connection.clone()))
+        .await;
+    let mut h3 = match built {
+        Ok(h3) => h3,
+        Err(e) => {
+            tracing::debug!(error = %e, %peer, "HTTP/3 connection failed to start");
+            return;
+        }
+    };
+    let mut requests = tokio::task::JoinSet::new();
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            accepted = h3.accept() => match accepted {
+                Ok(Some(resolver)) => {
+                    requests.spawn(serve_request(resolver, proxy.clone(), peer));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, %peer, "HTTP/3 connection ended");
+                    break;
+                }
+            },
+            Some(_) = requests.join_next(), if !requests.is_empty() => {
+                if closing && requests.is_empty() {
+                    break;
+                }
+            }
+            _ = draining.changed(), if !closing => {
+                closing = true;
+                // GOAWAY: the streams already accepted are served, later ones refused.
+                if h3.shutdown(0).await.is_err() || requests.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+    while requests.join_next().await.is_some() {}
+    // Closing a QUIC connection drops what it has not yet sent, and h3 does not say when the
+    // last answer's bytes were acknowledged: give them a few round trips (1 s at most) to be,
+    // unless the client closes first.
+    let linger = (connection.rtt() * 4 + std::time::Duration::from_millis(25))
+        .min(std::time::Duration::from_secs(1));
+    tokio::select! {
+        () = tokio::time::sleep(linger) => {}
+        _ = connection.closed() => return,
+    }
+    connection.close(H3_NO_ERROR.into(), b"");
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+type H3Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+type RecvStream = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Reads one request's head, hands the request to the pipeline and sends its answer back.
+async fn serve_request(resolver: H3Resolver, proxy: Arc<Proxy>, peer: SocketAddr) {
+    let (req, stream) = match resolver.resolve_request().await {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            tracing::debug!(error = %e, %peer, "HTTP/3 request stream failed before its head");
+            return;
+        }
+    };
+    let (mut send, recv) = stream.split();
+    let mut body = RecvBody::new(recv);
+    // A stream the client reset as soon as it opened it (a rapid-reset flood) costs nothing:
+    // it is neither decided nor forwarded.
+    if !body.alive().await {
+        return;
+    }
+    let req = req.map(|()| Incoming::Other(Box::pin(body)));
+    let response = proxy.handle(req, peer).await;
+    if let Err(e) = respond(&mut send, response).await {
+        tracing::debug!(error = %e, %peer, "HTTP/3 response not delivered");
+    }
+}
+
+/// Sends `response` on `send`: its head, its body's data as it comes, its trailers.
+async fn respond(send: &mut SendStream, response: Response<Body>) -> Result<(), BoxError> {
+    use http_body_util::BodyExt as _;
+    let (mut parts, body) = response.into_parts();
+    // Connection-specific fields have no meaning in HTTP/3 (RFC 9114 §4.2) and make the
+    // response malformed.
+    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE, TE] {
+        parts.headers.remove(name);
+    }
+    parts.headers.remove("keep-alive");
+    parts.headers.remove("proxy-connection");
+    send.send_response(Response::from_parts(parts, ())).await?;
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                // The upstream's body failed: the client must not take a cut body for a whole
+                // one.
+                send.stop_stream(h3::error::Code::from(H3_INTERNAL_ERROR));
+                return Err(e);
+            }
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                if !data.is_empty() {
+                    send.send_data(data).await?;
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    send.send_trailers(trailers).await?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    send.finish().await?;
+    Ok(())
+}
+
+/// A request's body as it arrives on its QUIC stream: data, then trailers, if any.
+struct RecvBody {
+    /// Behind a mutex only to be `Sync` (the pipeline's futures hold `&Request`); reached
+    /// through `get_mut`, never locked.
+    stream: std::sync::Mutex<RecvStream>,
+    /// Data read by [`RecvBody::alive`] before the pipeline read any.
+    first: Option<Bytes>,
+    state: RecvState,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RecvState {
+    Data,
+    Trailers,
+    Done,
+}
+
+impl RecvBody {
+    fn new(stream: RecvStream) -> Self {
+        RecvBody {
+            stream: std::sync::Mutex::new(stream),
+            first: None,
+            state: RecvState::Data,
+        }
+    }
+
+    /// Looks once at what the stream holds, without waiting: false when the client has reset
+    /// it already.
+    async fn alive(&mut self) -> bool {
+        let stream = self.stream.get_mut().unwrap_or_else(|e| e.into_inner());
+        let polled = std::future::poll_fn(|cx| Poll::Ready(stream.poll_recv_data(cx))).await;
+        match polled {
+            Poll::Pending => true,
+            Poll::Ready(Ok(Some(mut data))) => {
+                self.first = Some(data.copy_to_bytes(data.remaining()));
+                true
+            }
+            Poll::Ready(Ok(None)) => {
+                self.state = RecvState::Trailers;
+                true
+            }
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "HTTP/3 stream reset before its decision");
+                false
+            }
+        }
+    }
+}
+
+impl HttpBody for RecvBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
+        if this.state == RecvState::Data {
+            match stream.poll_recv_data(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Some(mut data))) => {
+                    let data = data.copy_to_bytes(data.remaining());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(Ok(None)) => this.state = RecvState::Trailers,
+                Poll::Ready(Err(e)) => {
+                    this.state = RecvState::Done;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+        if this.state == RecvState::Trailers {
+            let polled = stream.poll_recv_trailers(cx);
+            if polled.is_ready() {
+                this.state = RecvState::Done;
+            }
+            return match polled {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(Some(trailers))) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+                Poll::Ready(Ok(None)) => Poll::Ready(None),
+                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            };
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.state == RecvState::Done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}

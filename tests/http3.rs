@@ -1,0 +1,424 @@
+//! HTTP/3 end to end: the real binary's QUIC listener (`http3:`) driven by aioquic
+//! (`tests/http3/client.py`, a QUIC and HTTP/3 stack written apart from quinn and h3), beside
+//! its TCP listener driven by reqwest over HTTP/1.1 and HTTP/2. The same routes, limits and
+//! answers over each; `Alt-Svc` on TCP; what floods of resets and handshakes reach; 0-RTT; the
+//! idle timeout; the drain.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::config::{Config, Limit, Route};
+use common::{Floodgate, SelfSigned, UPSTREAM_BODY, Upstream, get, metric, python};
+use http::{StatusCode, Version};
+use serde_json::{Value, json};
+
+/// floodgate serving `cert` on TCP and on QUIC (port 0 both), with `config`'s routes.
+fn start(cert: &SelfSigned, config: Config, http3: &[(&str, &str)]) -> Floodgate {
+    let mut config = cert.served(config).set("http3", "listen", "127.0.0.1:0");
+    for (key, value) in http3 {
+        config = config.set("http3", key, value);
+    }
+    Floodgate::start(&config.yaml())
+}
+
+/// Runs the aioquic client's `scenario` against `fg`'s QUIC listener and returns what it printed
+/// (on a blocking thread: the test's upstream answers on this runtime meanwhile).
+async fn h3(fg: &Floodgate, cert: &SelfSigned, scenario: &str, spec: Value) -> Value {
+    let mut command = h3_command(fg, cert, scenario, spec);
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("run the HTTP/3 client");
+    assert!(
+        out.status.success(),
+        "HTTP/3 client failed: {}\nfloodgate:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        fg.stderr()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("client printed {stdout:?}: {e}"))
+}
+
+fn h3_command(fg: &Floodgate, cert: &SelfSigned, scenario: &str, spec: Value) -> Command {
+    let addr = fg.http3_addr();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http3/client.py");
+    let mut command = Command::new(python());
+    command
+        .arg(script)
+        .arg(addr.ip().to_string())
+        .arg(addr.port().to_string())
+        .arg(cert.cert_file.path())
+        .arg(scenario)
+        .arg(spec.to_string());
+    command
+}
+
+/// The answers of a `requests` run.
+fn answers(result: &Value) -> &Vec<Value> {
+    result["answers"].as_array().expect("answers")
+}
+
+/// A header of an aioquic answer (names are lowercase in HTTP/3).
+fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
+    answer["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .and_then(|h| h[1].as_str())
+}
+
+/// `https://localhost:PORT{path}` on the TCP listener.
+fn https_url(fg: &Floodgate, path: &str) -> String {
+    format!("https://localhost:{}{path}", fg.addr().port())
+}
+
+#[tokio::test]
+async fn requests_and_streamed_bodies_with_trailers_go_through_the_pipeline_to_the_upstream() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [
+            {"path": "/hello?x=1"},
+            {"method": "POST", "path": "/echo", "headers": [["content-type", "text/plain"]],
+             "chunks": ["one ", "two ", "three"], "trailers": [["x-checksum", "abc"]]},
+        ]}),
+    )
+    .await;
+    let answers = answers(&result);
+    assert_eq!(answers[0]["status"], 200, "{result}");
+    assert_eq!(answers[0]["body"], UPSTREAM_BODY);
+    assert_eq!(answers[1]["status"], 200, "{result}");
+    assert_eq!(
+        answers[1]["body"], "one two three",
+        "the body arrived whole"
+    );
+
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].path, "/hello");
+    assert_eq!(seen[0].method, http::Method::GET);
+    // Forwarded over HTTP/1.1, with the QUIC peer as the client.
+    assert_eq!(seen[0].version, Version::HTTP_11);
+    assert_eq!(seen[0].header("x-forwarded-for"), Some("127.0.0.1"));
+    // The client's `:authority` and scheme, told as for any client over TLS.
+    assert_eq!(
+        seen[0].header("x-forwarded-host"),
+        Some(&*format!("localhost:{}", fg.http3_addr().port()))
+    );
+    assert_eq!(seen[0].header("x-forwarded-proto"), Some("https"));
+    assert_eq!(seen[1].method, http::Method::POST);
+    assert_eq!(seen[1].header("content-type"), Some("text/plain"));
+    // The requests counted as any other's.
+    assert_eq!(
+        metric(
+            &fg,
+            "floodgate_requests_total{route=\"api\",decision=\"unlimited\"}"
+        )
+        .await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn one_budget_is_spent_over_http1_http2_and_http3_and_refused_alike() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    // Six requests, and a refill far slower than the test.
+    let config = Config::new().route(
+        Route::new("api", "/", &upstream.url())
+            .limit(Limit::token_bucket(6, 0.001).per("identity")),
+    );
+    let fg = start(&cert, config, &[]);
+    let key = [("x-api-key", "k-shared")];
+    let http1 = cert.client(fg.addr(), true);
+    let http2 = cert.client(fg.addr(), false);
+
+    for client in [&http1, &http2] {
+        for _ in 0..2 {
+            let reply = get(client, &https_url(&fg, "/"), &key).await;
+            assert_eq!(reply.status, StatusCode::OK);
+        }
+    }
+    assert_eq!(
+        get(&http2, &https_url(&fg, "/"), &key).await.version,
+        Version::HTTP_2
+    );
+    // That was the fifth: one left, then HTTP/3 is refused as HTTP/2 is.
+    let request = json!({"path": "/", "headers": [["x-api-key", "k-shared"]]});
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [request, request]}),
+    )
+    .await;
+    let answers = answers(&result);
+    assert_eq!(answers[0]["status"], 200, "{result}");
+    assert_eq!(header(&answers[0], "x-ratelimit-remaining"), Some("0"));
+    let refused_h3 = &answers[1];
+    assert_eq!(refused_h3["status"], 429, "{result}");
+    let refused_h2 = get(&http2, &https_url(&fg, "/"), &key).await;
+    assert_eq!(refused_h2.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upstream.count(), 6, "the refusals reached no upstream");
+
+    // The same answer: body, and every rate-limit header.
+    assert_eq!(refused_h3["body"], refused_h2.body.as_str());
+    for name in [
+        "content-type",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "retry-after",
+    ] {
+        assert_eq!(
+            header(refused_h3, name),
+            Some(refused_h2.header(name)),
+            "{name} differs"
+        );
+    }
+    let reset_h3: u64 = header(refused_h3, "x-ratelimit-reset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let reset_h2 = refused_h2.header_u64("x-ratelimit-reset");
+    // The same Unix second, or the next one if a second ended between the two answers.
+    assert!(reset_h2.abs_diff(reset_h3) <= 1, "{reset_h3} vs {reset_h2}");
+}
+
+#[tokio::test]
+async fn tcp_answers_advertise_http3_for_the_certificates_name_unless_told_not_to() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    let expected = format!("h3=\":{}\"; ma=86400", fg.http3_addr().port());
+    for http1_only in [true, false] {
+        let reply = get(
+            &cert.client(fg.addr(), http1_only),
+            &https_url(&fg, "/"),
+            &[],
+        )
+        .await;
+        assert_eq!(reply.header("alt-svc"), expected);
+    }
+    // A request naming another host than the connection's (SNI) is told nothing.
+    let reply = get(
+        &cert.client(fg.addr(), true),
+        &https_url(&fg, "/"),
+        &[("host", "elsewhere.example")],
+    )
+    .await;
+    assert!(reply.headers.get("alt-svc").is_none(), "{reply:?}");
+    // HTTP/3 answers do not advertise themselves.
+    let result = h3(&fg, &cert, "requests", json!({"requests": [{"path": "/"}]})).await;
+    assert_eq!(header(&answers(&result)[0], "alt-svc"), None, "{result}");
+
+    let quiet = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[("advertise", "false")],
+    );
+    let reply = get(
+        &cert.client(quiet.addr(), true),
+        &https_url(&quiet, "/"),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.headers.get("alt-svc").is_none());
+}
+
+#[tokio::test]
+async fn streams_reset_as_they_open_spend_nothing_and_reach_no_upstream() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    // Three requests' budget: a reset stream that spent would leave less for the three after.
+    let config = Config::new()
+        .route(Route::new("api", "/", &upstream.url()).limit(Limit::token_bucket(3, 0.001)));
+    let fg = start(&cert, config, &[]);
+    let after = json!({"path": "/after"});
+    let result = h3(
+        &fg,
+        &cert,
+        "reset",
+        json!({"streams": 50, "path": "/reset", "then": [after, after, after]}),
+    )
+    .await;
+    let answers = answers(&result);
+    for answer in answers {
+        assert_eq!(answer["status"], 200, "{result}");
+    }
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/after", "/after", "/after"]);
+}
+
+#[tokio::test]
+async fn zero_rtt_is_never_accepted_and_a_resumed_client_is_served_after_its_handshake() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    let result = h3(&fg, &cert, "zero_rtt", json!({"path": "/"})).await;
+    assert_eq!(result["first"]["status"], 200, "{result}");
+    // Tickets (if any) allow no early data, so aioquic sends none and waits for the handshake.
+    let early = result["ticket_max_early_data"].as_u64().unwrap_or(0);
+    assert_eq!(early, 0, "{result}");
+    if result["tickets"].as_u64().unwrap() > 0 {
+        assert_eq!(result["second"]["status"], 200, "{result}");
+        assert_eq!(result["early_data_accepted"], false, "{result}");
+    }
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_idle_timeout_and_counted_while_open() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[("idle_timeout", "1s")],
+    );
+    let child = h3_command(&fg, &cert, "idle", json!({"wait": 5}))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the HTTP/3 client");
+    // Counted while the connection is open: read after its request (the answer comes in well
+    // under half a second on loopback) and before its idle second is over.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut open = 0;
+    while Instant::now() < deadline && open == 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        open = metric(&fg, "floodgate_http3_connections").await;
+    }
+    assert_eq!(open, 1);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&out.stdout).expect("client output");
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    // Closed by the server's 1 s of silence: QUIC closes silently at the idle timeout, so
+    // aioquic sees it by its own reckoning of the advertised timeout; between 1 s and 3 times it
+    // (QUIC lets a peer wait up to three probe timeouts more).
+    let after = result["closed_after"]
+        .as_f64()
+        .expect("the server closed it");
+    assert!((0.9..4.0).contains(&after), "{result}");
+    assert_eq!(metric(&fg, "floodgate_http3_connections").await, 0);
+}
+
+#[tokio::test]
+async fn a_handshake_flood_makes_clients_prove_their_address_and_a_legitimate_one_is_served() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    let rss_before = rss_kib(fg.pid());
+    // More half-open handshakes than floodgate carries before it asks for address validation
+    // (256), none ever completed.
+    let result = h3(
+        &fg,
+        &cert,
+        "flood",
+        json!({"handshakes": 400, "then": [{"path": "/legit"}]}),
+    )
+    .await;
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    assert_eq!(result["retried"], true, "a Retry was asked for: {result}");
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/legit"]);
+    // Bounded: 400 half-open handshakes hold a few megabytes at most (each keeps its first
+    // flight and crypto state), nothing like their count times a connection's buffers.
+    let grown = rss_kib(fg.pid()).saturating_sub(rss_before);
+    assert!(grown < 48 * 1024, "grew {grown} KiB");
+}
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_request_in_flight_finish_refuses_later_ones_and_closes_cleanly() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    let child = h3_command(&fg, &cert, "shutdown", json!({"path": "/slow"}))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the HTTP/3 client");
+    // The client says when its request is sent; the upstream holds `/slow` for 1.5 s, so the
+    // signal lands while it is in flight once the upstream has it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.count() == 0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fg.signal("TERM");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result: Value =
+        serde_json::from_str(stdout.lines().last().unwrap()).expect("client output");
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    assert_eq!(answers(&result)[0]["body"], "slow but done");
+    assert!(
+        result["late"]["status"].is_null(),
+        "a request after the drain began: {result}"
+    );
+    assert_eq!(upstream.count(), 1);
+    // Closed with H3_NO_ERROR.
+    assert_eq!(result["closed"]["error_code"], 0x100, "{result}");
+}
+
+#[tokio::test]
+async fn check_names_http3_without_tls_and_bad_fields() {
+    let config = "listen: 127.0.0.1:0\nhttp3:\n  listen: nowhere\n  max_streams: 0\n  idle_timeout: 0s\nroutes: []\n";
+    let file = common::TempFile::new(config);
+    let out = common::floodgate_command(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        file.path().as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for field in [
+        "http3:",
+        "http3.listen",
+        "http3.max_streams",
+        "http3.idle_timeout",
+    ] {
+        assert!(stderr.contains(field), "{field} not named in {stderr}");
+    }
+}
