@@ -36,6 +36,10 @@ pub struct AccessRecord<'a> {
     /// The normalised path (what was routed and limited).
     #[serde(borrow)]
     pub path: Cow<'a, str>,
+    /// The HTTP version the client spoke: `1.0`, `1.1`, `2` or `3` (OpenTelemetry's
+    /// `network.protocol.version`).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Cow<'a, str>>,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Cow<'a, str>>,
     /// The host the request named (lowercase, without the port: what a route's `hosts`
@@ -92,13 +96,14 @@ impl AccessRecord<'static> {
     /// A line for a request of `method` to `path`, if the access log is on (`RUST_LOG` enables
     /// the target `floodgate::access` at info); boxed, so that a request without one carries a
     /// pointer's worth.
-    pub fn start(method: &http::Method, path: &str) -> Option<Box<Line>> {
+    pub fn start(method: &http::Method, path: &str, version: http::Version) -> Option<Box<Line>> {
         if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
             return None;
         }
         Some(Box::new(AccessRecord {
             method: method_text(method),
             path: Cow::Owned(path.to_string()),
+            protocol: Some(Cow::Borrowed(crate::logging::protocol_version(version))),
             route: None,
             host: None,
             client_ip: None,
@@ -164,6 +169,7 @@ impl AccessRecord<'_> {
         out.push_str("  INFO request{method=");
         crate::logging::escape_into(&self.method, out).ok();
         text_str(out, "path", &self.path);
+        text_opt(out, "protocol", self.protocol.as_deref());
         text_opt(out, "route", self.route.as_deref());
         text_opt(out, "host", self.host.as_deref());
         text_opt(out, "identity", self.identity.map(|i| i.as_str()));
@@ -358,6 +364,7 @@ mod tests {
 
     /// The reference span's field names ([`AccessRecord`]'s).
     mod field {
+        pub const PROTOCOL: &str = "protocol";
         pub const ROUTE: &str = "route";
         pub const HOST: &str = "host";
         pub const CLIENT_IP: &str = "client_ip";
@@ -381,6 +388,7 @@ mod tests {
             "request",
             method = %method,
             path = path,
+            protocol = Empty,
             route = Empty,
             host = Empty,
             client_ip = Empty,
@@ -410,6 +418,9 @@ mod tests {
                 &http::Method::from_bytes(line.method.as_bytes()).unwrap(),
                 &line.path,
             );
+            if let Some(protocol) = &line.protocol {
+                span.record(field::PROTOCOL, protocol.as_ref());
+            }
             if let Some(route) = &line.route {
                 span.record(field::ROUTE, route.as_ref());
             }
@@ -470,6 +481,7 @@ mod tests {
         let mut full = *Box::new(AccessRecord {
             method: "POST".into(),
             path: "/api/x".into(),
+            protocol: Some("3".into()),
             route: Some("api".into()),
             host: Some("billing.example.com".into()),
             client_ip: Some("2001:db8::".into()),
@@ -486,6 +498,7 @@ mod tests {
         let bare = AccessRecord {
             method: "GET".into(),
             path: "/nowhere".into(),
+            protocol: None,
             route: None,
             host: None,
             client_ip: None,
@@ -556,7 +569,7 @@ mod tests {
     #[test]
     fn the_access_log_is_off_unless_its_target_is_enabled() {
         // No subscriber here: nothing is enabled, and no line is started.
-        assert!(Line::start(&http::Method::GET, "/").is_none());
+        assert!(Line::start(&http::Method::GET, "/", http::Version::HTTP_11).is_none());
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
                 "warn,floodgate::access=info",
@@ -564,7 +577,7 @@ mod tests {
             .with_writer(std::io::sink)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let line = Line::start(&http::Method::GET, "/x").expect("on");
+            let line = Line::start(&http::Method::GET, "/x", http::Version::HTTP_11).expect("on");
             assert_eq!((line.method.as_ref(), line.path.as_ref()), ("GET", "/x"));
         });
         let subscriber = tracing_subscriber::fmt()
@@ -574,7 +587,7 @@ mod tests {
             .with_writer(std::io::sink)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            assert!(Line::start(&http::Method::GET, "/x").is_none());
+            assert!(Line::start(&http::Method::GET, "/x", http::Version::HTTP_11).is_none());
         });
     }
 

@@ -150,13 +150,7 @@ impl Telemetry {
         let name = method_name(method);
         let mut trace = self.begin(name.clone(), headers);
         if let Some(recording) = trace.recording_mut() {
-            let version = match version {
-                Version::HTTP_10 => "1.0",
-                Version::HTTP_11 => "1.1",
-                Version::HTTP_2 => "2",
-                Version::HTTP_3 => "3",
-                _ => "other",
-            };
+            let version = crate::logging::protocol_version(version);
             recording.attributes.extend([
                 KeyValue::new("http.request.method", name),
                 KeyValue::new("url.path", path.to_string()),

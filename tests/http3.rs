@@ -20,7 +20,11 @@ fn start(cert: &SelfSigned, config: Config, http3: &[(&str, &str)]) -> Floodgate
     for (key, value) in http3 {
         config = config.set("http3", key, value);
     }
-    Floodgate::start(&config.yaml())
+    // The access log on: the lines name each request's protocol.
+    Floodgate::start_with_env(
+        &config.yaml(),
+        &[("RUST_LOG", "warn,floodgate::access=info")],
+    )
 }
 
 /// Runs the aioquic client's `scenario` against `fg`'s QUIC listener and returns what it printed
@@ -120,6 +124,13 @@ async fn requests_and_streamed_bodies_with_trailers_go_through_the_pipeline_to_t
     assert_eq!(seen[0].header("x-forwarded-proto"), Some("https"));
     assert_eq!(seen[1].method, http::Method::POST);
     assert_eq!(seen[1].header("content-type"), Some("text/plain"));
+    // The access log names the protocol.
+    let log = fg.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("path=\"/hello\""))
+        .unwrap_or_else(|| panic!("no access log line in {log}"));
+    assert!(line.contains("protocol=\"3\""), "{line}");
     // The requests counted as any other's.
     assert_eq!(
         metric(

@@ -28,7 +28,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("route", "config path"),
     ("policy", "config identity limiter metrics"),
     ("access_log", "identity logging metrics"),
-    ("telemetry", "config tls"),
+    ("telemetry", "config logging tls"),
     ("control", "config limiter"),
     ("alerts", "config control limiter metrics tls"),
     ("global", "limiter metrics"),

@@ -193,6 +193,44 @@ async fn a_request_is_one_trace_from_the_client_through_the_decision_to_the_upst
     );
 }
 
+/// An HTTP/3 request (aioquic, `tests/http3/client.py`) is a SERVER span like any other, its
+/// protocol version `3`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_request_is_a_server_span_with_protocol_version_3() {
+    let receiver = Receiver::start();
+    let upstream = Upstream::start().await;
+    let cert = SelfSigned::new();
+    let fg = Floodgate::start(&format!(
+        "tls:\n  cert: {}\n  key: {}\nhttp3:\n  listen: 127.0.0.1:0\ntelemetry:\n  otlp_endpoint: {}\nroutes:\n  - name: api\n    path_prefix: /\n    upstream: {}\n",
+        yaml_path(&cert.cert_file),
+        yaml_path(&cert.key_file),
+        receiver.endpoint(),
+        upstream.url()
+    ));
+    let addr = fg.http3_addr();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http3/client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(addr.ip().to_string())
+        .arg(addr.port().to_string())
+        .arg(cert.cert_file.path())
+        .arg("requests")
+        .arg(r#"{"requests": [{"path": "/over-quic"}]}"#)
+        .output()
+        .expect("run the HTTP/3 client");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = receiver.wait_for("the HTTP/3 SERVER span", |v| {
+        v["signal"] == "span" && v["kind"] == "SERVER" && attr(v, "url.path") == "/over-quic"
+    });
+    assert_eq!(attr(&server[0], "network.protocol.version"), "3");
+    assert_eq!(attr(&server[0], "http.response.status_code"), 200);
+    assert_eq!(attr(&server[0], "client.address"), "127.0.0.1");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_that_waited_on_redis_has_a_client_span_for_the_call() {
     let receiver = Receiver::start();

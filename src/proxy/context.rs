@@ -74,7 +74,7 @@ impl Context {
     pub fn new<B>(req: &Request<B>, peer: SocketAddr) -> Self {
         Context {
             started: Instant::now(),
-            log: access_log::Line::start(req.method(), req.uri().path()),
+            log: access_log::Line::start(req.method(), req.uri().path(), req.version()),
             peer,
             dialect: Dialect::of(req.headers(), Default::default()),
             admitted: None,

@@ -261,6 +261,7 @@ impl<'a> Fields<'a> {
         Ok(AccessRecord {
             method: text(self.method.ok_or("no method")?, "the method")?,
             path: text(self.path.ok_or("no path")?, "the path")?,
+            protocol: None,
             route: None,
             host: self.host.map(|h| text(h, "host")).transpose()?,
             client_ip: self.client_ip.map(|ip| text(ip, "client_ip")).transpose()?,
