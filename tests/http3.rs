@@ -60,6 +60,24 @@ fn h3_command(fg: &Floodgate, cert: &SelfSigned, scenario: &str, spec: Value) ->
     command
 }
 
+/// [`h3`] for a run that may fail: its JSON, or what it wrote to stderr.
+async fn h3_try(
+    fg: &Floodgate,
+    ca: &SelfSigned,
+    scenario: &str,
+    spec: Value,
+) -> Result<Value, String> {
+    let mut command = h3_command(fg, ca, scenario, spec);
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("run the HTTP/3 client");
+    match out.status.success() {
+        true => Ok(serde_json::from_slice(&out.stdout).expect("client output")),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
 /// The answers of a `requests` run.
 fn answers(result: &Value) -> &Vec<Value> {
     result["answers"].as_array().expect("answers")
@@ -432,4 +450,108 @@ async fn check_names_http3_without_tls_and_bad_fields() {
     ] {
         assert!(stderr.contains(field), "{field} not named in {stderr}");
     }
+}
+
+/// A gRPC message as the wire frames it: uncompressed, its length, its bytes.
+fn grpc_frame(message: &str) -> String {
+    let mut framed = String::from('\0');
+    for byte in (message.len() as u32).to_be_bytes() {
+        framed.push(char::from(byte));
+    }
+    framed + message
+}
+
+#[tokio::test]
+async fn a_grpc_call_over_http3_reaches_an_http2_upstream_and_its_refusal_is_a_grpc_status() {
+    let cert = SelfSigned::new();
+    let grpc = common::GrpcServer::start();
+    let upstream = format!("http://127.0.0.1:{}", grpc.port());
+    let config = Config::new().route(
+        Route::new("echo", "/floodgate.test.Echo/", &upstream)
+            .with("upstream_protocol", "http2")
+            .limit(Limit::fixed_window(1, "1h")),
+    );
+    let fg = start(&cert, config, &[]);
+    let call = json!({
+        "method": "POST",
+        "path": "/floodgate.test.Echo/Unary",
+        "headers": [["content-type", "application/grpc"], ["te", "trailers"]],
+        "chunks": [grpc_frame("over quic")],
+    });
+    let result = h3(&fg, &cert, "requests", json!({"requests": [call, call]})).await;
+    let answers = answers(&result);
+    // The call: the message back, the server's initial metadata, and its trailers.
+    let ok = &answers[0];
+    assert_eq!(ok["status"], 200, "{result}");
+    assert_eq!(header(ok, "content-type"), Some("application/grpc"));
+    assert_eq!(header(ok, "x-initial"), Some("yes"));
+    assert_eq!(ok["body"], grpc_frame("over quic"));
+    let trailers = ok["trailers"].as_array().expect("trailers");
+    assert!(trailers.contains(&json!(["grpc-status", "0"])), "{result}");
+    assert!(trailers.contains(&json!(["x-trailer", "kept"])), "{result}");
+    // Refused: RESOURCE_EXHAUSTED, trailers-only, as over HTTP/2.
+    let refused = &answers[1];
+    assert_eq!(refused["status"], 200, "{result}");
+    assert_eq!(header(refused, "grpc-status"), Some("8"), "{result}");
+}
+
+#[tokio::test]
+async fn a_body_past_max_body_size_is_refused_over_http3_too() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config =
+        Config::new()
+            .with("max_body_size", "16")
+            .route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&cert, config, &[]);
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [
+            {"method": "POST", "path": "/upload", "chunks": ["0123456789", "0123456789"]},
+            {"method": "POST", "path": "/upload", "chunks": ["0123456789"]},
+        ]}),
+    )
+    .await;
+    let answers = answers(&result);
+    assert_eq!(answers[0]["status"], 413, "{result}");
+    assert_eq!(answers[1]["status"], 200, "{result}");
+    assert_eq!(answers[1]["body"], "received 10 bytes");
+}
+
+#[tokio::test]
+async fn sighup_certificates_serve_new_quic_connections() {
+    let (old, new) = (SelfSigned::new(), SelfSigned::new());
+    let upstream = Upstream::start().await;
+    let routes = Config::new().route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&old, routes.clone(), &[]);
+    let get_root = json!({"requests": [{"path": "/"}]});
+    let before = h3(&fg, &old, "requests", get_root.clone()).await;
+    assert_eq!(answers(&before)[0]["status"], 200);
+
+    let config = new.served(routes).set("http3", "listen", "127.0.0.1:0");
+    let reloads = r#"floodgate_config_reloads_total{result="success"}"#;
+    let counted = metric(&fg, reloads).await;
+    std::fs::write(
+        fg.config_path(),
+        format!("listen: 127.0.0.1:0\n{}", config.yaml()),
+    )
+    .unwrap();
+    fg.signal("HUP");
+    // The reload runs on its own task: a few ms; 10 s for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&fg, reloads).await == counted {
+        assert!(Instant::now() < deadline, "not reloaded: {}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A client that trusts only the new certificate is served; one that trusts only the old
+    // one no longer is.
+    let after = h3(&fg, &new, "requests", get_root.clone()).await;
+    assert_eq!(answers(&after)[0]["status"], 200);
+    let refused = h3_try(&fg, &old, "requests", get_root).await;
+    assert!(
+        refused.is_err(),
+        "the old certificate still served: {refused:?}"
+    );
 }

@@ -8,7 +8,8 @@
 //! `identity`, `consumers` (and the file it names, re-read at every reload), `shadow`,
 //! `rate_limit_headers`, `path_normalization`, `merge_slashes`, `timeouts.*`, `max_body_size`,
 //! `http2_max_resets_per_second`, `http2_max_streams_per_second`, `tls` (the certificate files
-//! are re-read), `upstream_ca` (re-read; the upstream connection pools start anew; without it,
+//! are re-read, for TCP and QUIC connections alike), `http3.advertise`, `http3.max_streams`,
+//! `http3.idle_timeout`, `upstream_ca` (re-read; the upstream connection pools start anew; without it,
 //! and with `timeouts.upstream_connect` unchanged, a reload keeps the upstream connections),
 //! `storage.timeout`, `storage.on_error`, `storage.batch`, `storage.leases` and
 //! `storage.lease_ttl` (a remote store's connections keep the reply timeout they were made with:
@@ -33,6 +34,10 @@ pub type ValueOf = fn(&Config) -> String;
 pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     ("listen", |c| c.listen.to_string()),
     ("admin_listen", |c| format!("{:?}", c.admin_listen)),
+    // The UDP socket too (and whether there is one); the rest of `http3:` follows reloads.
+    ("http3.listen", |c| {
+        format!("{:?}", c.http3.as_ref().map(|h| h.listen))
+    }),
     ("max_connections", |c| c.max_connections.to_string()),
     ("log_format", |c| format!("{:?}", c.log_format)),
     ("storage.backend", |c| {
