@@ -555,3 +555,45 @@ async fn sighup_certificates_serve_new_quic_connections() {
         "the old certificate still served: {refused:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_over_quic_a_budget_admits_exactly_its_size() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config = Config::new().route(
+        Route::new("api", "/", &upstream.url()).limit(Limit::fixed_window(300, "1h")),
+    );
+    let fg = start(&cert, config, &[]);
+    // 1,000 requests from 4 connections with 25 streams in flight each (quinn and h3 as the
+    // client: the other stack's view of the same listener).
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let client = common::H3Client::connect(fg.http3_addr(), "localhost", cert.cert_der.clone())
+            .await
+            .expect("connect over QUIC");
+        clients.push(client);
+    }
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for client in &clients {
+        for _ in 0..25 {
+            let (client, next) = (client.clone(), next.clone());
+            workers.spawn(async move {
+                let mut statuses = Vec::new();
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 1000 {
+                    statuses.push(client.get("/load", &[]).await.expect("an answer"));
+                }
+                statuses
+            });
+        }
+    }
+    let mut statuses = Vec::new();
+    while let Some(done) = workers.join_next().await {
+        statuses.extend(done.unwrap());
+    }
+    assert_eq!(statuses.len(), 1000);
+    let allowed = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((allowed, refused), (300, 700));
+    assert_eq!(upstream.count(), 300);
+}

@@ -44,6 +44,7 @@ pub mod config;
 mod demo;
 mod envoy;
 mod grpc;
+mod h3client;
 pub mod policy;
 mod postgres;
 mod process;
@@ -56,6 +57,6 @@ mod upstream;
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
 pub use {
-    client::*, demo::*, envoy::*, grpc::*, postgres::*, process::*, proxies::*, redis::*, relay::*,
+    client::*, demo::*, envoy::*, grpc::*, h3client::*, postgres::*, process::*, proxies::*, redis::*, relay::*,
     tls::*, upstream::*,
 };
