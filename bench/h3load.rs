@@ -43,9 +43,15 @@ enum Conn {
 }
 
 impl Conn {
-    async fn open(proto: &str, addr: SocketAddr, ca: CertificateDer<'static>) -> Result<Conn, BoxError> {
+    async fn open(
+        proto: &str,
+        addr: SocketAddr,
+        ca: CertificateDer<'static>,
+    ) -> Result<Conn, BoxError> {
         match proto {
-            "h3" => Ok(Conn::H3(h3client::H3Client::connect(addr, "localhost", ca).await?)),
+            "h3" => Ok(Conn::H3(
+                h3client::H3Client::connect(addr, "localhost", ca).await?,
+            )),
             "h2" => {
                 let mut roots = rustls::RootCertStore::empty();
                 roots.add(ca)?;
@@ -61,9 +67,11 @@ impl Conn {
                 let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
                     .connect(name, tcp)
                     .await?;
-                let (send, conn) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                        .await?;
+                let (send, conn) = hyper::client::conn::http2::handshake(
+                    TokioExecutor::new(),
+                    TokioIo::new(stream),
+                )
+                .await?;
                 tokio::spawn(conn);
                 Ok(Conn::H2(send))
             }
@@ -72,14 +80,21 @@ impl Conn {
     }
 
     /// One GET: its status.
-    async fn get(&mut self, addr: SocketAddr, path: &str, key: Option<&str>) -> Result<u16, BoxError> {
+    async fn get(
+        &mut self,
+        addr: SocketAddr,
+        path: &str,
+        key: Option<&str>,
+    ) -> Result<u16, BoxError> {
         match self {
             Conn::H3(client) => {
-                let headers: Vec<(&str, &str)> = key.map(|k| ("x-api-key", k)).into_iter().collect();
+                let headers: Vec<(&str, &str)> =
+                    key.map(|k| ("x-api-key", k)).into_iter().collect();
                 client.get(path, &headers).await
             }
             Conn::H2(send) => {
-                let mut request = http::Request::get(format!("https://localhost:{}{path}", addr.port()));
+                let mut request =
+                    http::Request::get(format!("https://localhost:{}{path}", addr.port()));
                 if let Some(key) = key {
                     request = request.header("x-api-key", key);
                 }
@@ -98,7 +113,10 @@ fn own_cpu_us() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command's closing parenthesis: utime is the 12th, stime the 13th.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<u64> = rest.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
     let ticks = fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0);
     // Linux reports these in USER_HZ, 100 a second on every platform Rust targets here.
     ticks * 10_000
@@ -108,7 +126,9 @@ fn own_cpu_us() -> u64 {
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 8 {
-        return Err("usage: h3load PROTO ADDR CA_PEM CONNECTIONS STREAMS SECONDS PATH [KEYS]".into());
+        return Err(
+            "usage: h3load PROTO ADDR CA_PEM CONNECTIONS STREAMS SECONDS PATH [KEYS]".into(),
+        );
     }
     let proto = args[1].clone();
     let addr: SocketAddr = args[2].parse()?;

@@ -26,19 +26,14 @@
 //! demand, half of what is left) are the simulation's (`bench/global_slices_sim.py`,
 //! docs/stores.md).
 
-mod postgres;
-mod region;
-mod scripts;
-mod store;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::Script;
-use redis::aio::ConnectionManager;
-
-use crate::limiter::{Ask, Decision, Figures, Limit};
+use crate::limiter::slices::{
+    AnyGlobalStore, AnySliceStore, Give, GlobalStore, Grant, SliceRead, SliceStore, Take, Taken,
+};
+use crate::limiter::{Ask, Decision, Figures, Limit, LimiterError};
 use crate::metrics::Metrics;
 
 /// `storage.global`, in the global module's terms.
@@ -59,16 +54,16 @@ pub struct GlobalSpec {
 }
 
 /// Why a global limit could not be decided: a store did not answer in time or failed.
-#[derive(Debug)]
-pub struct GlobalError(pub String);
-
-impl std::fmt::Display for GlobalError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum GlobalError {
+    #[error("the global store: {0}")]
+    Global(#[source] LimiterError),
+    #[error("the region's store: {0}")]
+    Region(#[source] LimiterError),
+    /// The global store failed less than [`DOWN_FOR`] ago: not asked again yet.
+    #[error("the global store failed less than a second ago")]
+    Down,
 }
-
-impl std::error::Error for GlobalError {}
 
 /// What this instance knows of one global budget it spent.
 #[derive(Debug, Clone)]
@@ -89,8 +84,8 @@ struct Local {
 /// The global budgets of this instance: its region's slices and the way to the global store.
 pub struct Global {
     spec: GlobalSpec,
-    global: store::GlobalStore,
-    region: Arc<region::RegionStore>,
+    global: AnyGlobalStore,
+    region: Arc<AnySliceStore>,
     budgets: Mutex<HashMap<String, Local>>,
     /// The global store failed: requests needing it follow `on_error` at once until then,
     /// not each after its own timeout.
@@ -123,13 +118,10 @@ const FIRST_SLICE: u64 = 16;
 impl Global {
     /// Connects (lazily: neither store need be up yet) and starts the keeper task on the
     /// current runtime.
-    pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> anyhow::Result<Arc<Global>> {
+    pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> Result<Arc<Global>, LimiterError> {
         let global = Arc::new(Global {
-            global: store::GlobalStore::connect(&spec.url, spec.timeout)?,
-            region: Arc::new(region::RegionStore::connect(
-                &spec.region_url,
-                REGION_TIMEOUT,
-            )?),
+            global: AnyGlobalStore::connect(&spec.url, spec.timeout)?,
+            region: Arc::new(AnySliceStore::connect(&spec.region_url, REGION_TIMEOUT)?),
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
             passes: tokio::sync::Mutex::new(false),
@@ -144,9 +136,9 @@ impl Global {
     /// Loads the scripts into both stores (which also opens the connections), so that a
     /// budget's first use pays one round trip to the global store, not a connection's
     /// handshake and a script's upload as well. `Err` while a store does not answer.
-    async fn load_scripts(&self) -> Result<(), String> {
-        self.global.prepare().await?;
-        self.region.prepare().await?;
+    async fn load_scripts(&self) -> Result<(), GlobalError> {
+        self.global.prepare().await.map_err(GlobalError::Global)?;
+        self.region.prepare().await.map_err(GlobalError::Region)?;
         Ok(())
     }
 
@@ -197,7 +189,7 @@ impl Global {
             .region
             .spend(&slice_key, cost)
             .await
-            .map_err(region_failed)?;
+            .map_err(GlobalError::Region)?;
         if paid {
             return Ok(Decision::allow(figures(limit, held + global_left), 0));
         }
@@ -215,7 +207,11 @@ impl Global {
         // at once would pile the budget up in one region, and lose it all if the instance
         // died with them in flight).
         let few = (FIRST_SLICE * cost).min(want);
-        let (granted, left, lapsed) = self
+        let Taken {
+            granted,
+            left,
+            lapsed,
+        } = self
             .take(&global_key, &slice_key, limit, cost, few, held)
             .await?;
         self.count_lapsed(lapsed);
@@ -261,7 +257,11 @@ impl Global {
     /// global store's units left, as last seen.
     pub async fn peek(&self, ask: &Ask<'_>) -> Result<(Decision, u64), GlobalError> {
         let (id, _, slice_key) = self.keys(ask);
-        let held = self.region.held(&slice_key).await.map_err(region_failed)?;
+        let held = self
+            .region
+            .held(&slice_key)
+            .await
+            .map_err(GlobalError::Region)?;
         let left = self
             .budgets()
             .get(&id)
@@ -285,15 +285,13 @@ impl Global {
         need: u64,
         want: u64,
         held: u64,
-    ) -> Result<(u64, u64, u64), GlobalError> {
+    ) -> Result<Taken, GlobalError> {
         if let Some(until) = *self.down_until.lock().unwrap_or_else(|e| e.into_inner())
             && until > Instant::now()
         {
-            return Err(GlobalError(
-                "the global store failed less than a second ago".into(),
-            ));
+            return Err(GlobalError::Down);
         }
-        let call = tokio::spawn(self.global.take(store::TakeArgs {
+        let call = tokio::spawn(self.global.take(Take {
             key: key.to_string(),
             capacity: limit.algorithm().units(),
             interval_us: limit.algorithm().span_us(),
@@ -314,7 +312,7 @@ impl Global {
             metrics: self.metrics.clone(),
         };
         let Some(call) = pending.call.as_mut() else {
-            return Err(GlobalError("no call".into()));
+            return Err(GlobalError::Global(LimiterError::protocol("no call")));
         };
         let error = match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(Ok(answer))) => {
@@ -325,42 +323,40 @@ impl Global {
             Ok(Ok(Err(e))) => {
                 pending.call = None;
                 self.metrics.global_call("error");
-                format!("the global store: {e}")
+                e
             }
             Ok(Err(e)) => {
                 pending.call = None;
                 self.metrics.global_call("error");
-                format!("the global store's call ended: {e}")
+                LimiterError::unavailable(crate::limiter::Cause::of("the call ended", e))
             }
             Err(_) => {
                 self.metrics.global_call("timeout");
-                format!(
-                    "the global store did not answer within {:?}",
-                    self.spec.timeout
-                )
+                LimiterError::Timeout(self.spec.timeout)
             }
         };
+        let error = GlobalError::Global(error);
         self.down(&error);
-        Err(GlobalError(error))
+        Err(error)
     }
 
     /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
     /// of demand seen; returns what it holds now.
     async fn add(&self, slice_key: &str, units: u64, demand: u64) -> Result<u64, GlobalError> {
+        let grant = Grant {
+            units,
+            demand,
+            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+        };
         self.region
-            .add(
-                slice_key,
-                units,
-                self.spec.lease_ttl.as_millis() as u64,
-                demand,
-            )
+            .add(slice_key, grant)
             .await
-            .map_err(region_failed)
+            .map_err(GlobalError::Region)
     }
 
     /// The global store failed with `error`: left alone for [`DOWN_FOR`] (logged when it
     /// was up before).
-    fn down(&self, error: &str) {
+    fn down(&self, error: &GlobalError) {
         let now = Instant::now();
         let mut until = self.down_until.lock().unwrap_or_else(|e| e.into_inner());
         if until.is_none_or(|u| u <= now) {
@@ -414,11 +410,19 @@ impl Global {
             .region
             .claim(&claim_key, &self.spec.region, period.as_millis() as u64)
             .await
-            .map_err(region_failed)?;
+            .map_err(GlobalError::Region)?;
         if !claimed {
             return Ok(local.held);
         }
-        let (held, demand, idle) = self.region.read(&slice_key).await.map_err(region_failed)?;
+        let SliceRead {
+            units: held,
+            demand,
+            idle,
+        } = self
+            .region
+            .read(&slice_key)
+            .await
+            .map_err(GlobalError::Region)?;
         let limit = local.limit;
         let (want, target) = match plan(held, demand, idle) {
             Plan::Idle => {
@@ -426,7 +430,11 @@ impl Global {
                 return Ok(0);
             }
             Plan::GiveBack => {
-                let units = self.region.drain(&slice_key).await.map_err(region_failed)?;
+                let units = self
+                    .region
+                    .drain(&slice_key)
+                    .await
+                    .map_err(GlobalError::Region)?;
                 if units > 0 {
                     self.give_back(&global_key, &limit, units).await?;
                 }
@@ -435,7 +443,11 @@ impl Global {
             }
             Plan::Renew { want, target } => (want, target),
         };
-        let (granted, left, lapsed) = self
+        let Taken {
+            granted,
+            left,
+            lapsed,
+        } = self
             .take(&global_key, &slice_key, &limit, 0, want, held)
             .await?;
         self.count_lapsed(lapsed);
@@ -459,13 +471,13 @@ impl Global {
     }
 
     async fn give_back(&self, key: &str, limit: &Limit, units: u64) -> Result<(), GlobalError> {
-        let call = self.global.give(
-            key.to_string(),
-            limit.algorithm().units(),
-            limit.algorithm().span_us(),
+        let call = self.global.give(Give {
+            key: key.to_string(),
+            capacity: limit.algorithm().units(),
+            interval_us: limit.algorithm().span_us(),
             units,
-            self.spec.region.clone(),
-        );
+            region: self.spec.region.clone(),
+        });
         match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(_)) => {
                 self.metrics.global_call("ok");
@@ -474,11 +486,13 @@ impl Global {
             }
             Ok(Err(e)) => {
                 self.metrics.global_call("error");
-                Err(GlobalError(format!("the global store: {e}")))
+                Err(GlobalError::Global(e))
             }
             Err(_) => {
                 self.metrics.global_call("timeout");
-                Err(GlobalError("the global store did not answer".into()))
+                Err(GlobalError::Global(LimiterError::Timeout(
+                    self.spec.timeout,
+                )))
             }
         }
     }
@@ -508,14 +522,14 @@ impl Global {
     }
 }
 
-/// What a `take` answers: (granted, left, lapsed), or why it failed.
-type TakeAnswer = Result<(u64, u64, u64), String>;
+/// What a `take` answers, or why it failed.
+type TakeAnswer = Result<Taken, LimiterError>;
 
 /// A call to the global store whose answer nobody has read yet: dropped unread, it is left to
 /// finish on its own and what it was granted is put in the region's slice.
 struct Pending {
     call: Option<tokio::task::JoinHandle<TakeAnswer>>,
-    region: Arc<region::RegionStore>,
+    region: Arc<AnySliceStore>,
     slice_key: String,
     ttl_ms: u64,
     metrics: Arc<Metrics>,
@@ -533,14 +547,19 @@ impl Drop for Pending {
         let (slice_key, ttl_ms) = (std::mem::take(&mut self.slice_key), self.ttl_ms);
         let metrics = self.metrics.clone();
         runtime.spawn(async move {
-            let Ok(Ok((granted, _, _))) = call.await else {
+            let Ok(Ok(Taken { granted, .. })) = call.await else {
                 return;
             };
             if granted == 0 {
                 return;
             }
             metrics.global_units("granted", granted);
-            match region.add(&slice_key, granted, ttl_ms, 0).await {
+            let grant = Grant {
+                units: granted,
+                demand: 0,
+                ttl_ms,
+            };
+            match region.add(&slice_key, grant).await {
                 Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
                 Err(e) => tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed"),
             }
@@ -580,39 +599,6 @@ fn plan(held: u64, demand: u64, idle: u64) -> Plan {
         want: target.saturating_sub(held),
         target: target.max(1),
     }
-}
-
-/// Loads `scripts` into a Redis server (which also connects).
-async fn load_scripts(connection: &ConnectionManager, scripts: &[&Script]) -> Result<(), String> {
-    let mut connection = connection.clone();
-    for script in scripts {
-        script
-            .prepare_invoke()
-            .load_async(&mut connection)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// A failure of the region's store.
-fn region_failed(e: String) -> GlobalError {
-    GlobalError(format!("the region's store: {e}"))
-}
-
-/// A Redis connection (made lazily) that waits `timeout` to connect and `answer` for a reply.
-fn redis_connection(
-    url: &str,
-    timeout: Duration,
-    answer: Duration,
-) -> anyhow::Result<ConnectionManager> {
-    let client = redis::Client::open(url)?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(answer))
-        .set_max_delay(Duration::from_secs(2))
-        .set_number_of_retries(1);
-    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
 }
 
 /// A global limit's figures for the headers: its capacity, and `remaining` as this region

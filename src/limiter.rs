@@ -31,6 +31,7 @@ pub mod memory;
 mod owned_key;
 pub mod postgres;
 pub mod redis;
+pub mod slices;
 mod store;
 pub mod wire;
 

@@ -560,9 +560,8 @@ async fn sighup_certificates_serve_new_quic_connections() {
 async fn under_load_over_quic_a_budget_admits_exactly_its_size() {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
-    let config = Config::new().route(
-        Route::new("api", "/", &upstream.url()).limit(Limit::fixed_window(300, "1h")),
-    );
+    let config = Config::new()
+        .route(Route::new("api", "/", &upstream.url()).limit(Limit::fixed_window(300, "1h")));
     let fg = start(&cert, config, &[]);
     // 1,000 requests from 4 connections with 25 streams in flight each (quinn and h3 as the
     // client: the other stack's view of the same listener).

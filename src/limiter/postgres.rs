@@ -43,7 +43,10 @@ use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
 mod batch;
 mod db;
+mod slices;
 pub mod url;
+
+pub use slices::{PgGlobal, PgSlices};
 
 use db::{Db, Sql};
 

@@ -36,6 +36,7 @@ use super::wire::{self, Reply};
 mod batch;
 mod connection;
 mod script;
+mod slices;
 
 pub use connection::RedisTarget;
 use connection::{Connection, MasterFollower, manager_config};
@@ -45,6 +46,7 @@ use script::{
     LIBRARY, RELEASE_SOURCE, SETTLE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE, TEST_SETTLE_SOURCE,
     push_limits, read_reply,
 };
+pub use slices::{RedisGlobal, RedisSlices};
 
 use super::RemoteStore;
 use super::wire::Call;

@@ -57,6 +57,6 @@ mod upstream;
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
 pub use {
-    client::*, demo::*, envoy::*, grpc::*, h3client::*, postgres::*, process::*, proxies::*, redis::*, relay::*,
-    tls::*, upstream::*,
+    client::*, demo::*, envoy::*, grpc::*, h3client::*, postgres::*, process::*, proxies::*,
+    redis::*, relay::*, tls::*, upstream::*,
 };

@@ -1,0 +1,220 @@
+//! The stores of budgets across regions (`scope: global`; the policy is `crate::global`'s): the
+//! **global store**, where each budget is a token bucket on the store's own clock that regions
+//! take slices of ([`GlobalStore`]), and a **region's store**, which holds the slices its
+//! instances spend ([`SliceStore`]). Each is Redis (`redis/slices.rs`: Lua scripts) or
+//! PostgreSQL (`postgres/slices.rs`: the same operations as PL/pgSQL functions), chosen by the
+//! URL's scheme ([`AnyGlobalStore`], [`AnySliceStore`]). A call is one round trip; what to ask
+//! for, when, and what a failure means are the caller's.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::LimiterError;
+use super::postgres::{PgGlobal, PgSlices};
+use super::redis::{RedisGlobal, RedisSlices};
+
+/// One `take` from the global store (see [`GlobalStore::take`]).
+#[derive(Debug, Clone)]
+pub struct Take {
+    /// The budget's key in the global store.
+    pub key: String,
+    /// The bucket's capacity, and µs per unit of refill.
+    pub capacity: u32,
+    pub interval_us: u64,
+    /// Units for the request that asks (0 for the keeper): all of them or none.
+    pub need: u64,
+    /// Units the region's slice would like beyond `need`.
+    pub want: u64,
+    /// The asking region, the slice's life, and what it holds now (recorded beside the bucket,
+    /// so that the units of a slice that lapses unrenewed are counted as lost).
+    pub region: String,
+    pub ttl_ms: u64,
+    pub held: u64,
+}
+
+/// What a `take` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Units granted (0, or `need` and up to `want` more).
+    pub granted: u64,
+    /// Units the budget has left after the grant.
+    pub left: u64,
+    /// Units other regions' slices held when they lapsed, found by this call.
+    pub lapsed: u64,
+}
+
+/// One `give` to the global store (see [`GlobalStore::give`]).
+#[derive(Debug, Clone)]
+pub struct Give {
+    pub key: String,
+    pub capacity: u32,
+    pub interval_us: u64,
+    pub units: u64,
+    pub region: String,
+}
+
+/// A boxed call that owns what it needs: it can finish after its caller stopped waiting.
+pub type OwnedCall<T> = Pin<Box<dyn Future<Output = Result<T, LimiterError>> + Send + 'static>>;
+
+/// The global store: a token bucket per budget on the store's clock, whose grants to regions are
+/// spends and whose returns are refunds, so that what it has left plus every slice granted never
+/// exceeds the budget (plus its refill).
+pub trait GlobalStore: Send + Sync + 'static {
+    /// Connects, and loads the scripts or installs the functions.
+    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// Grants `need` units and up to `want` more (at most half of what is left beyond
+    /// `need`), or nothing when `need` cannot be met; records the region's slice and counts the
+    /// slices that lapsed.
+    fn take(&self, take: Take) -> OwnedCall<Taken>;
+    /// Refunds `units` (up to the capacity) and clears the region's slice: what is left.
+    fn give(&self, give: Give) -> OwnedCall<u64>;
+}
+
+/// What [`SliceStore::add`] puts in a slice: units granted, demand seen, and the slice's new life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub units: u64,
+    pub demand: u64,
+    pub ttl_ms: u64,
+}
+
+/// A slice as [`SliceStore::read`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceRead {
+    pub units: u64,
+    /// Units asked of it since the last read.
+    pub demand: u64,
+    /// Reads in a row that found no demand.
+    pub idle: u64,
+}
+
+/// A region's store of slices. A slice has `units`, `demand` and `idle`, and an end after which
+/// it is as if it were not there.
+pub trait SliceStore: Send + Sync + 'static {
+    /// Connects, and loads the scripts or installs the functions.
+    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    /// Pays `cost` from the slice if it holds that much, counting the demand either way:
+    /// (paid, units left).
+    fn spend(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> impl Future<Output = Result<(bool, u64), LimiterError>> + Send;
+    /// Adds `grant` to the slice and renews it: what it holds.
+    fn add(
+        &self,
+        key: &str,
+        grant: Grant,
+    ) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    /// The slice, its demand starting again from 0.
+    fn read(&self, key: &str) -> impl Future<Output = Result<SliceRead, LimiterError>> + Send;
+    /// Takes every unit out of the slice (to give them back): how many.
+    fn drain(&self, key: &str) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    /// What the slice holds, changing nothing.
+    fn held(&self, key: &str) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    /// Claims `key` for `ms` for `holder` (one instance of a region renews a slice each pass):
+    /// true when this call has it.
+    fn claim(
+        &self,
+        key: &str,
+        holder: &str,
+        ms: u64,
+    ) -> impl Future<Output = Result<bool, LimiterError>> + Send;
+}
+
+/// True for the URLs PostgreSQL serves.
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The global store a URL names: `redis://`/`rediss://`, or `postgres://`/`postgresql://`.
+pub enum AnyGlobalStore {
+    Redis(RedisGlobal),
+    Postgres(Arc<PgGlobal>),
+}
+
+impl AnyGlobalStore {
+    /// Connects lazily (the store need not be up); a call waits up to `timeout` to connect,
+    /// and its answer up to 10 s (a late answer is still read). Fails only on a malformed URL.
+    pub fn connect(url: &str, timeout: Duration) -> Result<AnyGlobalStore, LimiterError> {
+        Ok(match is_postgres(url) {
+            true => AnyGlobalStore::Postgres(PgGlobal::connect(url, timeout)?),
+            false => AnyGlobalStore::Redis(RedisGlobal::connect(url, timeout)?),
+        })
+    }
+}
+
+impl GlobalStore for AnyGlobalStore {
+    async fn prepare(&self) -> Result<(), LimiterError> {
+        match self {
+            AnyGlobalStore::Redis(redis) => redis.prepare().await,
+            AnyGlobalStore::Postgres(pg) => pg.prepare().await,
+        }
+    }
+
+    fn take(&self, take: Take) -> OwnedCall<Taken> {
+        match self {
+            AnyGlobalStore::Redis(redis) => redis.take(take),
+            AnyGlobalStore::Postgres(pg) => pg.take(take),
+        }
+    }
+
+    fn give(&self, give: Give) -> OwnedCall<u64> {
+        match self {
+            AnyGlobalStore::Redis(redis) => redis.give(give),
+            AnyGlobalStore::Postgres(pg) => pg.give(give),
+        }
+    }
+}
+
+/// The region's store a URL names.
+pub enum AnySliceStore {
+    Redis(RedisSlices),
+    Postgres(PgSlices),
+}
+
+impl AnySliceStore {
+    /// Connects lazily; every call waits at most `timeout`. Fails only on a malformed URL.
+    pub fn connect(url: &str, timeout: Duration) -> Result<AnySliceStore, LimiterError> {
+        Ok(match is_postgres(url) {
+            true => AnySliceStore::Postgres(PgSlices::connect(url, timeout)?),
+            false => AnySliceStore::Redis(RedisSlices::connect(url, timeout)?),
+        })
+    }
+}
+
+/// Calls `$method` on whichever store `$self` is.
+macro_rules! each {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnySliceStore::Redis($store) => $call.await,
+            AnySliceStore::Postgres($store) => $call.await,
+        }
+    };
+}
+
+impl SliceStore for AnySliceStore {
+    async fn prepare(&self) -> Result<(), LimiterError> {
+        each!(self, s => s.prepare())
+    }
+    async fn spend(&self, key: &str, cost: u64) -> Result<(bool, u64), LimiterError> {
+        each!(self, s => s.spend(key, cost))
+    }
+    async fn add(&self, key: &str, grant: Grant) -> Result<u64, LimiterError> {
+        each!(self, s => s.add(key, grant))
+    }
+    async fn read(&self, key: &str) -> Result<SliceRead, LimiterError> {
+        each!(self, s => s.read(key))
+    }
+    async fn drain(&self, key: &str) -> Result<u64, LimiterError> {
+        each!(self, s => s.drain(key))
+    }
+    async fn held(&self, key: &str) -> Result<u64, LimiterError> {
+        each!(self, s => s.held(key))
+    }
+    async fn claim(&self, key: &str, holder: &str, ms: u64) -> Result<bool, LimiterError> {
+        each!(self, s => s.claim(key, holder, ms))
+    }
+}
