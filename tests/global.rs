@@ -152,8 +152,22 @@ impl World {
         // Connected, the scripts loaded: `floodgate_global_calls_total` is not needed for
         // that; a request on `/near` (the region's store) says the instance is up, and the
         // scripts load in the background within a few round trips.
+        // The region's store answers once connected and its schema installed (in the
+        // background; until then a decision follows `on_error: deny`, 503): a fraction of a
+        // second alone, a few seconds while the whole suite loads the machine; 10 s at most.
         for fg in world.instances.iter().flatten() {
-            assert_eq!(get(&client(), &fg.url("/near/warm"), &[]).await.status, 200);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let status = get(&client(), &fg.url("/near/warm"), &[]).await.status;
+                if status == 200 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the region's store never answered: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         world

@@ -596,3 +596,71 @@ async fn under_load_over_quic_a_budget_admits_exactly_its_size() {
     assert_eq!((allowed, refused), (300, 700));
     assert_eq!(upstream.count(), 300);
 }
+
+#[tokio::test]
+async fn a_header_section_past_64_kib_is_refused_before_the_pipeline() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    // 40 fields of 2 KiB: 80 KiB in all (aioquic's encoder takes no single value that long).
+    let fields: Vec<Value> = (0..40)
+        .map(|i| json!([format!("x-big-{i}"), "x".repeat(2048)]))
+        .collect();
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [
+            {"path": "/big", "headers": fields},
+            {"path": "/small"},
+        ]}),
+    )
+    .await;
+    let answers = answers(&result);
+    // h3 answers 431 itself (QPACK is decoded statelessly, so nothing of it was kept), and the
+    // connection goes on serving.
+    assert_eq!(answers[0]["status"], 431, "{}", answers[0]);
+    assert_eq!(answers[1]["status"], 200, "{result}");
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/small"]);
+}
+
+#[tokio::test]
+async fn malformed_frames_close_their_connection_and_nothing_else() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[],
+    );
+    let result = h3(
+        &fg,
+        &cert,
+        "garbage",
+        json!({
+            "streams": [
+                // A DATA frame before any HEADERS.
+                "00046a756e6b",
+                // HEADERS whose QPACK block is nonsense.
+                "0105ffffffffff",
+                // A frame type that is reserved for HTTP/2 (SETTINGS on a request stream).
+                "0400",
+            ],
+            "then": [{"path": "/after"}],
+        }),
+    )
+    .await;
+    for closed in result["closed"].as_array().unwrap() {
+        // A connection error (H3_FRAME_UNEXPECTED, QPACK_DECOMPRESSION_FAILED…), never a
+        // silence: the server read the frame, refused it and closed.
+        let code = closed["error_code"].as_u64().expect("closed by the server");
+        assert!(code >= 0x100, "{result}");
+    }
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    assert_eq!(upstream.count(), 1);
+}

@@ -16,6 +16,8 @@ Scenarios (SPEC_JSON's fields in brackets):
 - flood [handshakes, then]: `handshakes` connection attempts from as many UDP ports that send
   their first packet and never another, then the requests of `then` on a fresh connection
   (which must be served: the server asks it to prove its address if it must);
+- garbage [streams, then]: each of `streams` (hex) sent raw as a request stream on its own
+  connection, and how the server closed it; then the requests of `then` on a fresh connection;
 - shutdown [path]: one request in flight (it prints `{"sent": true}` when sent, and the test
   signals floodgate); its answer, a request sent after, and how the connection closed.
 """
@@ -204,6 +206,21 @@ async def main():
         result["legitimate_seconds"] = time.monotonic() - started
         for sock in sockets:
             sock.close()
+    elif scenario == "garbage":
+        # Each entry: hex bytes sent raw on a new request stream of a fresh connection; how the
+        # server ended that connection.
+        result["closed"] = []
+        for raw in spec["streams"]:
+            async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
+                stream_id = client._quic.get_next_available_stream_id()
+                client._quic.send_stream_data(stream_id, bytes.fromhex(raw), end_stream=True)
+                client.transmit()
+                deadline = time.monotonic() + 5
+                while client.terminated is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                result["closed"].append(client.terminated)
+        async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
+            result["answers"] = await run_requests(client, authority, spec["then"], False)
     elif scenario == "shutdown":
         async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
             stream_id = client.start({"path": spec["path"]}, authority)
