@@ -333,12 +333,16 @@ pub fn parse_keys_field(text: &str) -> Vec<(usize, [u8; 16])> {
 }
 
 /// The access log's `cost` field read back: per position, the settled units.
-pub fn parse_cost_field(text: &str) -> Vec<(usize, u64)> {
+pub fn parse_cost_field(text: &str) -> Vec<(usize, u64, u64)> {
     text.split(',')
         .filter_map(|item| {
             let (position, figures) = item.split_once('=')?;
-            let (_, settled) = figures.split_once('/')?;
-            Some((position.parse().ok()?, settled.parse().ok()?))
+            let (reserved, settled) = figures.split_once('/')?;
+            Some((
+                position.parse().ok()?,
+                reserved.parse().ok()?,
+                settled.parse().ok()?,
+            ))
         })
         .collect()
 }
@@ -604,8 +608,8 @@ mod tests {
     fn the_cost_field_reads_back_what_was_written() {
         let text = cost_field(&[(0, 1000, 187), (2, 5, 9)]);
         assert_eq!(text, "0=1000/187,2=5/9");
-        assert_eq!(parse_cost_field(&text), vec![(0, 187), (2, 9)]);
-        assert_eq!(parse_cost_field("0=1000/x,junk,3=1/2"), vec![(3, 2)]);
+        assert_eq!(parse_cost_field(&text), vec![(0, 1000, 187), (2, 5, 9)]);
+        assert_eq!(parse_cost_field("0=1000/x,junk,3=1/2"), vec![(3, 1, 2)]);
     }
 
     #[test]

@@ -84,9 +84,26 @@ struct PendingRelease {
 /// What the decider reads of a logged request: each composite key's digest (the log holds no
 /// header, query, claim or body values: a budget per digest here, as the proxy had one per key;
 /// a line without them, an older floodgate's, spends the identity's budget, as a request lacking
-/// the value does in the proxy), and what each settled limit cost (the log's `cost`; the limit's
-/// own cost when the log does not say), decided at once as if known at admission.
+/// the value does in the proxy), and what each settled limit reserved (the log's `cost`; the
+/// limit's own reserve when the log does not say). What it then cost is settled right after
+/// the decision ([`settled_cost`]), as the proxy settles when the response says.
 struct LoggedFacts<'r>(&'r Record);
+
+/// What a settled limit's request cost, as the log tells: the figure the log's `cost` settled
+/// at, else, for `refund_on` / `spend_on`, nothing or the reserve by the logged status, else the
+/// reserve (a cost the log does not say stays what was reserved, as in the proxy).
+fn settled_cost(record: &Record, limit: &RouteLimit, reserved: u64) -> u64 {
+    if let Some(&(_, _, settled)) = record.costs.iter().find(|(p, ..)| *p == limit.position()) {
+        return settled;
+    }
+    match (&limit.settled, record.status) {
+        (Some(settled), Some(status)) => match &settled.actual {
+            crate::config::cost::Field::Status(statuses) if statuses.refunds(status) => 0,
+            _ => reserved,
+        },
+        _ => reserved,
+    }
+}
 
 impl Facts for LoggedFacts<'_> {
     fn keys(&mut self, budget: &Budget, _: (KeyKind, &[u8]), _: &[u8]) -> RequestKeys {
@@ -94,8 +111,8 @@ impl Facts for LoggedFacts<'_> {
     }
 
     fn reserve(&mut self, limit: &RouteLimit) -> u32 {
-        match self.0.costs.iter().find(|(p, _)| *p == limit.position()) {
-            Some(&(_, units)) => u32::try_from(units).unwrap_or(u32::MAX),
+        match self.0.costs.iter().find(|(p, ..)| *p == limit.position()) {
+            Some(&(_, reserved, _)) => u32::try_from(reserved).unwrap_or(u32::MAX),
             None => limit.limit.cost(),
         }
     }
@@ -351,10 +368,27 @@ impl Replay {
             global: None,
         };
         let mut facts = LoggedFacts(&record);
-        let Some(decided) = decider.decide_now(route, &whose, &mut facts) else {
+        let Some(mut decided) = decider.decide_now(route, &whose, &mut facts) else {
             debug_assert!(false, "the memory store decides without waiting");
             return;
         };
+        // Settled at once, at the decision's (the log's) time: what the log says it cost.
+        for reserved in std::mem::take(&mut decided.reservations) {
+            let budget = match reserved.side {
+                Side::Enforced => &route.enforced,
+                Side::Shadow => &route.shadow,
+            };
+            let actual: Vec<u64> = reserved
+                .reservation
+                .reserved()
+                .zip(&reserved.positions)
+                .map(|(units, &position)| match budget.limits.get(position) {
+                    Some(limit) => settled_cost(&record, limit, units),
+                    None => units,
+                })
+                .collect();
+            reserved.reservation.settle(&actual);
+        }
         let forwarded = decided.refused.is_none();
         let stats = &mut self.stats[i];
         if let Some(live) = record.recorded {

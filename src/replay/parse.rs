@@ -30,8 +30,12 @@ pub struct Record {
     pub recorded: Option<bool>,
     /// The log's clock has whole seconds only (nginx): the second's requests get spread over it.
     pub whole_second: bool,
-    /// What the request's settled limits cost (`cost: {reserve, actual}`), by limit position.
-    pub costs: Vec<(usize, u64)>,
+    /// What the request's settled limits reserved and cost (`cost: {reserve, actual}`), by
+    /// limit position: (position, reserved, settled).
+    pub costs: Vec<(usize, u64, u64)>,
+    /// The status the client was answered, when the log says (what `refund_on` / `spend_on`
+    /// read).
+    pub status: Option<u16>,
     /// The digests of its composite keys (`per:` with request parts), by limit position.
     pub keys: Vec<(usize, [u8; 16])>,
 }
@@ -155,6 +159,7 @@ struct Fields<'a> {
     cost: Option<&'a [u8]>,
     keys: Option<&'a [u8]>,
     latency_ms: Option<f64>,
+    status: Option<u16>,
 }
 
 /// One pass over a line as floodgate writes it: a flat object whose `fields` and `span` are
@@ -244,6 +249,9 @@ fn scan(line: &[u8]) -> Option<Fields<'_>> {
                 if depth == 2 && in_span && key == b"latency_ms" {
                     f.latency_ms = Some(std::str::from_utf8(text).ok()?.trim().parse().ok()?);
                 }
+                if depth == 2 && in_span && key == b"status" {
+                    f.status = Some(std::str::from_utf8(text).ok()?.trim().parse().ok()?);
+                }
             }
         }
     }
@@ -278,7 +286,7 @@ impl<'a> Fields<'a> {
                 .decision
                 .map(|d| DecisionLabel::from_label(d).ok_or("unknown decision"))
                 .transpose()?,
-            status: None,
+            status: self.status,
             grpc_status: None,
             latency_ms: self.latency_ms,
             cost: self.cost.map(|c| text(c, "cost")).transpose()?,
@@ -365,6 +373,7 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
             .as_deref()
             .map(access_log::parse_keys_field)
             .unwrap_or_default(),
+        status: span.status,
     })
 }
 
@@ -418,6 +427,11 @@ fn parse_combined(line: &str) -> Result<Record, String> {
     let method = Method::from_bytes(request.next().unwrap_or("").as_bytes())
         .map_err(|_| "invalid method")?;
     let target = request.next().ok_or("no request target")?;
+    // `$status` follows the request.
+    let status = after[q2 + 1..]
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok());
     let path = target.split('?').next().unwrap_or(target);
     if !path.starts_with('/') {
         return Err("the request target is not a path".into());
@@ -434,5 +448,6 @@ fn parse_combined(line: &str) -> Result<Record, String> {
         whole_second: true,
         costs: Vec::new(),
         keys: Vec::new(),
+        status,
     })
 }

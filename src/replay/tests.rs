@@ -233,6 +233,7 @@ fn memory_stays_bounded_by_the_budgets_alive_at_once() {
             whole_second: false,
             costs: Vec::new(),
             keys: Vec::new(),
+            status: None,
         });
     }
     assert!(
@@ -345,10 +346,10 @@ fn settled_costs_are_replayed_at_what_the_log_says_they_cost() {
     // The general parser reads the field as the fast one does.
     let line = with_cost(T0, "0=500/900");
     let general = parse_json_general(line.as_bytes()).unwrap().unwrap();
-    assert_eq!(general.costs, vec![(0, 900)]);
+    assert_eq!(general.costs, vec![(0, 500, 900)]);
     assert_eq!(
         parse_json(line.as_bytes()).unwrap().unwrap().costs,
-        vec![(0, 900)]
+        vec![(0, 500, 900)]
     );
 }
 
@@ -406,4 +407,46 @@ routes:
     let (billing, rest) = (by_name("billing"), by_name("rest"));
     assert_eq!((billing.requests, billing.allowed), (10, 3));
     assert_eq!((rest.requests, rest.allowed), (20, 5));
+}
+
+/// `refund_on` / `spend_on` in a proposed config read each line's logged status: a login limit
+/// of 2 that counts only 401s lets every 200 through and refuses the third failure, as the
+/// proxy would have; and nginx's combined lines carry their status too.
+#[test]
+fn status_dependent_limits_are_replayed_by_the_logged_status() {
+    let limits = "      - {algorithm: fixed_window, limit: 2, window: 1h, spend_on: [401]}\n";
+    let with_status = |at: u64, status: u16| {
+        json_line(at, "203.0.113.7", None, "allowed").replace(
+            r#""route":"api","status":200,"name""#,
+            &format!(r#""route":"api","status":{status},"name""#),
+        )
+    };
+    let mut lines: Vec<String> = (0..5).map(|i| with_status(T0 + i * 1000, 200)).collect();
+    lines.extend((5..8).map(|i| with_status(T0 + i * 1000, 401)));
+    assert_eq!(
+        parse_json(lines[5].as_bytes()).unwrap().unwrap().status,
+        Some(401)
+    );
+    let report = replay(config(limits, ""), &lines);
+    assert_eq!((report.routes[0].allowed, report.routes[0].denied), (7, 1));
+    // Without the statuses (an older log), each request keeps its unit: two pass.
+    let plain: Vec<String> = (0..8)
+        .map(|i| {
+            json_line(T0 + i * 1000, "203.0.113.7", None, "allowed")
+                .replace(r#","status":200,"name""#, r#","name""#)
+        })
+        .collect();
+    assert_eq!(
+        parse_json(plain[0].as_bytes()).unwrap().unwrap().status,
+        None
+    );
+    let report = replay(config(limits, ""), &plain);
+    assert_eq!((report.routes[0].allowed, report.routes[0].denied), (2, 6));
+    // refund_on: 404s cost nothing, so a bucket of 2 admits every one of them.
+    let refund = "      - {algorithm: fixed_window, limit: 2, window: 1h, refund_on: [404]}\n";
+    let lines: Vec<String> = (0..6).map(|i| with_status(T0 + i * 1000, 404)).collect();
+    let report = replay(config(refund, ""), &lines);
+    assert_eq!(report.routes[0].allowed, 6);
+    let combined = combined_line(T0 / 1_000_000, "203.0.113.9", "/api/x");
+    assert_eq!(parse_line(&combined).unwrap().unwrap().status, Some(200));
 }
