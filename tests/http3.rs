@@ -664,3 +664,33 @@ async fn malformed_frames_close_their_connection_and_nothing_else() {
     assert_eq!(answers(&result)[0]["status"], 200, "{result}");
     assert_eq!(upstream.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_streams_bounds_the_requests_a_connection_has_at_once() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let fg = start(
+        &cert,
+        Config::new().route(Route::new("api", "/", &upstream.url())),
+        &[("max_streams", "4")],
+    );
+    let client = common::H3Client::connect(fg.http3_addr(), "localhost", cert.cert_der.clone())
+        .await
+        .expect("connect over QUIC");
+    // Twelve requests at once, each held 200 ms by the upstream: QUIC's stream credit lets the
+    // client open four, and the others as those end; all are answered.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let client = client.clone();
+        calls.spawn(async move { client.get("/cost", &[("x-delay-ms", "200")]).await });
+    }
+    while let Some(done) = calls.join_next().await {
+        assert_eq!(done.unwrap().expect("an answer"), 200);
+    }
+    assert_eq!(upstream.count(), 12);
+    assert!(
+        upstream.max_in_flight() <= 4,
+        "{} at once",
+        upstream.max_in_flight()
+    );
+}
