@@ -321,8 +321,9 @@ async fn respond(send: &mut SendStream, response: Response<Body>) -> Result<(), 
             }
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
+                    // The last frame: the stream ends after it (h3 does not end it itself).
                     send.send_trailers(trailers).await?;
-                    return Ok(());
+                    break;
                 }
             }
         }
