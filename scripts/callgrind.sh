@@ -24,6 +24,11 @@
 #                    hyper_serve stands for the floor (bench/stack_floor.rs `serve`: hyper
 #                    answering every request itself, with nothing else)
 #   ACCESS_LOG=1     each proxy writes an access log line per request (off: the default of both)
+#   ROUTES=first|last  floodgate's config is a table of 200 routes on 20 hosts (10 path prefixes
+#                    each, as benches/route.rs), each with the bucket, and every request goes to
+#                    the first route (h0.example /r0/) or the 200th (h19.example /r9/): what the
+#                    route match costs a request at either end of the scan (nginx and the hyper
+#                    floors are unchanged)
 #   OVERRIDES=N      before the requests, N overrides are PUT on floodgate's admin listener
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
@@ -126,6 +131,28 @@ routes:
     limits:
       - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}
 EOF
+# ROUTES: the requests' path and host (`:authority`, which h2load writes as Host).
+REQ_PATH=/
+REQ_HOST=()
+if [ -n "${ROUTES:-}" ]; then
+    {
+        echo "listen: 127.0.0.1:$PORT"
+        echo "identity:"
+        echo "  api_key_header: X-API-Key"
+        echo "routes:"
+        for h in $(seq 0 19); do
+            for r in $(seq 0 9); do
+                echo "  - {name: h${h}r${r}, hosts: [h${h}.example], path_prefix: /r${r}/, $UPSTREAM,"
+                echo "     limits: [{algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}]}"
+            done
+        done
+    } >"$WORK/floodgate.yaml"
+    case $ROUTES in
+        first) REQ_PATH=/r0/x REQ_HOST=(-H ':authority: h0.example') ;;
+        last) REQ_PATH=/r9/x REQ_HOST=(-H ':authority: h19.example') ;;
+        *) echo "ROUTES is first or last" >&2; exit 2 ;;
+    esac
+fi
 if [ -n "${OVERRIDES:-}" ]; then
     ADMIN_PORT="$(free_port)"
     echo bench-token >"$WORK/token"
@@ -172,7 +199,9 @@ for i in range(n):
         sys.exit(f"PUT /overrides: {answer.status}")
 PY
     fi
-    h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "http://127.0.0.1:$PORT/" >"$WORK/$name.$n.h2load" 2>&1
+    local path=/ host=()
+    [ "$name" = floodgate ] && path=$REQ_PATH host=("${REQ_HOST[@]}")
+    h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "${host[@]}" "http://127.0.0.1:$PORT$path" >"$WORK/$name.$n.h2load" 2>&1
     # Every request was answered (h2load counts a 4xx as done, not succeeded), and each took the
     # path being measured: all 2xx, or (DENY) all but the first 4xx.
     grep -q "$n done" "$WORK/$name.$n.h2load" || { echo "$name: not every request was answered" >&2; exit 1; }
