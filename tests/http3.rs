@@ -92,6 +92,16 @@ fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
         .and_then(|h| h[1].as_str())
 }
 
+/// A fresh certificate, an upstream, and floodgate with one route `/` to it, without limits,
+/// serving HTTP/3 with `http3`'s settings.
+async fn one_route(http3: &[(&str, &str)]) -> (SelfSigned, Upstream, Floodgate) {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config = Config::new().route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&cert, config, http3);
+    (cert, upstream, fg)
+}
+
 /// `https://localhost:PORT{path}` on the TCP listener.
 fn https_url(fg: &Floodgate, path: &str) -> String {
     format!("https://localhost:{}{path}", fg.addr().port())
@@ -99,13 +109,7 @@ fn https_url(fg: &Floodgate, path: &str) -> String {
 
 #[tokio::test]
 async fn requests_and_streamed_bodies_with_trailers_go_through_the_pipeline_to_the_upstream() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
 
     let result = h3(
         &fg,
@@ -227,13 +231,7 @@ async fn one_budget_is_spent_over_http1_http2_and_http3_and_refused_alike() {
 
 #[tokio::test]
 async fn tcp_answers_advertise_http3_for_the_certificates_name_unless_told_not_to() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
     let expected = format!("h3=\":{}\"; ma=86400", fg.http3_addr().port());
     for http1_only in [true, false] {
         let reply = get(
@@ -297,13 +295,7 @@ async fn streams_reset_as_they_open_spend_nothing_and_reach_no_upstream() {
 
 #[tokio::test]
 async fn zero_rtt_is_never_accepted_and_a_resumed_client_is_served_after_its_handshake() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, _upstream, fg) = one_route(&[]).await;
     let result = h3(&fg, &cert, "zero_rtt", json!({"path": "/"})).await;
     assert_eq!(result["first"]["status"], 200, "{result}");
     // Tickets (if any) allow no early data, so aioquic sends none and waits for the handshake.
@@ -317,13 +309,7 @@ async fn zero_rtt_is_never_accepted_and_a_resumed_client_is_served_after_its_han
 
 #[tokio::test]
 async fn a_silent_connection_is_closed_after_the_idle_timeout_and_counted_while_open() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[("idle_timeout", "1s")],
-    );
+    let (cert, _upstream, fg) = one_route(&[("idle_timeout", "1s")]).await;
     let child = h3_command(&fg, &cert, "idle", json!({"wait": 5}))
         .stdout(Stdio::piped())
         .spawn()
@@ -355,13 +341,7 @@ async fn a_silent_connection_is_closed_after_the_idle_timeout_and_counted_while_
 
 #[tokio::test]
 async fn a_handshake_flood_makes_clients_prove_their_address_and_a_legitimate_one_is_served() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
     let rss_before = rss_kib(fg.pid());
     // More half-open handshakes than floodgate carries before it asks for address validation
     // (256), none ever completed.
@@ -394,13 +374,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::test]
 async fn sigterm_lets_a_request_in_flight_finish_refuses_later_ones_and_closes_cleanly() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
     let child = h3_command(&fg, &cert, "shutdown", json!({"path": "/slow"}))
         .stdout(Stdio::piped())
         .spawn()
@@ -599,13 +573,7 @@ async fn under_load_over_quic_a_budget_admits_exactly_its_size() {
 
 #[tokio::test]
 async fn a_header_section_past_64_kib_is_refused_before_the_pipeline() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
     // 40 fields of 2 KiB: 80 KiB in all (aioquic's encoder takes no single value that long).
     let fields: Vec<Value> = (0..40)
         .map(|i| json!([format!("x-big-{i}"), "x".repeat(2048)]))
@@ -631,13 +599,7 @@ async fn a_header_section_past_64_kib_is_refused_before_the_pipeline() {
 
 #[tokio::test]
 async fn malformed_frames_close_their_connection_and_nothing_else() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[],
-    );
+    let (cert, upstream, fg) = one_route(&[]).await;
     let result = h3(
         &fg,
         &cert,
@@ -667,13 +629,7 @@ async fn malformed_frames_close_their_connection_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_streams_bounds_the_requests_a_connection_has_at_once() {
-    let cert = SelfSigned::new();
-    let upstream = Upstream::start().await;
-    let fg = start(
-        &cert,
-        Config::new().route(Route::new("api", "/", &upstream.url())),
-        &[("max_streams", "4")],
-    );
+    let (cert, upstream, fg) = one_route(&[("max_streams", "4")]).await;
     let client = common::H3Client::connect(fg.http3_addr(), "localhost", cert.cert_der.clone())
         .await
         .expect("connect over QUIC");

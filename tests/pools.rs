@@ -462,9 +462,21 @@ struct Dns {
 
 impl Dns {
     async fn start(addresses: &[&str]) -> Dns {
-        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let addr = udp.local_addr().unwrap();
-        let tcp = TcpListener::bind(addr).await.unwrap();
+        // The same port on UDP and TCP: a free UDP port may be taken on TCP by another test's
+        // connection, so another is tried (a handful of tries at most).
+        let mut tries = 0;
+        let (udp, tcp, addr) = loop {
+            let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = udp.local_addr().unwrap();
+            match TcpListener::bind(addr).await {
+                Ok(tcp) => break (udp, tcp, addr),
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("port {} is taken on TCP ({e}); another", addr.port());
+                }
+                Err(e) => panic!("no port free on both UDP and TCP: {e}"),
+            }
+        };
         let list = Arc::new(Mutex::new(
             addresses
                 .iter()
