@@ -650,3 +650,28 @@ async fn max_streams_bounds_the_requests_a_connection_has_at_once() {
         upstream.max_in_flight()
     );
 }
+
+#[tokio::test]
+async fn streams_that_never_send_their_head_are_given_up_after_header_read() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config =
+        Config::new()
+            .timeout("header_read", "1s")
+            .route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&cert, config, &[("max_streams", "4")]);
+    // Four silent streams take every place the connection has; the request after them gets
+    // one only when floodgate gives them up (header_read: 1 s), and is then served.
+    let result = h3(
+        &fg,
+        &cert,
+        "silent",
+        json!({"streams": 4, "then": [{"path": "/after"}]}),
+    )
+    .await;
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    let seconds = result["seconds"].as_f64().unwrap();
+    // At least the 1 s floodgate waited; well under the client's 10 s wait for an answer.
+    assert!((0.9..8.0).contains(&seconds), "{result}");
+    assert_eq!(upstream.count(), 1);
+}

@@ -185,7 +185,7 @@ impl AnySliceStore {
     }
 }
 
-/// Calls `$method` on whichever store `$self` is.
+/// Awaits `$call` on whichever store `$self` is, named `$store` in it.
 macro_rules! each {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {

@@ -9,7 +9,8 @@
 //!   (a Retry: one more round trip, and a spoofed source gets nowhere); connections past
 //!   `max_connections` (shared with TCP) are refused; QUIC's own queue of connection attempts
 //!   not yet looked at is bounded ([`MAX_INCOMING`]);
-//! - per connection, `http3.max_streams` request streams at once (QUIC's stream credit),
+//! - per connection, `http3.max_streams` request streams at once (QUIC's stream credit), a
+//!   request's head within `timeouts.header_read` (else its stream is given up),
 //!   header sections of at most 64 KiB, QPACK without a dynamic table (h3 encodes and decodes
 //!   statelessly, so a client cannot make the server hold one), and `http3.idle_timeout`;
 //! - a stream reset before floodgate looked at it is dropped unanswered: nothing decided,
@@ -150,7 +151,7 @@ impl Http3Listener {
                 drop(handshake);
                 match connection {
                     Ok(Ok(connection)) => {
-                        serve_connection(connection, proxy, draining, permit).await
+                        serve_connection(connection, proxy, draining, permit, header_read).await
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, "QUIC handshake failed"),
                     Err(_) => tracing::debug!("QUIC handshake timed out"),
@@ -191,6 +192,7 @@ async fn serve_connection(
     proxy: Arc<Proxy>,
     mut draining: watch::Receiver<()>,
     _permit: OwnedSemaphorePermit,
+    header_read: std::time::Duration,
 ) {
     let peer = connection.remote_address();
     let open = proxy.metrics().http3_connections().clone();
@@ -215,7 +217,7 @@ async fn serve_connection(
         tokio::select! {
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
-                    requests.spawn(serve_request(resolver, proxy.clone(), peer));
+                    requests.spawn(serve_request(resolver, proxy.clone(), peer, header_read));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -268,11 +270,23 @@ type RecvStream = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Reads one request's head, hands the request to the pipeline and sends its answer back.
-async fn serve_request(resolver: H3Resolver, proxy: Arc<Proxy>, peer: SocketAddr) {
-    let (req, stream) = match resolver.resolve_request().await {
-        Ok(resolved) => resolved,
-        Err(e) => {
+/// A stream whose head has not come within `header_read` (`timeouts.header_read`, as a TCP
+/// connection's) is given up: dropped, so the client is told to stop sending and the stream's
+/// place in `max_streams` comes back.
+async fn serve_request(
+    resolver: H3Resolver,
+    proxy: Arc<Proxy>,
+    peer: SocketAddr,
+    header_read: std::time::Duration,
+) {
+    let (req, stream) = match tokio::time::timeout(header_read, resolver.resolve_request()).await {
+        Ok(Ok(resolved)) => resolved,
+        Ok(Err(e)) => {
             tracing::debug!(error = %e, %peer, "HTTP/3 request stream failed before its head");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "HTTP/3 request head not received in time");
             return;
         }
     };

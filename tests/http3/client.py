@@ -18,6 +18,8 @@ Scenarios (SPEC_JSON's fields in brackets):
   (which must be served: the server asks it to prove its address if it must);
 - garbage [streams, then]: each of `streams` (hex) sent raw as a request stream on its own
   connection, and how the server closed it; then the requests of `then` on a fresh connection;
+- silent [streams, then]: `streams` request streams that never finish their head, then the
+  requests of `then` on the same connection, and how long they took;
 - shutdown [path]: one request in flight (it prints `{"sent": true}` when sent, and the test
   signals floodgate); its answer, a request sent after, and how the connection closed.
 """
@@ -221,6 +223,17 @@ async def main():
                 result["closed"].append(client.terminated)
         async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
             result["answers"] = await run_requests(client, authority, spec["then"], False)
+    elif scenario == "silent":
+        # `streams` request streams opened with one byte (a frame type, no frame), then
+        # nothing; then the requests of `then` on the same connection.
+        async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
+            for _ in range(spec["streams"]):
+                stream_id = client._quic.get_next_available_stream_id()
+                client._quic.send_stream_data(stream_id, b"\x01", end_stream=False)
+            client.transmit()
+            started = time.monotonic()
+            result["answers"] = await run_requests(client, authority, spec["then"], False)
+            result["seconds"] = time.monotonic() - started
     elif scenario == "shutdown":
         async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
             stream_id = client.start({"path": spec["path"]}, authority)
