@@ -1,20 +1,22 @@
 //! The decider: one request's rate-limit decision, knowing no transport.
 //!
-//! Every front end that limits requests calls [`Decider::decide`], so none can decide
-//! differently from another:
+//! Every front end that spends a budget calls [`Decider::decide`] with a [`Question`], so none
+//! can decide differently from another:
 //!
 //! - the proxy ([`crate::proxy`]), for a live HTTP or gRPC request;
 //! - `floodgate replay` ([`crate::replay`]), for an access-log line, on its own memory store at
 //!   the log's clock (the memory store answers at once: [`Decider::decide_now`]);
-//! - the admin `/budgets` endpoint, which asks [`Decider::peek`] what a request would be told,
-//!   spending nothing;
-//! - the rate-limit service for other proxies, whose requests are descriptors: it builds its
-//!   asks itself and hands them to [`Decider::decide_asks`], the part below the route.
+//! - the rate-limit service for other proxies, whose requests are descriptors: it finds their
+//!   limits in its rules and asks [`Question::Limits`], which names no route and no client.
 //!
-//! A caller first resolves whose the request is ([`Policy::resolve`], on the decider's policy),
-//! then hands the decider the route, that [`Whose`], and the request's [`Facts`]: the values its
-//! composite keys read and the units its settled limits reserve, which only the caller can read
-//! (headers and a JSON body; a log line's digests and costs). In order, the decider:
+//! Those that only look (the admin `/budgets` endpoint, the usage endpoint) ask
+//! [`Decider::peek_route`] what a request would be told, spending nothing.
+//!
+//! For a request on a route ([`Question::Request`]), a caller first resolves whose it is
+//! ([`Policy::resolve`], on the decider's policy), then hands the decider the route, that
+//! [`Whose`], and the request's [`Facts`]: the values its composite keys read and the units its
+//! settled limits reserve, which only the caller can read (headers and a JSON body; a log line's
+//! digests and costs). In order, the decider:
 //!
 //! 1. answers `unlimited` for a route without limits and `exempt` for an exempt client, and
 //!    refuses a banned identity (`control.rs`);
@@ -63,7 +65,7 @@ impl Facts for NoFacts {
 }
 
 /// Where a request may be sent, for its route's limits `per: endpoint`: the pool's endpoints
-/// in the balancer's order, offered one at a time ([`Decider::decide_sent`]).
+/// in the balancer's order, offered one at a time ([`Question::Request`]'s `endpoints`).
 pub trait Endpoints {
     /// The next endpoint's name (`address:port`, its budget's key); `None` when none is left.
     /// The last one offered before an admission is the one the request is sent to.
@@ -186,7 +188,7 @@ pub struct Peeked {
     pub slice: Option<(String, u64)>,
 }
 
-/// One budget's asks for one request, each at the cost it reserves (see [`Decider::decide_asks`]).
+/// One budget's asks for one request, each at the cost it reserves.
 pub struct BudgetAsks<'a> {
     pub asks: &'a [Ask<'a>],
     /// Each ask's limit's position in its budget.
@@ -210,21 +212,51 @@ pub struct Decider<'s> {
     pub global: Option<&'s crate::global::Global>,
 }
 
+/// What a decision is about: a client's request on a route, or limits a caller found itself.
+pub enum Question<'q, 'w, F: Facts = NoFacts> {
+    /// A client's request on a route (the proxy, `floodgate replay`): every step applies.
+    Request {
+        route: &'q RouteConfig,
+        whose: &'q Whose<'w>,
+        /// What only the caller reads: the composite keys' values, settled limits' reserves.
+        facts: &'q mut F,
+        /// Where it may be sent, for the route's limits `per: endpoint`: they spend the budget
+        /// of the first endpoint offered that has one left (`None`: they are left out).
+        endpoints: Option<&'q mut (dyn Endpoints + Send)>,
+    },
+    /// Limits the caller found itself, each side's asks at their costs: the rate-limit
+    /// service's descriptors, whose values the calling proxy chose. They name no route and no
+    /// client, so only the store's steps apply (3 and 4 above): there is no one to exempt, ban,
+    /// override, penalize or alert about (docs/service.md, "What the service does not apply").
+    Limits {
+        enforced: BudgetAsks<'q>,
+        shadow: BudgetAsks<'q>,
+    },
+}
+
+impl<'q> Question<'q, 'static, NoFacts> {
+    /// [`Question::Limits`], typed (it reads no facts).
+    pub fn limits(enforced: BudgetAsks<'q>, shadow: BudgetAsks<'q>) -> Self {
+        Question::Limits { enforced, shadow }
+    }
+}
+
 impl<'s> Decider<'s> {
-    /// Decides a request on `route` by `whose`, whose composite keys and reserves `facts` reads
-    /// (its limits `per: endpoint`, if any, are left out: [`Decider::decide_sent`]).
-    pub async fn decide(
-        &self,
-        route: &RouteConfig,
-        whose: &Whose<'_>,
-        facts: &mut impl Facts,
-    ) -> Decided {
-        self.decide_sent(route, whose, facts, None).await
+    /// Decides `question`: the one entry every front end that spends a budget calls.
+    pub async fn decide<F: Facts>(&self, question: Question<'_, '_, F>) -> Decided {
+        match question {
+            Question::Request {
+                route,
+                whose,
+                facts,
+                endpoints,
+            } => self.decide_request(route, whose, facts, endpoints).await,
+            Question::Limits { enforced, shadow } => self.decide_asks(enforced, shadow).await,
+        }
     }
 
-    /// [`Decider::decide`] for a request that will be sent to one of `endpoints`: its limits
-    /// `per: endpoint` spend the budget of the first endpoint offered that has one left.
-    pub async fn decide_sent(
+    /// A client's request on `route` (see [`Question::Request`]), steps 1 to 5.
+    async fn decide_request(
         &self,
         route: &RouteConfig,
         whose: &Whose<'_>,
@@ -461,13 +493,8 @@ impl<'s> Decider<'s> {
 
     /// [`Decider::decide`] when the store answers without waiting (the memory store: replay),
     /// from synchronous code. `None` if it would have waited.
-    pub fn decide_now(
-        &self,
-        route: &RouteConfig,
-        whose: &Whose<'_>,
-        facts: &mut impl Facts,
-    ) -> Option<Decided> {
-        let future = std::pin::pin!(self.decide(route, whose, facts));
+    pub fn decide_now<F: Facts>(&self, question: Question<'_, '_, F>) -> Option<Decided> {
+        let future = std::pin::pin!(self.decide(question));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match future.poll(&mut cx) {
             std::task::Poll::Ready(decided) => Some(decided),
@@ -475,13 +502,10 @@ impl<'s> Decider<'s> {
         }
     }
 
-    /// Decides a request's asks, built by the caller: the enforced ones all-or-nothing (a
-    /// denial refuses, unless `shadow: true`; a store failure follows `on_error`), then, if it
-    /// goes on, the shadow ones, which never refuse. Only the asks: no exemption, ban,
-    /// override, penalty or alert, which need a route and an identity ([`Decider::decide`]
-    /// applies them around this); the rate-limit service, whose descriptors name neither,
-    /// enters here.
-    pub async fn decide_asks(&self, enforced: BudgetAsks<'_>, shadow: BudgetAsks<'_>) -> Decided {
+    /// Steps 3 and 4 for a request's asks: the enforced ones all-or-nothing (a denial refuses,
+    /// unless `shadow: true`; a store failure follows `on_error`), then, if it goes on, the
+    /// shadow ones, which never refuse.
+    async fn decide_asks(&self, enforced: BudgetAsks<'_>, shadow: BudgetAsks<'_>) -> Decided {
         let mut phase = LimitPhase::new(&self.policy);
         let mut decided = Decided::of(DecisionLabel::Allowed);
         if !enforced.asks.is_empty() {

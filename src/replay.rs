@@ -23,7 +23,7 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use crate::config::{Budget, Config, RouteLimit};
-use crate::decider::{Decider, Facts, Side};
+use crate::decider::{Decider, Facts, Question, Side};
 use crate::identity::Identity;
 use crate::limiter::{HeldLeases, KeyKind, Limiter, ManualClock, MemoryStore, OnError};
 use crate::metrics::DecisionLabel;
@@ -368,7 +368,12 @@ impl Replay {
             global: None,
         };
         let mut facts = LoggedFacts(&record);
-        let Some(mut decided) = decider.decide_now(route, &whose, &mut facts) else {
+        let Some(mut decided) = decider.decide_now(Question::Request {
+            route,
+            whose: &whose,
+            facts: &mut facts,
+            endpoints: None,
+        }) else {
             debug_assert!(false, "the memory store decides without waiting");
             return;
         };

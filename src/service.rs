@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::decider::{BudgetAsks, Decided, Side};
+use crate::decider::{BudgetAsks, Decided, Question, Side};
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit, MAX_LIMITS};
 use crate::policy::{LimitRef, Refused};
 use crate::proxy::Proxy;
@@ -140,7 +140,7 @@ impl Service {
 
     /// The decision, in steps: the descriptors checked ([`entries_of`]), each one's rule found,
     /// the store keys made ([`StoreKeys`]), what each comes to ([`plan`]), the give-backs and
-    /// checks, then the asks decided all-or-nothing by the decider's `decide_asks`, and the
+    /// checks, then the asks decided all-or-nothing by the decider (`Question::Limits`), and the
     /// answer written ([`answer`]). What the proxy's decision adds for an identity (exemptions,
     /// bans, overrides, the penalty box, quota alerts) does not apply: a descriptor names no
     /// identity, only values a caller chose, and the caller's own proxy answers for its
@@ -210,7 +210,7 @@ impl Service {
             true => None,
             false => Some(
                 decider
-                    .decide_asks(
+                    .decide(Question::limits(
                         BudgetAsks {
                             asks: &sides[0],
                             positions: &POSITIONS[..sides[0].len()],
@@ -219,7 +219,7 @@ impl Service {
                             asks: &sides[1],
                             positions: &POSITIONS[..sides[1].len()],
                         },
-                    )
+                    ))
                     .await,
             ),
         };

@@ -94,7 +94,13 @@ impl Fixture {
         };
         let decider = self.decider();
         let mut facts = NoFacts;
-        let future = decider.decide_sent(self.route(route), &whose, &mut facts, endpoints);
+        let future = decider.decide(Question::Request {
+            route: self.route(route),
+            whose: &whose,
+            facts: &mut facts,
+            // (Its trait object's lifetime shortened to the question's.)
+            endpoints: endpoints.map(|e| -> &mut (dyn Endpoints + Send) { e }),
+        });
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match std::pin::pin!(future).poll(&mut cx) {
             std::task::Poll::Ready(decided) => decided,
@@ -257,4 +263,86 @@ fn a_spent_endpoint_is_passed_over_and_a_spent_client_ends_the_search() {
     );
     // Without endpoints (replay, /budgets), the per-endpoint limit is left out.
     assert!(f.decide("pool", b"d").refused.is_none());
+}
+
+/// Polls `question`'s decision once: the memory store answers at once.
+fn decide_now(decider: &Decider<'_>, question: Question<'_, '_, NoFacts>) -> Decided {
+    decider
+        .decide_now(question)
+        .expect("the memory store decides at once")
+}
+
+#[test]
+fn limits_without_a_client_are_decided_all_or_nothing_and_no_ban_applies() {
+    let f = Fixture::new();
+    let decider = f.decider();
+    let hour = std::time::Duration::from_secs(3600);
+    let window = |n| Limit::of(crate::limiter::Algorithm::fixed_window(n, hour).unwrap());
+    let (one, three) = (window(1), window(3));
+    let key = |budget: &'static str, value: &'static [u8]| crate::limiter::BudgetKey {
+        budget,
+        kind: KeyKind::Request,
+        value,
+    };
+    let asks = [
+        Ask {
+            limit: &three,
+            key: key("svc.a", b"tenant"),
+        },
+        Ask {
+            limit: &one,
+            key: key("svc.b", b"tenant"),
+        },
+    ];
+    let shadow = [Ask {
+        limit: &one,
+        key: key("svc.s", b"tenant"),
+    }];
+    // A ban on the bytes the asks carry: a question that names no client is not refused by it.
+    f.ban(None, b"tenant");
+    let question = || {
+        Question::limits(
+            BudgetAsks {
+                asks: &asks,
+                positions: &[0, 1],
+            },
+            BudgetAsks {
+                asks: &shadow,
+                positions: &[0],
+            },
+        )
+    };
+    let first = decide_now(&decider, question());
+    assert!(first.refused.is_none());
+    assert_eq!(first.label, DecisionLabel::Allowed);
+    // The bucket of 1 is spent: refused by it alone, and the other's units are not spent
+    // (all or nothing), so the 3 still has 2 left.
+    let second = decide_now(&decider, question());
+    assert!(rate_limited(&second));
+    assert!(second.denied_by(Side::Enforced, 1));
+    assert!(!second.denied_by(Side::Enforced, 0));
+    let peek = std::pin::pin!(decider.peek(&asks[..1]));
+    let std::task::Poll::Ready(Ok(left)) =
+        peek.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    else {
+        panic!("the memory store answers at once");
+    };
+    assert_eq!(left[0].remaining_before(1), 2);
+    // The shadow limit denies from here on, and never refuses: only the enforced ones' second
+    // ask, alone, is asked.
+    let alone = decide_now(
+        &decider,
+        Question::limits(
+            BudgetAsks {
+                asks: &asks[..1],
+                positions: &[0],
+            },
+            BudgetAsks {
+                asks: &shadow,
+                positions: &[0],
+            },
+        ),
+    );
+    assert!(alone.refused.is_none());
+    assert_eq!(alone.label, DecisionLabel::ShadowDenied);
 }

@@ -12,7 +12,7 @@ use super::context::{Admitted, Context};
 use super::{Matched, Proxy, Rejection, Snapshot, cost, uptime_us};
 use crate::access_log;
 use crate::config::{Budget, RequestView, RouteLimit};
-use crate::decider::{Facts, Side};
+use crate::decider::{Facts, Question, Side};
 use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind};
 use crate::limiter::KeyKind;
@@ -227,7 +227,12 @@ impl Proxy {
             let refused = match &whose {
                 Some(whose) if !self.control.is_empty() => {
                     self.decider(snapshot)
-                        .decide(route.config, whose, &mut crate::decider::NoFacts)
+                        .decide(Question::Request {
+                            route: route.config,
+                            whose,
+                            facts: &mut crate::decider::NoFacts,
+                            endpoints: None,
+                        })
                         .await
                         .refused
                 }
@@ -470,7 +475,12 @@ impl Proxy {
         };
         let decided = self
             .decider(snapshot)
-            .decide_sent(config, whose, &mut facts, Some(&mut offered))
+            .decide(Question::Request {
+                route: config,
+                whose,
+                facts: &mut facts,
+                endpoints: Some(&mut offered),
+            })
             .await;
         if let Some(log) = ctx.log.as_deref_mut()
             && !facts.logged_keys.is_empty()
