@@ -126,8 +126,10 @@ pub struct Decided {
     /// shadow.
     pub denied: [u16; 2],
     /// Where each limit asked stands after the decision (by its position in its budget),
-    /// enforced and shadow: what a rate-limit service reports per descriptor.
-    pub standings: [crate::limiter::Standings; 2],
+    /// enforced and shadow: what a rate-limit service reports per descriptor. Kept only by a
+    /// decider asked to ([`Decider::standings`]): boxed, so that a proxy's decision, which
+    /// reports one limit's figures, does not carry (and move, future to future) 264 bytes.
+    pub standings: Option<Box<[crate::limiter::Standings; 2]>>,
     /// The store round trips the decision waited on (not the answers a lease, the deny cache
     /// or the in-process store gave): when each began and how long it took, for traces.
     pub store_calls: Vec<(Instant, std::time::Duration)>,
@@ -142,7 +144,7 @@ impl Decided {
             leases: Vec::new(),
             reservations: Vec::new(),
             denied: [0; 2],
-            standings: Default::default(),
+            standings: None,
             store_calls: Vec::new(),
         }
     }
@@ -210,6 +212,9 @@ pub struct Decider<'s> {
     /// Budgets shared across regions (`global.rs`): `scope: global` limits are spent there.
     /// Without it (replay), they are decided in the store like any other.
     pub global: Option<&'s crate::global::Global>,
+    /// Keep where every limit asked stands ([`Decided::standings`]): the rate-limit service
+    /// reports it per descriptor; the proxy and replay do not.
+    pub standings: bool,
 }
 
 /// What a decision is about: a client's request on a route, or limits a caller found itself.
@@ -817,8 +822,11 @@ impl<'s> Decider<'s> {
                 if verdict.denied_by(i) && position < MAX_LIMITS {
                     decided.denied[side as usize] |= 1 << position;
                 }
-                if let Some(standing) = verdict.standings.get(i) {
-                    decided.standings[side as usize].set(position, standing);
+                if self.standings
+                    && let Some(standing) = verdict.standings.get(i)
+                {
+                    decided.standings.get_or_insert_default()[side as usize]
+                        .set(position, standing);
                 }
             }
         }

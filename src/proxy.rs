@@ -438,6 +438,7 @@ impl Proxy {
             control: Some(&self.control),
             alerts: Some(&self.alerts),
             global: self.global.as_deref(),
+            standings: false,
         }
     }
 

@@ -366,6 +366,7 @@ impl Replay {
             control: None,
             alerts: None,
             global: None,
+            standings: false,
         };
         let mut facts = LoggedFacts(&record);
         let Some(mut decided) = decider.decide_now(Question::Request {

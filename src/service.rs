@@ -173,7 +173,11 @@ impl Service {
             })
             .collect();
         let snapshot = self.proxy.snapshot();
-        let decider = self.proxy.decider(&snapshot);
+        let decider = crate::decider::Decider {
+            // Each descriptor's status says where its limit stands.
+            standings: true,
+            ..self.proxy.decider(&snapshot)
+        };
         // Given back first: they spend nothing and are not part of the decision.
         for (_, i, ask) in &asks {
             if let Plan::GivenBack = plans[*i] {
@@ -454,7 +458,9 @@ fn answer(
                 }
                 // Every limited descriptor's own figures, as the store left its budget; the
                 // headline's from its verdict (the deny cache's answer knows no other).
-                let standing = decided.and_then(|d| d.standings[side as usize].get(at));
+                let standing = decided
+                    .and_then(|d| d.standings.as_ref())
+                    .and_then(|s| s[side as usize].get(at));
                 let figures = match (headline, standing) {
                     (Some((v, _)), _) if headline_at == Some(i) => {
                         Some((v.headline.remaining, v.headline.reset_after_us))

@@ -65,6 +65,7 @@ impl Fixture {
             control: Some(&self.control),
             alerts: None,
             global: None,
+            standings: false,
         }
     }
 
