@@ -32,7 +32,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use crate::config::{AlertSink, RouteLimit};
-use crate::limiter::{BudgetKey, KeyKind, Limiter, Verdict, wall_clock_us};
+use crate::limiter::{BudgetKey, KeyKind, Limiter, Ruling, wall_clock_us};
 use crate::metrics::Metrics;
 
 /// Crossings waiting for the sender task.
@@ -128,7 +128,7 @@ impl Alerter {
 
     /// An admission on `route` left `limit`'s budget `key` as `verdict`'s headline says: notes
     /// a crossing (or a return below a share) for the sender task. Never waits.
-    pub fn observe(&self, route: &str, limit: &RouteLimit, key: BudgetKey<'_>, verdict: &Verdict) {
+    pub fn observe(&self, route: &str, limit: &RouteLimit, key: BudgetKey<'_>, verdict: &Ruling) {
         if !self.is_on() {
             return;
         }
@@ -353,15 +353,17 @@ async fn deliver(client: &Client, url: &http::Uri, body: String) -> &'static str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Decision, Figures};
+    use crate::limiter::{Decision, Figures, Verdict};
 
-    fn verdict(limit: u64, remaining: u64, reset_after_us: u64) -> Verdict {
+    fn verdict(limit: u64, remaining: u64, reset_after_us: u64) -> Ruling {
         let figures = Figures {
             limit,
             remaining,
             reset_after_us,
         };
-        Verdict::from_decisions(wall_clock_us(), &[Decision::allow(figures, 0)]).unwrap()
+        Verdict::from_decisions(wall_clock_us(), &[Decision::allow(figures, 0)])
+            .unwrap()
+            .ruling
     }
 
     /// (from, to) of each change queued so far.

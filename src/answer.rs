@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::config::{HeaderProfile, RouteConfig};
-use crate::limiter::{Limit, Verdict};
+use crate::limiter::{Limit, Ruling};
 use crate::policy::LimitRef;
 
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
@@ -50,7 +50,7 @@ pub enum Rejection {
     /// reject`: 401 with `WWW-Authenticate: Bearer error="invalid_token"`, never forwarded.
     InvalidToken,
     /// A limit denied: 429 with `Retry-After`; the verdict and the limit that speaks for it.
-    RateLimited(Verdict, LimitRef),
+    RateLimited(Ruling, LimitRef),
     /// The limiter store failed and `on_error` is `deny`: 503.
     LimiterUnavailable,
     /// The identity is banned (by an operator, or a limit's penalty box) for this many more
@@ -163,7 +163,7 @@ impl RateLimitHeaders {
 
     /// Writes the fields for `verdict`, whose headline limit is `limit`. On a 429, the IETF `t`
     /// is the `Retry-After` instant.
-    pub fn write(&self, headers: &mut HeaderMap, v: &Verdict, limit: LimitRef) {
+    pub fn write(&self, headers: &mut HeaderMap, v: &Ruling, limit: LimitRef) {
         match self.profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
@@ -470,7 +470,7 @@ mod tests {
     }
 
     /// A denial of a limit of 5, retry after 2.5 s.
-    fn denied() -> Verdict {
+    fn denied() -> Ruling {
         let headline = Decision::deny(
             Figures {
                 limit: 5,
@@ -479,7 +479,7 @@ mod tests {
             },
             2_500_000,
         );
-        Verdict {
+        Ruling {
             now_us: 1_700_000_000_000_000,
             headline,
             headline_index: 0,
@@ -487,7 +487,6 @@ mod tests {
                 retry_after_us: 2_500_000,
             },
             denied: 1,
-            standings: Default::default(),
         }
     }
 

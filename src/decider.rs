@@ -36,7 +36,7 @@ use std::time::Instant;
 use crate::config::{Budget, Per, RouteConfig, RouteLimit};
 use crate::identity::ip_octets;
 use crate::limiter::{
-    Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Verdict,
+    Admission, Ask, HeldLeases, KeyKind, Limit, Limiter, MAX_LIMITS, OnError, Reservation, Ruling,
 };
 use crate::metrics::{DecisionLabel, Metrics};
 use crate::policy::{Asks, LimitPhase, LimitRef, Policy, Refused, RequestKeys, Whose};
@@ -116,7 +116,7 @@ pub struct Decided {
     /// `unlimited`, `exempt`); a refusal has its own.
     pub label: DecisionLabel,
     /// The verdict whose figures the answer carries, and its limit.
-    pub headline: Option<(Verdict, LimitRef)>,
+    pub headline: Option<(Ruling, LimitRef)>,
     /// Concurrency leases held until the request ends (dropping them gives them back).
     pub leases: Vec<HeldLeases>,
     /// Reservations of settled costs, to settle once the cost is known (dropped unsettled,
@@ -523,7 +523,7 @@ impl<'s> Decider<'s> {
             };
             self.keep(&mut decided, Side::Enforced, &enforced, &admission);
             if let Err(refused) = phase.enforced(
-                admission.verdict().copied(),
+                admission.verdict().map(|v| v.ruling),
                 enforced.positions,
                 admission.store_failed(),
             ) {
@@ -536,7 +536,7 @@ impl<'s> Decider<'s> {
             && let Ok(admission) = self.ask(shadow.asks, &mut decided).await
         {
             self.keep(&mut decided, Side::Shadow, &shadow, &admission);
-            phase.shadow(admission.verdict().copied(), shadow.positions);
+            phase.shadow(admission.verdict().map(|v| v.ruling), shadow.positions);
         }
         decided.headline = phase.headline();
         decided.label = phase.label();
@@ -855,10 +855,12 @@ fn remapped(verdict: &crate::limiter::Verdict, at: &[usize]) -> crate::limiter::
         }
     }
     crate::limiter::Verdict {
-        headline_index: at.get(verdict.headline_index).copied().unwrap_or(0),
-        denied,
+        ruling: crate::limiter::Ruling {
+            headline_index: at.get(verdict.headline_index).copied().unwrap_or(0),
+            denied,
+            ..verdict.ruling
+        },
         standings,
-        ..*verdict
     }
 }
 

@@ -40,7 +40,7 @@ pub use clock::{
     wall_clock_us,
 };
 pub use decision::{
-    Admission, Decision, Figures, Outcome, Settlement, Source, Standing, Standings, Verdict,
+    Admission, Decision, Figures, Outcome, Ruling, Settlement, Source, Standing, Standings, Verdict,
 };
 pub use error::{Cause, Fault, LimiterError, OnError};
 pub use front::{HeldLeases, Limiter, LimiterSpec, Reservation, StoreSpec};

@@ -205,10 +205,6 @@ impl Proxy {
 
     /// Runs the pipeline for one request: its phases, in order, over one `Context`. An early
     /// exit is a typed [`Rejection`], answered in `response.rs`.
-    #[allow(
-        clippy::result_large_err,
-        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-    )]
     pub async fn handle(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Response<Body> {
         let mut req = req.map(ClientBody::Streaming);
         let snapshot = self.snapshot.load_full();
@@ -363,10 +359,6 @@ impl Proxy {
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
     /// and the request carries the normalised path on, so the upstream sees what was limited.
-    #[allow(
-        clippy::result_large_err,
-        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-    )]
     fn normalize(snapshot: &Snapshot, req: &mut Request<ClientBody>) -> Result<(), Rejection> {
         // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; none may have two.
         let hosts = req.headers().get_all(http::header::HOST).iter().count();
@@ -401,10 +393,6 @@ impl Proxy {
     }
 
     /// Phase 1: the first route that matches the method and path.
-    #[allow(
-        clippy::result_large_err,
-        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-    )]
     fn route<'r>(
         snapshot: &'r Snapshot,
         req: &Request<ClientBody>,

@@ -154,9 +154,12 @@ impl Standings {
     }
 }
 
-/// The decision of all the limits asked about one request, taken all-or-nothing.
+/// What a verdict says of the request as a whole: the outcome and the limit that speaks for
+/// it. This is what a refusal and the rate-limit headers carry, so it is kept small (a
+/// request's decision is moved from future to future): where every other limit stands is the
+/// [`Verdict`]'s, for the rate-limit service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
+pub struct Ruling {
     /// The time the decision was taken at (µs since the Unix epoch), by the store's clock.
     pub now_us: u64,
     /// The limit with the fewest remaining: the one whose figures go in the headers.
@@ -169,8 +172,23 @@ pub struct Verdict {
     /// Which limits denied: bit `i` for the i-th asked (at most [`MAX_LIMITS`](super::MAX_LIMITS)
     /// are asked). A denial remembered by the deny cache names only the limit it remembers.
     pub denied: u16,
-    /// Where each limit asked stands after the decision.
+}
+
+/// The decision of all the limits asked about one request, taken all-or-nothing: its
+/// [`Ruling`] (read through it: `verdict.headline`, `verdict.allowed()`), and where each limit
+/// asked stands after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub ruling: Ruling,
     pub standings: Standings,
+}
+
+impl std::ops::Deref for Verdict {
+    type Target = Ruling;
+
+    fn deref(&self) -> &Ruling {
+        &self.ruling
+    }
 }
 
 impl Verdict {
@@ -197,19 +215,23 @@ impl Verdict {
             delay_us = delay_us.max(d.delay_us());
         }
         Some(Verdict {
-            now_us,
-            headline,
-            headline_index,
-            outcome: if allowed {
-                Outcome::Allowed { delay_us }
-            } else {
-                Outcome::Denied { retry_after_us }
+            ruling: Ruling {
+                now_us,
+                headline,
+                headline_index,
+                outcome: if allowed {
+                    Outcome::Allowed { delay_us }
+                } else {
+                    Outcome::Denied { retry_after_us }
+                },
+                denied,
             },
-            denied,
             standings,
         })
     }
+}
 
+impl Ruling {
     /// True when the limit asked at `index` denied.
     pub fn denied_by(&self, index: usize) -> bool {
         index < 16 && self.denied & (1 << index) != 0

@@ -9,7 +9,7 @@
 //! ([`LimitPhase::shadow`]), which never refuses. [`LimitPhase::label`] is the decision's label,
 //! derived here and nowhere else.
 
-use crate::limiter::Verdict;
+use crate::limiter::Ruling;
 use crate::metrics::DecisionLabel;
 
 use super::Policy;
@@ -35,13 +35,9 @@ impl LimitRef {
 
 /// Why the limit phase refuses a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-)]
 pub enum Refused {
     /// An enforced limit denied it (429); the verdict and the limit that speaks for it.
-    RateLimited(Verdict, LimitRef),
+    RateLimited(Ruling, LimitRef),
     /// The store failed and `on_error` is `deny` (503).
     StoreUnavailable,
     /// The identity is banned on the route for this many more microseconds (429 `banned`).
@@ -56,7 +52,7 @@ pub struct LimitPhase {
     shadow_denied: bool,
     /// The verdict whose figures the response's headers carry, and its limit: the one with the
     /// fewest remaining among those asked.
-    headline: Option<(Verdict, LimitRef)>,
+    headline: Option<(Ruling, LimitRef)>,
 }
 
 impl LimitPhase {
@@ -74,13 +70,9 @@ impl LimitPhase {
     /// failed and `on_error` forwarded it unlimited), `positions` mapping each ask to its
     /// limit's position, and whether the store failed (`on_error` answered). `Err` refuses the
     /// request; `Ok` goes on to the shadow budget.
-    #[allow(
-        clippy::result_large_err,
-        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-    )]
     pub fn enforced(
         &mut self,
-        verdict: Option<Verdict>,
+        verdict: Option<Ruling>,
         positions: &[usize],
         store_failed: bool,
     ) -> Result<(), Refused> {
@@ -109,7 +101,7 @@ impl LimitPhase {
     /// The shadow budget's answer (`None`: no limit applied, or the store could not say): it
     /// never refuses; a denial is counted, and its figures go in the headers when it has fewer
     /// remaining.
-    pub fn shadow(&mut self, verdict: Option<Verdict>, positions: &[usize]) {
+    pub fn shadow(&mut self, verdict: Option<Ruling>, positions: &[usize]) {
         let Some(v) = verdict else {
             return;
         };
@@ -137,7 +129,7 @@ impl LimitPhase {
     }
 
     /// The verdict the response's rate-limit headers speak for, and its limit.
-    pub fn headline(&self) -> Option<(Verdict, LimitRef)> {
+    pub fn headline(&self) -> Option<(Ruling, LimitRef)> {
         self.headline
     }
 }

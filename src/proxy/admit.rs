@@ -328,10 +328,6 @@ impl Proxy {
     /// Writes into the access log's line `log` (when the log is on) what `floodgate replay`
     /// reads back (never a raw key): the identity's kind, the digest of an API key (a
     /// consumer's, or one refused) or user id, the address.
-    #[allow(
-        clippy::result_large_err,
-        reason = "a Verdict carries each limit's standing (for the rate-limit service's statuses); moved, never allocated"
-    )]
     pub(super) fn identify<'a>(
         snapshot: &'a Snapshot,
         req: &'a Request<ClientBody>,

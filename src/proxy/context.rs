@@ -12,7 +12,7 @@ use super::cost::CostMeter;
 use super::response::{Body, BoxError, Dialect};
 use crate::access_log;
 use crate::adaptive::Permit;
-use crate::limiter::{HeldLeases, Verdict};
+use crate::limiter::{HeldLeases, Ruling};
 use crate::metrics::DecisionLabel;
 use crate::policy::LimitRef;
 use bytes::Bytes;
@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 /// What the limit phase decided for a request that goes on to the upstream.
 pub(super) struct Admitted {
     /// The verdict whose figures go in the response headers, if any, and its limit.
-    pub headline: Option<(Verdict, LimitRef)>,
+    pub headline: Option<(Ruling, LimitRef)>,
     pub label: DecisionLabel,
     /// Concurrency leases the request holds until its response body ends.
     pub leases: Vec<HeldLeases>,

@@ -69,7 +69,10 @@ impl Proxy {
                 .decide_leased(std::slice::from_ref(&ask), next_lease())
                 && !verdict.allowed()
             {
-                return Err(Rejection::RateLimited(verdict, LimitRef::Enforced(0)));
+                return Err(Rejection::RateLimited(
+                    verdict.ruling,
+                    LimitRef::Enforced(0),
+                ));
             }
         }
         let decider = self.decider(snapshot);

@@ -87,11 +87,13 @@ impl DenyCache {
         let mut standings = crate::limiter::Standings::default();
         standings.set(index, crate::limiter::Standing::of(&headline));
         Some(Verdict {
-            now_us: now.saturating_add_signed(cached.store_offset),
-            headline,
-            headline_index: index,
-            outcome: Outcome::Denied { retry_after_us },
-            denied: 1u16.checked_shl(index as u32).unwrap_or(0),
+            ruling: crate::limiter::Ruling {
+                now_us: now.saturating_add_signed(cached.store_offset),
+                headline,
+                headline_index: index,
+                outcome: Outcome::Denied { retry_after_us },
+                denied: 1u16.checked_shl(index as u32).unwrap_or(0),
+            },
             standings,
         })
     }
