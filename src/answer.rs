@@ -90,6 +90,9 @@ pub struct RateLimitHeaders {
     names: Vec<String>,
     /// How many of the route's limits are enforced (the shadow ones' names follow).
     enforced: usize,
+    /// A 429's header section, made once: cloned and its values filled per refusal
+    /// ([`RateLimitHeaders::refusal`]). `None` for the IETF profile, whose field is written.
+    refusal: Option<HeaderMap>,
 }
 
 impl RateLimitHeaders {
@@ -119,6 +122,7 @@ impl RateLimitHeaders {
             policy,
             names,
             enforced: route.enforced.limits.len(),
+            refusal: refusal_template(profile),
         }
     }
 
@@ -129,7 +133,28 @@ impl RateLimitHeaders {
             policy: None,
             names: Vec::new(),
             enforced: 0,
+            refusal: refusal_template(HeaderProfile::None),
         }
+    }
+
+    /// A 429's header section for `v`: the template's clone with its values filled in its
+    /// order (`Retry-After`, the profile's fields, `Content-Type`), so that no field is hashed
+    /// and placed per refusal. `None` where there is no template (the IETF profile).
+    fn refusal(&self, v: &Ruling) -> Option<HeaderMap> {
+        let mut map = self.refusal.as_ref()?.clone();
+        let mut values = map.values_mut();
+        let mut fill = |value: HeaderValue| {
+            if let Some(slot) = values.next() {
+                *slot = value;
+            }
+        };
+        fill(int_value(v.retry_after_secs()));
+        if self.profile == HeaderProfile::XRateLimit {
+            fill(int_value(v.headline.limit));
+            fill(int_value(v.headline.remaining));
+            fill(unix_secs_value(v.reset_unix_secs()));
+        }
+        Some(map)
     }
 
     /// Writes `profile`'s fields for figures a rate-limit service computed (`/check`): `limit`
@@ -276,6 +301,12 @@ impl Rejection {
         };
         let mut response = Response::new(full(body));
         *response.status_mut() = answer.status;
+        if let Rejection::RateLimited(v, _) = &self
+            && let Some(map) = headers.refusal(v)
+        {
+            *response.headers_mut() = map;
+            return response;
+        }
         // Sized once for what a refusal carries (Retry-After, three or two rate-limit fields,
         // Content-Type, and a route's `response_headers`): an empty map would allocate on the
         // first insert and again as it grew.
@@ -343,6 +374,26 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
 
 /// The header map's room in a refusal (see `into_response`).
 const REFUSAL_HEADERS: usize = 12;
+
+/// A 429's header section in `profile` (`None` for the IETF one), in the order
+/// [`RateLimitHeaders::refusal`] fills it; its values are placeholders. Sized for a route's
+/// `response_headers` too.
+fn refusal_template(profile: HeaderProfile) -> Option<HeaderMap> {
+    let mut map = HeaderMap::with_capacity(REFUSAL_HEADERS);
+    let zero = HeaderValue::from_static("0");
+    map.insert(RETRY_AFTER, zero.clone());
+    match profile {
+        HeaderProfile::XRateLimit => {
+            map.insert(X_RATELIMIT_LIMIT, zero.clone());
+            map.insert(X_RATELIMIT_REMAINING, zero.clone());
+            map.insert(X_RATELIMIT_RESET, zero);
+        }
+        HeaderProfile::None => {}
+        HeaderProfile::Ietf => return None,
+    }
+    map.insert(CONTENT_TYPE, PROBLEM_JSON);
+    Some(map)
+}
 
 /// The 429 bodies for the small `retry_after`s (below [`SMALL_INTS`]: most are seconds), each
 /// made the first time it is needed and kept (at most 1,024 of about 190 bytes), so that a
@@ -500,6 +551,48 @@ mod tests {
         assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
         let body: serde_json::Value = serde_json::from_str(&body_of(response)).unwrap();
         assert_eq!(body["retry_after"], 3);
+    }
+
+    /// A 429's header section from the template (cloned, its values filled in order) is the one
+    /// the fields' inserts write: the same fields in the same order with the same values, for
+    /// small numbers (shared values) and large ones, in each profile that has a template.
+    #[test]
+    fn a_refusals_template_writes_what_its_inserts_would() {
+        let mut large = denied();
+        large.headline.limit = 5_000;
+        large.headline.remaining = 4_000;
+        large.outcome = crate::limiter::Outcome::Denied {
+            retry_after_us: 3_600_000_000,
+        };
+        for profile in [HeaderProfile::XRateLimit, HeaderProfile::None] {
+            let headers = RateLimitHeaders {
+                profile,
+                ..RateLimitHeaders::none()
+            };
+            let headers = RateLimitHeaders {
+                refusal: refusal_template(profile),
+                ..headers
+            };
+            for v in [denied(), large] {
+                let response =
+                    Rejection::RateLimited(v, LimitRef::Enforced(0)).into_response(&headers);
+                let mut expected = HeaderMap::new();
+                expected.insert(RETRY_AFTER, HeaderValue::from(v.retry_after_secs()));
+                RateLimitHeaders::write_figures(
+                    profile,
+                    &mut expected,
+                    v.headline.limit,
+                    v.headline.remaining,
+                    (0, v.reset_unix_secs()),
+                    Some(v.retry_after_secs()),
+                );
+                expected.insert(CONTENT_TYPE, PROBLEM_JSON);
+                let got: Vec<_> = response.headers().iter().collect();
+                let want: Vec<_> = expected.iter().collect();
+                assert_eq!(got, want, "{profile:?}");
+            }
+        }
+        assert!(refusal_template(HeaderProfile::Ietf).is_none());
     }
 
     /// Every kind of refusal once, with a verdict where one is needed.
