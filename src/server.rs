@@ -3,6 +3,7 @@
 //! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown. The
 //! admin listener is always plain HTTP.
 
+mod head;
 mod http3;
 mod reload;
 mod watch;
@@ -75,7 +76,8 @@ impl Serving {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
-            .timer(TokioTimer::new())
+            // Head deadlines kept per connection (`head.rs`), not a tokio timer per request.
+            .timer(head::HeadTimer)
             .header_read_timeout(timeouts.header_read)
             .max_buf_size(64 * 1024);
         builder
@@ -310,8 +312,16 @@ impl Server {
                 match tls {
                     None => {
                         let stream = FirstByteDeadline::new(stream, header_read);
-                        serve_connection(&builder, draining, stream, proxy, peer, limits, None)
-                            .await
+                        serve_connection(
+                            &builder,
+                            draining,
+                            stream,
+                            proxy,
+                            peer,
+                            (limits, header_read),
+                            None,
+                        )
+                        .await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
@@ -321,7 +331,13 @@ impl Server {
                                 let advertise = advertised(&serving, alt_svc, &stream);
                                 let stream = FirstByteDeadline::new(stream, header_read);
                                 serve_connection(
-                                    &builder, draining, stream, proxy, peer, limits, advertise,
+                                    &builder,
+                                    draining,
+                                    stream,
+                                    proxy,
+                                    peer,
+                                    (limits, header_read),
+                                    advertise,
                                 )
                                 .await
                             }
@@ -385,14 +401,16 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 /// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
-/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it.
+/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it. `header_read`
+/// bounds each HTTP/1.1 request head (`head.rs`: the watchdog below wakes the connection at a
+/// pending head's deadline).
 async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
     mut draining: tokio::sync::watch::Receiver<()>,
     stream: S,
     proxy: Arc<Proxy>,
     peer: SocketAddr,
-    limits: PerConnection,
+    (limits, header_read): (PerConnection, Duration),
     alt_svc: Option<Advertised>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -427,15 +445,19 @@ async fn serve_connection<S>(
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    let idle = tokio::time::sleep(limits.idle);
-    tokio::pin!(idle);
+    // One timer looks after both deadlines a connection waits on without a request in service:
+    // an HTTP/2 connection idle for `limits.idle`, an HTTP/1.1 head awaited for `header_read`
+    // (`head.rs`: the timer wakes the task at the head's deadline).
+    let clock = head::HeadClock::new();
+    let timer = tokio::time::sleep(header_read.min(limits.idle));
+    tokio::pin!(timer);
     // After a GOAWAY for abuse, how long the client has before the connection is cut.
     let cut = tokio::time::sleep(Duration::MAX / 4);
     tokio::pin!(cut);
     let (mut closing, mut cutting) = (false, false);
     loop {
         tokio::select! {
-            result = conn.as_mut() => {
+            result = clock.polled(conn.as_mut()) => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
@@ -452,16 +474,23 @@ async fn serve_connection<S>(
                 conn.as_mut().graceful_shutdown();
                 cut.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
             }
-            () = &mut idle, if !closing => match watch.idle_since() {
-                Some(since) if since.elapsed() >= limits.idle => {
-                    tracing::debug!(%peer, "closing an HTTP/2 connection with no open stream");
-                    metrics.connection_closed(CloseReason::Idle);
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
+            // (A head deadline found passed ends the connection when it is polled, next.)
+            () = &mut timer => {
+                let now = std::time::Instant::now();
+                let mut next = clock.check(now, header_read);
+                match watch.idle_since() {
+                    _ if closing => {}
+                    Some(since) if now >= since + limits.idle => {
+                        tracing::debug!(%peer, "closing an HTTP/2 connection with no open stream");
+                        metrics.connection_closed(CloseReason::Idle);
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    Some(since) => next = next.min(since + limits.idle),
+                    None => next = next.min(now + limits.idle),
                 }
-                Some(since) => idle.as_mut().reset((since + limits.idle).into()),
-                None => idle.as_mut().reset(tokio::time::Instant::now() + limits.idle),
-            },
+                timer.as_mut().reset(next.into());
+            }
             () = &mut cut, if cutting => return,
         }
     }
