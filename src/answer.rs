@@ -90,9 +90,6 @@ pub struct RateLimitHeaders {
     names: Vec<String>,
     /// How many of the route's limits are enforced (the shadow ones' names follow).
     enforced: usize,
-    /// A 429's header section, made once: cloned and its values filled per refusal
-    /// ([`RateLimitHeaders::refusal`]). `None` for the IETF profile, whose field is written.
-    refusal: Option<HeaderMap>,
 }
 
 impl RateLimitHeaders {
@@ -122,7 +119,6 @@ impl RateLimitHeaders {
             policy,
             names,
             enforced: route.enforced.limits.len(),
-            refusal: refusal_template(profile),
         }
     }
 
@@ -133,7 +129,6 @@ impl RateLimitHeaders {
             policy: None,
             names: Vec::new(),
             enforced: 0,
-            refusal: refusal_template(HeaderProfile::None),
         }
     }
 
@@ -141,7 +136,7 @@ impl RateLimitHeaders {
     /// order (`Retry-After`, the profile's fields, `Content-Type`), so that no field is hashed
     /// and placed per refusal. `None` where there is no template (the IETF profile).
     fn refusal(&self, v: &Ruling) -> Option<HeaderMap> {
-        let mut map = self.refusal.as_ref()?.clone();
+        let mut map = refusal_template(self.profile)?.clone();
         let mut values = map.values_mut();
         let mut fill = |value: HeaderValue| {
             if let Some(slot) = values.next() {
@@ -375,10 +370,26 @@ static RATE_LIMITED_PARTS: LazyLock<Option<(&'static str, &'static str)>> = Lazy
 /// The header map's room in a refusal (see `into_response`).
 const REFUSAL_HEADERS: usize = 12;
 
-/// A 429's header section in `profile` (`None` for the IETF one), in the order
-/// [`RateLimitHeaders::refusal`] fills it; its values are placeholders. Sized for a route's
-/// `response_headers` too.
-fn refusal_template(profile: HeaderProfile) -> Option<HeaderMap> {
+/// A 429's header section in `profile`, made once (`None` for the IETF profile, whose field is
+/// formatted per answer and inserted): [`RateLimitHeaders::refusal`] clones it and fills its
+/// values in order.
+fn refusal_template(profile: HeaderProfile) -> Option<&'static HeaderMap> {
+    static TEMPLATES: LazyLock<[Option<HeaderMap>; 2]> = LazyLock::new(|| {
+        [
+            made_refusal_template(HeaderProfile::XRateLimit),
+            made_refusal_template(HeaderProfile::None),
+        ]
+    });
+    match profile {
+        HeaderProfile::XRateLimit => TEMPLATES[0].as_ref(),
+        HeaderProfile::None => TEMPLATES[1].as_ref(),
+        HeaderProfile::Ietf => None,
+    }
+}
+
+/// [`refusal_template`]'s map for `profile`, its values placeholders. Its index has room for a
+/// route's `response_headers` too (added to the clone, they grow only its list of fields).
+fn made_refusal_template(profile: HeaderProfile) -> Option<HeaderMap> {
     let mut map = HeaderMap::with_capacity(REFUSAL_HEADERS);
     let zero = HeaderValue::from_static("0");
     map.insert(RETRY_AFTER, zero.clone());
@@ -569,10 +580,6 @@ mod tests {
                 profile,
                 ..RateLimitHeaders::none()
             };
-            let headers = RateLimitHeaders {
-                refusal: refusal_template(profile),
-                ..headers
-            };
             for v in [denied(), large] {
                 let response =
                     Rejection::RateLimited(v, LimitRef::Enforced(0)).into_response(&headers);
@@ -593,6 +600,7 @@ mod tests {
             }
         }
         assert!(refusal_template(HeaderProfile::Ietf).is_none());
+        assert!(made_refusal_template(HeaderProfile::Ietf).is_none());
     }
 
     /// Every kind of refusal once, with a verdict where one is needed.

@@ -402,7 +402,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 
 /// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
 /// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it. `header_read`
-/// bounds each HTTP/1.1 request head (`head.rs`: the watchdog below wakes the connection at a
+/// bounds each HTTP/1.1 request head (`head.rs`: the connection's timer below wakes it at a
 /// pending head's deadline).
 async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
