@@ -280,22 +280,33 @@ async fn given_back(fg: &Floodgate, upstream: &Upstream) {
         let r = common::get(&client, &fg.url(path), &[("x-api-key", "back")]).await;
         assert_eq!(r.status, 200);
         let given_back = returned().await - returned_before;
-        let budgets = common::get(
-            &client,
-            &fg.admin_url(&format!("/budgets?route={route}&api_key=back")),
-            &[],
-        )
-        .await
-        .json();
-        let spent_in_store = 100_000 - budgets["limits"][0]["remaining"].as_u64().unwrap();
-        let admitted = upstream.seen().iter().filter(|s| s.path == path).count() as u64;
-        let held = outstanding(&[fg]).await;
+        // What the store counts is what was admitted plus what is held (none lapsed): the
+        // units given back are the store's again. The store, the upstream's count and the
+        // three lease counters are read one after another while the last request's lease
+        // traffic may still be settling; they are read again (up to 2 s) until they agree,
+        // which they must once it has (seen once in a full run, not alone: the store 5 units
+        // below the counters' sum, 776 against 781; a lasting difference still fails here).
+        let (mut spent_in_store, mut admitted, mut held) = (0, 0, 0);
+        for _ in 0..20 {
+            let budgets = common::get(
+                &client,
+                &fg.admin_url(&format!("/budgets?route={route}&api_key=back")),
+                &[],
+            )
+            .await
+            .json();
+            spent_in_store = 100_000 - budgets["limits"][0]["remaining"].as_u64().unwrap();
+            admitted = upstream.seen().iter().filter(|s| s.path == path).count() as u64;
+            held = outstanding(&[fg]).await;
+            if spent_in_store == admitted + held {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         eprintln!(
             "{path}: {admitted} admitted, {given_back} given back, {held} held; the store counts {spent_in_store}"
         );
         assert!(given_back > 0, "{path}: nothing was given back");
-        // What the store counts is what was admitted plus what is held (none lapsed): the
-        // units given back are the store's again.
         assert_eq!(spent_in_store, admitted + held, "{path}");
     }
 }
