@@ -145,7 +145,7 @@ impl RateLimitHeaders {
         };
         fill(int_value(v.retry_after_secs()));
         if self.profile == HeaderProfile::XRateLimit {
-            fill(int_value(v.headline.limit));
+            fill(limit_value(v.headline.limit));
             fill(int_value(v.headline.remaining));
             fill(unix_secs_value(v.reset_unix_secs()));
         }
@@ -167,7 +167,7 @@ impl RateLimitHeaders {
         match profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
-                headers.insert(X_RATELIMIT_LIMIT, int_value(limit));
+                headers.insert(X_RATELIMIT_LIMIT, limit_value(limit));
                 headers.insert(X_RATELIMIT_REMAINING, int_value(remaining));
                 headers.insert(X_RATELIMIT_RESET, unix_secs_value(reset_unix));
             }
@@ -187,7 +187,7 @@ impl RateLimitHeaders {
         match self.profile {
             HeaderProfile::None => {}
             HeaderProfile::XRateLimit => {
-                headers.insert(X_RATELIMIT_LIMIT, int_value(v.headline.limit));
+                headers.insert(X_RATELIMIT_LIMIT, limit_value(v.headline.limit));
                 headers.insert(X_RATELIMIT_REMAINING, int_value(v.headline.remaining));
                 headers.insert(X_RATELIMIT_RESET, unix_secs_value(v.reset_unix_secs()));
             }
@@ -464,26 +464,45 @@ thread_local! {
     /// `Date`.
     static LAST_UNIX_SECS: std::cell::RefCell<(u64, HeaderValue)> =
         const { std::cell::RefCell::new((0, HeaderValue::from_static("0"))) };
+    /// The same for the last limit too large for the shared values (`X-RateLimit-Limit`): a
+    /// route's limit is one number, so a thread's answers name the same one (a GitHub-style
+    /// 5,000 an hour, say) and it is formatted once.
+    static LAST_LIMIT: std::cell::RefCell<(u64, HeaderValue)> =
+        const { std::cell::RefCell::new((0, HeaderValue::from_static("0"))) };
 }
 
 /// The decimal header value of `secs`, a Unix second: shared with the thread's previous answer
 /// when it names the same second.
 fn unix_secs_value(secs: u64) -> HeaderValue {
-    if secs < SMALL_INTS as u64 {
-        return int_value(secs);
+    shared_value(&LAST_UNIX_SECS, secs)
+}
+
+/// The decimal header value of `limit`, a limit's units: shared with the thread's previous
+/// answer when it names the same limit.
+fn limit_value(limit: u64) -> HeaderValue {
+    shared_value(&LAST_LIMIT, limit)
+}
+
+/// The decimal header value of `n`: a shared value when small, else the one `last` holds when
+/// it is `n`'s, else formatted and kept there.
+fn shared_value(
+    last: &'static std::thread::LocalKey<std::cell::RefCell<(u64, HeaderValue)>>,
+    n: u64,
+) -> HeaderValue {
+    if n < SMALL_INTS as u64 {
+        return int_value(n);
     }
     // (Formatted afresh if the thread's cache is in use or already gone.)
-    LAST_UNIX_SECS
-        .try_with(|last| {
-            let mut last = last.try_borrow_mut().ok()?;
-            if last.0 != secs {
-                *last = (secs, HeaderValue::from(secs));
-            }
-            Some(last.1.clone())
-        })
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| HeaderValue::from(secs))
+    last.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        if last.0 != n {
+            *last = (n, HeaderValue::from(n));
+        }
+        Some(last.1.clone())
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// The decimal header value of `n`, without an allocation when `n` is small.
@@ -699,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn a_unix_second_is_written_again_when_it_changes() {
+    fn a_unix_second_or_a_limit_is_written_again_when_it_changes() {
         // The thread's cache: the same second twice, then the next, then back, then a small
         // figure (from the shared table).
         for n in [
@@ -711,6 +730,12 @@ mod tests {
             u64::MAX,
         ] {
             assert_eq!(unix_secs_value(n), HeaderValue::from(n), "{n}");
+            // A limit's cache is its own: interleaved, neither hands out the other's value.
+            assert_eq!(
+                limit_value(n.saturating_add(1)),
+                HeaderValue::from(n.saturating_add(1)),
+                "{n}"
+            );
         }
     }
 
