@@ -102,10 +102,18 @@ impl<F: Future> Future for Polled<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        let before = CURRENT.replace(Some(Arc::clone(this.clock)));
-        let polled = this.conn.as_mut().poll(cx);
-        CURRENT.set(before);
-        polled
+        let _restore = Restore(CURRENT.replace(Some(Arc::clone(this.clock))));
+        this.conn.as_mut().poll(cx)
+    }
+}
+
+/// Puts back the thread's previous clock when a poll ends, even by unwinding: a clock left
+/// behind would take another connection's head deadlines, which its watchdog never sees.
+struct Restore(Option<Arc<HeadClock>>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        CURRENT.set(self.0.take());
     }
 }
 
