@@ -63,7 +63,6 @@ pub struct Serving {
     quic: Option<Arc<quinn::ServerConfig>>,
     /// `http3.advertise`.
     advertise: bool,
-    header_read_timeout: Duration,
     drain_timeout: Duration,
     /// What each connection is held to.
     per_connection: PerConnection,
@@ -109,12 +108,12 @@ impl Serving {
                 _ => None,
             },
             advertise: config.http3.as_ref().is_some_and(|h| h.advertise),
-            header_read_timeout: timeouts.header_read,
             drain_timeout: timeouts.drain,
             per_connection: PerConnection {
                 resets: config.http2_resets,
                 streams: config.http2_streams,
                 idle: timeouts.idle,
+                header_read: timeouts.header_read,
             },
         }
     }
@@ -129,6 +128,8 @@ struct PerConnection {
     streams: Option<Limit>,
     /// How long an HTTP/2 connection may have no open stream.
     idle: Duration,
+    /// How long an HTTP/1.1 request head may take (`head.rs`).
+    header_read: Duration,
 }
 
 impl Server {
@@ -217,7 +218,7 @@ impl Server {
             tokio::spawn(admin::serve(
                 admin,
                 state,
-                serving.header_read_timeout,
+                serving.per_connection.header_read,
                 serving.drain_timeout,
                 async move {
                     let _ = admin_stopped.await;
@@ -230,7 +231,7 @@ impl Server {
             tokio::spawn(crate::service::server::serve(
                 listener,
                 state,
-                serving.header_read_timeout,
+                serving.per_connection.header_read,
                 serving.drain_timeout,
                 async move {
                     let _ = service_stopped.await;
@@ -303,7 +304,7 @@ impl Server {
             let tls = serving.tls.clone();
             let alt_svc = alt_svc.clone();
             // Bounds the TLS handshake, and then the connection's opening bytes.
-            let header_read = serving.header_read_timeout;
+            let header_read = serving.per_connection.header_read;
             let limits = serving.per_connection;
             let open = self.proxy.metrics().open_connections().clone();
             open.inc();
@@ -312,16 +313,8 @@ impl Server {
                 match tls {
                     None => {
                         let stream = FirstByteDeadline::new(stream, header_read);
-                        serve_connection(
-                            &builder,
-                            draining,
-                            stream,
-                            proxy,
-                            peer,
-                            (limits, header_read),
-                            None,
-                        )
-                        .await
+                        serve_connection(&builder, draining, stream, proxy, peer, limits, None)
+                            .await
                     }
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
@@ -331,13 +324,7 @@ impl Server {
                                 let advertise = advertised(&serving, alt_svc, &stream);
                                 let stream = FirstByteDeadline::new(stream, header_read);
                                 serve_connection(
-                                    &builder,
-                                    draining,
-                                    stream,
-                                    proxy,
-                                    peer,
-                                    (limits, header_read),
-                                    advertise,
+                                    &builder, draining, stream, proxy, peer, limits, advertise,
                                 )
                                 .await
                             }
@@ -401,16 +388,16 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 /// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
-/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it. `header_read`
-/// bounds each HTTP/1.1 request head (`head.rs`: the connection's timer below wakes it at a
-/// pending head's deadline).
+/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it. Each HTTP/1.1
+/// request head is bounded by `limits.header_read` (`head.rs`: the connection's timer below
+/// wakes it at a pending head's deadline).
 async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
     mut draining: tokio::sync::watch::Receiver<()>,
     stream: S,
     proxy: Arc<Proxy>,
     peer: SocketAddr,
-    (limits, header_read): (PerConnection, Duration),
+    limits: PerConnection,
     alt_svc: Option<Advertised>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -449,7 +436,7 @@ async fn serve_connection<S>(
     // an HTTP/2 connection idle for `limits.idle`, an HTTP/1.1 head awaited for `header_read`
     // (`head.rs`: the timer wakes the task at the head's deadline).
     let clock = head::HeadClock::new();
-    let timer = tokio::time::sleep(header_read.min(limits.idle));
+    let timer = tokio::time::sleep(limits.header_read.min(limits.idle));
     tokio::pin!(timer);
     // After a GOAWAY for abuse, how long the client has before the connection is cut.
     let cut = tokio::time::sleep(Duration::MAX / 4);
@@ -477,7 +464,7 @@ async fn serve_connection<S>(
             // (A head deadline found passed ends the connection when it is polled, next.)
             () = &mut timer => {
                 let now = std::time::Instant::now();
-                let mut next = clock.check(now, header_read);
+                let mut next = clock.check(now, limits.header_read);
                 match watch.idle_since() {
                     _ if closing => {}
                     Some(since) if now >= since + limits.idle => {

@@ -145,7 +145,7 @@ impl Http3Listener {
             let handshake = Handshake::start(&handshaking);
             let proxy = proxy.clone();
             let draining = draining.clone();
-            let header_read = serving.header_read_timeout;
+            let header_read = serving.per_connection.header_read;
             tokio::spawn(async move {
                 let connection = tokio::time::timeout(header_read, connecting).await;
                 drop(handshake);
