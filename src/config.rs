@@ -33,7 +33,7 @@ pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
 pub use route::{
     Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
-    RouteLimit, Upstream, UpstreamProtocol, Vars, override_budget, request_host,
+    RouteLimit, Upstream, UpstreamProtocol, Vars, invalid_host, override_budget, request_host,
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};
@@ -90,6 +90,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How request paths are normalised before routing.
     pub paths: crate::path::PathRules,
+    /// `underscores_in_headers`: keep request header names with `_` (default false: dropped, as
+    /// nginx drops them, since CGI, WSGI and Rack read `X_Consumer` as `X-Consumer`).
+    pub underscores_in_headers: bool,
     /// The largest request body accepted, in bytes; `None` (`max_body_size: 0`): no limit.
     pub max_body_size: Option<std::num::NonZeroU64>,
     /// The most client connections open at once, on the proxy listener.
@@ -343,6 +346,13 @@ impl Config {
             );
             if let Some(mut route) = v.route(&path, route) {
                 route.exempt = exempt.with(&own);
+                if let Some(identity) = &identity {
+                    let names = [&identity.api_key_header, &identity.user_id_header];
+                    route.trailers_denied = (route.trailers_denied.iter())
+                        .chain(names)
+                        .cloned()
+                        .collect();
+                }
                 if routes.iter().any(|r: &RouteConfig| r.name == route.name) {
                     v.problem(
                         format!("routes[{i}].name"),
@@ -438,6 +448,7 @@ impl Config {
                 rate_limit_headers,
                 log_format,
                 paths,
+                underscores_in_headers: file.underscores_in_headers.unwrap_or(false),
                 max_body_size,
                 max_connections,
                 http2_streams,

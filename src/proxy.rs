@@ -31,6 +31,7 @@ pub use crate::answer as response;
 mod snapshot;
 mod upstream_frames;
 mod usage;
+mod well_formed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -219,7 +220,7 @@ impl Proxy {
             ));
         }
         // `GET {usage_path}`: the caller's own budgets, answered here (`usage.rs`).
-        let normalized = Self::normalize(&snapshot, &mut req);
+        let normalized = Self::normalize(&snapshot, &mut req, peer);
         if let Some(path) = &snapshot.usage_path
             && normalized.is_ok()
             && req.method() == http::Method::GET
@@ -272,6 +273,9 @@ impl Proxy {
                 {
                     req.headers_mut().remove(&identity.user_id_header);
                 }
+                // The fields the client's `Connection` lists go first, so that it cannot name
+                // one set below and have it dropped on the way out.
+                forward::strip_connection_listed(req.headers_mut());
                 // `request_headers`: what the upstream is told (a client-sent value of a name
                 // set here is replaced: it cannot be forged).
                 let edits = &route.config.request_headers;
@@ -359,14 +363,13 @@ impl Proxy {
 
     /// Phase 1a: a well-formed request (one `Host`), and one path, one route. The path is normalised ([`crate::path`]) before routing,
     /// and the request carries the normalised path on, so the upstream sees what was limited.
-    fn normalize(snapshot: &Snapshot, req: &mut Request<ClientBody>) -> Result<(), Rejection> {
-        // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; none may have two.
-        let hosts = req.headers().get_all(http::header::HOST).iter().count();
-        if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
-            return Err(Rejection::BadRequest(
-                "an HTTP/1.1 request needs exactly one Host header".into(),
-            ));
-        }
+    fn normalize(
+        snapshot: &Snapshot,
+        req: &mut Request<ClientBody>,
+        peer: SocketAddr,
+    ) -> Result<(), Rejection> {
+        // One valid host, the target's over `Host`; no underscored names; no padded values.
+        well_formed::check(snapshot, req, peer.ip())?;
         // A request that already passed through this floodgate (an upstream name that resolves
         // to its own listener: a common compose mistake) is not sent round again.
         if forward::came_through_here(req.headers()) {

@@ -369,3 +369,303 @@ async fn http2_routes_by_authority_and_a_502_carries_the_routes_headers() {
     assert_eq!(broken.status(), 502);
     assert_eq!(broken.headers()["x-api"], "broken");
 }
+
+/// Sends `request` (whole, as raw bytes) to `fg` and returns the status of its answer.
+async fn raw_bytes_status(fg: &Floodgate, request: &[u8]) -> u16 {
+    let answer = raw_exchange(fg.addr(), request).await;
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sends one HTTP/2 request (h2, so that `:authority` and `host` can disagree and a value can
+/// keep its white space) and returns its status.
+async fn h2_status(fg: &Floodgate, uri: &str, headers: &[(&str, &[u8])]) -> u16 {
+    let tcp = tokio::net::TcpStream::connect(fg.addr()).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let mut request = http::Request::get(uri);
+    for (name, value) in headers {
+        request = request.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+    }
+    let (response, _) = client
+        .send_request(request.body(()).unwrap(), true)
+        .unwrap();
+    response.await.map(|r| r.status().as_u16()).unwrap_or(0)
+}
+
+/// One host per request: the target's (absolute form, `:authority`) over `Host`, valid or 400,
+/// and the upstream told the host that was routed on; a client's `X-Forwarded-Host` without a
+/// host is not passed on. Each upstream records heads byte for byte.
+#[tokio::test]
+async fn the_upstream_is_told_the_host_routed_on_and_invalid_hosts_are_refused() {
+    let (b, any) = (
+        RecordingUpstream::start().await,
+        RecordingUpstream::start().await,
+    );
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: b
+    hosts: [b.example]
+    path_prefix: /
+    upstream: {}
+  - name: any
+    path_prefix: /
+    upstream: {}
+",
+        b.url(),
+        any.url()
+    ));
+    // The absolute form wins (RFC 9112 §3.2.2), and X-Forwarded-Host says so.
+    let status = raw_bytes_status(
+        &fg,
+        b"GET http://b.example/abs HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(b.values(0, "x-forwarded-host"), ["b.example"]);
+    // HTTP/2: `:authority` over a `host` field that disagrees.
+    let status = h2_status(&fg, "http://b.example/h2", &[("host", b"a.example")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(b.values(1, "x-forwarded-host"), ["b.example"]);
+    assert_eq!(b.heads().len(), 2);
+    // Hosts a parser behind would read as b.example (or as anything) never reach a route.
+    for host in [
+        &b"b.example@a.example"[..],
+        b"a.example, b.example",
+        b"other.test, b.example",
+        "b\u{fc}cher.example".as_bytes(),
+        b"b.example:80:80",
+    ] {
+        let mut request = b"GET / HTTP/1.1\r\nHost: ".to_vec();
+        request.extend_from_slice(host);
+        request.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let status = raw_bytes_status(&fg, &request).await;
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(host));
+    }
+    let status = raw_bytes_status(
+        &fg,
+        b"GET http://user@b.example/ HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400, "user information in the target");
+    assert!(any.heads().is_empty(), "{:?}", any.heads());
+    assert_eq!(b.heads().len(), 2);
+    // No host at all: the client's own X-Forwarded-Host is not believed.
+    let status = raw_bytes_status(
+        &fg,
+        b"GET /old HTTP/1.0\r\nX-Forwarded-Host: b.example\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(any.values(0, "x-forwarded-host"), Vec::<String>::new());
+    let status = h2_status(&fg, "/no-authority", &[("x-forwarded-host", b"b.example")]).await;
+    // An HTTP/2 request without `:authority` or `host` (h2 sends an origin-form target so).
+    assert_eq!(status, 200);
+    assert_eq!(any.values(1, "x-forwarded-host"), Vec::<String>::new());
+}
+
+/// A header-matched route reads the field's combined value: two lines are one list, and an
+/// HTTP/2 value padded with white space is malformed (400), not a way to another route.
+#[tokio::test]
+async fn a_header_matched_route_reads_the_fields_combined_value() {
+    let (tenant_a, any) = (Upstream::start().await, Upstream::start().await);
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: a
+    headers: {{X-Tenant: a}}
+    path_prefix: /
+    upstream: {}
+  - name: any
+    path_prefix: /
+    upstream: {}
+",
+        tenant_a.url(),
+        any.url()
+    ));
+    let two_lines = raw_bytes_status(
+        &fg,
+        format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nX-Tenant: a\r\nX-Tenant: b\r\nConnection: close\r\n\r\n",
+            fg.addr()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let one_line = raw_bytes_status(
+        &fg,
+        format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nX-Tenant: a, b\r\nConnection: close\r\n\r\n",
+            fg.addr()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!((two_lines, one_line), (200, 200));
+    assert_eq!(
+        tenant_a.count(),
+        0,
+        "\"a, b\" is not \"a\", however it is split"
+    );
+    assert_eq!(any.count(), 2);
+    let url = format!("http://{}/", fg.addr());
+    for padded in [&b" a"[..], b"a\t"] {
+        assert_eq!(h2_status(&fg, &url, &[("x-tenant", padded)]).await, 400);
+    }
+    assert_eq!(h2_status(&fg, &url, &[("x-tenant", b"a")]).await, 200);
+    assert_eq!((tenant_a.count(), any.count()), (1, 2));
+}
+
+/// A rewrite replaces whole segments: no spelling of a path under `/api/v1` (`v1..`, its
+/// escapes, the absolute form, HTTP/2) is forwarded outside `/internal/`.
+#[tokio::test]
+async fn a_rewrite_never_climbs_out_of_its_prefix() {
+    let (internal, any) = (
+        RecordingUpstream::start().await,
+        RecordingUpstream::start().await,
+    );
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: v1
+    path_prefix: /api/v1
+    rewrite_prefix: /internal/
+    upstream: {}
+  - name: any
+    path_prefix: /
+    upstream: {}
+",
+        internal.url(),
+        any.url()
+    ));
+    let host = fg.addr().to_string();
+    for target in [
+        "/api/v1../admin".to_string(),
+        "/api/v1%2e%2e/admin".to_string(),
+        "/api/v1%2E%2E/admin".to_string(),
+        format!("http://{host}/api/v1../admin"),
+    ] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        raw_bytes_status(&fg, request.as_bytes()).await;
+    }
+    h2_status(&fg, &format!("http://{host}/api/v1../admin"), &[]).await;
+    for ok in ["/api/v1", "/api/v1/x", "/api/v1/a/../y"] {
+        let request = format!("GET {ok} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        assert_eq!(raw_bytes_status(&fg, request.as_bytes()).await, 200, "{ok}");
+    }
+    let lines = internal.request_lines();
+    assert_eq!(
+        lines,
+        [
+            "GET /internal/ HTTP/1.1",
+            "GET /internal/x HTTP/1.1",
+            "GET /internal/y HTTP/1.1"
+        ]
+    );
+    // The others went to the catch-all, as the paths they are.
+    for line in any.request_lines() {
+        assert!(line.starts_with("GET /api/v1../admin "), "{line}");
+    }
+    assert_eq!(any.heads().len(), 5);
+}
+
+/// What `request_headers` sets reaches the upstream whatever the client lists in `Connection`,
+/// and an underscored spelling of it (`X_Consumer`, which CGI reads as `X-Consumer`) is dropped,
+/// unless `underscores_in_headers: true`.
+#[tokio::test]
+async fn set_headers_survive_connection_and_underscored_spellings() {
+    for keep in [false, true] {
+        let upstream = RecordingUpstream::start().await;
+        let fg = Floodgate::start(&format!(
+            "underscores_in_headers: {keep}
+routes:
+  - name: api
+    path_prefix: /
+    upstream: {}
+    request_headers:
+      set: {{X-Consumer: gateway-set}}
+",
+            upstream.url()
+        ));
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close, X-Consumer, X-Dropped\r\nX-Dropped: 1\r\nX_Consumer: forged\r\n\r\n",
+            fg.addr()
+        );
+        assert_eq!(raw_bytes_status(&fg, request.as_bytes()).await, 200);
+        assert_eq!(upstream.values(0, "x-consumer"), ["gateway-set"]);
+        assert!(upstream.values(0, "x-dropped").is_empty());
+        let underscored = upstream.values(0, "x_consumer");
+        match keep {
+            false => assert!(underscored.is_empty(), "{underscored:?}"),
+            true => assert_eq!(underscored, ["forged"]),
+        }
+    }
+}
+
+/// `spend_on` settles at the response head: a 200 whose body is still streaming has already
+/// given its login unit back, so the next failed login is answered by the upstream, not 429.
+/// The upstream holds the 200's body until the test releases it (no timing involved).
+#[tokio::test]
+async fn a_status_refund_comes_back_at_the_head_while_the_body_still_streams() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let held = held.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if head.starts_with(b"GET /slow") {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst")
+                        .await;
+                    held.notified().await;
+                    let _ = stream.write_all(b"-last").await;
+                } else {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        .await;
+                }
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let fg = Floodgate::start(&format!(
+        "routes:
+  - name: login
+    path_prefix: /
+    upstream: http://{addr}
+    limits:
+      - {{algorithm: fixed_window, limit: 1, window: 1h, spend_on: [401]}}
+"
+    ));
+    let client = client();
+    let mut slow = client
+        .get(fg.url("/slow"))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .expect("the 200's head");
+    assert_eq!(slow.status(), 200);
+    let first = slow.chunk().await.expect("read").expect("a first piece");
+    assert_eq!(&first[..], b"first");
+    // The 200's body is still open: its unit is back all the same.
+    let failed = get(&client, &fg.url("/login"), &[("x-api-key", "k")]).await;
+    assert_eq!(failed.status, 401);
+    let refused = get(&client, &fg.url("/login"), &[("x-api-key", "k")]).await;
+    assert_eq!(refused.status, 429, "the 401 spent the window");
+    release.notify_one();
+    let rest = slow.chunk().await.expect("read").expect("the rest");
+    assert_eq!(&rest[..], b"-last");
+}

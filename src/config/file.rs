@@ -97,6 +97,9 @@ pub struct FileConfig {
     /// Merge repeated slashes in paths before routing (default true).
     #[serde(default)]
     pub merge_slashes: Option<bool>,
+    /// Keep request header names that hold `_` (default false: they are dropped, as nginx does).
+    #[serde(default)]
+    pub underscores_in_headers: Option<bool>,
     /// The largest request body accepted: `1m` (default), `512k`, a number of bytes; `0` for no
     /// limit.
     #[serde(default)]

@@ -6,7 +6,7 @@
 //! keep what they started with): `routes` (limits, upstreams and pools, `balance`, `outlier`,
 //! `retries`, `upstream_protocol`…: an endpoint kept keeps its health and counters),
 //! `identity`, `consumers` (and the file it names, re-read at every reload), `shadow`,
-//! `rate_limit_headers`, `path_normalization`, `merge_slashes`, `timeouts.*`, `max_body_size`,
+//! `rate_limit_headers`, `path_normalization`, `merge_slashes`, `underscores_in_headers`, `timeouts.*`, `max_body_size`,
 //! `http2_max_resets_per_second`, `http2_max_streams_per_second`, `tls` (the certificate files
 //! are re-read, for TCP and QUIC connections alike), `http3.advertise`, `http3.max_streams`,
 //! `http3.idle_timeout`, `upstream_ca` (re-read; the upstream connection pools start anew; without it,

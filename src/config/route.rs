@@ -13,7 +13,7 @@ mod pool;
 
 pub use build::override_budget;
 pub use edits::{HeaderEdits, Vars};
-pub use matching::{HeaderMatch, HostPattern, request_host};
+pub use matching::{HeaderMatch, HostPattern, invalid_host, request_host};
 
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
@@ -59,6 +59,12 @@ pub struct RouteConfig {
     /// True when a limit reads the request's JSON body (`json:` keys): the body is then read
     /// whole before the decision, and forwarded from memory.
     pub reads_body: bool,
+    /// Names a client's request trailers may not carry to the upstream, beside those no trailer
+    /// may ([`crate::proxy::body`]): what `request_headers` sets or removes, and the identity's
+    /// headers. A trailer arrives after the head was checked and edited, so it could otherwise
+    /// slip a forged value past `set` and `remove` (RFC 9110 §6.5.1: trailers must not carry
+    /// what routing or authentication reads).
+    pub trailers_denied: std::sync::Arc<[http::HeaderName]>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).

@@ -212,6 +212,51 @@ pub struct RequestBody {
     /// An HTTP/1 client's body: refused for its size, the rest is read and discarded
     /// ([`linger`]) so that the client reads the 413 instead of a reset connection.
     linger: bool,
+    /// The route's names its trailers may not carry ([`RequestBody::deny_trailers`]).
+    trailers_denied: Option<Arc<[http::HeaderName]>>,
+}
+
+/// What no request trailer carries to the upstream, whatever the route: fields that frame,
+/// route, authenticate or forward a message (RFC 9110 §6.5.1), which floodgate read or set from
+/// the head and which a trailer must not replace.
+const NEVER_IN_TRAILERS: [http::HeaderName; 15] = {
+    use http::header::*;
+    [
+        AUTHORIZATION,
+        PROXY_AUTHORIZATION,
+        COOKIE,
+        HOST,
+        CONTENT_LENGTH,
+        CONTENT_TYPE,
+        CONTENT_ENCODING,
+        TRANSFER_ENCODING,
+        TE,
+        TRAILER,
+        CONNECTION,
+        UPGRADE,
+        FORWARDED,
+        VIA,
+        http::HeaderName::from_static("x-forwarded-for"),
+    ]
+};
+
+/// Removes from request `trailers` what none may carry, what `denied` names, `X-Forwarded-*`,
+/// pseudo-header-like names and names with `_`.
+fn filter_trailers(trailers: &mut http::HeaderMap, denied: &[http::HeaderName]) {
+    let drop = |name: &http::HeaderName| {
+        let text = name.as_str();
+        NEVER_IN_TRAILERS.contains(name)
+            || denied.contains(name)
+            || text.starts_with("x-forwarded-")
+            || text.contains('_')
+    };
+    if !trailers.keys().any(drop) {
+        return;
+    }
+    let names: Vec<http::HeaderName> = trailers.keys().filter(|n| drop(n)).cloned().collect();
+    for name in names {
+        trailers.remove(name);
+    }
 }
 
 impl RequestBody {
@@ -236,7 +281,14 @@ impl RequestBody {
             watchdog: Watchdog::new(idle),
             fault,
             linger,
+            trailers_denied: None,
         }
+    }
+
+    /// Request trailers lose, besides what no trailer may carry, the route's `denied` names.
+    pub fn deny_trailers(mut self, denied: Arc<[http::HeaderName]>) -> Self {
+        self.trailers_denied = Some(denied);
+        self
     }
 
     /// An empty body: a retried request's, whose body was empty the first time.
@@ -249,6 +301,7 @@ impl RequestBody {
             watchdog: Watchdog::new(Duration::from_secs(3600)),
             fault: Arc::default(),
             linger: false,
+            trailers_denied: None,
         }
     }
 }
@@ -271,6 +324,14 @@ impl HttpBody for RequestBody {
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.watchdog.fed();
+                let frame = match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        let denied = this.trailers_denied.as_deref().unwrap_or(&[]);
+                        filter_trailers(&mut trailers, denied);
+                        Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                };
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;
                     if let Some(limit) = this.limit
@@ -572,5 +633,60 @@ mod tests {
         assert!(!expired(&mut watchdog), "a frame ended the wait");
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(expired(&mut watchdog));
+    }
+
+    /// A body from another transport: its frames, in order.
+    fn frames(frames: Vec<Frame<Bytes>>) -> Incoming {
+        struct Frames(std::collections::VecDeque<Frame<Bytes>>);
+        impl HttpBody for Frames {
+            type Data = Bytes;
+            type Error = BoxError;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+                Poll::Ready(self.get_mut().0.pop_front().map(Ok))
+            }
+        }
+        Incoming::Other(Box::pin(Frames(frames.into())))
+    }
+
+    /// Trailers come after the head was edited: none may carry what the route sets or
+    /// removes, credentials, cookies or forwarding fields to the upstream.
+    #[tokio::test]
+    async fn request_trailers_lose_what_the_head_was_edited_and_checked_for() {
+        use http_body_util::BodyExt as _;
+        let mut trailers = http::HeaderMap::new();
+        for (name, value) in [
+            ("x-consumer", "forged"),
+            ("authorization", "Bearer forged"),
+            ("cookie", "session=forged"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-host", "forged.example"),
+            ("x_consumer", "forged"),
+            ("x-checksum", "kept"),
+        ] {
+            trailers.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        let body = frames(vec![
+            Frame::data(Bytes::from_static(b"data")),
+            Frame::trailers(trailers),
+        ]);
+        let body = RequestBody::new(
+            ClientBody::Streaming(body),
+            None,
+            Duration::from_secs(10),
+            Arc::default(),
+            false,
+        )
+        .deny_trailers(Arc::from([http::HeaderName::from_static("x-consumer")]));
+        let collected = body.collect().await.expect("body");
+        let seen = collected.trailers().expect("trailers").clone();
+        assert_eq!(collected.to_bytes(), "data");
+        let names: Vec<&str> = seen.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-checksum"], "{seen:?}");
     }
 }

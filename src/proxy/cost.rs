@@ -279,6 +279,9 @@ pub(super) struct CostMeter {
     /// (refused after its limits, by the upstream's learned limit): see `Drop`.
     reservation: Option<Reservation>,
     reading: Decoding,
+    /// What was settled at the response head, when only statuses settle this reservation
+    /// (`refund_on`, `spend_on`): [`CostMeter::finish`] hands it on for the log.
+    settled: Option<Vec<(usize, u64, u64)>>,
 }
 
 impl CostMeter {
@@ -295,6 +298,7 @@ impl CostMeter {
                 found,
                 body: BodyMode::Skip,
             }),
+            settled: None,
         }
     }
 
@@ -303,6 +307,17 @@ impl CostMeter {
         let figures = self.reading.figures();
         figures.read_status(status.as_u16());
         figures.read_headers(headers);
+        // Statuses alone settle this reservation: their word is final at the head, so the
+        // units go back now (a login window's 200 that streams its body for a minute must not
+        // hold the unit the next 401 needs), not when the body ends.
+        if figures
+            .limits
+            .iter()
+            .all(|l| matches!(l.settled.actual, Field::Status(_)))
+        {
+            self.settled = Some(self.settle(false));
+            return;
+        }
         let reads_json = figures
             .limits
             .iter()
@@ -341,6 +356,14 @@ impl CostMeter {
     /// short, whatever an early event said). Returns, per limit, its position, reserve and
     /// settled cost (for the access log).
     pub fn finish(mut self, complete: bool) -> Vec<(usize, u64, u64)> {
+        if let Some(settled) = self.settled.take() {
+            return settled;
+        }
+        self.settle(complete)
+    }
+
+    /// Settles the reservation at what was read (see [`CostMeter::finish`]); once.
+    fn settle(&mut self, complete: bool) -> Vec<(usize, u64, u64)> {
         if complete {
             self.reading.end();
         }

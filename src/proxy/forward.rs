@@ -36,14 +36,15 @@ use crate::upstream::{InFlight, Outcome, RoutePool};
 
 mod failure;
 mod headers;
+pub(super) use headers::X_FORWARDED_HOST;
 pub(super) use headers::push_ip;
 
 use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_config};
-pub use headers::strip_hop_by_hop;
 use headers::{
-    X_FORWARDED_HOST, X_FORWARDED_PROTO, append_forwarded_for, header_has_token,
-    is_websocket_upgrade, join_cookies, prefix_redirects, replace_prefix, rewrite_redirects,
+    X_FORWARDED_PROTO, append_forwarded_for, header_has_token, is_websocket_upgrade, join_cookies,
+    prefix_redirects, replace_prefix, rewrite_redirects,
 };
+pub use headers::{strip_connection_listed, strip_hop_by_hop};
 
 /// Sends requests to upstreams over pooled connections.
 pub struct Forwarder {
@@ -261,7 +262,11 @@ impl Forwarder {
         };
         let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
-        let body = RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
+        let mut body =
+            RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
+        if !hyper::body::Body::is_end_stream(&body) {
+            body = body.deny_trailers(route.trailers_denied.clone());
+        }
         let retries = pool.retries();
         // Only a request with nothing to send beyond its head can be sent again after it
         // reached an upstream.

@@ -27,6 +27,8 @@ pub struct Snapshot {
     pub consumers: Option<Arc<Consumers>>,
     pub tiers: Arc<crate::config::KnownTiers>,
     pub paths: crate::path::PathRules,
+    /// `underscores_in_headers`: keep header names with `_` (default false: dropped).
+    pub underscores_in_headers: bool,
     pub on_error: OnError,
     pub shadow: bool,
     pub(super) no_limit_headers: RateLimitHeaders,
@@ -171,6 +173,7 @@ impl Snapshot {
             consumers: config.consumers.clone(),
             tiers: config.tiers.clone(),
             paths: config.paths,
+            underscores_in_headers: config.underscores_in_headers,
             on_error: config.storage.on_error,
             shadow: config.shadow,
             no_limit_headers: RateLimitHeaders::none(),
@@ -190,6 +193,22 @@ impl Snapshot {
             ),
             tls: config.tls.is_some(),
         }
+    }
+}
+
+#[cfg(test)]
+impl Snapshot {
+    /// `config`'s snapshot, with metrics, gates and pools of its own.
+    pub(super) fn for_test(config: &Config) -> Self {
+        let pools = crate::upstream::Pools::default();
+        Snapshot::from_config(
+            config,
+            &Metrics::new(),
+            &Gates::default(),
+            &Tops::default(),
+            &pools,
+            None,
+        )
     }
 }
 

@@ -300,6 +300,90 @@ impl Drop for RawUpstream {
     }
 }
 
+/// A raw TCP upstream that records each request's head byte for byte (the request line and
+/// every header line as they came over the wire), answers `200 ok` and closes the connection:
+/// for what a client library or an HTTP parser would tidy up before a test could see it.
+pub struct RecordingUpstream {
+    addr: SocketAddr,
+    heads: Arc<Mutex<Vec<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl RecordingUpstream {
+    pub async fn start() -> RecordingUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind recording upstream");
+        let addr = listener.local_addr().expect("recording upstream addr");
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let kept = heads.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let end = loop {
+                        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i;
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let text = String::from_utf8_lossy(&head[..end]).into_owned();
+                    kept.lock().unwrap().push(text);
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        RecordingUpstream { addr, heads, task }
+    }
+
+    /// `http://127.0.0.1:PORT`, for a route's `upstream:`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request head received so far, in order, without the blank line that ends it.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+
+    /// The request line of every head.
+    pub fn request_lines(&self) -> Vec<String> {
+        let heads = self.heads();
+        heads
+            .iter()
+            .map(|h| h.lines().next().unwrap_or("").to_string())
+            .collect()
+    }
+
+    /// The values of header `name` (any case) in head `i`, in order, as they were sent.
+    pub fn values(&self, i: usize, name: &str) -> Vec<String> {
+        let heads = self.heads();
+        heads[i]
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_string())
+            .collect()
+    }
+}
+
+impl Drop for RecordingUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// An address on which nothing listens: bind port 0, note the port, close the listener.
 pub fn closed_port_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

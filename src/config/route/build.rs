@@ -108,11 +108,17 @@ impl Validator {
         if self.problems.len() > before {
             return None;
         }
-        let path_match = self.choice(
-            &format!("{path}.path_match"),
-            r.path_match,
-            PathMatch::Prefix,
-        );
+        let path_match = match r.rewrite_prefix {
+            // A rewrite replaces whole segments: `/api/v1` → `/internal/` must not turn
+            // `/api/v1../admin` into `/internal/../admin`, so such a route matches its prefix
+            // only where a segment ends (`/api/v1`, `/api/v1/…`), whatever `path_match` says.
+            Some(_) => PathMatch::Segment,
+            None => self.choice(
+                &format!("{path}.path_match"),
+                r.path_match,
+                PathMatch::Prefix,
+            ),
+        };
         let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
         let adaptive = r
             .adaptive_concurrency
@@ -121,7 +127,12 @@ impl Validator {
             l.parts.iter().any(|p| matches!(p, Part::Json(_)))
                 || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
         });
+        let trailers_denied = (request_headers.set.iter().map(|(n, _)| n))
+            .chain(&request_headers.remove)
+            .cloned()
+            .collect();
         Some(RouteConfig {
+            trailers_denied,
             reads_body,
             name: r.name.into(),
             path_prefix: r.path_prefix,

@@ -59,13 +59,87 @@ pub struct HeaderMatch {
 }
 
 impl HeaderMatch {
-    /// True when `headers` has the header (one of its values equal to the one asked for).
+    /// True when `headers` has the header with the value asked for. The value compared is the
+    /// field's combined value (RFC 9110 §5.3: every line of the field, in order, joined by
+    /// commas), as a list of its comma-separated members without the white space around them,
+    /// so that `X-Tenant: a` and `X-Tenant: b` on two lines are the one line `X-Tenant: a, b`
+    /// and neither matches `a`: how a client splits a field cannot choose its route.
     pub fn matches(&self, headers: &HeaderMap) -> bool {
-        match &self.value {
-            None => headers.contains_key(&self.name),
-            Some(value) => headers.get_all(&self.name).iter().any(|v| v == value),
+        let Some(value) = &self.value else {
+            return headers.contains_key(&self.name);
+        };
+        let mut lines = headers.get_all(&self.name).iter();
+        let Some(first) = lines.next() else {
+            return false;
+        };
+        let mut rest = lines.peekable();
+        // The common case: one line, equal to the value as it is.
+        if rest.peek().is_none() && first == value {
+            return true;
         }
+        let members = std::iter::once(first)
+            .chain(rest)
+            .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+            .map(trim_ows)
+            .filter(|m| !m.is_empty());
+        let wanted = value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .map(trim_ows)
+            .filter(|m| !m.is_empty());
+        members.eq(wanted)
     }
+}
+
+/// `bytes` without the optional white space (space, tab) around it.
+fn trim_ows(bytes: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !ows(b)).unwrap_or(bytes.len());
+    let end = bytes.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    &bytes[start..end]
+}
+
+/// Why a request's host is not one valid `uri-host[:port]` (RFC 9112 §3.2, RFC 3986 §3.2.2).
+/// floodgate accepts what a DNS name or an address can be (letters, digits, `-`, `.`, `_`, no
+/// empty label between two dots, or a bracketed IPv6 literal) and a port of digits: anything
+/// else (`a@b`, `a, b`, spaces, raw UTF-8, percent escapes) is read differently by the parsers
+/// behind the proxy, which could then see another host than the one routed and limited.
+pub fn invalid_host(authority: &str) -> Option<&'static str> {
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let Some((literal, after)) = v6.split_once(']') else {
+                return Some("an IPv6 host has no closing ]");
+            };
+            if literal.parse::<std::net::Ipv6Addr>().is_err() {
+                return Some("the host is not an IPv6 address in brackets");
+            }
+            match after {
+                "" => return None,
+                _ => match after.strip_prefix(':') {
+                    Some(port) => ("", port),
+                    None => return Some("the host has text after its IPv6 address"),
+                },
+            }
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, port),
+            None => (authority, ""),
+        },
+    };
+    if port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Some("the host's port is not a number");
+    }
+    if host.is_empty() && !authority.starts_with('[') {
+        return Some("the host is empty");
+    }
+    let name_byte = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+    if !host.bytes().all(name_byte) {
+        return Some("the host has a character no host name has");
+    }
+    if host.starts_with('.') || host.contains("..") {
+        return Some("the host has an empty label");
+    }
+    None
 }
 
 /// The host a request names, as a route's `hosts` compares it: the request target's authority
@@ -144,15 +218,86 @@ mod tests {
     }
 
     #[test]
+    fn hosts_are_one_valid_name_or_address_with_an_optional_port() {
+        for good in [
+            "a.example",
+            "A.Example:8080",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:8443",
+            "under_score.example.",
+            "localhost:",
+        ] {
+            assert_eq!(invalid_host(good), None, "{good:?}");
+        }
+        for bad in [
+            "b.example@a.example",
+            "a.example, b.example",
+            "other.test,a.example",
+            "b\u{fc}cher.example",
+            "a.example:80:80",
+            "a.example:http",
+            "a..example",
+            ".a.example",
+            "[::1",
+            "[nothing]",
+            "[::1]x",
+            "a%2eexample",
+            "a example",
+            "",
+            ":80",
+        ] {
+            assert!(invalid_host(bad).is_some(), "{bad:?}");
+        }
+    }
+
+    /// The combined value decides, however the client splits the field into lines.
+    #[test]
+    fn a_header_matches_on_the_fields_combined_value() {
+        let tenant = HeaderMatch {
+            name: HeaderName::from_static("x-tenant"),
+            value: Some(HeaderValue::from_static("a")),
+        };
+        let with = |lines: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for line in lines {
+                headers.append("x-tenant", HeaderValue::from_static(line));
+            }
+            tenant.matches(&headers)
+        };
+        assert!(with(&["a"]));
+        assert!(
+            with(&["a,"]),
+            "an empty member is no member (RFC 9110 §5.6.1)"
+        );
+        assert!(!with(&["a", "b"]), "two lines are the one value \"a, b\"");
+        assert!(!with(&["a, b"]));
+        assert!(!with(&["b", "a"]));
+        assert!(!with(&[]));
+        let pair = HeaderMatch {
+            name: HeaderName::from_static("x-tenant"),
+            value: Some(HeaderValue::from_static("a, b")),
+        };
+        let mut headers = HeaderMap::new();
+        headers.append("x-tenant", HeaderValue::from_static("a"));
+        headers.append("x-tenant", HeaderValue::from_static("b"));
+        assert!(pair.matches(&headers));
+        headers.insert("x-tenant", HeaderValue::from_static("a,b"));
+        assert!(pair.matches(&headers));
+    }
+
+    #[test]
     fn a_header_matches_by_value_or_presence() {
         let mut headers = HeaderMap::new();
-        headers.append("x-canary", HeaderValue::from_static("0"));
         headers.append("x-canary", HeaderValue::from_static("1"));
         let one = HeaderMatch {
             name: HeaderName::from_static("x-canary"),
             value: Some(HeaderValue::from_static("1")),
         };
         assert!(one.matches(&headers));
+        headers.append("x-canary", HeaderValue::from_static("0"));
+        assert!(!one.matches(&headers), "the field is \"1, 0\"");
         let present = HeaderMatch {
             name: HeaderName::from_static("x-canary"),
             value: None,

@@ -13,7 +13,7 @@ use crate::config::Upstream;
 use crate::identity::X_FORWARDED_FOR;
 
 pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), plus the non-standard ones proxies also drop.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -73,17 +73,23 @@ pub(super) fn rewrite_redirects(
 }
 
 /// `path` with its leading `prefix` replaced by `new` (`rewrite_prefix`, as nginx's
-/// `proxy_pass http://u/new/` in a `location /prefix/`): a plain string replacement, with one
-/// slash where the two meet on one. A path that does not start with `prefix` is `new` followed
-/// by it.
+/// `proxy_pass http://u/new/` in a `location /prefix/`), by whole segments: what follows the
+/// prefix is joined to `new` with one slash, so the result is always `new` itself or under
+/// `new/` (`/api/v1` → `/internal/` never makes `/internal/../x` or `/internalx`). The request
+/// path is normalised and a rewriting route matches at segment boundaries only, so what follows
+/// the prefix is empty or a `/` and segments that are never `.` or `..`. A path that does not
+/// start with `prefix` is `new` followed by it.
 pub(crate) fn replace_prefix(path: &str, prefix: &str, new: &str) -> String {
     let rest = path.strip_prefix(prefix).unwrap_or(path);
-    let mut out = String::with_capacity(new.len() + rest.len());
-    out.push_str(new);
-    match (new.ends_with('/'), rest.strip_prefix('/')) {
-        (true, Some(rest)) => out.push_str(rest),
-        _ => out.push_str(rest),
+    let rest = rest.trim_start_matches('/');
+    if rest.is_empty() {
+        return new.to_string();
     }
+    let base = new.trim_end_matches('/');
+    let mut out = String::with_capacity(base.len() + 1 + rest.len());
+    out.push_str(base);
+    out.push('/');
+    out.push_str(rest);
     out
 }
 
@@ -206,6 +212,37 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes the fields a client's `Connection` lists (RFC 9110 §7.6.1: they are for this hop
+/// only) before the route's `request_headers` are applied, so that `Connection: X-Consumer`
+/// cannot take away a field floodgate sets; `Connection` itself stays only to say `upgrade`
+/// (a WebSocket's), for the forwarding step, which removes the hop-by-hop fields it knows.
+/// `Host` and `TE` are not removed here: the forwarding step reads them.
+pub fn strip_connection_listed(headers: &mut HeaderMap) {
+    if !headers.contains_key(CONNECTION) {
+        return;
+    }
+    let lines: Vec<HeaderValue> = headers.get_all(CONNECTION).iter().cloned().collect();
+    let mut upgrade = false;
+    for line in &lines {
+        let Ok(line) = line.to_str() else { continue };
+        for token in line.split(',').map(str::trim) {
+            if token.eq_ignore_ascii_case("upgrade") {
+                upgrade = true;
+            } else if !token.eq_ignore_ascii_case("host") && !token.eq_ignore_ascii_case("te") {
+                headers.remove(token);
+            }
+        }
+    }
+    match upgrade {
+        true => {
+            headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        false => {
+            headers.remove(CONNECTION);
+        }
+    }
+}
+
 /// Appends the client's address to `X-Forwarded-For`, keeping earlier hops in one header line.
 pub(super) fn append_forwarded_for(headers: &mut HeaderMap, client_ip: IpAddr) {
     // One buffer, formatted into directly, that becomes the header value without a copy.
@@ -270,8 +307,13 @@ mod tests {
             replace_prefix("/api/rides/x", "/api/rides/", "/v2/"),
             "/v2/x"
         );
-        // A plain string replacement, as nginx's.
-        assert_eq!(replace_prefix("/api/ridesX", "/api/rides", "/v2"), "/v2X");
+        // By whole segments, never as a plain string (nginx's off-by-slash): what follows the
+        // prefix is always under the new prefix.
+        assert_eq!(replace_prefix("/api/ridesX", "/api/rides", "/v2"), "/v2/X");
+        assert_eq!(
+            replace_prefix("/api/rides/x", "/api/rides/", "/v2"),
+            "/v2/x"
+        );
     }
 
     #[test]
