@@ -1077,3 +1077,44 @@ async fn a_name_that_resolves_late_is_used_as_soon_as_it_does() {
     );
     assert!(replicas[0].served() > 0);
 }
+
+/// An endpoint that accepts and never answers is a gateway failure each time its request runs
+/// out of `timeouts.upstream_response` (as Envoy's outlier detection counts timeouts): after
+/// `consecutive_failures` of them it is ejected, and the requests after go to the live replicas.
+/// The hanging endpoint's replica sleeps an hour; no time is asserted, only counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_never_answers_is_ejected_by_its_timeouts() {
+    let port = free_port();
+    let replicas = three(port).await;
+    replicas[2].delay_ms.store(3_600_000, Ordering::SeqCst);
+    let fg = Floodgate::start(&format!(
+        "timeouts:\n  upstream_response: 200ms\n{}",
+        config(&format!(
+            "{}    balance: round_robin\n    outlier: {{consecutive_failures: 3, ejection: 5m}}\n    retries: {{attempts: 1}}\n",
+            origins(port)
+        ))
+    ));
+    let hanging = format!("127.0.0.4:{port}");
+    let mut timeouts = 0;
+    // Round robin sends every third request to the hanging endpoint: three timeouts in a row
+    // there take 9 requests; 30 is ample, and the test stops at the ejection.
+    for _ in 0..30 {
+        let (status, _) = get(&fg, &[]).await;
+        if status == 504 {
+            timeouts += 1;
+        }
+        if has(&fg, &hanging, "ejected").await {
+            break;
+        }
+    }
+    assert!(
+        has(&fg, &hanging, "ejected").await,
+        "ejected after {timeouts} timeouts: {:?}",
+        endpoints(&fg).await
+    );
+    assert_eq!(timeouts, 3);
+    // From now on nothing waits on it.
+    for _ in 0..20 {
+        assert_eq!(get(&fg, &[]).await.0, 200);
+    }
+}

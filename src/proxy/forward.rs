@@ -278,6 +278,8 @@ impl Forwarder {
         let again_http2 = again_http1 || (may_again && retries.on.refused_stream);
 
         let wait = deadline.map_or(self.response_timeout, |d| d.min(self.response_timeout));
+        // The endpoint of the attempt under way, for a timeout to be counted against.
+        let mut current: Option<u64> = None;
         let sent = async {
             let mut attempt = first;
             let mut tried = Tried::default();
@@ -286,6 +288,7 @@ impl Forwarder {
             let mut client: Option<ClientSide> = None;
             loop {
                 let endpoint = attempt.endpoint().clone();
+                current = Some(endpoint.id);
                 tried.push(endpoint.id);
                 *used = endpoint.addr;
                 let may_retry = |tried: &[u64]| tried.len() < retries.attempts as usize;
@@ -425,7 +428,19 @@ impl Forwarder {
             }
         };
         let (response, client, endpoint) = match tokio::time::timeout(wait, sent).await {
-            Err(_) => return Err(ForwardError::Upstream(UpstreamFault::Timeout)),
+            Err(_) => {
+                // No head within `timeouts.upstream_response`: a gateway failure of the
+                // endpoint, for outlier detection as Envoy counts it (an endpoint that accepts
+                // and never answers is ejected like one that refuses). A client's own shorter
+                // `grpc-timeout` says nothing of the endpoint.
+                if wait == self.response_timeout
+                    && let Some(id) = current
+                    && let Some(endpoint) = pool.endpoints().into_iter().find(|e| e.id == id)
+                {
+                    pool.outcome(&endpoint, Outcome::Failed);
+                }
+                return Err(ForwardError::Upstream(UpstreamFault::Timeout));
+            }
             Ok(Err(e)) => {
                 // The request's own body failed: the client's error, not the upstream's.
                 if let Some(fault) = fault.get() {
