@@ -158,8 +158,8 @@ impl TlsConfig {
         self.server_config.clone()
     }
 
-    /// True when the certificate is valid for the DNS name `name` (its subject alternative
-    /// names, wildcards as TLS matches them).
+    /// True when the certificate is valid for `name`, a DNS name or an IP address (its subject
+    /// alternative names, wildcards as TLS matches them, IP addresses as IP SANs).
     pub fn serves(&self, name: &str) -> bool {
         let Ok(name) = rustls::pki_types::ServerName::try_from(name) else {
             return false;

@@ -297,6 +297,8 @@ impl Server {
                 () = &mut shutdown => break,
             };
             let _ = stream.set_nodelay(true);
+            // The address the client dialled: what it names when it sends no SNI.
+            let local = stream.local_addr().ok();
             let proxy = self.proxy.clone();
             let serving = self.settings.load_full();
             let builder = serving.builder.clone();
@@ -321,7 +323,7 @@ impl Server {
                     Some(acceptor) => {
                         match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
-                                let advertise = advertised(&serving, alt_svc, &stream);
+                                let advertise = advertised(&serving, alt_svc, &stream, local);
                                 let stream = FirstByteDeadline::new(stream, header_read);
                                 serve_connection(
                                     &builder, draining, stream, proxy, peer, limits, advertise,
@@ -501,20 +503,23 @@ impl Advertised {
 }
 
 /// What a new TLS connection is told of HTTP/3: `alt_svc` when `http3.advertise` is on and the
-/// client named (SNI) a host the certificate serves.
+/// client named a host the certificate serves: the name it sent (SNI), or, when it sent none
+/// (a client that dials an address sends no SNI: RFC 6066 §3 allows only names), the address
+/// it dialled, `local`, when the certificate has it among its IP addresses.
 fn advertised<S>(
     serving: &Serving,
     alt_svc: Option<HeaderValue>,
     stream: &tokio_rustls::server::TlsStream<S>,
+    local: Option<std::net::SocketAddr>,
 ) -> Option<Advertised> {
     let value = alt_svc.filter(|_| serving.advertise)?;
-    let name = stream.get_ref().1.server_name()?;
+    let name = match stream.get_ref().1.server_name() {
+        Some(name) => name.to_ascii_lowercase(),
+        None => local?.ip().to_canonical().to_string(),
+    };
     serving
         .names
         .as_ref()
-        .is_some_and(|tls| tls.serves(name))
-        .then(|| Advertised {
-            value,
-            name: name.to_ascii_lowercase(),
-        })
+        .is_some_and(|tls| tls.serves(&name))
+        .then_some(Advertised { value, name })
 }

@@ -242,6 +242,14 @@ async fn tcp_answers_advertise_http3_for_the_certificates_name_unless_told_not_t
         .await;
         assert_eq!(reply.header("alt-svc"), expected);
     }
+    // A client that dials the address sends no SNI: the certificate's IP address (an IP SAN)
+    // is the name it connected to, and it is told too.
+    let by_address = format!("https://127.0.0.1:{}/", fg.addr().port());
+    for http1_only in [true, false] {
+        let reply = get(&cert.client(fg.addr(), http1_only), &by_address, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("alt-svc"), expected, "by address");
+    }
     // A request naming another host than the connection's (SNI) is told nothing.
     let reply = get(
         &cert.client(fg.addr(), true),
