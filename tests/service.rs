@@ -897,3 +897,123 @@ async fn a_grpc_prefix_larger_than_the_limit_is_refused_when_it_arrives() {
     assert_eq!(response.headers()["grpc-status"], "8");
     drop(stream);
 }
+
+/// Sends one gRPC `ShouldRateLimit` message, `message` as its bytes (not encoded by any
+/// protobuf library: a test's own, malformed on purpose), over a raw HTTP/2 stream, and returns
+/// the `grpc-status` and, for an answer, its `overall_code` (1 OK, 2 OVER_LIMIT).
+async fn raw_should_rate_limit(svc: &Service, message: &[u8]) -> (String, Option<u8>) {
+    let tcp = tokio::net::TcpStream::connect(svc.fg.service_addr())
+        .await
+        .unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut h2 = h2.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        svc.fg.service_addr()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut stream) = h2.send_request(request, false).unwrap();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    stream.send_data(bytes::Bytes::from(frame), true).unwrap();
+    let response = response.await.unwrap();
+    let (head, mut body) = response.into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        data.extend_from_slice(&chunk.unwrap());
+    }
+    let status = match head.headers.get("grpc-status") {
+        Some(status) => status.to_str().unwrap().to_string(),
+        None => body
+            .trailers()
+            .await
+            .unwrap()
+            .and_then(|t| {
+                t.get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_string())
+            })
+            .unwrap_or_default(),
+    };
+    // RateLimitResponse.overall_code is field 1, a varint: the message's first two bytes.
+    let code = (data.len() >= 7 && data[5] == 1 << 3).then(|| data[6]);
+    (status, code)
+}
+
+/// Protobuf by hand: a varint, and a length-delimited field holding `inner`.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn nested(tag: u32, inner: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    varint(&mut out, u64::from(tag << 3 | 2));
+    varint(&mut out, inner.len() as u64);
+    out.extend_from_slice(inner);
+    out
+}
+
+/// `RateLimitRequest { domain: "edge", descriptors: [{entries: [path=/api/p], limit}] }` with
+/// the descriptor's `limit` (a `RateLimitOverride`) as `limit` bytes, and `after` following the
+/// descriptor's fields.
+fn request_with_limit(limit: &[u8], after: &[u8]) -> Vec<u8> {
+    let mut entry = nested(1, b"path");
+    entry.extend(nested(2, b"/api/p"));
+    let mut descriptor = nested(1, &entry);
+    descriptor.extend(nested(2, limit));
+    descriptor.extend_from_slice(after);
+    let mut request = nested(1, b"edge");
+    request.extend(nested(2, &descriptor));
+    request
+}
+
+/// A malformed protobuf at any depth (here a descriptor's `limit.unit`, a varint cut short
+/// where its message ends, with and without fields after it) is `INVALID_ARGUMENT` and spends
+/// nothing: `/api/p`'s 2 an hour are whole afterwards.
+#[tokio::test]
+async fn a_malformed_protobuf_in_a_nested_field_is_invalid_argument_and_spends_nothing() {
+    keep_clear_of_window_boundary(3600, Duration::from_secs(60)).await;
+    let svc = service_with(RULES, "");
+    // unit (field 2, a varint): 0x80 says another byte follows, and none does in `limit`.
+    let truncated = [1 << 3, 5, 2 << 3, 0x80];
+    for after in [&[][..], &[4 << 3, 0][..], &[3 << 3 | 2, 2, 1 << 3, 1][..]] {
+        let (status, _) = raw_should_rate_limit(&svc, &request_with_limit(&truncated, after)).await;
+        assert_eq!(status, "3", "INVALID_ARGUMENT, with {after:?} after it");
+    }
+    // A limit's varint running past the end of the whole message, and an overlong one.
+    let mut cut = request_with_limit(&[1 << 3, 5], &[]);
+    cut.extend_from_slice(&[3 << 3, 0x80]);
+    assert_eq!(raw_should_rate_limit(&svc, &cut).await.0, "3");
+    let overlong = [
+        1 << 3,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0x01,
+    ];
+    let (status, _) = raw_should_rate_limit(&svc, &request_with_limit(&overlong, &[])).await;
+    assert_eq!(status, "3", "a varint of eleven bytes");
+    // The same request well formed: 2 allowed, then over the limit.
+    let whole = request_with_limit(&[1 << 3, 5, 2 << 3, 3], &[]);
+    for expected in [1, 1, 2] {
+        assert_eq!(
+            raw_should_rate_limit(&svc, &whole).await,
+            ("0".to_string(), Some(expected))
+        );
+    }
+}
