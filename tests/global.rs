@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -211,6 +211,14 @@ struct Tally {
     admitted: AtomicU64,
     refused: AtomicU64,
     other: AtomicU64,
+    /// Refusals by URL (by instance): a drain needs every instance refusing.
+    refused_at: Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl Tally {
+    fn refusals(&self) -> std::collections::HashMap<String, u64> {
+        self.refused_at.lock().unwrap().clone()
+    }
 }
 
 /// `clients` clients per URL in `urls`, each sending requests one after another until `stop`
@@ -230,7 +238,15 @@ fn run_clients(
                 while !stop.load(Ordering::SeqCst) {
                     match client.get(&url).send().await.map(|r| r.status().as_u16()) {
                         Ok(200) => tally.admitted.fetch_add(1, Ordering::SeqCst),
-                        Ok(429) => tally.refused.fetch_add(1, Ordering::SeqCst),
+                        Ok(429) => {
+                            *tally
+                                .refused_at
+                                .lock()
+                                .unwrap()
+                                .entry(url.clone())
+                                .or_default() += 1;
+                            tally.refused.fetch_add(1, Ordering::SeqCst)
+                        }
                         _ => tally.other.fetch_add(1, Ordering::SeqCst),
                     };
                 }
@@ -240,16 +256,38 @@ fn run_clients(
     tasks
 }
 
-/// Waits until `tally`'s admitted count has not grown for `quiet` (or `deadline` passed).
-async fn until_quiet(tally: &Tally, quiet: Duration, deadline: Duration) {
+/// Waits until the budget is drained: `tally`'s admitted count has not grown for `quiet`, and
+/// meanwhile every URL in `urls` (each instance with clients) has refused at least 10 requests,
+/// so the quiet is the budget's and not a stalled machine's. A budget not drained within
+/// [`common::DRAIN_DEADLINE`] fails the test, saying what was seen.
+async fn until_drained(tally: &Tally, urls: &[String], quiet: Duration) {
     let started = Instant::now();
-    let mut last = (tally.admitted.load(Ordering::SeqCst), Instant::now());
-    while started.elapsed() < deadline {
+    let mut last = (
+        tally.admitted.load(Ordering::SeqCst),
+        Instant::now(),
+        tally.refusals(),
+    );
+    loop {
+        assert!(
+            started.elapsed() < common::DRAIN_DEADLINE,
+            "not drained within {:?}: {} admitted, refusals by instance since the last admission {:?} (at it {:?})",
+            common::DRAIN_DEADLINE,
+            last.0,
+            tally.refusals(),
+            last.2
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = tally.admitted.load(Ordering::SeqCst);
         if now != last.0 {
-            last = (now, Instant::now());
-        } else if last.1.elapsed() >= quiet {
+            last = (now, Instant::now(), tally.refusals());
+            continue;
+        }
+        let refusals = tally.refusals();
+        let each_refused = urls.iter().all(|url| {
+            let before = last.2.get(url).copied().unwrap_or(0);
+            refusals.get(url).copied().unwrap_or(0) >= before + 10
+        });
+        if last.1.elapsed() >= quiet && each_refused {
             return;
         }
     }
@@ -287,10 +325,10 @@ async fn exactly_the_budget(global: GlobalStore, regions: Regions) {
     // 64 clients: 16 on each instance.
     let urls: Vec<String> = world.urls("/api/x").into_iter().flatten().collect();
     let started = Instant::now();
-    let tasks = run_clients(urls, 16, tally.clone(), stop.clone());
+    let tasks = run_clients(urls.clone(), 16, tally.clone(), stop.clone());
     // Quiet for 3 s (three lease_ttls: a slice still held would have been spent or lapsed),
-    // within a minute.
-    until_quiet(&tally, Duration::from_secs(3), Duration::from_secs(60)).await;
+    // with every instance refusing meanwhile.
+    until_drained(&tally, &urls, Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         let _ = t.await;
@@ -342,7 +380,7 @@ async fn an_instance_killed_mid_run_costs_at_most_what_it_held() {
         doomed_stop.clone(),
     );
     let others = vec![urls[0][1].clone(), urls[1][0].clone(), urls[1][1].clone()];
-    let tasks = run_clients(others, 16, tally.clone(), stop.clone());
+    let tasks = run_clients(others.clone(), 16, tally.clone(), stop.clone());
     while tally.admitted.load(Ordering::SeqCst) + doomed_tally.admitted.load(Ordering::SeqCst)
         < 1000
     {
@@ -353,7 +391,7 @@ async fn an_instance_killed_mid_run_costs_at_most_what_it_held() {
     for t in doomed {
         let _ = t.await;
     }
-    until_quiet(&tally, Duration::from_secs(3), Duration::from_secs(60)).await;
+    until_drained(&tally, &others, Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         let _ = t.await;

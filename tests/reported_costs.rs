@@ -34,7 +34,7 @@ async fn settled(fg: &Floodgate) -> u64 {
 }
 
 /// One call by `key`, the upstream reporting `figure` (none: the header is absent); waits (a
-/// few ms; 10 s for a loaded machine) until its settlement has been made.
+/// few ms; up to `DRAIN_DEADLINE` on a loaded machine) until its settlement has been made.
 async fn call(fg: &Floodgate, key: &str, figure: Option<&str>) -> common::Reply {
     let before = settled(fg).await;
     let mut headers = vec![("x-api-key", key)];
@@ -43,7 +43,7 @@ async fn call(fg: &Floodgate, key: &str, figure: Option<&str>) -> common::Reply 
     }
     let reply = get(&client(), &fg.url("/cost"), &headers).await;
     if reply.status == StatusCode::OK {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + common::DRAIN_DEADLINE;
         while settled(fg).await == before {
             assert!(Instant::now() < deadline, "never settled: {}", fg.stderr());
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -148,9 +148,9 @@ async fn remaining(fg: &Floodgate, key: &str) -> Option<u64> {
     })
 }
 
-/// Waits (10 s at most: the retries back off up to 5 s) until `key` has `want` left.
+/// Waits (at most `DRAIN_DEADLINE`, far past the retries' 5 s backoff: a loaded machine) until `key` has `want` left.
 async fn until_remaining(fg: &Floodgate, key: &str, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::DRAIN_DEADLINE;
     loop {
         let left = remaining(fg, key).await;
         if left == Some(want) {
@@ -292,7 +292,7 @@ async fn a_cost_in_an_http1_chunked_trailer_is_settled() {
     let reply = get(&client(), &fg.url("/cost"), &[("x-api-key", "chunked")]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body, "hello");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::DRAIN_DEADLINE;
     while settled(&fg).await == before {
         assert!(Instant::now() < deadline, "never settled: {}", fg.stderr());
         tokio::time::sleep(Duration::from_millis(10)).await;

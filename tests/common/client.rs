@@ -294,3 +294,73 @@ pub async fn hammer(
     }
     totals
 }
+
+/// How long a drain may take at most: far beyond what spending any test's budget takes on this
+/// project's 2-core machine even with the whole suite beside it (seconds), so reaching it means
+/// the budget did not run out, and the test says so.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Like [`hammer`], but each client stops once it has been refused (429) `in_a_row` times
+/// running: the budget behind its URL is spent, however slowly a loaded machine got there. A
+/// client still admitted after [`DRAIN_DEADLINE`] fails the test, naming what was answered.
+/// Returns the answers by status, all clients together.
+pub async fn hammer_until_refused(
+    urls: &[String],
+    key: &str,
+    clients: usize,
+    in_a_row: u32,
+) -> std::collections::HashMap<u16, u32> {
+    let urls: std::sync::Arc<Vec<String>> = std::sync::Arc::new(urls.to_vec());
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|i| {
+            let urls = urls.clone();
+            let key = key.to_string();
+            tokio::spawn(async move {
+                let client = client();
+                let mut statuses = std::collections::HashMap::<u16, u32>::new();
+                let mut refused = 0;
+                while refused < in_a_row {
+                    if started.elapsed() > DRAIN_DEADLINE {
+                        return Err(statuses);
+                    }
+                    let status = match client
+                        .post(&urls[i % urls.len()])
+                        .header("x-api-key", &key)
+                        .send()
+                        .await
+                    {
+                        Ok(r) => r.status().as_u16(),
+                        Err(e) => {
+                            eprintln!("hammer_until_refused: request failed: {e:?}");
+                            0
+                        }
+                    };
+                    refused = if status == 429 { refused + 1 } else { 0 };
+                    *statuses.entry(status).or_default() += 1;
+                }
+                Ok(statuses)
+            })
+        })
+        .collect();
+    let mut totals = std::collections::HashMap::<u16, u32>::new();
+    let mut undrained = 0;
+    for task in tasks {
+        let (Ok(statuses) | Err(statuses)) = match task.await.expect("client task") {
+            Ok(s) => Ok(s),
+            Err(s) => {
+                undrained += 1;
+                Err(s)
+            }
+        };
+        for (status, n) in statuses {
+            *totals.entry(status).or_default() += n;
+        }
+    }
+    assert_eq!(
+        undrained, 0,
+        "{undrained} of {clients} clients were not refused {in_a_row} times running within \
+         {DRAIN_DEADLINE:?}: the budget did not run out ({totals:?})"
+    );
+    totals
+}
