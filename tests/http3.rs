@@ -683,3 +683,81 @@ async fn streams_that_never_send_their_head_are_given_up_after_header_read() {
     assert!((0.9..8.0).contains(&seconds), "{result}");
     assert_eq!(upstream.count(), 1);
 }
+
+/// Frames h3 would hold whole, or that RFC 9114 forbids a client, close the connection as their
+/// header arrives (`src/server/http3/frames.rs`), before anything of them is held: a HEADERS or
+/// reserved-type frame declaring 2^62 − 1 bytes (`H3_EXCESSIVE_LOAD`, 0x107); on the control
+/// stream, the same, a frame left incomplete past `header_read` (1 s here; the client waits 5),
+/// a lowered `MAX_PUSH_ID` and a `CANCEL_PUSH` never allowed (`H3_ID_ERROR`, 0x108); a push
+/// stream from the client (`H3_STREAM_CREATION_ERROR`, 0x103). Fresh connections are served.
+#[tokio::test]
+async fn frames_h3_would_hold_whole_or_a_client_may_not_send_close_the_connection() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config =
+        Config::new()
+            .timeout("header_read", "1s")
+            .route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&cert, config, &[]);
+    let huge = "ffffffffffffffff";
+    let payload = "00".repeat(4096);
+    let code = |closed: &Value| closed["error_code"].as_u64();
+    // Request streams: HEADERS (0x01) and a reserved type (0x21), each declaring 2^62 - 1.
+    let result = h3(
+        &fg,
+        &cert,
+        "garbage",
+        json!({
+            "streams": [format!("01{huge}{payload}"), format!("21{huge}{payload}")],
+            "open": true,
+            "then": [{"path": "/after"}],
+        }),
+    )
+    .await;
+    let closed: Vec<Option<u64>> = result["closed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(code)
+        .collect();
+    assert_eq!(closed, [Some(0x107), Some(0x107)], "{result}");
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    // Unidirectional streams: a control stream (type 0x00, SETTINGS 0x04 empty) then the frame.
+    let control = "000400";
+    let result = h3(
+        &fg,
+        &cert,
+        "uni",
+        json!({
+            "connections": [
+                [format!("{control}21{huge}{payload}")],
+                [format!("{control}210501")],
+                [format!("{control}0d010a0d0105")],
+                [format!("{control}030103")],
+                ["0100"],
+            ],
+            "wait": 5,
+            "then": [{"path": "/after"}],
+        }),
+    )
+    .await;
+    let closed: Vec<Option<u64>> = result["closed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(code)
+        .collect();
+    assert_eq!(
+        closed,
+        [
+            Some(0x107),
+            Some(0x107),
+            Some(0x108),
+            Some(0x108),
+            Some(0x103)
+        ],
+        "{result}"
+    );
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    assert_eq!(upstream.count(), 2);
+}

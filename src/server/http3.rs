@@ -15,7 +15,13 @@
 //!   statelessly, so a client cannot make the server hold one), and `http3.idle_timeout`;
 //! - a stream reset before floodgate looked at it is dropped unanswered: nothing decided,
 //!   nothing forwarded;
+//! - every frame header a client sends is read as it arrives, before h3 buffers the frame
+//!   (`frames.rs`): a frame other than DATA is at most 65 KiB and must arrive whole within
+//!   `timeouts.header_read`, a client's push stream and a lowered `MAX_PUSH_ID` close the
+//!   connection;
 //! - a drain (SIGTERM) sends GOAWAY, lets the streams already accepted finish, then closes.
+
+mod frames;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -202,7 +208,7 @@ async fn serve_connection(
     });
     let built = h3::server::builder()
         .max_field_section_size(MAX_FIELD_SECTION)
-        .build::<_, Bytes>(h3_quinn::Connection::new(connection.clone()))
+        .build::<_, Bytes>(frames::Connection::new(connection.clone(), header_read))
         .await;
     let mut h3 = match built {
         Ok(h3) => h3,
@@ -265,8 +271,8 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     Guard(Some(f))
 }
 
-type H3Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
-type RecvStream = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+type H3Resolver = h3::server::RequestResolver<frames::Connection, Bytes>;
+type RecvStream = h3::server::RequestStream<frames::Guarded<h3_quinn::RecvStream>, Bytes>;
 type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Reads one request's head, hands the request to the pipeline and sends its answer back.

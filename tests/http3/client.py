@@ -16,10 +16,15 @@ Scenarios (SPEC_JSON's fields in brackets):
 - flood [handshakes, then]: `handshakes` connection attempts from as many UDP ports that send
   their first packet and never another, then the requests of `then` on a fresh connection
   (which must be served: the server asks it to prove its address if it must);
-- garbage [streams, then]: each of `streams` (hex) sent raw as a request stream on its own
-  connection, and how the server closed it; then the requests of `then` on a fresh connection;
+- garbage [streams, open, then]: each of `streams` (hex) sent raw as a request stream on its
+  own connection (left open, without its end, when `open`), and how the server closed it; then
+  the requests of `then` on a fresh connection;
 - silent [streams, then]: `streams` request streams that never finish their head, then the
   requests of `then` on the same connection, and how long they took;
+- uni [connections, wait, then]: for each entry of `connections` (a list of hex strings), a
+  fresh connection that speaks no HTTP/3 of its own (no control stream) and sends each string
+  raw on a unidirectional stream of its own, and how the server closed it within `wait`
+  seconds; then the requests of `then` on a fresh HTTP/3 connection;
 - shutdown [path]: one request in flight (it prints `{"sent": true}` when sent, and the test
   signals floodgate); its answer, a request sent after, and how the connection closed.
 """
@@ -112,6 +117,18 @@ class Client(QuicConnectionProtocol):
         out = dict(answer)
         out["body"] = answer["body"].decode(errors="replace")
         return out
+
+
+class Raw(QuicConnectionProtocol):
+    """A QUIC connection that speaks no HTTP/3 of its own: what the test sends is all it sends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.terminated = None
+
+    def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):
+            self.terminated = {"error_code": event.error_code, "reason": event.reason_phrase}
 
 
 def configuration(ca_file, **kwargs):
@@ -215,7 +232,7 @@ async def main():
         for raw in spec["streams"]:
             async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
                 stream_id = client._quic.get_next_available_stream_id()
-                client._quic.send_stream_data(stream_id, bytes.fromhex(raw), end_stream=True)
+                client._quic.send_stream_data(stream_id, bytes.fromhex(raw), end_stream=not spec.get("open"))
                 client.transmit()
                 deadline = time.monotonic() + 5
                 while client.terminated is None and time.monotonic() < deadline:
@@ -234,6 +251,20 @@ async def main():
             started = time.monotonic()
             result["answers"] = await run_requests(client, authority, spec["then"], False)
             result["seconds"] = time.monotonic() - started
+    elif scenario == "uni":
+        result["closed"] = []
+        for streams in spec["connections"]:
+            async with connect(host, port, configuration=configuration(ca_file), create_protocol=Raw) as client:
+                for raw in streams:
+                    stream_id = client._quic.get_next_available_stream_id(is_unidirectional=True)
+                    client._quic.send_stream_data(stream_id, bytes.fromhex(raw), end_stream=False)
+                client.transmit()
+                deadline = time.monotonic() + spec.get("wait", 5)
+                while client.terminated is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                result["closed"].append(client.terminated)
+        async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
+            result["answers"] = await run_requests(client, authority, spec["then"], False)
     elif scenario == "shutdown":
         async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
             stream_id = client.start({"path": spec["path"]}, authority)
