@@ -761,3 +761,47 @@ async fn frames_h3_would_hold_whole_or_a_client_may_not_send_close_the_connectio
     assert_eq!(answers(&result)[0]["status"], 200, "{result}");
     assert_eq!(upstream.count(), 2);
 }
+
+/// What h3 0.0.8 lets through and RFC 9114 §4.1.2 and §4.2 call malformed is refused by the
+/// listener: connection-specific fields and `te` other than `trailers` reset the stream with
+/// `H3_MESSAGE_ERROR` (0x10e) before any decision, and so do `content-length` values that
+/// differ or are no number; DATA frames that do not add up to `content-length` never reach the
+/// upstream as a whole body (the piece that completes it waits for the stream's end). The
+/// upstream's `/upload` reads the whole body and says how long it was.
+#[tokio::test]
+async fn malformed_http3_requests_are_refused_and_never_forwarded_whole() {
+    let (cert, upstream, fg) = one_route(&[]).await;
+    let post = |headers: Value, chunks: Value| json!({"method": "POST", "path": "/upload", "headers": headers, "chunks": chunks});
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [
+            post(json!([["content-length", "4"]]), json!(["abcdefghij"])),
+            post(json!([["content-length", "4"]]), json!(["abcd", "efghij"])),
+            post(json!([["content-length", "10"]]), json!(["abcd"])),
+            post(json!([["content-length", "4"], ["content-length", "5"]]), json!(["abcd"])),
+            post(json!([["content-length", "four"]]), json!(["abcd"])),
+            post(json!([["connection", "keep-alive"]]), json!(["abcd"])),
+            post(json!([["transfer-encoding", "chunked"]]), json!(["abcd"])),
+            post(json!([["upgrade", "websocket"]]), json!(["abcd"])),
+            post(json!([["te", "gzip"]]), json!(["abcd"])),
+            post(json!([["content-length", "4"], ["content-length", "4"]]), json!(["ab", "cd"])),
+        ]}),
+    )
+    .await;
+    let answers = answers(&result);
+    // Lengths that disagree with the DATA: floodgate's 400, never the upstream's 200.
+    for (i, answer) in answers[..3].iter().enumerate() {
+        assert_eq!(answer["status"], 400, "request {i}: {answer}");
+    }
+    for (i, answer) in answers[3..9].iter().enumerate() {
+        assert_eq!(answer["reset"], 0x10e, "request {}: {answer}", i + 3);
+    }
+    // The same length twice is one length (RFC 9110 §8.6).
+    assert_eq!(answers[9]["status"], 200, "{}", answers[9]);
+    assert_eq!(answers[9]["body"], "received 4 bytes");
+    // The resets were never decided or forwarded: the upstream saw at most the three length
+    // mismatches' heads (their bodies cut) and the last request.
+    assert!(upstream.count() <= 4, "{}", upstream.count());
+}

@@ -57,6 +57,58 @@ const H3_NO_ERROR: u32 = 0x100;
 /// HTTP/3's "internal error" code, for a response whose body failed mid-way.
 const H3_INTERNAL_ERROR: u64 = 0x102;
 
+/// HTTP/3's "malformed message" code (RFC 9114 §4.1.2), for a request refused as one.
+const H3_MESSAGE_ERROR: u64 = 0x10e;
+
+/// Why `req`'s head is a malformed HTTP/3 request (RFC 9114 §4.2, §4.1.2) that h3 0.0.8 lets
+/// through, if it is: a connection-specific field, or `content-length` values that are not one
+/// number. Its body's length is held to that number as it arrives ([`RecvBody`]).
+fn malformed(req: &http::Request<()>) -> Option<&'static str> {
+    let headers = req.headers();
+    let connection_specific = [CONNECTION, TRANSFER_ENCODING, UPGRADE]
+        .iter()
+        .any(|name| headers.contains_key(name))
+        || headers.contains_key("keep-alive")
+        || headers.contains_key("proxy-connection");
+    if connection_specific {
+        return Some("a connection-specific field");
+    }
+    if headers
+        .get_all(TE)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"trailers"))
+    {
+        return Some("TE other than trailers");
+    }
+    match declared_length(headers) {
+        Err(why) => Some(why),
+        Ok(_) => None,
+    }
+}
+
+/// The body length `content-length` declares: none, or one number however many times it is
+/// repeated (RFC 9110 §8.6); two different values or anything else is an error.
+fn declared_length(headers: &http::HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut declared = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        let text = value
+            .to_str()
+            .map_err(|_| "content-length is not a number")?;
+        for item in text.split(',') {
+            let item = item.trim();
+            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                return Err("content-length is not a number");
+            }
+            let n: u64 = item.parse().map_err(|_| "content-length is not a number")?;
+            if declared.is_some_and(|d| d != n) {
+                return Err("two content-length values that differ");
+            }
+            declared = Some(n);
+        }
+    }
+    Ok(declared)
+}
+
 /// The QUIC config a [`Serving`] gives new connections: the TCP listener's certificate and key,
 /// ALPN `h3`, no early data, and the `http3:` limits.
 pub(super) fn quic_config(
@@ -296,8 +348,16 @@ async fn serve_request(
             return;
         }
     };
-    let (mut send, recv) = stream.split();
-    let mut body = RecvBody::new(recv);
+    let (mut send, mut recv) = stream.split();
+    // A malformed request is a stream error (RFC 9114 §4.1.2): never decided, never forwarded.
+    if let Some(why) = malformed(&req) {
+        tracing::debug!(%peer, why, "HTTP/3 request malformed");
+        send.stop_stream(h3::error::Code::from(H3_MESSAGE_ERROR));
+        recv.stop_sending(h3::error::Code::from(H3_MESSAGE_ERROR));
+        return;
+    }
+    let declared = declared_length(req.headers()).ok().flatten();
+    let mut body = RecvBody::new(recv, declared);
     // A stream the client reset as soon as it opened it (a rapid-reset flood) costs nothing:
     // it is neither decided nor forwarded.
     if !body.alive().await {
@@ -360,6 +420,14 @@ struct RecvBody {
     /// Data read by [`RecvBody::alive`] before the pipeline read any.
     first: Option<Bytes>,
     state: RecvState,
+    /// What `content-length` declared, if it did, and what came so far: the DATA frames must
+    /// add up to it exactly (RFC 9114 §4.1.2). The piece that reaches it is held until the
+    /// stream is seen to end, so an upstream never gets a whole body of a request that goes on.
+    declared: Option<u64>,
+    seen: u64,
+    held: Option<Bytes>,
+    /// A stream [`RecvBody::alive`] saw end short of its declared length.
+    short: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -370,11 +438,38 @@ enum RecvState {
 }
 
 impl RecvBody {
-    fn new(stream: RecvStream) -> Self {
+    fn new(stream: RecvStream, declared: Option<u64>) -> Self {
         RecvBody {
             stream: std::sync::Mutex::new(stream),
             first: None,
             state: RecvState::Data,
+            declared,
+            seen: 0,
+            held: None,
+            short: false,
+        }
+    }
+
+    /// Counts `data` against the declared length: an error past it.
+    fn count(&mut self, data: &Bytes) -> Result<(), BoxError> {
+        self.seen += data.len() as u64;
+        match self.declared {
+            Some(declared) if self.seen > declared => {
+                self.state = RecvState::Done;
+                Err("the request's DATA frames are longer than its content-length".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The stream's data has ended: an error when short of the declared length.
+    fn ended(&mut self) -> Result<(), BoxError> {
+        match self.declared {
+            Some(declared) if self.seen < declared => {
+                self.state = RecvState::Done;
+                Err("the request's DATA frames are shorter than its content-length".into())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -391,6 +486,7 @@ impl RecvBody {
             }
             Poll::Ready(Ok(None)) => {
                 self.state = RecvState::Trailers;
+                self.short = self.declared.is_some_and(|d| d > 0);
                 true
             }
             Poll::Ready(Err(e)) => {
@@ -410,24 +506,55 @@ impl HttpBody for RecvBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if let Some(first) = this.first.take() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
+        if std::mem::take(&mut this.short) {
+            this.state = RecvState::Data;
+            if let Err(e) = this.ended() {
+                return Poll::Ready(Some(Err(e)));
+            }
         }
-        let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
-        if this.state == RecvState::Data {
+        if let Some(first) = this.first.take() {
+            if let Err(e) = this.count(&first) {
+                return Poll::Ready(Some(Err(e)));
+            }
+            if this.declared != Some(this.seen) {
+                return Poll::Ready(Some(Ok(Frame::data(first))));
+            }
+            this.held = Some(first);
+        }
+        while this.state == RecvState::Data {
+            let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
             match stream.poll_recv_data(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(Some(mut data))) => {
                     let data = data.copy_to_bytes(data.remaining());
+                    if let Err(e) = this.count(&data) {
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    // The piece that completes the declared length waits for the stream's end.
+                    if this.declared == Some(this.seen) && !data.is_empty() {
+                        if let Some(held) = this.held.replace(data) {
+                            return Poll::Ready(Some(Ok(Frame::data(held))));
+                        }
+                        continue;
+                    }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Poll::Ready(Ok(None)) => this.state = RecvState::Trailers,
+                Poll::Ready(Ok(None)) => {
+                    this.state = RecvState::Trailers;
+                    if let Err(e) = this.ended() {
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
                 Poll::Ready(Err(e)) => {
                     this.state = RecvState::Done;
                     return Poll::Ready(Some(Err(e.into())));
                 }
             }
         }
+        if let Some(held) = this.held.take() {
+            return Poll::Ready(Some(Ok(Frame::data(held))));
+        }
+        let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
         if this.state == RecvState::Trailers {
             let polled = stream.poll_recv_trailers(cx);
             if polled.is_ready() {
@@ -444,7 +571,7 @@ impl HttpBody for RecvBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.state == RecvState::Done
+        self.first.is_none() && self.held.is_none() && self.state == RecvState::Done
     }
 
     fn size_hint(&self) -> SizeHint {

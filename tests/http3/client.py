@@ -6,7 +6,8 @@ one JSON object on stdout.
 
 Scenarios (SPEC_JSON's fields in brackets):
 - requests [requests: [{method, path, headers, chunks, trailers}], concurrent]: on one
-  connection, each request's answer {status, headers, body, trailers};
+  connection, each request's answer {status, headers, body, trailers}, or {reset: CODE} when
+  the server reset the stream instead;
 - reset [streams, then]: opens `streams` request streams and resets each right after its
   headers, then sends the requests of `then` on the same connection;
 - idle [wait]: one request, then silence: when (seconds after the answer) and how the server
@@ -42,7 +43,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, StreamReset
 
 
 class Client(QuicConnectionProtocol):
@@ -64,6 +65,10 @@ class Client(QuicConnectionProtocol):
                     waiter.set_result(None)
         if isinstance(event, HandshakeCompleted):
             self.early_data_accepted = event.early_data_accepted
+        if isinstance(event, StreamReset):
+            waiter = self.waiters.get(event.stream_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result({"reset": event.error_code})
         for h3_event in self.h3.handle_event(event):
             self.h3_event(h3_event)
 
@@ -114,6 +119,8 @@ class Client(QuicConnectionProtocol):
             return {"error": "no answer"}
         if answer is None:
             return {"error": "connection closed", "closed": self.terminated}
+        if "reset" in answer:
+            return answer
         out = dict(answer)
         out["body"] = answer["body"].decode(errors="replace")
         return out
