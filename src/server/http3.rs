@@ -80,10 +80,7 @@ fn malformed(req: &http::Request<()>) -> Option<&'static str> {
     {
         return Some("TE other than trailers");
     }
-    match declared_length(headers) {
-        Err(why) => Some(why),
-        Ok(_) => None,
-    }
+    declared_length(headers).err()
 }
 
 /// The body length `content-length` declares: none, or one number however many times it is
