@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, SelfSigned, UPSTREAM_BODY, Upstream, get, metric, python};
+use common::{Floodgate, RedisServer, SelfSigned, UPSTREAM_BODY, Upstream, get, metric, python};
 use http::{StatusCode, Version};
 use serde_json::{Value, json};
 
@@ -804,4 +804,68 @@ async fn malformed_http3_requests_are_refused_and_never_forwarded_whole() {
     // The resets were never decided or forwarded: the upstream saw at most the three length
     // mismatches' heads (their bodies cut) and the last request.
     assert!(upstream.count() <= 4, "{}", upstream.count());
+}
+
+/// A stream reset while its request is being decided reaches no upstream: the decision waits
+/// on a Redis 300 ms away (a delaying relay, 150 ms each way), the client resets each stream
+/// 100 ms after its head, and floodgate's look before forwarding finds the reset. The next
+/// request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_while_it_is_decided_reaches_no_upstream() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let redis = RedisServer::start();
+    let relay = common::DelayRelay::start(
+        format!("127.0.0.1:{}", redis.port).parse().unwrap(),
+        Duration::from_millis(150),
+    )
+    .await;
+    let config = Config::new()
+        .storage("backend", "redis")
+        .storage("url", &relay.url())
+        .storage("timeout", "5s")
+        .storage("on_error", "deny")
+        .route(Route::new("api", "/", &upstream.url()).limit(Limit::token_bucket(1000, 1000.0)));
+    let fg = start(&cert, config, &[]);
+    let result = h3(
+        &fg,
+        &cert,
+        "reset",
+        json!({
+            "streams": 10,
+            "after": 0.1,
+            // A declared length: the upstream's HTTP/1.1 client writes such a head before it
+            // reads any of the body, so a forwarded request would reach the upstream.
+            "headers": [["content-length", "100"]],
+            "then": [{"path": "/after"}],
+        }),
+    )
+    .await;
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/after"], "the reset streams were not forwarded");
+}
+
+/// A connection that abandons streams faster than `http2_max_resets_per_second` (here 2 a
+/// second, a burst of 4) is closed, as an HTTP/2 one is (`H3_EXCESSIVE_LOAD`): HTTP/3's
+/// rapid reset. A fresh connection is served.
+#[tokio::test]
+async fn a_connection_that_resets_streams_past_its_budget_is_closed() {
+    let cert = SelfSigned::new();
+    let upstream = Upstream::start().await;
+    let config = Config::new()
+        .with("http2_max_resets_per_second", "2")
+        .route(Route::new("api", "/", &upstream.url()));
+    let fg = start(&cert, config, &[]);
+    let result = h3(&fg, &cert, "reset", json!({"streams": 30, "then": []})).await;
+    assert_eq!(result["closed"]["error_code"], 0x107, "{result}");
+    let fresh = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [{"path": "/fresh"}]}),
+    )
+    .await;
+    assert_eq!(answers(&fresh)[0]["status"], 200, "{fresh}");
+    assert_eq!(upstream.count(), 1);
 }

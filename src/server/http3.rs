@@ -54,6 +54,9 @@ const MAX_FIELD_SECTION: u64 = 64 * 1024;
 /// HTTP/3's "no error" code, for closing a connection that is done.
 const H3_NO_ERROR: u32 = 0x100;
 
+/// HTTP/3's "excessive load" code, for a connection that resets streams past its budget.
+const H3_EXCESSIVE_LOAD: u32 = 0x107;
+
 /// HTTP/3's "internal error" code, for a response whose body failed mid-way.
 const H3_INTERNAL_ERROR: u64 = 0x102;
 
@@ -201,12 +204,14 @@ impl Http3Listener {
             let proxy = proxy.clone();
             let draining = draining.clone();
             let header_read = serving.per_connection.header_read;
+            let resets = serving.per_connection.resets;
             tokio::spawn(async move {
                 let connection = tokio::time::timeout(header_read, connecting).await;
                 drop(handshake);
                 match connection {
                     Ok(Ok(connection)) => {
-                        serve_connection(connection, proxy, draining, permit, header_read).await
+                        let limits = (header_read, resets);
+                        serve_connection(connection, proxy, draining, permit, limits).await
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, "QUIC handshake failed"),
                     Err(_) => tracing::debug!("QUIC handshake timed out"),
@@ -247,9 +252,12 @@ async fn serve_connection(
     proxy: Arc<Proxy>,
     mut draining: watch::Receiver<()>,
     _permit: OwnedSemaphorePermit,
-    header_read: std::time::Duration,
+    (header_read, resets): (std::time::Duration, crate::limiter::Limit),
 ) {
     let peer = connection.remote_address();
+    // Streams the client abandons before their answer, as an HTTP/2 connection's are counted
+    // (`http2_max_resets_per_second`): past the budget the connection is closed.
+    let watch = super::watch::ConnWatch::new(resets, None, proxy.metrics().clone());
     let open = proxy.metrics().http3_connections().clone();
     open.inc();
     let _open = scopeguard(move || {
@@ -272,7 +280,8 @@ async fn serve_connection(
         tokio::select! {
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
-                    requests.spawn(serve_request(resolver, proxy.clone(), peer, header_read));
+                    let stream = super::watch::StreamGuard::open(&watch);
+                    requests.spawn(serve_request(resolver, proxy.clone(), peer, header_read, stream));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -284,6 +293,11 @@ async fn serve_connection(
                 if closing && requests.is_empty() {
                     break;
                 }
+            }
+            () = watch.abusive() => {
+                tracing::debug!(%peer, "HTTP/3 connection closed: too many streams reset before their answer");
+                connection.close(H3_EXCESSIVE_LOAD.into(), b"too many streams reset");
+                break;
             }
             _ = draining.changed(), if !closing => {
                 closing = true;
@@ -333,6 +347,7 @@ async fn serve_request(
     proxy: Arc<Proxy>,
     peer: SocketAddr,
     header_read: std::time::Duration,
+    abandoned: super::watch::StreamGuard,
 ) {
     let (req, stream) = match tokio::time::timeout(header_read, resolver.resolve_request()).await {
         Ok(Ok(resolved)) => resolved,
@@ -354,16 +369,19 @@ async fn serve_request(
         return;
     }
     let declared = declared_length(req.headers()).ok().flatten();
-    let mut body = RecvBody::new(recv, declared);
+    let body = RecvBody::new(recv, declared);
     // A stream the client reset as soon as it opened it (a rapid-reset flood) costs nothing:
-    // it is neither decided nor forwarded.
-    if !body.alive().await {
+    // it is neither decided nor forwarded. (One reset while it is decided is not forwarded
+    // either: the forward's first read of its body finds the reset. One reset after it was
+    // forwarded is an abandoned stream, counted against the connection's budget.)
+    if body.reset() {
         return;
     }
     let req = req.map(|()| Incoming::Other(Box::pin(body)));
     let response = proxy.handle(req, peer).await;
-    if let Err(e) = respond(&mut send, response).await {
-        tracing::debug!(error = %e, %peer, "HTTP/3 response not delivered");
+    match respond(&mut send, response).await {
+        Err(e) => tracing::debug!(error = %e, %peer, "HTTP/3 response not delivered"),
+        Ok(()) => abandoned.answered_whole(),
     }
 }
 
@@ -409,13 +427,46 @@ async fn respond(send: &mut SendStream, response: Response<Body>) -> Result<(), 
     Ok(())
 }
 
+/// A request stream's receiving side: what a look at the stream found before the body was read
+/// (data, its end) is kept here for the body.
+struct Probed {
+    stream: RecvStream,
+    /// Data a look found, in order.
+    early: std::collections::VecDeque<Bytes>,
+    /// A look found the end of the data.
+    ended: bool,
+    /// A look found the stream reset.
+    reset: bool,
+}
+
+impl Probed {
+    /// Looks once at the stream without waiting (a no-op waker: only while nobody else waits
+    /// on it, before the body is read): true when the client has reset it.
+    fn look(&mut self) -> bool {
+        if self.reset || self.ended {
+            return self.reset;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.stream.poll_recv_data(&mut cx) {
+            Poll::Pending => {}
+            Poll::Ready(Ok(Some(mut data))) => {
+                self.early.push_back(data.copy_to_bytes(data.remaining()));
+            }
+            Poll::Ready(Ok(None)) => self.ended = true,
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "HTTP/3 stream reset before it was forwarded");
+                self.reset = true;
+            }
+        }
+        self.reset
+    }
+}
+
 /// A request's body as it arrives on its QUIC stream: data, then trailers, if any.
 struct RecvBody {
-    /// Behind a mutex only to be `Sync` (the pipeline's futures hold `&Request`); reached
-    /// through `get_mut`, never locked.
-    stream: std::sync::Mutex<RecvStream>,
-    /// Data read by [`RecvBody::alive`] before the pipeline read any.
-    first: Option<Bytes>,
+    /// Behind a mutex only to be `Sync` (the pipeline's futures hold `&Request`); never
+    /// contended.
+    shared: std::sync::Mutex<Probed>,
     state: RecvState,
     /// What `content-length` declared, if it did, and what came so far: the DATA frames must
     /// add up to it exactly (RFC 9114 §4.1.2). The piece that reaches it is held until the
@@ -423,8 +474,6 @@ struct RecvBody {
     declared: Option<u64>,
     seen: u64,
     held: Option<Bytes>,
-    /// A stream [`RecvBody::alive`] saw end short of its declared length.
-    short: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -437,14 +486,22 @@ enum RecvState {
 impl RecvBody {
     fn new(stream: RecvStream, declared: Option<u64>) -> Self {
         RecvBody {
-            stream: std::sync::Mutex::new(stream),
-            first: None,
+            shared: std::sync::Mutex::new(Probed {
+                stream,
+                early: Default::default(),
+                ended: false,
+                reset: false,
+            }),
             state: RecvState::Data,
             declared,
             seen: 0,
             held: None,
-            short: false,
         }
+    }
+
+    /// Looks once at the stream without waiting: true when the client has reset it already.
+    fn reset(&self) -> bool {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner()).look()
     }
 
     /// Counts `data` against the declared length: an error past it.
@@ -470,26 +527,22 @@ impl RecvBody {
         }
     }
 
-    /// Looks once at what the stream holds, without waiting: false when the client has reset
-    /// it already.
-    async fn alive(&mut self) -> bool {
-        let stream = self.stream.get_mut().unwrap_or_else(|e| e.into_inner());
-        let polled = std::future::poll_fn(|cx| Poll::Ready(stream.poll_recv_data(cx))).await;
-        match polled {
-            Poll::Pending => true,
+    /// The next piece of data: what a look found first, then the stream's.
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(data) = shared.early.pop_front() {
+            return Poll::Ready(Ok(Some(data)));
+        }
+        if shared.ended {
+            return Poll::Ready(Ok(None));
+        }
+        match shared.stream.poll_recv_data(cx) {
+            Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(Some(mut data))) => {
-                self.first = Some(data.copy_to_bytes(data.remaining()));
-                true
+                Poll::Ready(Ok(Some(data.copy_to_bytes(data.remaining()))))
             }
-            Poll::Ready(Ok(None)) => {
-                self.state = RecvState::Trailers;
-                self.short = self.declared.is_some_and(|d| d > 0);
-                true
-            }
-            Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "HTTP/3 stream reset before its decision");
-                false
-            }
+            Poll::Ready(Ok(None)) => Poll::Ready(Ok(None)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
         }
     }
 }
@@ -503,27 +556,10 @@ impl HttpBody for RecvBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if std::mem::take(&mut this.short) {
-            this.state = RecvState::Data;
-            if let Err(e) = this.ended() {
-                return Poll::Ready(Some(Err(e)));
-            }
-        }
-        if let Some(first) = this.first.take() {
-            if let Err(e) = this.count(&first) {
-                return Poll::Ready(Some(Err(e)));
-            }
-            if this.declared != Some(this.seen) {
-                return Poll::Ready(Some(Ok(Frame::data(first))));
-            }
-            this.held = Some(first);
-        }
         while this.state == RecvState::Data {
-            let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
-            match stream.poll_recv_data(cx) {
+            match this.poll_data(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(Some(mut data))) => {
-                    let data = data.copy_to_bytes(data.remaining());
+                Poll::Ready(Ok(Some(data))) => {
                     if let Err(e) = this.count(&data) {
                         return Poll::Ready(Some(Err(e)));
                     }
@@ -544,16 +580,16 @@ impl HttpBody for RecvBody {
                 }
                 Poll::Ready(Err(e)) => {
                     this.state = RecvState::Done;
-                    return Poll::Ready(Some(Err(e.into())));
+                    return Poll::Ready(Some(Err(e)));
                 }
             }
         }
         if let Some(held) = this.held.take() {
             return Poll::Ready(Some(Ok(Frame::data(held))));
         }
-        let stream = this.stream.get_mut().unwrap_or_else(|e| e.into_inner());
         if this.state == RecvState::Trailers {
-            let polled = stream.poll_recv_trailers(cx);
+            let mut shared = this.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let polled = shared.stream.poll_recv_trailers(cx);
             if polled.is_ready() {
                 this.state = RecvState::Done;
             }
@@ -568,7 +604,7 @@ impl HttpBody for RecvBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.held.is_none() && self.state == RecvState::Done
+        self.held.is_none() && self.state == RecvState::Done
     }
 
     fn size_hint(&self) -> SizeHint {

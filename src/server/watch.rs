@@ -136,6 +136,13 @@ impl StreamGuard {
     }
 }
 
+impl StreamGuard {
+    /// The answer was sent whole (an HTTP/3 stream's, which is sent by the listener itself).
+    pub(super) fn answered_whole(mut self) {
+        self.answered = true;
+    }
+}
+
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         self.watch.stream_ended(self.answered);

@@ -8,8 +8,9 @@ Scenarios (SPEC_JSON's fields in brackets):
 - requests [requests: [{method, path, headers, chunks, trailers}], concurrent]: on one
   connection, each request's answer {status, headers, body, trailers}, or {reset: CODE} when
   the server reset the stream instead;
-- reset [streams, then]: opens `streams` request streams and resets each right after its
-  headers, then sends the requests of `then` on the same connection;
+- reset [streams, after, headers, then]: opens `streams` request streams and resets each right after
+  its headers (or all of them `after` seconds later), says whether the server closed the
+  connection, then sends the requests of `then` on the same connection;
 - idle [wait]: one request, then silence: when (seconds after the answer) and how the server
   closed the connection;
 - zero_rtt [path]: one connection that keeps the server's session ticket, then a second that
@@ -166,6 +167,7 @@ async def main():
             result["answers"] = await run_requests(client, authority, spec["requests"], spec.get("concurrent", False))
     elif scenario == "reset":
         async with connect(host, port, configuration=configuration(ca_file), create_protocol=Client) as client:
+            opened = []
             for _ in range(spec["streams"]):
                 stream_id = client._quic.get_next_available_stream_id()
                 client.h3.send_headers(
@@ -175,13 +177,25 @@ async def main():
                         (b":scheme", b"https"),
                         (b":authority", authority.encode()),
                         (b":path", spec.get("path", "/").encode()),
-                    ],
+                    ]
+                    + [(k.encode(), v.encode()) for k, v in spec.get("headers", [])],
                     end_stream=False,
                 )
-                client._quic.reset_stream(stream_id, 0x10C)  # H3_REQUEST_CANCELLED
-                client._quic.stop_stream(stream_id, 0x10C)
+                opened.append(stream_id)
+                if not spec.get("after"):
+                    client._quic.reset_stream(stream_id, 0x10C)  # H3_REQUEST_CANCELLED
+                    client._quic.stop_stream(stream_id, 0x10C)
+                client.transmit()
+            if spec.get("after"):
+                # Every head sent first; the resets `after` seconds later, while floodgate
+                # decides.
+                await asyncio.sleep(spec["after"])
+                for stream_id in opened:
+                    client._quic.reset_stream(stream_id, 0x10C)
+                    client._quic.stop_stream(stream_id, 0x10C)
                 client.transmit()
             await asyncio.sleep(0.5)
+            result["closed"] = client.terminated
             result["answers"] = await run_requests(client, authority, spec["then"], False)
     elif scenario == "idle":
         config = configuration(ca_file)
