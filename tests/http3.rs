@@ -869,3 +869,33 @@ async fn a_connection_that_resets_streams_past_its_budget_is_closed() {
     assert_eq!(answers(&fresh)[0]["status"], 200, "{fresh}");
     assert_eq!(upstream.count(), 1);
 }
+
+/// Pseudo-header rules h3 0.0.8 folds away (RFC 9114 §4.1.2, §4.3) are checked on the QPACK
+/// field section as it arrives: a duplicated `:method` (h3 would keep the last: a GET forwarded
+/// as POST), a pseudo-header after a regular field, `:status` in a request, a pseudo-header in
+/// trailers. Each closes its connection with `H3_MESSAGE_ERROR` (0x10e) before any decision;
+/// nothing reaches the upstream, and a fresh connection is served.
+#[tokio::test]
+async fn pseudo_headers_out_of_place_are_malformed_and_never_forwarded() {
+    let (cert, upstream, fg) = one_route(&[]).await;
+    for request in [
+        json!({"path": "/dup", "headers": [[":method", "POST"]]}),
+        json!({"path": "/late", "headers": [["x-a", "1"], [":path", "/other"]]}),
+        json!({"path": "/status", "headers": [[":status", "200"]]}),
+        json!({"method": "POST", "path": "/trailers", "chunks": ["x"], "trailers": [[":path", "/x"]]}),
+    ] {
+        let result = h3(&fg, &cert, "requests", json!({"requests": [request]})).await;
+        let answer = &answers(&result)[0];
+        assert_eq!(answer["closed"]["error_code"], 0x10e, "{request}: {result}");
+    }
+    let result = h3(
+        &fg,
+        &cert,
+        "requests",
+        json!({"requests": [{"path": "/fine"}]}),
+    )
+    .await;
+    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/fine"]);
+}

@@ -21,6 +21,7 @@
 //!   connection;
 //! - a drain (SIGTERM) sends GOAWAY, lets the streams already accepted finish, then closes.
 
+mod fields;
 mod frames;
 
 use std::net::SocketAddr;

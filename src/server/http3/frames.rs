@@ -10,7 +10,10 @@
 //!   listener, which gives up the stream): `H3_EXCESSIVE_LOAD`;
 //! - a push stream from a client (RFC 9114 §6.2.2: only servers push): `H3_STREAM_CREATION_ERROR`;
 //! - on the control stream, `MAX_PUSH_ID` lower than before (§7.2.7) or `CANCEL_PUSH` of a push
-//!   ID above the one the client allowed (§7.2.3; floodgate never pushes): `H3_ID_ERROR`.
+//!   ID above the one the client allowed (§7.2.3; floodgate never pushes): `H3_ID_ERROR`;
+//! - on a request stream, a HEADERS frame whose pseudo-headers break RFC 9114 §4.1.2 and §4.3
+//!   (`fields.rs`): `H3_MESSAGE_ERROR`, for the connection (§8 allows a stream error to be
+//!   treated so), since the guard holds no handle on the stream's sending side.
 //!
 //! The bytes themselves go to h3 unchanged: this only reads them. DATA frames' payloads are not
 //! looked at (a body is bounded by `max_body_size` further on); QPACK's streams and stream
@@ -32,10 +35,12 @@ use tokio::time::{Instant, Sleep};
 pub(super) const MAX_FRAME: u64 = 128 * 1024;
 
 const H3_STREAM_CREATION_ERROR: u32 = 0x103;
+const H3_MESSAGE_ERROR: u32 = 0x10e;
 const H3_ID_ERROR: u32 = 0x108;
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
 const DATA: u64 = 0x00;
+const HEADERS: u64 = 0x01;
 const CANCEL_PUSH: u64 = 0x03;
 const MAX_PUSH_ID: u64 = 0x0d;
 
@@ -131,6 +136,8 @@ pub(super) struct Guarded<S> {
     shared: Arc<Shared>,
     state: State,
     kind: Kind,
+    /// A request stream's HEADERS frames so far (the first is the head, later ones trailers).
+    headers: u32,
     /// When the frame being read (other than DATA) began, and the timer for its deadline.
     frame_since: Option<Instant>,
     timer: Option<std::pin::Pin<Box<Sleep>>>,
@@ -143,6 +150,7 @@ impl<S> Guarded<S> {
             shared,
             state: State::FrameType(Varint::default()),
             kind: Kind::Request,
+            headers: 0,
             frame_since: None,
             timer: None,
         }
@@ -154,6 +162,7 @@ impl<S> Guarded<S> {
             shared,
             state: State::StreamType(Varint::default()),
             kind: Kind::Other,
+            headers: 0,
             frame_since: None,
             timer: None,
         }
@@ -208,10 +217,11 @@ impl<S> Guarded<S> {
                         }
                         let push =
                             self.kind == Kind::Control && matches!(kind, CANCEL_PUSH | MAX_PUSH_ID);
+                        let fields = self.kind == Kind::Request && kind == HEADERS;
                         self.state = State::Payload {
                             kind,
                             left: length,
-                            kept: push.then(Vec::new),
+                            kept: (push || fields).then(Vec::new),
                         };
                         if length == 0 {
                             self.frame_done()?;
@@ -247,6 +257,14 @@ impl<S> Guarded<S> {
         else {
             return Ok(());
         };
+        if kind == HEADERS {
+            let trailers = self.headers > 0;
+            self.headers += 1;
+            return match super::fields::malformed(&kept, trailers) {
+                Some(why) => Err(self.shared.close(H3_MESSAGE_ERROR, why)),
+                None => Ok(()),
+            };
+        }
         let mut id = Varint::default();
         let value = kept.iter().find_map(|&b| id.feed(b));
         let Some(value) = value else {
@@ -355,6 +373,7 @@ where
             shared: self.shared,
             state: self.state,
             kind: self.kind,
+            headers: self.headers,
             frame_since: self.frame_since,
             timer: None,
         };
