@@ -184,12 +184,31 @@ impl Global {
             local.last_used = now;
             (local.want, local.empty_until, local.global_left)
         };
-        // The region's slice: one round trip to the near store.
-        let (paid, held) = self
-            .region
-            .spend(&slice_key, cost)
-            .await
-            .map_err(GlobalError::Region)?;
+        // The region's slice: one round trip to the near store. The call is spawned, and its
+        // answer is the slice's until read here: a request dropped meanwhile (its decision past
+        // `storage.timeout`, its client gone) gives back what the slice paid it.
+        let (paid, held) = {
+            let region = self.region.clone();
+            let key = slice_key.clone();
+            let mut pending = SpendPending {
+                call: Some(tokio::spawn(async move { region.spend(&key, cost).await })),
+                owed: self.owed(&slice_key, 0),
+                cost,
+            };
+            let Some(call) = pending.call.as_mut() else {
+                return Err(GlobalError::Region(LimiterError::protocol("no call")));
+            };
+            let answer = call.await;
+            pending.call = None;
+            match answer {
+                Ok(answer) => answer.map_err(GlobalError::Region)?,
+                Err(e) => {
+                    return Err(GlobalError::Region(LimiterError::unavailable(
+                        crate::limiter::Cause::of("the call ended", e),
+                    )));
+                }
+            }
+        };
         if paid {
             return Ok(Decision::allow(figures(limit, held + global_left), 0));
         }
@@ -236,6 +255,9 @@ impl Global {
         self.metrics.global_units("granted", granted);
         let extra = granted - cost;
         let mut held_now = held;
+        // Granted units are the slice's until this request returns with its own: dropped
+        // while the extra goes to the slice, the request gives back what it holds.
+        let mut owed = self.owed(&slice_key, granted);
         if extra > 0 {
             held_now = match self.add(&slice_key, extra, cost).await {
                 Ok(held) => held,
@@ -245,6 +267,7 @@ impl Global {
                 }
             };
         }
+        owed.units = 0;
         if let Some(local) = self.budgets().get_mut(&id) {
             local.empty_until = None;
             local.global_left = left;
@@ -338,6 +361,16 @@ impl Global {
         let error = GlobalError::Global(error);
         self.down(&error);
         Err(error)
+    }
+
+    /// `units` of the slice at `slice_key` that a request holds ([`Owed`]).
+    fn owed(&self, slice_key: &str, units: u64) -> Owed {
+        Owed {
+            region: self.region.clone(),
+            slice_key: slice_key.to_string(),
+            units,
+            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+        }
     }
 
     /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
@@ -527,6 +560,76 @@ type TakeAnswer = Result<Taken, LimiterError>;
 
 /// A call to the global store whose answer nobody has read yet: dropped unread, it is left to
 /// finish on its own and what it was granted is put in the region's slice.
+/// Units of a region's slice that a request holds and was not admitted with: put back in the
+/// slice if the request is dropped holding them (its decision outlived `storage.timeout`, or its
+/// client left), so that no unit the stores spent is one nobody was admitted with.
+struct Owed {
+    region: Arc<AnySliceStore>,
+    slice_key: String,
+    units: u64,
+    ttl_ms: u64,
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        if self.units == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let region = self.region.clone();
+        let slice_key = std::mem::take(&mut self.slice_key);
+        let grant = Grant {
+            units: self.units,
+            demand: 0,
+            ttl_ms: self.ttl_ms,
+        };
+        runtime.spawn(async move {
+            let units = grant.units;
+            match region.add(&slice_key, grant).await {
+                Ok(_) => tracing::debug!(units, "an abandoned request's units went back to the slice"),
+                Err(e) => tracing::warn!(units, error = %e, "an abandoned request's units are lost: the region's store failed"),
+            }
+        });
+    }
+}
+
+/// A spend from a region's slice under way: if the request is dropped before it reads the
+/// answer, what the slice paid goes back to it when the answer comes.
+struct SpendPending {
+    call: Option<tokio::task::JoinHandle<Result<(bool, u64), LimiterError>>>,
+    owed: Owed,
+    cost: u64,
+}
+
+impl Drop for SpendPending {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let owed = Owed {
+            region: self.owed.region.clone(),
+            slice_key: std::mem::take(&mut self.owed.slice_key),
+            units: 0,
+            ttl_ms: self.owed.ttl_ms,
+        };
+        let cost = self.cost;
+        runtime.spawn(async move {
+            // The whole guard moved in (a closure would capture only the field it sets), so
+            // that dropping it here gives the units back.
+            let mut owed = owed;
+            if let Ok(Ok((true, _))) = call.await {
+                owed.units = cost;
+            }
+            drop(owed);
+        });
+    }
+}
+
 struct Pending {
     call: Option<tokio::task::JoinHandle<TakeAnswer>>,
     region: Arc<AnySliceStore>,
