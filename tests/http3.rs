@@ -701,7 +701,6 @@ async fn frames_h3_would_hold_whole_or_a_client_may_not_send_close_the_connectio
     let fg = start(&cert, config, &[]);
     let huge = "ffffffffffffffff";
     let payload = "00".repeat(4096);
-    let code = |closed: &Value| closed["error_code"].as_u64();
     // Request streams: HEADERS (0x01) and a reserved type (0x21), each declaring 2^62 - 1.
     let result = h3(
         &fg,
@@ -714,12 +713,7 @@ async fn frames_h3_would_hold_whole_or_a_client_may_not_send_close_the_connectio
         }),
     )
     .await;
-    let closed: Vec<Option<u64>> = result["closed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(code)
-        .collect();
+    let closed = closed_codes(&result);
     assert_eq!(closed, [Some(0x107), Some(0x107)], "{result}");
     assert_eq!(answers(&result)[0]["status"], 200, "{result}");
     // Unidirectional streams: a control stream (type 0x00, SETTINGS 0x04 empty) then the frame.
@@ -741,12 +735,7 @@ async fn frames_h3_would_hold_whole_or_a_client_may_not_send_close_the_connectio
         }),
     )
     .await;
-    let closed: Vec<Option<u64>> = result["closed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(code)
-        .collect();
+    let closed = closed_codes(&result);
     assert_eq!(
         closed,
         [
@@ -898,4 +887,14 @@ async fn pseudo_headers_out_of_place_are_malformed_and_never_forwarded() {
     assert_eq!(answers(&result)[0]["status"], 200, "{result}");
     let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
     assert_eq!(paths, ["/fine"]);
+}
+
+/// The error codes the server closed each of a scenario's connections with (`None`: not closed).
+fn closed_codes(result: &Value) -> Vec<Option<u64>> {
+    result["closed"]
+        .as_array()
+        .expect("closed")
+        .iter()
+        .map(|closed| closed["error_code"].as_u64())
+        .collect()
 }

@@ -609,7 +609,7 @@ routes:
 /// The upstream holds the 200's body until the test releases it (no timing involved).
 #[tokio::test]
 async fn a_status_refund_comes_back_at_the_head_while_the_body_still_streams() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let release = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -618,14 +618,9 @@ async fn a_status_refund_comes_back_at_the_head_while_the_body_still_streams() {
         while let Ok((mut stream, _)) = listener.accept().await {
             let held = held.clone();
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
+                let Some(head) = read_request_head(&mut stream).await else {
+                    return;
+                };
                 if head.starts_with(b"GET /slow") {
                     let _ = stream
                         .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst")

@@ -868,21 +868,7 @@ async fn a_mistyped_json_field_is_400_and_spends_nothing() {
 #[tokio::test]
 async fn a_grpc_prefix_larger_than_the_limit_is_refused_when_it_arrives() {
     let svc = service_with(RULES, "");
-    let tcp = tokio::net::TcpStream::connect(svc.fg.service_addr())
-        .await
-        .unwrap();
-    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let mut h2 = h2.ready().await.unwrap();
-    let request = http::Request::post(format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        svc.fg.service_addr()
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
-    let (response, mut stream) = h2.send_request(request, false).unwrap();
+    let (response, mut stream) = open_should_rate_limit(&svc).await;
     stream
         .send_data(
             bytes::Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff, 1, 2, 3]),
@@ -902,21 +888,7 @@ async fn a_grpc_prefix_larger_than_the_limit_is_refused_when_it_arrives() {
 /// protobuf library: a test's own, malformed on purpose), over a raw HTTP/2 stream, and returns
 /// the `grpc-status` and, for an answer, its `overall_code` (1 OK, 2 OVER_LIMIT).
 async fn raw_should_rate_limit(svc: &Service, message: &[u8]) -> (String, Option<u8>) {
-    let tcp = tokio::net::TcpStream::connect(svc.fg.service_addr())
-        .await
-        .unwrap();
-    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let mut h2 = h2.ready().await.unwrap();
-    let request = http::Request::post(format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        svc.fg.service_addr()
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
-    let (response, mut stream) = h2.send_request(request, false).unwrap();
+    let (response, mut stream) = open_should_rate_limit(svc).await;
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
     frame.extend_from_slice(message);
@@ -1016,4 +988,26 @@ async fn a_malformed_protobuf_in_a_nested_field_is_invalid_argument_and_spends_n
             ("0".to_string(), Some(expected))
         );
     }
+}
+
+/// A `ShouldRateLimit` call opened over a raw HTTP/2 connection (h2, no gRPC library): its
+/// response to come and the stream to send the message on.
+async fn open_should_rate_limit(
+    svc: &Service,
+) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
+    let tcp = tokio::net::TcpStream::connect(svc.fg.service_addr())
+        .await
+        .unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut h2 = h2.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        svc.fg.service_addr()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    h2.send_request(request, false).unwrap()
 }

@@ -268,18 +268,7 @@ pub async fn hammer(
             tokio::spawn(async move {
                 let mut statuses = std::collections::HashMap::<u16, u32>::new();
                 while started.elapsed() < run_for {
-                    let status = match client
-                        .post(&urls[i % urls.len()])
-                        .header("x-api-key", &key)
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status().as_u16(),
-                        Err(e) => {
-                            eprintln!("hammer: request failed: {e:?}");
-                            0
-                        }
-                    };
+                    let status = post_status(&client, &urls[i % urls.len()], &key).await;
                     *statuses.entry(status).or_default() += 1;
                 }
                 statuses
@@ -324,18 +313,7 @@ pub async fn hammer_until_refused(
                     if started.elapsed() > DRAIN_DEADLINE {
                         return Err(statuses);
                     }
-                    let status = match client
-                        .post(&urls[i % urls.len()])
-                        .header("x-api-key", &key)
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status().as_u16(),
-                        Err(e) => {
-                            eprintln!("hammer_until_refused: request failed: {e:?}");
-                            0
-                        }
-                    };
+                    let status = post_status(&client, &urls[i % urls.len()], &key).await;
                     refused = if status == 429 { refused + 1 } else { 0 };
                     *statuses.entry(status).or_default() += 1;
                 }
@@ -363,4 +341,15 @@ pub async fn hammer_until_refused(
          {DRAIN_DEADLINE:?}: the budget did not run out ({totals:?})"
     );
     totals
+}
+
+/// A POST to `url` as `key`: its status, or 0 when it failed (said on stderr).
+async fn post_status(client: &reqwest::Client, url: &str, key: &str) -> u16 {
+    match client.post(url).header("x-api-key", key).send().await {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => {
+            eprintln!("hammer: request failed: {e:?}");
+            0
+        }
+    }
 }

@@ -272,13 +272,8 @@ impl RawUpstream {
         let task = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
+                    if read_request_head(&mut stream).await.is_none() {
+                        return;
                     }
                     let _ = stream.write_all(response).await;
                     let _ = stream.shutdown().await;
@@ -298,6 +293,20 @@ impl Drop for RawUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Reads from `stream` up to and including the blank line that ends a request head; `None`
+/// when the connection ends first.
+pub async fn read_request_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(head)
 }
 
 /// A raw TCP upstream that records each request's head byte for byte (the request line and
@@ -321,17 +330,10 @@ impl RecordingUpstream {
             while let Ok((mut stream, _)) = listener.accept().await {
                 let kept = kept.clone();
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    let end = loop {
-                        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i;
-                        }
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
+                    let Some(head) = read_request_head(&mut stream).await else {
+                        return;
                     };
+                    let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
                     let text = String::from_utf8_lossy(&head[..end]).into_owned();
                     kept.lock().unwrap().push(text);
                     let _ = stream

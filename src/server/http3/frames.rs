@@ -384,18 +384,27 @@ where
 /// A QUIC connection whose streams from the client are read through [`Guarded`].
 pub(super) struct Connection {
     inner: h3_quinn::Connection,
+    /// What the streams floodgate opens are opened with (the connection's own too).
+    opener: Opener,
     shared: Arc<Shared>,
 }
 
 impl Connection {
     pub(super) fn new(connection: quinn::Connection, frame_time: Duration) -> Self {
+        let inner = h3_quinn::Connection::new(connection.clone());
+        let shared = Arc::new(Shared {
+            connection,
+            max_push_id: Mutex::new(None),
+            frame_time,
+        });
+        let opener = Opener {
+            inner: <h3_quinn::Connection as quic::Connection<Bytes>>::opener(&inner),
+            shared: shared.clone(),
+        };
         Connection {
-            inner: h3_quinn::Connection::new(connection.clone()),
-            shared: Arc::new(Shared {
-                connection,
-                max_push_id: Mutex::new(None),
-                frame_time,
-            }),
+            inner,
+            opener,
+            shared,
         }
     }
 }
@@ -425,10 +434,7 @@ impl<B: Buf> quic::Connection<B> for Connection {
     }
 
     fn opener(&self) -> Self::OpenStreams {
-        Opener {
-            inner: <h3_quinn::Connection as quic::Connection<B>>::opener(&self.inner),
-            shared: self.shared.clone(),
-        }
+        self.opener.clone()
     }
 }
 
@@ -440,19 +446,18 @@ impl<B: Buf> quic::OpenStreams<B> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
-        let stream = std::task::ready!(self.inner.poll_open_bidi(cx))?;
-        Poll::Ready(Ok(Guarded::request(stream, self.shared.clone())))
+        self.opener.poll_open_bidi(cx)
     }
 
     fn poll_open_send(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::SendStream, StreamErrorIncoming>> {
-        self.inner.poll_open_send(cx)
+        self.opener.poll_open_send(cx)
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        <h3_quinn::Connection as quic::OpenStreams<B>>::close(&mut self.inner, code, reason)
+        <Opener as quic::OpenStreams<B>>::close(&mut self.opener, code, reason)
     }
 }
 
