@@ -35,7 +35,7 @@ pub(super) fn check(
     req: &mut Request<ClientBody>,
     peer: std::net::IpAddr,
 ) -> Result<(), Rejection> {
-    one_host(req)?;
+    let names_host = one_host(req)?;
     if req.version() >= Version::HTTP_2
         && let Some(name) = padded_value(req.headers())
     {
@@ -46,8 +46,7 @@ pub(super) fn check(
     if !snapshot.underscores_in_headers {
         drop_underscored(req.headers_mut());
     }
-    if req.uri().authority().is_none()
-        && !req.headers().contains_key(HOST)
+    if !names_host
         && req.headers().contains_key(X_FORWARDED_HOST)
         && !snapshot.identity.is_trusted(peer.to_canonical())
     {
@@ -57,13 +56,14 @@ pub(super) fn check(
 }
 
 /// One `Host` at most (exactly one on HTTP/1.1, RFC 9112 §3.2), valid, and the same as the
-/// target's authority when the target has one.
-fn one_host(req: &mut Request<ClientBody>) -> Result<(), Rejection> {
+/// target's authority when the target has one. True when the request names a host.
+fn one_host(req: &mut Request<ClientBody>) -> Result<bool, Rejection> {
     let mut fields = req.headers().get_all(HOST).iter();
     let field = fields.next();
     if fields.next().is_some() || (field.is_none() && req.version() == Version::HTTP_11) {
         return Err(bad("an HTTP/1.1 request needs exactly one Host header"));
     }
+    let names_host = field.is_some() || req.uri().authority().is_some();
     let field_differs = match req.uri().authority() {
         Some(authority) => {
             let authority = authority.as_str();
@@ -97,7 +97,7 @@ fn one_host(req: &mut Request<ClientBody>) -> Result<(), Rejection> {
     {
         req.headers_mut().insert(HOST, value);
     }
-    Ok(())
+    Ok(names_host)
 }
 
 /// The first field whose value starts or ends with a space or a tab.
