@@ -104,38 +104,40 @@ fn trim_ows(bytes: &[u8]) -> &[u8] {
 /// empty label between two dots, or a bracketed IPv6 literal) and a port of digits: anything
 /// else (`a@b`, `a, b`, spaces, raw UTF-8, percent escapes) is read differently by the parsers
 /// behind the proxy, which could then see another host than the one routed and limited.
-pub fn invalid_host(authority: &str) -> Option<&'static str> {
-    let (host, port) = match authority.strip_prefix('[') {
+pub fn invalid_host(authority: &[u8]) -> Option<&'static str> {
+    let (host, port) = match authority.strip_prefix(b"[") {
         Some(v6) => {
-            let Some((literal, after)) = v6.split_once(']') else {
+            let Some(close) = v6.iter().position(|&b| b == b']') else {
                 return Some("an IPv6 host has no closing ]");
             };
-            if literal.parse::<std::net::Ipv6Addr>().is_err() {
+            let literal = std::str::from_utf8(&v6[..close]).ok();
+            if literal
+                .and_then(|l| l.parse::<std::net::Ipv6Addr>().ok())
+                .is_none()
+            {
                 return Some("the host is not an IPv6 address in brackets");
             }
-            match after {
-                "" => return None,
-                _ => match after.strip_prefix(':') {
-                    Some(port) => ("", port),
-                    None => return Some("the host has text after its IPv6 address"),
-                },
+            match &v6[close + 1..] {
+                [] => return None,
+                [b':', port @ ..] => (&[][..], port),
+                _ => return Some("the host has text after its IPv6 address"),
             }
         }
-        None => match authority.rsplit_once(':') {
-            Some((host, port)) => (host, port),
-            None => (authority, ""),
+        None => match authority.iter().rposition(|&b| b == b':') {
+            Some(colon) => (&authority[..colon], &authority[colon + 1..]),
+            None => (authority, &[][..]),
         },
     };
-    if port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+    if port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
         return Some("the host's port is not a number");
     }
-    if host.is_empty() && !authority.starts_with('[') {
+    if host.is_empty() && !authority.starts_with(b"[") {
         return Some("the host is empty");
     }
     // One pass (this runs for every request): the characters, and no empty label (a leading
     // dot, or two in a row).
     let mut previous = b'.';
-    for b in host.bytes() {
+    for &b in host {
         match b {
             b'.' if previous == b'.' => return Some("the host has an empty label"),
             b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => previous = b,
@@ -232,7 +234,7 @@ mod tests {
             "under_score.example.",
             "localhost:",
         ] {
-            assert_eq!(invalid_host(good), None, "{good:?}");
+            assert_eq!(invalid_host(good.as_bytes()), None, "{good:?}");
         }
         for bad in [
             "b.example@a.example",
@@ -251,7 +253,7 @@ mod tests {
             "",
             ":80",
         ] {
-            assert!(invalid_host(bad).is_some(), "{bad:?}");
+            assert!(invalid_host(bad.as_bytes()).is_some(), "{bad:?}");
         }
     }
 
