@@ -255,14 +255,28 @@ impl Global {
         self.metrics.global_units("granted", granted);
         let extra = granted - cost;
         let mut held_now = held;
-        // Granted units are the slice's until this request returns with its own: dropped
-        // while the extra goes to the slice, the request gives back what it holds.
-        let mut owed = self.owed(&slice_key, granted);
+        // The request's own units are the slice's until it returns with them: dropped while
+        // the extra goes to the slice, it gives them back. The extra's call is spawned, so it
+        // lands once whatever becomes of the request (given back as well, a call that did
+        // land would count it twice).
+        let mut owed = self.owed(&slice_key, cost);
         if extra > 0 {
-            held_now = match self.add(&slice_key, extra, cost).await {
-                Ok(held) => held,
-                Err(e) => {
+            let region = self.region.clone();
+            let key = slice_key.clone();
+            let grant = Grant {
+                units: extra,
+                demand: cost,
+                ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+            };
+            let added = tokio::spawn(async move { region.add(&key, grant).await });
+            held_now = match added.await {
+                Ok(Ok(held)) => held,
+                Ok(Err(e)) => {
                     tracing::warn!(units = extra, error = %e, "units granted for the slice are lost: the region's store failed");
+                    held
+                }
+                Err(e) => {
+                    tracing::warn!(units = extra, error = %e, "units granted for the slice are lost: the call ended");
                     held
                 }
             };
