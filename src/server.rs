@@ -297,8 +297,6 @@ impl Server {
                 () = &mut shutdown => break,
             };
             let _ = stream.set_nodelay(true);
-            // The address the client dialled: what it names when it sends no SNI.
-            let local = stream.local_addr().ok();
             let proxy = self.proxy.clone();
             let serving = self.settings.load_full();
             let builder = serving.builder.clone();
@@ -321,6 +319,8 @@ impl Server {
                     // The handshake runs here, not in the accept loop, so a slow client cannot
                     // hold up others; the header-read timeout bounds it like a slow request head.
                     Some(acceptor) => {
+                        // The address the client dialled: what it names when it sends no SNI.
+                        let local = stream.local_addr().ok();
                         match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
                                 let advertise = advertised(&serving, alt_svc, &stream, local);
