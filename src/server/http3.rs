@@ -16,9 +16,13 @@
 //! - a stream reset before floodgate looked at it is dropped unanswered: nothing decided,
 //!   nothing forwarded;
 //! - every frame header a client sends is read as it arrives, before h3 buffers the frame
-//!   (`frames.rs`): a frame other than DATA is at most 65 KiB and must arrive whole within
-//!   `timeouts.header_read`, a client's push stream and a lowered `MAX_PUSH_ID` close the
-//!   connection;
+//!   (`frames.rs`): a frame other than DATA is at most 128 KiB, a control-stream frame must
+//!   arrive whole within `timeouts.header_read`, a client's push stream, a lowered
+//!   `MAX_PUSH_ID` and pseudo-headers out of place (`fields.rs`) close the connection;
+//! - a malformed request (connection-specific fields, `content-length` that is not one number
+//!   or disagrees with the DATA frames) is refused before it is decided or forwarded whole;
+//! - streams a connection abandons before their answer spend `http2_max_resets_per_second`,
+//!   as HTTP/2's do; past it the connection is closed;
 //! - a drain (SIGTERM) sends GOAWAY, lets the streams already accepted finish, then closes.
 
 mod fields;
