@@ -317,3 +317,27 @@ async fn routes_by_host_rewrites_and_header_edits_take_effect_on_sighup() {
     assert_eq!(apps.count(), 2);
     assert_eq!(billing.count(), 1);
 }
+
+/// `underscores_in_headers` (reloadable): dropped by default, kept after SIGHUP turns it on.
+/// A recording upstream sees the request head as sent.
+#[tokio::test]
+async fn underscores_in_headers_takes_effect_on_sighup() {
+    let upstream = common::RecordingUpstream::start().await;
+    let config = |keep: bool| {
+        Config::new()
+            .with("underscores_in_headers", &keep.to_string())
+            .route(Route::new("all", "/", &upstream.url()))
+    };
+    let fg = Floodgate::start(&config(false).yaml());
+    let request = |fg: &Floodgate| {
+        format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nX_Consumer: forged\r\nConnection: close\r\n\r\n",
+            fg.addr()
+        )
+    };
+    raw_exchange(fg.addr(), request(&fg).as_bytes()).await;
+    assert!(upstream.values(0, "x_consumer").is_empty());
+    reload(&fg, &config(true)).await;
+    raw_exchange(fg.addr(), request(&fg).as_bytes()).await;
+    assert_eq!(upstream.values(1, "x_consumer"), ["forged"]);
+}

@@ -432,38 +432,34 @@ async fn respond(send: &mut SendStream, response: Response<Body>) -> Result<(), 
     Ok(())
 }
 
-/// A request stream's receiving side: what a look at the stream found before the body was read
-/// (data, its end) is kept here for the body.
+/// A request stream's receiving side, and what the one look at it before the body was read
+/// found there (data, or its end), kept for the body.
 struct Probed {
     stream: RecvStream,
-    /// Data a look found, in order.
-    early: std::collections::VecDeque<Bytes>,
-    /// A look found the end of the data.
+    early: Option<Bytes>,
     ended: bool,
-    /// A look found the stream reset.
-    reset: bool,
 }
 
 impl Probed {
-    /// Looks once at the stream without waiting (a no-op waker: only while nobody else waits
-    /// on it, before the body is read): true when the client has reset it.
+    /// Looks once at the stream without waiting (a no-op waker: nobody else waits on it yet,
+    /// the body not being read): true when the client has reset it.
     fn look(&mut self) -> bool {
-        if self.reset || self.ended {
-            return self.reset;
-        }
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match self.stream.poll_recv_data(&mut cx) {
-            Poll::Pending => {}
+            Poll::Pending => false,
             Poll::Ready(Ok(Some(mut data))) => {
-                self.early.push_back(data.copy_to_bytes(data.remaining()));
+                self.early = Some(data.copy_to_bytes(data.remaining()));
+                false
             }
-            Poll::Ready(Ok(None)) => self.ended = true,
+            Poll::Ready(Ok(None)) => {
+                self.ended = true;
+                false
+            }
             Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "HTTP/3 stream reset before it was forwarded");
-                self.reset = true;
+                tracing::debug!(error = %e, "HTTP/3 stream reset before it was decided");
+                true
             }
         }
-        self.reset
     }
 }
 
@@ -493,9 +489,8 @@ impl RecvBody {
         RecvBody {
             shared: std::sync::Mutex::new(Probed {
                 stream,
-                early: Default::default(),
+                early: None,
                 ended: false,
-                reset: false,
             }),
             state: RecvState::Data,
             declared,
@@ -535,7 +530,7 @@ impl RecvBody {
     /// The next piece of data: what a look found first, then the stream's.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(data) = shared.early.pop_front() {
+        if let Some(data) = shared.early.take() {
             return Poll::Ready(Ok(Some(data)));
         }
         if shared.ended {
