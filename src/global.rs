@@ -27,8 +27,9 @@
 //! docs/stores.md).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::limiter::slices::{
     AnyGlobalStore, AnySliceStore, Give, GlobalStore, Grant, SliceRead, SliceStore, Take, Taken,
@@ -79,6 +80,17 @@ struct Local {
     /// What the slice held at the last look, and the global store's units left.
     held: u64,
     global_left: u64,
+    /// A windowed budget's window (its start is in the budget's keys: each window is a budget
+    /// of its own), by the global store's clock; `None` for a token bucket.
+    window: Option<(u64, u64)>,
+}
+
+/// One budget's keys: its name here, its key in the global store, and its slice's key in the
+/// region's store.
+struct Keys {
+    id: String,
+    global: String,
+    slice: String,
 }
 
 /// The global budgets of this instance: its region's slices and the way to the global store.
@@ -94,6 +106,10 @@ pub struct Global {
     /// keeper (`true` inside): a pass in flight at shutdown could refill a slice just given
     /// back.
     passes: tokio::sync::Mutex<bool>,
+    /// The global store's clock less this instance's, in µs, as its last answer showed (half
+    /// the round trip's uncertainty): which window a windowed budget is in is the global
+    /// store's to say, and this estimate makes the first guess right but within that.
+    offset_us: AtomicI64,
     metrics: Arc<Metrics>,
 }
 
@@ -125,6 +141,7 @@ impl Global {
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
             passes: tokio::sync::Mutex::new(false),
+            offset_us: AtomicI64::new(0),
             metrics,
             spec,
         });
@@ -147,16 +164,32 @@ impl Global {
         &self.spec.region
     }
 
-    /// The store keys of `ask`'s budget: in the global store, and its slice in the region's.
-    fn keys(&self, ask: &Ask<'_>) -> (String, String, String) {
+    /// The keys of `ask`'s budget in `window` (a windowed budget's, `None` for a token
+    /// bucket): each window is a budget of its own, its start in the keys.
+    fn keys(&self, ask: &Ask<'_>, window: Option<(u64, u64)>) -> Keys {
         let mut id = format!("{}:{}:", ask.key.budget, ask.key.kind.as_str());
         crate::limiter::push_hex(&mut id, ask.key.value);
+        if let Some((start, _)) = window {
+            id.push_str(&format!(":w{start}"));
+        }
         let prefix = &self.spec.key_prefix;
-        (
-            id.clone(),
-            format!("{prefix}gb:{{{id}}}"),
-            format!("{prefix}gs:{{{id}}}"),
-        )
+        Keys {
+            global: format!("{prefix}gb:{{{id}}}"),
+            slice: format!("{prefix}gs:{{{id}}}"),
+            id,
+        }
+    }
+
+    /// The global store's clock now, as this instance reckons it (µs since the epoch).
+    fn global_now_us(&self) -> u64 {
+        let offset = self.offset_us.load(Ordering::Relaxed);
+        epoch_us().saturating_add_signed(offset)
+    }
+
+    /// The window `limit` counts in now by the global store's clock, as reckoned here (a fixed
+    /// window or a quota); `None` for a token bucket.
+    fn window_of(&self, limit: &Limit) -> Option<(u64, u64)> {
+        limit.algorithm().period_at(self.global_now_us())
     }
 
     fn budgets(&self) -> std::sync::MutexGuard<'_, HashMap<String, Local>> {
@@ -167,9 +200,34 @@ impl Global {
     /// when it cannot pay, from the global store. `Err` when a store failed (then `on_error`
     /// decides).
     pub async fn spend(&self, ask: &Ask<'_>) -> Result<Decision, GlobalError> {
+        let mut window = self.window_of(ask.limit);
+        // A windowed budget's window is the global store's to say: when it says the window
+        // reckoned here is not the one its clock is in, the request is decided again in the
+        // window its clock gave (once: the window it named is current by its clock).
+        for _ in 0..2 {
+            match self.spend_in(ask, window).await? {
+                Spent::Decided(decision) => return Ok(decision),
+                Spent::Outside { now_us } => window = ask.limit.algorithm().period_at(now_us),
+            }
+        }
+        Err(GlobalError::Global(LimiterError::protocol(
+            "the global store's clock left the window it named",
+        )))
+    }
+
+    /// [`Global::spend`] in one window (`None`: a token bucket).
+    async fn spend_in(
+        &self,
+        ask: &Ask<'_>,
+        window: Option<(u64, u64)>,
+    ) -> Result<Spent, GlobalError> {
         let limit = ask.limit;
         let cost = u64::from(limit.cost());
-        let (id, global_key, slice_key) = self.keys(ask);
+        let Keys {
+            id,
+            global: global_key,
+            slice: slice_key,
+        } = self.keys(ask, window);
         let now = Instant::now();
         let (want, empty_until, global_left) = {
             let mut budgets = self.budgets();
@@ -180,6 +238,7 @@ impl Global {
                 want: FIRST_SLICE * cost,
                 held: 0,
                 global_left: u64::from(limit.algorithm().units()),
+                window,
             });
             local.last_used = now;
             (local.want, local.empty_until, local.global_left)
@@ -209,48 +268,60 @@ impl Global {
                 }
             }
         };
+        let ends_in = window.map(|(_, end)| end.saturating_sub(self.global_now_us()));
         if paid {
-            return Ok(Decision::allow(figures(limit, held + global_left), 0));
+            return Ok(Spent::Decided(Decision::allow(
+                figures(limit, held + global_left, ends_in),
+                0,
+            )));
         }
         if let Some(until) = empty_until
             && until > now
         {
-            let wait = until - now;
-            return Ok(Decision::deny(
-                figures(limit, held),
-                u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
-            ));
+            let wait = ends_in.unwrap_or(until.saturating_duration_since(now).as_micros() as u64);
+            return Ok(Spent::Decided(Decision::deny(
+                figures(limit, held, ends_in),
+                wait,
+            )));
         }
         // The slice cannot pay: this request asks the global store for its own units and a
         // few for the slice (the keeper sizes slices; requests that each took a slice's worth
         // at once would pile the budget up in one region, and lose it all if the instance
         // died with them in flight).
         let few = (FIRST_SLICE * cost).min(want);
+        let (taken, ends) = self
+            .take(&global_key, &slice_key, limit, cost, few, held, window)
+            .await?;
         let Taken {
             granted,
             left,
             lapsed,
-        } = self
-            .take(&global_key, &slice_key, limit, cost, few, held)
-            .await?;
+            now_us,
+            outside,
+        } = taken;
+        if outside {
+            return Ok(Spent::Outside { now_us });
+        }
         self.count_lapsed(lapsed);
+        let ends_in = window.map(|(_, end)| end.saturating_sub(now_us));
         if granted < cost {
-            // Until one unit may have refilled, or a quarter of the ttl.
-            let refill = Duration::from_micros(
+            // Until one unit may have refilled (a window: until it ends), or a quarter of the
+            // ttl (a slice another region gives back).
+            let refill = Duration::from_micros(ends_in.unwrap_or_else(|| {
                 limit
                     .algorithm()
                     .span_us()
-                    .saturating_mul(cost - left.min(cost)),
-            );
+                    .saturating_mul(cost - left.min(cost))
+            }));
             let until = now + refill.min(self.spec.lease_ttl / 4);
             if let Some(local) = self.budgets().get_mut(&id) {
                 local.empty_until = Some(until);
                 local.global_left = left;
             }
-            return Ok(Decision::deny(
-                figures(limit, held),
+            return Ok(Spent::Decided(Decision::deny(
+                figures(limit, held, ends_in),
                 u64::try_from(refill.as_micros()).unwrap_or(u64::MAX),
-            ));
+            )));
         }
         self.metrics.global_units("granted", granted);
         let extra = granted - cost;
@@ -260,13 +331,18 @@ impl Global {
         // lands once whatever becomes of the request (given back as well, a call that did
         // land would count it twice).
         let mut owed = self.owed(&slice_key, cost);
-        if extra > 0 {
+        let ttl_ms = self.slice_ttl_ms(ends);
+        if extra > 0 && ttl_ms == 0 {
+            // The window ends before a slice could spend them.
+            self.metrics.global_units("lapsed", extra);
+        }
+        if extra > 0 && ttl_ms > 0 {
             let region = self.region.clone();
             let key = slice_key.clone();
             let grant = Grant {
                 units: extra,
                 demand: cost,
-                ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+                ttl_ms,
             };
             let added = tokio::spawn(async move { region.add(&key, grant).await });
             held_now = match added.await {
@@ -287,16 +363,34 @@ impl Global {
             local.global_left = left;
             local.held = held_now;
         }
-        Ok(Decision::allow(figures(limit, held_now + left), 0))
+        Ok(Spent::Decided(Decision::allow(
+            figures(limit, held_now + left, ends_in),
+            0,
+        )))
+    }
+
+    /// A slice's life from now: `lease_ttl`, and for a windowed budget no later than its
+    /// window's end on this instance's clock (`ends`), so that no region spends a window's
+    /// unit after the global store's clock left it. 0 when the window has ended.
+    fn slice_ttl_ms(&self, ends: Option<Instant>) -> u64 {
+        let ttl = match ends {
+            Some(ends) => self
+                .spec
+                .lease_ttl
+                .min(ends.saturating_duration_since(Instant::now())),
+            None => self.spec.lease_ttl,
+        };
+        ttl.as_millis() as u64
     }
 
     /// What `ask`'s budget has now, spending nothing (`/budgets`): the region's slice and the
     /// global store's units left, as last seen.
     pub async fn peek(&self, ask: &Ask<'_>) -> Result<(Decision, u64), GlobalError> {
-        let (id, _, slice_key) = self.keys(ask);
+        let window = self.window_of(ask.limit);
+        let Keys { id, slice, .. } = self.keys(ask, window);
         let held = self
             .region
-            .held(&slice_key)
+            .held(&slice)
             .await
             .map_err(GlobalError::Region)?;
         let left = self
@@ -305,15 +399,19 @@ impl Global {
             .map_or(u64::from(ask.limit.algorithm().units()), |l| l.global_left);
         // (As a check that allowed: what is left after one request's cost.)
         let after = (held + left).saturating_sub(u64::from(ask.limit.cost()));
-        Ok((Decision::allow(figures(ask.limit, after), 0), held))
+        let ends_in = window.map(|(_, end)| end.saturating_sub(self.global_now_us()));
+        Ok((Decision::allow(figures(ask.limit, after, ends_in), 0), held))
     }
 
     /// One call to the global store: `need` units for a request (0 for the keeper) and up to
-    /// `want` more for the slice. Returns (granted, left, lapsed).
+    /// `want` more for the slice, in `window` for a windowed budget. Returns what it answered,
+    /// and the window's end on this instance's clock (from the global store's: the call's
+    /// start plus what the window had left when it decided, so never later than the end).
     ///
     /// A call that outlives `storage.global.timeout` is not abandoned: its request follows
     /// `on_error`, and whatever the global store granted it when the answer does come is put
     /// in the region's slice (`slice_key`), so a slow answer costs no unit of the budget.
+    #[allow(clippy::too_many_arguments)]
     async fn take(
         &self,
         key: &str,
@@ -322,7 +420,8 @@ impl Global {
         need: u64,
         want: u64,
         held: u64,
-    ) -> Result<Taken, GlobalError> {
+        window: Option<(u64, u64)>,
+    ) -> Result<(Taken, Option<Instant>), GlobalError> {
         if let Some(until) = *self.down_until.lock().unwrap_or_else(|e| e.into_inner())
             && until > Instant::now()
         {
@@ -337,7 +436,9 @@ impl Global {
             region: self.spec.region.clone(),
             ttl_ms: self.spec.lease_ttl.as_millis() as u64,
             held,
+            window,
         }));
+        let (sent, sent_us) = (Instant::now(), epoch_us());
         // Until the answer is read here, the call is the slice's: dropped (a timeout, or the
         // request itself dropped while it waited: its client went away), what it is granted
         // goes to the slice when it comes.
@@ -345,7 +446,9 @@ impl Global {
             call: Some(call),
             region: self.region.clone(),
             slice_key: slice_key.to_string(),
-            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+            lease_ttl: self.spec.lease_ttl,
+            window_end: window.map(|w| w.1),
+            sent,
             metrics: self.metrics.clone(),
         };
         let Some(call) = pending.call.as_mut() else {
@@ -355,7 +458,16 @@ impl Global {
             Ok(Ok(Ok(answer))) => {
                 pending.call = None;
                 self.metrics.global_call("ok");
-                return Ok(answer);
+                let midway = sent_us + (epoch_us().saturating_sub(sent_us)) / 2;
+                let offset = answer.now_us as i128 - midway as i128;
+                self.offset_us.store(
+                    offset.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+                    Ordering::Relaxed,
+                );
+                let ends = window.map(|(_, end)| {
+                    sent + Duration::from_micros(end.saturating_sub(answer.now_us))
+                });
+                return Ok((answer, ends));
             }
             Ok(Ok(Err(e))) => {
                 pending.call = None;
@@ -383,17 +495,22 @@ impl Global {
             region: self.region.clone(),
             slice_key: slice_key.to_string(),
             units,
-            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
         }
     }
 
-    /// Adds `units` to the region's slice (renewing it for `lease_ttl`), with `demand` units
+    /// Adds `units` to the region's slice (renewing it for `ttl_ms`), with `demand` units
     /// of demand seen; returns what it holds now.
-    async fn add(&self, slice_key: &str, units: u64, demand: u64) -> Result<u64, GlobalError> {
+    async fn add(
+        &self,
+        slice_key: &str,
+        units: u64,
+        demand: u64,
+        ttl_ms: u64,
+    ) -> Result<u64, GlobalError> {
         let grant = Grant {
             units,
             demand,
-            ttl_ms: self.spec.lease_ttl.as_millis() as u64,
+            ttl_ms,
         };
         self.region
             .add(slice_key, grant)
@@ -428,8 +545,13 @@ impl Global {
         let now = Instant::now();
         let budgets: Vec<(String, Local)> = {
             let mut budgets = self.budgets();
-            // A budget idle for two ttls whose slice is empty is forgotten.
-            budgets.retain(|_, l| now.duration_since(l.last_used) < 2 * ttl || l.held > 0);
+            // A budget idle for two ttls whose slice is empty is forgotten, and so is a window
+            // that has ended (its slice ended with it).
+            let global_now = self.global_now_us();
+            budgets.retain(|_, l| {
+                (now.duration_since(l.last_used) < 2 * ttl || l.held > 0)
+                    && l.window.is_none_or(|(_, end)| end > global_now)
+            });
             budgets
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
@@ -483,23 +605,30 @@ impl Global {
                     .await
                     .map_err(GlobalError::Region)?;
                 if units > 0 {
-                    self.give_back(&global_key, &limit, units).await?;
+                    self.give_back(&global_key, &limit, units, local.window)
+                        .await?;
                 }
                 self.update(id, 0, FIRST_SLICE * u64::from(limit.cost()), None);
                 return Ok(0);
             }
             Plan::Renew { want, target } => (want, target),
         };
-        let Taken {
-            granted,
-            left,
-            lapsed,
-        } = self
-            .take(&global_key, &slice_key, &limit, 0, want, held)
+        let (taken, ends) = self
+            .take(&global_key, &slice_key, &limit, 0, want, held, local.window)
             .await?;
-        self.count_lapsed(lapsed);
-        self.metrics.global_units("granted", granted);
-        let held_now = self.add(&slice_key, granted, 0).await?;
+        if taken.outside {
+            // The window has ended by the global store's clock: so has its slice.
+            return Ok(0);
+        }
+        self.count_lapsed(taken.lapsed);
+        self.metrics.global_units("granted", taken.granted);
+        let (granted, left) = (taken.granted, taken.left);
+        let ttl_ms = self.slice_ttl_ms(ends);
+        if ttl_ms == 0 {
+            self.count_lapsed(granted);
+            return Ok(0);
+        }
+        let held_now = self.add(&slice_key, granted, 0, ttl_ms).await?;
         self.update(id, held_now, target.max(1), Some(left));
         Ok(held_now)
     }
@@ -517,13 +646,20 @@ impl Global {
         }
     }
 
-    async fn give_back(&self, key: &str, limit: &Limit, units: u64) -> Result<(), GlobalError> {
+    async fn give_back(
+        &self,
+        key: &str,
+        limit: &Limit,
+        units: u64,
+        window: Option<(u64, u64)>,
+    ) -> Result<(), GlobalError> {
         let call = self.global.give(Give {
             key: key.to_string(),
             capacity: limit.algorithm().units(),
             interval_us: limit.algorithm().span_us(),
             units,
             region: self.spec.region.clone(),
+            window,
         });
         match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(_)) => {
@@ -563,7 +699,9 @@ impl Global {
                 continue;
             };
             if units > 0 {
-                let _ = self.give_back(&global_key, &local.limit, units).await;
+                let _ = self
+                    .give_back(&global_key, &local.limit, units, local.window)
+                    .await;
             }
         }
     }
@@ -581,7 +719,6 @@ struct Owed {
     region: Arc<AnySliceStore>,
     slice_key: String,
     units: u64,
-    ttl_ms: u64,
 }
 
 impl Drop for Owed {
@@ -594,10 +731,11 @@ impl Drop for Owed {
         };
         let region = self.region.clone();
         let slice_key = std::mem::take(&mut self.slice_key);
+        // Back into the slice as it is, its end kept (a window's slice never outlives it).
         let grant = Grant {
             units: self.units,
             demand: 0,
-            ttl_ms: self.ttl_ms,
+            ttl_ms: 0,
         };
         runtime.spawn(async move {
             let units = grant.units;
@@ -629,7 +767,6 @@ impl Drop for SpendPending {
             region: self.owed.region.clone(),
             slice_key: std::mem::take(&mut self.owed.slice_key),
             units: 0,
-            ttl_ms: self.owed.ttl_ms,
         };
         let cost = self.cost;
         runtime.spawn(async move {
@@ -648,7 +785,11 @@ struct Pending {
     call: Option<tokio::task::JoinHandle<TakeAnswer>>,
     region: Arc<AnySliceStore>,
     slice_key: String,
-    ttl_ms: u64,
+    lease_ttl: Duration,
+    /// A windowed budget's window end (the global store's clock), and when the call was sent:
+    /// the late units go to a slice that ends with the window.
+    window_end: Option<u64>,
+    sent: Instant,
     metrics: Arc<Metrics>,
 }
 
@@ -661,16 +802,32 @@ impl Drop for Pending {
             return;
         };
         let region = self.region.clone();
-        let (slice_key, ttl_ms) = (std::mem::take(&mut self.slice_key), self.ttl_ms);
+        let slice_key = std::mem::take(&mut self.slice_key);
+        let (lease_ttl, window_end, sent) = (self.lease_ttl, self.window_end, self.sent);
         let metrics = self.metrics.clone();
         runtime.spawn(async move {
-            let Ok(Ok(Taken { granted, .. })) = call.await else {
+            let Ok(Ok(Taken {
+                granted, now_us, ..
+            })) = call.await
+            else {
                 return;
             };
             if granted == 0 {
                 return;
             }
             metrics.global_units("granted", granted);
+            let ttl = match window_end {
+                Some(end) => {
+                    let ends = sent + Duration::from_micros(end.saturating_sub(now_us));
+                    lease_ttl.min(ends.saturating_duration_since(Instant::now()))
+                }
+                None => lease_ttl,
+            };
+            let ttl_ms = ttl.as_millis() as u64;
+            if ttl_ms == 0 {
+                metrics.global_units("lapsed", granted);
+                return;
+            }
             let grant = Grant {
                 units: granted,
                 demand: 0,
@@ -719,15 +876,33 @@ fn plan(held: u64, demand: u64, idle: u64) -> Plan {
 }
 
 /// A global limit's figures for the headers: its capacity, and `remaining` as this region
-/// sees it (its slice and the global store's units left at the last call).
-fn figures(limit: &Limit, remaining: u64) -> Figures {
+/// sees it (its slice and the global store's units left at the last call); a windowed
+/// budget resets when its window ends (`ends_in_us`), a bucket when it would be full again.
+fn figures(limit: &Limit, remaining: u64, ends_in_us: Option<u64>) -> Figures {
     let capacity = u64::from(limit.algorithm().units());
     let remaining = remaining.min(capacity);
     Figures {
         limit: capacity,
         remaining,
-        reset_after_us: (capacity - remaining).saturating_mul(limit.algorithm().span_us()),
+        reset_after_us: ends_in_us
+            .unwrap_or_else(|| (capacity - remaining).saturating_mul(limit.algorithm().span_us())),
     }
+}
+
+/// What [`Global::spend_in`] came to.
+enum Spent {
+    Decided(Decision),
+    /// The global store's clock is not in the window asked for: it is at `now_us`.
+    Outside {
+        now_us: u64,
+    },
+}
+
+/// This instance's clock, in µs since the epoch.
+fn epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Loads the scripts at start, again every second until both stores have answered.
@@ -816,9 +991,9 @@ mod tests {
     #[test]
     fn figures_never_say_more_than_the_capacity() {
         let limit = Limit::of(crate::limiter::Algorithm::token_bucket(100, 10.0).unwrap());
-        let f = figures(&limit, 250);
+        let f = figures(&limit, 250, None);
         assert_eq!((f.limit, f.remaining, f.reset_after_us), (100, 100, 0));
-        let f = figures(&limit, 40);
+        let f = figures(&limit, 40, None);
         assert_eq!(
             (f.limit, f.remaining, f.reset_after_us),
             (100, 40, 6_000_000)

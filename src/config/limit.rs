@@ -183,8 +183,8 @@ impl Validator {
         }
     }
 
-    /// A limit's `scope`: true for `global`, which needs `storage.global`, a token bucket and
-    /// a fixed cost.
+    /// A limit's `scope`: true for `global`, which needs `storage.global`, a token bucket, a
+    /// fixed window or a quota, and a fixed cost.
     fn scope(&mut self, path: &str, l: &LimitFile, kind: AlgorithmKind) -> bool {
         let scope = self.choice(&format!("{path}.scope"), l.scope.clone(), Scope::Region);
         if scope != Scope::Global {
@@ -196,10 +196,16 @@ impl Validator {
                 "global needs storage.global (the store that holds budgets shared across regions)",
             );
         }
-        if kind != AlgorithmKind::TokenBucket {
+        if !matches!(
+            kind,
+            AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow | AlgorithmKind::Quota
+        ) {
             self.problem(
                 format!("{path}.scope"),
-                format!("global is for token_bucket limits, not {}", kind.name()),
+                format!(
+                    "global is for token_bucket, fixed_window and quota limits, not {}",
+                    kind.name()
+                ),
             );
         }
         if matches!(l.cost, Some(CostFile::Settled(_))) {

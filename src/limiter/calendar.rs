@@ -289,4 +289,30 @@ mod tests {
             Calendar::new(Period::Day, "Europe/Paris").unwrap()
         );
     }
+
+    #[test]
+    fn a_windowed_algorithm_names_the_window_an_instant_falls_in() {
+        use crate::limiter::Algorithm;
+        let minute = Algorithm::fixed_window(5, std::time::Duration::from_secs(60)).unwrap();
+        let t = at("2026-12-02T10:15:42Z");
+        assert_eq!(
+            minute.period_at(t),
+            Some((at("2026-12-02T10:15:00Z"), at("2026-12-02T10:16:00Z")))
+        );
+        // The last µs of a window is in it; the next is the next window's first.
+        let end = at("2026-12-02T10:16:00Z");
+        assert_eq!(minute.period_at(end - 1).map(|w| w.1), Some(end));
+        assert_eq!(minute.period_at(end).map(|w| w.0), Some(end));
+        let month =
+            Algorithm::quota(5, Calendar::new(Period::Month, "Asia/Kolkata").unwrap()).unwrap();
+        assert_eq!(
+            month.period_at(t),
+            Some((
+                at("2026-12-01T00:00:00+05:30"),
+                at("2027-01-01T00:00:00+05:30")
+            ))
+        );
+        let bucket = Algorithm::token_bucket(5, 1.0).unwrap();
+        assert_eq!(bucket.period_at(t), None);
+    }
 }

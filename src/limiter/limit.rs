@@ -298,6 +298,21 @@ impl Algorithm {
         }
     }
 
+    /// The counted window `now_us` (µs since the epoch) falls in, as `[start, end)`: a fixed
+    /// window's (aligned to the epoch, as every store counts it) or a quota's calendar period;
+    /// `None` for the algorithms that count no window of their own.
+    pub fn period_at(&self, now_us: u64) -> Option<(u64, u64)> {
+        match (&self.calendar, self.kind) {
+            (Some(calendar), _) => Some(calendar.bounds(now_us)),
+            (None, AlgorithmKind::FixedWindow) => {
+                let span = self.span_us.get();
+                let start = now_us - now_us % span;
+                Some((start, start.saturating_add(span)))
+            }
+            _ => None,
+        }
+    }
+
     /// A quota's calendar.
     pub fn calendar(&self) -> Option<&Calendar> {
         self.calendar.as_ref()

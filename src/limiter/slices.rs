@@ -32,6 +32,10 @@ pub struct Take {
     pub region: String,
     pub ttl_ms: u64,
     pub held: u64,
+    /// A windowed budget's window (`[start, end)` in µs since the epoch, as the asker reckons
+    /// the global store's clock): the store grants only while its own clock is inside it.
+    /// `None` for a token bucket.
+    pub window: Option<(u64, u64)>,
 }
 
 /// What a `take` answered.
@@ -43,6 +47,11 @@ pub struct Taken {
     pub left: u64,
     /// Units other regions' slices held when they lapsed, found by this call.
     pub lapsed: u64,
+    /// The global store's clock when it decided, in µs since the epoch.
+    pub now_us: u64,
+    /// The store's clock was not inside [`Take::window`]: nothing granted, and the asker
+    /// reckons the window again from `now_us`.
+    pub outside: bool,
 }
 
 /// One `give` to the global store (see [`GlobalStore::give`]).
@@ -53,6 +62,9 @@ pub struct Give {
     pub interval_us: u64,
     pub units: u64,
     pub region: String,
+    /// A windowed budget's window: units are refunded only while the store's clock is inside
+    /// it (a unit belongs to the window it was granted in).
+    pub window: Option<(u64, u64)>,
 }
 
 /// A boxed call that owns what it needs: it can finish after its caller stopped waiting.
@@ -77,6 +89,8 @@ pub trait GlobalStore: Send + Sync + 'static {
 pub struct Grant {
     pub units: u64,
     pub demand: u64,
+    /// The slice's life from now; 0 keeps the end it has (units given back to it), and then
+    /// a slice that is gone stays gone (its units lapsed with it).
     pub ttl_ms: u64,
 }
 

@@ -743,13 +743,23 @@ fn storage_global_and_scope_global_are_checked_by_name() {
         "routes[0].limits[0].scope",
         "global needs storage.global",
     );
+    for windowed in [
+        "{algorithm: fixed_window, limit: 5, window: 1m, scope: global}",
+        "{algorithm: quota, limit: 5, period: month, timezone: Europe/Paris, scope: global}",
+    ] {
+        let config = valid(&with_global(global, windowed));
+        assert!(
+            config.routes[0].enforced.limits[0].limit.is_global(),
+            "{windowed}"
+        );
+    }
     rejects(
         &with_global(
             global,
-            "{algorithm: fixed_window, limit: 5, window: 1m, scope: global}",
+            "{algorithm: sliding_window_log, limit: 5, window: 1m, scope: global}",
         ),
         "routes[0].limits[0].scope",
-        "global is for token_bucket limits",
+        "global is for token_bucket, fixed_window and quota limits, not sliding_window_log",
     );
     rejects(
         &with_global(

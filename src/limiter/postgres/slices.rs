@@ -52,17 +52,31 @@ BEGIN
         END IF;
     END IF;
 END $$;
+-- A windowed budget (p_end > 0) is one key per window, decided only while the database's clock
+-- is inside [p_start, p_end), and never refilled (its interval is the window's length).
 CREATE OR REPLACE FUNCTION floodgate_global_take(p_key text, p_cap bigint, p_interval bigint,
     p_need bigint, p_want bigint, p_region text, p_ttl_ms bigint, p_held bigint,
-    OUT o_granted bigint, OUT o_left bigint, OUT o_lapsed bigint) LANGUAGE plpgsql AS $$
+    p_start bigint, p_end bigint,
+    OUT o_granted bigint, OUT o_left bigint, OUT o_lapsed bigint, OUT o_now bigint,
+    OUT o_outside bigint) LANGUAGE plpgsql AS $$
 DECLARE
     v_ts bigint;
     v_now bigint;
     v_extra bigint;
     v_slice bigint;
 BEGIN
+    o_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    o_granted := 0;
+    o_left := 0;
+    o_lapsed := 0;
+    o_outside := 0;
+    IF p_end > 0 AND (o_now < p_start OR o_now >= p_end) THEN
+        o_outside := 1;
+        RETURN;
+    END IF;
     SELECT r.o_tokens, r.o_ts, r.o_now INTO o_left, v_ts, v_now
-        FROM floodgate_global_refill(p_key, p_cap, p_interval) r;
+        FROM floodgate_global_refill(p_key, p_cap,
+            CASE WHEN p_end > 0 THEN p_end - p_start ELSE p_interval END) r;
     WITH gone AS (
         DELETE FROM floodgate_global_slices s WHERE s.key = p_key AND s.ends_us < v_now
         RETURNING s.region, s.units
@@ -91,13 +105,20 @@ BEGIN
     UPDATE floodgate_global_budgets SET tokens = o_left, ts = v_ts WHERE key = p_key;
 END $$;
 CREATE OR REPLACE FUNCTION floodgate_global_give(p_key text, p_cap bigint, p_interval bigint,
-    p_units bigint, p_region text, OUT o_left bigint) LANGUAGE plpgsql AS $$
+    p_units bigint, p_region text, p_start bigint, p_end bigint, OUT o_left bigint)
+    LANGUAGE plpgsql AS $$
 DECLARE
     v_ts bigint;
     v_now bigint;
 BEGIN
+    v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    IF p_end > 0 AND (v_now < p_start OR v_now >= p_end) THEN
+        o_left := 0;
+        RETURN;
+    END IF;
     SELECT r.o_tokens, r.o_ts, r.o_now INTO o_left, v_ts, v_now
-        FROM floodgate_global_refill(p_key, p_cap, p_interval) r;
+        FROM floodgate_global_refill(p_key, p_cap,
+            CASE WHEN p_end > 0 THEN p_end - p_start ELSE p_interval END) r;
     o_left := least(p_cap, o_left + p_units);
     DELETE FROM floodgate_global_slices s WHERE s.key = p_key AND s.region = p_region;
     UPDATE floodgate_global_budgets SET tokens = o_left, ts = v_ts WHERE key = p_key;
@@ -150,6 +171,12 @@ DECLARE
     v_now bigint := floodgate_slice_now();
     v_units bigint;
 BEGIN
+    -- ttl 0: units given back, only to a slice still there, its end kept.
+    IF p_ttl_ms = 0 THEN
+        UPDATE floodgate_global_region_slices t SET units = t.units + p_units
+            WHERE t.key = p_key AND t.ends_us > v_now RETURNING t.units INTO v_units;
+        RETURN coalesce(v_units, 0);
+    END IF;
     INSERT INTO floodgate_global_region_slices AS t (key, units, demand, idle, ends_us)
         VALUES (p_key, p_units, p_demand, 0, v_now + p_ttl_ms * 1000)
         ON CONFLICT (key) DO UPDATE SET
@@ -381,10 +408,13 @@ impl GlobalStore for Arc<PgGlobal> {
             Box::new(a.region),
             Box::new(as_i64(a.ttl_ms)),
             Box::new(as_i64(a.held)),
+            Box::new(as_i64(a.window.map_or(0, |w| w.0))),
+            Box::new(as_i64(a.window.map_or(0, |w| w.1))),
         ];
         let row = owned_row(
             self.clone(),
-            "SELECT o_granted, o_left, o_lapsed FROM floodgate_global_take($1, $2, $3, $4, $5, $6, $7, $8)",
+            "SELECT o_granted, o_left, o_lapsed, o_now, o_outside \
+             FROM floodgate_global_take($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             params,
         );
         Box::pin(async move {
@@ -393,6 +423,8 @@ impl GlobalStore for Arc<PgGlobal> {
                 granted: count(&row, 0)?,
                 left: count(&row, 1)?,
                 lapsed: count(&row, 2)?,
+                now_us: count(&row, 3)?,
+                outside: count(&row, 4)? == 1,
             })
         })
     }
@@ -404,10 +436,12 @@ impl GlobalStore for Arc<PgGlobal> {
             Box::new(as_i64(g.interval_us)),
             Box::new(as_i64(g.units)),
             Box::new(g.region),
+            Box::new(as_i64(g.window.map_or(0, |w| w.0))),
+            Box::new(as_i64(g.window.map_or(0, |w| w.1))),
         ];
         let row = owned_row(
             self.clone(),
-            "SELECT o_left FROM floodgate_global_give($1, $2, $3, $4, $5)",
+            "SELECT o_left FROM floodgate_global_give($1, $2, $3, $4, $5, $6, $7)",
             params,
         );
         Box::pin(async move { count(&row.await?, 0) })

@@ -75,7 +75,7 @@ impl GlobalStore for RedisGlobal {
     fn take(&self, a: Take) -> OwnedCall<Taken> {
         let (mut connection, script) = (self.connection.clone(), self.take.clone());
         Box::pin(async move {
-            let (granted, left, lapsed) = script
+            let answer = script
                 .key(&a.key)
                 .arg(a.capacity)
                 .arg(a.interval_us)
@@ -84,13 +84,18 @@ impl GlobalStore for RedisGlobal {
                 .arg(&a.region)
                 .arg(a.ttl_ms)
                 .arg(a.held)
-                .invoke_async::<(u64, u64, u64)>(&mut connection)
+                .arg(a.window.map_or(0, |w| w.0))
+                .arg(a.window.map_or(0, |w| w.1))
+                .invoke_async::<(u64, u64, u64, u64, u64)>(&mut connection)
                 .await
                 .map_err(failed)?;
+            let (granted, left, lapsed, now_us, outside) = answer;
             Ok(Taken {
                 granted,
                 left,
                 lapsed,
+                now_us,
+                outside: outside == 1,
             })
         })
     }
@@ -104,6 +109,8 @@ impl GlobalStore for RedisGlobal {
                 .arg(g.interval_us)
                 .arg(g.units)
                 .arg(&g.region)
+                .arg(g.window.map_or(0, |w| w.0))
+                .arg(g.window.map_or(0, |w| w.1))
                 .invoke_async::<u64>(&mut connection)
                 .await
                 .map_err(failed)
@@ -213,12 +220,19 @@ impl SliceStore for RedisSlices {
 
 /// Brings the global bucket `KEYS[1]` up to now: `tokens` refilled one unit per `interval` µs
 /// up to `cap` (the remainder of an interval kept in `ts`). Sets `now`, `cap`, `interval`,
-/// `tokens`, `ts`.
+/// `tokens`, `ts`, and `w_start`, `w_end`: a windowed budget's window, the script's last two
+/// arguments (0, 0 for a token bucket). A window's key is that window's alone (its start is in
+/// the key) and never refills: its interval is the window's length, and it is decided only
+/// while `now` is inside it.
 const REFILL: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local cap = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
+local w_start = tonumber(ARGV[#ARGV - 1])
+local w_end = tonumber(ARGV[#ARGV])
+local outside = w_end > 0 and (now < w_start or now >= w_end)
+if w_end > 0 then interval = w_end - w_start end
 local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(st[1])
 local ts = tonumber(st[2])
@@ -236,20 +250,24 @@ if now > ts then
 end
 local function save()
   redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', ts)
-  -- Kept until it would be full again, and a while after (a year at most).
+  -- Kept until it would be full again (a window: until it ends), and a while after (a year
+  -- at most).
   local full_ms = math.ceil((cap - tokens) * interval / 1000) + 60000
+  if w_end > 0 then full_ms = math.ceil((w_end - now) / 1000) + 60000 end
   redis.call('PEXPIRE', KEYS[1], math.min(full_ms, 31536000000))
 end
 "#;
 
-/// `take`: ARGV cap, interval, need, want, region, ttl_ms, held. Grants `need` units (a
-/// request's own, or none) and up to `want` more, at most half of what is left beyond `need`;
-/// nothing when `need` cannot be met. Records the region's slice (what it holds, and its end)
-/// and counts as lapsed the slices whose end passed unrenewed. Returns {granted, left, lapsed}.
+/// `take`: ARGV cap, interval, need, want, region, ttl_ms, held, w_start, w_end. Grants `need`
+/// units (a request's own, or none) and up to `want` more, at most half of what is left beyond
+/// `need`; nothing when `need` cannot be met. Records the region's slice (what it holds, and its
+/// end) and counts as lapsed the slices whose end passed unrenewed. Returns {granted, left,
+/// lapsed, now, outside}: outside 1 (nothing touched) when `now` is not in the window.
 fn take_script() -> String {
     format!(
         "{REFILL}{}",
         r#"
+if outside then return {0, 0, 0, now, 1} end
 local need = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local region = ARGV[5]
@@ -282,17 +300,19 @@ else
   redis.call('HDEL', KEYS[1], 's:' .. region, 'e:' .. region)
 end
 save()
-return {granted, tokens, lapsed}
+return {granted, tokens, lapsed, now, 0}
 "#
     )
 }
 
-/// `give`: ARGV cap, interval, units, region. Refunds `units` (up to the capacity) and clears
-/// the region's slice. Returns what is left.
+/// `give`: ARGV cap, interval, units, region, w_start, w_end. Refunds `units` (up to the
+/// capacity) and clears the region's slice; a window's units only while it lasts (once it has
+/// ended they are nobody's). Returns what is left.
 fn give_script() -> String {
     format!(
         "{REFILL}{}",
         r#"
+if outside then return 0 end
 tokens = math.min(cap, tokens + tonumber(ARGV[3]))
 redis.call('HDEL', KEYS[1], 's:' .. ARGV[4], 'e:' .. ARGV[4])
 save()
@@ -316,8 +336,13 @@ return {0, units}
 "#;
 
 /// `add`: ARGV units, ttl_ms, demand. Adds granted units and demand seen to the slice and
-/// renews it for the ttl. Returns what it holds.
+/// renews it for the ttl; with ttl 0 (units given back), only to a slice still there, its end
+/// kept. Returns what it holds.
 const ADD: &str = r#"
+if tonumber(ARGV[2]) == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+  return redis.call('HINCRBY', KEYS[1], 'units', ARGV[1])
+end
 local units = redis.call('HINCRBY', KEYS[1], 'units', ARGV[1])
 if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[1], 'demand', ARGV[3]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
