@@ -43,6 +43,12 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium
 fi
 
+# libfaketime gives one floodgate instance a skewed wall clock in tests/global.rs.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+  echo "== installing faketime"
+  apt_install faketime
+fi
+
 # PostgreSQL's server programs live in /usr/lib/postgresql/VERSION/bin on Debian (off the PATH);
 # the tests find them there, make their own cluster with initdb and run it as the postgres user.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && [ -z "${FLOODGATE_PG_BIN:-}" ]; then

@@ -13,6 +13,10 @@ use common::*;
 /// The relay's delay each way: a cross-region round trip costs 80 ms.
 const DELAY: Duration = Duration::from_millis(40);
 
+/// libfaketime (Debian's `faketime`, which scripts/test.sh installs): an instance whose wall
+/// clock is off.
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 /// The global store: Redis, or PostgreSQL.
 enum GlobalStore {
     Redis(RedisServer),
@@ -116,6 +120,18 @@ impl World {
 
     /// [`World::start`] with `global` as the global store and `regions` as the regions'.
     async fn start_on(global: GlobalStore, regions: Regions, limit: &str, timeout: &str) -> World {
+        World::start_skewed(global, regions, limit, timeout, &[[None; 2]; 2]).await
+    }
+
+    /// [`World::start_on`] with instance `[r][i]`'s clock off by `skews[r][i]` (libfaketime's
+    /// `FAKETIME` offset, such as "+0.7": its wall clock only, timers run true).
+    async fn start_skewed(
+        global: GlobalStore,
+        regions: Regions,
+        limit: &str,
+        timeout: &str,
+        skews: &[[Option<&str>; 2]; 2],
+    ) -> World {
         if let Regions::Postgres(pg) = &regions {
             pg.psql("CREATE DATABASE region_eu");
             pg.psql("CREATE DATABASE region_us");
@@ -137,9 +153,23 @@ impl World {
         let instances = ["eu", "us"]
             .iter()
             .zip(regions.urls())
-            .map(|(name, store)| {
+            .zip(skews)
+            .map(|((name, store), skews)| {
                 let yaml = config(name, &store, &global_url, &upstream.url(), limit, timeout);
-                vec![Floodgate::start(&yaml), Floodgate::start(&yaml)]
+                skews
+                    .iter()
+                    .map(|skew| match skew {
+                        None => Floodgate::start(&yaml),
+                        Some(offset) => Floodgate::start_with_env(
+                            &yaml,
+                            &[
+                                ("LD_PRELOAD", FAKETIME_LIB),
+                                ("FAKETIME", offset),
+                                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+                            ],
+                        ),
+                    })
+                    .collect()
             })
             .collect();
         let world = World {
@@ -656,13 +686,27 @@ fn epoch_us() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_global_fixed_window_admits_its_limit_in_each_window_across_two_regions() {
     let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
-    each_window_exactly(GlobalStore::Redis(RedisServer::start()), regions).await;
+    each_window_exactly(GlobalStore::Redis(RedisServer::start()), regions, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_global_fixed_window_on_postgresql_admits_its_limit_in_each_window() {
     let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
-    each_window_exactly(GlobalStore::Postgres(PostgresServer::start()), regions).await;
+    each_window_exactly(
+        GlobalStore::Postgres(PostgresServer::start()),
+        regions,
+        false,
+    )
+    .await;
+}
+
+/// One instance in each region has its clock 700 ms off, one ahead and one behind: a window's
+/// turn is the global store's, so each still admits its limit and no more. (An instance ahead
+/// that spent the next window's budget by its own clock would admit it in this one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_with_skewed_clocks_keep_the_global_store_s_windows() {
+    let regions = Regions::Redis([RedisServer::start(), RedisServer::start()]);
+    each_window_exactly(GlobalStore::Redis(RedisServer::start()), regions, true).await;
 }
 
 /// 100 a window of 2 s (windows start on the epoch's even seconds), 64 clients on 4 instances
@@ -675,14 +719,19 @@ async fn a_global_fixed_window_on_postgresql_admits_its_limit_in_each_window() {
 /// at least 100 that may be its own; a window's units left in a slice at its end are void
 /// (never spent in the next), so a shortfall here would be units lost, and an excess above
 /// would be a window stretched by a region.
-async fn each_window_exactly(global: GlobalStore, regions: Regions) {
+async fn each_window_exactly(global: GlobalStore, regions: Regions, skewed: bool) {
     const LIMIT: u64 = 100;
     const WINDOW_US: u64 = 2_000_000;
-    let world = World::start_on(
+    let skews = match skewed {
+        true => [[None, Some("+0.7")], [Some("-0.7"), None]],
+        false => [[None; 2]; 2],
+    };
+    let world = World::start_skewed(
         global,
         regions,
         "algorithm: fixed_window, limit: 100, window: 2s",
         "2s",
+        &skews,
     )
     .await;
     let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
