@@ -29,9 +29,9 @@
 //!    leases;
 //! 6. [`adaptive`]: holds requests to an upstream at the limit it learned
 //!    (`adaptive_concurrency`), by priority;
-//! 7. [`proxy::forward`] and [`answer`]: the upstream call (HTTP/1.1 or HTTP/2, with
-//!    trailers), and every status and header floodgate writes itself (in [`grpc`]'s words for
-//!    a gRPC call);
+//! 7. [`proxy::forward`] and [`answer`]: the upstream call, over [`upstream::conn`]'s
+//!    connections (HTTP/1.1 or HTTP/2, with trailers), and every status and header floodgate
+//!    writes itself (in [`grpc`]'s words for a gRPC call);
 //! 8. [`access_log`], [`metrics`], [`telemetry`], [`top`] and [`admin`]: what was decided, on
 //!    the access log, `/metrics`, OpenTelemetry's traces, `/healthz`, `/readyz`, `/budgets`,
 //!    `/top` and the dashboard; [`control`]: the bans and overrides the decider applies, which
@@ -73,13 +73,13 @@
 //! - An **outcome** is a decision's ([`limiter::Outcome`]: allowed or denied); what the adaptive
 //!   gate learns from an upstream's answer is a [`adaptive::Signal`]. **Replay** is only
 //!   `floodgate replay`; a request body kept to be sent again on another HTTP/2 connection is a
-//!   `Resend` (`proxy/body.rs`).
+//!   [`upstream::conn::Resend`].
 //! - A **tier** picks which limits apply: a consumer's, or the one a verified token claims if
 //!   the config names it (`default` if not), or `anonymous` ([`policy::Policy::resolve`]).
 //!
 //! Dependencies point one way: [`files`], [`logging`], [`tls`] (which reads through files),
 //! [`path`], [`deadline`] and [`grpc`] know nothing of the rest; [`upstream`] (pools,
-//! discovery, balancing, passive health, retry budgets) only metrics; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
+//! discovery, balancing, passive health, retry budgets, the connections) only metrics and tls; [`limiter`] only tls (a PostgreSQL URL's certificates); [`identity`], [`metrics`] and
 //! [`adaptive`] only the limiter (its key kinds, decisions and clocks), and identity tls (a
 //! JWKS fetched over HTTPS), [`top`] the limiter and identity; [`config`] builds on those
 //! (and on upstream's pool specs); [`policy`] (whose allowance a request spends, and the

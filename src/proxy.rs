@@ -25,11 +25,8 @@ pub mod body;
 mod context;
 pub mod cost;
 pub mod forward;
-mod multiplex;
-mod pool;
 pub use crate::answer as response;
 mod snapshot;
-mod upstream_frames;
 mod usage;
 mod well_formed;
 

@@ -11,11 +11,12 @@
 //!   proxy ─ pick ─ forward ─ outcome (health) ─ retry? (budget, endpoint not yet tried)
 //! ```
 //!
-//! The connections themselves (HTTP/1.1 pool, HTTP/2 multiplexer) are keyed by what an endpoint
-//! dials, its address, so each endpoint has its own.
+//! The connections themselves ([`conn`]: HTTP/1.1 pool, HTTP/2 multiplexer) are keyed by what
+//! an endpoint dials, its address, so each endpoint has its own.
 
 pub mod balance;
 pub mod budget;
+pub mod conn;
 pub mod discovery;
 mod endpoint;
 pub mod health;

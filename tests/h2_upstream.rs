@@ -214,7 +214,7 @@ async fn trailers_with_a_pseudo_header_never_end_a_call_as_a_success() {
 /// limit were refused until the retries ran out, 6 of 20 got a 502).
 ///
 /// That no stream goes out over the limit at all (none refused, none sent again) is checked
-/// where the pool can count it, in `proxy/multiplex.rs`'s tests; here, that clients beyond the
+/// where the pool can count it, in `upstream/conn/http2.rs`'s tests; here, that clients beyond the
 /// limit are queued.
 ///
 /// Timing: 20 answers of 200 ms over at most 16 connections of one stream each take two

@@ -15,8 +15,9 @@ const ALLOWED: &[(&str, &str)] = &[
     ("deadline", ""),
     ("grpc", ""),
     ("limiter", "tls"),
-    // Where a request goes: pools, discovery, balancing, health, retries.
-    ("upstream", "metrics"),
+    // Where a request goes and how: pools, discovery, balancing, health, retries, and the
+    // connections (conn/: HTTP/1.1 pool, HTTP/2 multiplexer, the frames read off them).
+    ("upstream", "metrics tls"),
     ("identity", "limiter tls"),
     ("metrics", "limiter"),
     ("adaptive", "limiter"),

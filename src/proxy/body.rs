@@ -69,8 +69,8 @@ pub enum BodyError {
     /// connection lost).
     #[error("HTTP/3: {0}")]
     Http3(BoxError),
-    #[error("a retry of this request is sending its body")]
-    Superseded,
+    #[error(transparent)]
+    Superseded(#[from] crate::upstream::conn::Superseded),
 }
 
 /// A body that must keep moving: once floodgate waits for a frame, it must come within `idle`.
@@ -112,7 +112,7 @@ impl Watchdog {
 }
 
 /// Any error, boxed: what another transport's body fails with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::upstream::conn::BoxError;
 
 /// A body from another transport than hyper's (HTTP/3's request streams), boxed.
 pub type OtherBody = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError> + Send + Sync>>;
@@ -398,123 +398,6 @@ pub async fn linger(body: Incoming) {
             // The end, the client's error, or silence: the connection may close now.
             Ok(None | Some(Err(_))) | Err(_) => return,
         }
-    }
-}
-
-/// A request body that can be sent again: an HTTP/2 upstream may refuse a stream it never
-/// processed (`REFUSED_STREAM`, or a GOAWAY naming a lower last stream), and then the request
-/// goes once more on another connection. Every frame read from the client is kept (up to
-/// [`RESEND_BYTES`]) so that the next attempt sends them again before it reads on; past that,
-/// the request can no longer be retried ([`ResendHandle::again`] says `None`).
-pub struct Resend {
-    shared: Arc<std::sync::Mutex<Recording>>,
-    /// Which attempt this is: an older attempt's body reads nothing more once a newer one began.
-    attempt: u32,
-    /// The next recorded frame this attempt sends.
-    next: usize,
-}
-
-/// The most bytes of a request body kept for a retry (Envoy buffers 64 KiB for its retries).
-pub const RESEND_BYTES: usize = 64 * 1024;
-
-struct Recording {
-    source: RequestBody,
-    frames: Vec<Frame<Bytes>>,
-    bytes: usize,
-    /// False once more than [`RESEND_BYTES`] were read: a retry can no longer send them all.
-    complete: bool,
-    attempts: u32,
-}
-
-fn copy_frame(frame: &Frame<Bytes>) -> Frame<Bytes> {
-    match frame.data_ref() {
-        Some(data) => Frame::data(data.clone()),
-        None => Frame::trailers(frame.trailers_ref().cloned().unwrap_or_default()),
-    }
-}
-
-impl Resend {
-    /// The first attempt's body.
-    pub fn new(source: RequestBody) -> Self {
-        Resend {
-            shared: Arc::new(std::sync::Mutex::new(Recording {
-                source,
-                frames: Vec::new(),
-                bytes: 0,
-                complete: true,
-                attempts: 1,
-            })),
-            attempt: 1,
-            next: 0,
-        }
-    }
-
-    /// A handle that can start the next attempt once this one has failed.
-    pub fn handle(&self) -> ResendHandle {
-        ResendHandle(self.shared.clone())
-    }
-}
-
-/// Starts another attempt of a [`Resend`]'s request.
-pub struct ResendHandle(Arc<std::sync::Mutex<Recording>>);
-
-impl ResendHandle {
-    /// The next attempt's body, sending again what the earlier one sent; `None` when the body
-    /// was too large to keep. The earlier attempt's body reads nothing more from the client.
-    pub fn again(&self) -> Option<Resend> {
-        let mut shared = self.0.lock().ok()?;
-        if !shared.complete {
-            return None;
-        }
-        shared.attempts += 1;
-        Some(Resend {
-            shared: self.0.clone(),
-            attempt: shared.attempts,
-            next: 0,
-        })
-    }
-}
-
-impl HttpBody for Resend {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let this = self.get_mut();
-        let Ok(mut shared) = this.shared.lock() else {
-            return Poll::Ready(None);
-        };
-        if let Some(frame) = shared.frames.get(this.next) {
-            this.next += 1;
-            return Poll::Ready(Some(Ok(copy_frame(frame))));
-        }
-        if this.attempt != shared.attempts {
-            return Poll::Ready(Some(Err(BodyError::Superseded)));
-        }
-        let polled = Pin::new(&mut shared.source).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && shared.complete
-        {
-            shared.bytes += frame.data_ref().map_or(0, Bytes::len);
-            if shared.bytes > RESEND_BYTES {
-                shared.complete = false;
-                shared.frames = Vec::new();
-            } else {
-                let copy = copy_frame(frame);
-                shared.frames.push(copy);
-                this.next += 1;
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.shared
-            .lock()
-            .is_ok_and(|s| self.next >= s.frames.len() && s.source.is_end_stream())
     }
 }
 

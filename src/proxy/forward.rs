@@ -5,8 +5,8 @@
 //! rewritten to the client's, WebSocket upgrades spliced).
 //!
 //! An upstream is spoken to in the route's `upstream_protocol`: HTTP/1.1 over pooled keep-alive
-//! connections (`proxy/pool.rs`), HTTP/2 with many streams per connection
-//! (`proxy/multiplex.rs`: what gRPC needs, trailers included), or on `https://` whichever ALPN
+//! connections (`upstream/conn/http1.rs`), HTTP/2 with many streams per connection
+//! (`upstream/conn/http2.rs`: what gRPC needs, trailers included), or on `https://` whichever ALPN
 //! picks (`auto`, learned per upstream at its first connection). Bodies stream both ways, with
 //! their trailers where both hops are HTTP/2.
 
@@ -27,11 +27,13 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, ClientBody, Fault, RequestBody, Resend, ResendHandle, ResponseBody};
-use super::multiplex::{Multiplex, copy_head};
-use super::pool::{Io, Key, Pool, PoolError, dial};
+use super::body::{BodyFault, ClientBody, Fault, RequestBody, ResponseBody};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
+use crate::upstream::conn::{
+    Connection, Io, Key, Multiplex, Pool, PoolError, PooledBody, Resend, ResendHandle, copy_head,
+    dial,
+};
 use crate::upstream::{InFlight, Outcome, RoutePool};
 
 mod failure;
@@ -49,9 +51,9 @@ pub use headers::{strip_connection_listed, strip_hop_by_hop};
 /// Sends requests to upstreams over pooled connections.
 pub struct Forwarder {
     /// HTTP/1.1 connections (ALPN `http/1.1` on `https://`).
-    pool: Arc<Pool>,
+    pool: Arc<Pool<RequestBody>>,
     /// HTTP/2 connections (ALPN `h2`, or h2c by prior knowledge).
-    multiplex: Arc<Multiplex>,
+    multiplex: Arc<Multiplex<RequestBody>>,
     /// Offers both in ALPN: the first connection to an `auto` upstream.
     negotiating: HttpsConnector<HttpConnector>,
     /// What ALPN chose for each `auto` upstream so far.
@@ -284,7 +286,7 @@ impl Forwarder {
             let mut attempt = first;
             let mut tried = Tried::default();
             let mut body = Some(body);
-            let mut resend: Option<ResendHandle> = None;
+            let mut resend: Option<ResendHandle<RequestBody>> = None;
             let mut client: Option<ClientSide> = None;
             loop {
                 let endpoint = attempt.endpoint().clone();
@@ -611,11 +613,11 @@ impl Forwarder {
     /// connection the upstream had just closed (nginx: `proxy_next_upstream error`).
     async fn send_http1(
         &self,
-        connection: super::pool::Connection,
+        connection: Connection<RequestBody>,
         request: Request<RequestBody>,
         scheme: &Scheme,
         authority: &http::uri::Authority,
-    ) -> Result<Response<super::pool::PooledBody>, (PoolError, Option<Parts>)> {
+    ) -> Result<Response<PooledBody<RequestBody>>, (PoolError, Option<Parts>)> {
         // The head is copied only when the request could be sent again.
         let retry = (connection.reused
             && is_idempotent(request.method())

@@ -1,9 +1,9 @@
 //! Why an upstream request failed, and whether it may be sent again: stale pooled connections,
 //! TLS handshakes, idempotent methods; and the TLS trust for `https://` upstreams.
 
-use super::super::pool::PoolError;
 use crate::config::UpstreamCa;
 use crate::tls;
+use crate::upstream::conn::PoolError;
 
 /// Methods a request may be sent twice with (RFC 9110 §9.2.2).
 pub(super) fn is_idempotent(method: &http::Method) -> bool {

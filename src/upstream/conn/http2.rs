@@ -36,11 +36,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::body::Resend;
-use super::pool::{Io, Key, PoolError, dial, sweep};
-use super::upstream_frames::{Inspected, PeerSettings};
+use super::frames::{Inspected, PeerSettings};
+use super::http1::{Io, Key, PoolError, dial, sweep};
+use super::{Resend, Source};
 
-type Sender = http2::SendRequest<Resend>;
+type Sender<S> = http2::SendRequest<Resend<S>>;
 
 /// The per-connection stream window floodgate grants an upstream: how much of one response it
 /// may send before the client has read it.
@@ -56,9 +56,9 @@ pub const MAX_CONNECTIONS: usize = 16;
 const STREAMS_BEFORE_SETTINGS: usize = 1;
 
 /// HTTP/2 connections to upstreams, per scheme and authority.
-pub struct Multiplex {
+pub struct Multiplex<S: Source> {
     connector: HttpsConnector<HttpConnector>,
-    conns: Mutex<HashMap<Key, Vec<Conn>>>,
+    conns: Mutex<HashMap<Key, Vec<Conn<S>>>>,
     /// Per upstream: one dial at a time, and what requests waiting for a stream wait on.
     upstreams: Mutex<HashMap<Key, Arc<Upstream>>>,
     idle_timeout: Duration,
@@ -79,9 +79,9 @@ struct Upstream {
 }
 
 /// What a request finds among an upstream's connections.
-enum Found {
+enum Found<S: Source> {
     /// A stream, reserved.
-    Stream(Conn, StreamSlot),
+    Stream(Conn<S>, StreamSlot<S>),
     /// None free, but one will or may come: a connection has not yet learned its limit, or
     /// there are [`MAX_CONNECTIONS`] already.
     Wait,
@@ -89,25 +89,33 @@ enum Found {
     Dial,
 }
 
-#[derive(Clone)]
-struct Conn {
-    sender: Sender,
-    state: Arc<ConnState>,
+struct Conn<S: Source> {
+    sender: Sender<S>,
+    state: Arc<ConnState<S>>,
 }
 
-type Connection = http2::Connection<Inspected<Io>, Resend, TokioExecutor>;
+impl<S: Source> Clone for Conn<S> {
+    fn clone(&self) -> Self {
+        Conn {
+            sender: self.sender.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+type Connection<S> = http2::Connection<Inspected<Io>, Resend<S>, TokioExecutor>;
 
 /// What requests and the connection's task know of one connection.
-struct ConnState {
+struct ConnState<S: Source> {
     /// Streams floodgate has open on it.
     open: AtomicUsize,
     /// The connection, polled by its task, and asked by requests for the upstream's current
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (the lock is held for a poll or a read: h2's own
     /// connection runs in a task of its own, so the poll only hands requests over).
-    connection: Mutex<Connection>,
+    connection: Mutex<Connection<S>>,
     /// Set when it ended, sent GOAWAY or refused a stream: no new streams.
     refusing: AtomicBool,
-    /// What the upstream's SETTINGS said, read off the wire (`upstream_frames.rs`, which
+    /// What the upstream's SETTINGS said, read off the wire (`frames.rs`, which
     /// also wakes the waiting requests when they come).
     settings: Arc<PeerSettings>,
     /// The upstream's waiters.
@@ -118,9 +126,9 @@ struct ConnState {
     last_end_us: AtomicU64,
 }
 
-impl Conn {
+impl<S: Source> Conn<S> {
     /// Takes a stream on this connection if it has one to spare.
-    fn reserve(&self) -> Option<StreamSlot> {
+    fn reserve(&self) -> Option<StreamSlot<S>> {
         let state = &self.state;
         if state.refusing.load(Ordering::Acquire) || self.sender.is_closed() {
             return None;
@@ -152,11 +160,11 @@ impl Conn {
 }
 
 /// One stream's place on its connection, given back when dropped.
-struct StreamSlot {
-    state: Arc<ConnState>,
+struct StreamSlot<S: Source> {
+    state: Arc<ConnState<S>>,
 }
 
-impl Drop for StreamSlot {
+impl<S: Source> Drop for StreamSlot<S> {
     fn drop(&mut self) {
         let now = u64::try_from(self.state.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.state.last_end_us.store(now, Ordering::Relaxed);
@@ -165,7 +173,7 @@ impl Drop for StreamSlot {
     }
 }
 
-impl Multiplex {
+impl<S: Source> Multiplex<S> {
     /// A pool dialling through `connector` (which offers ALPN `h2` on `https://`). Within a
     /// Tokio runtime it also starts the sweeper of idle connections.
     pub fn new(connector: HttpsConnector<HttpConnector>, idle_timeout: Duration) -> Arc<Self> {
@@ -198,9 +206,9 @@ impl Multiplex {
     pub async fn send(
         &self,
         key: &Key,
-        req: Request<Resend>,
+        req: Request<Resend<S>>,
         mut fresh: Option<Box<Io>>,
-    ) -> Result<Response<MultiplexBody>, PoolError> {
+    ) -> Result<Response<MultiplexBody<S>>, PoolError> {
         let head = copy_head(&req);
         let resend = req.body().handle();
         let mut req = req;
@@ -224,9 +232,9 @@ impl Multiplex {
     async fn send_once(
         &self,
         key: &Key,
-        req: Request<Resend>,
+        req: Request<Resend<S>>,
         fresh: Option<Box<Io>>,
-    ) -> Result<Response<MultiplexBody>, PoolError> {
+    ) -> Result<Response<MultiplexBody<S>>, PoolError> {
         let (conn, slot) = match fresh {
             Some(io) => {
                 let conn = self.handshake(key, *io).await?;
@@ -255,7 +263,7 @@ impl Multiplex {
     /// A connection with a stream to spare: one that has it, or a new one when every one has
     /// learned its limit and is full; else waits until a stream may have come free. The
     /// forwarder's timeout bounds the wait.
-    async fn checkout(&self, key: &Key) -> Result<(Conn, StreamSlot), PoolError> {
+    async fn checkout(&self, key: &Key) -> Result<(Conn<S>, StreamSlot<S>), PoolError> {
         let upstream = {
             let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
             upstreams.entry(key.clone()).or_default().clone()
@@ -288,12 +296,12 @@ impl Multiplex {
     }
 
     /// The first usable connection to `key` with a stream to spare; ended ones are dropped.
-    fn find(&self, key: &Key) -> Found {
+    fn find(&self, key: &Key) -> Found<S> {
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         let Some(list) = conns.get_mut(key) else {
             return Found::Dial;
         };
-        list.retain(Conn::usable);
+        list.retain(Conn::<S>::usable);
         if let Some((conn, slot)) = list
             .iter()
             .find_map(|conn| conn.reserve().map(|slot| (conn.clone(), slot)))
@@ -309,7 +317,7 @@ impl Multiplex {
     }
 
     /// Opens HTTP/2 on `io`, starts the task that drives it and adds it to the pool.
-    async fn handshake(&self, key: &Key, io: Io) -> Result<Conn, PoolError> {
+    async fn handshake(&self, key: &Key, io: Io) -> Result<Conn<S>, PoolError> {
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
@@ -427,12 +435,12 @@ pub fn copy_head<B>(request: &Request<B>) -> Request<()> {
 }
 
 /// A connection's driving task: polls it, and notes its end.
-struct Driven {
-    state: Arc<ConnState>,
+struct Driven<S: Source> {
+    state: Arc<ConnState<S>>,
     authority: http::uri::Authority,
 }
 
-impl Future for Driven {
+impl<S: Source> Future for Driven<S> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -457,12 +465,12 @@ impl Future for Driven {
 
 /// An upstream's HTTP/2 response body (data, then trailers), holding its stream's place on the
 /// connection until it ends or is dropped.
-pub struct MultiplexBody {
+pub struct MultiplexBody<S: Source> {
     body: Incoming,
-    _slot: StreamSlot,
+    _slot: StreamSlot<S>,
 }
 
-impl HttpBody for MultiplexBody {
+impl<S: Source> HttpBody for MultiplexBody<S> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -484,7 +492,26 @@ impl HttpBody for MultiplexBody {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Superseded;
     use super::*;
+
+    /// What the tests send: any body, boxed.
+    type TestBody = http_body_util::combinators::BoxBody<Bytes, TestError>;
+
+    /// A test body's error: a client's body that failed, or one a retry superseded.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct TestError(String);
+
+    impl From<Superseded> for TestError {
+        fn from(e: Superseded) -> Self {
+            TestError(e.to_string())
+        }
+    }
+
+    fn empty() -> TestBody {
+        http_body_util::Empty::new().map_err(|e| match e {}).boxed()
+    }
     use crate::tls::crypto_provider;
     use http::uri::Scheme;
     use http_body_util::BodyExt;
@@ -521,7 +548,7 @@ mod tests {
         (addr.to_string().parse().unwrap(), accepted)
     }
 
-    fn pool() -> Arc<Multiplex> {
+    fn pool() -> Arc<Multiplex<TestBody>> {
         let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -535,12 +562,12 @@ mod tests {
         Multiplex::new(connector, Duration::from_secs(30))
     }
 
-    async fn fetch(pool: Arc<Multiplex>, key: Key) -> Bytes {
+    async fn fetch(pool: Arc<Multiplex<TestBody>>, key: Key) -> Bytes {
         let uri = format!("http://{}/", key.1);
         let req = Request::builder()
             .uri(uri)
             .version(http::Version::HTTP_2)
-            .body(Resend::new(super::super::body::RequestBody::empty()))
+            .body(Resend::new(empty()))
             .unwrap();
         let response = pool.send(&key, req, None).await.unwrap();
         response.into_body().collect().await.unwrap().to_bytes()
@@ -639,14 +666,11 @@ mod tests {
     }
 
     /// A request whose body comes through `body`'s channel, as a client's would.
-    fn post(authority: &http::uri::Authority, body: hyper::body::Incoming) -> Request<Resend> {
-        let body = super::super::body::RequestBody::new(
-            super::super::body::ClientBody::Streaming(body.into()),
-            None,
-            Duration::from_secs(10),
-            Default::default(),
-            false,
-        );
+    fn post(
+        authority: &http::uri::Authority,
+        body: hyper::body::Incoming,
+    ) -> Request<Resend<TestBody>> {
+        let body: TestBody = body.map_err(|e| TestError(e.to_string())).boxed();
         Request::builder()
             .method("POST")
             .uri(format!("http://{authority}/"))
@@ -767,7 +791,7 @@ mod tests {
         let req = Request::builder()
             .uri(uri)
             .version(http::Version::HTTP_2)
-            .body(Resend::new(super::super::body::RequestBody::empty()))
+            .body(Resend::new(empty()))
             .unwrap();
         let response = pool.send(&key, req, None).await.unwrap();
         // Long enough for 8 MiB to cross loopback many times over, were nothing holding it.

@@ -33,12 +33,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-use super::body::RequestBody;
-use super::response::BoxError;
+use super::{BoxError, Outgoing};
 
 /// A connection to an upstream: TCP, or TLS over TCP.
 pub type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
-type Driver = Pin<Box<http1::Connection<Io, RequestBody>>>;
+type Driver<B> = Pin<Box<http1::Connection<Io, B>>>;
 
 /// Which connections may serve a request: the upstream's scheme and `host:port`.
 pub type Key = (Scheme, Authority);
@@ -46,19 +45,19 @@ pub type Key = (Scheme, Authority);
 /// A connection: the handle requests are sent through, and the connection state machine that
 /// reads and writes the socket when polled.
 /// A connection ready for one request ([`Pool::connection`]), and whether it served one before.
-pub struct Connection {
-    conn: Conn,
+pub struct Connection<B: Outgoing> {
+    conn: Conn<B>,
     /// It served an earlier request (the upstream may close it just as it is reused).
     pub reused: bool,
     key: Key,
 }
 
-struct Conn {
-    sender: http1::SendRequest<RequestBody>,
-    driver: Driver,
+struct Conn<B: Outgoing> {
+    sender: http1::SendRequest<B>,
+    driver: Driver<B>,
 }
 
-impl Conn {
+impl<B: Outgoing> Conn<B> {
     /// Polls the idle connection once, without a waker: `false` if it has ended (the upstream
     /// closed it, or its last response asked to close) or cannot take a request.
     fn settle(&mut self) -> bool {
@@ -70,8 +69,8 @@ impl Conn {
     }
 }
 
-struct Idle {
-    conn: Conn,
+struct Idle<B: Outgoing> {
+    conn: Conn<B>,
     since: Instant,
 }
 
@@ -138,14 +137,14 @@ impl std::hash::Hasher for FnvHasher {
 }
 
 /// Keep-alive connections to upstreams, per scheme and authority.
-pub struct Pool {
+pub struct Pool<B: Outgoing> {
     connector: HttpsConnector<HttpConnector>,
-    idle: Mutex<HashMap<Key, Vec<Idle>, Fnv>>,
+    idle: Mutex<HashMap<Key, Vec<Idle<B>>, Fnv>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
 }
 
-impl Pool {
+impl<B: Outgoing> Pool<B> {
     /// A pool connecting through `connector`. Within a Tokio runtime it also starts the sweeper
     /// of idle connections, which ends with the pool (outside one, idle connections are still
     /// dropped when found expired at checkout).
@@ -174,9 +173,9 @@ impl Pool {
         self: &Arc<Self>,
         scheme: &Scheme,
         authority: &Authority,
-        req: Request<RequestBody>,
+        req: Request<B>,
         fresh: Option<Box<Io>>,
-    ) -> Result<Response<PooledBody>, PoolError> {
+    ) -> Result<Response<PooledBody<B>>, PoolError> {
         let connection = self.connection(scheme, authority, fresh).await?;
         self.send_on(connection, req).await
     }
@@ -189,7 +188,7 @@ impl Pool {
         scheme: &Scheme,
         authority: &Authority,
         fresh: Option<Box<Io>>,
-    ) -> Result<Connection, PoolError> {
+    ) -> Result<Connection<B>, PoolError> {
         let key = (scheme.clone(), authority.clone());
         // A new connection's dial and handshake are boxed: they happen once per connection, and
         // inline they would grow every request's future (which hyper moves into place).
@@ -207,9 +206,9 @@ impl Pool {
     /// connection on, and puts it back in the pool once read to its end.
     pub async fn send_on(
         self: &Arc<Self>,
-        connection: Connection,
-        req: Request<RequestBody>,
-    ) -> Result<Response<PooledBody>, PoolError> {
+        connection: Connection<B>,
+        req: Request<B>,
+    ) -> Result<Response<PooledBody<B>>, PoolError> {
         let Connection {
             mut conn,
             reused,
@@ -254,7 +253,7 @@ impl Pool {
         &self,
         scheme: &Scheme,
         authority: &Authority,
-        req: Request<RequestBody>,
+        req: Request<B>,
     ) -> Result<Response<Incoming>, PoolError> {
         let io = dial(&self.connector, scheme, authority).await?;
         let (mut sender, driver) =
@@ -280,7 +279,7 @@ impl Pool {
 
     /// The newest idle connection to `key` that is still usable; the others met on the way are
     /// closed.
-    fn checkout(&self, key: &Key) -> Option<Conn> {
+    fn checkout(&self, key: &Key) -> Option<Conn<B>> {
         loop {
             // The lock is held to pop only: the check reads the socket.
             let Idle { mut conn, since } = self.idle.lock().ok()?.get_mut(key)?.pop()?;
@@ -291,7 +290,7 @@ impl Pool {
     }
 
     /// Gives back a connection whose response was read to the end.
-    fn checkin(&self, key: Key, mut conn: Conn) {
+    fn checkin(&self, key: Key, mut conn: Conn<B>) {
         if !conn.settle() {
             return;
         }
@@ -308,11 +307,11 @@ impl Pool {
     }
 
     /// A new connection to `scheme://authority`.
-    async fn connect(&self, scheme: &Scheme, authority: &Authority) -> Result<Conn, PoolError> {
+    async fn connect(&self, scheme: &Scheme, authority: &Authority) -> Result<Conn<B>, PoolError> {
         Self::handshake(dial(&self.connector, scheme, authority).await?).await
     }
 
-    async fn handshake(io: Io) -> Result<Conn, PoolError> {
+    async fn handshake(io: Io) -> Result<Conn<B>, PoolError> {
         let (sender, driver) = http1::handshake(io)
             .await
             .map_err(|error| PoolError::Request {
@@ -384,17 +383,17 @@ pub async fn sweep<P>(pool: Weak<P>, idle_timeout: Duration, evict: fn(&P)) {
 
 /// An upstream response body that drives its connection while it is read, and gives the
 /// connection back to the pool once read to the end.
-pub struct PooledBody {
+pub struct PooledBody<B: Outgoing> {
     body: Incoming,
     /// `None` once the connection has ended (nothing to give back).
-    conn: Option<Conn>,
-    pool: Weak<Pool>,
+    conn: Option<Conn<B>>,
+    pool: Weak<Pool<B>>,
     key: Option<Key>,
     /// True once the body was read to its end.
     done: bool,
 }
 
-impl HttpBody for PooledBody {
+impl<B: Outgoing> HttpBody for PooledBody<B> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -425,7 +424,7 @@ impl HttpBody for PooledBody {
     }
 }
 
-impl Drop for PooledBody {
+impl<B: Outgoing> Drop for PooledBody<B> {
     fn drop(&mut self) {
         // A body the server stopped reading before its end (the client went away) leaves the
         // rest of the response on the connection: it is closed.
@@ -444,7 +443,7 @@ impl Drop for PooledBody {
 mod tests {
     use super::*;
     use crate::tls::crypto_provider;
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, Empty};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -493,7 +492,7 @@ mod tests {
         (addr.to_string().parse().unwrap(), accepted, closed)
     }
 
-    fn pool(idle_timeout: Duration) -> Arc<Pool> {
+    fn pool(idle_timeout: Duration) -> Arc<Pool<Empty<Bytes>>> {
         let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -507,16 +506,19 @@ mod tests {
         Pool::new(connector, 8, idle_timeout)
     }
 
-    fn get(authority: &Authority) -> Request<RequestBody> {
+    fn get(authority: &Authority) -> Request<Empty<Bytes>> {
         Request::builder()
             .uri("/")
             .header(http::header::HOST, authority.as_str())
-            .body(RequestBody::empty())
+            .body(Empty::new())
             .unwrap()
     }
 
     /// Sends one GET and reads its body to the end.
-    async fn fetch(pool: &Arc<Pool>, authority: &Authority) -> Result<Bytes, PoolError> {
+    async fn fetch(
+        pool: &Arc<Pool<Empty<Bytes>>>,
+        authority: &Authority,
+    ) -> Result<Bytes, PoolError> {
         let response = pool
             .send(&Scheme::HTTP, authority, get(authority), None)
             .await?;
