@@ -470,19 +470,18 @@ impl Proxy {
         // Boxed: the forward's state (its attempts, each one's connection and send) is the
         // largest part of a request's future, which hyper builds in place and moves; on the heap
         // it is one allocation instead of kilobytes copied at every move.
-        let forwarded = Box::pin(snapshot.forwarder.forward(
-            req,
-            route.config,
+        let to = forward::Outbound {
+            route: route.config,
             pool,
             key,
             first,
-            ctx.peer.ip(),
-            snapshot.tls,
+            client_ip: ctx.peer.ip(),
+            client_tls: snapshot.tls,
             deadline,
-            &mut used,
-        ))
-        .await
-        .map_err(Rejection::from);
+        };
+        let forwarded = Box::pin(snapshot.forwarder.forward(req, to, &mut used))
+            .await
+            .map_err(Rejection::from);
         // The HTTP status of what happened, whatever the client is told (a gRPC client hears
         // of floodgate's 502 and 504 as gRPC statuses in a 200).
         let status = match &forwarded {

@@ -14,6 +14,7 @@
 //! The connections themselves ([`conn`]: HTTP/1.1 pool, HTTP/2 multiplexer) are keyed by what
 //! an endpoint dials, its address, so each endpoint has its own.
 
+pub mod attempt;
 pub mod balance;
 pub mod budget;
 pub mod conn;
@@ -25,6 +26,7 @@ pub mod outlier;
 mod pool;
 pub mod spec;
 
+pub use attempt::Failed;
 pub use endpoint::{Endpoint, InFlight};
 pub use origin::{Origin, UpstreamProtocol};
 pub use pool::{MAX_ADDRESSES_PER_NAME, Outcome, Pools, RoutePool};

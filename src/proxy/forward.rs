@@ -31,10 +31,10 @@ use super::body::{BodyFault, ClientBody, Fault, RequestBody, ResponseBody};
 use super::response::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
 use crate::upstream::conn::{
-    Connection, Io, Key, Multiplex, Pool, PoolError, PooledBody, Resend, ResendHandle, copy_head,
-    dial,
+    Connection, Io, Key, Multiplex, MultiplexBody, Pool, PoolError, PooledBody, Resend,
+    ResendHandle, copy_head, dial,
 };
-use crate::upstream::{InFlight, Outcome, RoutePool};
+use crate::upstream::{Endpoint, Failed, InFlight, Outcome, RoutePool};
 
 mod failure;
 mod headers;
@@ -219,32 +219,93 @@ impl Forwarder {
         &self.limits
     }
 
-    /// Forwards `req` to an endpoint of `route`'s pool and returns its response, or the
-    /// rejection that replaces it. `key` is what `balance: hash` hashes. A failed attempt is
-    /// tried again on an endpoint not yet tried, as the route's `retries` say and its budget
-    /// allows: any request whose attempt never reached an upstream (no connection; a stream
-    /// refused unprocessed), an idempotent one without a body after a reset or a listed
-    /// 502/503/504. Every attempt's outcome goes to its endpoint's passive health. `deadline`, a
-    /// gRPC client's `grpc-timeout`, shortens the wait for the response head (never beyond
-    /// `timeouts.upstream_response`; it bounds every attempt together).
-    #[allow(clippy::too_many_arguments)]
+    /// Forwards `req` to an endpoint of `to.route`'s pool and returns its response, or the
+    /// rejection that replaces it. A failed attempt is tried again on an endpoint not yet tried,
+    /// as the route's `retries` say and its budget allows ([`Failed::retryable`]: any request
+    /// whose attempt never reached an upstream, an idempotent one without a body after a reset
+    /// or a listed 502/503/504). Every attempt's outcome goes to its endpoint's passive health.
+    /// `to.deadline`, a gRPC client's `grpc-timeout`, shortens the wait for the response head
+    /// (never beyond `timeouts.upstream_response`; it bounds every attempt together). `used`
+    /// is set to the address of the last endpoint tried.
     pub async fn forward(
         &self,
         mut req: Request<ClientBody>,
-        route: &RouteConfig,
-        pool: &RoutePool,
-        key: Option<u64>,
-        first: Option<InFlight>,
-        client_ip: IpAddr,
-        client_tls: bool,
-        deadline: Option<Duration>,
+        to: Outbound<'_>,
         used: &mut Option<std::net::SocketAddr>,
     ) -> Result<Response<Body>, ForwardError> {
         let upgrade = is_websocket_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (pool, route) = (to.pool, to.route);
+        let (parts, body) = req.into_parts();
+        let fault = Arc::new(BodyFault::default());
+        let mut attempts = self.attempts(parts, body, &to, upgrade, fault.clone())?;
+        let Some(first) = to.first.or_else(|| pool.pick(to.key, &[])) else {
+            return Err(ForwardError::NoUpstream);
+        };
+        let retries = pool.retries();
+        let wait = (to.deadline).map_or(self.response_timeout, |d| d.min(self.response_timeout));
+        // The endpoint of the attempt under way, for a timeout to be counted against.
+        let mut current: Option<Arc<Endpoint>> = None;
+        let sent = async {
+            let mut attempt = first;
+            let mut tried = Tried::default();
+            loop {
+                let endpoint = attempt.endpoint().clone();
+                tried.push(endpoint.id);
+                *used = endpoint.addr;
+                current = Some(endpoint.clone());
+                let failed = match self.attempt(&mut attempts, &endpoint, attempt).await {
+                    Ok(response) => {
+                        pool.outcome(&endpoint, Outcome::Answered);
+                        return Ok((response, endpoint));
+                    }
+                    Err(failed) => failed,
+                };
+                pool.outcome(&endpoint, Outcome::Failed);
+                if failed.retryable(&retries.on, attempts.resendable)
+                    && tried.ids().len() < retries.attempts as usize
+                    && let Some(next) = pool.retry(to.key, tried.ids())
+                {
+                    attempt = next;
+                    continue;
+                }
+                return failed.into_result().map(|response| (response, endpoint));
+            }
+        };
+        let (response, endpoint) = match tokio::time::timeout(wait, sent).await {
+            Ok(Ok(sent)) => sent,
+            Ok(Err(e)) => return Err(self.failure(e, &fault, route)),
+            Err(_) => {
+                // No head within `timeouts.upstream_response`: a gateway failure of the
+                // endpoint, for outlier detection as Envoy counts it (an endpoint that accepts
+                // and never answers is ejected like one that refuses). A client's own shorter
+                // `grpc-timeout` says nothing of the endpoint.
+                if wait == self.response_timeout
+                    && let Some(endpoint) = &current
+                {
+                    pool.outcome(endpoint, Outcome::Failed);
+                }
+                return Err(ForwardError::Upstream(UpstreamFault::Timeout));
+            }
+        };
+        let client = attempts.client.take().unwrap_or(ClientSide {
+            version: Version::HTTP_11,
+            origin: None,
+        });
+        Self::response_head(response, &endpoint.origin, route, client, client_upgrade)
+    }
 
-        let (mut parts, body) = req.into_parts();
-        // A body announced larger than allowed is refused before anything is sent (as nginx).
+    /// What every attempt of a request starts from: its head, its body (refused before
+    /// anything is sent when it is announced larger than allowed, as nginx does), and what
+    /// may follow a sent attempt.
+    fn attempts<'a>(
+        &self,
+        parts: Parts,
+        body: ClientBody,
+        to: &Outbound<'a>,
+        upgrade: bool,
+        fault: Arc<BodyFault>,
+    ) -> Result<Attempts<'a>, ForwardError> {
         let limit = self.limits.max_request_bytes;
         let announced = parts
             .headers
@@ -259,212 +320,164 @@ impl Forwarder {
             }
             return Err(ForwardError::Client(Fault::TooLarge));
         }
-        let Some(first) = first.or_else(|| pool.pick(key, &[])) else {
-            return Err(ForwardError::NoUpstream);
-        };
-        let fault = Arc::new(BodyFault::default());
         let linger = parts.version <= Version::HTTP_11;
         let mut body =
             RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
         if !hyper::body::Body::is_end_stream(&body) {
-            body = body.deny_trailers(route.trailers_denied.clone());
+            body = body.deny_trailers(to.route.trailers_denied.clone());
         }
-        let retries = pool.retries();
+        let retries = to.pool.retries();
         // Only a request with nothing to send beyond its head can be sent again after it
         // reached an upstream.
         let resendable = is_idempotent(&parts.method) && hyper::body::Body::is_end_stream(&body);
         // Whether an attempt that was sent may be followed by another (which needs the request's
         // head again): otherwise the head is moved into the one attempt, not copied.
-        let may_again = retries.attempts > 1 && pool.len() > 1;
+        let may_again = retries.attempts > 1 && to.pool.len() > 1;
         let again_http1 = may_again && resendable && (retries.on.reset || retries.on.statuses != 0);
         let again_http2 = again_http1 || (may_again && retries.on.refused_stream);
+        Ok(Attempts {
+            parts,
+            body: Some(body),
+            resend: None,
+            client: None,
+            route: to.route,
+            client_ip: to.client_ip,
+            client_tls: to.client_tls,
+            upgrade,
+            resendable,
+            again_http1,
+            again_http2,
+            fault,
+        })
+    }
 
-        let wait = deadline.map_or(self.response_timeout, |d| d.min(self.response_timeout));
-        // The endpoint of the attempt under way, for a timeout to be counted against.
-        let mut current: Option<u64> = None;
-        let sent = async {
-            let mut attempt = first;
-            let mut tried = Tried::default();
-            let mut body = Some(body);
-            let mut resend: Option<ResendHandle<RequestBody>> = None;
-            let mut client: Option<ClientSide> = None;
-            loop {
-                let endpoint = attempt.endpoint().clone();
-                current = Some(endpoint.id);
-                tried.push(endpoint.id);
-                *used = endpoint.addr;
-                let may_retry = |tried: &[u64]| tried.len() < retries.attempts as usize;
-                // WebSocket upgrades are HTTP/1.1 only.
-                let hop = if upgrade {
-                    Ok(Hop::Http1(None))
-                } else {
-                    self.hop(&endpoint.target).await
+    /// One attempt on `endpoint` (`held` counts it in flight there until its response body
+    /// ends): the hop's version, the request's head for it, one send. A 502, 503 or 504 is an
+    /// answer that failed ([`Failed::Answered`]); a failure after the client's own body failed
+    /// is final (the client's to answer for, not the upstream's).
+    async fn attempt(
+        &self,
+        a: &mut Attempts<'_>,
+        endpoint: &Endpoint,
+        held: InFlight,
+    ) -> Result<Response<Body>, Failed<Response<Body>, PoolError>> {
+        let sent = self.send(a, endpoint).await;
+        let failed = match sent {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let response = response.map(|b| b.relay(self.limits.upstream_idle, a.route, held));
+                return match status {
+                    502..=504 => Err(Failed::Answered(response, status)),
+                    _ => Ok(response),
                 };
-                let hop = match hop {
-                    Ok(hop) => hop,
-                    Err(e) => {
-                        pool.outcome(&endpoint, Outcome::Failed);
-                        if retries.on.connect_failure
-                            && may_retry(tried.ids())
-                            && let Some(next) = pool.retry(key, tried.ids())
-                        {
-                            attempt = next;
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                };
-                match &client {
-                    None => {
-                        client = Some(Self::request_head(
-                            &mut parts, route, client_ip, client_tls, &hop, upgrade,
-                        ));
-                    }
-                    Some(_) => parts.version = hop.version(),
-                }
-                Self::address(&mut parts, &endpoint.origin, &hop);
-                let (scheme, authority) = (&endpoint.target.scheme, &endpoint.target.authority);
-                let idle = self.limits.upstream_idle;
-                // The attempt: its response, or why it failed and whether the request left.
-                let result: Result<Response<Body>, (PoolError, bool)> = match hop {
-                    _ if upgrade => {
-                        let Some(b) = body.take() else {
-                            return Err(PoolError::Closed { reused: false });
-                        };
-                        let request = Request::from_parts(head(&mut parts, false), b);
-                        // Boxed: rare, and large (see `Pool::send`).
-                        match Box::pin(self.pool.send_upgrade(scheme, authority, request)).await {
-                            Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
-                            Err(e) => Err((e, true)),
-                        }
-                    }
-                    Hop::Http1(fresh) => {
-                        // The connection first: a failure to get one leaves the request here.
-                        match self.pool.connection(scheme, authority, fresh).await {
-                            Err(e) => Err((e, false)),
-                            Ok(connection) => {
-                                let b = match (body.take(), resendable) {
-                                    (Some(b), _) => b,
-                                    (None, true) => RequestBody::empty(),
-                                    (None, false) => {
-                                        return Err(PoolError::Closed { reused: false });
-                                    }
-                                };
-                                let request = Request::from_parts(head(&mut parts, again_http1), b);
-                                match self
-                                    .send_http1(connection, request, scheme, authority)
-                                    .await
-                                {
-                                    Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
-                                    // A stale connection whose second try found no connection:
-                                    // neither sent the request to be processed, and its head
-                                    // comes back for another endpoint.
-                                    Err((e, Some(head))) => {
-                                        parts = head;
-                                        Err((e, false))
-                                    }
-                                    Err((e, None)) => Err((e, true)),
-                                }
-                            }
-                        }
-                    }
-                    Hop::Http2(fresh) => {
-                        let b = match (body.take(), resend.as_ref().and_then(ResendHandle::again)) {
-                            (Some(b), _) => Resend::new(b),
-                            (None, Some(again)) => again,
-                            (None, None) => return Err(PoolError::Closed { reused: false }),
-                        };
-                        resend = Some(b.handle());
-                        let request = Request::from_parts(head(&mut parts, again_http2), b);
-                        let key = (scheme.clone(), authority.clone());
-                        match Box::pin(self.multiplex.send(&key, request, fresh)).await {
-                            Ok(r) => Ok(r.map(|b| relay(b, idle, route, Some(attempt)))),
-                            // A connect failure or a refused stream never reached the upstream.
-                            Err(e) => {
-                                let reached =
-                                    !matches!(e, PoolError::Connect(_) | PoolError::Unprocessed(_));
-                                Err((e, reached))
-                            }
-                        }
-                    }
-                };
-                match result {
-                    Ok(response) => {
-                        let status = response.status().as_u16();
-                        if matches!(status, 502..=504) {
-                            pool.outcome(&endpoint, Outcome::Failed);
-                            if retries.on.status(status)
-                                && resendable
-                                && may_retry(tried.ids())
-                                && let Some(next) = pool.retry(key, tried.ids())
-                            {
-                                attempt = next;
-                                continue;
-                            }
-                        } else {
-                            pool.outcome(&endpoint, Outcome::Answered);
-                        }
-                        return Ok((response, client, endpoint));
-                    }
-                    Err((e, reached)) => {
-                        pool.outcome(&endpoint, Outcome::Failed);
-                        let retry = match (&e, reached) {
-                            (PoolError::Connect(_), false) => retries.on.connect_failure,
-                            (PoolError::Unprocessed(_), false) => retries.on.refused_stream,
-                            (PoolError::Connect(_) | PoolError::Unprocessed(_), true) => false,
-                            (_, _) => retries.on.reset && resendable,
-                        };
-                        // A request whose own body failed is the client's to answer for.
-                        if retry
-                            && fault.get().is_none()
-                            && !upgrade
-                            && may_retry(tried.ids())
-                            && let Some(next) = pool.retry(key, tried.ids())
-                        {
-                            attempt = next;
-                            continue;
-                        }
-                        return Err(e);
-                    }
+            }
+            Err(failed) => failed,
+        };
+        Err(match a.fault.get() {
+            Some(_) => failed.into_final(),
+            None => failed,
+        })
+    }
+
+    /// Sends the request once to `endpoint`: the hop's version (ALPN, for `auto`), the head
+    /// for it, and the send on a pooled connection or stream.
+    async fn send(
+        &self,
+        a: &mut Attempts<'_>,
+        endpoint: &Endpoint,
+    ) -> Result<Response<Upstreamed>, Failed<Response<Body>, PoolError>> {
+        // WebSocket upgrades are HTTP/1.1 only.
+        let hop = match a.upgrade {
+            true => Hop::Http1(None),
+            false => self.hop(&endpoint.target).await.map_err(Failed::Connect)?,
+        };
+        match &a.client {
+            None => {
+                a.client = Some(Self::request_head(
+                    &mut a.parts,
+                    a.route,
+                    a.client_ip,
+                    a.client_tls,
+                    &hop,
+                    a.upgrade,
+                ));
+            }
+            Some(_) => a.parts.version = hop.version(),
+        }
+        Self::address(&mut a.parts, &endpoint.origin, &hop);
+        let (scheme, authority) = (&endpoint.target.scheme, &endpoint.target.authority);
+        let unsendable = || Failed::Final(PoolError::Closed { reused: false });
+        match hop {
+            _ if a.upgrade => {
+                let b = a.body.take().ok_or_else(unsendable)?;
+                let request = Request::from_parts(head(&mut a.parts, false), b);
+                // Boxed: rare, and large (see `Pool::send`).
+                match Box::pin(self.pool.send_upgrade(scheme, authority, request)).await {
+                    Ok(r) => Ok(r.map(Upstreamed::Upgrade)),
+                    Err(e) => Err(Failed::Final(e)),
                 }
             }
-        };
-        let (response, client, endpoint) = match tokio::time::timeout(wait, sent).await {
-            Err(_) => {
-                // No head within `timeouts.upstream_response`: a gateway failure of the
-                // endpoint, for outlier detection as Envoy counts it (an endpoint that accepts
-                // and never answers is ejected like one that refuses). A client's own shorter
-                // `grpc-timeout` says nothing of the endpoint.
-                if wait == self.response_timeout
-                    && let Some(id) = current
-                    && let Some(endpoint) = pool.endpoints().into_iter().find(|e| e.id == id)
+            Hop::Http1(fresh) => {
+                // The connection first: a failure to get one leaves the request here.
+                let connection = (self.pool.connection(scheme, authority, fresh).await)
+                    .map_err(Failed::Connect)?;
+                let b = match (a.body.take(), a.resendable) {
+                    (Some(b), _) => b,
+                    (None, true) => RequestBody::empty(),
+                    (None, false) => return Err(unsendable()),
+                };
+                let request = Request::from_parts(head(&mut a.parts, a.again_http1), b);
+                match self
+                    .send_http1(connection, request, scheme, authority)
+                    .await
                 {
-                    pool.outcome(&endpoint, Outcome::Failed);
+                    Ok(r) => Ok(r.map(Upstreamed::Http1)),
+                    // A stale connection whose second try found no connection: neither sent
+                    // the request to be processed, and its head comes back for another endpoint.
+                    Err((e, Some(head))) => {
+                        a.parts = head;
+                        Err(Failed::Connect(e))
+                    }
+                    Err((e, None)) => Err(Failed::Broken(e)),
                 }
-                return Err(ForwardError::Upstream(UpstreamFault::Timeout));
             }
-            Ok(Err(e)) => {
-                // The request's own body failed: the client's error, not the upstream's.
-                if let Some(fault) = fault.get() {
-                    return Err(ForwardError::Client(fault));
-                }
-                let detail = if is_tls_error(&e) {
-                    "the TLS handshake with the upstream failed".to_string()
-                } else if matches!(e, PoolError::Connect(_)) {
-                    "cannot connect to the upstream".to_string()
-                } else {
-                    "the upstream connection failed".to_string()
+            Hop::Http2(fresh) => {
+                let b = match (
+                    a.body.take(),
+                    a.resend.as_ref().and_then(ResendHandle::again),
+                ) {
+                    (Some(b), _) => Resend::new(b),
+                    (None, Some(again)) => again,
+                    (None, None) => return Err(unsendable()),
                 };
-                tracing::debug!(error = %e, route = &*route.name, "upstream request failed");
-                return Err(ForwardError::Upstream(UpstreamFault::Unreachable(detail)));
+                a.resend = Some(b.handle());
+                let request = Request::from_parts(head(&mut a.parts, a.again_http2), b);
+                let key = (scheme.clone(), authority.clone());
+                match Box::pin(self.multiplex.send(&key, request, fresh)).await {
+                    Ok(r) => Ok(r.map(Upstreamed::Http2)),
+                    Err(e @ PoolError::Connect(_)) => Err(Failed::Connect(e)),
+                    Err(e @ PoolError::Unprocessed(_)) => Err(Failed::Unprocessed(e)),
+                    Err(e) => Err(Failed::Broken(e)),
+                }
             }
-            Ok(Ok(sent)) => sent,
+        }
+    }
+
+    /// The rejection for a request no attempt could forward: the client's, when its own body
+    /// failed; else the upstream's, with what floodgate can say of it.
+    fn failure(&self, e: PoolError, fault: &BodyFault, route: &RouteConfig) -> ForwardError {
+        if let Some(fault) = fault.get() {
+            return ForwardError::Client(fault);
+        }
+        let detail = if is_tls_error(&e) {
+            "the TLS handshake with the upstream failed"
+        } else if matches!(e, PoolError::Connect(_)) {
+            "cannot connect to the upstream"
+        } else {
+            "the upstream connection failed"
         };
-        let client = client.unwrap_or(ClientSide {
-            version: Version::HTTP_11,
-            origin: None,
-        });
-        Self::response_head(response, &endpoint.origin, route, client, client_upgrade)
+        tracing::debug!(error = %e, route = &*route.name, "upstream request failed");
+        ForwardError::Upstream(UpstreamFault::Unreachable(detail.to_string()))
     }
 
     /// The HTTP version to speak to `upstream`: its `upstream_protocol`, and for `auto` on
@@ -701,15 +714,68 @@ impl Forwarder {
     }
 }
 
-/// An upstream response body as relayed to the client: cut off after `idle` without data, and
-/// logged with `route` if the upstream ends it early.
-fn relay<B>(body: B, idle: Duration, route: &RouteConfig, held: Option<InFlight>) -> Body
-where
-    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static,
-{
-    ResponseBody::new(body, idle, route.name.clone(), held)
-        .map_err(BoxError::from)
-        .boxed_unsync()
+/// An upstream response body as one attempt got it, by the connection it came on.
+enum Upstreamed {
+    Http1(PooledBody<RequestBody>),
+    Http2(MultiplexBody<RequestBody>),
+    Upgrade(hyper::body::Incoming),
+}
+
+impl Upstreamed {
+    /// The body as relayed to the client: cut off after `idle` without data, and logged with
+    /// `route` if the upstream ends it early; `held` counts the attempt in flight until it ends.
+    fn relay(self, idle: Duration, route: &RouteConfig, held: InFlight) -> Body {
+        fn boxed<B>(body: B, idle: Duration, route: &RouteConfig, held: InFlight) -> Body
+        where
+            B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Send + Unpin + 'static,
+        {
+            ResponseBody::new(body, idle, route.name.clone(), Some(held))
+                .map_err(BoxError::from)
+                .boxed_unsync()
+        }
+        match self {
+            Upstreamed::Http1(b) => boxed(b, idle, route, held),
+            Upstreamed::Http2(b) => boxed(b, idle, route, held),
+            Upstreamed::Upgrade(b) => boxed(b, idle, route, held),
+        }
+    }
+}
+
+/// Where a request is forwarded, and what the forward needs to know of its client.
+pub struct Outbound<'a> {
+    pub route: &'a RouteConfig,
+    pub pool: &'a RoutePool,
+    /// What `balance: hash` hashes.
+    pub key: Option<u64>,
+    /// The first attempt, when the limits `per: endpoint` chose its endpoint.
+    pub first: Option<InFlight>,
+    pub client_ip: IpAddr,
+    pub client_tls: bool,
+    /// A gRPC client's `grpc-timeout`.
+    pub deadline: Option<Duration>,
+}
+
+/// A request's state across its attempts.
+struct Attempts<'a> {
+    /// The head, rewritten for each hop (a copy goes out when another attempt may follow).
+    parts: Parts,
+    /// The body, until an attempt takes it.
+    body: Option<RequestBody>,
+    /// The HTTP/2 attempt's body, to send again.
+    resend: Option<ResendHandle<RequestBody>>,
+    /// What the response filter needs of the client, once the first head was made.
+    client: Option<ClientSide>,
+    route: &'a RouteConfig,
+    client_ip: IpAddr,
+    client_tls: bool,
+    upgrade: bool,
+    /// It may be sent twice: idempotent, nothing beyond its head.
+    resendable: bool,
+    /// Another attempt may follow a sent one (the head is copied, not moved, into each).
+    again_http1: bool,
+    again_http2: bool,
+    /// Set when the client's own body failed.
+    fault: Arc<BodyFault>,
 }
 
 /// The request ids tried so far (at most five attempts: `retries.attempts`' bound).
