@@ -465,7 +465,7 @@ impl Proxy {
             .admitted
             .as_ref()
             .and_then(|a| a.endpoint.as_ref())
-            .map(|endpoint| pool.send_to(endpoint));
+            .map(|endpoint| pool.start(endpoint));
         let mut used = None;
         // Boxed: the forward's state (its attempts, each one's connection and send) is the
         // largest part of a request's future, which hyper builds in place and moves; on the heap

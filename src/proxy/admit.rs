@@ -17,6 +17,7 @@ use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind};
 use crate::limiter::KeyKind;
 use crate::policy::{Claim, Refused, RequestKeys, ResolveError, Whose};
+use crate::upstream::Fallback;
 use opentelemetry::KeyValue;
 
 /// The access log's `identity_hash`: the hex SHA-256 of an API key (the digest a consumer's
@@ -108,7 +109,7 @@ struct Offered<'a> {
 
 impl crate::decider::Endpoints for Offered<'_> {
     fn next(&mut self) -> Option<&[u8]> {
-        self.last = self.pool.offer(self.key, &self.ids);
+        self.last = (self.pool).pick(self.key, &self.ids, Fallback::OnlyWhenNoneIsWell);
         let endpoint = self.last.as_ref()?;
         self.ids.push(endpoint.id);
         Some(endpoint.name.as_bytes())
@@ -312,7 +313,7 @@ impl Proxy {
             return Ok(());
         };
         if admitted.endpoint.is_none() {
-            admitted.endpoint = route.extras.pool.offer(ctx.balance_key, &[]);
+            admitted.endpoint = (route.extras.pool).pick(ctx.balance_key, &[], Fallback::Unwell);
         }
         if let Some(endpoint) = &admitted.endpoint {
             let gate = gates.of(&endpoint.name, || endpoint.target.origin());

@@ -239,7 +239,11 @@ impl Forwarder {
         let (parts, body) = req.into_parts();
         let fault = Arc::new(BodyFault::default());
         let mut attempts = self.attempts(parts, body, &to, upgrade, fault.clone())?;
-        let Some(first) = to.first.or_else(|| pool.pick(to.key, &[])) else {
+        let first = (to.first).or_else(|| {
+            let endpoint = pool.pick(to.key, &[], crate::upstream::Fallback::Unwell)?;
+            Some(pool.start(&endpoint))
+        });
+        let Some(first) = first else {
             return Err(ForwardError::NoUpstream);
         };
         let retries = pool.retries();

@@ -51,6 +51,18 @@ pub struct RoutePool {
     pub(super) metrics: UpstreamMetrics,
 }
 
+/// What a pick may fall back to when no endpoint health leaves in is left to choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// One of the unwell (counted as a panic): an attempt goes somewhere, since a pool whose
+    /// endpoints all look unwell must not fail every request for it.
+    Unwell,
+    /// One of the unwell only when the pool has no well endpoint at all: the limits
+    /// `per: endpoint`, where a well endpoint whose budget is spent is not replaced by an
+    /// unwell one.
+    OnlyWhenNoneIsWell,
+}
+
 /// What an attempt on an endpoint came to, for its health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -249,54 +261,55 @@ impl RoutePool {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Picks an endpoint for an attempt: one not in `tried` (endpoint ids) that passive health
-    /// does not keep out, as the route's `balance` says; when every untried endpoint is out,
-    /// one of them anyway (counted: a pool never fails everything because all look unwell).
-    /// `key` is what `balance: hash` hashes. `None` when every endpoint was tried.
-    pub fn pick(&self, key: Option<u64>, tried: &[u64]) -> Option<InFlight> {
+    /// The one pick: the endpoint the route's `balance` chooses among those not `excluded`
+    /// (endpoint ids) that health leaves in (active checks passing, not ejected). When none of
+    /// those is left, `fallback` says whether one of the others will do. `key` is what
+    /// `balance: hash` hashes. Nothing is counted but a pick of the unwell: the attempt starts
+    /// with [`RoutePool::start`], a retry takes its budget with [`RoutePool::take_retry`].
+    pub fn pick(
+        &self,
+        key: Option<u64>,
+        excluded: &[u64],
+        fallback: Fallback,
+    ) -> Option<Arc<Endpoint>> {
         let set = self.set.load();
         let endpoints = &set.endpoints;
-        // One endpoint, first attempt: nothing to choose (and no retry to budget for).
-        if endpoints.len() == 1 && tried.is_empty() {
-            return Some(endpoints[0].start());
+        // One endpoint, first pick: nothing to choose.
+        if endpoints.len() == 1 && excluded.is_empty() && fallback == Fallback::Unwell {
+            return Some(endpoints[0].clone());
         }
-        if tried.is_empty() {
+        let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
+        let well = |e: &Arc<Endpoint>| e.is_healthy() && now.is_none_or(|now| !e.is_ejected(now));
+        let chosen = match fallback {
+            Fallback::Unwell => self
+                .choose(&set, key, &|e| well(e) && !excluded.contains(&e.id))
+                .or_else(|| {
+                    // Every endpoint left is out: one of them anyway, round robin's turn taken
+                    // once (from where the first look began), or the panic would go to every
+                    // other endpoint only.
+                    if matches!(self.spec.load().balance, Balance::RoundRobin) {
+                        self.cursor.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    let chosen = self.choose(&set, key, &|e| !excluded.contains(&e.id));
+                    if chosen.is_some() {
+                        self.metrics.panics.inc();
+                    }
+                    chosen
+                }),
+            Fallback::OnlyWhenNoneIsWell => match endpoints.iter().any(well) {
+                true => self.choose(&set, key, &|e| well(e) && !excluded.contains(&e.id)),
+                false => self.choose(&set, key, &|e| !excluded.contains(&e.id)),
+            },
+        };
+        chosen.map(|i| endpoints[i].clone())
+    }
+
+    /// A request's first attempt starts on `endpoint` (counted for the retry budget): in
+    /// flight there until the guard is dropped.
+    pub fn start(&self, endpoint: &Arc<Endpoint>) -> InFlight {
+        if self.set.load().endpoints.len() > 1 {
             self.count_request();
         }
-        let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
-        let eligible = |e: &Arc<Endpoint>| {
-            !tried.contains(&e.id) && e.is_healthy() && now.is_none_or(|now| !e.is_ejected(now))
-        };
-        let mut chosen = self.choose(&set, key, &eligible);
-        if chosen.is_none() {
-            // Every untried endpoint is out: try them anyway.
-            chosen = self.choose(&set, key, &|e: &Arc<Endpoint>| !tried.contains(&e.id));
-            if chosen.is_some() {
-                self.metrics.panics.inc();
-            }
-        }
-        chosen.map(|i| endpoints[i].start())
-    }
-
-    /// For a request's limits `per: endpoint`: the endpoint the balancer would pick among the
-    /// healthy ones not yet offered (`offered`), or among all not yet offered when none is
-    /// healthy (as [`RoutePool::pick`] tries them all); `None` when every candidate was offered.
-    /// Nothing is counted: the request is sent with [`RoutePool::send_to`].
-    pub fn offer(&self, key: Option<u64>, offered: &[u64]) -> Option<Arc<Endpoint>> {
-        let set = self.set.load();
-        let now = (self.ejected_until_ms.load(Ordering::Relaxed) > 0).then(Instant::now);
-        let healthy =
-            |e: &Arc<Endpoint>| e.is_healthy() && now.is_none_or(|now| !e.is_ejected(now));
-        let chosen = match set.endpoints.iter().any(healthy) {
-            true => self.choose(&set, key, &|e| healthy(e) && !offered.contains(&e.id)),
-            false => self.choose(&set, key, &|e| !offered.contains(&e.id)),
-        };
-        chosen.map(|i| set.endpoints[i].clone())
-    }
-
-    /// The first attempt of a request whose limits chose `endpoint` ([`RoutePool::offer`]).
-    pub fn send_to(&self, endpoint: &Arc<Endpoint>) -> InFlight {
-        self.count_request();
         endpoint.start()
     }
 
@@ -413,8 +426,9 @@ impl RoutePool {
         }
     }
 
-    /// The next attempt of a request that failed on the endpoints `tried`: an endpoint not yet
-    /// tried, if there is one and the retry budget allows it (counted as sent or over budget).
+    /// Another attempt for a request that failed on the endpoints `tried`: an endpoint not yet
+    /// tried, picked as a first attempt's is, if there is one and the retry budget allows it
+    /// (counted as sent or over budget).
     pub fn retry(&self, key: Option<u64>, tried: &[u64]) -> Option<InFlight> {
         let set = self.set.load();
         if !set.endpoints.iter().any(|e| !tried.contains(&e.id)) {
@@ -424,7 +438,7 @@ impl RoutePool {
         if !self.take_retry() {
             return None;
         }
-        self.pick(key, tried)
+        self.pick(key, tried, Fallback::Unwell).map(|e| e.start())
     }
 
     /// Takes a retry from the budget, counted either way.
@@ -556,5 +570,94 @@ impl Pools {
         let mut pools: Vec<Arc<RoutePool>> = by_route.values().cloned().collect();
         pools.sort_by(|a, b| a.route.cmp(&b.route));
         pools
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::{OutlierSpec, RetrySpec, UpstreamProtocol};
+
+    /// A pool of four endpoints at 127.0.0.1, ports 1 to 4 (addresses: nothing to resolve).
+    fn four() -> Arc<RoutePool> {
+        let origins = (1..=4)
+            .map(|port| {
+                let authority: http::uri::Authority = format!("127.0.0.1:{port}").parse().unwrap();
+                let origin = super::super::Origin {
+                    scheme: Scheme::HTTP,
+                    host_header: http::HeaderValue::from_str(authority.as_str()).unwrap(),
+                    host: authority.host().into(),
+                    authority,
+                    protocol: UpstreamProtocol::Http1,
+                };
+                (origin, 1)
+            })
+            .collect();
+        let spec = PoolSpec {
+            origins,
+            balance: Balance::RoundRobin,
+            outlier: OutlierSpec {
+                consecutive_failures: 2,
+                ejection: std::time::Duration::from_secs(60),
+                max_ejected_percent: 50,
+            },
+            retries: RetrySpec::default(),
+            health: None,
+        };
+        let metrics = Metrics::new();
+        RoutePool::new("api".into(), spec, metrics.upstream("api"))
+    }
+
+    fn port(e: &Endpoint) -> u16 {
+        e.addr.map_or(0, |a| a.port())
+    }
+
+    /// The ports `pick` returns over enough picks to go round the pool twice.
+    fn picked(pool: &RoutePool, excluded: &[u64], fallback: Fallback) -> Vec<u16> {
+        let mut ports: Vec<u16> = (0..8)
+            .filter_map(|_| pool.pick(None, excluded, fallback))
+            .map(|e| port(&e))
+            .collect();
+        ports.sort();
+        ports.dedup();
+        ports
+    }
+
+    #[test]
+    fn the_pick_passes_over_the_ejected_the_unhealthy_and_the_spent() {
+        let pool = four();
+        let all = pool.endpoints();
+        let by_port = |p: u16| all.iter().find(|e| port(e) == p).unwrap().clone();
+        // Port 3 fails its active checks; port 4 fails twice in a row and is ejected.
+        assert_eq!(by_port(3).checked(false, 1, 1), Some(false));
+        pool.outcome(&by_port(4), Outcome::Failed);
+        pool.outcome(&by_port(4), Outcome::Failed);
+        assert!(by_port(4).is_ejected(Instant::now()));
+        for fallback in [Fallback::Unwell, Fallback::OnlyWhenNoneIsWell] {
+            assert_eq!(picked(&pool, &[], fallback), [1, 2], "{fallback:?}");
+        }
+        // Port 1 tried (or its budget spent): port 2 alone.
+        let one = [by_port(1).id];
+        assert_eq!(picked(&pool, &one, Fallback::Unwell), [2]);
+        // Both well ones excluded: an attempt goes to an unwell one (a panic, counted), the
+        // limits `per: endpoint` find none.
+        let both = [by_port(1).id, by_port(2).id];
+        assert_eq!(picked(&pool, &both, Fallback::Unwell), [3, 4]);
+        assert_eq!(pool.metrics.panics.get(), 8);
+        assert!(picked(&pool, &both, Fallback::OnlyWhenNoneIsWell).is_empty());
+        // Every endpoint excluded: nothing.
+        let every: Vec<u64> = all.iter().map(|e| e.id).collect();
+        assert!(picked(&pool, &every, Fallback::Unwell).is_empty());
+    }
+
+    #[test]
+    fn with_no_endpoint_well_both_fallbacks_pick_among_the_unwell() {
+        let pool = four();
+        for e in pool.endpoints() {
+            e.checked(false, 1, 1);
+        }
+        for fallback in [Fallback::Unwell, Fallback::OnlyWhenNoneIsWell] {
+            assert_eq!(picked(&pool, &[], fallback), [1, 2, 3, 4], "{fallback:?}");
+        }
     }
 }
