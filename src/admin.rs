@@ -6,8 +6,6 @@
 //! timeout as the proxy listener, keeps answering while the proxy drains (so `/readyz` can say
 //! 503 to the load balancer), and stops when told.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,11 +13,6 @@ use std::time::Duration;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
 
 mod bans;
 mod budgets;
@@ -32,7 +25,6 @@ mod write;
 
 pub use query::AdminError;
 
-use crate::deadline::FirstByteDeadline;
 use crate::proxy::{Body, Proxy, response};
 
 /// Process-wide health: whether the proxy is draining (then `/readyz` answers 503).
@@ -60,51 +52,9 @@ pub struct AdminState {
     pub health: Arc<Health>,
 }
 
-/// Serves the admin endpoints until `shutdown` completes, then lets open requests finish for
-/// at most `drain`.
-pub async fn serve(
-    listener: TcpListener,
-    state: AdminState,
-    header_read_timeout: Duration,
-    drain: Duration,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let state = state.clone();
-        let service = service_fn(move |req| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(handle(req, &state).await) }
-        });
-        // A silent connection is closed, as on the proxy listener.
-        let stream = FirstByteDeadline::new(stream, header_read_timeout);
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        tokio::spawn(graceful.watch(conn));
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
-}
-
-async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
+/// The answer to one request on the admin port (served by `server/listener.rs`, as every
+/// port is).
+pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let proxy = &state.proxy;
     if req.uri().path() == "/metrics" {
         let mut response = Response::new(response::full(proxy.metrics().render(proxy.limiter())));

@@ -5,12 +5,12 @@
 
 mod head;
 mod http3;
+mod listener;
 mod reload;
 mod watch;
 
 pub use reload::Reloader;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,22 +18,20 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, AdminState, Health};
 use crate::config::{Config, ServiceConfig};
-use crate::deadline::FirstByteDeadline;
 use crate::limiter::Limit;
-use crate::metrics::CloseReason;
 use crate::proxy::Proxy;
 use crate::proxy::body::Incoming;
 use crate::service::Service;
 use crate::service::server::ServiceState;
-use watch::{ConnWatch, StreamGuard};
+use listener::Tls;
+use tokio::sync::Semaphore;
 
 /// A proxy with its listeners bound, ready to serve.
 pub struct Server {
@@ -202,41 +200,59 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then stops accepting, lets in-flight requests finish
-    /// (for at most the drain timeout) and returns.
+    /// (for at most the drain timeout) and returns. Every port is served by one listener
+    /// implementation (`listener.rs`), under the same limits.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        // Every connection task holds one of these permits until it ends, and watches `drain`:
-        // a drain tells each to finish what it has, then waits for all the permits.
-        let (drain, draining) = tokio::sync::watch::channel(());
-
+        let metrics = self.proxy.metrics().clone();
+        let port = |listener, name| {
+            (
+                listener,
+                name,
+                Arc::new(Semaphore::new(self.max_connections)),
+            )
+        };
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = self.settings.load_full();
-        let admin_task = self.admin.map(|admin| {
-            let state = AdminState {
-                proxy: self.proxy.clone(),
-                health: self.health.clone(),
-            };
-            tokio::spawn(admin::serve(
-                admin,
-                state,
-                serving.per_connection.header_read,
-                serving.drain_timeout,
-                async move {
-                    let _ = admin_stopped.await;
+        let admin_task = self.admin.map(|listener| {
+            let (listener, name, connections) = port(listener, "admin");
+            let admin = listener::Port {
+                listener,
+                handler: AdminState {
+                    proxy: self.proxy.clone(),
+                    health: self.health.clone(),
                 },
-            ))
+                tls: Tls::Plain,
+                alt_svc: None,
+                connections,
+                max_connections: self.max_connections,
+                metrics: metrics.clone(),
+                open: None,
+                name,
+            };
+            tokio::spawn(admin.run(self.settings.clone(), async move {
+                let _ = admin_stopped.await;
+            }))
         });
-
         let (service_stop, service_stopped) = tokio::sync::oneshot::channel::<()>();
         let service_task = self.service.map(|(listener, state)| {
-            tokio::spawn(crate::service::server::serve(
+            let tls = match state.config.tls.as_ref() {
+                Some(tls) => Tls::Fixed(tls.acceptor()),
+                None => Tls::Plain,
+            };
+            let (listener, name, connections) = port(listener, "service");
+            let service = listener::Port {
                 listener,
-                state,
-                serving.per_connection.header_read,
-                serving.drain_timeout,
-                async move {
-                    let _ = service_stopped.await;
-                },
-            ))
+                handler: state,
+                tls,
+                alt_svc: None,
+                connections,
+                max_connections: self.max_connections,
+                metrics: metrics.clone(),
+                open: None,
+                name,
+            };
+            tokio::spawn(service.run(self.settings.clone(), async move {
+                let _ = service_stopped.await;
+            }))
         });
 
         let listener = match TcpListener::from_std(self.listener) {
@@ -246,8 +262,11 @@ impl Server {
                 return;
             }
         };
-        let connections = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
-        // HTTP/3 shares `max_connections` and the drain with the TCP listener.
+        // Every connection task holds one of these permits until it ends, and watches `drain`:
+        // a drain tells each to finish what it has, then waits for all the permits. HTTP/3
+        // shares `max_connections` and the drain with the TCP listener.
+        let (drain, draining) = tokio::sync::watch::channel(());
+        let connections = Arc::new(Semaphore::new(self.max_connections));
         let (http3_task, alt_svc) = match self.http3 {
             Some((listener, alt_svc)) => (
                 Some(tokio::spawn(listener.run(
@@ -260,89 +279,22 @@ impl Server {
             ),
             None => (None, None),
         };
-        let mut last_full_warning: Option<std::time::Instant> = None;
-        tokio::pin!(shutdown);
-        loop {
-            // At `max_connections`, stop accepting until one closes (new ones wait in the
-            // kernel's backlog), and say so, at most once a minute.
-            let permit = match connections.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    if last_full_warning.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-                        last_full_warning = Some(std::time::Instant::now());
-                        tracing::warn!(
-                            max_connections = self.max_connections,
-                            "max_connections reached: not accepting until a connection closes"
-                        );
-                    }
-                    tokio::select! {
-                        permit = connections.clone().acquire_owned() => match permit {
-                            Ok(permit) => permit,
-                            Err(_) => break,
-                        },
-                        () = &mut shutdown => break,
-                    }
-                }
-            };
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let proxy = self.proxy.clone();
-            let serving = self.settings.load_full();
-            let builder = serving.builder.clone();
-            let draining = draining.clone();
-            let tls = serving.tls.clone();
-            let alt_svc = alt_svc.clone();
-            // Bounds the TLS handshake, and then the connection's opening bytes.
-            let header_read = serving.per_connection.header_read;
-            let limits = serving.per_connection;
-            let open = self.proxy.metrics().open_connections().clone();
-            open.inc();
-            tokio::spawn(async move {
-                let _permit = permit;
-                match tls {
-                    None => {
-                        let stream = FirstByteDeadline::new(stream, header_read);
-                        serve_connection(&builder, draining, stream, proxy, peer, limits, None)
-                            .await
-                    }
-                    // The handshake runs here, not in the accept loop, so a slow client cannot
-                    // hold up others; the header-read timeout bounds it like a slow request head.
-                    Some(acceptor) => {
-                        // The address the client dialled: what it names when it sends no SNI.
-                        let local = stream.local_addr().ok();
-                        match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => {
-                                let advertise = advertised(&serving, alt_svc, &stream, local);
-                                let stream = FirstByteDeadline::new(stream, header_read);
-                                serve_connection(
-                                    &builder, draining, stream, proxy, peer, limits, advertise,
-                                )
-                                .await
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(error = %e, %peer, "TLS handshake failed")
-                            }
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                        }
-                    }
-                }
-                open.dec();
-            });
-        }
+        let proxy = listener::Port {
+            listener,
+            handler: ProxyPort(self.proxy.clone()),
+            tls: Tls::Serving,
+            alt_svc,
+            connections: connections.clone(),
+            max_connections: self.max_connections,
+            open: Some(metrics.open_connections().clone()),
+            metrics,
+            name: "proxy",
+        };
+        proxy
+            .accept(self.settings.clone(), draining, shutdown)
+            .await;
 
         self.health.start_draining();
-        drop(listener);
         let drain_timeout = self.settings.load().drain_timeout;
         tracing::info!(timeout = ?drain_timeout, "draining in-flight requests");
         let _ = drain.send(());
@@ -350,11 +302,7 @@ impl Server {
             Some(task) => task.await.ok(),
             None => None,
         };
-        let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
-        if tokio::time::timeout(drain_timeout, connections.acquire_many(all))
-            .await
-            .is_err()
-        {
+        if !listener::drained(&connections, self.max_connections, drain_timeout).await {
             tracing::warn!("drain timeout reached; closing remaining connections");
         }
         if let Some(endpoint) = endpoint {
@@ -373,6 +321,61 @@ impl Server {
     }
 }
 
+/// The proxy's port: requests go through the pipeline.
+#[derive(Clone)]
+struct ProxyPort(Arc<Proxy>);
+
+impl listener::Handler for ProxyPort {
+    async fn handle(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        peer: SocketAddr,
+    ) -> http::Response<crate::answer::Body> {
+        self.0.handle(req.map(Incoming::Hyper), peer).await
+    }
+
+    fn refuse_stream(
+        &self,
+        req: &http::Request<hyper::body::Incoming>,
+    ) -> http::Response<crate::answer::Body> {
+        self.0.refuse_stream(req)
+    }
+}
+
+impl listener::Handler for AdminState {
+    async fn handle(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        _peer: SocketAddr,
+    ) -> http::Response<crate::answer::Body> {
+        admin::handle(req, self).await
+    }
+
+    fn refuse_stream(
+        &self,
+        req: &http::Request<hyper::body::Incoming>,
+    ) -> http::Response<crate::answer::Body> {
+        self.proxy.refuse_stream(req)
+    }
+}
+
+impl listener::Handler for ServiceState {
+    async fn handle(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        peer: SocketAddr,
+    ) -> http::Response<crate::answer::Body> {
+        crate::service::server::handle(req, peer, self).await
+    }
+
+    fn refuse_stream(
+        &self,
+        req: &http::Request<hyper::body::Incoming>,
+    ) -> http::Response<crate::answer::Body> {
+        self.service.proxy().refuse_stream(req)
+    }
+}
+
 /// The listen backlog asked for (the kernel caps it at `net.core.somaxconn`): room for a burst
 /// of connections (a flood that reconnects as fast as it is cut off) while the accept loop
 /// catches up, so that legitimate clients' SYNs are not dropped (a one-second stall each).
@@ -387,102 +390,6 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(BACKLOG)?.into_std()
-}
-
-/// Serves HTTP/1.1 or HTTP/2 (whichever the client speaks) on one accepted connection, plain or
-/// TLS, until it closes, a drain ends it, or its [`ConnWatch`] says to close it. Each HTTP/1.1
-/// request head is bounded by `limits.header_read` (`head.rs`: the connection's timer below
-/// wakes it at a pending head's deadline).
-async fn serve_connection<S>(
-    builder: &auto::Builder<TokioExecutor>,
-    mut draining: tokio::sync::watch::Receiver<()>,
-    stream: S,
-    proxy: Arc<Proxy>,
-    peer: SocketAddr,
-    limits: PerConnection,
-    alt_svc: Option<Advertised>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let metrics = proxy.metrics().clone();
-    let watch = ConnWatch::new(limits.resets, limits.streams, metrics.clone());
-    let streams = watch.clone();
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let proxy = proxy.clone();
-        let stream = if req.version() == http::Version::HTTP_2 {
-            Some(StreamGuard::open(&streams))
-        } else {
-            streams.saw_http1();
-            None
-        };
-        let admitted = stream.is_none() || streams.admit_stream();
-        let alt_svc = alt_svc.as_ref().and_then(|a| a.for_request(&req));
-        async move {
-            let mut response = if admitted {
-                proxy.handle(req.map(Incoming::Hyper), peer).await
-            } else {
-                proxy.refuse_stream(&req)
-            };
-            if let Some(value) = alt_svc {
-                response.headers_mut().insert(http::header::ALT_SVC, value);
-            }
-            Ok::<_, Infallible>(match stream {
-                Some(stream) => stream.answered(response),
-                None => response,
-            })
-        }
-    });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    // One timer looks after both deadlines a connection waits on without a request in service:
-    // an HTTP/2 connection idle for `limits.idle`, an HTTP/1.1 head awaited for `header_read`
-    // (`head.rs`: the timer wakes the task at the head's deadline).
-    let clock = head::HeadClock::new();
-    let timer = tokio::time::sleep(limits.header_read.min(limits.idle));
-    tokio::pin!(timer);
-    // After a GOAWAY for abuse, how long the client has before the connection is cut.
-    let cut = tokio::time::sleep(Duration::MAX / 4);
-    tokio::pin!(cut);
-    let (mut closing, mut cutting) = (false, false);
-    loop {
-        tokio::select! {
-            result = clock.polled(conn.as_mut()) => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, %peer, "connection ended with an error");
-                }
-                return;
-            }
-            _ = draining.changed(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            () = watch.abusive(), if !closing => {
-                tracing::warn!(%peer, "closing an HTTP/2 connection that abandoned streams faster than http2_max_resets_per_second");
-                metrics.connection_closed(CloseReason::Resets);
-                (closing, cutting) = (true, true);
-                conn.as_mut().graceful_shutdown();
-                cut.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
-            }
-            // (A head deadline found passed ends the connection when it is polled, next.)
-            () = &mut timer => {
-                let now = std::time::Instant::now();
-                let mut next = clock.check(now, limits.header_read);
-                match watch.idle_since() {
-                    _ if closing => {}
-                    Some(since) if now >= since + limits.idle => {
-                        tracing::debug!(%peer, "closing an HTTP/2 connection with no open stream");
-                        metrics.connection_closed(CloseReason::Idle);
-                        closing = true;
-                        conn.as_mut().graceful_shutdown();
-                    }
-                    Some(since) => next = next.min(since + limits.idle),
-                    None => next = next.min(now + limits.idle),
-                }
-                timer.as_mut().reset(next.into());
-            }
-            () = &mut cut, if cutting => return,
-        }
-    }
 }
 
 /// `Alt-Svc` for one TLS connection: the value, and the name the client asked for (its SNI),

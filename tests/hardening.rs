@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::config::{Config, Limit, Route};
-use common::{Floodgate, Upstream, raw_exchange};
+use common::{Floodgate, TempDir, Upstream, raw_exchange};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
@@ -721,4 +721,88 @@ async fn an_answer_slower_than_header_read_keeps_its_connection() {
     let next = read_response(&mut stream).await;
     assert!(next.starts_with("HTTP/1.1 200"), "{next}");
     assert_eq!(upstream.count(), 2);
+}
+
+/// floodgate with `max_connections: 2`, `timeouts.header_read` as given, and the admin and
+/// rate-limit service ports beside the proxy's (one listener implementation serves all three).
+fn three_ports(upstream: &Upstream, rules: &TempDir, header_read: &str) -> Floodgate {
+    std::fs::write(
+        rules.path().join("edge.yaml"),
+        "domain: edge\ndescriptors: []\n",
+    )
+    .expect("write rules");
+    let service = format!(
+        "\n  listen: 127.0.0.1:0\n  config: [{}]",
+        rules.path().display()
+    );
+    let config = route_to(&upstream.url())
+        .with("max_connections", "2")
+        .with("service", &service)
+        .timeout("header_read", header_read);
+    Floodgate::start(&config.yaml())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_and_service_ports_close_a_silent_or_half_sent_head() {
+    let upstream = Upstream::start().await;
+    let rules = TempDir::new("rules");
+    let fg = three_ports(&upstream, &rules, "300ms");
+    let admin: std::net::SocketAddr = (fg.admin_url("").trim_start_matches("http://"))
+        .parse()
+        .expect("admin address");
+    for (port, addr) in [("admin", admin), ("service", fg.service_addr())] {
+        for opening in [&b""[..], b"GET /healthz HTTP/1.1\r\nHost: x\r\n"] {
+            assert!(
+                closed_after_at(addr, opening).await.is_some(),
+                "{port}: {:?} was not closed",
+                String::from_utf8_lossy(opening)
+            );
+        }
+    }
+}
+
+/// Two connections open on a port at `max_connections: 2`: a third is not served until one of
+/// them closes. (The third's request waits in the kernel's backlog: floodgate does not accept
+/// it. 1 s without an answer stands for "never": an accepted connection is answered in
+/// milliseconds, and the two held connections, silent, are closed only after `header_read`,
+/// 5 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_and_service_ports_hold_to_max_connections() {
+    let upstream = Upstream::start().await;
+    let rules = TempDir::new("rules");
+    let fg = three_ports(&upstream, &rules, "5s");
+    let admin: std::net::SocketAddr = (fg.admin_url("").trim_start_matches("http://"))
+        .parse()
+        .expect("admin address");
+    for (port, addr) in [("admin", admin), ("service", fg.service_addr())] {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Accepted by then (each holds a place).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        third
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_secs(1), third.read(&mut buf)).await;
+        assert!(
+            early.is_err(),
+            "{port}: a third connection was served at max_connections 2"
+        );
+        // One of the two closes: the third is accepted and answered.
+        drop(held.pop());
+        let n = tokio::time::timeout(Duration::from_secs(3), third.read(&mut buf))
+            .await
+            .expect("answered once a connection closed")
+            .expect("read");
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 "),
+            "{port}: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        drop(held);
+    }
 }

@@ -11,8 +11,6 @@
 //! Every refusal is a row of the one refusal table (`answer/table.rs`), rendered in
 //! gRPC's words or as problem+json.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,18 +20,12 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use prost::Message;
-use tokio::net::TcpListener;
 
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use super::{Answer, Failure, Service};
 use crate::answer::{self as response, Body, RateLimitHeaders, Rejection};
 use crate::config::ServiceConfig;
-use crate::deadline::FirstByteDeadline;
 use crate::grpc;
 
 /// The gRPC method's path.
@@ -51,72 +43,13 @@ pub struct ServiceState {
     pub config: Arc<ServiceConfig>,
 }
 
-/// Serves until `shutdown` completes, then lets open requests finish for at most `drain`.
-pub async fn serve(
-    listener: TcpListener,
-    state: ServiceState,
-    header_read_timeout: Duration,
-    drain: Duration,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-    let tls = state.config.tls.as_ref().map(|t| t.acceptor());
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let service = service_fn(move |req| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(handle(req, peer, &state).await) }
-        });
-        let stream = FirstByteDeadline::new(stream, header_read_timeout);
-        match &tls {
-            None => {
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                tokio::spawn(graceful.watch(conn));
-            }
-            Some(acceptor) => {
-                let acceptor = acceptor.clone();
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
-                // The handshake runs in the connection's task, bounded like a request head.
-                tokio::spawn(async move {
-                    let Ok(Ok(stream)) =
-                        tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await
-                    else {
-                        return;
-                    };
-                    let conn = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
-                    let _ = watcher.watch(conn).await;
-                });
-            }
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
-}
-
-async fn handle(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -> Response<Body> {
+/// The answer to one request on the service's port (served by `server/listener.rs`, as every
+/// port is).
+pub async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    state: &ServiceState,
+) -> Response<Body> {
     let path = req.uri().path();
     if grpc::is_grpc(req.headers()) {
         if path != SHOULD_RATE_LIMIT || req.method() != Method::POST {
