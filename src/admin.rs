@@ -25,15 +25,16 @@ mod write;
 
 pub use query::AdminError;
 
-use crate::proxy::{Body, Proxy, response};
+use crate::answer;
+use crate::proxy::{Body, Proxy};
 
-/// Process-wide health: whether the proxy is draining (then `/readyz` answers 503).
+/// Process-wide readiness: whether the proxy is draining (then `/readyz` answers 503).
 #[derive(Debug, Default)]
-pub struct Health {
+pub struct Readiness {
     draining: AtomicBool,
 }
 
-impl Health {
+impl Readiness {
     /// From now on `/readyz` answers 503.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -49,7 +50,7 @@ impl Health {
 #[derive(Clone)]
 pub struct AdminState {
     pub proxy: Arc<Proxy>,
-    pub health: Arc<Health>,
+    pub health: Arc<Readiness>,
 }
 
 /// The answer to one request on the admin port (served by `server/listener.rs`, as every
@@ -57,7 +58,7 @@ pub struct AdminState {
 pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let proxy = &state.proxy;
     if req.uri().path() == "/metrics" {
-        let mut response = Response::new(response::full(proxy.metrics().render(proxy.limiter())));
+        let mut response = Response::new(answer::full(proxy.metrics().render(proxy.limiter())));
         response.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -72,7 +73,7 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
         return json_answer(control_endpoint(req, proxy, endpoint).await);
     }
     if req.uri().path() == "/" {
-        let mut response = Response::new(response::full(dashboard::PAGE));
+        let mut response = Response::new(answer::full(dashboard::PAGE));
         response.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/html; charset=utf-8"),
@@ -101,7 +102,7 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
         ),
         _ => (StatusCode::NOT_FOUND, "not found\n"),
     };
-    let mut response = Response::new(response::full(text));
+    let mut response = Response::new(answer::full(text));
     *response.status_mut() = status;
     response
 }
@@ -201,7 +202,7 @@ fn json_answer(answer: Result<serde_json::Value, AdminError>) -> Response<Body> 
             }),
         ),
     };
-    let mut response = Response::new(response::full(body.to_string()));
+    let mut response = Response::new(answer::full(body.to_string()));
     *response.status_mut() = status;
     let content_type = if status == StatusCode::OK {
         "application/json"

@@ -20,8 +20,9 @@ use crate::policy::LimitRef;
 /// The body type of every response floodgate sends: an upstream's streamed body or its own.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
-/// A body's error: hyper's, or one of floodgate's own limits ([`crate::proxy::body`]).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A body's error: hyper's, or one of floodgate's own limits ([`crate::proxy::body`]); one
+/// name for it everywhere, declared beside the connections that carry bodies.
+pub use crate::upstream::conn::BoxError;
 
 mod grpc;
 mod table;
@@ -236,12 +237,12 @@ impl Rejection {
     /// The decision label of a refusal that is a limiting decision (a malformed request, say,
     /// decided nothing).
     pub fn label(&self) -> Option<crate::metrics::DecisionLabel> {
-        self.answer().label
+        self.row().label
     }
 
     /// The HTTP status of this rejection (what an HTTP client is answered).
     pub fn status(&self) -> StatusCode {
-        self.answer().status
+        self.row().status
     }
 
     /// The response for this rejection in `dialect`; `headers` writes a refusal's rate-limit
@@ -260,7 +261,7 @@ impl Rejection {
     /// one variable, `retry_after`, so a denial costs one allocation for its body instead of a
     /// JSON tree. Both come from `problem_json`, so they are the very bytes it would write.
     fn into_response(self, headers: &RateLimitHeaders) -> Response<Body> {
-        let answer = self.answer();
+        let answer = self.row();
         let (body, retry_after) = match &self {
             Rejection::RateLimited(v, _) => {
                 let retry_after = v.retry_after_secs();
@@ -649,7 +650,7 @@ mod tests {
     #[test]
     fn every_refusal_says_its_row_in_http_and_in_grpc() {
         for rejection in every_rejection() {
-            let answer = rejection.answer();
+            let answer = rejection.row();
             let message = rejection.message().to_string();
             // HTTP: the row's status and problem type, the message, its retry delay; a body
             // built once is what serde_json writes.

@@ -88,7 +88,7 @@
 //! and alerts;
 //! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
-//! policy, top); [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
+//! policy, top; and [`answer`]'s bodies); [`answer`] names [`upstream`] for its one `BoxError`; [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
 //! limiter and config, [`alerts`] on control and metrics, [`global`] on the limiter and
 //! metrics (and the decider and proxy on it), [`telemetry`] on config and tls; [`server`] on admin and
 //! proxy; `main` on server.

@@ -23,7 +23,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin::{self, AdminState, Health};
+use crate::admin::{self, AdminState, Readiness};
 use crate::config::{Config, ServiceConfig};
 use crate::limiter::Limit;
 use crate::proxy::Proxy;
@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 /// A proxy with its listeners bound, ready to serve.
 pub struct Server {
     proxy: Arc<Proxy>,
-    health: Arc<Health>,
+    health: Arc<Readiness>,
     /// The proxy listener, bound (registered with the runtime that runs the server).
     listener: std::net::TcpListener,
     admin: Option<TcpListener>,
@@ -168,7 +168,7 @@ impl Server {
         };
         Ok(Server {
             proxy,
-            health: Arc::new(Health::default()),
+            health: Arc::new(Readiness::default()),
             listener,
             admin,
             service: None,

@@ -34,7 +34,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("alerts", "config control limiter metrics tls"),
     ("global", "limiter metrics"),
     // floodgate's own answers (refusals, rate-limit headers), below every front end.
-    ("answer", "config grpc limiter metrics policy"),
+    ("answer", "config grpc limiter metrics policy upstream"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
     (
         "decider",
@@ -52,7 +52,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     (
         "admin",
-        "config control deadline decider identity limiter policy proxy top upstream",
+        "answer config control deadline decider identity limiter policy proxy top upstream",
     ),
     // The rate-limit service: descriptors decided by the proxy's decider and store.
     (

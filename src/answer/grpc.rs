@@ -38,7 +38,7 @@ impl Rejection {
     ) -> Response<Body> {
         let mut response = Response::new(full(Bytes::new()));
         let h = response.headers_mut();
-        let answer = self.answer();
+        let answer = self.row();
         let (code, retry) = match &self {
             Rejection::RateLimited(v, limit) => {
                 headers.write(h, v, *limit);

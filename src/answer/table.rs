@@ -14,7 +14,7 @@ use crate::metrics::DecisionLabel;
 
 /// How floodgate answers one kind of refusal.
 #[derive(Debug)]
-pub(super) struct Answer {
+pub(super) struct Row {
     /// What an HTTP client is answered.
     pub status: StatusCode,
     /// The problem+json `error` (and `type`, `urn:floodgate:problem:{error}`).
@@ -40,8 +40,8 @@ const fn row(
     message: &'static str,
     retry_secs: Option<u64>,
     label: Option<DecisionLabel>,
-) -> Answer {
-    Answer {
+) -> Row {
+    Row {
         status,
         error,
         grpc,
@@ -52,7 +52,7 @@ const fn row(
     }
 }
 
-static NO_ROUTE: Answer = row(
+static NO_ROUTE: Row = row(
     StatusCode::NOT_FOUND,
     "no_route",
     Code::Unimplemented,
@@ -60,7 +60,7 @@ static NO_ROUTE: Answer = row(
     None,
     None,
 );
-static BAD_REQUEST: Answer = row(
+static BAD_REQUEST: Row = row(
     StatusCode::BAD_REQUEST,
     "bad_request",
     Code::Internal,
@@ -68,7 +68,7 @@ static BAD_REQUEST: Answer = row(
     None,
     None,
 );
-static INVALID_ARGUMENT: Answer = row(
+static INVALID_ARGUMENT: Row = row(
     StatusCode::BAD_REQUEST,
     "invalid_argument",
     Code::InvalidArgument,
@@ -76,7 +76,7 @@ static INVALID_ARGUMENT: Answer = row(
     None,
     None,
 );
-static INVALID_API_KEY: Answer = row(
+static INVALID_API_KEY: Row = row(
     StatusCode::UNAUTHORIZED,
     "invalid_api_key",
     Code::Unauthenticated,
@@ -84,7 +84,7 @@ static INVALID_API_KEY: Answer = row(
     None,
     Some(DecisionLabel::InvalidKey),
 );
-static INVALID_TOKEN: Answer = row(
+static INVALID_TOKEN: Row = row(
     StatusCode::UNAUTHORIZED,
     "invalid_token",
     Code::Unauthenticated,
@@ -92,7 +92,7 @@ static INVALID_TOKEN: Answer = row(
     None,
     Some(DecisionLabel::InvalidKey),
 );
-static RATE_LIMITED: Answer = row(
+static RATE_LIMITED: Row = row(
     StatusCode::TOO_MANY_REQUESTS,
     "rate_limit_exceeded",
     Code::ResourceExhausted,
@@ -100,7 +100,7 @@ static RATE_LIMITED: Answer = row(
     None,
     Some(DecisionLabel::Denied),
 );
-static BANNED: Answer = row(
+static BANNED: Row = row(
     StatusCode::TOO_MANY_REQUESTS,
     "banned",
     Code::ResourceExhausted,
@@ -108,7 +108,7 @@ static BANNED: Answer = row(
     None,
     Some(DecisionLabel::Banned),
 );
-static LIMITER_UNAVAILABLE: Answer = row(
+static LIMITER_UNAVAILABLE: Row = row(
     StatusCode::SERVICE_UNAVAILABLE,
     "rate_limiter_unavailable",
     Code::Unavailable,
@@ -116,7 +116,7 @@ static LIMITER_UNAVAILABLE: Answer = row(
     None,
     Some(DecisionLabel::StoreError),
 );
-static BAD_GATEWAY: Answer = row(
+static BAD_GATEWAY: Row = row(
     StatusCode::BAD_GATEWAY,
     "upstream_unreachable",
     Code::Unavailable,
@@ -124,7 +124,7 @@ static BAD_GATEWAY: Answer = row(
     None,
     None,
 );
-static GATEWAY_TIMEOUT: Answer = row(
+static GATEWAY_TIMEOUT: Row = row(
     StatusCode::GATEWAY_TIMEOUT,
     "upstream_timeout",
     Code::DeadlineExceeded,
@@ -132,7 +132,7 @@ static GATEWAY_TIMEOUT: Answer = row(
     None,
     None,
 );
-static PAYLOAD_TOO_LARGE: Answer = row(
+static PAYLOAD_TOO_LARGE: Row = row(
     StatusCode::PAYLOAD_TOO_LARGE,
     "payload_too_large",
     Code::ResourceExhausted,
@@ -140,7 +140,7 @@ static PAYLOAD_TOO_LARGE: Answer = row(
     None,
     None,
 );
-static REQUEST_TIMEOUT: Answer = row(
+static REQUEST_TIMEOUT: Row = row(
     StatusCode::REQUEST_TIMEOUT,
     "request_body_timeout",
     Code::DeadlineExceeded,
@@ -148,7 +148,7 @@ static REQUEST_TIMEOUT: Answer = row(
     None,
     None,
 );
-static TOO_MANY_STREAMS: Answer = row(
+static TOO_MANY_STREAMS: Row = row(
     StatusCode::TOO_MANY_REQUESTS,
     "too_many_streams",
     Code::ResourceExhausted,
@@ -156,7 +156,7 @@ static TOO_MANY_STREAMS: Answer = row(
     Some(1),
     None,
 );
-static UPSTREAM_OVERLOADED: Answer = row(
+static UPSTREAM_OVERLOADED: Row = row(
     StatusCode::SERVICE_UNAVAILABLE,
     "upstream_overloaded",
     Code::Unavailable,
@@ -165,7 +165,7 @@ static UPSTREAM_OVERLOADED: Answer = row(
     Some(DecisionLabel::Overloaded),
 );
 
-static NO_UPSTREAM: Answer = row(
+static NO_UPSTREAM: Row = row(
     StatusCode::SERVICE_UNAVAILABLE,
     "no_upstream",
     Code::Unavailable,
@@ -174,7 +174,7 @@ static NO_UPSTREAM: Answer = row(
     None,
 );
 
-static LOOP_DETECTED: Answer = row(
+static LOOP_DETECTED: Row = row(
     StatusCode::LOOP_DETECTED,
     "loop_detected",
     Code::Internal,
@@ -182,7 +182,7 @@ static LOOP_DETECTED: Answer = row(
     None,
     None,
 );
-static DEADLINE_EXCEEDED: Answer = row(
+static DEADLINE_EXCEEDED: Row = row(
     StatusCode::GATEWAY_TIMEOUT,
     "deadline_exceeded",
     Code::DeadlineExceeded,
@@ -193,7 +193,7 @@ static DEADLINE_EXCEEDED: Answer = row(
 
 impl Rejection {
     /// This refusal's row of the table.
-    pub(super) fn answer(&self) -> &'static Answer {
+    pub(super) fn row(&self) -> &'static Row {
         match self {
             Rejection::NoRoute => &NO_ROUTE,
             Rejection::BadRequest(_) => &BAD_REQUEST,
@@ -222,7 +222,7 @@ impl Rejection {
             Rejection::BadRequest(detail)
             | Rejection::BadGateway(detail)
             | Rejection::InvalidArgument(detail) => detail,
-            other => other.answer().message,
+            other => other.row().message,
         }
     }
 }

@@ -86,7 +86,7 @@ pub struct LeaseAsk {
 
 /// The `outcome` label of `floodgate_lease_units_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct OutcomeLabel {
+pub struct LeaseOutcomeLabel {
     pub outcome: &'static str,
 }
 
@@ -94,7 +94,7 @@ pub struct OutcomeLabel {
 /// `floodgate_lease_units_total{outcome}`.
 #[derive(Debug, Clone)]
 pub struct LeaseStats {
-    pub family: Family<OutcomeLabel, Counter>,
+    pub family: Family<LeaseOutcomeLabel, Counter>,
     pub granted: Counter,
     pub spent: Counter,
     /// Units given back to the store unspent when the lease ended.
@@ -104,8 +104,8 @@ pub struct LeaseStats {
 
 impl Default for LeaseStats {
     fn default() -> Self {
-        let family = Family::<OutcomeLabel, Counter>::default();
-        let of = |outcome| family.get_or_create_owned(&OutcomeLabel { outcome });
+        let family = Family::<LeaseOutcomeLabel, Counter>::default();
+        let of = |outcome| family.get_or_create_owned(&LeaseOutcomeLabel { outcome });
         LeaseStats {
             granted: of("granted"),
             spent: of("spent"),

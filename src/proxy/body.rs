@@ -24,7 +24,7 @@ pub struct BodyFault(AtomicU8);
 /// What went wrong with a request body: the client's fault, whether the body was being read
 /// whole (`read_whole`) or forwarded (`forward.rs`); `Rejection::from` says how it is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub enum ClientFault {
     /// The client's framing was invalid (a bad chunk size, a short chunk) or it went away.
     Malformed,
     /// More than `max_body_size` bytes.
@@ -34,11 +34,11 @@ pub enum Fault {
 }
 
 impl BodyFault {
-    fn set(&self, fault: Fault) {
+    fn set(&self, fault: ClientFault) {
         let code = match fault {
-            Fault::Malformed => 1,
-            Fault::TooLarge => 2,
-            Fault::Idle => 3,
+            ClientFault::Malformed => 1,
+            ClientFault::TooLarge => 2,
+            ClientFault::Idle => 3,
         };
         let _ = self
             .0
@@ -46,11 +46,11 @@ impl BodyFault {
     }
 
     /// The first fault, if any.
-    pub fn get(&self) -> Option<Fault> {
+    pub fn get(&self) -> Option<ClientFault> {
         match self.0.load(Ordering::Acquire) {
-            1 => Some(Fault::Malformed),
-            2 => Some(Fault::TooLarge),
-            3 => Some(Fault::Idle),
+            1 => Some(ClientFault::Malformed),
+            2 => Some(ClientFault::TooLarge),
+            3 => Some(ClientFault::Idle),
             _ => None,
         }
     }
@@ -184,7 +184,7 @@ pub async fn read_whole(
     limit: NonZeroU64,
     idle: Duration,
     http1: bool,
-) -> Result<Bytes, Fault> {
+) -> Result<Bytes, ClientFault> {
     use http_body_util::BodyExt;
     let fault = Arc::new(BodyFault::default());
     let body = RequestBody::new(
@@ -196,7 +196,7 @@ pub async fn read_whole(
     );
     match body.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(_) => Err(fault.get().unwrap_or(Fault::Malformed)),
+        Err(_) => Err(fault.get().unwrap_or(ClientFault::Malformed)),
     }
 }
 
@@ -337,7 +337,7 @@ impl HttpBody for RequestBody {
                     if let Some(limit) = this.limit
                         && this.seen > limit.get()
                     {
-                        this.fault.set(Fault::TooLarge);
+                        this.fault.set(ClientFault::TooLarge);
                         if this.linger
                             && let Some(rest) = this.inner.take()
                         {
@@ -349,12 +349,12 @@ impl HttpBody for RequestBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.fault.set(Fault::Malformed);
+                this.fault.set(ClientFault::Malformed);
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending if this.watchdog.expired(cx) => {
-                this.fault.set(Fault::Idle);
+                this.fault.set(ClientFault::Idle);
                 Poll::Ready(Some(Err(BodyError::Idle(this.watchdog.idle))))
             }
             Poll::Pending => Poll::Pending,

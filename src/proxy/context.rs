@@ -9,9 +9,9 @@ use std::time::Instant;
 use http::Request;
 
 use super::cost::CostMeter;
-use super::response::{Body, BoxError, Dialect};
 use crate::access_log;
 use crate::adaptive::Permit;
+use crate::answer::{Body, BoxError, Dialect};
 use crate::limiter::{HeldLeases, Ruling};
 use crate::metrics::DecisionLabel;
 use crate::policy::LimitRef;

@@ -27,14 +27,14 @@ use hyper_util::rt::TokioIo;
 
 use std::sync::Arc;
 
-use super::body::{BodyFault, ClientBody, Fault, RequestBody, ResponseBody};
-use super::response::{Body, BoxError, Rejection};
+use super::body::{BodyFault, ClientBody, ClientFault, RequestBody, ResponseBody};
+use crate::answer::{Body, BoxError, Rejection};
 use crate::config::{RouteConfig, Upstream, UpstreamCa, UpstreamProtocol};
 use crate::upstream::conn::{
     Connection, Io, Key, Multiplex, MultiplexBody, Pool, PoolError, PooledBody, Resend,
     ResendHandle, copy_head, dial,
 };
-use crate::upstream::{Endpoint, Failed, InFlight, Outcome, RoutePool};
+use crate::upstream::{Attempted, Endpoint, Failed, InFlight, RoutePool};
 
 mod failure;
 mod headers;
@@ -95,7 +95,7 @@ impl Hop {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForwardError {
     /// What the client did wrong on the way through: its body.
-    Client(Fault),
+    Client(ClientFault),
     Upstream(UpstreamFault),
     /// The route's pool has no endpoint (a name that never resolved): 503 with `Retry-After`.
     NoUpstream,
@@ -111,14 +111,14 @@ pub enum UpstreamFault {
     Timeout,
 }
 
-impl From<Fault> for Rejection {
+impl From<ClientFault> for Rejection {
     /// A request body's fault: 413 past `max_body_size`, 408 when it went silent, 400 when its
     /// framing was invalid or it was cut short.
-    fn from(fault: Fault) -> Rejection {
+    fn from(fault: ClientFault) -> Rejection {
         match fault {
-            Fault::TooLarge => Rejection::PayloadTooLarge,
-            Fault::Idle => Rejection::RequestTimeout,
-            Fault::Malformed => {
+            ClientFault::TooLarge => Rejection::PayloadTooLarge,
+            ClientFault::Idle => Rejection::RequestTimeout,
+            ClientFault::Malformed => {
                 Rejection::BadRequest("the request body is malformed or was cut short".into())
             }
         }
@@ -260,12 +260,12 @@ impl Forwarder {
                 current = Some(endpoint.clone());
                 let failed = match self.attempt(&mut attempts, &endpoint, attempt).await {
                     Ok(response) => {
-                        pool.outcome(&endpoint, Outcome::Answered);
+                        pool.outcome(&endpoint, Attempted::Answered);
                         return Ok((response, endpoint));
                     }
                     Err(failed) => failed,
                 };
-                pool.outcome(&endpoint, Outcome::Failed);
+                pool.outcome(&endpoint, Attempted::Failed);
                 if failed.retryable(&retries.on, attempts.resendable)
                     && tried.ids().len() < retries.attempts as usize
                     && let Some(next) = pool.retry(to.key, tried.ids())
@@ -287,7 +287,7 @@ impl Forwarder {
                 if wait == self.response_timeout
                     && let Some(endpoint) = &current
                 {
-                    pool.outcome(endpoint, Outcome::Failed);
+                    pool.outcome(endpoint, Attempted::Failed);
                 }
                 return Err(ForwardError::Upstream(UpstreamFault::Timeout));
             }
@@ -322,7 +322,7 @@ impl Forwarder {
             if let (true, ClientBody::Streaming(body)) = (parts.version <= Version::HTTP_11, body) {
                 tokio::spawn(super::body::linger(body));
             }
-            return Err(ForwardError::Client(Fault::TooLarge));
+            return Err(ForwardError::Client(ClientFault::TooLarge));
         }
         let linger = parts.version <= Version::HTTP_11;
         let mut body =

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::forward::{self, Forwarder};
-use super::response::RateLimitHeaders;
 use crate::adaptive::EndpointGates;
+use crate::answer::RateLimitHeaders;
 use crate::config::{Config, OnError};
 use crate::identity::{Consumers, IdentityConfig};
 use crate::metrics::{Metrics, RouteMetrics};

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use super::body::ClientBody;
 use super::context::Context;
-use super::response::{self, Body, RateLimitHeaders, Rejection};
 use super::{Proxy, Snapshot};
+use crate::answer::{self, Body, RateLimitHeaders, Rejection};
 use crate::config::RequestView;
 use crate::decider::Peek;
 use crate::identity::ip_octets;
@@ -119,7 +119,7 @@ impl Proxy {
             "identity_kind": whose.identity.kind().as_str(),
             "routes": routes,
         });
-        let mut response = Response::new(response::full(body.to_string()));
+        let mut response = Response::new(answer::full(body.to_string()));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

@@ -20,8 +20,8 @@ use http::{HeaderName, HeaderValue, Request, Version};
 
 use super::body::ClientBody;
 use super::forward::X_FORWARDED_HOST;
-use super::response::Rejection;
 use super::snapshot::Snapshot;
+use crate::answer::Rejection;
 use crate::config::invalid_host;
 
 fn bad(why: impl Into<String>) -> Rejection {

@@ -24,7 +24,7 @@ use prost::Message;
 
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use super::{Answer, Failure, Service};
-use crate::answer::{self as response, Body, RateLimitHeaders, Rejection};
+use crate::answer::{self, Body, RateLimitHeaders, Rejection};
 use crate::config::ServiceConfig;
 use crate::grpc;
 
@@ -56,7 +56,7 @@ pub async fn handle(
             // UNIMPLEMENTED, the table's gRPC word for no route.
             return Rejection::NoRoute.respond(
                 &RateLimitHeaders::none(),
-                response::Dialect::Grpc(Default::default()),
+                answer::Dialect::Grpc(Default::default()),
             );
         }
         return should_rate_limit(req, state).await;
@@ -65,7 +65,7 @@ pub async fn handle(
         (&Method::POST, "/json") => json(req, state).await,
         (&Method::GET | &Method::HEAD, "/check") => check(req, peer, state).await,
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        _ => Rejection::NoRoute.respond(&RateLimitHeaders::none(), response::Dialect::Http),
+        _ => Rejection::NoRoute.respond(&RateLimitHeaders::none(), answer::Dialect::Http),
     }
 }
 
@@ -129,7 +129,7 @@ async fn should_rate_limit_traced(req: Request<Incoming>, state: &ServiceState) 
             Err(_) => {
                 return Rejection::DeadlineExceeded.respond(
                     &RateLimitHeaders::none(),
-                    response::Dialect::Grpc(Default::default()),
+                    answer::Dialect::Grpc(Default::default()),
                 );
             }
         },
@@ -168,7 +168,7 @@ async fn json(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
         Ok(answer) => {
             log_over(&request, &answer);
             let body = answer.response.to_json(super::rules::Unit::name_of);
-            let mut response = Response::new(response::full(body.to_string()));
+            let mut response = Response::new(answer::full(body.to_string()));
             if answer.over_limit() {
                 *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             }
@@ -184,7 +184,7 @@ async fn json(req: Request<Incoming>, state: &ServiceState) -> Response<Body> {
 /// `GET /check`: forward auth.
 async fn check(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -> Response<Body> {
     let Some(config) = &state.config.forward_auth else {
-        return Rejection::NoRoute.respond(&RateLimitHeaders::none(), response::Dialect::Http);
+        return Rejection::NoRoute.respond(&RateLimitHeaders::none(), answer::Dialect::Http);
     };
     let snapshot = state.service.proxy().snapshot();
     let request = super::forward_auth::request(
@@ -206,7 +206,7 @@ async fn check(req: Request<Incoming>, peer: SocketAddr, state: &ServiceState) -
     log_over(&request, &answer);
     let mut response = if answer.over_limit() {
         let retry = answer.retry_after_secs.unwrap_or(1);
-        let mut response = Response::new(response::full(response::rate_limited_body(retry)));
+        let mut response = Response::new(answer::full(answer::rate_limited_body(retry)));
         *response.status_mut() =
             StatusCode::from_u16(config.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
         let h = response.headers_mut();
@@ -369,13 +369,13 @@ fn grpc_message(message: &RateLimitResponse) -> Response<Body> {
 fn failure_grpc(failure: &Failure) -> Response<Body> {
     rejection(failure).respond(
         &RateLimitHeaders::none(),
-        response::Dialect::Grpc(Default::default()),
+        answer::Dialect::Grpc(Default::default()),
     )
 }
 
 /// A failure as problem+json.
 fn failure_http(failure: &Failure) -> Response<Body> {
-    rejection(failure).respond(&RateLimitHeaders::none(), response::Dialect::Http)
+    rejection(failure).respond(&RateLimitHeaders::none(), answer::Dialect::Http)
 }
 
 fn rejection(failure: &Failure) -> Rejection {
@@ -387,7 +387,7 @@ fn rejection(failure: &Failure) -> Rejection {
 }
 
 fn text(status: StatusCode, text: &'static str) -> Response<Body> {
-    let mut response = Response::new(response::full(text));
+    let mut response = Response::new(answer::full(text));
     *response.status_mut() = status;
     response
 }

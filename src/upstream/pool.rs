@@ -65,7 +65,7 @@ pub enum Fallback {
 
 /// What an attempt on an endpoint came to, for its health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Attempted {
     /// A response head that is not 502, 503 or 504.
     Answered,
     /// No connection, a connection lost before the response head, or 502/503/504.
@@ -375,10 +375,10 @@ impl RoutePool {
 
     /// What an attempt on `endpoint` came to: a failure counts toward its ejection (when the
     /// pool may lose one more), an answer starts the count again.
-    pub fn outcome(&self, endpoint: &Endpoint, outcome: Outcome) {
+    pub fn outcome(&self, endpoint: &Endpoint, outcome: Attempted) {
         match outcome {
-            Outcome::Answered => endpoint.health().success(),
-            Outcome::Failed => {
+            Attempted::Answered => endpoint.health().success(),
+            Attempted::Failed => {
                 endpoint.failed();
                 let spec = self.spec.load();
                 let now = Instant::now();
@@ -630,8 +630,8 @@ mod tests {
         let by_port = |p: u16| all.iter().find(|e| port(e) == p).unwrap().clone();
         // Port 3 fails its active checks; port 4 fails twice in a row and is ejected.
         assert_eq!(by_port(3).checked(false, 1, 1), Some(false));
-        pool.outcome(&by_port(4), Outcome::Failed);
-        pool.outcome(&by_port(4), Outcome::Failed);
+        pool.outcome(&by_port(4), Attempted::Failed);
+        pool.outcome(&by_port(4), Attempted::Failed);
         assert!(by_port(4).is_ejected(Instant::now()));
         for fallback in [Fallback::Unwell, Fallback::OnlyWhenNoneIsWell] {
             assert_eq!(picked(&pool, &[], fallback), [1, 2], "{fallback:?}");
