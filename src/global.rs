@@ -243,31 +243,7 @@ impl Global {
             local.last_used = now;
             (local.want, local.empty_until, local.global_left)
         };
-        // The region's slice: one round trip to the near store. The call is spawned, and its
-        // answer is the slice's until read here: a request dropped meanwhile (its decision past
-        // `storage.timeout`, its client gone) gives back what the slice paid it.
-        let (paid, held) = {
-            let region = self.region.clone();
-            let key = slice_key.clone();
-            let mut pending = SpendPending {
-                call: Some(tokio::spawn(async move { region.spend(&key, cost).await })),
-                owed: self.owed(&slice_key, 0),
-                cost,
-            };
-            let Some(call) = pending.call.as_mut() else {
-                return Err(GlobalError::Region(LimiterError::protocol("no call")));
-            };
-            let answer = call.await;
-            pending.call = None;
-            match answer {
-                Ok(answer) => answer.map_err(GlobalError::Region)?,
-                Err(e) => {
-                    return Err(GlobalError::Region(LimiterError::unavailable(
-                        crate::limiter::Cause::of("the call ended", e),
-                    )));
-                }
-            }
-        };
+        let (paid, held) = self.spend_slice(&slice_key, cost).await?;
         let ends_in = window.map(|(_, end)| end.saturating_sub(self.global_now_us()));
         if paid {
             return Ok(Spent::Decided(Decision::allow(
@@ -324,21 +300,69 @@ impl Global {
             )));
         }
         self.metrics.global_units("granted", granted);
-        let extra = granted - cost;
-        let mut held_now = held;
-        // The request's own units are the slice's until it returns with them: dropped while
-        // the extra goes to the slice, it gives them back. The extra's call is spawned, so it
-        // lands once whatever becomes of the request (given back as well, a call that did
-        // land would count it twice).
-        let mut owed = self.owed(&slice_key, cost);
+        let held_now = self
+            .keep_extra(&slice_key, cost, granted - cost, held, ends)
+            .await;
+        if let Some(local) = self.budgets().get_mut(&id) {
+            local.empty_until = None;
+            local.global_left = left;
+            local.held = held_now;
+        }
+        Ok(Spent::Decided(Decision::allow(
+            figures(limit, held_now + left, ends_in),
+            0,
+        )))
+    }
+
+    /// Pays `cost` from the region's slice at `slice_key`: one round trip to the near store.
+    /// The call is spawned, and its answer is the slice's until read here: a request dropped
+    /// meanwhile (its decision past `storage.timeout`, its client gone) gives back what the
+    /// slice paid it. Returns (paid, what the slice holds).
+    async fn spend_slice(&self, slice_key: &str, cost: u64) -> Result<(bool, u64), GlobalError> {
+        let region = self.region.clone();
+        let key = slice_key.to_string();
+        let mut pending = SpendPending {
+            call: Some(tokio::spawn(async move { region.spend(&key, cost).await })),
+            owed: self.owed(slice_key, 0),
+            cost,
+        };
+        let Some(call) = pending.call.as_mut() else {
+            return Err(GlobalError::Region(LimiterError::protocol("no call")));
+        };
+        let answer = call.await;
+        pending.call = None;
+        match answer {
+            Ok(answer) => answer.map_err(GlobalError::Region),
+            Err(e) => Err(GlobalError::Region(LimiterError::unavailable(
+                crate::limiter::Cause::of("the call ended", e),
+            ))),
+        }
+    }
+
+    /// Puts `extra` units the global store granted a request beyond its `cost` in the slice
+    /// (which held `held`), for a slice that ends at `ends` (a window's); returns what it holds
+    /// after. The request's own units are the slice's until it returns with them: dropped
+    /// while the extra goes to the slice, it gives them back. The extra's call is spawned, so
+    /// it lands once whatever becomes of the request (given back as well, a call that did land
+    /// would count it twice).
+    async fn keep_extra(
+        &self,
+        slice_key: &str,
+        cost: u64,
+        extra: u64,
+        held: u64,
+        ends: Option<Instant>,
+    ) -> u64 {
+        let mut owed = self.owed(slice_key, cost);
         let ttl_ms = self.slice_ttl_ms(ends);
+        let mut held_now = held;
         if extra > 0 && ttl_ms == 0 {
             // The window ends before a slice could spend them.
             self.metrics.global_units("lapsed", extra);
         }
         if extra > 0 && ttl_ms > 0 {
             let region = self.region.clone();
-            let key = slice_key.clone();
+            let key = slice_key.to_string();
             let grant = Grant {
                 units: extra,
                 demand: cost,
@@ -358,15 +382,7 @@ impl Global {
             };
         }
         owed.units = 0;
-        if let Some(local) = self.budgets().get_mut(&id) {
-            local.empty_until = None;
-            local.global_left = left;
-            local.held = held_now;
-        }
-        Ok(Spent::Decided(Decision::allow(
-            figures(limit, held_now + left, ends_in),
-            0,
-        )))
+        held_now
     }
 
     /// A slice's life from now: `lease_ttl`, and for a windowed budget no later than its

@@ -402,92 +402,44 @@ fn answer(
         LimitRef::Enforced(p) => asked[0].get(p).copied(),
         LimitRef::Shadow(p) => asked[1].get(p).copied(),
     });
-    let mut statuses = Vec::with_capacity(plans.len());
-    let mut over = false;
-    let mut figures: Option<Headline> = None;
-    let mut retry_after_us = 0u64;
-    let mut tighter = |h: Headline| {
-        if figures.is_none_or(|old| h.remaining < old.remaining) {
-            figures = Some(h);
-        }
-    };
-    for (i, plan) in plans.iter().enumerate() {
-        let status = match *plan {
-            Plan::Free => code_only(Code::Ok),
+    let mut all = Overall::default();
+    let statuses = plans
+        .iter()
+        .enumerate()
+        .map(|(i, plan)| match *plan {
+            Plan::Free | Plan::GivenBack => code_only(Code::Ok),
             Plan::Unlimited(rule) => DescriptorStatus {
                 code: Code::Ok as i32,
                 current_limit: Some(current_limit(rule)),
                 limit_remaining: u32::MAX,
                 duration_until_reset: None,
             },
-            Plan::GivenBack => code_only(Code::Ok),
             Plan::TooMany => {
-                over = true;
+                all.over = true;
                 code_only(Code::OverLimit)
             }
             Plan::Checked(rule) => {
                 let d = checks.iter().find(|(at, _)| *at == i).and_then(|(_, d)| *d);
-                match d {
-                    Some(d) => {
-                        let allowed = d.allowed();
-                        over |= !allowed && !rule.shadow;
-                        if !allowed {
-                            retry_after_us = retry_after_us.max(d.retry_after_us());
-                        }
-                        let remaining = d.remaining_before(1);
-                        tighter(headline_of(rule, remaining, d.reset_after_us));
-                        let code = match allowed || rule.shadow {
-                            true => Code::Ok,
-                            false => Code::OverLimit,
-                        };
-                        status(rule, code, remaining, d.reset_after_us)
-                    }
-                    None => code_only(Code::Ok),
-                }
+                checked_status(rule, d, &mut all)
             }
             Plan::Asked(rule, side, at, cost) => {
-                let denied = decided.is_some_and(|d| d.denied_by(side, at));
-                let enforced_denial = denied && side == Side::Enforced;
-                over |= enforced_denial;
-                let code = match enforced_denial {
-                    true => Code::OverLimit,
-                    false => Code::Ok,
+                let asked = Asked {
+                    rule,
+                    side,
+                    at,
+                    cost,
+                    headline: headline.filter(|_| headline_at == Some(i)).map(|(v, _)| v),
+                    retry_us: headline.map(|(v, _)| v.retry_after_us()),
                 };
-                if enforced_denial && let Some((v, _)) = headline {
-                    retry_after_us = retry_after_us.max(v.retry_after_us());
-                }
-                // Every limited descriptor's own figures, as the store left its budget; the
-                // headline's from its verdict (the deny cache's answer knows no other).
-                let standing = decided
-                    .and_then(|d| d.standings.as_ref())
-                    .and_then(|s| s[side as usize].get(at));
-                let figures = match (headline, standing) {
-                    (Some((v, _)), _) if headline_at == Some(i) => {
-                        Some((v.headline.remaining, v.headline.reset_after_us))
-                    }
-                    (_, Some(s)) => {
-                        Some((u64::from(s.remaining), u64::from(s.reset_secs) * 1_000_000))
-                    }
-                    _ => None,
-                };
-                match figures {
-                    Some((remaining, reset_us)) => {
-                        // A limit that allowed a request another denied reports what it would
-                        // have left after spending; nothing was spent (all or nothing).
-                        let refused = decided.is_some_and(|d| d.refused.is_some());
-                        let remaining = match refused && !denied {
-                            true => (remaining + cost).min(headline_of(rule, 0, 0).limit),
-                            false => remaining,
-                        };
-                        tighter(headline_of(rule, remaining, reset_us));
-                        status(rule, code, remaining, reset_us)
-                    }
-                    None => code_only(code),
-                }
+                asked_status(&asked, decided, &mut all)
             }
-        };
-        statuses.push(status);
-    }
+        })
+        .collect();
+    let Overall {
+        over,
+        retry_after_us,
+        figures,
+    } = all;
     let mut headers = Vec::new();
     if let Some(h) = figures {
         headers.push(header("RateLimit-Limit", h.limit));
@@ -511,6 +463,93 @@ fn answer(
         }),
         retry_after_secs,
     }
+}
+
+/// What the descriptors' statuses add up to: whether any is over its limit, the longest retry,
+/// and the tightest figures (the fewest remaining) for the headers.
+#[derive(Default)]
+struct Overall {
+    over: bool,
+    retry_after_us: u64,
+    figures: Option<Headline>,
+}
+
+impl Overall {
+    fn tighter(&mut self, h: Headline) {
+        if self.figures.is_none_or(|old| h.remaining < old.remaining) {
+            self.figures = Some(h);
+        }
+    }
+}
+
+/// A checked descriptor's status (decided without spending: `d`, if its limit was found).
+fn checked_status(
+    rule: &RuleLimit,
+    d: Option<crate::limiter::Decision>,
+    all: &mut Overall,
+) -> DescriptorStatus {
+    let Some(d) = d else {
+        return code_only(Code::Ok);
+    };
+    let allowed = d.allowed();
+    all.over |= !allowed && !rule.shadow;
+    if !allowed {
+        all.retry_after_us = all.retry_after_us.max(d.retry_after_us());
+    }
+    let remaining = d.remaining_before(1);
+    all.tighter(headline_of(rule, remaining, d.reset_after_us));
+    let code = match allowed || rule.shadow {
+        true => Code::Ok,
+        false => Code::OverLimit,
+    };
+    status(rule, code, remaining, d.reset_after_us)
+}
+
+/// A descriptor asked of the decider: its rule, the side and position of its ask, its cost;
+/// the headline's verdict when it is the tightest one, and the headline's retry.
+struct Asked<'a> {
+    rule: &'a RuleLimit,
+    side: Side,
+    at: usize,
+    cost: u64,
+    headline: Option<crate::limiter::Ruling>,
+    retry_us: Option<u64>,
+}
+
+/// An asked descriptor's status, from the decision all asked descriptors shared.
+fn asked_status(a: &Asked<'_>, decided: Option<&Decided>, all: &mut Overall) -> DescriptorStatus {
+    let denied = decided.is_some_and(|d| d.denied_by(a.side, a.at));
+    let enforced_denial = denied && a.side == Side::Enforced;
+    all.over |= enforced_denial;
+    let code = match enforced_denial {
+        true => Code::OverLimit,
+        false => Code::Ok,
+    };
+    if enforced_denial && let Some(retry) = a.retry_us {
+        all.retry_after_us = all.retry_after_us.max(retry);
+    }
+    // Every limited descriptor's own figures, as the store left its budget; the headline's
+    // from its verdict (the deny cache's answer knows no other).
+    let standing = decided
+        .and_then(|d| d.standings.as_ref())
+        .and_then(|s| s[a.side as usize].get(a.at));
+    let figures = match (a.headline, standing) {
+        (Some(v), _) => Some((v.headline.remaining, v.headline.reset_after_us)),
+        (_, Some(s)) => Some((u64::from(s.remaining), u64::from(s.reset_secs) * 1_000_000)),
+        _ => None,
+    };
+    let Some((remaining, reset_us)) = figures else {
+        return code_only(code);
+    };
+    // A limit that allowed a request another denied reports what it would have left after
+    // spending; nothing was spent (all or nothing).
+    let refused = decided.is_some_and(|d| d.refused.is_some());
+    let remaining = match refused && !denied {
+        true => (remaining + a.cost).min(headline_of(a.rule, 0, 0).limit),
+        false => remaining,
+    };
+    all.tighter(headline_of(a.rule, remaining, reset_us));
+    status(a.rule, code, remaining, reset_us)
 }
 
 fn code_only(code: Code) -> DescriptorStatus {
