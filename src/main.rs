@@ -298,119 +298,13 @@ fn run(path: &Path, log_format: Option<LogFormatFlag>) -> anyhow::Result<()> {
 const STORE_START_WAIT: Duration = Duration::from_secs(2);
 
 async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::Result<()> {
-    let limiter = config
-        .storage
-        .limiter_spec()
-        .build()
-        .context("invalid storage.url")?;
-    // The first requests should be decided by the store, not spend their timeout connecting and
-    // loading scripts: wait a little for it. A store still down after that is joined in the
-    // background, and requests follow `on_error` meanwhile.
-    if !limiter.prepare(STORE_START_WAIT).await {
-        tracing::warn!(
-            waited = ?STORE_START_WAIT,
-            "serving before the limiter store is ready: requests follow storage.on_error until it answers"
-        );
-    }
-    // Sweeps the in-process store (the `local` fallback, for a remote store) of full budgets.
-    limiter.memory().spawn_sweeper(Duration::from_secs(5));
-    let metrics = Arc::new(Metrics::with_limiter(&limiter));
-    let mut proxy = Proxy::new(&config, limiter.clone(), metrics.clone());
-    if let Some(telemetry) = &config.telemetry {
-        let (m, l) = (metrics.clone(), limiter.clone());
-        let started =
-            Telemetry::start(telemetry, metrics.telemetry_dropped(), move || m.render(&l))
-                .context("telemetry: cannot start the OTLP exporter")?;
-        tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sample_ratio, "OpenTelemetry on");
-        proxy = proxy.with_telemetry(Arc::new(started));
-    }
-    if let Some(spec) = global_spec(&config.storage) {
-        tracing::info!(region = %spec.region, "global budgets on (storage.global)");
-        let global = floodgate::global::Global::start(spec, metrics.clone())
-            .context("storage.global: cannot use the global store's URL")?;
-        proxy = proxy.with_global(global);
-    }
-    let proxy = Arc::new(proxy);
-    // Upstream names: resolved once before the listener opens (so that the first requests find
-    // their endpoints), then every resolver.refresh in the background.
-    // A machine without a readable /etc/resolv.conf can still serve a config of addresses only:
-    // then discovery is off (and said so); with a name to resolve, it is an error at start.
-    match floodgate::upstream::discovery::resolver(&config.resolver) {
-        Ok(resolver) => {
-            floodgate::upstream::discovery::resolve_all(
-                proxy.pools(),
-                &resolver,
-                Duration::from_secs(3),
-            )
-            .await;
-            tokio::spawn(floodgate::upstream::discovery::run(
-                proxy.pools().clone(),
-                resolver,
-                config.resolver.refresh,
-            ));
-        }
-        Err(e) if proxy.pools().all().iter().all(|p| p.names().is_empty()) => {
-            tracing::warn!(error = %e, "no DNS resolver: upstream names will not be resolved (every upstream in the config is an address)");
-        }
-        Err(e) => anyhow::bail!("resolver: {e}"),
-    }
-    tokio::spawn(floodgate::upstream::health::run(proxy.pools().clone()));
-    // Bans, overrides and resets kept in the shared store reach this instance, and come back
-    // after a restart.
-    tokio::spawn(floodgate::control::follow(
-        proxy.control().clone(),
-        proxy.limiter().clone(),
-    ));
-    // Quota alerts are claimed in the shared store and sent from here.
-    tokio::spawn(floodgate::alerts::run(
-        proxy.alerts().clone(),
-        proxy.limiter().clone(),
-    ));
+    let proxy = Arc::new(build_proxy(&config).await?);
+    start_background(&config, &proxy).await?;
     let mut server = Server::bind(&config, proxy.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let service = match &config.service {
-        Some(service_config) => {
-            let paths = service_config.config.clone();
-            let rules = tokio::task::spawn_blocking(move || Rules::load(&paths))
-                .await?
-                .map_err(|e| anyhow::anyhow!("service.config: {e}"))?;
-            let service = Arc::new(Service::new(
-                proxy.clone(),
-                service_config.config.clone(),
-                rules,
-            ));
-            server
-                .bind_service(service_config.clone(), service.clone())
-                .await
-                .with_context(|| format!("cannot listen on {}", service_config.listen))?;
-            Some(service)
-        }
-        None => None,
-    };
-    let addr = server.local_addr()?;
-    // Scripts and tests that ask for port 0 read the real address from this line.
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    // Before the proxy's line, which tests wait for.
-    if let Some(addr) = server.http3_addr() {
-        println!("floodgate http3 listening on udp://{addr}");
-    }
-    println!("floodgate listening on {scheme}://{addr}");
-    if let Some(admin) = server.admin_addr() {
-        println!("floodgate admin listening on http://{admin}");
-    }
-    if let Some(addr) = server.service_addr() {
-        let scheme = match config.service.as_ref().is_some_and(|s| s.tls.is_some()) {
-            true => "https",
-            false => "http",
-        };
-        println!("floodgate service listening on {scheme}://{addr}");
-    }
-    tracing::info!(%addr, routes = config.routes.len(), "floodgate started");
+    let service = bind_service(&config, &proxy, &mut server).await?;
+    announce(&config, &server)?;
 
     let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
@@ -448,6 +342,136 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
         let _ = tokio::time::timeout(Duration::from_secs(2), telemetry.flush()).await;
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The proxy on the store `config` names (waited for a little), with telemetry and global
+/// budgets when the config has them.
+async fn build_proxy(config: &Config) -> anyhow::Result<Proxy> {
+    let limiter = config
+        .storage
+        .limiter_spec()
+        .build()
+        .context("invalid storage.url")?;
+    // The first requests should be decided by the store, not spend their timeout connecting and
+    // loading scripts: wait a little for it. A store still down after that is joined in the
+    // background, and requests follow `on_error` meanwhile.
+    if !limiter.prepare(STORE_START_WAIT).await {
+        tracing::warn!(
+            waited = ?STORE_START_WAIT,
+            "serving before the limiter store is ready: requests follow storage.on_error until it answers"
+        );
+    }
+    // Sweeps the in-process store (the `local` fallback, for a remote store) of full budgets.
+    limiter.memory().spawn_sweeper(Duration::from_secs(5));
+    let metrics = Arc::new(Metrics::with_limiter(&limiter));
+    let mut proxy = Proxy::new(config, limiter.clone(), metrics.clone());
+    if let Some(telemetry) = &config.telemetry {
+        let (m, l) = (metrics.clone(), limiter.clone());
+        let started =
+            Telemetry::start(telemetry, metrics.telemetry_dropped(), move || m.render(&l))
+                .context("telemetry: cannot start the OTLP exporter")?;
+        tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sample_ratio, "OpenTelemetry on");
+        proxy = proxy.with_telemetry(Arc::new(started));
+    }
+    if let Some(spec) = global_spec(&config.storage) {
+        tracing::info!(region = %spec.region, "global budgets on (storage.global)");
+        let global = floodgate::global::Global::start(spec, metrics.clone())
+            .context("storage.global: cannot use the global store's URL")?;
+        proxy = proxy.with_global(global);
+    }
+    Ok(proxy)
+}
+
+/// What runs beside the requests: upstream discovery (resolved once before the listener
+/// opens, so that the first requests find their endpoints), active health checks, the shared
+/// control list and quota alerts.
+async fn start_background(config: &Config, proxy: &Arc<Proxy>) -> anyhow::Result<()> {
+    // A machine without a readable /etc/resolv.conf can still serve a config of addresses only:
+    // then discovery is off (and said so); with a name to resolve, it is an error at start.
+    match floodgate::upstream::discovery::resolver(&config.resolver) {
+        Ok(resolver) => {
+            floodgate::upstream::discovery::resolve_all(
+                proxy.pools(),
+                &resolver,
+                Duration::from_secs(3),
+            )
+            .await;
+            tokio::spawn(floodgate::upstream::discovery::run(
+                proxy.pools().clone(),
+                resolver,
+                config.resolver.refresh,
+            ));
+        }
+        Err(e) if proxy.pools().all().iter().all(|p| p.names().is_empty()) => {
+            tracing::warn!(error = %e, "no DNS resolver: upstream names will not be resolved (every upstream in the config is an address)");
+        }
+        Err(e) => anyhow::bail!("resolver: {e}"),
+    }
+    tokio::spawn(floodgate::upstream::health::run(proxy.pools().clone()));
+    // Bans, overrides and resets kept in the shared store reach this instance, and come back
+    // after a restart.
+    tokio::spawn(floodgate::control::follow(
+        proxy.control().clone(),
+        proxy.limiter().clone(),
+    ));
+    // Quota alerts are claimed in the shared store and sent from here.
+    tokio::spawn(floodgate::alerts::run(
+        proxy.alerts().clone(),
+        proxy.limiter().clone(),
+    ));
+    Ok(())
+}
+
+/// The rate-limit service (`service:`), its rules loaded and its port bound, if configured.
+async fn bind_service(
+    config: &Config,
+    proxy: &Arc<Proxy>,
+    server: &mut Server,
+) -> anyhow::Result<Option<Arc<Service>>> {
+    let Some(service_config) = &config.service else {
+        return Ok(None);
+    };
+    let paths = service_config.config.clone();
+    let rules = tokio::task::spawn_blocking(move || Rules::load(&paths))
+        .await?
+        .map_err(|e| anyhow::anyhow!("service.config: {e}"))?;
+    let service = Arc::new(Service::new(
+        proxy.clone(),
+        service_config.config.clone(),
+        rules,
+    ));
+    server
+        .bind_service(service_config.clone(), service.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", service_config.listen))?;
+    Ok(Some(service))
+}
+
+/// Prints the listeners' addresses: scripts and tests that ask for port 0 read the real
+/// address from these lines (HTTP/3's comes before the proxy's, which tests wait for).
+fn announce(config: &Config, server: &Server) -> anyhow::Result<()> {
+    let addr = server.local_addr()?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    if let Some(addr) = server.http3_addr() {
+        println!("floodgate http3 listening on udp://{addr}");
+    }
+    println!("floodgate listening on {scheme}://{addr}");
+    if let Some(admin) = server.admin_addr() {
+        println!("floodgate admin listening on http://{admin}");
+    }
+    if let Some(addr) = server.service_addr() {
+        let scheme = match config.service.as_ref().is_some_and(|s| s.tls.is_some()) {
+            true => "https",
+            false => "http",
+        };
+        println!("floodgate service listening on {scheme}://{addr}");
+    }
+    tracing::info!(%addr, routes = config.routes.len(), "floodgate started");
     Ok(())
 }
 

@@ -74,6 +74,41 @@ struct RouteStats {
     top: TopK,
 }
 
+impl RouteStats {
+    /// Counts one replayed request's decision: allowed or denied, by which limits, whether it
+    /// agrees with the live decision the log recorded, and whose it was when refused.
+    fn count(
+        &mut self,
+        record: &Record,
+        decided: &crate::decider::Decided,
+        identity: &Identity<'_>,
+    ) {
+        let forwarded = decided.refused.is_none();
+        if let Some(live) = record.recorded {
+            self.compared += 1;
+            self.agreed += u64::from(live == forwarded);
+        }
+        for (side, counts) in [
+            (Side::Enforced, &mut self.limit_denials),
+            (Side::Shadow, &mut self.shadow_denials),
+        ] {
+            for (position, count) in counts.iter_mut().enumerate() {
+                *count += u64::from(decided.denied_by(side, position));
+            }
+        }
+        if decided.denied[Side::Enforced as usize] != 0 {
+            self.top.add(label(identity));
+        }
+        if forwarded {
+            self.allowed += 1;
+            // A denial that was only logged, by `shadow: true` or by a shadow limit.
+            self.shadow_denied += u64::from(decided.label == DecisionLabel::ShadowDenied);
+        } else {
+            self.denied += 1;
+        }
+    }
+}
+
 /// The concurrency leases one request holds until a log time.
 struct PendingRelease {
     at_us: u64,
@@ -378,47 +413,8 @@ impl Replay {
             debug_assert!(false, "the memory store decides without waiting");
             return;
         };
-        // Settled at once, at the decision's (the log's) time: what the log says it cost.
-        for reserved in std::mem::take(&mut decided.reservations) {
-            let budget = match reserved.side {
-                Side::Enforced => &route.enforced,
-                Side::Shadow => &route.shadow,
-            };
-            let actual: Vec<u64> = reserved
-                .reservation
-                .reserved()
-                .zip(&reserved.positions)
-                .map(|(units, &position)| match budget.limits.get(position) {
-                    Some(limit) => settled_cost(&record, limit, units),
-                    None => units,
-                })
-                .collect();
-            reserved.reservation.settle(&actual);
-        }
-        let forwarded = decided.refused.is_none();
-        let stats = &mut self.stats[i];
-        if let Some(live) = record.recorded {
-            stats.compared += 1;
-            stats.agreed += u64::from(live == forwarded);
-        }
-        for (side, counts) in [
-            (Side::Enforced, &mut stats.limit_denials),
-            (Side::Shadow, &mut stats.shadow_denials),
-        ] {
-            for (position, count) in counts.iter_mut().enumerate() {
-                *count += u64::from(decided.denied_by(side, position));
-            }
-        }
-        if decided.denied[Side::Enforced as usize] != 0 {
-            stats.top.add(label(&whose.identity));
-        }
-        if forwarded {
-            stats.allowed += 1;
-            // A denial that was only logged, by `shadow: true` or by a shadow limit.
-            stats.shadow_denied += u64::from(decided.label == DecisionLabel::ShadowDenied);
-        } else {
-            stats.denied += 1;
-        }
+        settle_as_logged(&record, route, std::mem::take(&mut decided.reservations));
+        self.stats[i].count(&record, &decided, &whose.identity);
         if !decided.leases.is_empty() {
             // The slots are held for as long as the request took (as logged; else they end at
             // once).
@@ -508,6 +504,31 @@ impl Replay {
             last_us: self.first_at.map(|_| self.last_decided),
             routes,
         }
+    }
+}
+
+/// Settles a replayed decision's reservations at once, at the decision's (the log's) time:
+/// what the log says each cost.
+fn settle_as_logged(
+    record: &Record,
+    route: &crate::config::RouteConfig,
+    reservations: Vec<crate::decider::Reserved>,
+) {
+    for reserved in reservations {
+        let budget = match reserved.side {
+            Side::Enforced => &route.enforced,
+            Side::Shadow => &route.shadow,
+        };
+        let actual: Vec<u64> = reserved
+            .reservation
+            .reserved()
+            .zip(&reserved.positions)
+            .map(|(units, &position)| match budget.limits.get(position) {
+                Some(limit) => settled_cost(record, limit, units),
+                None => units,
+            })
+            .collect();
+        reserved.reservation.settle(&actual);
     }
 }
 
