@@ -151,23 +151,90 @@ impl Default for Metrics {
     }
 }
 
+impl UpstreamFamilies {
+    /// The families, registered in `registry`.
+    fn registered(registry: &mut Registry) -> Self {
+        let families = UpstreamFamilies::default();
+        registry.register(
+            "upstream_endpoints",
+            "Endpoints of each route's upstream pool by state: healthy, ejected (passive), unhealthy (active checks), draining (gone from discovery, requests still in flight)",
+            families.endpoints.clone(),
+        );
+        registry.register(
+            "upstream_requests",
+            "Attempts sent to each endpoint (address:port) of a route's pool, retries included",
+            families.requests.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Passive ejections of each endpoint of a route's pool (consecutive failures)",
+            families.ejections.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Retries of a route's failed attempts by outcome: sent (to an endpoint not yet tried), over_budget (refused by the retry budget)",
+            families.retries.clone(),
+        );
+        registry.register(
+            "upstream_panic",
+            "Requests sent to an ejected endpoint because every endpoint of the route's pool was out",
+            families.panics.clone(),
+        );
+        registry.register(
+            "upstream_resolutions",
+            "Resolutions of a route's upstream names by outcome: ok, error (the last addresses are kept)",
+            families.resolutions.clone(),
+        );
+        families
+    }
+}
+
+/// `config_reloads`, its two series exported at 0 from the start (so that rate() and alerts
+/// see them).
+fn reloads(registry: &mut Registry) -> Family<ResultLabel, Counter> {
+    let reloads = Family::<ResultLabel, Counter>::default();
+    for result in ["success", "failure"] {
+        let _ = reloads.get_or_create_owned(&ResultLabel { result });
+    }
+    registry.register(
+        "config_reloads",
+        "Config reloads by result (success, failure)",
+        reloads.clone(),
+    );
+    reloads
+}
+
+/// `connections_closed`, a counter per reason.
+fn connections_closed(registry: &mut Registry) -> [Counter; CloseReason::ALL.len()] {
+    let closed = Family::<ReasonLabel, Counter>::default();
+    let counters = CloseReason::ALL.map(|reason| {
+        closed.get_or_create_owned(&ReasonLabel {
+            reason: reason.as_str(),
+        })
+    });
+    registry.register(
+        "connections_closed",
+        "Client connections floodgate closed itself, by reason (resets, idle)",
+        closed,
+    );
+    counters
+}
+
+/// `metric`, registered under `name` with `help`, and a handle to it.
+fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
+where
+    M: prometheus_client::registry::Metric + Clone + Default,
+{
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     /// Every metric, registered in a new registry. The store guard's counters are added by
     /// [`Metrics::with_limiter`].
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("floodgate");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "requests",
-            "Requests by route and limiter decision",
-            requests.clone(),
-        );
-        let upstream_responses = Family::<StatusLabels, Counter>::default();
-        registry.register(
-            "upstream_responses",
-            "Responses to forwarded requests by status class (502/504 are floodgate's own)",
-            upstream_responses.clone(),
-        );
         let upstream_latency: HistogramFamily<RouteLabel> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -181,179 +248,106 @@ impl Metrics {
             "Time to take one limiter decision (store round trip included)",
             limiter_latency.clone(),
         );
-        let reloads = Family::<ResultLabel, Counter>::default();
-        for result in ["success", "failure"] {
-            // Exported at 0 from the start, so that rate() and alerts see the series.
-            let _ = reloads.get_or_create_owned(&ResultLabel { result });
-        }
-        registry.register(
-            "config_reloads",
-            "Config reloads by result (success, failure)",
-            reloads.clone(),
-        );
-        let open_connections = Gauge::default();
-        registry.register(
-            "open_connections",
-            "Client connections open now",
-            open_connections.clone(),
-        );
-        let http3_connections = Gauge::default();
-        registry.register(
-            "http3_connections",
-            "HTTP/3 (QUIC) client connections open now",
-            http3_connections.clone(),
-        );
-        let streams_refused = Counter::default();
-        registry.register(
-            "http2_streams_refused",
-            "HTTP/2 streams answered 429 because their connection opened streams too fast",
-            streams_refused.clone(),
-        );
-        let http2_resets = Counter::default();
-        registry.register(
-            "http2_resets",
-            "HTTP/2 streams the client abandoned (reset, or its connection closed) before their response",
-            http2_resets.clone(),
-        );
-        let closed = Family::<ReasonLabel, Counter>::default();
-        let connections_closed = CloseReason::ALL.map(|reason| {
-            closed.get_or_create_owned(&ReasonLabel {
-                reason: reason.as_str(),
-            })
-        });
-        registry.register(
-            "connections_closed",
-            "Client connections floodgate closed itself, by reason (resets, idle)",
-            closed,
-        );
-        let no_route = Counter::default();
-        registry.register(
-            "no_route_requests",
-            "Requests that matched no route (404)",
-            no_route.clone(),
-        );
-        let breaker_state = Family::<StateLabel, Gauge>::default();
-        registry.register(
-            "store_breaker_state",
-            "Circuit breaker state (1 for the current one of closed, open, half_open)",
-            breaker_state.clone(),
-        );
-        let untracked = Counter::default();
-        registry.register(
-            "memory_untracked_admissions",
-            "Requests admitted untracked because the in-process store was full (storage.max_keys)",
-            untracked.clone(),
-        );
-        let tracked_keys = Gauge::default();
-        registry.register(
-            "memory_tracked_keys",
-            "Identities the in-process store tracks now",
-            tracked_keys.clone(),
-        );
-        let adaptive_limit = Family::<UpstreamLabel, Gauge>::default();
-        registry.register(
-            "adaptive_limit",
-            "The learned limit of requests in flight to an upstream (adaptive_concurrency)",
-            adaptive_limit.clone(),
-        );
-        let cost_units = Family::<CostLabels, Counter>::default();
-        registry.register(
-            "cost_units",
-            "Units of settled costs (cost: {reserve, actual}) by route, limit and outcome: reserved at admission, settled (what responses cost), refunded, charged",
-            cost_units.clone(),
-        );
-        let service_decisions = Family::<ServiceLabels, Counter>::default();
-        registry.register(
-            "service_decisions",
-            "Rate-limit service answers (ShouldRateLimit, /json, /check) by domain (a domain no rule names counts as \"other\") and code: ok, over_limit, error",
-            service_decisions.clone(),
-        );
-        let telemetry_dropped = Counter::default();
-        registry.register(
-            "telemetry_dropped",
-            "Spans not exported: the queue to the OTLP exporter was full, or an export failed",
-            telemetry_dropped.clone(),
-        );
-        let alerts = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "alerts",
-            "Quota alerts (alerts:) by outcome: sent (a webhook answered 2xx), failed (no 2xx after retrying for a minute), dropped (the queue was full)",
-            alerts.clone(),
-        );
-        let global_calls = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "global_calls",
-            "Round trips to the global store (storage.global) by outcome: ok, error, timeout",
-            global_calls.clone(),
-        );
-        let global_units = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "global_units",
-            "Units of region slices of global budgets: granted (by the global store), returned (given back), lapsed (held by a slice that ended unrenewed)",
-            global_units.clone(),
-        );
-        let global_held = Gauge::default();
-        registry.register(
-            "global_units_held",
-            "Units this region's slices of global budgets hold now (as this instance's keeper last saw them)",
-            global_held.clone(),
-        );
-        let upstream = UpstreamFamilies::default();
-        registry.register(
-            "upstream_endpoints",
-            "Endpoints of each route's upstream pool by state: healthy, ejected (passive), unhealthy (active checks), draining (gone from discovery, requests still in flight)",
-            upstream.endpoints.clone(),
-        );
-        registry.register(
-            "upstream_requests",
-            "Attempts sent to each endpoint (address:port) of a route's pool, retries included",
-            upstream.requests.clone(),
-        );
-        registry.register(
-            "upstream_ejections",
-            "Passive ejections of each endpoint of a route's pool (consecutive failures)",
-            upstream.ejections.clone(),
-        );
-        registry.register(
-            "upstream_retries",
-            "Retries of a route's failed attempts by outcome: sent (to an endpoint not yet tried), over_budget (refused by the retry budget)",
-            upstream.retries.clone(),
-        );
-        registry.register(
-            "upstream_panic",
-            "Requests sent to an ejected endpoint because every endpoint of the route's pool was out",
-            upstream.panics.clone(),
-        );
-        registry.register(
-            "upstream_resolutions",
-            "Resolutions of a route's upstream names by outcome: ok, error (the last addresses are kept)",
-            upstream.resolutions.clone(),
-        );
+        let reloads = reloads(&mut registry);
+        let connections_closed = connections_closed(&mut registry);
+        let upstream = UpstreamFamilies::registered(&mut registry);
         Metrics {
             upstream,
-            alerts,
-            global_calls,
-            global_units,
-            global_held,
-            cost_units,
-            service_decisions,
-            telemetry_dropped,
-            registry,
-            requests,
-            upstream_responses,
+            alerts: register(
+                &mut registry,
+                "alerts",
+                "Quota alerts (alerts:) by outcome: sent (a webhook answered 2xx), failed (no 2xx after retrying for a minute), dropped (the queue was full)",
+            ),
+            global_calls: register(
+                &mut registry,
+                "global_calls",
+                "Round trips to the global store (storage.global) by outcome: ok, error, timeout",
+            ),
+            global_units: register(
+                &mut registry,
+                "global_units",
+                "Units of region slices of global budgets: granted (by the global store), returned (given back), lapsed (held by a slice that ended unrenewed)",
+            ),
+            global_held: register(
+                &mut registry,
+                "global_units_held",
+                "Units this region's slices of global budgets hold now (as this instance's keeper last saw them)",
+            ),
+            cost_units: register(
+                &mut registry,
+                "cost_units",
+                "Units of settled costs (cost: {reserve, actual}) by route, limit and outcome: reserved at admission, settled (what responses cost), refunded, charged",
+            ),
+            service_decisions: register(
+                &mut registry,
+                "service_decisions",
+                "Rate-limit service answers (ShouldRateLimit, /json, /check) by domain (a domain no rule names counts as \"other\") and code: ok, over_limit, error",
+            ),
+            telemetry_dropped: register(
+                &mut registry,
+                "telemetry_dropped",
+                "Spans not exported: the queue to the OTLP exporter was full, or an export failed",
+            ),
+            requests: register(
+                &mut registry,
+                "requests",
+                "Requests by route and limiter decision",
+            ),
+            upstream_responses: register(
+                &mut registry,
+                "upstream_responses",
+                "Responses to forwarded requests by status class (502/504 are floodgate's own)",
+            ),
             upstream_latency,
             limiter_latency,
             reloads,
-            open_connections,
-            http3_connections,
-            no_route,
-            streams_refused,
-            http2_resets,
+            open_connections: register(
+                &mut registry,
+                "open_connections",
+                "Client connections open now",
+            ),
+            http3_connections: register(
+                &mut registry,
+                "http3_connections",
+                "HTTP/3 (QUIC) client connections open now",
+            ),
+            no_route: register(
+                &mut registry,
+                "no_route_requests",
+                "Requests that matched no route (404)",
+            ),
+            streams_refused: register(
+                &mut registry,
+                "http2_streams_refused",
+                "HTTP/2 streams answered 429 because their connection opened streams too fast",
+            ),
+            http2_resets: register(
+                &mut registry,
+                "http2_resets",
+                "HTTP/2 streams the client abandoned (reset, or its connection closed) before their response",
+            ),
             connections_closed,
-            breaker_state,
-            untracked,
-            tracked_keys,
-            adaptive_limit,
+            breaker_state: register(
+                &mut registry,
+                "store_breaker_state",
+                "Circuit breaker state (1 for the current one of closed, open, half_open)",
+            ),
+            untracked: register(
+                &mut registry,
+                "memory_untracked_admissions",
+                "Requests admitted untracked because the in-process store was full (storage.max_keys)",
+            ),
+            tracked_keys: register(
+                &mut registry,
+                "memory_tracked_keys",
+                "Identities the in-process store tracks now",
+            ),
+            adaptive_limit: register(
+                &mut registry,
+                "adaptive_limit",
+                "The learned limit of requests in flight to an upstream (adaptive_concurrency)",
+            ),
+            registry,
         }
     }
 
