@@ -249,7 +249,7 @@ impl Forwarder {
         let retries = pool.retries();
         let wait = (to.deadline).map_or(self.response_timeout, |d| d.min(self.response_timeout));
         // The endpoint of the attempt under way, for a timeout to be counted against.
-        let mut current: Option<Arc<Endpoint>> = None;
+        let mut current: Option<u64> = None;
         let sent = async {
             let mut attempt = first;
             let mut tried = Tried::default();
@@ -257,7 +257,7 @@ impl Forwarder {
                 let endpoint = attempt.endpoint().clone();
                 tried.push(endpoint.id);
                 *used = endpoint.addr;
-                current = Some(endpoint.clone());
+                current = Some(endpoint.id);
                 let failed = match self.attempt(&mut attempts, &endpoint, attempt).await {
                     Ok(response) => {
                         pool.outcome(&endpoint, Attempted::Answered);
@@ -285,9 +285,10 @@ impl Forwarder {
                 // and never answers is ejected like one that refuses). A client's own shorter
                 // `grpc-timeout` says nothing of the endpoint.
                 if wait == self.response_timeout
-                    && let Some(endpoint) = &current
+                    && let Some(id) = current
+                    && let Some(endpoint) = pool.endpoints().into_iter().find(|e| e.id == id)
                 {
-                    pool.outcome(endpoint, Attempted::Failed);
+                    pool.outcome(&endpoint, Attempted::Failed);
                 }
                 return Err(ForwardError::Upstream(UpstreamFault::Timeout));
             }
@@ -356,35 +357,30 @@ impl Forwarder {
     }
 
     /// One attempt on `endpoint` (`held` counts it in flight there until its response body
-    /// ends): the hop's version, the request's head for it, one send. A 502, 503 or 504 is an
-    /// answer that failed ([`Failed::Answered`]); a failure after the client's own body failed
-    /// is final (the client's to answer for, not the upstream's).
+    /// ends): the hop's version (ALPN, for `auto`), the head for it, one send on a pooled
+    /// connection or stream. A 502, 503 or 504 is an answer that failed ([`Failed::Answered`]);
+    /// a failure after the client's own body failed is final (the client's to answer for, not
+    /// the upstream's).
     async fn attempt(
         &self,
         a: &mut Attempts<'_>,
         endpoint: &Endpoint,
         held: InFlight,
     ) -> Result<Response<Body>, Failed<Response<Body>, PoolError>> {
-        let sent = self.send(a, endpoint).await;
-        let failed = match sent {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let response = response.map(|b| b.relay(self.limits.upstream_idle, a.route, held));
-                return match status {
-                    502..=504 => Err(Failed::Answered(response, status)),
-                    _ => Ok(response),
-                };
-            }
-            Err(failed) => failed,
+        let sent = match self.send(a, endpoint).await {
+            Ok(response) => response,
+            Err(failed) if a.fault.get().is_some() => return Err(failed.into_final()),
+            Err(failed) => return Err(failed),
         };
-        Err(match a.fault.get() {
-            Some(_) => failed.into_final(),
-            None => failed,
-        })
+        let status = sent.status().as_u16();
+        let response = sent.map(|b| b.relay(self.limits.upstream_idle, a.route, held));
+        match status {
+            502..=504 => Err(Failed::Answered(response, status)),
+            _ => Ok(response),
+        }
     }
 
-    /// Sends the request once to `endpoint`: the hop's version (ALPN, for `auto`), the head
-    /// for it, and the send on a pooled connection or stream.
+    /// [`Forwarder::attempt`]'s send: the response head as it came, or why there is none.
     async fn send(
         &self,
         a: &mut Attempts<'_>,

@@ -36,6 +36,9 @@ pub struct RoutePool {
     pub route: Arc<str>,
     spec: ArcSwap<PoolSpec>,
     set: ArcSwap<EndpointSet>,
+    /// The set has more than one endpoint (a retry is possible): read on every first attempt,
+    /// without loading the set again.
+    many: std::sync::atomic::AtomicBool,
     /// Per origin (by position in the spec), the addresses its name last resolved to; `None`
     /// for a name not resolved yet (an address or an `https://` origin needs none).
     resolved: Mutex<Vec<Option<Vec<SocketAddr>>>>,
@@ -104,6 +107,7 @@ impl RoutePool {
             resolved: Mutex::new(vec![None; spec.origins.len()]),
             spec: ArcSwap::from_pointee(spec),
             set: ArcSwap::from_pointee(EndpointSet::default()),
+            many: std::sync::atomic::AtomicBool::new(false),
             draining: Mutex::new(Vec::new()),
             cursor: AtomicUsize::new(0),
             budget: RetryBudget::default(),
@@ -249,6 +253,7 @@ impl RoutePool {
             draining.retain(|e| e.in_flight() > 0);
             draining.extend(by_key.into_values().filter(|e| e.in_flight() > 0));
         }
+        self.many.store(endpoints.len() > 1, Ordering::Relaxed);
         self.set.store(Arc::new(EndpointSet { endpoints, order }));
     }
 
@@ -307,7 +312,7 @@ impl RoutePool {
     /// A request's first attempt starts on `endpoint` (counted for the retry budget): in
     /// flight there until the guard is dropped.
     pub fn start(&self, endpoint: &Arc<Endpoint>) -> InFlight {
-        if self.set.load().endpoints.len() > 1 {
+        if self.many.load(Ordering::Relaxed) {
             self.count_request();
         }
         endpoint.start()
