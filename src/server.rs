@@ -326,12 +326,14 @@ impl Server {
 struct ProxyPort(Arc<Proxy>);
 
 impl listener::Handler for ProxyPort {
-    async fn handle(
+    /// The proxy's own future, not wrapped in another: a request's future is large, and each
+    /// layer of `async` around it would copy it once more before its first poll.
+    fn handle(
         &self,
         req: http::Request<hyper::body::Incoming>,
         peer: SocketAddr,
-    ) -> http::Response<crate::answer::Body> {
-        self.0.handle(req.map(Incoming::Hyper), peer).await
+    ) -> impl Future<Output = http::Response<crate::answer::Body>> + Send {
+        self.0.handle(req.map(Incoming::Hyper), peer)
     }
 
     fn refuse_stream(

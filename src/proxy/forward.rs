@@ -258,7 +258,8 @@ impl Forwarder {
                 tried.push(endpoint.id);
                 *used = endpoint.addr;
                 current = Some(endpoint.id);
-                let failed = match self.attempt(&mut attempts, &endpoint, attempt).await {
+                let sent = self.send(&mut attempts, &endpoint).await;
+                let failed = match self.attempted(&attempts, sent, attempt) {
                     Ok(response) => {
                         pool.outcome(&endpoint, Attempted::Answered);
                         return Ok((response, endpoint));
@@ -356,18 +357,22 @@ impl Forwarder {
         })
     }
 
-    /// One attempt on `endpoint` (`held` counts it in flight there until its response body
-    /// ends): the hop's version (ALPN, for `auto`), the head for it, one send on a pooled
-    /// connection or stream. A 502, 503 or 504 is an answer that failed ([`Failed::Answered`]);
+    /// What one attempt on an endpoint came to (`held` counts it in flight there until its
+    /// response body ends), from its send ([`Forwarder::send`]: the hop's version (ALPN, for `auto`), the head for it, one send on a pooled
+    /// connection or stream). A 502, 503 or 504 is an answer that failed ([`Failed::Answered`]);
     /// a failure after the client's own body failed is final (the client's to answer for, not
     /// the upstream's).
-    async fn attempt(
+    ///
+    /// Not an `async fn` of its own: the send is awaited in the retry loop, and what it came to
+    /// is read here ([`Forwarder::attempted`]); each layer of `async` would copy the send's
+    /// future once more.
+    fn attempted(
         &self,
-        a: &mut Attempts<'_>,
-        endpoint: &Endpoint,
+        a: &Attempts<'_>,
+        sent: Result<Response<Upstreamed>, Failed<Response<Body>, PoolError>>,
         held: InFlight,
     ) -> Result<Response<Body>, Failed<Response<Body>, PoolError>> {
-        let sent = match self.send(a, endpoint).await {
+        let sent = match sent {
             Ok(response) => response,
             Err(failed) if a.fault.get().is_some() => return Err(failed.into_final()),
             Err(failed) => return Err(failed),
@@ -380,7 +385,7 @@ impl Forwarder {
         }
     }
 
-    /// [`Forwarder::attempt`]'s send: the response head as it came, or why there is none.
+    /// One attempt's send: the response head as it came, or why there is none.
     async fn send(
         &self,
         a: &mut Attempts<'_>,
