@@ -274,7 +274,7 @@ impl Forwarder {
                     attempt = next;
                     continue;
                 }
-                return failed.into_result().map(|response| (response, endpoint));
+                return failed.into_result().map(|response| (*response, endpoint));
             }
         };
         let (response, endpoint) = match tokio::time::timeout(wait, sent).await {
@@ -357,21 +357,18 @@ impl Forwarder {
         })
     }
 
-    /// What one attempt on an endpoint came to (`held` counts it in flight there until its
-    /// response body ends), from its send ([`Forwarder::send`]: the hop's version (ALPN, for `auto`), the head for it, one send on a pooled
-    /// connection or stream). A 502, 503 or 504 is an answer that failed ([`Failed::Answered`]);
+    /// What one attempt on an endpoint came to, from its send ([`Forwarder::send`]); `held`
+    /// counts the attempt in flight there until its response body ends. A 502, 503 or 504 is
+    /// an answer that failed ([`Failed::Answered`], boxed: rare, and it keeps the error small);
     /// a failure after the client's own body failed is final (the client's to answer for, not
-    /// the upstream's).
-    ///
-    /// Not an `async fn` of its own: the send is awaited in the retry loop, and what it came to
-    /// is read here ([`Forwarder::attempted`]); each layer of `async` would copy the send's
-    /// future once more.
+    /// the upstream's). Not an `async fn`: the send is awaited in the retry loop itself, since
+    /// each layer of `async` would copy the send's large future once more.
     fn attempted(
         &self,
         a: &Attempts<'_>,
-        sent: Result<Response<Upstreamed>, Failed<Response<Body>, PoolError>>,
+        sent: Result<Response<Upstreamed>, Failed<Box<Response<Body>>, PoolError>>,
         held: InFlight,
-    ) -> Result<Response<Body>, Failed<Response<Body>, PoolError>> {
+    ) -> Result<Response<Body>, Failed<Box<Response<Body>>, PoolError>> {
         let sent = match sent {
             Ok(response) => response,
             Err(failed) if a.fault.get().is_some() => return Err(failed.into_final()),
@@ -380,7 +377,7 @@ impl Forwarder {
         let status = sent.status().as_u16();
         let response = sent.map(|b| b.relay(self.limits.upstream_idle, a.route, held));
         match status {
-            502..=504 => Err(Failed::Answered(response, status)),
+            502..=504 => Err(Failed::Answered(Box::new(response), status)),
             _ => Ok(response),
         }
     }
@@ -390,7 +387,7 @@ impl Forwarder {
         &self,
         a: &mut Attempts<'_>,
         endpoint: &Endpoint,
-    ) -> Result<Response<Upstreamed>, Failed<Response<Body>, PoolError>> {
+    ) -> Result<Response<Upstreamed>, Failed<Box<Response<Body>>, PoolError>> {
         // WebSocket upgrades are HTTP/1.1 only.
         let hop = match a.upgrade {
             true => Hop::Http1(None),
