@@ -1,7 +1,8 @@
 //! The listeners: accepting connections, TLS termination (rustls; ALPN picks h2 or HTTP/1.1),
 //! serving HTTP/1.1 and HTTP/2 (cleartext h2 by prior knowledge) with upgrades, the slowloris
-//! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown. The
-//! admin listener is always plain HTTP.
+//! guard, closing abusive and idle HTTP/2 connections (`server/watch.rs`), and graceful shutdown,
+//! by one implementation for the proxy's, the admin and the service's ports
+//! (`server/listener.rs`); HTTP/3 in `server/http3.rs`. The admin listener is always plain HTTP.
 
 mod head;
 mod http3;
