@@ -204,32 +204,15 @@ impl Server {
     /// (for at most the drain timeout) and returns. Every port is served by one listener
     /// implementation (`listener.rs`), under the same limits.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let metrics = self.proxy.metrics().clone();
-        let port = |listener, name| {
-            (
-                listener,
-                name,
-                Arc::new(Semaphore::new(self.max_connections)),
-            )
-        };
+        let (metrics, max) = (self.proxy.metrics().clone(), self.max_connections);
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = self.admin.map(|listener| {
-            let (listener, name, connections) = port(listener, "admin");
-            let admin = listener::Port {
-                listener,
-                handler: AdminState {
-                    proxy: self.proxy.clone(),
-                    health: self.health.clone(),
-                },
-                tls: Tls::Plain,
-                alt_svc: None,
-                connections,
-                max_connections: self.max_connections,
-                metrics: metrics.clone(),
-                open: None,
-                name,
+            let admin = AdminState {
+                proxy: self.proxy.clone(),
+                health: self.health.clone(),
             };
-            tokio::spawn(admin.run(self.settings.clone(), async move {
+            let port = side_port(listener, "admin", admin, Tls::Plain, max, &metrics);
+            tokio::spawn(port.run(self.settings.clone(), async move {
                 let _ = admin_stopped.await;
             }))
         });
@@ -239,19 +222,8 @@ impl Server {
                 Some(tls) => Tls::Fixed(tls.acceptor()),
                 None => Tls::Plain,
             };
-            let (listener, name, connections) = port(listener, "service");
-            let service = listener::Port {
-                listener,
-                handler: state,
-                tls,
-                alt_svc: None,
-                connections,
-                max_connections: self.max_connections,
-                metrics: metrics.clone(),
-                open: None,
-                name,
-            };
-            tokio::spawn(service.run(self.settings.clone(), async move {
+            let port = side_port(listener, "service", state, tls, max, &metrics);
+            tokio::spawn(port.run(self.settings.clone(), async move {
                 let _ = service_stopped.await;
             }))
         });
@@ -319,6 +291,28 @@ impl Server {
         if let Some(task) = admin_task {
             let _ = task.await;
         }
+    }
+}
+
+/// A port beside the proxy's (admin, service), with `max` connections of its own.
+fn side_port<H: listener::Handler>(
+    listener: TcpListener,
+    name: &'static str,
+    handler: H,
+    tls: Tls,
+    max: usize,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> listener::Port<H> {
+    listener::Port {
+        listener,
+        handler,
+        tls,
+        alt_svc: None,
+        connections: Arc::new(Semaphore::new(max)),
+        max_connections: max,
+        metrics: metrics.clone(),
+        open: None,
+        name,
     }
 }
 
