@@ -335,33 +335,13 @@ impl Config {
         );
         v.verifies_tokens = identity.as_ref().is_some_and(|i| i.jwt.is_some());
         v.has_global_store = storage.as_ref().is_some_and(|s| s.global.is_some());
-        let mut routes = Vec::with_capacity(file.routes.len());
-        for (i, mut route) in file.routes.into_iter().enumerate() {
-            let path = format!("routes[{i}]");
-            let own = v.exempt(
-                &format!("{path}.exempt"),
-                route.exempt.take(),
-                consumers.as_deref(),
-                tiers_from_tokens,
-            );
-            if let Some(mut route) = v.route(&path, route) {
-                route.exempt = exempt.with(&own);
-                if let Some(identity) = &identity {
-                    let names = [&identity.api_key_header, &identity.user_id_header];
-                    route.trailers_denied = (route.trailers_denied.iter())
-                        .chain(names)
-                        .cloned()
-                        .collect();
-                }
-                if routes.iter().any(|r: &RouteConfig| r.name == route.name) {
-                    v.problem(
-                        format!("routes[{i}].name"),
-                        format!("duplicate route name {:?}", route.name),
-                    );
-                }
-                routes.push(route);
-            }
-        }
+        let routes = v.routes(
+            file.routes,
+            &exempt,
+            consumers.as_deref(),
+            tiers_from_tokens,
+            identity.as_ref(),
+        );
         v.known_tiers(&routes, consumers.as_deref(), tiers_from_tokens);
         v.shared_adaptive_bounds(&routes);
         if let Some(storage) = &storage
@@ -388,17 +368,9 @@ impl Config {
             file.max_body_size.as_ref().map(|s| s.0.as_str()),
             1 << 20,
         ));
-        // Outer `Option`: valid or not; inner: configured or not (no cap by default).
-        let http2_streams = match file.http2_max_streams_per_second {
-            None => Some(None),
-            Some(rate) => v
-                .per_connection_rate("http2_max_streams_per_second", rate, 0.5)
-                .map(Some),
-        };
-        let http2_resets = v.per_connection_rate(
-            "http2_max_resets_per_second",
-            file.http2_max_resets_per_second.unwrap_or(100.0),
-            2.0,
+        let (http2_streams, http2_resets) = v.http2_rates(
+            file.http2_max_streams_per_second,
+            file.http2_max_resets_per_second,
         );
         let service = file
             .service
@@ -408,14 +380,7 @@ impl Config {
         let admin_token = v.admin_token(file.admin, overrides.base_dir.as_deref());
         let alerts = v.alerts(file.alerts);
         let usage_path = v.usage_path(file.usage_path);
-        let max_connections = match file.max_connections {
-            None => 10_000,
-            Some(0) => {
-                v.problem("max_connections", "must be > 0");
-                1
-            }
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        };
+        let max_connections = v.max_connections(file.max_connections);
         match (
             listen,
             storage,
@@ -462,6 +427,82 @@ impl Config {
             _ => Err(ConfigError {
                 problems: v.problems,
             }),
+        }
+    }
+}
+
+impl Validator {
+    /// `routes:`, each validated at its path (`routes[2]`), its `exempt` joined to the top
+    /// level's, its trailers denied the identity's headers; a name used twice is a problem.
+    fn routes(
+        &mut self,
+        files: Vec<file::RouteFile>,
+        exempt: &Exempt,
+        consumers: Option<&Consumers>,
+        tiers_from_tokens: bool,
+        identity: Option<&IdentityConfig>,
+    ) -> Vec<RouteConfig> {
+        let mut routes = Vec::with_capacity(files.len());
+        for (i, mut route) in files.into_iter().enumerate() {
+            let path = format!("routes[{i}]");
+            let own = self.exempt(
+                &format!("{path}.exempt"),
+                route.exempt.take(),
+                consumers,
+                tiers_from_tokens,
+            );
+            if let Some(mut route) = self.route(&path, route) {
+                route.exempt = exempt.with(&own);
+                if let Some(identity) = identity {
+                    let names = [&identity.api_key_header, &identity.user_id_header];
+                    route.trailers_denied = (route.trailers_denied.iter())
+                        .chain(names)
+                        .cloned()
+                        .collect();
+                }
+                if routes.iter().any(|r: &RouteConfig| r.name == route.name) {
+                    self.problem(
+                        format!("routes[{i}].name"),
+                        format!("duplicate route name {:?}", route.name),
+                    );
+                }
+                routes.push(route);
+            }
+        }
+        routes
+    }
+
+    /// `http2_max_streams_per_second` (no cap by default) and `http2_max_resets_per_second`
+    /// (100): the outer `Option` says valid or not.
+    fn http2_rates(
+        &mut self,
+        streams: Option<f64>,
+        resets: Option<f64>,
+    ) -> (
+        Option<Option<crate::limiter::Limit>>,
+        Option<crate::limiter::Limit>,
+    ) {
+        // Outer `Option`: valid or not; inner: configured or not (no cap by default).
+        let http2_streams = match streams {
+            None => Some(None),
+            Some(rate) => self
+                .per_connection_rate("http2_max_streams_per_second", rate, 0.5)
+                .map(Some),
+        };
+        let http2_resets =
+            self.per_connection_rate("http2_max_resets_per_second", resets.unwrap_or(100.0), 2.0);
+        (http2_streams, http2_resets)
+    }
+
+    /// `max_connections`: 10,000 by default, more than 0.
+    fn max_connections(&mut self, max_connections: Option<u64>) -> usize {
+        match max_connections {
+            None => 10_000,
+            Some(0) => {
+                self.problem("max_connections", "must be > 0");
+                1
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         }
     }
 }
