@@ -87,11 +87,19 @@ pub enum Backend {
 }
 
 impl Validator {
-    pub(super) fn storage(&mut self, s: file::StorageFile) -> Option<StorageConfig> {
-        let on_error = self.choice("storage.on_error", s.on_error, OnError::Allow);
-        let backend = match self.choice("storage.backend", s.backend, BackendKind::Memory) {
+    /// `storage.backend` and the keys it needs (`url`, `urls`, `sentinels`, `master_name`),
+    /// each URL checked for its scheme (and a PostgreSQL URL's options and files read now).
+    fn backend(
+        &mut self,
+        kind: BackendKind,
+        url: Option<String>,
+        urls: Option<Vec<String>>,
+        sentinels_in: Option<Vec<String>>,
+        master_name_in: Option<String>,
+    ) -> Option<Backend> {
+        Some(match kind {
             BackendKind::Memory => Backend::Memory,
-            BackendKind::Redis => match s.url {
+            BackendKind::Redis => match url {
                 Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                     Backend::Redis { url }
                 }
@@ -111,7 +119,7 @@ impl Validator {
                 }
             },
             BackendKind::RedisSentinel => {
-                let sentinels = match s.sentinels {
+                let sentinels = match sentinels_in {
                     Some(urls) if !urls.is_empty() => urls,
                     _ => {
                         self.problem(
@@ -129,7 +137,7 @@ impl Validator {
                         );
                     }
                 }
-                let Some(master_name) = s.master_name.filter(|n| !n.is_empty()) else {
+                let Some(master_name) = master_name_in.filter(|n| !n.is_empty()) else {
                     self.problem(
                         "storage.master_name",
                         "required when backend is redis_sentinel (the name in `sentinel monitor`)",
@@ -141,7 +149,7 @@ impl Validator {
                     master_name,
                 }
             }
-            BackendKind::Postgres => match s.url {
+            BackendKind::Postgres => match url {
                 Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                     // What the driver will read, and the certificate files the URL names: a
                     // bad option, sslmode or file is named now, not at the first connection.
@@ -169,7 +177,7 @@ impl Validator {
                     return None;
                 }
             },
-            BackendKind::RedisCluster => match s.urls {
+            BackendKind::RedisCluster => match urls {
                 Some(urls) if !urls.is_empty() => Backend::RedisCluster { urls },
                 _ => {
                     self.problem(
@@ -179,7 +187,13 @@ impl Validator {
                     return None;
                 }
             },
-        };
+        })
+    }
+
+    pub(super) fn storage(&mut self, s: file::StorageFile) -> Option<StorageConfig> {
+        let on_error = self.choice("storage.on_error", s.on_error, OnError::Allow);
+        let kind = self.choice("storage.backend", s.backend, BackendKind::Memory);
+        let backend = self.backend(kind, s.url, s.urls, s.sentinels, s.master_name)?;
         let max_keys = match s.max_keys {
             None => 1_000_000,
             Some(0) => {
