@@ -26,6 +26,27 @@ impl Validator {
         protocol: UpstreamProtocol,
     ) -> Option<PoolSpec> {
         let before = self.problems.len();
+        let origins = self.origins(path, r, protocol);
+        let balance = self.balance(path, r);
+        let health = self.health_check(path, r);
+        let outlier = self.outlier(path, r);
+        let retries = self.retries(path, r);
+        (self.problems.len() == before && !origins.is_empty()).then_some(PoolSpec {
+            origins,
+            balance,
+            outlier,
+            retries,
+            health,
+        })
+    }
+
+    /// `upstream` or `upstreams`: the pool's origins, each once, with its weight.
+    fn origins(
+        &mut self,
+        path: &str,
+        r: &RouteFile,
+        protocol: UpstreamProtocol,
+    ) -> Vec<(super::Upstream, u32)> {
         let written: Vec<(String, String, u32)> = match (&r.upstream, &r.upstreams) {
             (Some(url), None) => vec![(format!("{path}.upstream"), url.clone(), 1)],
             (None, Some(list)) if !list.is_empty() => list
@@ -79,6 +100,11 @@ impl Validator {
                 origins.push((super::Upstream { protocol, ..origin }, weight));
             }
         }
+        origins
+    }
+
+    /// `balance` and `hash_on`.
+    fn balance(&mut self, path: &str, r: &RouteFile) -> Balance {
         let balance = match r.balance.as_deref() {
             None | Some("least_request") => Balance::LeastRequest,
             Some("round_robin") => Balance::RoundRobin,
@@ -109,7 +135,12 @@ impl Validator {
         if r.hash_on.is_some() && !matches!(balance, Balance::Hash(_)) {
             self.problem(format!("{path}.hash_on"), "is for balance: hash");
         }
-        let health = r.health_check.as_ref().map(|h| {
+        balance
+    }
+
+    /// `health_check`, if any.
+    fn health_check(&mut self, path: &str, r: &RouteFile) -> Option<HealthSpec> {
+        r.health_check.as_ref().map(|h| {
             let at = format!("{path}.health_check");
             if !h.path.starts_with('/') || h.path.contains([' ', '\r', '\n']) {
                 self.problem(
@@ -141,7 +172,11 @@ impl Validator {
                 }
             }
             check
-        });
+        })
+    }
+
+    /// `outlier`, over its defaults.
+    fn outlier(&mut self, path: &str, r: &RouteFile) -> OutlierSpec {
         let mut outlier = OutlierSpec::default();
         if let Some(o) = &r.outlier {
             if let Some(n) = o.consecutive_failures {
@@ -162,6 +197,11 @@ impl Validator {
                 }
             }
         }
+        outlier
+    }
+
+    /// `retries`, over its defaults.
+    fn retries(&mut self, path: &str, r: &RouteFile) -> RetrySpec {
         let mut retries = RetrySpec::default();
         if let Some(rf) = &r.retries {
             if let Some(n) = rf.attempts {
@@ -210,13 +250,7 @@ impl Validator {
                 }
             }
         }
-        (self.problems.len() == before && !origins.is_empty()).then_some(PoolSpec {
-            origins,
-            balance,
-            outlier,
-            retries,
-            health,
-        })
+        retries
     }
 
     /// `resolver:`.
