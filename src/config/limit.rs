@@ -19,7 +19,6 @@ impl Validator {
                 return None;
             }
         };
-        let name = kind.name();
         let (rate_name, rate) = match kind {
             AlgorithmKind::LeakyBucket => ("leak_rate", l.leak_rate),
             _ => ("refill_rate", l.refill_rate),
@@ -30,6 +29,53 @@ impl Validator {
             "limit"
         };
         let before = self.problems.len();
+        self.stray_parameters(path, l, kind);
+        let units = if kind.is_bucket() {
+            l.capacity
+        } else {
+            l.limit
+        };
+        let units = self.count(&format!("{path}.{units_name}"), units);
+        let built = self.algorithm(path, l, kind, units, (rate_name, rate))?;
+        let cost = match &l.cost {
+            None => Some(1),
+            Some(CostFile::Units(c)) => u32::try_from(*c).ok().or(Some(0)),
+            // Reserve-then-settle: the limit's own cost is the reserve without a request to
+            // read (checked against the limit like a fixed cost; `cost.rs` checks the rest).
+            // A reserve read from the request is checked by `cost.rs`, naming its own field
+            // (`cost.reserve.max`), so here it is only cut to the limit.
+            Some(CostFile::Settled(settled)) => {
+                let units = built.as_ref().map_or(u32::MAX, |a| a.units());
+                Some(super::cost::reserve_default(settled).min(units))
+            }
+        };
+        let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
+        let global = self.scope(path, l, kind);
+        match limit {
+            Ok(limit) if self.problems.len() == before && global => Some(limit.global()),
+            Ok(limit) if self.problems.len() == before => Some(limit),
+            Ok(_) => None,
+            Err(e) => {
+                let field = match e.field() {
+                    LimitField::Units => format!("{path}.{units_name}"),
+                    LimitField::Rate => format!("{path}.{rate_name}"),
+                    LimitField::Window if kind == AlgorithmKind::Concurrency => {
+                        format!("{path}.lease")
+                    }
+                    LimitField::Window => format!("{path}.window"),
+                    LimitField::Cost => format!("{path}.cost"),
+                    LimitField::Whole => path.to_string(),
+                };
+                self.limit_problem(field, e);
+                None
+            }
+        }
+    }
+
+    /// Parameters `l` has that its algorithm does not take (a bucket's `window`, a window's
+    /// `capacity`…), each named.
+    fn stray_parameters(&mut self, path: &str, l: &LimitFile, kind: AlgorithmKind) {
+        let name = kind.name();
         let lease = ("lease", l.lease.is_some());
         let calendar_fields = [
             ("period", l.period.is_some()),
@@ -82,13 +128,21 @@ impl Validator {
                 ],
             );
         }
-        let units = if kind.is_bucket() {
-            l.capacity
-        } else {
-            l.limit
-        };
-        let units = self.count(&format!("{path}.{units_name}"), units);
-        let built = if kind.is_bucket() {
+    }
+
+    /// The algorithm `l` describes, from its `units` and its rate (`rate_name`: `refill_rate`
+    /// or `leak_rate`), window, calendar or lease; `None` when a part it needs is missing or
+    /// invalid (each named).
+    fn algorithm(
+        &mut self,
+        path: &str,
+        l: &LimitFile,
+        kind: AlgorithmKind,
+        units: Option<u32>,
+        (rate_name, rate): (&str, Option<f64>),
+    ) -> Option<Result<Algorithm, LimitError>> {
+        let name = kind.name();
+        Some(if kind.is_bucket() {
             let rate = match rate {
                 None => {
                     self.problem(
@@ -147,40 +201,7 @@ impl Validator {
                 AlgorithmKind::SlidingWindowLog => Algorithm::sliding_window_log(units, window),
                 _ => Algorithm::sliding_window_counter(units, window),
             }
-        };
-        let cost = match &l.cost {
-            None => Some(1),
-            Some(CostFile::Units(c)) => u32::try_from(*c).ok().or(Some(0)),
-            // Reserve-then-settle: the limit's own cost is the reserve without a request to
-            // read (checked against the limit like a fixed cost; `cost.rs` checks the rest).
-            // A reserve read from the request is checked by `cost.rs`, naming its own field
-            // (`cost.reserve.max`), so here it is only cut to the limit.
-            Some(CostFile::Settled(settled)) => {
-                let units = built.as_ref().map_or(u32::MAX, |a| a.units());
-                Some(super::cost::reserve_default(settled).min(units))
-            }
-        };
-        let limit = built.and_then(|algorithm| Limit::new(algorithm, cost.unwrap_or(0)));
-        let global = self.scope(path, l, kind);
-        match limit {
-            Ok(limit) if self.problems.len() == before && global => Some(limit.global()),
-            Ok(limit) if self.problems.len() == before => Some(limit),
-            Ok(_) => None,
-            Err(e) => {
-                let field = match e.field() {
-                    LimitField::Units => format!("{path}.{units_name}"),
-                    LimitField::Rate => format!("{path}.{rate_name}"),
-                    LimitField::Window if kind == AlgorithmKind::Concurrency => {
-                        format!("{path}.lease")
-                    }
-                    LimitField::Window => format!("{path}.window"),
-                    LimitField::Cost => format!("{path}.cost"),
-                    LimitField::Whole => path.to_string(),
-                };
-                self.limit_problem(field, e);
-                None
-            }
-        }
+        })
     }
 
     /// A limit's `scope`: true for `global`, which needs `storage.global`, a token bucket, a
