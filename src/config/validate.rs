@@ -226,10 +226,7 @@ impl Validator {
         j: file::JwtFile,
         base_dir: Option<&std::path::Path>,
     ) -> Option<std::sync::Arc<crate::identity::jwt::JwtConfig>> {
-        use crate::identity::jwt::{
-            ALGORITHMS, DEFAULT_ALGORITHMS, HMAC_ALGORITHMS, JwtConfig, JwtSettings,
-            MIN_HMAC_SECRET,
-        };
+        use crate::identity::jwt::{JwtConfig, JwtSettings, MIN_HMAC_SECRET};
         let before = self.problems.len();
         let header = self.header_name("identity.jwt.header", j.header.as_deref(), "authorization");
         let read = |file: &str| {
@@ -257,6 +254,53 @@ impl Validator {
                 .map_err(|why| self.problem("identity.jwt.hmac_secret_file", why))
                 .ok()
         });
+        let allowed = self.jwt_algorithms(&j, before);
+        let (url, jwks) = self.jwt_keys(&j, base_dir);
+        let leeway = self.duration(
+            "identity.jwt.leeway",
+            j.leeway.as_deref(),
+            std::time::Duration::from_secs(30),
+        );
+        let when_missing = self.choice(
+            "identity.jwt.when_missing",
+            j.when_missing,
+            Default::default(),
+        );
+        if self.problems.len() > before {
+            return None;
+        }
+        let settings = JwtSettings {
+            header: header?,
+            allowed,
+            issuer: j.issuer,
+            audiences: j.audiences,
+            leeway_secs: leeway.as_secs(),
+            subject_claim: j.subject_claim.unwrap_or_else(|| "sub".into()),
+            tier_claim: j.tier_claim,
+            when_missing,
+            hmac_secret,
+        };
+        if let Some(url) = url {
+            // Fetched when floodgate runs (`JwtConfig::keep_fresh`), not by `floodgate check`.
+            return Some(std::sync::Arc::new(JwtConfig::from_url(settings, url)));
+        }
+        let Some(jwks) = jwks else {
+            // No JWKS: the HMAC secret is the one key.
+            return Some(std::sync::Arc::new(JwtConfig::with_secret_only(settings)));
+        };
+        match JwtConfig::new(settings, &jwks) {
+            Ok(config) => Some(std::sync::Arc::new(config)),
+            Err(why) => {
+                self.problem("identity.jwt.jwks_file", why);
+                None
+            }
+        }
+    }
+
+    /// `identity.jwt.algorithms` (the defaults when absent): never `none`, HMAC only with a
+    /// secret, at least one; `before` is how many problems there were before the section.
+    fn jwt_algorithms(&mut self, j: &file::JwtFile, before: usize) -> Vec<jsonwebtoken::Algorithm> {
+        use crate::identity::jwt::{ALGORITHMS, DEFAULT_ALGORITHMS, HMAC_ALGORITHMS};
         let allowed = match &j.algorithms {
             None => DEFAULT_ALGORITHMS.to_vec(),
             Some(names) => names
@@ -297,16 +341,16 @@ impl Validator {
                 "allows no HMAC algorithm (HS256, HS384, HS512), so hmac_secret_file would verify nothing",
             );
         }
-        let leeway = self.duration(
-            "identity.jwt.leeway",
-            j.leeway.as_deref(),
-            std::time::Duration::from_secs(30),
-        );
-        let when_missing = self.choice(
-            "identity.jwt.when_missing",
-            j.when_missing,
-            Default::default(),
-        );
+        allowed
+    }
+
+    /// Where the keys come from: `jwks_url` (fetched when floodgate runs), or `jwks_file`'s
+    /// text (read now); neither is needed with `hmac_secret_file`.
+    fn jwt_keys(
+        &mut self,
+        j: &file::JwtFile,
+        base_dir: Option<&std::path::Path>,
+    ) -> (Option<http::Uri>, Option<String>) {
         let url = match (&j.jwks_file, &j.jwks_url) {
             (Some(_), Some(_)) => {
                 self.problem(
@@ -356,35 +400,7 @@ impl Validator {
                 }
             }
         };
-        if self.problems.len() > before {
-            return None;
-        }
-        let settings = JwtSettings {
-            header: header?,
-            allowed,
-            issuer: j.issuer,
-            audiences: j.audiences,
-            leeway_secs: leeway.as_secs(),
-            subject_claim: j.subject_claim.unwrap_or_else(|| "sub".into()),
-            tier_claim: j.tier_claim,
-            when_missing,
-            hmac_secret,
-        };
-        if let Some(url) = url {
-            // Fetched when floodgate runs (`JwtConfig::keep_fresh`), not by `floodgate check`.
-            return Some(std::sync::Arc::new(JwtConfig::from_url(settings, url)));
-        }
-        let Some(jwks) = jwks else {
-            // No JWKS: the HMAC secret is the one key.
-            return Some(std::sync::Arc::new(JwtConfig::with_secret_only(settings)));
-        };
-        match JwtConfig::new(settings, &jwks) {
-            Ok(config) => Some(std::sync::Arc::new(config)),
-            Err(why) => {
-                self.problem("identity.jwt.jwks_file", why);
-                None
-            }
-        }
+        (url, jwks)
     }
 
     pub(super) fn timeouts(&mut self, t: file::TimeoutsFile) -> Timeouts {
