@@ -289,7 +289,14 @@ impl Global {
                     .span_us()
                     .saturating_mul(cost - left.min(cost))
             }));
-            let until = now + refill.min(self.spec.lease_ttl / 4);
+            // A window's refusals end with it by the global store's clock (`ends`, never later
+            // than its end), not by `now` plus what was left when the store decided, which
+            // would run past the end by the round trip: the next window's requests would be
+            // refused on this one's exhaustion.
+            let until = match ends {
+                Some(ends) => ends.min(now + self.spec.lease_ttl / 4),
+                None => now + refill.min(self.spec.lease_ttl / 4),
+            };
             if let Some(local) = self.budgets().get_mut(&id) {
                 local.empty_until = Some(until);
                 local.global_left = left;

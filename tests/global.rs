@@ -715,8 +715,8 @@ async fn instances_with_skewed_clocks_keep_the_global_store_s_windows() {
 /// whose send and answer straddle a turn may be either window's.
 ///
 /// Over-grant: no window admits more than 100 requests that were surely its own. Exactness:
-/// a window in which requests were refused under this demand (its budget ran out) admitted
-/// at least 100 that may be its own; a window's units left in a slice at its end are void
+/// a window in which requests were refused under a demand of three times its limit (its
+/// budget ran out) admitted at least 100 that may be its own; a window's units left in a slice at its end are void
 /// (never spent in the next), so a shortfall here would be units lost, and an excess above
 /// would be a window stretched by a region.
 async fn each_window_exactly(global: GlobalStore, regions: Regions, skewed: bool) {
@@ -804,10 +804,15 @@ async fn each_window_exactly(global: GlobalStore, regions: Regions, skewed: bool
             surely_admitted <= LIMIT,
             "window at {start}: {surely_admitted} admitted, more than its {LIMIT}"
         );
-        if refused >= 10 {
+        // A window its clients asked far more of than its limit (three times, every request
+        // surely inside it) spent it all: a refusal while units were left would be units lost.
+        // (On a machine loaded enough that a window sees fewer requests, the slices' last
+        // units may lapse with the window, the under-grant the design allows.)
+        let demand = seen.iter().filter(surely).count() as u64;
+        if refused >= 10 && demand >= 3 * LIMIT {
             assert!(
                 maybe_admitted >= LIMIT,
-                "window at {start}: {maybe_admitted} admitted though it refused {refused}: units lost"
+                "window at {start}: {maybe_admitted} admitted though it refused {refused} of {demand}: units lost"
             );
         }
         windows += 1;
