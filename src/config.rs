@@ -342,13 +342,12 @@ impl Config {
             tiers_from_tokens,
             identity.as_ref(),
         );
-        v.known_tiers(&routes, consumers.as_deref(), tiers_from_tokens);
-        v.shared_adaptive_bounds(&routes);
-        if let Some(storage) = &storage
-            && matches!(storage.backend, Backend::RedisCluster { .. })
-        {
-            v.single_slot_routes(&routes);
-        }
+        v.across_routes(
+            &routes,
+            consumers.as_deref(),
+            tiers_from_tokens,
+            storage.as_ref(),
+        );
         let rate_limit_headers = v.choice(
             "rate_limit_headers",
             file.rate_limit_headers,
@@ -470,6 +469,24 @@ impl Validator {
             }
         }
         routes
+    }
+
+    /// What holds across routes: tiers the routes name that exist, one adaptive limit's bounds
+    /// for the routes that share it, and on Redis Cluster each route's limits in one slot.
+    fn across_routes(
+        &mut self,
+        routes: &[RouteConfig],
+        consumers: Option<&Consumers>,
+        tiers_from_tokens: bool,
+        storage: Option<&StorageConfig>,
+    ) {
+        self.known_tiers(routes, consumers, tiers_from_tokens);
+        self.shared_adaptive_bounds(routes);
+        if let Some(storage) = storage
+            && matches!(storage.backend, Backend::RedisCluster { .. })
+        {
+            self.single_slot_routes(routes);
+        }
     }
 
     /// `http2_max_streams_per_second` (no cap by default) and `http2_max_resets_per_second`

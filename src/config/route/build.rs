@@ -56,42 +56,7 @@ impl Validator {
             &format!("{path}.response_headers"),
             r.response_headers.take(),
         );
-        let hosts: Vec<HostPattern> = r
-            .hosts
-            .take()
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-            .filter_map(|(n, host)| {
-                HostPattern::parse(host)
-                    .map_err(|e| self.problem(format!("{path}.hosts[{n}]"), e))
-                    .ok()
-            })
-            .collect();
-        let headers: Vec<HeaderMatch> = r
-            .headers
-            .take()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|(name, value)| {
-                let at = format!("{path}.headers.{name}");
-                let name = http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| self.problem(&at, format!("{name:?} is not a header name")))
-                    .ok()?;
-                let value = match value.as_str() {
-                    "*" => None,
-                    v => Some(
-                        http::HeaderValue::from_str(v)
-                            .map_err(|_| {
-                                self.problem(&at, format!("{v:?} cannot be a header value"))
-                            })
-                            .ok()?,
-                    ),
-                };
-                Some(HeaderMatch { name, value })
-            })
-            .collect();
-
+        let (hosts, headers) = self.matching(path, &mut r);
         let protocol = self.choice(
             &format!("{path}.upstream_protocol"),
             r.upstream_protocol.take(),
@@ -153,6 +118,47 @@ impl Validator {
             shadow,
             exempt: crate::config::Exempt::default(),
         })
+    }
+
+    /// What a route matches beyond its path: `hosts` (exact or `*.` wildcards) and `headers`
+    /// (a value, or `*` for any).
+    fn matching(&mut self, path: &str, r: &mut RouteFile) -> (Vec<HostPattern>, Vec<HeaderMatch>) {
+        let hosts: Vec<HostPattern> = r
+            .hosts
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter_map(|(n, host)| {
+                HostPattern::parse(host)
+                    .map_err(|e| self.problem(format!("{path}.hosts[{n}]"), e))
+                    .ok()
+            })
+            .collect();
+        let headers: Vec<HeaderMatch> = r
+            .headers
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(name, value)| {
+                let at = format!("{path}.headers.{name}");
+                let name = http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| self.problem(&at, format!("{name:?} is not a header name")))
+                    .ok()?;
+                let value = match value.as_str() {
+                    "*" => None,
+                    v => Some(
+                        http::HeaderValue::from_str(v)
+                            .map_err(|_| {
+                                self.problem(&at, format!("{v:?} cannot be a header value"))
+                            })
+                            .ok()?,
+                    ),
+                };
+                Some(HeaderMatch { name, value })
+            })
+            .collect();
+        (hosts, headers)
     }
 
     /// The limits at `{path}.limits` of route `route`, enforced and shadow: each built through
@@ -240,48 +246,8 @@ impl Validator {
                 limit_fingerprint(&limit)
             );
             let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
-            let penalty = l.penalty.as_ref().and_then(|p| {
-                let path = format!("{limit_path}.penalty");
-                if per == Per::Endpoint {
-                    // A spent replica is passed over, not the client's doing.
-                    self.problem(
-                        &path,
-                        "a limit per: endpoint has no penalty (a client is not to blame for a spent replica)",
-                    );
-                    return None;
-                }
-                let within = crate::config::parse_duration(&p.within)
-                    .map_err(|e| self.problem(format!("{path}.within"), e))
-                    .ok()?;
-                let ban = crate::config::parse_duration(&p.ban)
-                    .map_err(|e| self.problem(format!("{path}.ban"), e))
-                    .ok()?;
-                if ban.is_zero() {
-                    self.problem(format!("{path}.ban"), "must be longer than 0");
-                    return None;
-                }
-                let denials = u32::try_from(p.denials)
-                    .ok()
-                    .filter(|&d| d >= 1)
-                    .or_else(|| {
-                        self.problem(format!("{path}.denials"), "must be at least 1");
-                        None
-                    })?;
-                // The denials counted: a fixed window of `denials - 1` admissions, so that
-                // the denial that finds it full is the `denials`-th.
-                let counter = crate::limiter::Algorithm::fixed_window(
-                    denials.saturating_sub(1).max(1),
-                    within,
-                )
-                .map_err(|e| self.problem(format!("{path}.within"), e.to_string()))
-                .ok()?;
-                Some(Penalty {
-                    counter: Limit::of(counter),
-                    first_denial_bans: denials == 1,
-                    ban,
-                    budget_id: format!("{store_name}#{n}~penalty"),
-                })
-            });
+            let penalty =
+                (l.penalty.as_ref()).and_then(|p| self.penalty(&limit_path, p, per, store_name, n));
             let route_limit = RouteLimit {
                 limit,
                 settled,
@@ -300,6 +266,56 @@ impl Validator {
             }
         }
         (enforced, shadow)
+    }
+
+    /// A limit's `penalty` at `limit_path`: `denials` within `within` ban for `ban`; none on a
+    /// limit `per: endpoint` (a client is not to blame for a spent replica).
+    fn penalty(
+        &mut self,
+        limit_path: &str,
+        p: &crate::config::file::PenaltyFile,
+        per: Per,
+        store_name: &str,
+        n: usize,
+    ) -> Option<Penalty> {
+        let path = format!("{limit_path}.penalty");
+        if per == Per::Endpoint {
+            // A spent replica is passed over, not the client's doing.
+            self.problem(
+                    &path,
+                    "a limit per: endpoint has no penalty (a client is not to blame for a spent replica)",
+                );
+            return None;
+        }
+        let within = crate::config::parse_duration(&p.within)
+            .map_err(|e| self.problem(format!("{path}.within"), e))
+            .ok()?;
+        let ban = crate::config::parse_duration(&p.ban)
+            .map_err(|e| self.problem(format!("{path}.ban"), e))
+            .ok()?;
+        if ban.is_zero() {
+            self.problem(format!("{path}.ban"), "must be longer than 0");
+            return None;
+        }
+        let denials = u32::try_from(p.denials)
+            .ok()
+            .filter(|&d| d >= 1)
+            .or_else(|| {
+                self.problem(format!("{path}.denials"), "must be at least 1");
+                None
+            })?;
+        // The denials counted: a fixed window of `denials - 1` admissions, so that
+        // the denial that finds it full is the `denials`-th.
+        let counter =
+            crate::limiter::Algorithm::fixed_window(denials.saturating_sub(1).max(1), within)
+                .map_err(|e| self.problem(format!("{path}.within"), e.to_string()))
+                .ok()?;
+        Some(Penalty {
+            counter: Limit::of(counter),
+            first_denial_bans: denials == 1,
+            ban,
+            budget_id: format!("{store_name}#{n}~penalty"),
+        })
     }
 
     /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default
