@@ -64,6 +64,20 @@ pub struct Overrides {
     pub env: std::collections::HashMap<String, String>,
 }
 
+impl Overrides {
+    /// Puts the URL the environment gives in place of `storage.url`: `FLOODGATE_DATABASE_URL`
+    /// for the `postgres` backend, `FLOODGATE_REDIS_URL` for the others.
+    fn apply(&self, file: &mut FileConfig) {
+        let url = match file.storage.backend {
+            Some(Choice::Known(file::BackendKind::Postgres)) => &self.database_url,
+            _ => &self.redis_url,
+        };
+        if let Some(url) = url {
+            file.storage.url = Some(url.clone());
+        }
+    }
+}
+
 /// A valid floodgate configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -299,13 +313,7 @@ impl Config {
 
     /// Validates the file structs.
     pub fn from_file(mut file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let url = match file.storage.backend {
-            Some(Choice::Known(file::BackendKind::Postgres)) => &overrides.database_url,
-            _ => &overrides.redis_url,
-        };
-        if let Some(url) = url {
-            file.storage.url = Some(url.clone());
-        }
+        overrides.apply(&mut file);
         let mut v = Validator::default();
         let listen = v.socket_addr("listen", &file.listen);
         let admin_listen = file
@@ -354,14 +362,7 @@ impl Config {
             HeaderProfile::XRateLimit,
         );
         let log_format = v.choice("log_format", file.log_format, LogFormat::Human);
-        let paths = crate::path::PathRules {
-            escaped_slashes: v.choice(
-                "path_normalization",
-                file.path_normalization,
-                crate::path::EscapedSlashes::Reject,
-            ),
-            merge_slashes: file.merge_slashes.unwrap_or(true),
-        };
+        let paths = v.path_rules(file.path_normalization, file.merge_slashes);
         let max_body_size = std::num::NonZeroU64::new(v.size(
             "max_body_size",
             file.max_body_size.as_ref().map(|s| s.0.as_str()),
@@ -486,6 +487,22 @@ impl Validator {
             && matches!(storage.backend, Backend::RedisCluster { .. })
         {
             self.single_slot_routes(routes);
+        }
+    }
+
+    /// `path_normalization` (escaped slashes refused by default) and `merge_slashes` (on).
+    fn path_rules(
+        &mut self,
+        escaped: Option<Choice<crate::path::EscapedSlashes>>,
+        merge: Option<bool>,
+    ) -> crate::path::PathRules {
+        crate::path::PathRules {
+            escaped_slashes: self.choice(
+                "path_normalization",
+                escaped,
+                crate::path::EscapedSlashes::Reject,
+            ),
+            merge_slashes: merge.unwrap_or(true),
         }
     }
 
