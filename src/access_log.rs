@@ -78,6 +78,10 @@ pub struct AccessRecord<'a> {
     /// of the key's SHA-256), so replay can tell budgets apart without the values.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Cow<'a, str>>,
+    /// On a cached route, what the cache did: `hit`, `miss`, `stale`, `collapsed`, `bypass` or
+    /// `uncacheable` (replay counts what reached the upstream by it).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Cow<'a, str>>,
 }
 
 /// Whether lines are written as JSON (`log_format: json`, set once at start by `main`); text
@@ -116,6 +120,7 @@ impl AccessRecord<'static> {
             latency_ms: None,
             cost: None,
             keys: None,
+            cache: None,
         }))
     }
 }
@@ -191,6 +196,7 @@ impl AccessRecord<'_> {
             let _ = write!(out, " latency_ms={ms:?}");
         }
         text_opt(out, "cost", self.cost.as_deref());
+        text_opt(out, "cache", self.cache.as_deref());
         out.push_str("}: floodgate::access: request done");
         text_opt(
             out,
@@ -381,6 +387,7 @@ mod tests {
         pub const LATENCY_MS: &str = "latency_ms";
         pub const COST: &str = "cost";
         pub const KEYS: &str = "keys";
+        pub const CACHE: &str = "cache";
     }
 
     /// The span the proxy opened per request until the access log was written directly: the
@@ -405,6 +412,7 @@ mod tests {
             latency_ms = Empty,
             cost = Empty,
             keys = Empty,
+            cache = Empty,
         )
     }
 
@@ -461,6 +469,9 @@ mod tests {
             if let Some(cost) = &line.cost {
                 span.record(field::COST, cost.as_ref());
             }
+            if let Some(cache) = &line.cache {
+                span.record(field::CACHE, cache.as_ref());
+            }
             let _entered = span.enter();
             tracing::info!(
                 target: TARGET,
@@ -498,6 +509,7 @@ mod tests {
             latency_ms: Some(1.5),
             cost: Some("0=1000/187".into()),
             keys: Some(format!("0={}", "07".repeat(16)).into()),
+            cache: Some("collapsed".into()),
         });
         let bare = AccessRecord {
             method: "GET".into(),
@@ -515,6 +527,7 @@ mod tests {
             latency_ms: Some(0.25),
             cost: None,
             keys: None,
+            cache: None,
         };
         let mut odd = full.clone();
         odd.method = "PURGE".into();

@@ -18,6 +18,7 @@ mod bans;
 mod budgets;
 mod dashboard;
 mod overrides;
+mod purge;
 mod query;
 mod reset;
 mod top;
@@ -107,12 +108,13 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
     response
 }
 
-/// The write endpoints: `/bans`, `/overrides`, `/reset`.
+/// The write endpoints: `/bans`, `/overrides`, `/reset`, `/cache/purge`.
 #[derive(Clone, Copy)]
 enum WriteEndpoint {
     Bans,
     Overrides,
     Reset,
+    Purge,
 }
 
 fn write_endpoint(path: &str) -> Option<WriteEndpoint> {
@@ -121,6 +123,7 @@ fn write_endpoint(path: &str) -> Option<WriteEndpoint> {
         "bans" => WriteEndpoint::Bans,
         "overrides" => WriteEndpoint::Overrides,
         "reset" if path == "/reset" => WriteEndpoint::Reset,
+        "cache" if path == "/cache/purge" => WriteEndpoint::Purge,
         _ => return None,
     };
     Some(endpoint)
@@ -142,6 +145,12 @@ async fn control_endpoint(
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let id = path.splitn(3, '/').nth(2).filter(|id| !id.is_empty());
+    if let WriteEndpoint::Purge = endpoint {
+        return match method {
+            Method::POST => purge::post(proxy, &read_body(req).await?),
+            _ => Err(query::bad(405, "method_not_allowed", "POST /cache/purge")),
+        };
+    }
     match (endpoint, method, id) {
         (WriteEndpoint::Bans, Method::GET, None) => Ok(bans::list(proxy)),
         (WriteEndpoint::Bans, Method::PUT, None) => bans::put(proxy, &read_body(req).await?).await,
@@ -167,6 +176,9 @@ async fn control_endpoint(
             "GET or PUT /overrides, DELETE /overrides/{id}",
         )),
         (WriteEndpoint::Reset, ..) => Err(query::bad(405, "method_not_allowed", "POST /reset")),
+        (WriteEndpoint::Purge, ..) => {
+            Err(query::bad(405, "method_not_allowed", "POST /cache/purge"))
+        }
     }
 }
 

@@ -10,9 +10,11 @@
 
 pub mod env;
 pub mod file;
+pub use cache::{CacheFile, RouteCacheFile};
 
 mod admin;
 mod alerts;
+mod cache;
 mod consumers;
 pub mod cost;
 mod error;
@@ -97,6 +99,8 @@ pub struct Config {
     /// The tiers limits and exemptions name (a token's unknown tier is `default`).
     pub tiers: Arc<KnownTiers>,
     pub timeouts: Timeouts,
+    /// `cache:`: the response cache's bounds (every cached route shares them).
+    pub cache: crate::cache::Settings,
     pub routes: Vec<RouteConfig>,
     /// Global shadow mode: every limit decides and counts, none denies.
     pub shadow: bool,
@@ -326,6 +330,12 @@ impl Config {
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
+        let cache = v.cache(
+            file.cache,
+            storage
+                .as_ref()
+                .is_none_or(|s| matches!(s.backend, Backend::Memory)),
+        );
         let identity = v.identity(file.identity, overrides.base_dir.as_deref());
         let consumers = file
             .consumers
@@ -408,6 +418,7 @@ impl Config {
                 consumers,
                 timeouts,
                 tiers: Arc::new(KnownTiers::of(&routes)),
+                cache,
                 routes,
                 shadow: file.shadow.unwrap_or(false),
                 rate_limit_headers,

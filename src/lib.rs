@@ -101,6 +101,7 @@ pub mod adaptive;
 pub mod admin;
 pub mod alerts;
 pub mod answer;
+pub mod cache;
 pub mod config;
 pub mod control;
 pub mod deadline;

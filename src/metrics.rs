@@ -48,6 +48,108 @@ pub struct Metrics {
     global_units: Family<OutcomeLabel, Counter>,
     global_held: Gauge,
     upstream: UpstreamFamilies,
+    cache_requests: Family<CacheResultLabels, Counter>,
+    cache_stale: Family<CacheReasonLabels, Counter>,
+    cache: CacheGauges,
+}
+
+/// What the response cache did with a request (`floodgate_cache_requests_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    /// A fresh entry.
+    Hit,
+    /// No entry: the request went upstream (and its answer was stored).
+    Miss,
+    /// A stale copy (see [`StaleReason`]).
+    Stale,
+    /// Served by another request's fetch.
+    Collapsed,
+    /// The request may not use the cache (credentials, `Range`, a trusted `no-cache`).
+    Bypass,
+    /// The answer could not be stored.
+    Uncacheable,
+}
+
+impl CacheResult {
+    pub const ALL: [CacheResult; 6] = [
+        CacheResult::Hit,
+        CacheResult::Miss,
+        CacheResult::Stale,
+        CacheResult::Collapsed,
+        CacheResult::Bypass,
+        CacheResult::Uncacheable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Stale => "stale",
+            CacheResult::Collapsed => "collapsed",
+            CacheResult::Bypass => "bypass",
+            CacheResult::Uncacheable => "uncacheable",
+        }
+    }
+}
+
+/// Why a stale copy was served (`floodgate_cache_stale_total{reason}`, and `Cache-Status`'s
+/// `detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// `stale_while_revalidate`: a refresh runs behind it.
+    Revalidating,
+    /// `stale_if_error`: the upstream failed.
+    Error,
+    /// `stale_if_overloaded`: the adaptive gate would have shed the request.
+    Overloaded,
+    /// `stale_if_limited`: the client is over its limits.
+    Limited,
+}
+
+impl StaleReason {
+    pub const ALL: [StaleReason; 4] = [
+        StaleReason::Revalidating,
+        StaleReason::Error,
+        StaleReason::Overloaded,
+        StaleReason::Limited,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleReason::Revalidating => "revalidating",
+            StaleReason::Error => "error",
+            StaleReason::Overloaded => "overloaded",
+            StaleReason::Limited => "limited",
+        }
+    }
+}
+
+/// The cache's own gauges: what its entries hold, and how many were evicted.
+#[derive(Debug, Clone, Default)]
+pub struct CacheGauges {
+    pub bytes: Gauge,
+    pub entries: Gauge,
+    pub evictions: Counter,
+}
+
+/// One cached route's handles.
+#[derive(Debug, Clone)]
+pub struct RouteCacheMetrics {
+    results: [Counter; CacheResult::ALL.len()],
+    stale: [Counter; StaleReason::ALL.len()],
+}
+
+impl RouteCacheMetrics {
+    /// Counts what the cache did with one request (a stale answer by its reason too).
+    pub fn count(&self, result: CacheResult) {
+        self.results[result as usize].inc();
+    }
+
+    /// Counts a stale answer for `reason`.
+    pub fn stale(&self, reason: StaleReason) {
+        self.results[CacheResult::Stale as usize].inc();
+        self.stale[reason as usize].inc();
+    }
 }
 
 /// The upstream pools' metric families (`upstream.rs`).
@@ -251,8 +353,36 @@ impl Metrics {
         let reloads = reloads(&mut registry);
         let connections_closed = connections_closed(&mut registry);
         let upstream = UpstreamFamilies::registered(&mut registry);
+        let cache = CacheGauges {
+            bytes: register(
+                &mut registry,
+                "cache_bytes",
+                "Bytes the response cache's entries hold (bodies, headers and keys), at most cache.memory",
+            ),
+            entries: register(
+                &mut registry,
+                "cache_entries",
+                "Entries in the response cache",
+            ),
+            evictions: register(
+                &mut registry,
+                "cache_evictions",
+                "Entries evicted from the response cache to stay within cache.memory",
+            ),
+        };
         Metrics {
             upstream,
+            cache,
+            cache_requests: register(
+                &mut registry,
+                "cache_requests",
+                "Requests on cached routes by what the cache did: hit, miss, stale, collapsed (served by another request's fetch), bypass (may not use the cache), uncacheable (the answer could not be stored)",
+            ),
+            cache_stale: register(
+                &mut registry,
+                "cache_stale",
+                "Stale copies served by reason: revalidating (stale_while_revalidate), error (stale_if_error), overloaded (stale_if_overloaded), limited (stale_if_limited)",
+            ),
             alerts: register(
                 &mut registry,
                 "alerts",
@@ -513,6 +643,29 @@ impl Metrics {
             status_classes,
             upstream_latency: self.upstream_latency.get_or_create_owned(&RouteLabel {
                 route: route.to_string(),
+            }),
+        }
+    }
+
+    /// The response cache's gauges.
+    pub fn cache_gauges(&self) -> CacheGauges {
+        self.cache.clone()
+    }
+
+    /// A cached route's handles, every series exported from the start (at 0).
+    pub fn route_cache(&self, route: &str) -> RouteCacheMetrics {
+        RouteCacheMetrics {
+            results: CacheResult::ALL.map(|result| {
+                self.cache_requests.get_or_create_owned(&CacheResultLabels {
+                    route: route.to_string(),
+                    result: result.as_str(),
+                })
+            }),
+            stale: StaleReason::ALL.map(|reason| {
+                self.cache_stale.get_or_create_owned(&CacheReasonLabels {
+                    route: route.to_string(),
+                    reason: reason.as_str(),
+                })
             }),
         }
     }

@@ -22,6 +22,7 @@
 
 mod admit;
 pub mod body;
+mod cached;
 mod context;
 pub mod cost;
 pub mod forward;
@@ -67,6 +68,8 @@ pub struct Proxy {
     alerts: Arc<crate::alerts::Alerter>,
     /// Budgets shared across regions (`storage.global`), if configured (set once, at start).
     global: Option<Arc<crate::global::Global>>,
+    /// The response cache every cached route shares: kept across reloads.
+    cache: Arc<crate::cache::Cache>,
 }
 
 /// The variables of a request whose route's header values hold none, or whose identity was
@@ -107,14 +110,23 @@ impl Proxy {
             )),
             pools,
             limiter,
-            metrics,
             gates,
             tops,
             telemetry: None,
             control: Default::default(),
             alerts,
             global: None,
+            cache: Arc::new(crate::cache::Cache::new(
+                config.cache,
+                metrics.cache_gauges(),
+            )),
+            metrics,
         }
+    }
+
+    /// The response cache (admin `/cache/purge`).
+    pub fn cache(&self) -> &Arc<crate::cache::Cache> {
+        &self.cache
     }
 
     /// Spends `scope: global` limits through `global` (set once, at start).
@@ -164,6 +176,7 @@ impl Proxy {
             jwt.keep_fresh(old.identity.jwt.as_deref());
         }
         self.alerts.configure(&config.alerts);
+        self.cache.configure(config.cache);
         let storage = &config.storage;
         self.limiter
             .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
@@ -257,11 +270,38 @@ impl Proxy {
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
+        // An unsafe method on a cached route: its URI's entries go once it succeeds.
+        let invalidates = (route.config.cache.is_some() && !req.method().is_safe()).then(|| {
+            let host = crate::config::request_host(req.uri(), req.headers());
+            (req.uri().clone(), host.map(|h| h.into_owned()))
+        });
+        // The cache phase, on a cached route (`cached.rs`): a hit is answered here.
+        let looked = match &route.config.cache {
+            Some(rules) => Box::pin(self.look_up(&snapshot, &route, rules, &req, &mut ctx)).await,
+            None => None,
+        };
         // Boxed, as the forward below: the limit phase's state (the decider's, the store's) is
         // a large part of a request's future, which hyper builds in place and moves several
         // times; one allocation costs less than copying it at every move.
-        let response = match Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx)).await {
-            Ok(()) => {
+        let decided = match looked {
+            Some(cached::Looked::Answer(answer)) => Ok(Some(answer)),
+            Some(cached::Looked::Refuse(rejection)) => Err(rejection),
+            Some(cached::Looked::Forward(pending)) => {
+                ctx.cache = Some(pending);
+                Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx))
+                    .await
+                    .map(|()| None)
+            }
+            None => Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx))
+                .await
+                .map(|()| None),
+        };
+        let response = match decided {
+            Ok(Some(answer)) => {
+                linger(req);
+                answer
+            }
+            Ok(None) => {
                 let identity = &snapshot.identity;
                 // floodgate ignored an untrusted peer's user id; the upstream must not see it.
                 if identity.strip_untrusted_user_id
@@ -301,11 +341,29 @@ impl Proxy {
                     });
                 }
                 linger(req);
-                rejection.respond(&route.extras.headers, ctx.dialect)
+                // "Degrade, don't deny": a stale copy instead of a 429 or an overload's 503,
+                // where the route allows it.
+                let stale = (ctx.cache.as_deref_mut())
+                    .and_then(|pending| pending.instead_of(&rejection, &route.extras.headers));
+                match stale {
+                    Some(stale) => stale,
+                    None => rejection.respond(&route.extras.headers, ctx.dialect),
+                }
             }
         };
         // `response_headers`: on every answer of the route, floodgate's own refusals too.
         let mut response = response;
+        if let Some(pending) = ctx.cache.take() {
+            if let Some(log) = ctx.log.as_deref_mut() {
+                log.cache = Some(pending.result().as_str().into());
+            }
+            pending.finish(&mut response);
+        }
+        if let Some((uri, host)) = invalidates
+            && (200..400).contains(&response.status().as_u16())
+        {
+            cached::invalidate(&self.cache, &route.config.name, &uri, host.as_deref());
+        }
         let edits = &route.config.response_headers;
         if !edits.is_empty() {
             edits.apply(
@@ -487,14 +545,20 @@ impl Proxy {
             Ok(response) => response.status().as_u16(),
             Err(rejection) => rejection.status().as_u16(),
         };
-        let mut response = match forwarded {
-            Ok(response) => response,
-            Err(rejection) => rejection.respond(&route.extras.headers, ctx.dialect),
-        };
         route
             .extras
             .metrics
             .upstream(status, started.elapsed().as_secs_f64());
+        // On a cached route: the answer stored (and streamed to the requests waiting on it),
+        // or a stale copy instead of a failure.
+        let forwarded = match ctx.cache.as_deref_mut() {
+            Some(pending) => pending.settle(&self.cache, forwarded),
+            None => forwarded,
+        };
+        let mut response = match forwarded {
+            Ok(response) => response,
+            Err(rejection) => rejection.respond(&route.extras.headers, ctx.dialect),
+        };
         if let Some(mut span) = forwarded_span {
             if let Some(addr) = used {
                 span.endpoint(addr);

@@ -24,7 +24,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("top", "limiter identity"),
     (
         "config",
-        "files tls path limiter identity adaptive grpc upstream",
+        "files tls path limiter identity adaptive grpc upstream cache",
     ),
     ("route", "config path"),
     ("policy", "config identity limiter metrics"),
@@ -33,6 +33,9 @@ const ALLOWED: &[(&str, &str)] = &[
     ("control", "config limiter"),
     ("alerts", "config control limiter metrics tls"),
     ("global", "limiter metrics"),
+    // The response cache: what may be stored, the entries, one fetch per key. It knows nothing
+    // of routes' limits or upstreams: the proxy tells it what a request is and what came back.
+    ("cache", "metrics"),
     // floodgate's own answers (refusals, rate-limit headers), below every front end.
     ("answer", "config grpc limiter metrics policy upstream"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
@@ -44,7 +47,7 @@ const ALLOWED: &[(&str, &str)] = &[
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive alerts answer config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top upstream",
+        "access_log adaptive alerts answer cache config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top upstream",
     ),
     (
         "replay",

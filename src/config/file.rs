@@ -64,6 +64,9 @@ pub struct FileConfig {
     pub consumers: Option<ConsumersFile>,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
+    /// The response cache's bounds.
+    #[serde(default)]
+    pub cache: Option<super::CacheFile>,
     /// The limiter as a rate-limit service for other proxies.
     #[serde(default)]
     pub service: Option<super::ServiceFile>,
@@ -416,6 +419,9 @@ pub struct RouteFile {
     /// Who no limit of this route applies to (beside the global `exempt:`).
     #[serde(default)]
     pub exempt: Option<ExemptFile>,
+    /// Cache this route's GET (and HEAD) answers.
+    #[serde(default)]
+    pub cache: Option<super::RouteCacheFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
 }
@@ -532,6 +538,9 @@ pub struct AdaptiveFile {
 #[serde(deny_unknown_fields)]
 pub struct LimitFile {
     pub algorithm: Choice<AlgorithmKind>,
+    /// Units a fresh cache hit spends on this limit (default 0: hits spend nothing).
+    #[serde(default)]
+    pub cache_hit_cost: Option<i64>,
     #[serde(default)]
     pub capacity: Option<i64>,
     #[serde(default)]

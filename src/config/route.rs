@@ -65,6 +65,8 @@ pub struct RouteConfig {
     /// slip a forged value past `set` and `remove` (RFC 9110 §6.5.1: trailers must not carry
     /// what routing or authentication reads).
     pub trailers_denied: std::sync::Arc<[http::HeaderName]>,
+    /// `cache:`: its GET (and HEAD) answers are cached by these rules.
+    pub cache: Option<std::sync::Arc<crate::cache::Rules>>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).
@@ -200,6 +202,8 @@ pub struct RouteLimit {
     /// `penalty:`: denials by this limit, counted per identity in the store as a fixed window of
     /// `denials` per `within`, and the ban that follows the window's last one.
     pub penalty: Option<Penalty>,
+    /// `cache_hit_cost`: units a fresh cache hit spends on it (0: none).
+    pub cache_hit_cost: u32,
     /// Derived from the route and the limit when the config is loaded (private, so that they
     /// cannot drift from what they are derived from): see the accessors.
     budget_id: String,

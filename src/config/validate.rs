@@ -463,9 +463,9 @@ impl Validator {
         };
         let multiplier = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => Some(1u64),
-            "k" | "kb" => Some(1 << 10),
-            "m" | "mb" => Some(1 << 20),
-            "g" | "gb" => Some(1 << 30),
+            "k" | "kb" | "kib" => Some(1 << 10),
+            "m" | "mb" | "mib" => Some(1 << 20),
+            "g" | "gb" | "gib" => Some(1 << 30),
             _ => None,
         };
         match (digits.parse::<u64>().ok(), multiplier) {

@@ -25,10 +25,12 @@ pub enum DecisionLabel {
     Overloaded,
     /// A banned identity (an operator's ban, or a limit's penalty box): 429, not forwarded.
     Banned,
+    /// Answered by the response cache: a fresh hit, or another request's fetch; not forwarded.
+    Cached,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 9] = [
+    pub const ALL: [DecisionLabel; 10] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -38,6 +40,7 @@ impl DecisionLabel {
         DecisionLabel::InvalidKey,
         DecisionLabel::Overloaded,
         DecisionLabel::Banned,
+        DecisionLabel::Cached,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -58,7 +61,8 @@ impl DecisionLabel {
             | DecisionLabel::Exempt
             | DecisionLabel::InvalidKey
             | DecisionLabel::Overloaded
-            | DecisionLabel::Banned => None,
+            | DecisionLabel::Banned
+            | DecisionLabel::Cached => None,
         }
     }
 
@@ -74,6 +78,7 @@ impl DecisionLabel {
             DecisionLabel::InvalidKey => "invalid_key",
             DecisionLabel::Overloaded => "overloaded",
             DecisionLabel::Banned => "banned",
+            DecisionLabel::Cached => "cached",
         }
     }
 }
@@ -164,6 +169,18 @@ pub(super) struct EndpointLabels {
 pub(super) struct EndpointStateLabels {
     pub(super) route: String,
     pub(super) state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CacheResultLabels {
+    pub(super) route: String,
+    pub(super) result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CacheReasonLabels {
+    pub(super) route: String,
+    pub(super) reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -70,6 +70,16 @@ pub(super) struct Read<'a> {
     json: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
+impl Read<'_> {
+    /// Nothing read (a cache hit's limits read no token claim or body).
+    pub(super) fn none() -> Self {
+        Read {
+            verified: None,
+            json: None,
+        }
+    }
+}
+
 /// What the decider reads of a live request: its composite keys' parts (recorded, as digests,
 /// in the access log's line for replay) and its settled limits' reserves.
 struct HttpFacts<'a> {

@@ -67,6 +67,8 @@ pub(super) struct Context {
     /// The variables of the route's header values, when they hold any (set once whose the
     /// request is is known).
     pub vars: Option<Box<crate::config::Vars>>,
+    /// On a cached route: what the cache phase left for the upstream's answer.
+    pub cache: Option<Box<super::cached::Pending>>,
 }
 
 impl Context {
@@ -77,6 +79,7 @@ impl Context {
             log: access_log::Line::start(req.method(), req.uri().path(), req.version()),
             peer,
             dialect: Dialect::of(req.headers(), Default::default()),
+            cache: None,
             admitted: None,
             permit: None,
             refused: None,

@@ -78,6 +78,34 @@ pub(super) struct RouteExtras {
     pub costs: Vec<Option<crate::metrics::CostCounters>>,
     /// Where its requests go: its upstream pool (kept across reloads by route name).
     pub pool: Arc<crate::upstream::RoutePool>,
+    /// A cached route's `floodgate_cache_*` handles.
+    pub cache: Option<crate::metrics::RouteCacheMetrics>,
+    /// A cached route whose limits ask a hit's `cache_hit_cost`: the route with only those
+    /// limits, each costing that.
+    pub hit_route: Option<crate::config::RouteConfig>,
+}
+
+/// A cached route whose limits name a `cache_hit_cost`: the route with only those limits, each
+/// costing it, and no shadow limits (what a hit spends). The limits keep their ids, so a hit
+/// spends from the same allowance as a miss.
+fn hit_route(route: &crate::config::RouteConfig) -> Option<crate::config::RouteConfig> {
+    route.cache.as_ref()?;
+    let limits: Vec<_> = (route.enforced.limits.iter())
+        .filter(|l| l.cache_hit_cost > 0)
+        .map(|l| {
+            let mut hit = l.clone();
+            hit.limit = l.limit.costing(l.cache_hit_cost);
+            hit.settled = None;
+            hit
+        })
+        .collect();
+    if limits.is_empty() {
+        return None;
+    }
+    let mut hit = route.clone();
+    hit.enforced = crate::config::Budget { limits };
+    hit.shadow = crate::config::Budget::default();
+    Some(hit)
 }
 
 /// Each route's heavy-hitter table, by route name: kept across reloads.
@@ -166,6 +194,8 @@ impl Snapshot {
                     gate,
                     top,
                     costs: cost_counters(r, metrics),
+                    cache: r.cache.as_ref().map(|_| metrics.route_cache(&r.name)),
+                    hit_route: hit_route(r),
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),

@@ -291,6 +291,7 @@ impl<'a> Fields<'a> {
             latency_ms: self.latency_ms,
             cost: self.cost.map(|c| text(c, "cost")).transpose()?,
             keys: self.keys.map(|k| text(k, "keys")).transpose()?,
+            cache: None,
         })
     }
 }

@@ -85,6 +85,10 @@ impl Validator {
             ),
         };
         let priority = self.choice(&format!("{path}.priority"), r.priority, Default::default());
+        let cache = r
+            .cache
+            .take()
+            .map(|c| std::sync::Arc::new(self.route_cache(&format!("{path}.cache"), c)));
         let adaptive = r
             .adaptive_concurrency
             .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
@@ -99,6 +103,7 @@ impl Validator {
         Some(RouteConfig {
             trailers_denied,
             reads_body,
+            cache,
             name: r.name.into(),
             path_prefix: r.path_prefix,
             methods,
@@ -249,6 +254,11 @@ impl Validator {
             let penalty =
                 (l.penalty.as_ref()).and_then(|p| self.penalty(&limit_path, p, per, store_name, n));
             let route_limit = RouteLimit {
+                cache_hit_cost: self.cache_hit_cost(
+                    &format!("{limit_path}.cache_hit_cost"),
+                    l.cache_hit_cost,
+                    &limit,
+                ),
                 limit,
                 settled,
                 per,
@@ -316,6 +326,23 @@ impl Validator {
             ban,
             budget_id: format!("{store_name}#{n}~penalty"),
         })
+    }
+
+    /// `cache_hit_cost` at `path`: from 0 (the default: a hit spends nothing) to what the limit
+    /// holds.
+    fn cache_hit_cost(&mut self, path: &str, cost: Option<i64>, limit: &Limit) -> u32 {
+        let most = limit.algorithm().max_cost();
+        match cost {
+            None => 0,
+            Some(n) if n >= 0 && n <= i64::from(most) => n as u32,
+            Some(n) => {
+                self.problem(
+                    path,
+                    format!("{n} must be between 0 and {most} (what the limit holds)"),
+                );
+                0
+            }
+        }
     }
 
     /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default

@@ -1,0 +1,130 @@
+//! `POST /cache/purge` on the admin listener: a cached route's entries go, all of them
+//! (`{"route": NAME}`), every query variant of one client path (`{"route", "path"}`), or every
+//! path under a prefix (`{"route", "prefix"}`). Authorized as every write endpoint is; a body of
+//! any other shape is a 400 naming the field, and removes nothing.
+
+use serde_json::{Map, Value, json};
+
+use super::query::{AdminError, bad};
+use crate::proxy::Proxy;
+
+/// What a purge removes.
+#[derive(Debug, PartialEq, Eq)]
+enum Scope {
+    Route,
+    Path(String),
+    Prefix(String),
+}
+
+/// The body read: the route and the scope.
+fn parse(body: &[u8]) -> Result<(String, Scope), AdminError> {
+    let map: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
+        bad(
+            400,
+            "bad_request",
+            format!("the body is not a JSON object: {e}"),
+        )
+    })?;
+    if let Some(unknown) = map
+        .keys()
+        .find(|k| !["route", "path", "prefix"].contains(&k.as_str()))
+    {
+        return Err(bad(
+            400,
+            "bad_request",
+            format!("{unknown}: not a field of a purge (it takes route, and path or prefix)"),
+        ));
+    }
+    let text = |name: &str| match map.get(name) {
+        None => Ok(None),
+        Some(Value::String(s)) if s.starts_with('/') || name == "route" => Ok(Some(s.clone())),
+        Some(Value::String(_)) => Err(bad(
+            400,
+            "bad_request",
+            format!("{name}: must start with /"),
+        )),
+        Some(_) => Err(bad(400, "bad_request", format!("{name}: must be a string"))),
+    };
+    let route = text("route")?.ok_or_else(|| bad(400, "bad_request", "route: is required"))?;
+    let scope = match (text("path")?, text("prefix")?) {
+        (None, None) => Scope::Route,
+        (Some(path), None) => Scope::Path(path),
+        (None, Some(prefix)) => Scope::Prefix(prefix),
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                400,
+                "bad_request",
+                "prefix: give path or prefix, not both",
+            ));
+        }
+    };
+    Ok((route, scope))
+}
+
+/// `POST /cache/purge`.
+pub fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
+    let (route, scope) = parse(body)?;
+    let snapshot = proxy.snapshot();
+    let Some(config) = snapshot.routes.routes().iter().find(|r| *r.name == *route) else {
+        return Err(bad(
+            400,
+            "bad_request",
+            format!("route: no route named {route:?}"),
+        ));
+    };
+    if config.cache.is_none() {
+        return Err(bad(
+            400,
+            "bad_request",
+            format!("route: {route:?} has no cache"),
+        ));
+    }
+    let purged = proxy.cache().remove_where(|place| {
+        *place.route == *route
+            && match &scope {
+                Scope::Route => true,
+                Scope::Path(path) => *place.path == **path,
+                Scope::Prefix(prefix) => place.path.starts_with(prefix.as_str()),
+            }
+    });
+    tracing::info!(route, ?scope, purged, "cache purged");
+    Ok(json!({ "purged": purged }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_purge_body_is_one_of_three_shapes_or_a_400_naming_the_field() {
+        assert_eq!(
+            parse(br#"{"route":"a"}"#).unwrap(),
+            ("a".into(), Scope::Route)
+        );
+        assert_eq!(
+            parse(br#"{"route":"a","path":"/x"}"#).unwrap(),
+            ("a".into(), Scope::Path("/x".into()))
+        );
+        assert_eq!(
+            parse(br#"{"route":"a","prefix":"/x/"}"#).unwrap(),
+            ("a".into(), Scope::Prefix("/x/".into()))
+        );
+        for (body, field) in [
+            (&br#"{"path":"/x"}"#[..], "route"),
+            (br#"{"route":"a","paths":"/x"}"#, "paths"),
+            (br#"{"route":"a","path":"x"}"#, "path"),
+            (br#"{"route":"a","path":"/x","prefix":"/"}"#, "prefix"),
+            (br#"{"route":7}"#, "route"),
+        ] {
+            let e = parse(body).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(
+                e.detail.starts_with(field),
+                "{}: {}",
+                String::from_utf8_lossy(body),
+                e.detail
+            );
+        }
+        assert_eq!(parse(b"[]").unwrap_err().status, 400);
+    }
+}

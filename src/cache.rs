@@ -1,0 +1,206 @@
+//! The response cache: micro-caching on the request path, so that a read surge is absorbed
+//! instead of refused. The proxy calls it from one place (`proxy/cached.rs`), after identity and
+//! bans and before limits: a fresh hit is answered from memory, without the upstream (and,
+//! unless a limit asks for `cache_hit_cost`, without the limiter).
+//!
+//! - [`rules`]: what the config says (`cache:` and a route's `cache:`);
+//! - [`key`]: which requests share an answer;
+//! - [`judge`]: RFC 9111's rules for a shared cache: what may be stored, and how long it is
+//!   fresh;
+//! - [`store`]: the entries, bounded by `cache.memory` exactly (CLOCK eviction);
+//! - [`fill`]: one upstream fetch per key, its body streamed to every request waiting on it;
+//! - [`body`]: the bodies the cache answers with (shared with the entry, never copied).
+//!
+//! The cache knows nothing of limits or upstreams: the proxy tells it what a request is and
+//! what the upstream answered.
+
+pub mod body;
+pub mod fill;
+pub mod judge;
+pub mod key;
+pub mod rules;
+pub mod store;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue, Response, header};
+
+pub use fill::{Claim, Followed, Leader};
+pub use key::{Key, Place};
+pub use rules::{KeyPart, Rules, Settings};
+pub use store::{Entry, NewEntry};
+
+use crate::metrics::CacheGauges;
+
+/// `Cache-Status`.
+pub const CACHE_STATUS: header::HeaderName = header::HeaderName::from_static("cache-status");
+
+/// What the cache holds for a request.
+pub enum Found {
+    /// A fresh entry.
+    Fresh(Arc<Entry>),
+    /// An entry stale for this long (still within the route's longest stale window).
+    Stale(Arc<Entry>, Duration),
+    /// The key's last answer could not be stored: go upstream without waiting on others.
+    Pass,
+    Miss,
+}
+
+/// The cache every route shares: one per process, kept across reloads.
+pub struct Cache {
+    store: Mutex<store::Store>,
+    fills: Arc<fill::Fills>,
+    settings: Mutex<Settings>,
+    gauges: CacheGauges,
+}
+
+impl Cache {
+    pub fn new(settings: Settings, gauges: CacheGauges) -> Self {
+        Cache {
+            store: Mutex::new(store::Store::new(settings.memory)),
+            fills: Arc::new(fill::Fills::default()),
+            settings: Mutex::new(settings),
+            gauges,
+        }
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// New bounds (a reload): entries past a smaller `memory` are evicted at once.
+    pub fn configure(&self, settings: Settings) {
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
+        let mut store = self.store();
+        store.set_memory(settings.memory);
+        self.publish(&mut store);
+    }
+
+    /// The largest answer stored.
+    pub fn max_entry(&self) -> usize {
+        self.settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .max_entry
+    }
+
+    /// What the cache holds for `key` and a request with `headers`; `credentialed`: the
+    /// request carries credentials, so only an entry that may serve those will do.
+    pub fn look_up(
+        &self,
+        key: &Key,
+        headers: &HeaderMap,
+        credentialed: bool,
+        rules: &Rules,
+        now: Instant,
+    ) -> Found {
+        let mut store = self.store();
+        let found = store.get(&key.bytes, headers, now);
+        match found {
+            Some(entry) if credentialed && !entry.credentialed_ok => Found::Miss,
+            Some(entry) => match entry.stale_for(now) {
+                None => Found::Fresh(entry),
+                Some(stale) if stale < rules.longest_stale() => Found::Stale(entry, stale),
+                Some(_) => Found::Miss,
+            },
+            None if store.passes(&key.bytes, now) => Found::Pass,
+            None => Found::Miss,
+        }
+    }
+
+    /// Leads or follows `key`'s fill.
+    pub fn claim(&self, key: &Key) -> Claim {
+        self.fills.claim(&key.bytes)
+    }
+
+    /// A fill of its own for a request no other follows.
+    pub fn solo(&self) -> Leader {
+        self.fills.solo()
+    }
+
+    /// Stores an answer.
+    pub fn insert(&self, key: &Key, entry: NewEntry) {
+        let mut store = self.store();
+        store.insert(key.bytes.clone(), entry);
+        self.publish(&mut store);
+    }
+
+    /// Remembers that `key`'s answer could not be stored, for `for_how_long`.
+    pub fn pass(&self, key: &Key, for_how_long: Duration) {
+        self.store()
+            .pass(key.bytes.clone(), Instant::now() + for_how_long);
+    }
+
+    /// Removes every entry whose place `matches`: how many went.
+    pub fn remove_where(&self, matches: impl Fn(&Place) -> bool) -> usize {
+        let mut store = self.store();
+        let removed = store.remove_where(matches);
+        self.publish(&mut store);
+        removed
+    }
+
+    /// Bytes and entries held now.
+    pub fn held(&self) -> (usize, usize) {
+        self.store().held()
+    }
+
+    fn publish(&self, store: &mut store::Store) {
+        let (bytes, entries) = store.held();
+        self.gauges.bytes.set(bytes as i64);
+        self.gauges.entries.set(entries as i64);
+        self.gauges
+            .evictions
+            .inc_by(std::mem::take(&mut store.evicted));
+    }
+}
+
+/// The answer of an entry at `now`: its status and headers, `Age`, `Cache-Status`, and its body
+/// (none for a HEAD).
+pub fn answer(
+    entry: &Entry,
+    now: Instant,
+    head: bool,
+    status: HeaderValue,
+) -> Response<body::Stored> {
+    let mut response = Response::new(body::Stored::new(match head {
+        true => Arc::from(Vec::new()),
+        false => entry.body.clone(),
+    }));
+    *response.status_mut() = entry.status;
+    let headers = response.headers_mut();
+    headers.reserve(entry.headers.len() + 2);
+    for (name, value) in &entry.headers {
+        headers.append(name, value.clone());
+    }
+    headers.insert(header::AGE, HeaderValue::from(entry.age_at(now)));
+    headers.insert(CACHE_STATUS, status);
+    response
+}
+
+/// `Cache-Status` values (RFC 9211), floodgate's words for what the cache did.
+pub mod status {
+    use http::HeaderValue;
+
+    /// A fresh hit with `ttl` seconds of freshness left.
+    pub fn hit(ttl: u64) -> HeaderValue {
+        HeaderValue::from_str(&format!("floodgate; hit; ttl={ttl}"))
+            .unwrap_or(HeaderValue::from_static("floodgate; hit"))
+    }
+
+    /// A stale copy, `stale` seconds past its freshness, served for `detail`.
+    pub fn stale(stale: u64, detail: &str) -> HeaderValue {
+        HeaderValue::from_str(&format!("floodgate; hit; ttl=-{stale}; detail={detail}"))
+            .unwrap_or(HeaderValue::from_static("floodgate; hit"))
+    }
+
+    pub const STORED: HeaderValue = HeaderValue::from_static("floodgate; fwd=uri-miss; stored");
+    pub const COLLAPSED: HeaderValue =
+        HeaderValue::from_static("floodgate; fwd=uri-miss; collapsed");
+    pub const MISS: HeaderValue = HeaderValue::from_static("floodgate; fwd=uri-miss");
+    pub const BYPASS: HeaderValue = HeaderValue::from_static("floodgate; fwd=bypass");
+    /// A trusted client asked for a fresh answer (`no-cache`): fetched and stored.
+    pub const REQUEST_STORED: HeaderValue =
+        HeaderValue::from_static("floodgate; fwd=request; stored");
+    pub const REQUEST: HeaderValue = HeaderValue::from_static("floodgate; fwd=request");
+}
