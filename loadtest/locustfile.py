@@ -1,7 +1,8 @@
 """Locust scenario for floodgate: the ride-hailing surge (riders at 10x their normal request rate).
 
-Riders hammer POST /api/rides/request (weight 3) and POST /api/fares/estimate (weight 1), waiting only
-0.1-0.5 s between requests. Each simulated rider sends an ``X-API-Key`` from a small pool of identities
+Riders hammer POST /api/rides/request (weight 3) and POST /api/fares/estimate (weight 1), and poll the
+surge map of one of 20 zones, GET /api/surge/zone/N (weight 4: the same read for every rider in a zone,
+what a response cache absorbs), waiting only 0.1-0.5 s between requests. Each simulated rider sends an ``X-API-Key`` from a small pool of identities
 (``rider-0`` .. ``rider-{N-1}``, N = $LOADTEST_API_KEYS, default 5), so several users share one budget,
 like several app instances of one account, and floodgate's per-identity token buckets bite.
 
@@ -36,6 +37,9 @@ REJECTED_SUFFIX = " (429)"
 
 RIDES = "/api/rides/request"
 FARES = "/api/fares/estimate"
+SURGE_MAP = "/api/surge/zone/"
+#: How many zones' maps riders poll (each rider a random one per poll).
+ZONES = 20
 
 #: Midtown Manhattan, as in the surge scenario.
 TRIP = {
@@ -72,20 +76,30 @@ class SurgeRider(FastHttpUser):
     def post(self, path: str, body: dict) -> None:
         """POSTs ``body`` to ``path`` and classifies the answer (see the module docstring)."""
         with self.client.post(path, json=body, headers=self.headers, name=path, catch_response=True) as response:
-            status = response.status_code
-            if 200 <= status < 300:
+            self.classify(response, path)
+
+    def get(self, path: str, name: str) -> None:
+        """GETs ``path`` (reported as ``name``) and classifies the answer."""
+        with self.client.get(path, headers=self.headers, name=name, catch_response=True) as response:
+            self.classify(response, name)
+
+    @staticmethod
+    def classify(response, path: str) -> None:
+        """2xx: success; 429 with Retry-After: its own row; anything else: a failure."""
+        status = response.status_code
+        if 200 <= status < 300:
+            response.success()
+        elif status == 429:
+            # Report the rejection under its own row. request_meta is what Locust fires on exit.
+            response.request_meta["name"] = path + REJECTED_SUFFIX
+            if response.headers.get("Retry-After"):
                 response.success()
-            elif status == 429:
-                # Report the rejection under its own row. request_meta is what Locust fires on exit.
-                response.request_meta["name"] = path + REJECTED_SUFFIX
-                if response.headers.get("Retry-After"):
-                    response.success()
-                else:
-                    response.failure("429 without Retry-After")
-            elif status == 0:
-                response.failure(f"connection error: {response.error}")
             else:
-                response.failure(f"HTTP {status}")
+                response.failure("429 without Retry-After")
+        elif status == 0:
+            response.failure(f"connection error: {response.error}")
+        else:
+            response.failure(f"HTTP {status}")
 
     @tag("surge")
     @task(3)
@@ -96,6 +110,11 @@ class SurgeRider(FastHttpUser):
     @task(1)
     def fare_estimate(self) -> None:
         self.post(FARES, dict(TRIP))
+
+    @tag("surge")
+    @task(4)
+    def surge_map(self) -> None:
+        self.get(SURGE_MAP + str(random.randrange(ZONES)), name=SURGE_MAP + "[zone]")
 
 
 #: The OpenAI-compatible endpoint of the demo upstream (token budgets: scripts/loadtest-tokens.sh).

@@ -33,6 +33,10 @@
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
 #                    them, so their cost cancels out of the difference)
+#   CACHE=1          the cache-hit path instead: floodgate's route has `cache: {ttl: 1h, public:
+#                    true}` and no limit; nginx has `proxy_cache` (a keys zone, `proxy_cache_valid
+#                    200 1h`); the start-up probe fills each cache, so every counted request is a
+#                    hit (answered without the upstream)
 # With KEEP, `scripts/callgrind-phases.py KEEP/floodgate.N1.out KEEP/floodgate.N2.out N1 N2`
 # splits floodgate's figure phase by phase.
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
@@ -131,6 +135,18 @@ routes:
     limits:
       - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}
 EOF
+if [ -n "${CACHE:-}" ]; then
+    cat >"$WORK/floodgate.yaml" <<EOF
+listen: 127.0.0.1:$PORT
+identity:
+  api_key_header: X-API-Key
+routes:
+  - name: bench
+    path_prefix: /
+    $UPSTREAM
+    cache: {ttl: 1h, public: true}
+EOF
+fi
 # ROUTES: the requests' path and host (`:authority`, which h2load writes as Host).
 REQ_PATH=/
 REQ_HOST=()
@@ -168,9 +184,14 @@ LIMIT_REQ=""
 if [ -n "${DENY:-}" ]; then
     LIMIT_REQ="limit_req zone=bench nodelay; limit_req_status 429;"
 fi
+PROXY_CACHE=""
+if [ -n "${CACHE:-}" ]; then
+    PROXY_CACHE="proxy_cache bench; proxy_cache_valid 200 1h;"
+fi
 nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
     limit_req_zone \$http_x_api_key zone=bench:1m rate=1r/m;
-    server { listen 127.0.0.1:$PORT; location / { $LIMIT_REQ proxy_pass http://backend;
+    proxy_cache_path $WORK/proxy/cache keys_zone=bench:10m;
+    server { listen 127.0.0.1:$PORT; location / { $LIMIT_REQ $PROXY_CACHE proxy_pass http://backend;
         proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 
 # total instructions of one proxy process serving $2 requests: run_one NAME N COMMAND...
@@ -233,6 +254,14 @@ if [ -n "${DENY:-}" ]; then
     hs=$(per_request hyper_serve "$STACK_FLOOR" serve "127.0.0.1:$PORT")
     echo "floodgate (memory store, one token bucket): $fg instructions per refused request"
     echo "nginx limit_req:                            $ng instructions per refused request"
+    echo "hyper_serve (the stack's floor: a fixed answer): $hs instructions per request"
+    python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x; hyper_serve / nginx: {$hs / $ng:.2f}x')"
+    exit 0
+fi
+if [ -n "${CACHE:-}" ]; then
+    hs=$(per_request hyper_serve "$STACK_FLOOR" serve "127.0.0.1:$PORT")
+    echo "floodgate (a cache hit, memory):             $fg instructions per request"
+    echo "nginx proxy_cache (a hit):                   $ng instructions per request"
     echo "hyper_serve (the stack's floor: a fixed answer): $hs instructions per request"
     python3 -c "print(f'floodgate / nginx: {$fg / $ng:.2f}x; hyper_serve / nginx: {$hs / $ng:.2f}x')"
     exit 0

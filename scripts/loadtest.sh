@@ -4,7 +4,9 @@
 # Starts redis-server, the demo upstream (an API with finite capacity) and floodgate as local processes on
 # 127.0.0.1, then runs Locust headless against floodgate, once per run in RUNS:
 #   no_limit          floodgate with every route's limits removed (the unprotected baseline)
-#   with_limit        the ride-hailing config (token bucket, capacity 20, refill 10/s on rides and fares)
+#   with_limit        the ride-hailing config (token bucket, capacity 20, refill 10/s on rides and fares;
+#                     the surge map cached for 1 s, the same bucket behind the cache)
+#   no_cache          with_limit without the surge map's cache: its riders get what the bucket allows
 #   adaptive          no limits, only `adaptive_concurrency: {}` on every route: no number configured
 #   adaptive_degrade  the same, and the upstream gets sick a third of the way in (its service time × 3,
 #                     through its /__capacity knob) and heals two thirds of the way in
@@ -27,7 +29,7 @@
 #   UPSTREAM_WORKERS=8 UPSTREAM_SERVICE_TIME=50ms UPSTREAM_QUEUE_TIMEOUT=250ms   demo upstream capacity
 #   PIN_CPUS=1                   pin Locust to CPU 1 and the servers to CPU 0 (needs 2+ CPUs and taskset)
 #   BUILD=1                      rebuild the release binaries even if they exist
-#   RUNS="no_limit with_limit adaptive adaptive_degrade"   which runs, in order
+#   RUNS="no_limit no_cache with_limit adaptive adaptive_degrade"   which runs, in order
 #   LOCUST_PROCESSES=1           Locust worker processes (--processes; more for thousands of users)
 # Setup (build, apt-get install redis-server, virtualenv) happens first, only when something is missing;
 # after that the runs finish within (DURATION + 30 s) per run + 1 minute. Every process started here is stopped on exit.
@@ -50,7 +52,7 @@ BASE_CONFIG="$ROOT/config/floodgate.docker.yaml"
 VENV="$ROOT/loadtest/.venv"
 FLOODGATE="$ROOT/target/dist/floodgate"
 DEMO_UPSTREAM="$ROOT/target/dist/floodgate-demo-upstream"
-read -r -a RUNS <<<"${RUNS:-no_limit with_limit adaptive adaptive_degrade}"
+read -r -a RUNS <<<"${RUNS:-no_limit no_cache with_limit adaptive adaptive_degrade}"
 LOCUST_PROCESSES="${LOCUST_PROCESSES:-1}"
 # One process by default: with --processes, a master aggregates its workers' stats, which arrive
 # every few seconds (the per-second history then comes in steps).
@@ -262,7 +264,10 @@ make_adaptive_config() {
 }
 
 make_with_limit_config "$RESULTS_DIR/with_limit_floodgate.yaml"
-make_no_limit_config "$RESULTS_DIR/no_limit_floodgate.yaml" "$RESULTS_DIR/with_limit_floodgate.yaml"
+# no_cache: the with_limit config without the surge map's cache.
+grep -v '^    cache:' "$RESULTS_DIR/with_limit_floodgate.yaml" >"$RESULTS_DIR/no_cache_floodgate.yaml"
+grep -q '^    cache:' "$RESULTS_DIR/with_limit_floodgate.yaml" || die "the surge map has no cache in $BASE_CONFIG"
+make_no_limit_config "$RESULTS_DIR/no_limit_floodgate.yaml" "$RESULTS_DIR/no_cache_floodgate.yaml"
 make_adaptive_config "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/no_limit_floodgate.yaml"
 
 # replica_kill: three replicas of the demo upstream on one port, 127.0.0.2-4, for that run only.

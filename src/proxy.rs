@@ -354,8 +354,12 @@ impl Proxy {
         // `response_headers`: on every answer of the route, floodgate's own refusals too.
         let mut response = response;
         if let Some(pending) = ctx.cache.take() {
+            let result = pending.result().as_str();
             if let Some(log) = ctx.log.as_deref_mut() {
-                log.cache = Some(pending.result().as_str().into());
+                log.cache = Some(result.into());
+            }
+            if let Some(trace) = &ctx.trace {
+                trace.set(|| KeyValue::new("floodgate.cache", result));
             }
             pending.finish(&mut response);
         }

@@ -72,6 +72,12 @@ struct RouteStats {
     compared: u64,
     agreed: u64,
     top: TopK,
+    /// A cached route: requests answered from the cache (a hit, or collapsed onto another's
+    /// fetch), and when each key's last fetch came back (µs of log time).
+    cached: u64,
+    filled: std::collections::HashMap<String, u64>,
+    /// Requests that would have reached the upstream.
+    upstream: u64,
 }
 
 impl RouteStats {
@@ -345,6 +351,7 @@ impl Replay {
         }
         self.requests += 1;
         let proposal = Arc::clone(&self.proposal);
+        let cache_key = || [record.host.as_deref().unwrap_or(""), "\0", &record.path].concat();
         // By method, path and the host the log recorded; routes with `headers` are passed over
         // (the log holds no headers).
         let headers = http::HeaderMap::new();
@@ -360,8 +367,43 @@ impl Replay {
         };
         let route = &proposal.config.routes[i];
         self.stats[i].requests += 1;
+        // The cache before the limits (as the proxy's order): a GET or HEAD within the route's
+        // `ttl` of its key's last fetch is answered from it, or collapsed onto the fetch still
+        // under way. The log holds no `Cache-Control`: the route's `ttl` is the freshness. An
+        // unsafe method answered 2xx or 3xx removes its key.
+        let cached = route
+            .cache
+            .as_ref()
+            .map(|rules| (rules.ttl.as_micros() as u64, cache_key()));
+        let reads = matches!(record.method, http::Method::GET | http::Method::HEAD);
+        if let Some((ttl_us, key)) = &cached {
+            if reads
+                && self.stats[i]
+                    .filled
+                    .get(key)
+                    .is_some_and(|&at| now < at + ttl_us)
+            {
+                self.stats[i].cached += 1;
+                return;
+            }
+            if !record.method.is_safe() && record.status.is_some_and(|s| (200..400).contains(&s)) {
+                self.stats[i].filled.remove(key);
+            }
+        }
+        // Forwarded: a GET's fetch fills its key when it comes back (as logged; else at once).
+        let fill = |stats: &mut RouteStats| {
+            stats.upstream += 1;
+            if let Some((_, key)) = cached.clone()
+                && record.method == http::Method::GET
+            {
+                stats
+                    .filled
+                    .insert(key, now + record.latency_us.unwrap_or(0));
+            }
+        };
         if !route.is_limited() {
             self.stats[i].allowed += 1;
+            fill(&mut self.stats[i]);
             return;
         }
         // Whose allowances: the proxy's rules (crate::policy), on the digests the log holds. The
@@ -415,6 +457,9 @@ impl Replay {
         };
         settle_as_logged(&record, route, std::mem::take(&mut decided.reservations));
         self.stats[i].count(&record, &decided, &whose.identity);
+        if decided.refused.is_none() {
+            fill(&mut self.stats[i]);
+        }
         if !decided.leases.is_empty() {
             // The slots are held for as long as the request took (as logged; else they end at
             // once).
@@ -458,6 +503,8 @@ impl Replay {
                 denied: s.denied,
                 shadow_denied: s.shadow_denied,
                 invalid_key: s.invalid_key,
+                cached: route.cache.as_ref().map(|_| s.cached),
+                upstream: s.upstream,
                 compared: s.compared,
                 agreed: s.agreed,
                 limits: route

@@ -341,3 +341,38 @@ async fn underscores_in_headers_takes_effect_on_sighup() {
     raw_exchange(fg.addr(), request(&fg).as_bytes()).await;
     assert_eq!(upstream.values(1, "x_consumer"), ["forged"]);
 }
+
+/// `cache.memory` (reloadable): a smaller bound after SIGHUP evicts at once, the entries that
+/// fit are kept and still served.
+#[tokio::test]
+async fn a_reload_to_a_smaller_cache_memory_evicts_at_once_and_keeps_the_rest() {
+    let upstream = Upstream::start().await;
+    let config = |memory: &str| {
+        Config::new()
+            .with("cache", &format!("{{memory: {memory}, max_entry: 1KiB}}"))
+            .route(Route::new("c", "/", &upstream.url()).with("cache", "{ttl: 5m}"))
+    };
+    let fg = Floodgate::start(&config("1MiB").yaml());
+    for n in 0..20 {
+        let reply = client()
+            .get(fg.url(&format!("/e{n}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), StatusCode::OK);
+    }
+    assert_eq!(metric(&fg, "floodgate_cache_entries").await, 20);
+    // Each entry is about 400 bytes (its body, headers, key and overhead): 4 KiB keeps some.
+    reload(&fg, &config("4KiB")).await;
+    let entries = metric(&fg, "floodgate_cache_entries").await;
+    assert!((1..20).contains(&entries), "{entries}");
+    assert!(metric(&fg, "floodgate_cache_bytes").await <= 4096);
+    let hit = client().get(fg.url("/e19")).send().await.unwrap();
+    assert!(
+        hit.headers()["cache-status"]
+            .to_str()
+            .unwrap()
+            .contains("hit")
+    );
+    assert_eq!(upstream.count(), 20);
+}

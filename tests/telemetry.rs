@@ -359,17 +359,18 @@ fn chromium() -> std::path::PathBuf {
 async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {u}\n    limits:\n      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1}}\n  - name: search\n    path_prefix: /search\n    upstream: {u}\n",
+        "admin_listen: 127.0.0.1:0\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {u}\n    limits:\n      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1}}\n  - name: search\n    path_prefix: /search\n    upstream: {u}\n    cache: {{ttl: 30s}}\n",
         u = upstream.url()
     ));
     // Traffic while the page is open, back to back (the page samples /metrics on its own
     // clock, which headless Chromium runs faster than real time): allowed and denied on /orders.
-    let url = fg.url("/orders");
+    let (url, cached) = (fg.url("/orders"), fg.url("/search"));
     let traffic = tokio::spawn(async move {
         let client = client();
         let until = Instant::now() + Duration::from_secs(20);
         while Instant::now() < until {
             let _ = client.get(&url).header("x-api-key", "dash").send().await;
+            let _ = client.get(&cached).send().await;
         }
     });
     // Some requests first, so the first samples already differ.
@@ -425,6 +426,19 @@ async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
         .expect("a denied/s cell");
     assert!(allowed + denied > 0.0, "no live figure: {dom}");
     assert!(dom.contains("closed"), "breaker state shown");
+    // The cached route's hit ratio and stale answers; the other route has no cache.
+    let ratio = dom
+        .split("data-route=\"search\" data-cache=\"ratio\">")
+        .nth(1)
+        .and_then(|rest| rest.split('%').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("a hit ratio cell");
+    assert!(
+        ratio > 50.0,
+        "{ratio}% hits on one path cached for 30 s: {dom}"
+    );
+    assert!(dom.contains("stale/s"));
+    assert!(dom.contains("data-route=\"orders\" data-cache=\"none\""));
     // Each route's upstream endpoints, with their state (from /upstreams).
     let endpoint = upstream.addr().to_string();
     assert!(

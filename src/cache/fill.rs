@@ -513,26 +513,33 @@ mod tests {
     async fn followers_of_an_answer_that_cannot_be_stored_go_upstream_a_few_at_a_time() {
         let fills = Arc::new(Fills::default());
         let leader = lead(&fills);
+        // Each follower, once released, "goes upstream" for 5 ms holding its place.
+        let holding = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
         let waiters: Vec<_> = (0..3 * RELEASED_AT_ONCE)
-            .map(|_| tokio::spawn(follow(&fills).wait(Duration::from_secs(5))))
+            .map(|_| {
+                let waiter = follow(&fills);
+                let (holding, most) = (holding.clone(), most.clone());
+                tokio::spawn(async move {
+                    let Followed::Released(place) = waiter.wait(Duration::from_secs(5)).await
+                    else {
+                        panic!("released")
+                    };
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    drop(place);
+                })
+            })
             .collect();
         tokio::task::yield_now().await;
         leader.pass();
-        let mut permits = Vec::new();
-        for (n, waiter) in waiters.into_iter().enumerate() {
-            if n < RELEASED_AT_ONCE {
-                let Followed::Released(permit) = waiter.await.unwrap() else {
-                    panic!("released")
-                };
-                permits.push(permit);
-            } else {
-                // The rest wait for a place: none is free until one goes.
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                assert!(!waiter.is_finished());
-                permits.pop();
-                assert!(matches!(waiter.await.unwrap(), Followed::Released(_)));
-            }
+        for waiter in waiters {
+            waiter.await.unwrap();
         }
+        assert_eq!(most.load(Ordering::SeqCst), RELEASED_AT_ONCE);
+        assert_eq!(fills.waiting(), 0);
     }
 
     #[tokio::test]

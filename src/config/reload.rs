@@ -13,7 +13,8 @@
 //! and with `timeouts.upstream_connect` unchanged, a reload keeps the upstream connections),
 //! `storage.timeout`, `storage.on_error`, `storage.batch`, `storage.leases` and
 //! `storage.lease_ttl` (a remote store's connections keep the reply timeout they were made with:
-//! [`storage_timeout_ceiling`]), `usage_path`, `admin.token_file` (re-read), `alerts` (the
+//! [`storage_timeout_ceiling`]), `cache.memory` and `cache.max_entry` (entries are kept; a
+//! smaller `memory` evicts at once), `usage_path`, `admin.token_file` (re-read), `alerts` (the
 //! crossings already alerted are kept), and the files
 //! `service.config` names (re-read by the service). Limiter state carries over for every limit that did not change.
 //!

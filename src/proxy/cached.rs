@@ -8,58 +8,25 @@
 //! One place counts what the cache did (`floodgate_cache_requests_total`) and writes
 //! `Cache-Status`: [`Pending::finish`], when the response goes out.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+pub(super) mod pending;
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::body::ClientBody;
 use super::context::{Admitted, Context};
 use super::{Matched, Proxy, Rejection, Snapshot, forward};
 use crate::answer::Body;
-use crate::cache::{
-    self, Cache, Claim, Entry, Followed, Found, Key, Leader, NewEntry, Rules, status,
-};
-use crate::metrics::{CacheResult, DecisionLabel, RouteCacheMetrics, StaleReason};
+use crate::cache::{self, Claim, Followed, Found, Key, Rules, status};
+use crate::metrics::{CacheResult, DecisionLabel, StaleReason};
+pub(super) use pending::{Pending, invalidate};
+use pending::{Role, from_entry};
 
 /// How many times a request goes round again after a fill it waited on was given up.
 const RETRIES: usize = 3;
-
-/// A cached route's request on its way to the upstream.
-pub(super) struct Pending {
-    rules: Arc<Rules>,
-    key: Key,
-    /// The request as it arrived: what the answer's `Vary` reads, and what RFC 9111 judges.
-    uri: Uri,
-    asked: HeaderMap,
-    credentialed: bool,
-    role: Role,
-    /// A stale copy, for `stale_if_error`, `stale_if_overloaded` and `stale_if_limited`.
-    stale: Option<(Arc<Entry>, Duration)>,
-    head: bool,
-    /// What the cache did, and its `Cache-Status`: set as the request goes.
-    result: CacheResult,
-    status: HeaderValue,
-    metrics: RouteCacheMetrics,
-}
-
-/// What a request going upstream does with the answer.
-enum Role {
-    /// It leads the key's fill: the answer is streamed to its followers and stored.
-    Lead(Leader),
-    /// It stores the answer if it may, with no one waiting on it.
-    Alone,
-    /// A trusted client's `no-cache`: fetched, and stored.
-    Refresh,
-    /// Among the few sent upstream from a fill that could not be used (held until the answer).
-    Released { _place: OwnedSemaphorePermit },
-    /// The key's last answer could not be stored, or a HEAD missed: forwarded as it is.
-    Pass,
-    /// May not use the cache (`Range`): forwarded as it is.
-    Bypass,
-}
 
 /// What the cache phase made of a request.
 pub(super) enum Looked {
@@ -93,22 +60,6 @@ fn asks_fresh(headers: &HeaderMap) -> bool {
                 .get(header::PRAGMA)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.to_ascii_lowercase().contains("no-cache")))
-}
-
-/// An entry's answer, boxed as every answer is.
-fn from_entry(entry: &Entry, now: Instant, head: bool, status: HeaderValue) -> Response<Body> {
-    cache::answer(entry, now, head, status).map(|b| b.boxed_unsync())
-}
-
-/// True for an upstream answer a stale copy may stand in for (`stale_if_error`).
-fn failed(forwarded: &Result<Response<Body>, Rejection>) -> bool {
-    match forwarded {
-        Ok(response) => response.status().is_server_error(),
-        Err(rejection) => matches!(
-            rejection,
-            Rejection::BadGateway(_) | Rejection::GatewayTimeout | Rejection::NoUpstream
-        ),
-    }
 }
 
 impl Proxy {
@@ -187,9 +138,9 @@ impl Proxy {
             status: status::BYPASS,
             metrics,
         });
-        // A `Range` passes through; a trusted proxy may ask for a fresh answer (a client
-        // cannot bust the cache).
-        if headers.contains_key(header::RANGE) {
+        // A `Range` (or an upgrade) passes through; a trusted proxy may ask for a fresh answer
+        // (a client cannot bust the cache).
+        if headers.contains_key(header::RANGE) || headers.contains_key(header::UPGRADE) {
             return Some(Looked::Forward(pending));
         }
         if trusted && asks_fresh(headers) && !head {
@@ -393,250 +344,4 @@ impl Proxy {
             }
         });
     }
-}
-
-impl Pending {
-    /// A request of floodgate's own (a refresh), as if a client had asked.
-    fn detached(
-        rules: Arc<Rules>,
-        key: Key,
-        uri: Uri,
-        asked: HeaderMap,
-        metrics: Option<RouteCacheMetrics>,
-    ) -> Option<Pending> {
-        Some(Pending {
-            rules,
-            key,
-            uri,
-            asked,
-            credentialed: false,
-            role: Role::Alone,
-            stale: None,
-            head: false,
-            result: CacheResult::Miss,
-            status: status::MISS,
-            metrics: metrics?,
-        })
-    }
-
-    /// The stale copy, served for `reason`, if its route allows that long.
-    fn stale_for(&mut self, reason: StaleReason, now: Instant) -> Option<Response<Body>> {
-        let window = match reason {
-            StaleReason::Revalidating => self.rules.stale_while_revalidate,
-            StaleReason::Error => self.rules.stale_if_error,
-            StaleReason::Overloaded => self.rules.stale_if_overloaded,
-            StaleReason::Limited => self.rules.stale_if_limited,
-        };
-        let (entry, _) = self.stale.as_ref()?;
-        let stale = entry.stale_for(now)?;
-        if stale >= window {
-            return None;
-        }
-        let answer = from_entry(
-            entry,
-            now,
-            self.head,
-            status::stale(stale.as_secs().max(1), reason.as_str()),
-        );
-        self.metrics.stale(reason);
-        self.result = CacheResult::Stale;
-        Some(answer)
-    }
-
-    /// A refusal the route's stale copy may stand in for: `stale_if_limited` (the copy carries
-    /// the refusal's rate-limit headers, 0 remaining) or `stale_if_overloaded`.
-    pub(super) fn instead_of(
-        &mut self,
-        rejection: &Rejection,
-        headers: &crate::answer::RateLimitHeaders,
-    ) -> Option<Response<Body>> {
-        let now = Instant::now();
-        match rejection {
-            Rejection::RateLimited(verdict, limit) => {
-                let mut answer = self.stale_for(StaleReason::Limited, now)?;
-                headers.write(answer.headers_mut(), verdict, *limit);
-                Some(answer)
-            }
-            Rejection::UpstreamOverloaded => self.stale_for(StaleReason::Overloaded, now),
-            _ => None,
-        }
-    }
-
-    /// What the upstream answered (or why it did not), for the cache: a stale copy instead of a
-    /// failure (`stale_if_error`); else the answer, stored (and streamed to the followers) if
-    /// it may be.
-    pub(super) fn settle(
-        &mut self,
-        cache: &Arc<Cache>,
-        forwarded: Result<Response<Body>, Rejection>,
-    ) -> Result<Response<Body>, Rejection> {
-        if failed(&forwarded) {
-            // The followers hear of it first: each serves its stale copy, or goes upstream.
-            if let Role::Lead(leader) = std::mem::replace(&mut self.role, Role::Bypass) {
-                leader.fail();
-            }
-            if let Some(answer) = self.stale_for(StaleReason::Error, Instant::now()) {
-                return Ok(answer);
-            }
-            self.result = CacheResult::Uncacheable;
-            return forwarded;
-        }
-        let Ok(response) = forwarded else {
-            return forwarded;
-        };
-        let role = std::mem::replace(&mut self.role, Role::Bypass);
-        match role {
-            Role::Lead(leader) => Ok(self.store(cache, Some(leader), response)),
-            Role::Alone | Role::Refresh => Ok(self.store(cache, None, response)),
-            Role::Released { .. } | Role::Pass | Role::Bypass => Ok(response),
-        }
-    }
-
-    /// Stores `response` if RFC 9111 and the route allow it, streaming its body to the
-    /// followers of `leader`; else lets them go (a few at a time) and remembers the key as not
-    /// storable for the route's `ttl`.
-    fn store(
-        &mut self,
-        cache: &Arc<Cache>,
-        leader: Option<Leader>,
-        response: Response<Body>,
-    ) -> Response<Body> {
-        let refresh = matches!(self.status.as_bytes(), b"floodgate; fwd=request");
-        let judged = cache::judge::judge(
-            &self.rules,
-            &self.uri,
-            &self.asked,
-            self.credentialed,
-            response.status(),
-            response.headers(),
-            SystemTime::now(),
-        );
-        let max_entry = cache.max_entry();
-        let too_large = response
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .is_some_and(|n| n > max_entry as u64);
-        let storable = match judged {
-            Ok(storable) if !too_large && response.status() != StatusCode::PARTIAL_CONTENT => {
-                storable
-            }
-            Ok(_) => {
-                // Too large: it streams through; the next request goes upstream too.
-                if let Some(leader) = leader {
-                    leader.pass();
-                }
-                self.result = CacheResult::Uncacheable;
-                self.status = status::MISS;
-                return response;
-            }
-            Err(why) => {
-                if let Some(leader) = leader {
-                    leader.pass();
-                }
-                if why == cache::judge::NotStorable::Credentialed {
-                    self.result = CacheResult::Bypass;
-                    self.status = status::BYPASS;
-                } else {
-                    cache.pass(&self.key, self.rules.ttl);
-                    self.result = CacheResult::Uncacheable;
-                    self.status = if refresh {
-                        status::REQUEST
-                    } else {
-                        status::MISS
-                    };
-                }
-                return response;
-            }
-        };
-        self.status = if refresh {
-            status::REQUEST_STORED
-        } else {
-            status::STORED
-        };
-        let (parts, body) = response.into_parts();
-        let vary = cache::judge::vary_values(&storable.vary, &self.asked);
-        let stored = Instant::now();
-        let keep_for = storable.fresh_for + self.rules.longest_stale();
-        let entry = EntryHead {
-            status: parts.status,
-            headers: parts.headers.clone(),
-            key: self.key.clone(),
-            storable,
-            vary,
-            stored,
-            keep_for,
-        };
-        let leader = match leader {
-            Some(leader) => leader,
-            None => cache.solo(),
-        };
-        let target = cache.clone();
-        let ended: cache::fill::Ended = Box::new(move |kept| {
-            if let Some(body) = kept {
-                let key = entry.key.clone();
-                target.insert(&key, entry.into_entry(body));
-            }
-        });
-        let body = leader.stream(parts.status, parts.headers.clone(), body, max_entry, ended);
-        Response::from_parts(parts, body.boxed_unsync())
-    }
-
-    /// The response goes out: counts what the cache did, and writes `Cache-Status`.
-    pub(super) fn finish(self, response: &mut Response<Body>) {
-        if self.result != CacheResult::Stale {
-            self.metrics.count(self.result);
-        }
-        if !self.status.is_empty() {
-            response
-                .headers_mut()
-                .entry(cache::CACHE_STATUS)
-                .or_insert(self.status);
-        }
-    }
-
-    /// The label of what the cache did (the access log's `cache`).
-    pub(super) fn result(&self) -> CacheResult {
-        self.result
-    }
-}
-
-/// What a stored entry is made of, kept until its body has arrived whole.
-struct EntryHead {
-    status: StatusCode,
-    headers: HeaderMap,
-    key: Key,
-    storable: cache::judge::Storable,
-    vary: Vec<(http::HeaderName, Option<HeaderValue>)>,
-    stored: Instant,
-    keep_for: Duration,
-}
-
-impl EntryHead {
-    fn into_entry(self, body: Arc<[bytes::Bytes]>) -> NewEntry {
-        NewEntry {
-            status: self.status,
-            headers: self.headers,
-            body,
-            stored: self.stored,
-            age: self.storable.age,
-            fresh_for: self.storable.fresh_for,
-            keep_for: self.keep_for,
-            vary: self.vary,
-            credentialed_ok: self.storable.credentialed_ok,
-            place: self.key.place,
-        }
-    }
-}
-
-/// An unsafe method answered 2xx or 3xx on a cached route: its URI's entries go, every key
-/// variant of them (RFC 9111 §4.4).
-pub(super) fn invalidate(cache: &Cache, route: &str, uri: &Uri, host: Option<&str>) -> usize {
-    let host = cache::key::bare_host(host.unwrap_or(""));
-    cache.remove_where(|p| {
-        *p.route == *route
-            && *p.host == *host
-            && *p.path == *uri.path()
-            && p.query.as_deref() == uri.query()
-    })
 }

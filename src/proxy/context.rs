@@ -68,7 +68,7 @@ pub(super) struct Context {
     /// request is is known).
     pub vars: Option<Box<crate::config::Vars>>,
     /// On a cached route: what the cache phase left for the upstream's answer.
-    pub cache: Option<Box<super::cached::Pending>>,
+    pub cache: Option<Box<super::cached::pending::Pending>>,
 }
 
 impl Context {

@@ -36,6 +36,10 @@ pub struct RouteReport {
     pub shadow_denied: u64,
     /// Unknown API keys under `unknown_key: reject` (401, neither allowed nor denied).
     pub invalid_key: u64,
+    /// A cached route's requests answered from the cache (`None`: the route has no cache).
+    pub cached: Option<u64>,
+    /// Requests that would have reached the upstream.
+    pub upstream: u64,
     /// Requests whose live decision the log records (floodgate's JSON log), and how many of
     /// them replay decided the same way: replaying a proxy's own log with its own config should
     /// agree on all.
@@ -81,6 +85,8 @@ impl Report {
                 "denied": r.denied,
                 "shadow_denied": r.shadow_denied,
                 "invalid_key": r.invalid_key,
+                "cached": r.cached,
+                "upstream": r.upstream,
                 "agreement": {"compared": r.compared, "agreed": r.agreed},
                 "limits": r.limits.iter().map(|l| json!({
                     "position": l.position,
@@ -144,6 +150,13 @@ impl Report {
                 "{:<24} {:>10} {:>10} {:>10} {:>7.2}% {:>12}",
                 r.name, r.requests, r.allowed, r.denied, share, r.invalid_key
             );
+            if let Some(cached) = r.cached {
+                let _ = writeln!(
+                    out,
+                    "  cache: {cached} answered from the cache; {} would reach the upstream",
+                    r.upstream
+                );
+            }
             for l in &r.limits {
                 let tiers = l
                     .tiers

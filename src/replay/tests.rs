@@ -450,3 +450,40 @@ fn status_dependent_limits_are_replayed_by_the_logged_status() {
     let combined = combined_line(T0 / 1_000_000, "203.0.113.9", "/api/x");
     assert_eq!(parse_line(&combined).unwrap().unwrap().status, Some(200));
 }
+
+/// A cached route (`cache: {ttl: 1s}`): 1000 GETs of one path over 10 s, 10 ms apart, each
+/// answered in 0 ms as logged, reach the upstream once a second: 10 fetches; the rest are
+/// answered from the cache (and spend no limit: the bucket of 20 would have refused most).
+#[test]
+fn a_cached_route_reports_what_would_have_reached_the_upstream() {
+    let lines: Vec<String> = (0..1000)
+        .map(|i| json_line(T0 + i * 10_000, "203.0.113.7", None, "allowed"))
+        .collect();
+    let cached = Config::from_yaml(
+        "listen: 127.0.0.1:0
+routes:
+  - name: api
+    path_prefix: /api
+    upstream: http://127.0.0.1:9000
+    cache: {ttl: 1s}
+    limits:
+      - {algorithm: token_bucket, capacity: 20, refill_rate: 10}
+",
+    )
+    .expect("config");
+    let report = replay(cached, &lines);
+    let r = &report.routes[0];
+    assert_eq!(r.requests, 1000);
+    assert_eq!(r.upstream, 10);
+    assert_eq!(r.cached, Some(990));
+    assert_eq!(r.denied, 0);
+    assert!(
+        report
+            .to_text()
+            .contains("990 answered from the cache; 10 would reach the upstream")
+    );
+    // Without the cache, the bucket's 119 reach it (see a_known_answer_from_the_json_log).
+    let uncached = replay(config(BUCKET_20_AT_10, ""), &lines);
+    assert_eq!(uncached.routes[0].upstream, 119);
+    assert_eq!(uncached.routes[0].cached, None);
+}
