@@ -186,11 +186,11 @@ if [ -n "${DENY:-}" ]; then
 fi
 PROXY_CACHE=""
 if [ -n "${CACHE:-}" ]; then
-    PROXY_CACHE="proxy_cache bench; proxy_cache_valid 200 1h;"
+    PROXY_CACHE="proxy_cache hits; proxy_cache_valid 200 1h;"
 fi
 nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
     limit_req_zone \$http_x_api_key zone=bench:1m rate=1r/m;
-    proxy_cache_path $WORK/proxy/cache keys_zone=bench:10m;
+    proxy_cache_path $WORK/proxy/cache keys_zone=hits:10m;
     server { listen 127.0.0.1:$PORT; location / { $LIMIT_REQ $PROXY_CACHE proxy_pass http://backend;
         proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 

@@ -111,7 +111,7 @@ impl Cache {
 
     /// Leads or follows `key`'s fill.
     pub fn claim(&self, key: &Key) -> Claim {
-        self.fills.claim(&key.bytes)
+        self.fills.claim(&Arc::from(key.bytes.as_slice()))
     }
 
     /// A fill of its own for a request no other follows.
@@ -122,14 +122,16 @@ impl Cache {
     /// Stores an answer.
     pub fn insert(&self, key: &Key, entry: NewEntry) {
         let mut store = self.store();
-        store.insert(key.bytes.clone(), entry);
+        store.insert(Arc::from(key.bytes.as_slice()), entry);
         self.publish(&mut store);
     }
 
     /// Remembers that `key`'s answer could not be stored, for `for_how_long`.
     pub fn pass(&self, key: &Key, for_how_long: Duration) {
-        self.store()
-            .pass(key.bytes.clone(), Instant::now() + for_how_long);
+        self.store().pass(
+            Arc::from(key.bytes.as_slice()),
+            Instant::now() + for_how_long,
+        );
     }
 
     /// Removes every entry whose place `matches`: how many went.
@@ -168,13 +170,19 @@ pub fn answer(
         false => entry.body.clone(),
     }));
     *response.status_mut() = entry.status;
-    let headers = response.headers_mut();
-    headers.reserve(entry.headers.len() + 2);
-    for (name, value) in &entry.headers {
-        headers.append(name, value.clone());
+    // The entry's fields hold an `Age` and a `Cache-Status` already (see [`NewEntry`]): a hit
+    // copies the map and rewrites two values, without growing it.
+    let mut headers = entry.headers.clone();
+    let age = HeaderValue::from(entry.age_at(now));
+    for (name, value) in [(header::AGE, age), (CACHE_STATUS, status)] {
+        match headers.get_mut(&name) {
+            Some(slot) => *slot = value,
+            None => {
+                headers.insert(name, value);
+            }
+        }
     }
-    headers.insert(header::AGE, HeaderValue::from(entry.age_at(now)));
-    headers.insert(CACHE_STATUS, status);
+    *response.headers_mut() = headers;
     response
 }
 
@@ -182,10 +190,26 @@ pub fn answer(
 pub mod status {
     use http::HeaderValue;
 
-    /// A fresh hit with `ttl` seconds of freshness left.
+    /// A fresh hit with `ttl` seconds of freshness left (written without `format!`: every hit
+    /// says it).
     pub fn hit(ttl: u64) -> HeaderValue {
-        HeaderValue::from_str(&format!("floodgate; hit; ttl={ttl}"))
-            .unwrap_or(HeaderValue::from_static("floodgate; hit"))
+        const PREFIX: &[u8] = b"floodgate; hit; ttl=";
+        let mut text = [0u8; PREFIX.len() + 20];
+        text[..PREFIX.len()].copy_from_slice(PREFIX);
+        let mut digits = [0u8; 20];
+        let mut n = ttl;
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let len = PREFIX.len() + digits.len() - at;
+        text[PREFIX.len()..len].copy_from_slice(&digits[at..]);
+        HeaderValue::from_bytes(&text[..len]).unwrap_or(HeaderValue::from_static("floodgate; hit"))
     }
 
     /// A stale copy, `stale` seconds past its freshness, served for `detail`.

@@ -18,11 +18,22 @@ pub struct Place {
     pub query: Option<Box<str>>,
 }
 
-/// A request's key, and its place.
+/// A request's key.
 #[derive(Debug, Clone)]
 pub struct Key {
-    pub bytes: Arc<[u8]>,
-    pub place: Place,
+    pub bytes: Vec<u8>,
+}
+
+impl Place {
+    /// The place of a request for `path` and `query` on `host` (its port dropped) by `route`.
+    pub fn of(route: &Arc<str>, host: Option<&str>, path: &str, query: Option<&str>) -> Place {
+        Place {
+            route: route.clone(),
+            host: bare_host(host.unwrap_or("")).into(),
+            path: path.into(),
+            query: query.map(Into::into),
+        }
+    }
 }
 
 /// What the key reads of a request.
@@ -38,7 +49,7 @@ pub struct Parts<'a> {
 }
 
 /// The host without a port, lowercased.
-pub fn bare_host(host: &str) -> String {
+pub fn bare_host(host: &str) -> std::borrow::Cow<'_, str> {
     let host = match host.rfind(':') {
         // `[::1]:8080`, `example.com:8080`; a bare IPv6 literal keeps its colons.
         Some(i)
@@ -48,7 +59,10 @@ pub fn bare_host(host: &str) -> String {
         }
         _ => host,
     };
-    host.to_ascii_lowercase()
+    match host.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => std::borrow::Cow::Owned(host.to_ascii_lowercase()),
+        false => std::borrow::Cow::Borrowed(host),
+    }
 }
 
 impl Key {
@@ -91,15 +105,7 @@ impl Key {
                 }
             }
         }
-        Key {
-            bytes: bytes.into(),
-            place: Place {
-                route: parts.route.clone(),
-                host: host.into(),
-                path: parts.path.into(),
-                query: parts.query.map(Into::into),
-            },
-        }
+        Key { bytes }
     }
 }
 
@@ -147,7 +153,10 @@ mod tests {
         let a = key(&rules, "Example.com:8080", "/a", None, &none);
         let b = key(&rules, "example.com", "/a", None, &none);
         assert_eq!(a.bytes, b.bytes);
-        assert_eq!(&*a.place.host, "example.com");
+        assert_eq!(
+            &*Place::of(&"r".into(), Some("Example.com:8080"), "/a", None).host,
+            "example.com"
+        );
         assert_eq!(bare_host("[::1]:80"), "[::1]");
         assert_eq!(bare_host("[::1]"), "[::1]");
     }

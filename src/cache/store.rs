@@ -70,11 +70,11 @@ impl Entry {
         (self.age + now.saturating_duration_since(self.stored)).as_secs()
     }
 
-    /// Whole seconds of freshness left at `now` (0 once stale).
+    /// Seconds of freshness left at `now`, rounded up (0 once stale): a fresh entry says at
+    /// least 1.
     pub fn ttl_at(&self, now: Instant) -> u64 {
-        (self.stored + self.fresh_for)
-            .saturating_duration_since(now)
-            .as_secs()
+        let left = (self.stored + self.fresh_for).saturating_duration_since(now);
+        left.as_millis().div_ceil(1000) as u64
     }
 
     /// True when the request's headers match the ones the answer varied on.

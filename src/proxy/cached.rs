@@ -65,8 +65,24 @@ fn asks_fresh(headers: &HeaderMap) -> bool {
 impl Proxy {
     /// The cache phase of a request on a cached route (`rules`). Whose the request is is
     /// worked out first when the key or a ban needs it: a banned client is refused, never
-    /// served.
+    /// served. A request that goes on upstream carries its headers as they arrived (what the
+    /// answer's `Vary` and RFC 9111 read); a hit copies nothing of them.
     pub(super) async fn look_up(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        route: &Matched<'_>,
+        rules: &Arc<Rules>,
+        req: &Request<ClientBody>,
+        ctx: &mut Context,
+    ) -> Option<Looked> {
+        let mut looked = self.consult(snapshot, route, rules, req, ctx).await;
+        if let Some(Looked::Forward(pending)) = &mut looked {
+            pending.asked = req.headers().clone();
+        }
+        looked
+    }
+
+    async fn consult(
         &self,
         snapshot: &Arc<Snapshot>,
         route: &Matched<'_>,
@@ -127,9 +143,10 @@ impl Proxy {
         let credentialed = credentialed(headers, &snapshot.identity.api_key_header);
         let mut pending = Box::new(Pending {
             rules: rules.clone(),
+            route: route.config.name.clone(),
             key,
             uri: req.uri().clone(),
-            asked: headers.clone(),
+            asked: HeaderMap::new(),
             credentialed,
             role: Role::Bypass,
             stale: None,
@@ -153,7 +170,7 @@ impl Proxy {
             let now = Instant::now();
             let found = self
                 .cache
-                .look_up(&pending.key, &pending.asked, credentialed, rules, now);
+                .look_up(&pending.key, headers, credentialed, rules, now);
             match found {
                 Found::Fresh(entry) => {
                     let answer = from_entry(&entry, now, head, status::hit(entry.ttl_at(now)));
@@ -161,7 +178,7 @@ impl Proxy {
                     return Some(self.serve(snapshot, route, req, ctx, pending, answer).await);
                 }
                 Found::Stale(entry, stale) if stale < rules.stale_while_revalidate => {
-                    self.revalidate(snapshot, route, &pending, ctx.peer.ip());
+                    self.revalidate(snapshot, route, &pending, headers, ctx.peer.ip());
                     let detail = StaleReason::Revalidating;
                     let answer = from_entry(
                         &entry,
@@ -297,6 +314,7 @@ impl Proxy {
         snapshot: &Arc<Snapshot>,
         route: &Matched<'_>,
         pending: &Pending,
+        headers: &HeaderMap,
         client_ip: std::net::IpAddr,
     ) {
         let Claim::Lead(leader) = self.cache.claim(&pending.key) else {
@@ -312,7 +330,7 @@ impl Proxy {
         };
         let snapshot = snapshot.clone();
         let cache = self.cache.clone();
-        let (uri, mut headers) = (pending.uri.clone(), pending.asked.clone());
+        let (uri, mut headers) = (pending.uri.clone(), headers.clone());
         let (rules, key) = (pending.rules.clone(), pending.key.clone());
         tokio::spawn(async move {
             let config = &snapshot.routes.routes()[index];
@@ -334,7 +352,14 @@ impl Proxy {
             let forwarded = snapshot.forwarder.forward(req, to, &mut used).await;
             match forwarded {
                 Ok(response) if !response.status().is_server_error() => {
-                    let refresh = Pending::detached(rules, key, uri, headers, extras.cache.clone());
+                    let refresh = Pending::detached(
+                        rules,
+                        config.name.clone(),
+                        key,
+                        uri,
+                        headers,
+                        extras.cache.clone(),
+                    );
                     if let Some(mut refresh) = refresh {
                         // The refreshed answer is stored as its body arrives; no one reads it here.
                         drop(refresh.store(&cache, Some(leader), response));

@@ -79,7 +79,7 @@ pub(super) struct RouteExtras {
     /// Where its requests go: its upstream pool (kept across reloads by route name).
     pub pool: Arc<crate::upstream::RoutePool>,
     /// A cached route's `floodgate_cache_*` handles.
-    pub cache: Option<crate::metrics::RouteCacheMetrics>,
+    pub cache: Option<Arc<crate::metrics::RouteCacheMetrics>>,
     /// A cached route whose limits ask a hit's `cache_hit_cost`: the route with only those
     /// limits, each costing that.
     pub hit_route: Option<crate::config::RouteConfig>,
@@ -194,7 +194,7 @@ impl Snapshot {
                     gate,
                     top,
                     costs: cost_counters(r, metrics),
-                    cache: r.cache.as_ref().map(|_| metrics.route_cache(&r.name)),
+                    cache: (r.cache.as_ref()).map(|_| Arc::new(metrics.route_cache(&r.name))),
                     hit_route: hit_route(r),
                 })
                 .collect(),

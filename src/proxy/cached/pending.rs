@@ -17,6 +17,8 @@ use crate::metrics::{CacheResult, RouteCacheMetrics, StaleReason};
 /// A cached route's request on its way to the upstream.
 pub(in crate::proxy) struct Pending {
     pub(super) rules: Arc<Rules>,
+    /// The route's name (where a stored entry sits, for purges).
+    pub(super) route: Arc<str>,
     pub(super) key: Key,
     /// The request as it arrived: what the answer's `Vary` reads, and what RFC 9111 judges.
     pub(super) uri: Uri,
@@ -29,7 +31,7 @@ pub(in crate::proxy) struct Pending {
     /// What the cache did, and its `Cache-Status`: set as the request goes.
     pub(super) result: CacheResult,
     pub(super) status: HeaderValue,
-    pub(super) metrics: RouteCacheMetrics,
+    pub(super) metrics: Arc<RouteCacheMetrics>,
 }
 
 /// What a request going upstream does with the answer.
@@ -73,13 +75,15 @@ impl Pending {
     /// A request of floodgate's own (a refresh), as if a client had asked.
     pub(super) fn detached(
         rules: Arc<Rules>,
+        route: Arc<str>,
         key: Key,
         uri: Uri,
         asked: HeaderMap,
-        metrics: Option<RouteCacheMetrics>,
+        metrics: Option<Arc<RouteCacheMetrics>>,
     ) -> Option<Pending> {
         Some(Pending {
             rules,
+            route,
             key,
             uri,
             asked,
@@ -236,10 +240,17 @@ impl Pending {
         let vary = cache::judge::vary_values(&storable.vary, &self.asked);
         let stored = Instant::now();
         let keep_for = storable.fresh_for + self.rules.longest_stale();
+        let host = crate::config::request_host(&self.uri, &self.asked);
         let entry = EntryHead {
             status: parts.status,
             headers: parts.headers.clone(),
             key: self.key.clone(),
+            place: cache::Place::of(
+                &self.route,
+                host.as_deref(),
+                self.uri.path(),
+                self.uri.query(),
+            ),
             storable,
             vary,
             stored,
@@ -284,6 +295,7 @@ struct EntryHead {
     status: StatusCode,
     headers: HeaderMap,
     key: Key,
+    place: cache::Place,
     storable: cache::judge::Storable,
     vary: Vec<(http::HeaderName, Option<HeaderValue>)>,
     stored: Instant,
@@ -292,9 +304,13 @@ struct EntryHead {
 
 impl EntryHead {
     fn into_entry(self, body: Arc<[bytes::Bytes]>) -> NewEntry {
+        // Room for what every hit writes (`cache::answer` rewrites them in place).
+        let mut headers = self.headers;
+        headers.insert(header::AGE, HeaderValue::from(0));
+        headers.insert(cache::CACHE_STATUS, status::STORED);
         NewEntry {
             status: self.status,
-            headers: self.headers,
+            headers,
             body,
             stored: self.stored,
             age: self.storable.age,
@@ -302,7 +318,7 @@ impl EntryHead {
             keep_for: self.keep_for,
             vary: self.vary,
             credentialed_ok: self.storable.credentialed_ok,
-            place: self.key.place,
+            place: self.place,
         }
     }
 }
