@@ -173,7 +173,7 @@ pub fn answer(
     // The entry's fields hold an `Age` and a `Cache-Status` already (see [`NewEntry`]): a hit
     // copies the map and rewrites two values, without growing it.
     let mut headers = entry.headers.clone();
-    let age = HeaderValue::from(entry.age_at(now));
+    let age = status::age(entry.age_at(now));
     for (name, value) in [(header::AGE, age), (CACHE_STATUS, status)] {
         match headers.get_mut(&name) {
             Some(slot) => *slot = value,
@@ -188,11 +188,40 @@ pub fn answer(
 
 /// `Cache-Status` values (RFC 9211), floodgate's words for what the cache did.
 pub mod status {
+    use std::sync::OnceLock;
+
     use http::HeaderValue;
 
-    /// A fresh hit with `ttl` seconds of freshness left (written without `format!`: every hit
-    /// says it).
+    /// The values for 0 to this many seconds are made once: every hit says its `Age` and ttl,
+    /// and for a micro-cache they are small numbers.
+    const MEMO: u64 = 300;
+
+    /// `make(n)`, from `table` when `n` is small.
+    fn memo(
+        table: &'static OnceLock<Vec<HeaderValue>>,
+        n: u64,
+        make: fn(u64) -> HeaderValue,
+    ) -> HeaderValue {
+        if n > MEMO {
+            return make(n);
+        }
+        table.get_or_init(|| (0..=MEMO).map(make).collect())[n as usize].clone()
+    }
+
+    /// `Age: n`.
+    pub fn age(n: u64) -> HeaderValue {
+        static AGES: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+        memo(&AGES, n, HeaderValue::from)
+    }
+
+    /// A fresh hit with `ttl` seconds of freshness left.
     pub fn hit(ttl: u64) -> HeaderValue {
+        static HITS: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+        memo(&HITS, ttl, write_hit)
+    }
+
+    /// `floodgate; hit; ttl=N`, written without `format!`.
+    fn write_hit(ttl: u64) -> HeaderValue {
         const PREFIX: &[u8] = b"floodgate; hit; ttl=";
         let mut text = [0u8; PREFIX.len() + 20];
         text[..PREFIX.len()].copy_from_slice(PREFIX);

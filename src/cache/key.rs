@@ -39,7 +39,8 @@ impl Place {
 /// What the key reads of a request.
 pub struct Parts<'a> {
     pub route: &'a Arc<str>,
-    /// The request's host (a port, if any, is dropped here).
+    /// The request's host, without its port and lowercased (as `config::request_host` gives
+    /// it).
     pub host: Option<&'a str>,
     pub path: &'a str,
     pub query: Option<&'a str>,
@@ -68,7 +69,7 @@ pub fn bare_host(host: &str) -> std::borrow::Cow<'_, str> {
 impl Key {
     /// The key of a request, by the route's rules.
     pub fn of(rules: &Rules, parts: &Parts<'_>) -> Key {
-        let host = bare_host(parts.host.unwrap_or(""));
+        let host = parts.host.unwrap_or("");
         let mut bytes = Vec::with_capacity(
             parts.route.len() + host.len() + parts.path.len() + parts.query.map_or(0, str::len) + 8,
         );
@@ -150,7 +151,9 @@ mod tests {
     fn the_host_s_port_and_case_do_not_split_the_cache() {
         let rules = rules(vec![KeyPart::Query]);
         let none = HeaderMap::new();
-        let a = key(&rules, "Example.com:8080", "/a", None, &none);
+        // The proxy keys by the host as `config::request_host` gives it (no port, lowercase);
+        // a place is made from the host as the request named it.
+        let a = key(&rules, &bare_host("Example.com:8080"), "/a", None, &none);
         let b = key(&rules, "example.com", "/a", None, &none);
         assert_eq!(a.bytes, b.bytes);
         assert_eq!(
