@@ -314,7 +314,12 @@ async fn a_hit_is_answered_from_memory_with_age_and_cache_status() {
     assert!(hit.header_u64("age") <= 2);
     assert_eq!(origin.count("/c/a"), 1);
     // The host's port is not in the key: `Host: 127.0.0.1` shares `127.0.0.1:PORT`'s entry.
-    let portless = get(&client, &fg.url("/c/a?cc=max-age%3D60"), &[("host", "127.0.0.1")]).await;
+    let portless = get(
+        &client,
+        &fg.url("/c/a?cc=max-age%3D60"),
+        &[("host", "127.0.0.1")],
+    )
+    .await;
     assert_eq!(portless.body, "n=1");
     // Another query is another key (`key: [query]` by default).
     let other = get(&client, &fg.url("/c/a?cc=max-age%3D60&x=1"), &[]).await;

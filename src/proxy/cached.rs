@@ -103,7 +103,9 @@ impl Proxy {
             match rules.keys_identity() || !self.control.is_empty() || snapshot.consumers.is_some()
             {
                 true => {
-                    let verified = match Self::verify_token(snapshot, req).await {
+                    // Boxed, as the wait below: rare here, and their state would otherwise
+                    // size every cached request's future (moved into its box whole).
+                    let verified = match Box::pin(Self::verify_token(snapshot, req)).await {
                         Ok(verified) => verified,
                         Err(rejection) => return Some(Looked::Refuse(rejection)),
                     };
@@ -219,7 +221,7 @@ impl Proxy {
                     pending.role = Role::Alone;
                     return Some(Looked::Forward(pending));
                 }
-                Claim::Follow(waiter) => match waiter.wait(rules.coalesce_wait).await {
+                Claim::Follow(waiter) => match Box::pin(waiter.wait(rules.coalesce_wait)).await {
                     Followed::Served {
                         status: code,
                         headers: fields,
