@@ -3,7 +3,7 @@
 //! path under a prefix (`{"route", "prefix"}`). Authorized as every write endpoint is; a body of
 //! any other shape is a 400 naming the field, and removes nothing.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
 use crate::proxy::Proxy;
@@ -18,13 +18,7 @@ enum Scope {
 
 /// The body read: the route and the scope.
 fn parse(body: &[u8]) -> Result<(String, Scope), AdminError> {
-    let map: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
-        bad(
-            400,
-            "bad_request",
-            format!("the body is not a JSON object: {e}"),
-        )
-    })?;
+    let map = super::write::object(body)?;
     if let Some(unknown) = map
         .keys()
         .find(|k| !["route", "path", "prefix"].contains(&k.as_str()))

@@ -58,6 +58,17 @@ pub fn unshared(e: crate::limiter::LimiterError) -> AdminError {
 /// The fields that name an identity, which every write body may hold (exactly one of them).
 const IDENTITY_FIELDS: [&str; 5] = ["api_key", "consumer", "user_id", "jwt_subject", "ip"];
 
+/// A write's body as a JSON object, or a 400 saying it is not one.
+pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, AdminError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        bad(
+            400,
+            "bad_request",
+            format!("the body is not a JSON object: {e}"),
+        )
+    })
+}
+
 /// A write's JSON body: an object, its fields read by name.
 pub struct Body(Map<String, Value>);
 
@@ -66,13 +77,7 @@ impl Body {
     /// `fields`: a field the endpoint does not know (a typo such as `expire_in`) is a 400 naming
     /// it, so that nothing is changed on a misreading.
     pub fn parse(bytes: &[u8], fields: &[&str]) -> Result<Body, AdminError> {
-        let map: Map<String, Value> = serde_json::from_slice(bytes).map_err(|e| {
-            bad(
-                400,
-                "bad_request",
-                format!("the body is not a JSON object: {e}"),
-            )
-        })?;
+        let map = object(bytes)?;
         if let Some(unknown) = map
             .keys()
             .find(|k| !fields.contains(&k.as_str()) && !IDENTITY_FIELDS.contains(&k.as_str()))

@@ -284,21 +284,11 @@ pub fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::rules::{DEFAULT_STATUSES, KeyPart};
 
     fn rules() -> Rules {
         Rules {
             ttl: Duration::from_secs(5),
-            force: false,
-            key: vec![KeyPart::Query],
-            public: false,
-            statuses: DEFAULT_STATUSES.to_vec(),
-            coalesce: true,
-            coalesce_wait: Duration::from_secs(2),
-            stale_while_revalidate: Duration::ZERO,
-            stale_if_error: Duration::ZERO,
-            stale_if_overloaded: Duration::ZERO,
-            stale_if_limited: Duration::ZERO,
+            ..Rules::default()
         }
     }
 

@@ -113,22 +113,11 @@ impl Key {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::rules::DEFAULT_STATUSES;
-    use std::time::Duration;
 
     fn rules(key: Vec<KeyPart>) -> Rules {
         Rules {
-            ttl: Duration::from_secs(1),
-            force: false,
             key,
-            public: false,
-            statuses: DEFAULT_STATUSES.to_vec(),
-            coalesce: true,
-            coalesce_wait: Duration::from_secs(2),
-            stale_while_revalidate: Duration::ZERO,
-            stale_if_error: Duration::ZERO,
-            stale_if_overloaded: Duration::ZERO,
-            stale_if_limited: Duration::ZERO,
+            ..Rules::default()
         }
     }
 

@@ -59,6 +59,26 @@ pub struct Rules {
 /// RFC 9110 §15.1: the statuses cacheable by default.
 pub const DEFAULT_STATUSES: [u16; 11] = [200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501];
 
+impl Default for Rules {
+    /// The contract's defaults: `ttl` 1 s, the query in the key, RFC 9110's statuses, one fetch
+    /// per key with a 2 s wait, no stale windows.
+    fn default() -> Self {
+        Rules {
+            ttl: Duration::from_secs(1),
+            force: false,
+            key: vec![KeyPart::Query],
+            public: false,
+            statuses: DEFAULT_STATUSES.to_vec(),
+            coalesce: true,
+            coalesce_wait: Duration::from_secs(2),
+            stale_while_revalidate: Duration::ZERO,
+            stale_if_error: Duration::ZERO,
+            stale_if_overloaded: Duration::ZERO,
+            stale_if_limited: Duration::ZERO,
+        }
+    }
+}
+
 impl Rules {
     /// The longest a copy may be served after it went stale, whatever the reason.
     pub fn longest_stale(&self) -> Duration {
