@@ -53,8 +53,9 @@ def check_locustfile() -> bool | None:
         problems.append("no SurgeRider user class")
     else:
         weights = {task.__name__: user.tasks.count(task) for task in set(user.tasks)}
-        if weights != {"request_ride": 3, "fare_estimate": 1}:
-            problems.append(f"task weights are {weights}, expected request_ride 3, fare_estimate 1")
+        expected = {"request_ride": 3, "fare_estimate": 1, "surge_map": 4}
+        if weights != expected:
+            problems.append(f"task weights are {weights}, expected {expected}")
     if len(getattr(module, "API_KEYS", [])) < 2:
         problems.append("fewer than two API keys in the identity pool")
     if problems:
