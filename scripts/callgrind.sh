@@ -124,6 +124,10 @@ PIDS+=("$!")
 PORT="$(free_port)"
 CAPACITY=1000000000 REFILL=1000000
 [ -n "${DENY:-}" ] && CAPACITY=1 REFILL=0.001
+# The route's tail: the bucket, or (CACHE) a cache and no limit.
+ROUTE_TAIL="limits:
+      - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}"
+[ -n "${CACHE:-}" ] && ROUTE_TAIL="cache: {ttl: 1h, public: true}"
 cat >"$WORK/floodgate.yaml" <<EOF
 listen: 127.0.0.1:$PORT
 identity:
@@ -132,21 +136,8 @@ routes:
   - name: bench
     path_prefix: /
     $UPSTREAM
-    limits:
-      - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}
+    $ROUTE_TAIL
 EOF
-if [ -n "${CACHE:-}" ]; then
-    cat >"$WORK/floodgate.yaml" <<EOF
-listen: 127.0.0.1:$PORT
-identity:
-  api_key_header: X-API-Key
-routes:
-  - name: bench
-    path_prefix: /
-    $UPSTREAM
-    cache: {ttl: 1h, public: true}
-EOF
-fi
 # ROUTES: the requests' path and host (`:authority`, which h2load writes as Host).
 REQ_PATH=/
 REQ_HOST=()
