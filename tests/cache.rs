@@ -136,6 +136,21 @@ async fn answer(
         let pieces: Vec<Result<Frame<Bytes>, std::io::Error>> =
             vec![Ok(Frame::data(half)), Err(std::io::Error::other("cut"))];
         Gapped::new(pieces, Duration::from_millis(200)).boxed()
+    } else if q("chunked").is_some() {
+        // The body in four pieces, no length said: sent chunked.
+        let bytes = Bytes::from(text.clone());
+        let quarter = bytes.len() / 4;
+        let pieces = (0..4)
+            .map(|i| {
+                let end = if i == 3 {
+                    bytes.len()
+                } else {
+                    (i + 1) * quarter
+                };
+                Ok(Frame::data(bytes.slice(i * quarter..end)))
+            })
+            .collect();
+        Gapped::new(pieces, Duration::from_millis(10)).boxed()
     } else if let Some(ms) = q("stream").and_then(|s| s.parse().ok()) {
         // The first half at once, the rest `ms` later.
         let bytes = text.as_bytes();
@@ -718,6 +733,19 @@ async fn thousands_of_entries_never_hold_more_than_cache_memory() {
         300_000
     );
     assert_eq!(origin.count("/c/big"), 2);
+    // Without a Content-Length it is found too large only as it streams: the key is then
+    // remembered as not storable, so the next request does not wait on a fetch of it.
+    let url = fg.url("/c/chunky?size=300000&chunked=1");
+    let first = get(&client, &url, &[]).await;
+    assert_eq!(first.body.len(), 300_000);
+    assert!(
+        first.headers.get("content-length").is_none(),
+        "sent chunked"
+    );
+    let second = get(&client, &url, &[]).await;
+    assert_eq!(second.body.len(), 300_000);
+    assert_eq!(status_of(&second), "floodgate; fwd=uri-miss");
+    assert_eq!(origin.count("/c/chunky"), 2);
 }
 
 #[tokio::test]

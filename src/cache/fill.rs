@@ -158,8 +158,18 @@ pub struct Leader {
 }
 
 /// How a streamed fill ended, for the cache to store it: its chunks when it ended whole within
-/// `max_entry`.
-pub type Ended = Box<dyn FnOnce(Option<Arc<[Bytes]>>) + Send>;
+/// `max_entry`. Told once: when the body ends, or as soon as it outgrows `max_entry`.
+pub type Ended = Box<dyn FnOnce(Result<Arc<[Bytes]>, Unkept>) + Send>;
+
+/// Why a streamed fill is not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unkept {
+    /// It outgrew `max_entry` (told as it does, before its end: the key's next requests should
+    /// not wait on a fetch that cannot be kept either).
+    TooLarge,
+    /// The upstream failed before the end.
+    Failed,
+}
 
 impl Leader {
     /// The answer may not be stored: its followers go upstream themselves, a few at a time.
@@ -228,6 +238,7 @@ async fn drive<B>(
 ) where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
 {
+    let mut ended = Some(ended);
     let mut size = 0usize;
     let end = loop {
         let piece = match body.frame().await {
@@ -252,6 +263,9 @@ async fn drive<B>(
                     stream.joinable = false;
                     stream.chunks = Vec::new();
                     drop(state);
+                    if let Some(ended) = ended.take() {
+                        ended(Err(Unkept::TooLarge));
+                    }
                     fills.remove(&key, &fill);
                     continue;
                 }
@@ -270,13 +284,15 @@ async fn drive<B>(
         let mut state = fill.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
             State::Streaming(stream) if matches!(end, Piece::End) && stream.joinable => {
-                Some(Arc::<[Bytes]>::from(stream.chunks.clone()))
+                Ok(Arc::<[Bytes]>::from(stream.chunks.clone()))
             }
-            _ => None,
+            _ => Err(Unkept::Failed),
         }
     };
     fill.changed.send_modify(|v| *v += 1);
-    ended(kept);
+    if let Some(ended) = ended {
+        ended(kept);
+    }
 }
 
 /// A request waiting on another's fill. Dropped (its client gone), it frees its place.
@@ -479,7 +495,7 @@ mod tests {
         };
         assert_eq!(next(&mut body).await, Some(Ok(Bytes::from_static(b"half"))));
         assert!(matches!(next(&mut body).await, Some(Err(_))));
-        assert!(kept_rx.await.unwrap().is_none());
+        assert_eq!(kept_rx.await.unwrap().unwrap_err(), Unkept::Failed);
     }
 
     #[tokio::test]
@@ -501,12 +517,12 @@ mod tests {
         feed.send(Piece::Data(Bytes::from_static(b"def"))).unwrap();
         assert_eq!(next(&mut own).await, Some(Ok(Bytes::from_static(b"abc"))));
         assert_eq!(next(&mut own).await, Some(Ok(Bytes::from_static(b"def"))));
+        // Told at once, before the end: too large to keep.
+        assert_eq!(kept_rx.await.unwrap().unwrap_err(), Unkept::TooLarge);
         // Past max_entry no one joins: the next request leads a fetch of its own.
-        tokio::task::yield_now().await;
         assert!(matches!(fills.claim(&key()), Claim::Lead(_)));
         feed.send(Piece::End).unwrap();
         assert_eq!(next(&mut own).await, None);
-        assert!(kept_rx.await.unwrap().is_none());
     }
 
     #[tokio::test]

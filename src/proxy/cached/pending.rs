@@ -260,12 +260,16 @@ impl Pending {
             Some(leader) => leader,
             None => cache.solo(),
         };
-        let target = cache.clone();
-        let ended: cache::fill::Ended = Box::new(move |kept| {
-            if let Some(body) = kept {
+        let (target, pass_for) = (cache.clone(), self.rules.ttl);
+        let ended: cache::fill::Ended = Box::new(move |kept| match kept {
+            Ok(body) => {
                 let key = entry.key.clone();
                 target.insert(&key, entry.into_entry(body));
             }
+            // Its key's next requests go upstream without waiting on each other, as for an
+            // answer that could not be stored (a failure is not remembered: the next may do).
+            Err(cache::fill::Unkept::TooLarge) => target.pass(&entry.key, pass_for),
+            Err(cache::fill::Unkept::Failed) => {}
         });
         let body = leader.stream(parts.status, parts.headers.clone(), body, max_entry, ended);
         Response::from_parts(parts, body.boxed_unsync())
