@@ -330,12 +330,7 @@ impl Config {
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
-        let cache = v.cache(
-            file.cache,
-            storage
-                .as_ref()
-                .is_none_or(|s| matches!(s.backend, Backend::Memory)),
-        );
+        let cache = v.cache(file.cache, storage.as_ref());
         let identity = v.identity(file.identity, overrides.base_dir.as_deref());
         let consumers = file
             .consumers

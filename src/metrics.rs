@@ -48,9 +48,14 @@ pub struct Metrics {
     global_units: Family<OutcomeLabel, Counter>,
     global_held: Gauge,
     upstream: UpstreamFamilies,
-    cache_requests: Family<CacheResultLabels, Counter>,
-    cache_stale: Family<CacheReasonLabels, Counter>,
-    cache: CacheGauges,
+    cache: CacheFamilies,
+}
+
+/// The response cache's families and gauges.
+struct CacheFamilies {
+    requests: Family<CacheResultLabels, Counter>,
+    stale: Family<CacheReasonLabels, Counter>,
+    gauges: CacheGauges,
 }
 
 /// What the response cache did with a request (`floodgate_cache_requests_total{result}`).
@@ -322,6 +327,38 @@ fn connections_closed(registry: &mut Registry) -> [Counter; CloseReason::ALL.len
     counters
 }
 
+/// The response cache's families and gauges (`src/cache.rs`), registered in `registry`.
+fn cache_families(registry: &mut Registry) -> CacheFamilies {
+    let gauges = CacheGauges {
+        bytes: register(
+            registry,
+            "cache_bytes",
+            "Bytes the response cache's entries hold (bodies, headers and keys), at most cache.memory",
+        ),
+        entries: register(registry, "cache_entries", "Entries in the response cache"),
+        evictions: register(
+            registry,
+            "cache_evictions",
+            "Entries evicted from the response cache to stay within cache.memory",
+        ),
+    };
+    let requests = register(
+        registry,
+        "cache_requests",
+        "Requests on cached routes by what the cache did: hit, miss, stale, collapsed (served by another request's fetch), bypass (may not use the cache), uncacheable (the answer could not be stored)",
+    );
+    let stale = register(
+        registry,
+        "cache_stale",
+        "Stale copies served by reason: revalidating (stale_while_revalidate), error (stale_if_error), overloaded (stale_if_overloaded), limited (stale_if_limited)",
+    );
+    CacheFamilies {
+        requests,
+        stale,
+        gauges,
+    }
+}
+
 /// `metric`, registered under `name` with `help`, and a handle to it.
 fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
 where
@@ -353,36 +390,10 @@ impl Metrics {
         let reloads = reloads(&mut registry);
         let connections_closed = connections_closed(&mut registry);
         let upstream = UpstreamFamilies::registered(&mut registry);
-        let cache = CacheGauges {
-            bytes: register(
-                &mut registry,
-                "cache_bytes",
-                "Bytes the response cache's entries hold (bodies, headers and keys), at most cache.memory",
-            ),
-            entries: register(
-                &mut registry,
-                "cache_entries",
-                "Entries in the response cache",
-            ),
-            evictions: register(
-                &mut registry,
-                "cache_evictions",
-                "Entries evicted from the response cache to stay within cache.memory",
-            ),
-        };
+        let cache = cache_families(&mut registry);
         Metrics {
             upstream,
             cache,
-            cache_requests: register(
-                &mut registry,
-                "cache_requests",
-                "Requests on cached routes by what the cache did: hit, miss, stale, collapsed (served by another request's fetch), bypass (may not use the cache), uncacheable (the answer could not be stored)",
-            ),
-            cache_stale: register(
-                &mut registry,
-                "cache_stale",
-                "Stale copies served by reason: revalidating (stale_while_revalidate), error (stale_if_error), overloaded (stale_if_overloaded), limited (stale_if_limited)",
-            ),
             alerts: register(
                 &mut registry,
                 "alerts",
@@ -649,20 +660,20 @@ impl Metrics {
 
     /// The response cache's gauges.
     pub fn cache_gauges(&self) -> CacheGauges {
-        self.cache.clone()
+        self.cache.gauges.clone()
     }
 
     /// A cached route's handles, every series exported from the start (at 0).
     pub fn route_cache(&self, route: &str) -> RouteCacheMetrics {
         RouteCacheMetrics {
             results: CacheResult::ALL.map(|result| {
-                self.cache_requests.get_or_create_owned(&CacheResultLabels {
+                self.cache.requests.get_or_create_owned(&CacheResultLabels {
                     route: route.to_string(),
                     result: result.as_str(),
                 })
             }),
             stale: StaleReason::ALL.map(|reason| {
-                self.cache_stale.get_or_create_owned(&CacheReasonLabels {
+                self.cache.stale.get_or_create_owned(&CacheReasonLabels {
                     route: route.to_string(),
                     reason: reason.as_str(),
                 })

@@ -271,10 +271,7 @@ impl Proxy {
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
         // An unsafe method on a cached route: its URI's entries go once it succeeds.
-        let invalidates = (route.config.cache.is_some() && !req.method().is_safe()).then(|| {
-            let host = crate::config::request_host(req.uri(), req.headers());
-            (req.uri().clone(), host.map(|h| h.into_owned()))
-        });
+        let invalidates = cached::invalidation(route.config, &req);
         // The cache phase, on a cached route (`cached.rs`): a hit is answered here.
         let looked = match &route.config.cache {
             Some(rules) => Box::pin(self.look_up(&snapshot, &route, rules, &req, &mut ctx)).await,
@@ -286,49 +283,20 @@ impl Proxy {
         let decided = match looked {
             Some(cached::Looked::Answer(answer)) => Ok(Some(answer)),
             Some(cached::Looked::Refuse(rejection)) => Err(rejection),
-            Some(cached::Looked::Forward(pending)) => {
-                ctx.cache = Some(pending);
-                Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx))
-                    .await
-                    .map(|()| None)
+            looked => {
+                if let Some(cached::Looked::Forward(pending)) = looked {
+                    ctx.cache = Some(pending);
+                }
+                let admitted = Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx)).await;
+                admitted.map(|()| None)
             }
-            None => Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx))
-                .await
-                .map(|()| None),
         };
         let response = match decided {
             Ok(Some(answer)) => {
                 linger(req);
                 answer
             }
-            Ok(None) => {
-                let identity = &snapshot.identity;
-                // floodgate ignored an untrusted peer's user id; the upstream must not see it.
-                if identity.strip_untrusted_user_id
-                    && !identity.is_trusted(peer.ip().to_canonical())
-                {
-                    req.headers_mut().remove(&identity.user_id_header);
-                }
-                // The fields the client's `Connection` lists go first, so that it cannot name
-                // one set below and have it dropped on the way out.
-                forward::strip_connection_listed(req.headers_mut());
-                // `request_headers`: what the upstream is told (a client-sent value of a name
-                // set here is replaced: it cannot be forged).
-                let edits = &route.config.request_headers;
-                if !edits.is_empty() {
-                    edits.apply(req.headers_mut(), ctx.vars.as_deref().unwrap_or(&NO_VARS));
-                }
-                // An HTTP/2 stream the client reset while it was being decided (a rapid-reset
-                // flood resets each stream right after opening it) must cost the upstream
-                // nothing: hyper looks for the reset only when this future waits, and
-                // everything before forwarding can finish without waiting, so it waits once
-                // here. Forwarded and then abandoned, each such stream would cost an upstream
-                // connection (see `docs/performance.md`, "Rapid reset and the accept queue").
-                if req.version() == http::Version::HTTP_2 {
-                    tokio::task::yield_now().await;
-                }
-                self.forward(&snapshot, &route, req, &mut ctx).await
-            }
+            Ok(None) => self.forward(&snapshot, &route, req, &mut ctx).await,
             Err(rejection) => {
                 ctx.refuse(rejection.label());
                 if let (Some(trace), Rejection::RateLimited(verdict, limit)) =
@@ -353,20 +321,8 @@ impl Proxy {
         };
         // `response_headers`: on every answer of the route, floodgate's own refusals too.
         let mut response = response;
-        if let Some(pending) = ctx.cache.take() {
-            let result = pending.result().as_str();
-            if let Some(log) = ctx.log.as_deref_mut() {
-                log.cache = Some(result.into());
-            }
-            if let Some(trace) = &ctx.trace {
-                trace.set(|| KeyValue::new("floodgate.cache", result));
-            }
-            pending.finish(&mut response);
-        }
-        if let Some((uri, host)) = invalidates
-            && (200..400).contains(&response.status().as_u16())
-        {
-            cached::invalidate(&self.cache, &route.config.name, &uri, host.as_deref());
+        if route.config.cache.is_some() {
+            self.cached_answer(&mut ctx, &route, invalidates, &mut response);
         }
         let edits = &route.config.response_headers;
         if !edits.is_empty() {
@@ -491,7 +447,32 @@ impl Proxy {
         }
     }
 
-    /// Phase 5: delay (leaky bucket), forward, and add the rate-limit headers to the response.
+    /// What the upstream is told of the request's head: an untrusted peer's user id removed,
+    /// the fields its `Connection` lists, then the route's `request_headers`.
+    fn told_upstream(
+        snapshot: &Snapshot,
+        route: &Matched<'_>,
+        req: &mut Request<ClientBody>,
+        ctx: &Context,
+    ) {
+        let identity = &snapshot.identity;
+        // floodgate ignored an untrusted peer's user id; the upstream must not see it.
+        if identity.strip_untrusted_user_id && !identity.is_trusted(ctx.peer.ip().to_canonical()) {
+            req.headers_mut().remove(&identity.user_id_header);
+        }
+        // The fields the client's `Connection` lists go first, so that it cannot name
+        // one set below and have it dropped on the way out.
+        forward::strip_connection_listed(req.headers_mut());
+        // `request_headers`: what the upstream is told (a client-sent value of a name
+        // set here is replaced: it cannot be forged).
+        let edits = &route.config.request_headers;
+        if !edits.is_empty() {
+            edits.apply(req.headers_mut(), ctx.vars.as_deref().unwrap_or(&NO_VARS));
+        }
+    }
+
+    /// Phase 5: the request's headers as the upstream is told them, delay (leaky bucket),
+    /// forward, and add the rate-limit headers to the response.
     /// The request's permit under its upstream's learned limit learns how the upstream answered
     /// and is given back when the response head arrives.
     async fn forward(
@@ -501,6 +482,17 @@ impl Proxy {
         req: Request<ClientBody>,
         ctx: &mut Context,
     ) -> Response<Body> {
+        let mut req = req;
+        Self::told_upstream(snapshot, route, &mut req, ctx);
+        // An HTTP/2 stream the client reset while it was being decided (a rapid-reset
+        // flood resets each stream right after opening it) must cost the upstream
+        // nothing: hyper looks for the reset only when this future waits, and
+        // everything before forwarding can finish without waiting, so it waits once
+        // here. Forwarded and then abandoned, each such stream would cost an upstream
+        // connection (see `docs/performance.md`, "Rapid reset and the accept queue").
+        if req.version() == http::Version::HTTP_2 {
+            tokio::task::yield_now().await;
+        }
         let headline = ctx.admitted.as_ref().and_then(|a| a.headline);
         if let Some((verdict, _)) = &headline
             && verdict.delay_us() > 0

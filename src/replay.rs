@@ -115,6 +115,49 @@ impl RouteStats {
     }
 }
 
+/// A request's key in replay's cache: its host and path (the log holds no query).
+fn cache_key(record: &Record) -> String {
+    [record.host.as_deref().unwrap_or(""), "\0", &record.path].concat()
+}
+
+impl RouteStats {
+    /// The cache before the limits (as the proxy's order): a GET or HEAD within the route's
+    /// `ttl` of its key's last fetch is answered from it, or collapsed onto the fetch still
+    /// under way (true). The log holds no `Cache-Control`: the route's `ttl` is the freshness.
+    /// An unsafe method answered 2xx or 3xx removes its key.
+    fn answered_from_cache(
+        &mut self,
+        route: &crate::config::RouteConfig,
+        record: &Record,
+        now: u64,
+    ) -> bool {
+        let Some(rules) = &route.cache else {
+            return false;
+        };
+        let key = cache_key(record);
+        let reads = matches!(record.method, http::Method::GET | http::Method::HEAD);
+        let ttl_us = rules.ttl.as_micros() as u64;
+        if reads && self.filled.get(&key).is_some_and(|&at| now < at + ttl_us) {
+            self.cached += 1;
+            return true;
+        }
+        if !record.method.is_safe() && record.status.is_some_and(|s| (200..400).contains(&s)) {
+            self.filled.remove(&key);
+        }
+        false
+    }
+
+    /// A request that reached the upstream; on a cached route a GET's fetch fills its key when
+    /// it comes back (as logged; else at once).
+    fn forwarded(&mut self, route: &crate::config::RouteConfig, record: &Record, now: u64) {
+        self.upstream += 1;
+        if route.cache.is_some() && record.method == http::Method::GET {
+            let back = now + record.latency_us.unwrap_or(0);
+            self.filled.insert(cache_key(record), back);
+        }
+    }
+}
+
 /// The concurrency leases one request holds until a log time.
 struct PendingRelease {
     at_us: u64,
@@ -351,7 +394,6 @@ impl Replay {
         }
         self.requests += 1;
         let proposal = Arc::clone(&self.proposal);
-        let cache_key = || [record.host.as_deref().unwrap_or(""), "\0", &record.path].concat();
         // By method, path and the host the log recorded; routes with `headers` are passed over
         // (the log holds no headers).
         let headers = http::HeaderMap::new();
@@ -367,43 +409,12 @@ impl Replay {
         };
         let route = &proposal.config.routes[i];
         self.stats[i].requests += 1;
-        // The cache before the limits (as the proxy's order): a GET or HEAD within the route's
-        // `ttl` of its key's last fetch is answered from it, or collapsed onto the fetch still
-        // under way. The log holds no `Cache-Control`: the route's `ttl` is the freshness. An
-        // unsafe method answered 2xx or 3xx removes its key.
-        let cached = route
-            .cache
-            .as_ref()
-            .map(|rules| (rules.ttl.as_micros() as u64, cache_key()));
-        let reads = matches!(record.method, http::Method::GET | http::Method::HEAD);
-        if let Some((ttl_us, key)) = &cached {
-            if reads
-                && self.stats[i]
-                    .filled
-                    .get(key)
-                    .is_some_and(|&at| now < at + ttl_us)
-            {
-                self.stats[i].cached += 1;
-                return;
-            }
-            if !record.method.is_safe() && record.status.is_some_and(|s| (200..400).contains(&s)) {
-                self.stats[i].filled.remove(key);
-            }
+        if self.stats[i].answered_from_cache(route, &record, now) {
+            return;
         }
-        // Forwarded: a GET's fetch fills its key when it comes back (as logged; else at once).
-        let fill = |stats: &mut RouteStats| {
-            stats.upstream += 1;
-            if let Some((_, key)) = cached.clone()
-                && record.method == http::Method::GET
-            {
-                stats
-                    .filled
-                    .insert(key, now + record.latency_us.unwrap_or(0));
-            }
-        };
         if !route.is_limited() {
             self.stats[i].allowed += 1;
-            fill(&mut self.stats[i]);
+            self.stats[i].forwarded(route, &record, now);
             return;
         }
         // Whose allowances: the proxy's rules (crate::policy), on the digests the log holds. The
@@ -458,7 +469,7 @@ impl Replay {
         settle_as_logged(&record, route, std::mem::take(&mut decided.reservations));
         self.stats[i].count(&record, &decided, &whose.identity);
         if decided.refused.is_none() {
-            fill(&mut self.stats[i]);
+            self.stats[i].forwarded(route, &record, now);
         }
         if !decided.leases.is_empty() {
             // The slots are held for as long as the request took (as logged; else they end at

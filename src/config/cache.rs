@@ -55,7 +55,12 @@ pub struct RouteCacheFile {
 impl Validator {
     /// `cache:`: `memory` and `max_entry` sizes above 0, `max_entry` at most `memory`;
     /// `shared` needs a store the instances share.
-    pub(super) fn cache(&mut self, file: Option<CacheFile>, memory_store: bool) -> Settings {
+    pub(super) fn cache(
+        &mut self,
+        file: Option<CacheFile>,
+        storage: Option<&super::StorageConfig>,
+    ) -> Settings {
+        let memory_store = storage.is_none_or(|s| matches!(s.backend, super::Backend::Memory));
         let Some(file) = file else {
             return Settings::default();
         };

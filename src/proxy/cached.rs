@@ -25,6 +25,18 @@ use crate::metrics::{CacheResult, DecisionLabel, StaleReason};
 pub(super) use pending::{Pending, invalidate};
 use pending::{Role, from_entry};
 
+/// The URI (and host) whose entries an unsafe method on a cached route removes when it
+/// succeeds.
+pub(super) fn invalidation(
+    route: &crate::config::RouteConfig,
+    req: &Request<ClientBody>,
+) -> Option<(http::Uri, Option<String>)> {
+    (route.cache.is_some() && !req.method().is_safe()).then(|| {
+        let host = crate::config::request_host(req.uri(), req.headers());
+        (req.uri().clone(), host.map(|h| h.into_owned()))
+    })
+}
+
 /// How many times a request goes round again after a fill it waited on was given up.
 const RETRIES: usize = 3;
 
@@ -99,38 +111,10 @@ impl Proxy {
         let metrics = route.extras.cache.clone()?;
         let headers = req.headers();
         let trusted = snapshot.identity.is_trusted(ctx.peer.ip().to_canonical());
-        let identity =
-            match rules.keys_identity() || !self.control.is_empty() || snapshot.consumers.is_some()
-            {
-                true => {
-                    // Boxed, as the wait below: rare here, and their state would otherwise
-                    // size every cached request's future (moved into its box whole).
-                    let verified = match Box::pin(Self::verify_token(snapshot, req)).await {
-                        Ok(verified) => verified,
-                        Err(rejection) => return Some(Looked::Refuse(rejection)),
-                    };
-                    let whose = match Self::identify(
-                        snapshot,
-                        req,
-                        verified.as_ref(),
-                        ctx.peer,
-                        ctx.log.as_deref_mut(),
-                    ) {
-                        Ok(whose) => whose,
-                        Err(rejection) => return Some(Looked::Refuse(rejection)),
-                    };
-                    let mut buf = [0u8; 16];
-                    let id = whose.identity.key_bytes(&mut buf).to_vec();
-                    let kind = crate::limiter::KeyKind::from(whose.identity.kind());
-                    if let Some(wait_us) = self.control.banned(&route.config.name, kind, &id) {
-                        return Some(Looked::Refuse(Rejection::from(
-                            crate::policy::Refused::Banned(wait_us),
-                        )));
-                    }
-                    Some((whose.identity.kind() as u8, id))
-                }
-                false => None,
-            };
+        let identity = match self.cache_identity(snapshot, route, rules, req, ctx).await {
+            Ok(identity) => identity,
+            Err(rejection) => return Some(Looked::Refuse(rejection)),
+        };
         let host = crate::config::request_host(req.uri(), req.headers());
         let key = Key::of(
             rules,
@@ -144,20 +128,14 @@ impl Proxy {
             },
         );
         let credentialed = credentialed(headers, &snapshot.identity.api_key_header);
-        let mut pending = Box::new(Pending {
-            rules: rules.clone(),
-            route: route.config.name.clone(),
+        let mut pending = Box::new(Pending::new(
+            rules.clone(),
+            route.config.name.clone(),
             key,
-            uri: req.uri().clone(),
-            asked: HeaderMap::new(),
+            req,
             credentialed,
-            role: Role::Bypass,
-            stale: None,
-            head,
-            result: CacheResult::Bypass,
-            status: status::BYPASS,
             metrics,
-        });
+        ));
         // A `Range` (or an upgrade) passes through; a trusted proxy may ask for a fresh answer
         // (a client cannot bust the cache).
         if headers.contains_key(header::RANGE) || headers.contains_key(header::UPGRADE) {
@@ -221,47 +199,120 @@ impl Proxy {
                     pending.role = Role::Alone;
                     return Some(Looked::Forward(pending));
                 }
-                Claim::Follow(waiter) => match Box::pin(waiter.wait(rules.coalesce_wait)).await {
-                    Followed::Served {
-                        status: code,
-                        headers: fields,
-                        body,
-                    } => {
-                        let mut answer = Response::new(body.boxed_unsync());
-                        *answer.status_mut() = code;
-                        *answer.headers_mut() = fields;
-                        answer
-                            .headers_mut()
-                            .insert(header::AGE, HeaderValue::from(0));
-                        pending.status = status::COLLAPSED;
-                        pending.result = CacheResult::Collapsed;
-                        return Some(self.serve(snapshot, route, req, ctx, pending, answer).await);
+                Claim::Follow(waiter) => {
+                    match self
+                        .follow(snapshot, route, req, ctx, pending, waiter)
+                        .await
+                    {
+                        Ok(looked) => return Some(looked),
+                        Err(again) => pending = again,
                     }
-                    Followed::Failed(permit) => {
-                        if let Some(answer) = pending.stale_for(StaleReason::Error, Instant::now())
-                        {
-                            return Some(
-                                self.serve(snapshot, route, req, ctx, pending, answer).await,
-                            );
-                        }
-                        pending.role = Role::Released { _place: permit };
-                        return Some(Looked::Forward(pending));
-                    }
-                    Followed::Released(permit) => {
-                        pending.role = Role::Released { _place: permit };
-                        pending.result = CacheResult::Uncacheable;
-                        return Some(Looked::Forward(pending));
-                    }
-                    Followed::TimedOut => {
-                        pending.role = Role::Alone;
-                        return Some(Looked::Forward(pending));
-                    }
-                    Followed::Retry => continue,
-                },
+                }
             }
         }
         pending.role = Role::Alone;
         Some(Looked::Forward(pending))
+    }
+
+    /// Whose the request is, for the cache phase: worked out only when the key holds it, a ban
+    /// or override is in force, or `consumers:` may refuse the key; a banned client is refused.
+    async fn cache_identity(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        route: &Matched<'_>,
+        rules: &Rules,
+        req: &Request<ClientBody>,
+        ctx: &mut Context,
+    ) -> Result<Option<(u8, Vec<u8>)>, Rejection> {
+        if !(rules.keys_identity() || !self.control.is_empty() || snapshot.consumers.is_some()) {
+            return Ok(None);
+        }
+        // Boxed, as the follower's wait: rare here, and its state would otherwise size every
+        // cached request's future (moved into its box whole).
+        let verified = Box::pin(Self::verify_token(snapshot, req)).await?;
+        let log = ctx.log.as_deref_mut();
+        let whose = Self::identify(snapshot, req, verified.as_ref(), ctx.peer, log)?;
+        let mut buf = [0u8; 16];
+        let id = whose.identity.key_bytes(&mut buf).to_vec();
+        let kind = crate::limiter::KeyKind::from(whose.identity.kind());
+        if let Some(wait_us) = self.control.banned(&route.config.name, kind, &id) {
+            return Err(Rejection::from(crate::policy::Refused::Banned(wait_us)));
+        }
+        Ok(Some((whose.identity.kind() as u8, id)))
+    }
+
+    /// A follower of another request's fetch of its key: served from it as it streams
+    /// (`collapsed`), a stale copy when it failed, or sent upstream (released a few at a time,
+    /// or alone past `coalesce_wait`); `Err`: the fill was given up, look again.
+    async fn follow(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        route: &Matched<'_>,
+        req: &Request<ClientBody>,
+        ctx: &mut Context,
+        mut pending: Box<Pending>,
+        waiter: cache::fill::Waiter,
+    ) -> Result<Looked, Box<Pending>> {
+        match Box::pin(waiter.wait(pending.rules.coalesce_wait)).await {
+            Followed::Served {
+                status: code,
+                headers: fields,
+                body,
+            } => {
+                let mut answer = Response::new(body.boxed_unsync());
+                *answer.status_mut() = code;
+                *answer.headers_mut() = fields;
+                answer
+                    .headers_mut()
+                    .insert(header::AGE, HeaderValue::from(0));
+                pending.status = status::COLLAPSED;
+                pending.result = CacheResult::Collapsed;
+                Ok(self.serve(snapshot, route, req, ctx, pending, answer).await)
+            }
+            Followed::Failed(permit) => {
+                if let Some(answer) = pending.stale_for(StaleReason::Error, Instant::now()) {
+                    return Ok(self.serve(snapshot, route, req, ctx, pending, answer).await);
+                }
+                pending.role = Role::Released { _place: permit };
+                Ok(Looked::Forward(pending))
+            }
+            Followed::Released(permit) => {
+                pending.role = Role::Released { _place: permit };
+                pending.result = CacheResult::Uncacheable;
+                Ok(Looked::Forward(pending))
+            }
+            Followed::TimedOut => {
+                pending.role = Role::Alone;
+                Ok(Looked::Forward(pending))
+            }
+            Followed::Retry => Err(pending),
+        }
+    }
+
+    /// A cached route's answer goes out: what the cache did is counted, logged, traced and said
+    /// in `Cache-Status`; an unsafe method that succeeded removes its URI's entries.
+    pub(super) fn cached_answer(
+        &self,
+        ctx: &mut Context,
+        route: &Matched<'_>,
+        invalidates: Option<(http::Uri, Option<String>)>,
+        response: &mut Response<Body>,
+    ) {
+        if let Some(pending) = ctx.cache.take() {
+            let result = pending.result().as_str();
+            if let Some(log) = ctx.log.as_deref_mut() {
+                log.cache = Some(result.into());
+            }
+            if let Some(trace) = &ctx.trace {
+                trace.set(|| opentelemetry::KeyValue::new("floodgate.cache", result));
+            }
+            pending.finish(response);
+        }
+        if let Some((uri, host)) = invalidates
+            && (200..400).contains(&response.status().as_u16())
+        {
+            invalidate(&self.cache, &route.config.name, &uri, host.as_deref());
+        }
     }
 
     /// Answers from the cache: the limits that ask for a hit's `cache_hit_cost` are spent

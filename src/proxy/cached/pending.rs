@@ -72,6 +72,32 @@ fn failed(forwarded: &Result<Response<Body>, Rejection>) -> bool {
 }
 
 impl Pending {
+    /// A cached route's request `req`, keyed `key`, before the cache is consulted: a bypass
+    /// until the cache phase says otherwise.
+    pub(super) fn new(
+        rules: Arc<Rules>,
+        route: Arc<str>,
+        key: Key,
+        req: &http::Request<crate::proxy::body::ClientBody>,
+        credentialed: bool,
+        metrics: Arc<RouteCacheMetrics>,
+    ) -> Pending {
+        Pending {
+            rules,
+            route,
+            key,
+            uri: req.uri().clone(),
+            asked: HeaderMap::new(),
+            credentialed,
+            role: Role::Bypass,
+            stale: None,
+            head: req.method() == http::Method::HEAD,
+            result: CacheResult::Bypass,
+            status: status::BYPASS,
+            metrics,
+        }
+    }
+
     /// A request of floodgate's own (a refresh), as if a client had asked.
     pub(super) fn detached(
         rules: Arc<Rules>,
