@@ -133,6 +133,36 @@ pub struct Decided {
     /// The store round trips the decision waited on (not the answers a lease, the deny cache
     /// or the in-process store gave): when each began and how long it took, for traces.
     pub store_calls: Vec<(Instant, std::time::Duration)>,
+    /// What an admitted request spent that can be given back, kept only by a decider asked to
+    /// ([`Decider::undoable`]).
+    pub spent: Option<Box<Spent>>,
+}
+
+/// The units an admitted request spent, kept so that they can all be given back
+/// ([`Spent::give_back`]) if it is abandoned before it is forwarded; dropped, they stay spent.
+/// Held: the units of every limit a refund can reach (token buckets, fixed windows, sliding
+/// window counters, quotas, enforced and shadow; a `scope: global` limit's go back to the
+/// region's slice). Concurrency leases go back when their [`HeldLeases`] are dropped, settled
+/// costs through their own reservation; a sliding window log or a leaky bucket keeps a unit once
+/// spent, as `refund_on` cannot have them either.
+#[derive(Default)]
+pub struct Spent {
+    reservations: Vec<Reservation>,
+    global: Vec<crate::global::Refund>,
+}
+
+impl Spent {
+    /// Gives every unit held back to its budget (at once on the memory store, in a spawned task
+    /// on a remote one).
+    pub fn give_back(self) {
+        for reservation in self.reservations {
+            let none = vec![0; reservation.len()];
+            reservation.settle(&none);
+        }
+        for refund in self.global {
+            refund.give();
+        }
+    }
 }
 
 impl Decided {
@@ -146,6 +176,7 @@ impl Decided {
             denied: [0; 2],
             standings: None,
             store_calls: Vec::new(),
+            spent: None,
         }
     }
 
@@ -215,6 +246,10 @@ pub struct Decider<'s> {
     /// Keep where every limit asked stands ([`Decided::standings`]): the rate-limit service
     /// reports it per descriptor; the proxy and replay do not.
     pub standings: bool,
+    /// Keep what an admitted request spent, to give back should its client leave before it is
+    /// forwarded ([`Decided::spent`]): the proxy asks for it where the front end can tell (an
+    /// HTTP/3 stream's reset), so that no other request pays for the bookkeeping.
+    pub undoable: bool,
 }
 
 /// What a decision is about: a client's request on a route, or limits a caller found itself.
@@ -803,6 +838,9 @@ impl<'s> Decider<'s> {
         decided
             .leases
             .extend(self.limiter.hold(budget.asks, admission));
+        if self.undoable {
+            self.keep_spent(decided, budget, admission);
+        }
         if let Some(reservation) = self.limiter.reserve(budget.asks, admission) {
             let positions = budget
                 .asks
@@ -829,6 +867,32 @@ impl<'s> Decider<'s> {
                         .set(position, standing);
                 }
             }
+        }
+    }
+}
+
+impl Decider<'_> {
+    /// Keeps in `decided.spent` what `admission` spent of `budget`'s asks that a refund can
+    /// reach (see [`Spent`]), if it admitted.
+    fn keep_spent(&self, decided: &mut Decided, budget: &BudgetAsks<'_>, admission: &Admission) {
+        if !admission.verdict().is_some_and(|v| v.allowed()) {
+            return;
+        }
+        // Without the global store (replay) a global limit is decided in the store as any other.
+        let in_global = |ask: &Ask<'_>| self.global.is_some() && ask.limit.is_global();
+        let spent = decided.spent.get_or_insert_default();
+        spent
+            .reservations
+            .extend(self.limiter.reserve_where(budget.asks, admission, |ask| {
+                !ask.limit.is_settled()
+                    && ask.limit.algorithm().kind() != crate::limiter::AlgorithmKind::Concurrency
+                    && !in_global(ask)
+            }));
+        if let Some(global) = self.global {
+            let refunds = budget.asks.iter().filter(|a| a.limit.is_global());
+            spent
+                .global
+                .extend(refunds.map(|ask| global.refund_of(ask)));
         }
     }
 }

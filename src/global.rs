@@ -406,6 +406,28 @@ impl Global {
         ttl.as_millis() as u64
     }
 
+    /// How to give back what `ask` (a `scope: global` limit) spent of this region's slice just
+    /// now, for a request abandoned before it was forwarded ([`Refund::give`]).
+    pub fn refund_of(&self, ask: &Ask<'_>) -> Refund {
+        let window = self.window_of(ask.limit);
+        let Keys { slice, .. } = self.keys(ask, window);
+        // The slice may not be there yet (the request's unit came straight from the global
+        // store): the refund makes it, for a slice's life.
+        let ends = window.map(|(_, end)| {
+            let left_us = end.saturating_sub(self.global_now_us());
+            Instant::now() + std::time::Duration::from_micros(left_us)
+        });
+        Refund {
+            region: self.region.clone(),
+            slice_key: slice,
+            grant: Grant {
+                units: u64::from(ask.limit.cost()),
+                demand: 0,
+                ttl_ms: self.slice_ttl_ms(ends),
+            },
+        }
+    }
+
     /// What `ask`'s budget has now, spending nothing (`/budgets`): the region's slice and the
     /// global store's units left, as last seen.
     pub async fn peek(&self, ask: &Ask<'_>) -> Result<(Decision, u64), GlobalError> {
@@ -760,6 +782,40 @@ impl Drop for Owed {
             demand: 0,
             ttl_ms: 0,
         };
+        runtime.spawn(async move {
+            let units = grant.units;
+            match region.add(&slice_key, grant).await {
+                Ok(_) => tracing::debug!(units, "an abandoned request's units went back to the slice"),
+                Err(e) => tracing::warn!(units, error = %e, "an abandoned request's units are lost: the region's store failed"),
+            }
+        });
+    }
+}
+
+/// Units a request spent of a `scope: global` budget, which [`Refund::give`] puts in the region's
+/// slice (made if need be, living no longer than a slice does: a window's never outlives it);
+/// dropped, they stay spent.
+pub struct Refund {
+    region: Arc<AnySliceStore>,
+    slice_key: String,
+    grant: Grant,
+}
+
+impl Refund {
+    /// Puts the units back in the slice (a spawned call; a store that fails loses them, as an
+    /// abandoned request's are: an under-grant, never an over-grant).
+    pub fn give(self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Refund {
+            region,
+            slice_key,
+            grant,
+        } = self;
+        if grant.ttl_ms == 0 {
+            return; // the window has ended: so has its slice
+        }
         runtime.spawn(async move {
             let units = grant.units;
             match region.add(&slice_key, grant).await {

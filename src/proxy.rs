@@ -444,6 +444,7 @@ impl Proxy {
             alerts: Some(&self.alerts),
             global: self.global.as_deref(),
             standings: false,
+            undoable: false,
         }
     }
 
@@ -469,6 +470,35 @@ impl Proxy {
         if !edits.is_empty() {
             edits.apply(req.headers_mut(), ctx.vars.as_deref().unwrap_or(&NO_VARS));
         }
+    }
+
+    /// The answer to a request whose client left while it was decided (an HTTP/3 stream it
+    /// reset: [`body::ClientLeft`]), if it did: it is not forwarded, everything it spent goes
+    /// back (its units, its reserves, its slot at the gate; its leases as its answer ends), and
+    /// the answer, which nobody will read, is nginx's 499 marked [`body::Abandoned`]. The body
+    /// is looked at only while nothing else reads it (not yet read).
+    fn abandoned(req: &Request<ClientBody>, ctx: &mut Context) -> Option<Response<Body>> {
+        let left = ctx.left.as_ref()?;
+        if !matches!(req.body(), ClientBody::Streaming(_)) || !left.left() {
+            return None;
+        }
+        if let Some(admitted) = &mut ctx.admitted {
+            if let Some(spent) = admitted.spent.take() {
+                spent.give_back();
+            }
+            for meter in std::mem::take(&mut admitted.costs) {
+                meter.give_back();
+            }
+        }
+        drop(ctx.permit.take());
+        tracing::debug!(
+            path = req.uri().path(),
+            "the client left before its request was forwarded: what it spent is given back"
+        );
+        let mut answer = Response::new(crate::answer::full(bytes::Bytes::new()));
+        *answer.status_mut() = http::StatusCode::from_u16(499).ok()?;
+        answer.extensions_mut().insert(body::Abandoned);
+        Some(answer)
     }
 
     /// Phase 5: the request's headers as the upstream is told them, delay (leaky bucket),
@@ -498,6 +528,9 @@ impl Proxy {
             && verdict.delay_us() > 0
         {
             tokio::time::sleep(Duration::from_micros(verdict.delay_us())).await;
+        }
+        if let Some(abandoned) = Self::abandoned(&req, ctx) {
+            return abandoned;
         }
         let started = Instant::now();
         // The forwarded request's CLIENT span; the upstream hears of it in `traceparent`.

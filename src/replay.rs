@@ -455,6 +455,7 @@ impl Replay {
             alerts: None,
             global: None,
             standings: false,
+            undoable: false,
         };
         let mut facts = LoggedFacts(&record);
         let Some(mut decided) = decider.decide_now(Question::Request {

@@ -176,6 +176,7 @@ impl Service {
         let decider = crate::decider::Decider {
             // Each descriptor's status says where its limit stands.
             standings: true,
+            undoable: false,
             ..self.proxy.decider(&snapshot)
         };
         // Given back first: they spend nothing and are not part of the decision.

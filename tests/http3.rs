@@ -795,27 +795,65 @@ async fn malformed_http3_requests_are_refused_and_never_forwarded_whole() {
     assert!(upstream.count() <= 4, "{}", upstream.count());
 }
 
-/// A stream reset while its request is being decided reaches no upstream: the decision waits
-/// on a Redis 300 ms away (a delaying relay, 150 ms each way), the client resets each stream
-/// 100 ms after its head, and floodgate's look before forwarding finds the reset. The next
-/// request is served.
+/// A stream reset while its request is being decided reaches no upstream and spends nothing:
+/// the decision waits on a Redis 300 ms away (a delaying relay, 150 ms each way), the client
+/// resets each of 10 streams 100 ms after its head, and floodgate's look before forwarding finds
+/// the reset: each admitted one gives back its units (a token bucket's, and a settled limit's
+/// reserve). The budget is 3: with the units kept, the three requests sent after would be
+/// refused. Tolerance: the give-backs are sent when the decisions come back (~300 ms) and are
+/// answered within three round trips (900 ms: the first settlement loads its script); the
+/// client sends its next requests `pause` (2.5 s) after the resets: 1.3 s of slack on a loaded
+/// machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_reset_while_it_is_decided_reaches_no_upstream() {
+async fn a_stream_reset_while_it_is_decided_reaches_no_upstream_and_spends_nothing() {
+    let settled = Limit::fixed_window(3, "1h").with("refund_on", "[500]");
+    reset_while_decided(&[Limit::token_bucket(3, 0.001), settled], false).await;
+}
+
+/// The same for a `scope: global` budget of 3: each admitted stream's unit goes back to the
+/// region's slice (here the global store is behind the relay and the region's is near: the
+/// region's commands have their own short timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_while_it_is_decided_gives_back_a_global_budget_s_unit() {
+    let limit = Limit::token_bucket(3, 0.001)
+        .with("scope", "global")
+        .per("route");
+    reset_while_decided(&[limit], true).await;
+}
+
+/// Ten streams reset 100 ms into a decision 300 ms long on `limits` (a budget of 3), then four
+/// requests on the same connection: three admitted, one refused, only those three forwarded.
+/// The store that decides is a Redis behind a relay that delays 150 ms each way: the region's
+/// own, or with `global` the global store (the region's near).
+async fn reset_while_decided(limits: &[Limit], global: bool) {
     let cert = SelfSigned::new();
     let upstream = Upstream::start().await;
-    let redis = RedisServer::start();
+    let far = RedisServer::start();
     let relay = common::DelayRelay::start(
-        format!("127.0.0.1:{}", redis.port).parse().unwrap(),
+        format!("127.0.0.1:{}", far.port).parse().unwrap(),
         Duration::from_millis(150),
     )
     .await;
-    let config = Config::new()
+    let near = global.then(RedisServer::start);
+    let region_url = match &near {
+        Some(near) => format!("redis://127.0.0.1:{}", near.port),
+        None => relay.url(),
+    };
+    let mut config = Config::new()
         .storage("backend", "redis")
-        .storage("url", &relay.url())
+        .storage("url", &region_url)
         .storage("timeout", "5s")
-        .storage("on_error", "deny")
-        .route(Route::new("api", "/", &upstream.url()).limit(Limit::token_bucket(1000, 1000.0)));
+        .storage("on_error", "deny");
+    if global {
+        let spec = format!(
+            "{{url: \"{}\", region: eu, lease_ttl: 5s, timeout: 5s}}",
+            relay.url()
+        );
+        config = config.storage("global", &spec);
+    }
+    let config = config.route(Route::new("api", "/", &upstream.url()).limits(limits.to_vec()));
     let fg = start(&cert, config, &[]);
+    let after = json!({"path": "/after"});
     let result = h3(
         &fg,
         &cert,
@@ -823,16 +861,18 @@ async fn a_stream_reset_while_it_is_decided_reaches_no_upstream() {
         json!({
             "streams": 10,
             "after": 0.1,
+            "pause": 2.5,
             // A declared length: the upstream's HTTP/1.1 client writes such a head before it
             // reads any of the body, so a forwarded request would reach the upstream.
             "headers": [["content-length", "100"]],
-            "then": [{"path": "/after"}],
+            "then": [after, after, after, after],
         }),
     )
     .await;
-    assert_eq!(answers(&result)[0]["status"], 200, "{result}");
+    let statuses: Vec<&Value> = answers(&result).iter().map(|a| &a["status"]).collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "{result}");
     let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
-    assert_eq!(paths, ["/after"], "the reset streams were not forwarded");
+    assert_eq!(paths, ["/after"; 3], "the reset streams were not forwarded");
 }
 
 /// A connection that abandons streams faster than `http2_max_resets_per_second` (here 2 a

@@ -66,6 +66,7 @@ impl Fixture {
             alerts: None,
             global: None,
             standings: false,
+            undoable: false,
         }
     }
 

@@ -299,7 +299,18 @@ impl Limiter {
     /// costing its reserve), if it allowed. Nothing is reserved when no store decided (the
     /// store failed and `on_error` let the request through).
     pub fn reserve(&self, asks: &[Ask<'_>], admission: &Admission) -> Option<Reservation> {
-        let (keys, verdict, source, _) = admitted(asks, admission, |a| a.limit.is_settled())?;
+        self.reserve_where(asks, admission, |a| a.limit.is_settled())
+    }
+
+    /// The units `admission` spent in the asks among `asks` that `which` picks, held as a
+    /// reservation at their costs (settled at 0, they go back), if it allowed.
+    pub fn reserve_where(
+        &self,
+        asks: &[Ask<'_>],
+        admission: &Admission,
+        which: impl Fn(&Ask<'_>) -> bool,
+    ) -> Option<Reservation> {
+        let (keys, verdict, source, _) = admitted(asks, admission, which)?;
         Some(Reservation {
             limiter: self.clone(),
             keys,

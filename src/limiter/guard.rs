@@ -341,18 +341,15 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         if self.count_calls {
             self.stats.store_calls.inc();
         }
+        let refunds = self.deny_cache.refunds();
         let decided = self.store.decide_leasing(asks, lease, &wants, late);
         let error = match tokio::time::timeout(timeout, decided).await {
             Ok(Ok(reply)) => {
                 self.breaker.success();
                 let verdict = reply.verdict;
                 if !verdict.allowed() {
-                    self.deny_cache.insert(
-                        asks,
-                        &reply.decisions,
-                        self.clock.now_us(),
-                        verdict.now_us,
-                    );
+                    let at = (self.clock.now_us(), verdict.now_us);
+                    self.deny_cache.insert(asks, &reply.decisions, at, refunds);
                 } else if let Some(leases) = leases.as_ref()
                     && !reply.leased.is_empty()
                 {
@@ -425,17 +422,22 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
         source: Source,
     ) -> Result<(), LimiterError> {
         match source {
-            Source::Fallback => {
-                self.local.settle(asks, settlements);
-                Ok(())
-            }
+            Source::Fallback => self.local.settle(asks, settlements),
             Source::Store => {
                 let timeout = self.timeout();
                 tokio::time::timeout(timeout, self.store.settle(asks, settlements))
                     .await
-                    .map_err(|_| LimiterError::Timeout(timeout))?
+                    .map_err(|_| LimiterError::Timeout(timeout))??
             }
         }
+        // A budget given units back no longer denies as it did: its cached denial goes once the
+        // store has them, and so does one decided meanwhile (see `DenyCache::refunded`).
+        let refunded: Vec<Ask<'_>> = (asks.iter().zip(settlements))
+            .filter(|(_, s)| s.refund > 0)
+            .map(|(ask, _)| *ask)
+            .collect();
+        self.deny_cache.refunded(&refunded);
+        Ok(())
     }
 
     fn fallback(
@@ -772,6 +774,49 @@ mod tests {
             breaker.allow(after) && breaker.allow(after),
             "closed: everyone"
         );
+    }
+
+    /// Units given back (a refund: an abandoned request's, the service's `is_negative_hits`)
+    /// make a budget that denied admit again: its cached denial is forgotten once the store has
+    /// them, so the next request asks the store and is admitted with the unit given back.
+    #[tokio::test]
+    async fn a_refund_forgets_the_budget_s_cached_denial() {
+        let f = Fixture::new();
+        let allowed = f.decide(OnError::Allow).await.unwrap();
+        assert!(allowed.verdict().unwrap().allowed());
+        assert!(
+            !f.decide(OnError::Allow)
+                .await
+                .unwrap()
+                .verdict()
+                .unwrap()
+                .allowed()
+        );
+        assert!(
+            !f.decide(OnError::Allow)
+                .await
+                .unwrap()
+                .verdict()
+                .unwrap()
+                .allowed()
+        );
+        assert_eq!(f.calls(), 2, "the third was the deny cache's");
+        let asks = [Ask {
+            limit: &f.limit,
+            key: BudgetKey {
+                budget: "r#0",
+                kind: KeyKind::Ip,
+                value: b"\x7f\0\0\x01",
+            },
+        }];
+        let refund = [crate::limiter::Settlement::of(1, 0, T0)];
+        f.guard.settle(&asks, &refund, Source::Store).await.unwrap();
+        let again = f.decide(OnError::Allow).await.unwrap();
+        assert!(
+            again.verdict().unwrap().allowed(),
+            "the unit given back admits"
+        );
+        assert_eq!(f.calls(), 3, "the store was asked");
     }
 
     #[tokio::test]

@@ -480,8 +480,9 @@ impl Proxy {
             ids: Vec::new(),
             last: None,
         };
-        let decided = self
-            .decider(snapshot)
+        let mut decider = self.decider(snapshot);
+        decider.undoable = ctx.left.is_some();
+        let decided = decider
             .decide(Question::Request {
                 route: config,
                 whose,
@@ -531,6 +532,7 @@ impl Proxy {
             leases: decided.leases,
             costs,
             endpoint: offered.last,
+            spent: decided.spent,
         })
     }
 }

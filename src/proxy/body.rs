@@ -125,6 +125,30 @@ pub enum Incoming {
     Other(OtherBody),
 }
 
+/// Whether a request's client has left, for a front end that can tell without reading the
+/// body: the HTTP/3 listener puts one in a request's extensions (a stream its client reset).
+/// The proxy asks it once, just before forwarding, while nothing reads the body; a request
+/// whose client has left is then not forwarded and its units are given back, and its answer
+/// carries [`Abandoned`].
+#[derive(Clone)]
+pub struct ClientLeft(std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl ClientLeft {
+    pub fn new(left: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        ClientLeft(std::sync::Arc::new(left))
+    }
+
+    /// True when the client has left.
+    pub fn left(&self) -> bool {
+        (self.0)()
+    }
+}
+
+/// In the extensions of the answer to a request whose client left before it was forwarded
+/// ([`ClientLeft`]): nobody will read it, and the front end cancels the stream instead.
+#[derive(Clone, Copy, Debug)]
+pub struct Abandoned;
+
 impl From<hyper::body::Incoming> for Incoming {
     fn from(body: hyper::body::Incoming) -> Self {
         Incoming::Hyper(body)

@@ -29,6 +29,9 @@ pub(super) struct Admitted {
     pub costs: Vec<CostMeter>,
     /// The endpoint whose budget its limits `per: endpoint` spent: its first attempt goes there.
     pub endpoint: Option<std::sync::Arc<crate::upstream::Endpoint>>,
+    /// What it spent, to give back if its client leaves before it is forwarded (kept only
+    /// where the front end can tell: [`Context::left`]).
+    pub spent: Option<Box<crate::decider::Spent>>,
 }
 
 impl Admitted {
@@ -40,6 +43,7 @@ impl Admitted {
             leases: Vec::new(),
             costs: Vec::new(),
             endpoint: None,
+            spent: None,
         }
     }
 }
@@ -69,6 +73,8 @@ pub(super) struct Context {
     pub vars: Option<Box<crate::config::Vars>>,
     /// On a cached route: what the cache phase left for the upstream's answer.
     pub cache: Option<Box<super::cached::pending::Pending>>,
+    /// How to tell that the client has left, where its front end can ([`ClientLeft`]).
+    pub left: Option<super::body::ClientLeft>,
 }
 
 impl Context {
@@ -86,6 +92,7 @@ impl Context {
             trace: None,
             balance_key: None,
             vars: None,
+            left: req.extensions().get::<super::body::ClientLeft>().cloned(),
         }
     }
 

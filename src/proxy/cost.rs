@@ -362,6 +362,19 @@ impl CostMeter {
         self.settle(complete)
     }
 
+    /// The request was abandoned before it was forwarded: every reserved unit goes back.
+    pub fn give_back(mut self) {
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        let limits = &self.reading.figures().limits;
+        for (reserved, limit) in reservation.reserved().zip(limits) {
+            limit.counters.refunded.inc_by(reserved);
+        }
+        let none = vec![0; reservation.len()];
+        reservation.settle(&none);
+    }
+
     /// Settles the reservation at what was read (see [`CostMeter::finish`]); once.
     fn settle(&mut self, complete: bool) -> Vec<(usize, u64, u64)> {
         if complete {

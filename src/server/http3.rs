@@ -14,7 +14,9 @@
 //!   header sections of at most 64 KiB, QPACK without a dynamic table (h3 encodes and decodes
 //!   statelessly, so a client cannot make the server hold one), and `http3.idle_timeout`;
 //! - a stream reset before floodgate looked at it is dropped unanswered: nothing decided,
-//!   nothing forwarded;
+//!   nothing forwarded; one reset while it is decided is found by the proxy's look just before
+//!   forwarding ([`ClientLeft`]): not forwarded, what its decision spent given back, the stream
+//!   cancelled;
 //! - every frame header a client sends is read as it arrives, before h3 buffers the frame
 //!   (`frames.rs`): a frame other than DATA is at most 128 KiB, a control-stream frame must
 //!   arrive whole within `timeouts.header_read`, a client's push stream, a lowered
@@ -43,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::Serving;
 use crate::config::Http3Config;
-use crate::proxy::body::{BoxError, Incoming};
+use crate::proxy::body::{Abandoned, BoxError, ClientLeft, Incoming};
 use crate::proxy::{Body, Proxy};
 
 /// Handshakes in progress past which new clients must prove their address (a Retry) first.
@@ -64,6 +66,9 @@ const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
 /// HTTP/3's "internal error" code, for a response whose body failed mid-way.
 const H3_INTERNAL_ERROR: u64 = 0x102;
+
+/// HTTP/3's "request cancelled" code (RFC 9114 §8.1), for a request its client abandoned.
+const H3_REQUEST_CANCELLED: u64 = 0x10c;
 
 /// HTTP/3's "malformed message" code (RFC 9114 §4.1.2), for a request refused as one.
 const H3_MESSAGE_ERROR: u64 = 0x10e;
@@ -376,14 +381,21 @@ async fn serve_request(
     let declared = declared_length(req.headers()).ok().flatten();
     let body = RecvBody::new(recv, declared);
     // A stream the client reset as soon as it opened it (a rapid-reset flood) costs nothing:
-    // it is neither decided nor forwarded. (One reset while it is decided is not forwarded
-    // either: the forward's first read of its body finds the reset. One reset after it was
-    // forwarded is an abandoned stream, counted against the connection's budget.)
+    // it is neither decided nor forwarded. (One reset after it was forwarded is an abandoned
+    // stream, counted against the connection's budget.)
     if body.reset() {
         return;
     }
-    let req = req.map(|()| Incoming::Other(Box::pin(body)));
+    // A reset while it is decided is found by the proxy's look just before forwarding: not
+    // forwarded, and what it spent given back (`ClientLeft`).
+    let probe = body.shared.clone();
+    let mut req = req.map(|()| Incoming::Other(Box::pin(body)));
+    (req.extensions_mut()).insert(ClientLeft::new(move || lock(&probe).look()));
     let response = proxy.handle(req, peer).await;
+    if response.extensions().get::<Abandoned>().is_some() {
+        send.stop_stream(h3::error::Code::from(H3_REQUEST_CANCELLED));
+        return;
+    }
     match respond(&mut send, response).await {
         Err(e) => tracing::debug!(error = %e, %peer, "HTTP/3 response not delivered"),
         Ok(()) => abandoned.answered_whole(),
@@ -432,42 +444,53 @@ async fn respond(send: &mut SendStream, response: Response<Body>) -> Result<(), 
     Ok(())
 }
 
-/// A request stream's receiving side, and what the one look at it before the body was read
-/// found there (data, or its end), kept for the body.
+/// A request stream's receiving side, and what looks at it before the body was read found
+/// there (data, or its end), kept for the body.
 struct Probed {
     stream: RecvStream,
-    early: Option<Bytes>,
+    early: std::collections::VecDeque<Bytes>,
+    early_bytes: usize,
     ended: bool,
 }
 
+/// What looks at a stream before its body is read keep of its data at most: past it a look
+/// says "not reset" without reading on (the QUIC stream's own window bounds what waits there).
+const MAX_EARLY: usize = 64 * 1024;
+
 impl Probed {
-    /// Looks once at the stream without waiting (a no-op waker: nobody else waits on it yet,
-    /// the body not being read): true when the client has reset it.
+    /// Looks at the stream without waiting (a no-op waker: nobody else waits on it, the body
+    /// not being read yet), keeping what data has come: true when the client has reset it.
     fn look(&mut self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        match self.stream.poll_recv_data(&mut cx) {
-            Poll::Pending => false,
-            Poll::Ready(Ok(Some(mut data))) => {
-                self.early = Some(data.copy_to_bytes(data.remaining()));
-                false
-            }
-            Poll::Ready(Ok(None)) => {
-                self.ended = true;
-                false
-            }
-            Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "HTTP/3 stream reset before it was decided");
-                true
+        while !self.ended && self.early_bytes < MAX_EARLY {
+            match self.stream.poll_recv_data(&mut cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok(Some(mut data))) => {
+                    let data = data.copy_to_bytes(data.remaining());
+                    self.early_bytes += data.len();
+                    self.early.push_back(data);
+                }
+                Poll::Ready(Ok(None)) => self.ended = true,
+                Poll::Ready(Err(e)) => {
+                    tracing::debug!(error = %e, "HTTP/3 stream reset before it was forwarded");
+                    return true;
+                }
             }
         }
+        false
     }
+}
+
+/// `probed`, locked (never contended: see [`RecvBody::shared`]).
+fn lock(probed: &std::sync::Mutex<Probed>) -> std::sync::MutexGuard<'_, Probed> {
+    probed.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A request's body as it arrives on its QUIC stream: data, then trailers, if any.
 struct RecvBody {
-    /// Behind a mutex only to be `Sync` (the pipeline's futures hold `&Request`); never
-    /// contended.
-    shared: std::sync::Mutex<Probed>,
+    /// Behind a mutex to be `Sync` (the pipeline's futures hold `&Request`) and shared with
+    /// the request's [`ClientLeft`], which looks only before the body is read: never contended.
+    shared: Arc<std::sync::Mutex<Probed>>,
     state: RecvState,
     /// What `content-length` declared, if it did, and what came so far: the DATA frames must
     /// add up to it exactly (RFC 9114 §4.1.2). The piece that reaches it is held until the
@@ -487,11 +510,12 @@ enum RecvState {
 impl RecvBody {
     fn new(stream: RecvStream, declared: Option<u64>) -> Self {
         RecvBody {
-            shared: std::sync::Mutex::new(Probed {
+            shared: Arc::new(std::sync::Mutex::new(Probed {
                 stream,
-                early: None,
+                early: Default::default(),
+                early_bytes: 0,
                 ended: false,
-            }),
+            })),
             state: RecvState::Data,
             declared,
             seen: 0,
@@ -501,7 +525,7 @@ impl RecvBody {
 
     /// Looks once at the stream without waiting: true when the client has reset it already.
     fn reset(&self) -> bool {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner()).look()
+        lock(&self.shared).look()
     }
 
     /// Counts `data` against the declared length: an error past it.
@@ -529,8 +553,8 @@ impl RecvBody {
 
     /// The next piece of data: what a look found first, then the stream's.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
-        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(data) = shared.early.take() {
+        let mut shared = lock(&self.shared);
+        if let Some(data) = shared.early.pop_front() {
             return Poll::Ready(Ok(Some(data)));
         }
         if shared.ended {
@@ -588,7 +612,7 @@ impl HttpBody for RecvBody {
             return Poll::Ready(Some(Ok(Frame::data(held))));
         }
         if this.state == RecvState::Trailers {
-            let mut shared = this.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut shared = lock(&this.shared);
             let polled = shared.stream.poll_recv_trailers(cx);
             if polled.is_ready() {
                 this.state = RecvState::Done;

@@ -8,9 +8,10 @@ Scenarios (SPEC_JSON's fields in brackets):
 - requests [requests: [{method, path, headers, chunks, trailers}], concurrent]: on one
   connection, each request's answer {status, headers, body, trailers}, or {reset: CODE} when
   the server reset the stream instead;
-- reset [streams, after, headers, then]: opens `streams` request streams and resets each right after
-  its headers (or all of them `after` seconds later), says whether the server closed the
-  connection, then sends the requests of `then` on the same connection;
+- reset [streams, after, headers, pause, then]: opens `streams` request streams and resets each
+  right after its headers (or all of them `after` seconds later), waits `pause` seconds (0.5),
+  says whether the server closed the connection, then sends the requests of `then` on the same
+  connection;
 - idle [wait]: one request, then silence: when (seconds after the answer) and how the server
   closed the connection;
 - zero_rtt [path]: one connection that keeps the server's session ticket, then a second that
@@ -194,7 +195,7 @@ async def main():
                     client._quic.reset_stream(stream_id, 0x10C)
                     client._quic.stop_stream(stream_id, 0x10C)
                 client.transmit()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(spec.get("pause", 0.5))
             result["closed"] = client.terminated
             result["answers"] = await run_requests(client, authority, spec["then"], False)
     elif scenario == "idle":

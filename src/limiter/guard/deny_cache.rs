@@ -20,6 +20,9 @@ const DENY_CACHE_SHARDS: usize = 16;
 pub(super) struct DenyCache {
     shards: Box<[Mutex<HashMap<u64, CachedDenial, Prehashed>>]>,
     hasher: RandomState,
+    /// How many times units were given back to remembered budgets ([`DenyCache::refunded`]):
+    /// a denial decided across one may be stale, and is not remembered.
+    refunds: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone, Copy)]
@@ -48,7 +51,31 @@ impl DenyCache {
                 .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
             hasher: RandomState::new(),
+            refunds: Default::default(),
         }
+    }
+
+    /// The count of refunds so far, read before a decision's store call and handed to
+    /// [`DenyCache::insert`] with its answer.
+    pub(super) fn refunds(&self) -> u64 {
+        self.refunds.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Units were given back to the budgets of `asks` (the store has them): their denials are
+    /// forgotten, and a denial whose decision was in flight meanwhile is not remembered (the
+    /// store may have decided it before the units came back).
+    pub(super) fn refunded(&self, asks: &[Ask<'_>]) {
+        let keys: Vec<_> = asks
+            .iter()
+            .filter(|a| rememberable(a))
+            .map(|a| a.key)
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        self.refunds
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.forget(&keys);
     }
 
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, CachedDenial, Prehashed>> {
@@ -107,14 +134,18 @@ impl DenyCache {
     }
 
     /// Remembers every budget of `asks` whose limit denied (`decisions`, in the same order), at
-    /// local time `now`, which the store called `store_now`.
+    /// local time `now`, which the store called `store_now`, unless units were given back
+    /// since the decision began (`refunds` then: [`DenyCache::refunds`]).
     pub(super) fn insert(
         &self,
         asks: &[Ask<'_>],
         decisions: &[Decision],
-        now: u64,
-        store_now: u64,
+        (now, store_now): (u64, u64),
+        refunds: u64,
     ) {
+        if self.refunds() != refunds {
+            return;
+        }
         let store_offset =
             (store_now as i128 - now as i128).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
         let per_shard = DENY_CACHE_CAPACITY / DENY_CACHE_SHARDS;
