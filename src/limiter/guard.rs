@@ -669,16 +669,26 @@ mod tests {
             }
         }
 
-        async fn decide(&self, on_error: OnError) -> Result<Admission, LimiterError> {
-            let asks = [Ask {
+        /// The fixture's one ask: its limit, for one address.
+        fn ask(&self) -> Ask<'_> {
+            Ask {
                 limit: &self.limit,
                 key: BudgetKey {
                     budget: "r#0",
                     kind: KeyKind::Ip,
                     value: b"\x7f\0\0\x01",
                 },
-            }];
-            self.guard.decide(&asks, 7, on_error).await
+            }
+        }
+
+        async fn decide(&self, on_error: OnError) -> Result<Admission, LimiterError> {
+            self.guard.decide(&[self.ask()], 7, on_error).await
+        }
+
+        /// Whether a decision (failing open) admits.
+        async fn allows(&self) -> bool {
+            let admission = self.decide(OnError::Allow).await.unwrap();
+            admission.verdict().unwrap().allowed()
         }
 
         fn set(&self, mode: u8) {
@@ -782,33 +792,12 @@ mod tests {
     #[tokio::test]
     async fn a_refund_forgets_the_budget_s_cached_denial() {
         let f = Fixture::new();
-        let allowed = f.decide(OnError::Allow).await.unwrap();
-        assert!(allowed.verdict().unwrap().allowed());
-        assert!(
-            !f.decide(OnError::Allow)
-                .await
-                .unwrap()
-                .verdict()
-                .unwrap()
-                .allowed()
-        );
-        assert!(
-            !f.decide(OnError::Allow)
-                .await
-                .unwrap()
-                .verdict()
-                .unwrap()
-                .allowed()
+        assert_eq!(
+            [f.allows().await, f.allows().await, f.allows().await],
+            [true, false, false]
         );
         assert_eq!(f.calls(), 2, "the third was the deny cache's");
-        let asks = [Ask {
-            limit: &f.limit,
-            key: BudgetKey {
-                budget: "r#0",
-                kind: KeyKind::Ip,
-                value: b"\x7f\0\0\x01",
-            },
-        }];
+        let asks = [f.ask()];
         let refund = [crate::limiter::Settlement::of(1, 0, T0)];
         f.guard.settle(&asks, &refund, Source::Store).await.unwrap();
         let again = f.decide(OnError::Allow).await.unwrap();
@@ -822,14 +811,7 @@ mod tests {
     #[tokio::test]
     async fn the_deny_cache_answers_until_the_retry_instant_without_asking_the_store() {
         let f = Fixture::new();
-        assert!(
-            f.decide(OnError::Allow)
-                .await
-                .unwrap()
-                .verdict()
-                .unwrap()
-                .allowed()
-        );
+        assert!(f.allows().await);
         let denied = *f.decide(OnError::Allow).await.unwrap().verdict().unwrap();
         assert!(!denied.allowed());
         assert_eq!(denied.retry_after_us(), 1_000_000);
