@@ -839,7 +839,7 @@ impl<'s> Decider<'s> {
             .leases
             .extend(self.limiter.hold(budget.asks, admission));
         if self.undoable {
-            self.keep_spent(decided, budget, admission);
+            self.keep_spent(decided, side, budget, admission);
         }
         if let Some(reservation) = self.limiter.reserve(budget.asks, admission) {
             let positions = budget
@@ -874,12 +874,20 @@ impl<'s> Decider<'s> {
 impl Decider<'_> {
     /// Keeps in `decided.spent` what `admission` spent of `budget`'s asks that a refund can
     /// reach (see [`Spent`]), if it admitted.
-    fn keep_spent(&self, decided: &mut Decided, budget: &BudgetAsks<'_>, admission: &Admission) {
+    fn keep_spent(
+        &self,
+        decided: &mut Decided,
+        side: Side,
+        budget: &BudgetAsks<'_>,
+        admission: &Admission,
+    ) {
         if !admission.verdict().is_some_and(|v| v.allowed()) {
             return;
         }
-        // Without the global store (replay) a global limit is decided in the store as any other.
-        let in_global = |ask: &Ask<'_>| self.global.is_some() && ask.limit.is_global();
+        // Only enforced limits are spent in the global store; without it (replay), and for
+        // shadow limits, a global limit is decided in the region's store as any other.
+        let global = self.global.filter(|_| side == Side::Enforced);
+        let in_global = |ask: &Ask<'_>| global.is_some() && ask.limit.is_global();
         let spent = decided.spent.get_or_insert_default();
         spent
             .reservations
@@ -888,7 +896,7 @@ impl Decider<'_> {
                     && ask.limit.algorithm().kind() != crate::limiter::AlgorithmKind::Concurrency
                     && !in_global(ask)
             }));
-        if let Some(global) = self.global {
+        if let Some(global) = global {
             let refunds = budget.asks.iter().filter(|a| a.limit.is_global());
             spent
                 .global
