@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
+use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, Store};
 use redis::AsyncCommands;
 
 const TASKS: usize = 64;

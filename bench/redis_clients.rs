@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::{Config, Runtime};
 use floodgate::limiter::redis::{RedisStore, RedisTarget, SCRIPT_SOURCE};
-use floodgate::limiter::{Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
+use floodgate::limiter::{Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, Limit, Store};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Client {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
+use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, Store};
 
 const TASKS: usize = 64;
 const DECISIONS: usize = 200_000;

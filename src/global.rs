@@ -31,9 +31,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::limiter::slices::{
-    AnyGlobalStore, AnySliceStore, Give, GlobalStore, Grant, SliceRead, SliceStore, Take, Taken,
-};
+use crate::limiter::slices::{self, Give, GlobalStore, Grant, SliceRead, SliceStore, Take, Taken};
 use crate::limiter::{Ask, Decision, Figures, Limit, LimiterError};
 use crate::metrics::Metrics;
 
@@ -96,8 +94,8 @@ struct Keys {
 /// The global budgets of this instance: its region's slices and the way to the global store.
 pub struct Global {
     spec: GlobalSpec,
-    global: AnyGlobalStore,
-    region: Arc<AnySliceStore>,
+    global: Box<dyn GlobalStore>,
+    region: Arc<dyn SliceStore>,
     budgets: Mutex<HashMap<String, Local>>,
     /// The global store failed: requests needing it follow `on_error` at once until then,
     /// not each after its own timeout.
@@ -136,8 +134,8 @@ impl Global {
     /// current runtime.
     pub fn start(spec: GlobalSpec, metrics: Arc<Metrics>) -> Result<Arc<Global>, LimiterError> {
         let global = Arc::new(Global {
-            global: AnyGlobalStore::connect(&spec.url, spec.timeout)?,
-            region: Arc::new(AnySliceStore::connect(&spec.region_url, REGION_TIMEOUT)?),
+            global: slices::global_store(&spec.url, spec.timeout)?,
+            region: slices::slice_store(&spec.region_url, REGION_TIMEOUT)?,
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
             passes: tokio::sync::Mutex::new(false),
@@ -761,7 +759,7 @@ type TakeAnswer = Result<Taken, LimiterError>;
 /// slice if the request is dropped holding them (its decision outlived `storage.timeout`, or its
 /// client left), so that no unit the stores spent is one nobody was admitted with.
 struct Owed {
-    region: Arc<AnySliceStore>,
+    region: Arc<dyn SliceStore>,
     slice_key: String,
     units: u64,
 }
@@ -796,7 +794,7 @@ impl Drop for Owed {
 /// slice (made if need be, living no longer than a slice does: a window's never outlives it);
 /// dropped, they stay spent.
 pub struct Refund {
-    region: Arc<AnySliceStore>,
+    region: Arc<dyn SliceStore>,
     slice_key: String,
     grant: Grant,
 }
@@ -862,7 +860,7 @@ impl Drop for SpendPending {
 
 struct Pending {
     call: Option<tokio::task::JoinHandle<TakeAnswer>>,
-    region: Arc<AnySliceStore>,
+    region: Arc<dyn SliceStore>,
     slice_key: String,
     lease_ttl: Duration,
     /// A windowed budget's window end (the global store's clock), and when the call was sent:

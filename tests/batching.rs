@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::RedisServer;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
-use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, RemoteStore};
+use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, Store};
 
 /// A token bucket of `capacity` that refills once an hour: within a test it only drains.
 fn bucket(capacity: u32) -> Limit {

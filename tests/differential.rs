@@ -17,7 +17,7 @@ use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::wire::Reply;
 use floodgate::limiter::{
     Algorithm, AlgorithmKind, Ask, BudgetKey, KeyKind, LeaseId, Limit, LimiterError, ManualClock,
-    MemoryStore, RemoteStore, Settlement, StoreUs, Verdict,
+    MemoryStore, Settlement, Store, StoreUs, Verdict,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -63,37 +63,17 @@ trait OnFakeClock {
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError>;
 }
 
-impl OnFakeClock for RedisStore {
+impl<S: Store> OnFakeClock for S {
     async fn decide_at(
         &self,
         asks: &[Ask<'_>],
         now: u64,
         lease: LeaseId,
     ) -> Result<Verdict, LimiterError> {
-        Ok(self
-            .decide_leasing_at_for_test(asks, now, lease, &[])
-            .await?
-            .verdict)
+        Ok(self.decide_leasing_at(asks, now, lease, &[]).await?.verdict)
     }
     async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        RemoteStore::release(self, asks, lease).await
-    }
-}
-
-impl OnFakeClock for PostgresStore {
-    async fn decide_at(
-        &self,
-        asks: &[Ask<'_>],
-        now: u64,
-        lease: LeaseId,
-    ) -> Result<Verdict, LimiterError> {
-        Ok(self
-            .decide_leasing_at_for_test(asks, now, lease, &[])
-            .await?
-            .verdict)
-    }
-    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        RemoteStore::release(self, asks, lease).await
+        Store::release(self, asks, lease).await
     }
 }
 
@@ -192,7 +172,7 @@ fn sql_functions_decide_exactly_like_the_rust_algorithms() {
 
 /// A remote store's decision with leases, on a fake clock.
 trait LeasesOnFakeClock {
-    async fn decide_leasing_at(
+    async fn decide_leasing_at_now(
         &self,
         asks: &[Ask<'_>],
         now: u64,
@@ -200,25 +180,14 @@ trait LeasesOnFakeClock {
     ) -> Result<Reply, LimiterError>;
 }
 
-impl LeasesOnFakeClock for RedisStore {
-    async fn decide_leasing_at(
+impl<S: Store> LeasesOnFakeClock for S {
+    async fn decide_leasing_at_now(
         &self,
         asks: &[Ask<'_>],
         now: u64,
         wants: &[LeaseAsk],
     ) -> Result<Reply, LimiterError> {
-        self.decide_leasing_at_for_test(asks, now, 1, wants).await
-    }
-}
-
-impl LeasesOnFakeClock for PostgresStore {
-    async fn decide_leasing_at(
-        &self,
-        asks: &[Ask<'_>],
-        now: u64,
-        wants: &[LeaseAsk],
-    ) -> Result<Reply, LimiterError> {
-        self.decide_leasing_at_for_test(asks, now, 1, wants).await
+        self.decide_leasing_at(asks, now, 1, wants).await
     }
 }
 
@@ -270,7 +239,7 @@ fn leases_agree_with_the_rust_model(rt: &tokio::runtime::Runtime, store: &impl L
                 ask.back_at = StoreUs(at);
             }
             let (expected, leased) = model.decide(&limit, t, &ask);
-            let got = rt.block_on(store.decide_leasing_at(&asks, t, &[ask]))
+            let got = rt.block_on(store.decide_leasing_at_now(&asks, t, &[ask]))
                 .map_err(|e| TestCaseError::fail(format!("the store failed: {e}")))?;
             prop_assert_eq!(got.decisions[0], expected, "request {} at +{} µs: {:?}", i, t - T0, ask);
             prop_assert_eq!(got.leased.first().copied().unwrap_or(0), leased, "request {} leased", i);
@@ -318,7 +287,7 @@ fn a_log_spent_within_one_microsecond_counts_every_admission(
         },
     }];
     let decide = |ask: LeaseAsk| {
-        rt.block_on(store.decide_leasing_at(&asks, T0, &[ask]))
+        rt.block_on(store.decide_leasing_at_now(&asks, T0, &[ask]))
             .expect("the store answers")
             .verdict
             .allowed()
@@ -383,12 +352,7 @@ fn redis_time_is_used_when_no_time_is_given() {
         let asks = [ask(&limit)];
         let verdict = store.decide(&asks, 0).await.expect("redis answers").verdict;
         // The production script reads no injected time: a test-clock call is refused.
-        assert!(
-            store
-                .decide_leasing_at_for_test(&asks, T0, 0, &[])
-                .await
-                .is_err()
-        );
+        assert!(store.decide_leasing_at(&asks, T0, 0, &[]).await.is_err());
         let (secs, micros): (u64, u64) = {
             let t: Vec<String> = redis.cmd(&["TIME"]);
             (t[0].parse().unwrap(), t[1].parse().unwrap())
@@ -414,7 +378,7 @@ fn the_database_clock_is_used_when_no_time_is_given() {
         .verdict;
     // The production store reads no injected time: a test-clock call is refused.
     assert!(
-        rt.block_on(store.decide_leasing_at_for_test(&asks, T0, 0, &[]))
+        rt.block_on(store.decide_leasing_at(&asks, T0, 0, &[]))
             .is_err()
     );
     let db_now: u64 = postgres
@@ -517,25 +481,14 @@ trait SettlesOnFakeClock: OnFakeClock {
     ) -> Result<(), LimiterError>;
 }
 
-impl SettlesOnFakeClock for RedisStore {
+impl<S: Store> SettlesOnFakeClock for S {
     async fn settle_at(
         &self,
         asks: &[Ask<'_>],
         settlements: &[Settlement],
         now: u64,
     ) -> Result<(), LimiterError> {
-        RemoteStore::settle_at(self, asks, settlements, Some(now)).await
-    }
-}
-
-impl SettlesOnFakeClock for PostgresStore {
-    async fn settle_at(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[Settlement],
-        now: u64,
-    ) -> Result<(), LimiterError> {
-        RemoteStore::settle_at(self, asks, settlements, Some(now)).await
+        Store::settle_at(self, asks, settlements, Some(now)).await
     }
 }
 

@@ -578,7 +578,7 @@ async fn a_client_certificate_from_sslcert_and_sslkey_passes_cert_authentication
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_decisions_from_two_stores_are_exact_and_never_deadlock() {
-    use floodgate::limiter::RemoteStore;
+    use floodgate::limiter::Store;
     use floodgate::limiter::postgres::PostgresStore;
     use floodgate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit};
     use prometheus_client::metrics::counter::Counter;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::RemoteStore;
 use super::owned_key::{OwnedKey, borrowed};
+use super::store::{ControlChange, ControlList, Store};
 use super::{
     Admission, AlgorithmKind, AnchoredClock, Ask, Decision, LeaseId, LimiterError, MemoryStore,
     OnError, Settlement, Source, guard, next_lease, postgres, redis,
@@ -43,26 +43,24 @@ impl LimiterSpec {
     /// its guard for a remote store. `Err` for an address that cannot be used at all.
     pub fn build(&self) -> Result<Limiter, LimiterError> {
         let local = || MemoryStore::new(AnchoredClock::default(), self.max_keys);
-        Ok(match &self.store {
-            StoreSpec::Memory => Limiter::Memory(Arc::new(local())),
+        let remote: Box<dyn FnOnce(bool) -> guard::Guarded> = match &self.store {
+            StoreSpec::Memory => return Ok(Limiter::Memory(Arc::new(local()))),
             StoreSpec::Redis(target) => {
                 let store = redis::RedisStore::connect(target, &self.key_prefix, self.timeout)?;
-                let store = if self.batch { store.batched() } else { store };
-                let guarded = Arc::new(self.guard(store, local()));
-                guard::spawn_settle_retries(&guarded);
-                Limiter::Redis(guarded)
+                Box::new(move |batch| self.guard(store, batch, local()))
             }
             StoreSpec::Postgres(url) => {
                 let store = postgres::PostgresStore::connect(url, &self.key_prefix, self.timeout)?;
-                let store = if self.batch { store.batched() } else { store };
-                let guarded = Arc::new(self.guard(store, local()));
-                guard::spawn_settle_retries(&guarded);
-                Limiter::Postgres(guarded)
+                Box::new(move |batch| self.guard(store, batch, local()))
             }
-        })
+        };
+        let guarded = Arc::new(remote(self.batch));
+        guard::spawn_settle_retries(&guarded);
+        Ok(Limiter::Remote(guarded))
     }
 
-    fn guard<S: super::RemoteStore>(&self, store: S, local: MemoryStore) -> guard::Guarded<S> {
+    fn guard(&self, store: impl Store, batch: bool, local: MemoryStore) -> guard::Guarded {
+        store.set_batching(batch);
         let guarded = guard::Guarded::new(store, self.timeout, Arc::new(local));
         match self.lease_ttl {
             Some(ttl) => guarded.with_leases(ttl),
@@ -71,36 +69,32 @@ impl LimiterSpec {
     }
 }
 
-/// What the proxy asks: a store, and what to do when it fails.
+/// What the proxy asks: a store, and what to do when it fails. Two kinds, because only one
+/// needs a guard: every remote store is one `dyn Store` behind [`guard::Guarded`].
 #[derive(Clone)]
 pub enum Limiter {
-    /// State in this process: never fails.
+    /// State in this process: never fails, decided with no future to await.
     Memory(Arc<MemoryStore>),
-    /// State in Redis, behind the timeout, breaker and deny cache of [`guard::Guarded`].
-    Redis(Arc<guard::Guarded<redis::RedisStore>>),
-    /// State in PostgreSQL, behind the same guard.
-    Postgres(Arc<guard::Guarded<postgres::PostgresStore>>),
-}
-
-/// `$remote` for either remote store (the guard is generic over the store, so each needs its own
-/// arm), `$memory` for the memory store.
-macro_rules! by_store {
-    ($limiter:expr, $store:ident => $memory:expr, $guarded:ident => $remote:expr) => {
-        match $limiter {
-            Limiter::Memory($store) => $memory,
-            Limiter::Redis($guarded) => $remote,
-            Limiter::Postgres($guarded) => $remote,
-        }
-    };
+    /// State in Redis or PostgreSQL, behind the timeout, breaker and deny cache of
+    /// [`guard::Guarded`].
+    Remote(Arc<guard::Guarded>),
 }
 
 impl Limiter {
     /// Applies a reloaded `storage` section to a remote store: the decision timeout, batching,
     /// and leases (`None`: off). The memory store has none of these.
     pub fn reconfigure(&self, timeout: Duration, batch: bool, lease_ttl: Option<Duration>) {
-        by_store!(self,
-            _store => {},
-            guarded => guarded.reconfigure(timeout, batch, lease_ttl))
+        if let Limiter::Remote(guarded) = self {
+            guarded.reconfigure(timeout, batch, lease_ttl);
+        }
+    }
+
+    /// The guard, for a remote store.
+    fn guarded(&self) -> Option<&Arc<guard::Guarded>> {
+        match self {
+            Limiter::Memory(_) => None,
+            Limiter::Remote(guarded) => Some(guarded),
+        }
     }
 
     /// Decides one request against all `asks`, all-or-nothing. `Err` means the store failed and
@@ -111,8 +105,8 @@ impl Limiter {
         on_error: OnError,
     ) -> Result<Admission, LimiterError> {
         let lease = next_lease();
-        by_store!(self,
-            store => Ok(match store.decide_leased(asks, lease) {
+        match self {
+            Limiter::Memory(store) => Ok(match store.decide_leased(asks, lease) {
                 Some(verdict) => Admission::Limited {
                     verdict,
                     source: Source::Store,
@@ -124,31 +118,31 @@ impl Limiter {
             // The round trip's future (a store call, its timeout) is boxed: a decision made
             // here (a lease's units, the deny cache) and the memory store's carry none of its
             // size, which every future above this one would otherwise copy at each move.
-            guarded => match guarded.decide_here(asks, lease, on_error) {
+            Limiter::Remote(guarded) => match guarded.decide_here(asks, lease, on_error) {
                 guard::Here::Decided(decided) => decided,
                 guard::Here::AskTheStore(trip) => {
                     Box::pin(guarded.decide_remotely(asks, lease, on_error, trip)).await
                 }
-            }
-        )
+            },
+        }
     }
 
     /// Gives back the concurrency leases `lease` holds in `asks` (those of other algorithms are
     /// skipped), in the store that granted them. Never fails: a lease that cannot be released
     /// runs out on its own.
     pub async fn release(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
-        by_store!(self,
-            store => store.release(asks, lease),
-            guarded => guarded.release(asks, lease, source).await
-        )
+        match self {
+            Limiter::Memory(store) => store.release(asks, lease),
+            Limiter::Remote(guarded) => guarded.release(asks, lease, source).await,
+        }
     }
 
     /// What `asks` would decide now, per limit (in the order asked), spending nothing.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
-        by_store!(self,
-            store => Ok(store.peek(asks)),
-            guarded => guarded.peek(asks).await
-        )
+        match self {
+            Limiter::Memory(store) => Ok(store.peek(asks)),
+            Limiter::Remote(guarded) => guarded.peek(asks).await,
+        }
     }
 
     /// The shared control list (`control.rs`) the store keeps, if it keeps one: Redis and
@@ -156,81 +150,97 @@ impl Limiter {
     pub async fn control_read(
         &self,
         known: Option<String>,
-    ) -> Result<Option<super::store::ControlList>, LimiterError> {
-        by_store!(self, _store => Ok(None), guarded => guarded.control_read(known).await)
+    ) -> Result<Option<ControlList>, LimiterError> {
+        match self.guarded() {
+            None => Ok(None),
+            Some(guarded) => guarded.control_read(known).await,
+        }
     }
 
     /// Writes entries of the store's shared control list, all or none (each an id and its
     /// entry, `None`: it goes); false when the store keeps none (the memory store).
-    pub async fn control_write(
-        &self,
-        changes: &[super::store::ControlChange<'_>],
-    ) -> Result<bool, LimiterError> {
-        by_store!(self, _store => Ok(false), guarded => guarded.control_write(changes).await)
+    pub async fn control_write(&self, changes: &[ControlChange<'_>]) -> Result<bool, LimiterError> {
+        match self.guarded() {
+            None => Ok(false),
+            Some(guarded) => guarded.control_write(changes).await,
+        }
     }
 
     /// Claims `key` for every instance sharing the store, for `ttl_us`: true when this call
     /// claimed it. The memory store is one instance's: every claim is granted.
     pub async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
-        by_store!(self, _store => Ok(true), guarded => guarded.claim(key, ttl_us).await)
+        match self.guarded() {
+            None => Ok(true),
+            Some(guarded) => guarded.claim(key, ttl_us).await,
+        }
     }
 
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
-        by_store!(self, _store => Ok(()), guarded => guarded.unclaim(key).await)
+        match self.guarded() {
+            None => Ok(()),
+            Some(guarded) => guarded.unclaim(key).await,
+        }
     }
 
     /// Resets `asks`' budgets: full again at their next decision, in the store and in what this
     /// instance keeps of them (`POST /reset`).
     pub async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
-        by_store!(self,
-            store => {
-                let keys: Vec<_> = asks.iter().map(|a| a.key).collect();
-                store.forget(&keys);
-                Ok(())
-            },
-            guarded => guarded.reset(asks).await)
+        match self {
+            Limiter::Memory(store) => Store::reset(store.as_ref(), asks).await,
+            Limiter::Remote(guarded) => guarded.reset(asks).await,
+        }
     }
 
     /// Forgets what this instance keeps of the budgets `keys` (cached denials, leases): another
     /// instance reset them in the shared store. The memory store is not shared: nothing to do.
     pub fn forget(&self, keys: &[super::BudgetKey<'_>]) {
-        by_store!(self, _store => {}, guarded => guarded.forget(keys))
+        if let Some(guarded) = self.guarded() {
+            guarded.forget(keys);
+        }
     }
 
     /// Readies a remote store for its first decision (connects, loads its scripts or schema),
     /// waiting at most `within`: true when it is ready. The memory store always is.
     pub async fn prepare(&self, within: Duration) -> bool {
-        by_store!(self, _store => true, guarded => guarded.prepare(within).await)
+        match self.guarded() {
+            None => true,
+            Some(guarded) => guarded.prepare(within).await,
+        }
     }
 
     /// True when the store answers: `/readyz`.
     pub async fn is_ready(&self) -> bool {
-        by_store!(self, _store => true, guarded => guarded.is_ready().await)
+        match self.guarded() {
+            None => true,
+            Some(guarded) => guarded.is_ready().await,
+        }
     }
 
     /// The in-process store (the fallback, for a remote store).
     pub fn memory(&self) -> &Arc<MemoryStore> {
-        by_store!(self, store => store, guarded => guarded.local())
+        match self {
+            Limiter::Memory(store) => store,
+            Limiter::Remote(guarded) => guarded.local(),
+        }
     }
 
     /// The store's name for metric labels: `memory`, `redis` or `postgres`.
     pub fn backend_name(&self) -> &'static str {
         match self {
-            Limiter::Memory(_) => "memory",
-            Limiter::Redis(_) => "redis",
-            Limiter::Postgres(_) => "postgres",
+            Limiter::Memory(store) => store.name(),
+            Limiter::Remote(guarded) => guarded.store_name(),
         }
     }
 
     /// The guard's counters, when there is a remote store.
     pub fn guard_stats(&self) -> Option<&guard::GuardStats> {
-        by_store!(self, _store => None, guarded => Some(guarded.stats()))
+        self.guarded().map(|guarded| guarded.stats())
     }
 
     /// The breaker's state, when there is a remote store.
     pub fn breaker_state(&self) -> Option<guard::BreakerState> {
-        by_store!(self, _store => None, guarded => Some(guarded.breaker_now()))
+        self.guarded().map(|guarded| guarded.breaker_now())
     }
 }
 
@@ -335,16 +345,12 @@ impl Limiter {
     /// Settles reservations of `keys` in the store that made them (`source`); a remote store
     /// that fails has them tried again later (see `guard/settle_retry.rs`).
     async fn settle(&self, keys: Vec<OwnedKey>, settlements: Vec<Settlement>, source: Source) {
-        let settled = by_store!(self,
-            store => { store.settle(&borrowed(&keys), &settlements); Ok(()) },
-            guarded => guarded.settle(&borrowed(&keys), &settlements, source).await
-        );
-        if let Err(e) = settled {
+        let Limiter::Remote(guarded) = self else {
+            return self.memory().settle(&borrowed(&keys), &settlements);
+        };
+        if let Err(e) = guarded.settle(&borrowed(&keys), &settlements, source).await {
             tracing::warn!(error = %e, "settling reserved costs failed: it will be tried again");
-            by_store!(self,
-                _store => {},
-                guarded => guarded.retry_settlement(keys, settlements, source)
-            );
+            guarded.retry_settlement(keys, settlements, source);
         }
     }
 }
@@ -379,7 +385,7 @@ impl Reservation {
         }
         match &self.limiter {
             Limiter::Memory(store) => store.settle(&borrowed(&self.keys), &settlements),
-            Limiter::Redis(_) | Limiter::Postgres(_) => {
+            Limiter::Remote(_) => {
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     return; // no runtime (process exit): the reserves stand
                 };
@@ -401,7 +407,7 @@ impl Drop for HeldLeases {
     fn drop(&mut self) {
         match &self.limiter {
             Limiter::Memory(store) => store.release(&borrowed(&self.keys), self.lease),
-            Limiter::Redis(_) | Limiter::Postgres(_) => {
+            Limiter::Remote(_) => {
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     return; // no runtime (process exit): the leases end on their own
                 };

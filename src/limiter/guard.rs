@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::RemoteStore;
+use super::Store;
 use super::owned_key::{OwnedKey, borrowed};
 
 mod breaker;
@@ -115,7 +115,7 @@ fn with_reserves_given_back(
 
 /// Tries the settlements `guarded` queued again as they fall due, in a task that ends when
 /// `guarded` is dropped (a reload that built another store). No runtime: nothing.
-pub fn spawn_settle_retries<S: RemoteStore>(guarded: &Arc<Guarded<S>>) {
+pub fn spawn_settle_retries(guarded: &Arc<Guarded>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -158,8 +158,9 @@ pub fn spawn_settle_retries<S: RemoteStore>(guarded: &Arc<Guarded<S>>) {
 /// A remote store behind a timeout, a circuit breaker and a deny cache, with a local fallback.
 /// Its intervals (cool-down, deny-cache expiry, log rate) run on `C`, a monotonic clock in
 /// production, so a wall-clock step neither freezes nor skips them.
-pub struct Guarded<S, C = MonotonicClock> {
-    store: S,
+pub struct Guarded<C = MonotonicClock> {
+    /// The store, whichever it is (Redis or PostgreSQL; a test's).
+    store: Box<dyn Store>,
     /// `storage.timeout` in µs (a reload may change it).
     timeout_us: AtomicU64,
     clock: C,
@@ -178,20 +179,25 @@ pub struct Guarded<S, C = MonotonicClock> {
     retries: Arc<SettleRetries>,
 }
 
-impl<S: RemoteStore> Guarded<S> {
+impl Guarded {
     /// Guards `store`; `local` decides when the store fails and `on_error` is `local`.
-    pub fn new(store: S, timeout: Duration, local: Arc<MemoryStore>) -> Self {
+    pub fn new(store: impl Store, timeout: Duration, local: Arc<MemoryStore>) -> Self {
         Guarded::with_clock(store, timeout, local, MonotonicClock::default())
     }
 }
 
-impl<S: RemoteStore, C: Clock> Guarded<S, C> {
+impl<C: Clock> Guarded<C> {
     /// [`Guarded::new`] on the given clock: for tests.
-    pub fn with_clock(store: S, timeout: Duration, local: Arc<MemoryStore>, clock: C) -> Self {
+    pub fn with_clock(
+        store: impl Store,
+        timeout: Duration,
+        local: Arc<MemoryStore>,
+        clock: C,
+    ) -> Self {
         let stats = GuardStats::default();
         let count_calls = !store.count_calls(stats.store_calls.clone());
         Guarded {
-            store,
+            store: Box::new(store),
             timeout_us: AtomicU64::new(micros(timeout)),
             clock,
             breaker: Breaker::default(),
@@ -238,6 +244,11 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
     /// How long a decision waits for the store (`storage.timeout`).
     pub fn timeout(&self) -> Duration {
         Duration::from_micros(self.timeout_us.load(Ordering::Relaxed))
+    }
+
+    /// The store's name for metric labels: `redis` or `postgres`.
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
     }
 
     /// The counters.
@@ -492,7 +503,7 @@ impl<S: RemoteStore, C: Clock> Guarded<S, C> {
             .map_err(|_| LimiterError::Timeout(timeout))?
     }
 
-    /// Readies the store for its first decision ([`RemoteStore::prepare`]), waiting at most
+    /// Readies the store for its first decision ([`Store::prepare`]), waiting at most
     /// `within`; true when it is ready.
     pub async fn prepare(&self, within: Duration) -> bool {
         match tokio::time::timeout(within, self.store.prepare()).await {
@@ -545,6 +556,7 @@ mod tests {
     use std::sync::atomic::AtomicU8;
 
     use super::*;
+    use crate::limiter::StoreCall;
     use crate::limiter::wire::Reply;
     use crate::limiter::{Algorithm, BudgetKey, KeyKind, Limit, ManualClock};
 
@@ -574,78 +586,89 @@ mod tests {
         }
     }
 
-    impl RemoteStore for Arc<Scripted> {
-        async fn reset(&self, _asks: &[Ask<'_>]) -> Result<(), LimiterError> {
-            Ok(())
+    impl Store for Arc<Scripted> {
+        fn name(&self) -> &'static str {
+            "scripted"
         }
-        async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-            self.state.release(asks, lease);
-            Ok(())
+        fn reset<'a>(&'a self, _asks: &'a [Ask<'a>]) -> StoreCall<'a, ()> {
+            Box::pin(async move { Ok(()) })
+        }
+        fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+            Box::pin(async move {
+                self.state.release(asks, lease);
+                Ok(())
+            })
         }
 
-        async fn settle_at(
-            &self,
-            asks: &[Ask<'_>],
-            settlements: &[crate::limiter::Settlement],
+        fn settle_at<'a>(
+            &'a self,
+            asks: &'a [Ask<'a>],
+            settlements: &'a [crate::limiter::Settlement],
             _now_us: Option<u64>,
-        ) -> Result<(), LimiterError> {
-            self.state.settle_at(asks, settlements, T0);
-            Ok(())
+        ) -> StoreCall<'a, ()> {
+            Box::pin(async move {
+                self.state.settle_at(asks, settlements, T0);
+                Ok(())
+            })
         }
 
-        async fn invoke(
-            &self,
-            asks: &[Ask<'_>],
+        fn invoke<'a>(
+            &'a self,
+            asks: &'a [Ask<'a>],
             call: crate::limiter::wire::Call,
-            _wants: &[crate::limiter::lease::LeaseAsk],
+            _wants: &'a [crate::limiter::lease::LeaseAsk],
             _late: Option<crate::limiter::batch::Late>,
-        ) -> Result<Reply, LimiterError> {
-            use crate::limiter::wire::Call;
-            let Some(lease) = call.lease() else {
-                // A peek: what the state would decide, spending nothing.
-                let decisions = self.state.peek(asks);
-                let verdict = crate::limiter::Verdict::from_decisions(T0, &decisions)
-                    .ok_or_else(|| LimiterError::protocol("no asks"))?;
-                return Ok(Reply {
-                    verdict,
-                    decisions,
-                    leased: Vec::new(),
-                });
-            };
-            debug_assert!(matches!(call, Call::Decide { .. }));
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            match self.mode.load(Ordering::SeqCst) {
-                FAIL => Err(LimiterError::unavailable("scripted failure")),
-                REFUSE => Err(LimiterError::refused("WRONGTYPE scripted")),
-                HANG => std::future::pending().await,
-                _ => {
-                    let mut decisions = [Decision::EMPTY; crate::limiter::MAX_LIMITS];
-                    // The store's own clock stands still at T0 (only the guard's moves).
-                    let verdict = self
-                        .state
-                        .decide_into(asks, T0, lease, &mut decisions)
+        ) -> StoreCall<'a, Reply> {
+            Box::pin(async move {
+                use crate::limiter::wire::Call;
+                let Some(lease) = call.lease() else {
+                    // A peek: what the state would decide, spending nothing.
+                    let decisions = self.state.peek(asks);
+                    let verdict = crate::limiter::Verdict::from_decisions(T0, &decisions)
                         .ok_or_else(|| LimiterError::protocol("no asks"))?;
-                    Ok(Reply {
+                    return Ok(Reply {
                         verdict,
-                        decisions: decisions[..asks.len()].to_vec(),
+                        decisions,
                         leased: Vec::new(),
-                    })
+                    });
+                };
+                debug_assert!(matches!(call, Call::Decide { .. }));
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                match self.mode.load(Ordering::SeqCst) {
+                    FAIL => Err(LimiterError::unavailable("scripted failure")),
+                    REFUSE => Err(LimiterError::refused("WRONGTYPE scripted")),
+                    HANG => std::future::pending().await,
+                    _ => {
+                        let mut decisions = [Decision::EMPTY; crate::limiter::MAX_LIMITS];
+                        // The store's own clock stands still at T0 (only the guard's moves).
+                        let verdict = self
+                            .state
+                            .decide_into(asks, T0, lease, &mut decisions)
+                            .ok_or_else(|| LimiterError::protocol("no asks"))?;
+                        Ok(Reply {
+                            verdict,
+                            decisions: decisions[..asks.len()].to_vec(),
+                            leased: Vec::new(),
+                        })
+                    }
                 }
-            }
+            })
         }
 
-        async fn ping(&self) -> Result<(), LimiterError> {
-            match self.mode.load(Ordering::SeqCst) {
-                ANSWER => Ok(()),
-                _ => Err(LimiterError::unavailable("scripted failure")),
-            }
+        fn ping(&self) -> StoreCall<'_, ()> {
+            Box::pin(async move {
+                match self.mode.load(Ordering::SeqCst) {
+                    ANSWER => Ok(()),
+                    _ => Err(LimiterError::unavailable("scripted failure")),
+                }
+            })
         }
     }
 
     struct Fixture {
         store: Arc<Scripted>,
         clock: Arc<ManualClock>,
-        guard: Guarded<Arc<Scripted>, Arc<ManualClock>>,
+        guard: Guarded<Arc<ManualClock>>,
         limit: Limit,
     }
 

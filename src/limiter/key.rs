@@ -1,6 +1,8 @@
 //! Whose allowance a limit spends: the store key ([`BudgetKey`]: the limit's id, the client's
 //! kind and value) and one limit asked about one request ([`Ask`]).
 
+use std::hash::{BuildHasherDefault, Hasher};
+
 use super::Limit;
 
 /// Lowercase hex of `bytes`: how floodgate writes digests (store keys, log fields, names).
@@ -88,6 +90,27 @@ impl BudgetKey<'_> {
 pub struct Ask<'a> {
     pub limit: &'a Limit,
     pub key: BudgetKey<'a>,
+}
+
+/// A map hasher for keys that are already [`BudgetKey::hash_with`] outputs.
+pub(crate) type Prehashed = BuildHasherDefault<PrehashedKey>;
+
+/// Keys are already SipHash outputs under a per-process random seed: hash them no further.
+#[derive(Default)]
+pub(crate) struct PrehashedKey(u64);
+
+impl Hasher for PrehashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 #[cfg(test)]

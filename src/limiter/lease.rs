@@ -51,7 +51,7 @@ use std::sync::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use super::memory::Prehashed;
+use super::key::Prehashed;
 use super::wire::Reply;
 use super::{AlgorithmKind, Ask, ClockOffset, Decision, LocalUs, Parameters, StoreUs, Verdict};
 

@@ -21,14 +21,20 @@
 //! cannot aim for a collision without the seed.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher, RandomState};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::algorithm::State;
+use super::batch::Late;
+use super::key::Prehashed;
+use super::lease::LeaseAsk;
+use super::store::{Store, StoreCall, answered};
+use super::wire::{Call, Reply};
 use super::{
-    AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, MAX_LIMITS, Settlement, Verdict,
+    AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, LimiterError, MAX_LIMITS, Settlement,
+    Verdict,
 };
 
 const SHARDS: usize = 64;
@@ -55,30 +61,9 @@ pub struct MemoryStore {
 
 type Shard = HashMap<u64, Entry, Prehashed>;
 
-/// A map hasher for keys that are already [`BudgetKey::hash_with`] outputs.
-pub(crate) type Prehashed = BuildHasherDefault<PrehashedKey>;
-
 struct Entry {
     state: State,
     expires_at: u64,
-}
-
-/// Keys are already SipHash outputs under a per-process random seed: hash them no further.
-#[derive(Default)]
-pub(crate) struct PrehashedKey(u64);
-
-impl Hasher for PrehashedKey {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 fn shard_of(hash: u64) -> usize {
@@ -396,6 +381,76 @@ impl MemoryStore {
     /// How many requests had a limit the store could not track because it was full.
     pub fn untracked_total(&self) -> u64 {
         self.untracked.load(Ordering::Relaxed)
+    }
+
+    /// What one wire call answers, decided here and now.
+    fn reply(&self, asks: &[Ask<'_>], call: Call) -> Result<Reply, LimiterError> {
+        let nothing = || LimiterError::protocol("nothing to decide");
+        let (now, lease) = match call {
+            Call::Decide { lease } => (self.clock.now_us(), lease),
+            Call::DecideAt { lease, now_us } => (now_us, lease),
+            Call::Peek => {
+                let decisions = self.peek(asks);
+                let verdict =
+                    Verdict::from_decisions(self.clock.now_us(), &decisions).ok_or_else(nothing)?;
+                return Ok(Reply {
+                    verdict,
+                    decisions,
+                    leased: Vec::new(),
+                });
+            }
+        };
+        let mut decisions = [Decision::EMPTY; MAX_LIMITS];
+        let verdict = (self.decide_into(asks, now, lease, &mut decisions)).ok_or_else(nothing)?;
+        Ok(Reply {
+            verdict,
+            decisions: decisions[..asks.len().min(MAX_LIMITS)].to_vec(),
+            leased: Vec::new(),
+        })
+    }
+}
+
+/// The in-process store as every store is: each call answered at once. The request path does
+/// not come this way (it decides with [`MemoryStore::decide_leased`] and owes no future); replay,
+/// the tests that hold every store to one body, and whoever holds a `dyn Store` do.
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn invoke<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        call: Call,
+        _wants: &'a [LeaseAsk],
+        _late: Option<Late>,
+    ) -> StoreCall<'a, Reply> {
+        answered(self.reply(asks, call))
+    }
+    fn settle_at<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        settlements: &'a [Settlement],
+        now_us: Option<u64>,
+    ) -> StoreCall<'a, ()> {
+        let now = now_us.unwrap_or_else(|| self.clock.now_us());
+        MemoryStore::settle_at(self, asks, settlements, now);
+        answered(Ok(()))
+    }
+    fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        MemoryStore::release(self, asks, lease);
+        answered(Ok(()))
+    }
+    fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()> {
+        let keys: Vec<BudgetKey<'_>> = asks.iter().map(|a| a.key).collect();
+        self.forget(&keys);
+        answered(Ok(()))
+    }
+    fn ping(&self) -> StoreCall<'_, ()> {
+        answered(Ok(()))
+    }
+    /// Any time is the store's to decide at: its clock is only where "now" comes from.
+    fn reads_callers_clock(&self) -> bool {
+        true
     }
 }
 

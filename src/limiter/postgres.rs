@@ -36,7 +36,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::RemoteStore;
+use super::store::{ControlChange, ControlList, Shared, Store, StoreCall};
 use super::wire::Call;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
@@ -107,7 +107,7 @@ impl PostgresStore {
         Self::with_clock(url, prefix, timeout, false)
     }
 
-    /// A store whose decisions may take the caller's time ([`RemoteStore::decide_leasing_at_for_test`]),
+    /// A store whose decisions may take the caller's time ([`Store::decide_leasing_at`]),
     /// and which sweeps nothing: for the differential tests.
     pub fn connect_for_test(
         url: &str,
@@ -164,130 +164,139 @@ impl PostgresStore {
     }
 }
 
-impl RemoteStore for PostgresStore {
-    /// One decision call, doing what `call` says.
-    /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
-    async fn invoke(
-        &self,
-        asks: &[Ask<'_>],
-        call: Call,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> Result<Reply, LimiterError> {
-        let (now, lease) = (call.at(), call.lease());
-        if asks.is_empty() {
-            return Err(LimiterError::protocol("nothing to decide"));
-        }
-        let keys: Vec<String> = asks
-            .iter()
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        let algorithms: Vec<&str> = asks.iter().map(|a| a.limit.algorithm().name()).collect();
-        let (mut pa, mut pb, mut costs) = (
-            Vec::with_capacity(asks.len()),
-            Vec::with_capacity(asks.len()),
-            Vec::with_capacity(asks.len()),
-        );
-        // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        for ask in asks {
-            // Every parameter is below 2^53 (the constructors check it): the casts are exact.
-            let (a, b) = ask.limit.algorithm().wire_at(calendar_now);
-            pa.push(a as i64);
-            pb.push(b as i64);
-            costs.push(i64::from(ask.limit.cost()));
-        }
-        let leases = Leasing::of(wants, asks.len());
-        let lease = lease.map(|l| l as i64);
-        if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
-        {
-            let job = batch::Job {
-                keys,
-                algorithms,
-                pa,
-                pb,
-                costs,
-                lease,
-                leases,
-            };
-            return super::batch::decide(batcher, job, late).await;
-        }
-        self.db.count_call();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
-            &keys,
-            &algorithms,
-            &pa,
-            &pb,
-            &costs,
-            &lease,
-            &leases.wants,
-            &leases.backs,
-            &leases.back_ats,
-            &leases.lease_us,
-            &leases.lents,
-        ];
-        let items: Vec<i64> = match now {
-            None => self.db.query(&self.db.sql.decide, &params).await?,
-            Some(now) => {
-                // The test entry point: the same arguments after the caller's clock.
-                let now = now as i64;
-                let mut at: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&now];
-                at.extend(params);
-                self.db.query(&self.db.sql.decide_at, &at).await?
-            }
-        };
-        Reply::from_ints(&items, asks.len())
+impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
     }
 
-    async fn settle_at(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now: Option<u64>,
-    ) -> Result<(), LimiterError> {
-        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
-        let (mut pa, mut pb, mut pb_at) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut refunds, mut charges, mut ats) = (Vec::new(), Vec::new(), Vec::new());
-        for (ask, settle) in asks.iter().zip(settlements) {
-            if settle.is_even() {
-                continue;
+    /// One decision call, doing what `call` says.
+    /// `wants`: per ask, what to lease and give back (see `lease.rs`); may be empty.
+    fn invoke<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        call: Call,
+        wants: &'a [super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
+    ) -> StoreCall<'a, Reply> {
+        Box::pin(async move {
+            let (now, lease) = (call.at(), call.lease());
+            if asks.is_empty() {
+                return Err(LimiterError::protocol("nothing to decide"));
             }
-            let algorithm = ask.limit.algorithm();
-            keys.push(wire::key_name(&self.prefix, ask));
-            algorithms.push(algorithm.name());
-            // Every figure is below 2^53 (the constructors and `Settlement::bounded` see to it).
-            let (a, b) = algorithm.wire_at(calendar_now);
-            let (refund, charge, at) = settle.bounded(a);
-            pa.push(a as i64);
-            pb.push(b as i64);
-            pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
-            refunds.push(refund as i64);
-            charges.push(charge as i64);
-            ats.push(at as i64);
-        }
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let clock = now.map(|n| n as i64);
-        self.db
-            .query::<i64>(
-                &self.db.sql.settle,
-                &[
-                    &clock,
-                    &keys,
-                    &algorithms,
-                    &pa,
-                    &pb,
-                    &pb_at,
-                    &refunds,
-                    &charges,
-                    &ats,
-                ],
-            )
-            .await
-            .map(|_| ())
+            let keys: Vec<String> = asks
+                .iter()
+                .map(|a| wire::key_name(&self.prefix, a))
+                .collect();
+            let algorithms: Vec<&str> = asks.iter().map(|a| a.limit.algorithm().name()).collect();
+            let (mut pa, mut pb, mut costs) = (
+                Vec::with_capacity(asks.len()),
+                Vec::with_capacity(asks.len()),
+                Vec::with_capacity(asks.len()),
+            );
+            // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
+            let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+            for ask in asks {
+                // Every parameter is below 2^53 (the constructors check it): the casts are exact.
+                let (a, b) = ask.limit.algorithm().wire_at(calendar_now);
+                pa.push(a as i64);
+                pb.push(b as i64);
+                costs.push(i64::from(ask.limit.cost()));
+            }
+            let leases = Leasing::of(wants, asks.len());
+            let lease = lease.map(|l| l as i64);
+            if let (Some(batcher), true, Some(lease)) =
+                (self.batching.queue(), call.batchable(), lease)
+            {
+                let job = batch::Job {
+                    keys,
+                    algorithms,
+                    pa,
+                    pb,
+                    costs,
+                    lease,
+                    leases,
+                };
+                return super::batch::decide(batcher, job, late).await;
+            }
+            self.db.count_call();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+                &keys,
+                &algorithms,
+                &pa,
+                &pb,
+                &costs,
+                &lease,
+                &leases.wants,
+                &leases.backs,
+                &leases.back_ats,
+                &leases.lease_us,
+                &leases.lents,
+            ];
+            let items: Vec<i64> = match now {
+                None => self.db.query(&self.db.sql.decide, &params).await?,
+                Some(now) => {
+                    // The test entry point: the same arguments after the caller's clock.
+                    let now = now as i64;
+                    let mut at: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&now];
+                    at.extend(params);
+                    self.db.query(&self.db.sql.decide_at, &at).await?
+                }
+            };
+            Reply::from_ints(&items, asks.len())
+        })
+    }
+
+    fn settle_at<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        settlements: &'a [crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+            let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+            let (mut keys, mut algorithms) = (Vec::new(), Vec::new());
+            let (mut pa, mut pb, mut pb_at) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut refunds, mut charges, mut ats) = (Vec::new(), Vec::new(), Vec::new());
+            for (ask, settle) in asks.iter().zip(settlements) {
+                if settle.is_even() {
+                    continue;
+                }
+                let algorithm = ask.limit.algorithm();
+                keys.push(wire::key_name(&self.prefix, ask));
+                algorithms.push(algorithm.name());
+                // Every figure is below 2^53 (the constructors and `Settlement::bounded` see to it).
+                let (a, b) = algorithm.wire_at(calendar_now);
+                let (refund, charge, at) = settle.bounded(a);
+                pa.push(a as i64);
+                pb.push(b as i64);
+                pb_at.push(algorithm.wire_at(settle.at_us).1 as i64);
+                refunds.push(refund as i64);
+                charges.push(charge as i64);
+                ats.push(at as i64);
+            }
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let clock = now.map(|n| n as i64);
+            self.db
+                .query::<i64>(
+                    &self.db.sql.settle,
+                    &[
+                        &clock,
+                        &keys,
+                        &algorithms,
+                        &pa,
+                        &pb,
+                        &pb_at,
+                        &refunds,
+                        &charges,
+                        &ats,
+                    ],
+                )
+                .await
+                .map(|_| ())
+        })
     }
 
     fn reads_callers_clock(&self) -> bool {
@@ -303,139 +312,152 @@ impl RemoteStore for PostgresStore {
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
-    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        let keys: Vec<String> = asks
-            .iter()
-            .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let lease = lease as i64; // the same bits as the decision stored
-        self.db
-            .query::<i32>(&self.db.sql.release, &[&keys, &lease])
-            .await
-            .map(|_| ())
+    fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let keys: Vec<String> = asks
+                .iter()
+                .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+                .map(|a| wire::key_name(&self.prefix, a))
+                .collect();
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let lease = lease as i64; // the same bits as the decision stored
+            self.db
+                .query::<i32>(&self.db.sql.release, &[&keys, &lease])
+                .await
+                .map(|_| ())
+        })
     }
 
     /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
-    async fn ping(&self) -> Result<(), LimiterError> {
-        self.db.ping().await
+    fn ping(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move { self.db.ping().await })
     }
 
-    async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
-        let keys: Vec<String> = asks
-            .iter()
-            .map(|a| wire::key_name(&self.prefix, a))
-            .collect();
-        self.db
-            .query::<i64>(
-                "WITH gone AS (DELETE FROM floodgate_budgets WHERE key = ANY($1) RETURNING 1) \
-                 SELECT count(*) FROM gone",
-                &[&keys],
-            )
-            .await
-            .map(|_| ())
-    }
-
-    async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
-        // On the database's clock; ended claims go as a new one is made (claims are rare).
-        let key = format!("{}{key}", self.prefix);
-        let ttl = i64::try_from(ttl_us).unwrap_or(i64::MAX);
-        let claimed: i64 = self
-            .db
-            .query(
-                "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint AS us), \
-                 gone AS (DELETE FROM floodgate_claims WHERE until_us < (SELECT us FROM now) \
-                   AND key <> $1), \
-                 c AS (INSERT INTO floodgate_claims (key, until_us) \
-                   VALUES ($1, (SELECT us FROM now) + $2) \
-                   ON CONFLICT (key) DO UPDATE SET until_us = excluded.until_us \
-                   WHERE floodgate_claims.until_us < (SELECT us FROM now) RETURNING 1) \
-                 SELECT count(*) FROM c",
-                &[&key, &ttl],
-            )
-            .await?;
-        Ok(claimed == 1)
-    }
-
-    async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
-        let key = format!("{}{key}", self.prefix);
-        self.db
-            .query::<i64>(
-                "WITH gone AS (DELETE FROM floodgate_claims WHERE key = $1 RETURNING 1) \
-                 SELECT count(*) FROM gone",
-                &[&key],
-            )
-            .await
-            .map(|_| ())
-    }
-
-    async fn control_read(
-        &self,
-        known: Option<String>,
-    ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
-        let version: i64 = self
-            .db
-            // (A fresh sequence's `last_value` is already 1: until the first write, 0.)
-            .query(
-                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
-                 FROM floodgate_control_version",
-                &[],
-            )
-            .await?;
-        let prefix: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.prefix];
-        let entries = self.db.query::<Vec<String>>(
-            "SELECT coalesce(array_agg(entry ORDER BY id), '{}') FROM floodgate_control \
-             WHERE starts_with(id, $1)",
-            &prefix,
-        );
-        crate::limiter::store::ControlList::read(version.to_string(), known, entries).await
-    }
-
-    async fn control_write(
-        &self,
-        changes: &[crate::limiter::store::ControlChange<'_>],
-    ) -> Result<bool, LimiterError> {
-        // Rows are named with the key prefix: instances with different prefixes keep apart
-        // lists in one database. One statement: the changes and the version's bump together.
-        let mut gone: Vec<String> = Vec::new();
-        let (mut ids, mut entries): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
-        for (id, entry) in changes {
-            let id = format!("{}{id}", self.prefix);
-            match entry {
-                Some(entry) => {
-                    ids.push(id);
-                    entries.push((*entry).to_string());
-                }
-                None => gone.push(id),
-            }
-        }
-        let _: i64 = self
-            .db
-            .query(
-                "WITH d AS (DELETE FROM floodgate_control WHERE id = ANY($1::text[]) RETURNING 1), \
-                 w AS (INSERT INTO floodgate_control (id, entry) \
-                       SELECT * FROM unnest($2::text[], $3::text[]) \
-                       ON CONFLICT (id) DO UPDATE SET entry = excluded.entry RETURNING 1) \
-                 SELECT nextval('floodgate_control_version') \
-                 FROM (SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM w)) c",
-                &[&gone, &ids, &entries],
-            )
-            .await?;
-        Ok(true)
+    fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let keys: Vec<String> = asks
+                .iter()
+                .map(|a| wire::key_name(&self.prefix, a))
+                .collect();
+            self.db
+                .query::<i64>(
+                    "WITH gone AS (DELETE FROM floodgate_budgets WHERE key = ANY($1) RETURNING 1) \
+                     SELECT count(*) FROM gone",
+                    &[&keys],
+                )
+                .await
+                .map(|_| ())
+        })
     }
 
     /// Waits for the installer's attempt under way (if any), then pings: the first decision
     /// finds the schema in place rather than spending its timeout waiting for it.
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        self.db.prepare().await
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move { self.db.prepare().await })
     }
 
     fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
         let _ = self.db.calls.set(counter);
         true
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        Some(self)
+    }
+}
+
+/// The control list and claims, kept in PostgreSQL for every instance that shares it.
+impl Shared for PostgresStore {
+    fn control_read(&self, known: Option<String>) -> StoreCall<'_, Option<ControlList>> {
+        Box::pin(async move {
+            let version: i64 = self
+                .db
+                // (A fresh sequence's `last_value` is already 1: until the first write, 0.)
+                .query(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
+                     FROM floodgate_control_version",
+                    &[],
+                )
+                .await?;
+            let prefix: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.prefix];
+            let entries = self.db.query::<Vec<String>>(
+                "SELECT coalesce(array_agg(entry ORDER BY id), '{}') FROM floodgate_control \
+                 WHERE starts_with(id, $1)",
+                &prefix,
+            );
+            ControlList::read(version.to_string(), known, entries).await
+        })
+    }
+
+    fn control_write<'a>(&'a self, changes: &'a [ControlChange<'a>]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            // Rows are named with the key prefix: instances with different prefixes keep apart
+            // lists in one database. One statement: the changes and the version's bump together.
+            let mut gone: Vec<String> = Vec::new();
+            let (mut ids, mut entries): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+            for (id, entry) in changes {
+                let id = format!("{}{id}", self.prefix);
+                match entry {
+                    Some(entry) => {
+                        ids.push(id);
+                        entries.push((*entry).to_string());
+                    }
+                    None => gone.push(id),
+                }
+            }
+            let _: i64 = self
+                .db
+                .query(
+                    "WITH d AS (DELETE FROM floodgate_control WHERE id = ANY($1::text[]) RETURNING 1), \
+                     w AS (INSERT INTO floodgate_control (id, entry) \
+                           SELECT * FROM unnest($2::text[], $3::text[]) \
+                           ON CONFLICT (id) DO UPDATE SET entry = excluded.entry RETURNING 1) \
+                     SELECT nextval('floodgate_control_version') \
+                     FROM (SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM w)) c",
+                    &[&gone, &ids, &entries],
+                )
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, ttl_us: u64) -> StoreCall<'a, bool> {
+        Box::pin(async move {
+            // On the database's clock; ended claims go as a new one is made (claims are rare).
+            let key = format!("{}{key}", self.prefix);
+            let ttl = i64::try_from(ttl_us).unwrap_or(i64::MAX);
+            let claimed: i64 = self
+                .db
+                .query(
+                    "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint AS us), \
+                     gone AS (DELETE FROM floodgate_claims WHERE until_us < (SELECT us FROM now) \
+                       AND key <> $1), \
+                     c AS (INSERT INTO floodgate_claims (key, until_us) \
+                       VALUES ($1, (SELECT us FROM now) + $2) \
+                       ON CONFLICT (key) DO UPDATE SET until_us = excluded.until_us \
+                       WHERE floodgate_claims.until_us < (SELECT us FROM now) RETURNING 1) \
+                     SELECT count(*) FROM c",
+                    &[&key, &ttl],
+                )
+                .await?;
+            Ok(claimed == 1)
+        })
+    }
+
+    fn unclaim<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let key = format!("{}{key}", self.prefix);
+            self.db
+                .query::<i64>(
+                    "WITH gone AS (DELETE FROM floodgate_claims WHERE key = $1 RETURNING 1) \
+                     SELECT count(*) FROM gone",
+                    &[&key],
+                )
+                .await
+                .map(|_| ())
+        })
     }
 }
 

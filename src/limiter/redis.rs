@@ -48,7 +48,7 @@ use script::{
 };
 pub use slices::{RedisGlobal, RedisSlices};
 
-use super::RemoteStore;
+use super::store::{ControlChange, ControlList, Shared, Store, StoreCall};
 use super::wire::Call;
 use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
@@ -90,7 +90,7 @@ impl RedisStore {
         Self::with_script(target, prefix, timeout, false)
     }
 
-    /// A store whose script reads the time from the caller ([`RemoteStore::decide_leasing_at_for_test`])
+    /// A store whose script reads the time from the caller ([`Store::decide_leasing_at`])
     /// instead of Redis `TIME`: for the differential tests.
     pub fn connect_for_test(
         target: &RedisTarget,
@@ -238,90 +238,99 @@ impl RedisStore {
     }
 }
 
-impl RemoteStore for RedisStore {
-    /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
-    /// to lease beyond this request (see `lease.rs`); may be empty.
-    async fn invoke(
-        &self,
-        asks: &[Ask<'_>],
-        call: Call,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> Result<Reply, LimiterError> {
-        let (now, lease) = (call.at(), call.lease());
-        if asks.is_empty() {
-            return Err(LimiterError::protocol("nothing to decide"));
-        }
-        let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
-        let number = |n: u64| n.to_string().into_bytes();
-        // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        if let (Some(batcher), true, Some(lease)) = (self.batching.queue(), call.batchable(), lease)
-        {
-            // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
-            // then nine per limit.
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
-            args.push(number(lease));
-            args.push(number(asks.len() as u64));
-            push_limits(&mut args, asks, wants, calendar_now);
-            let job = batch::Job {
-                keys,
-                args,
-                limits: asks.len(),
-            };
-            return crate::limiter::batch::decide(batcher, job, late).await;
-        }
-        // ARGV as main.lua reads it: the clock, the lease token, then nine per limit.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
-        args.push(now.map_or_else(|| b"-".to_vec(), number));
-        args.push(lease.map_or_else(|| b"-".to_vec(), number));
-        push_limits(&mut args, asks, wants, calendar_now);
-        let guard = self.connection.load_full();
-        let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::unavailable("not connected to Redis yet"));
-        };
-        let reply = self
-            .caller
-            .call(connection, &keys, &args)
-            .await
-            .map_err(classify)?;
-        read_reply(&reply, asks.len())
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
     }
 
-    async fn settle_at(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[crate::limiter::Settlement],
-        now: Option<u64>,
-    ) -> Result<(), LimiterError> {
-        let mut invocation = self.settle.prepare_invoke();
-        invocation.arg(now.map_or_else(|| "-".to_string(), |n| n.to_string()));
-        // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
-        let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
-        let mut any = false;
-        for (ask, settle) in asks.iter().zip(settlements) {
-            if settle.is_even() {
-                continue;
+    /// One script call, doing what `call` says. `wants`: per ask, the requests' worth of units
+    /// to lease beyond this request (see `lease.rs`); may be empty.
+    fn invoke<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        call: Call,
+        wants: &'a [super::lease::LeaseAsk],
+        late: Option<super::batch::Late>,
+    ) -> StoreCall<'a, Reply> {
+        Box::pin(async move {
+            let (now, lease) = (call.at(), call.lease());
+            if asks.is_empty() {
+                return Err(LimiterError::protocol("nothing to decide"));
             }
-            let algorithm = ask.limit.algorithm();
-            let (a, b) = algorithm.wire_at(calendar_now);
-            let (_, b_at) = algorithm.wire_at(settle.at_us);
-            let (refund, charge, at) = settle.bounded(a);
-            invocation
-                .key(self.key_name(ask))
-                .arg(algorithm.name())
-                .arg(a)
-                .arg(b)
-                .arg(b_at)
-                .arg(refund)
-                .arg(charge)
-                .arg(at);
-            any = true;
-        }
-        if !any {
-            return Ok(());
-        }
-        self.run_for_effect(&invocation).await
+            let keys: Vec<String> = asks.iter().map(|ask| self.key_name(ask)).collect();
+            let number = |n: u64| n.to_string().into_bytes();
+            // A quota's period is worked out from floodgate's clock (a test's, when it sets one).
+            let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+            if let (Some(batcher), true, Some(lease)) =
+                (self.batching.queue(), call.batchable(), lease)
+            {
+                // ARGV as batch.lua reads one decision's: the lease token, the number of limits,
+                // then nine per limit.
+                let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
+                args.push(number(lease));
+                args.push(number(asks.len() as u64));
+                push_limits(&mut args, asks, wants, calendar_now);
+                let job = batch::Job {
+                    keys,
+                    args,
+                    limits: asks.len(),
+                };
+                return crate::limiter::batch::decide(batcher, job, late).await;
+            }
+            // ARGV as main.lua reads it: the clock, the lease token, then nine per limit.
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 9 * asks.len());
+            args.push(now.map_or_else(|| b"-".to_vec(), number));
+            args.push(lease.map_or_else(|| b"-".to_vec(), number));
+            push_limits(&mut args, asks, wants, calendar_now);
+            let guard = self.connection.load_full();
+            let Some(connection) = guard.as_deref() else {
+                return Err(LimiterError::unavailable("not connected to Redis yet"));
+            };
+            let reply = self
+                .caller
+                .call(connection, &keys, &args)
+                .await
+                .map_err(classify)?;
+            read_reply(&reply, asks.len())
+        })
+    }
+
+    fn settle_at<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        settlements: &'a [crate::limiter::Settlement],
+        now: Option<u64>,
+    ) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let mut invocation = self.settle.prepare_invoke();
+            invocation.arg(now.map_or_else(|| "-".to_string(), |n| n.to_string()));
+            // A quota's periods are worked out from floodgate's clock (a test's, when it sets one).
+            let calendar_now = now.unwrap_or_else(crate::limiter::wall_clock_us);
+            let mut any = false;
+            for (ask, settle) in asks.iter().zip(settlements) {
+                if settle.is_even() {
+                    continue;
+                }
+                let algorithm = ask.limit.algorithm();
+                let (a, b) = algorithm.wire_at(calendar_now);
+                let (_, b_at) = algorithm.wire_at(settle.at_us);
+                let (refund, charge, at) = settle.bounded(a);
+                invocation
+                    .key(self.key_name(ask))
+                    .arg(algorithm.name())
+                    .arg(a)
+                    .arg(b)
+                    .arg(b_at)
+                    .arg(refund)
+                    .arg(charge)
+                    .arg(at);
+                any = true;
+            }
+            if !any {
+                return Ok(());
+            }
+            self.run_for_effect(&invocation).await
+        })
     }
 
     fn reads_callers_clock(&self) -> bool {
@@ -337,90 +346,38 @@ impl RemoteStore for RedisStore {
         });
     }
 
-    async fn control_read(
-        &self,
-        known: Option<String>,
-    ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
-        let (list, version) = self.control_keys();
-        let version: Option<String> = self.query(redis::cmd("GET").arg(&version)).await?;
-        let hvals = redis::cmd("HVALS").arg(&list).clone();
-        let entries = self.query::<Vec<String>>(&hvals);
-        crate::limiter::store::ControlList::read(version.unwrap_or_default(), known, entries).await
-    }
-
-    async fn control_write(
-        &self,
-        changes: &[crate::limiter::store::ControlChange<'_>],
-    ) -> Result<bool, LimiterError> {
-        // One script: the changes and the version's bump are applied together or not at all
-        // (a reader that sees the new version sees every change; none is seen without it).
-        const WRITE: &str = "for i = 1, #ARGV, 3 do \
-             if ARGV[i + 1] == '1' then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2]) \
-             else redis.call('HDEL', KEYS[1], ARGV[i]) end \
-           end \
-           return redis.call('INCR', KEYS[2])";
-        let (list, version) = self.control_keys();
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(WRITE).arg(2).arg(&list).arg(&version);
-        for (id, entry) in changes {
-            cmd.arg(*id)
-                .arg(if entry.is_some() { "1" } else { "0" })
-                .arg(entry.unwrap_or(""));
-        }
-        let _: i64 = self.query(&cmd).await?;
-        Ok(true)
-    }
-
-    async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
-        let name = format!("{}{{control}}:claim:{key}", self.prefix);
-        let ttl_ms = ttl_us.div_ceil(1000).max(1);
-        let set: Option<String> = self
-            .query(
-                redis::cmd("SET")
-                    .arg(&name)
-                    .arg(1)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms),
-            )
-            .await?;
-        Ok(set.is_some())
-    }
-
-    async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
-        let name = format!("{}{{control}}:claim:{key}", self.prefix);
-        let _: i64 = self.query(redis::cmd("DEL").arg(&name)).await?;
-        Ok(())
-    }
-
-    async fn reset(&self, asks: &[Ask<'_>]) -> Result<(), LimiterError> {
-        if asks.is_empty() {
-            return Ok(());
-        }
-        // One identity's keys share its hash tag: one command, one Cluster slot.
-        let mut del = redis::cmd("DEL");
-        for ask in asks {
-            del.arg(self.key_name(ask));
-        }
-        let _: i64 = self.query(&del).await?;
-        Ok(())
+    fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            if asks.is_empty() {
+                return Ok(());
+            }
+            // One identity's keys share its hash tag: one command, one Cluster slot.
+            let mut del = redis::cmd("DEL");
+            for ask in asks {
+                del.arg(self.key_name(ask));
+            }
+            let _: i64 = self.query(&del).await?;
+            Ok(())
+        })
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets, in one round trip.
-    async fn release(&self, asks: &[Ask<'_>], lease: LeaseId) -> Result<(), LimiterError> {
-        let mut invocation = self.release.prepare_invoke();
-        invocation.arg(lease);
-        let mut any = false;
-        for ask in asks {
-            if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
-                invocation.key(self.key_name(ask)).arg(ask.limit.cost());
-                any = true;
+    fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let mut invocation = self.release.prepare_invoke();
+            invocation.arg(lease);
+            let mut any = false;
+            for ask in asks {
+                if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
+                    invocation.key(self.key_name(ask)).arg(ask.limit.cost());
+                    any = true;
+                }
             }
-        }
-        if !any {
-            return Ok(());
-        }
-        self.run_for_effect(&invocation).await
+            if !any {
+                return Ok(());
+            }
+            self.run_for_effect(&invocation).await
+        })
     }
 
     fn after_failure(&self) {
@@ -430,19 +387,21 @@ impl RemoteStore for RedisStore {
     }
 
     /// Asks Redis whether it answers: `/readyz`.
-    async fn ping(&self) -> Result<(), LimiterError> {
-        let guard = self.connection.load_full();
-        let Some(connection) = guard.as_deref() else {
-            return Err(LimiterError::unavailable("not connected to Redis yet"));
-        };
-        let mut cmd = redis::cmd("PING");
-        let result: redis::RedisResult<String> = match connection.clone() {
-            Connection::Single(mut c) => cmd.query_async(&mut c).await,
-            Connection::Cluster(mut c) => cmd.arg("floodgate").query_async(&mut c).await,
-        };
-        result
-            .map(|_| ())
-            .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
+    fn ping(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move {
+            let guard = self.connection.load_full();
+            let Some(connection) = guard.as_deref() else {
+                return Err(LimiterError::unavailable("not connected to Redis yet"));
+            };
+            let mut cmd = redis::cmd("PING");
+            let result: redis::RedisResult<String> = match connection.clone() {
+                Connection::Single(mut c) => cmd.query_async(&mut c).await,
+                Connection::Cluster(mut c) => cmd.arg("floodgate").query_async(&mut c).await,
+            };
+            result
+                .map(|_| ())
+                .map_err(|e| LimiterError::Unavailable(crate::limiter::Cause::from_error(e)))
+        })
     }
 
     /// Connects and loads the function library ahead of the first decision, which would
@@ -450,34 +409,102 @@ impl RemoteStore for RedisStore {
     /// (`SCRIPT LOAD`) for the `EVALSHA`s instead. A cluster or Sentinel connection is made in
     /// the background: this waits for it (the caller bounds the wait). On a cluster the script
     /// reaches one node; the first `EVALSHA` on each other node loads it there.
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        let connection = loop {
-            if let Some(connection) = self.connection.load_full() {
-                break connection;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let unavailable =
-            |e: redis::RedisError| LimiterError::Unavailable(crate::limiter::Cause::from_error(e));
-        let caller = &self.caller;
-        caller
-            .load_library(&connection)
-            .await
-            .map_err(unavailable)?;
-        if caller.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
-            for script in [&caller.script, &caller.batch_script] {
-                match connection.as_ref().clone() {
-                    Connection::Single(mut c) => script.load_async(&mut c).await,
-                    Connection::Cluster(mut c) => script.load_async(&mut c).await,
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move {
+            let connection = loop {
+                if let Some(connection) = self.connection.load_full() {
+                    break connection;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let unavailable = |e: redis::RedisError| {
+                LimiterError::Unavailable(crate::limiter::Cause::from_error(e))
+            };
+            let caller = &self.caller;
+            caller
+                .load_library(&connection)
+                .await
                 .map_err(unavailable)?;
+            if caller.functions.load(Ordering::Relaxed) == FUNCTIONS_UNSUPPORTED {
+                for script in [&caller.script, &caller.batch_script] {
+                    match connection.as_ref().clone() {
+                        Connection::Single(mut c) => script.load_async(&mut c).await,
+                        Connection::Cluster(mut c) => script.load_async(&mut c).await,
+                    }
+                    .map_err(unavailable)?;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn count_calls(&self, counter: prometheus_client::metrics::counter::Counter) -> bool {
         let _ = self.caller.calls.set(counter);
         true
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        Some(self)
+    }
+}
+
+/// The control list and claims, kept in Redis for every instance that shares it.
+impl Shared for RedisStore {
+    fn control_read(&self, known: Option<String>) -> StoreCall<'_, Option<ControlList>> {
+        Box::pin(async move {
+            let (list, version) = self.control_keys();
+            let version: Option<String> = self.query(redis::cmd("GET").arg(&version)).await?;
+            let hvals = redis::cmd("HVALS").arg(&list).clone();
+            let entries = self.query::<Vec<String>>(&hvals);
+            ControlList::read(version.unwrap_or_default(), known, entries).await
+        })
+    }
+
+    fn control_write<'a>(&'a self, changes: &'a [ControlChange<'a>]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            // One script: the changes and the version's bump are applied together or not at all
+            // (a reader that sees the new version sees every change; none is seen without it).
+            const WRITE: &str = "for i = 1, #ARGV, 3 do \
+                 if ARGV[i + 1] == '1' then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2]) \
+                 else redis.call('HDEL', KEYS[1], ARGV[i]) end \
+               end \
+               return redis.call('INCR', KEYS[2])";
+            let (list, version) = self.control_keys();
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(WRITE).arg(2).arg(&list).arg(&version);
+            for (id, entry) in changes {
+                cmd.arg(*id)
+                    .arg(if entry.is_some() { "1" } else { "0" })
+                    .arg(entry.unwrap_or(""));
+            }
+            let _: i64 = self.query(&cmd).await?;
+            Ok(())
+        })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, ttl_us: u64) -> StoreCall<'a, bool> {
+        Box::pin(async move {
+            let name = format!("{}{{control}}:claim:{key}", self.prefix);
+            let ttl_ms = ttl_us.div_ceil(1000).max(1);
+            let set: Option<String> = self
+                .query(
+                    redis::cmd("SET")
+                        .arg(&name)
+                        .arg(1)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms),
+                )
+                .await?;
+            Ok(set.is_some())
+        })
+    }
+
+    fn unclaim<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let name = format!("{}{{control}}:claim:{key}", self.prefix);
+            let _: i64 = self.query(redis::cmd("DEL").arg(&name)).await?;
+            Ok(())
+        })
     }
 }

@@ -3,7 +3,7 @@
 //! take slices of ([`GlobalStore`]), and a **region's store**, which holds the slices its
 //! instances spend ([`SliceStore`]). Each is Redis (`redis/slices.rs`: Lua scripts) or
 //! PostgreSQL (`postgres/slices.rs`: the same operations as PL/pgSQL functions), chosen by the
-//! URL's scheme ([`AnyGlobalStore`], [`AnySliceStore`]). A call is one round trip; what to ask
+//! URL's scheme ([`global_store`], [`slice_store`]), and held as a `dyn` store. A call is one round trip; what to ask
 //! for, when, and what a failure means are the caller's.
 
 use std::future::Future;
@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::LimiterError;
 use super::postgres::{PgGlobal, PgSlices};
 use super::redis::{RedisGlobal, RedisSlices};
+use super::store::StoreCall;
 
 /// One `take` from the global store (see [`GlobalStore::take`]).
 #[derive(Debug, Clone)]
@@ -75,7 +76,7 @@ pub type OwnedCall<T> = Pin<Box<dyn Future<Output = Result<T, LimiterError>> + S
 /// exceeds the budget (plus its refill).
 pub trait GlobalStore: Send + Sync + 'static {
     /// Connects, and loads the scripts or installs the functions.
-    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    fn prepare(&self) -> StoreCall<'_, ()>;
     /// Grants `need` units and up to `want` more (at most half of what is left beyond
     /// `need`), or nothing when `need` cannot be met; records the region's slice and counts the
     /// slices that lapsed.
@@ -108,34 +109,21 @@ pub struct SliceRead {
 /// it is as if it were not there.
 pub trait SliceStore: Send + Sync + 'static {
     /// Connects, and loads the scripts or installs the functions.
-    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    fn prepare(&self) -> StoreCall<'_, ()>;
     /// Pays `cost` from the slice if it holds that much, counting the demand either way:
     /// (paid, units left).
-    fn spend(
-        &self,
-        key: &str,
-        cost: u64,
-    ) -> impl Future<Output = Result<(bool, u64), LimiterError>> + Send;
+    fn spend<'a>(&'a self, key: &'a str, cost: u64) -> StoreCall<'a, (bool, u64)>;
     /// Adds `grant` to the slice and renews it: what it holds.
-    fn add(
-        &self,
-        key: &str,
-        grant: Grant,
-    ) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    fn add<'a>(&'a self, key: &'a str, grant: Grant) -> StoreCall<'a, u64>;
     /// The slice, its demand starting again from 0.
-    fn read(&self, key: &str) -> impl Future<Output = Result<SliceRead, LimiterError>> + Send;
+    fn read<'a>(&'a self, key: &'a str) -> StoreCall<'a, SliceRead>;
     /// Takes every unit out of the slice (to give them back): how many.
-    fn drain(&self, key: &str) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    fn drain<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64>;
     /// What the slice holds, changing nothing.
-    fn held(&self, key: &str) -> impl Future<Output = Result<u64, LimiterError>> + Send;
+    fn held<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64>;
     /// Claims `key` for `ms` for `holder` (one instance of a region renews a slice each pass):
     /// true when this call has it.
-    fn claim(
-        &self,
-        key: &str,
-        holder: &str,
-        ms: u64,
-    ) -> impl Future<Output = Result<bool, LimiterError>> + Send;
+    fn claim<'a>(&'a self, key: &'a str, holder: &'a str, ms: u64) -> StoreCall<'a, bool>;
 }
 
 /// True for the URLs PostgreSQL serves.
@@ -144,91 +132,20 @@ fn is_postgres(url: &str) -> bool {
 }
 
 /// The global store a URL names: `redis://`/`rediss://`, or `postgres://`/`postgresql://`.
-pub enum AnyGlobalStore {
-    Redis(RedisGlobal),
-    Postgres(Arc<PgGlobal>),
+/// Connects lazily (the store need not be up); a call waits up to `timeout` to connect, and its
+/// answer up to 10 s (a late answer is still read). Fails only on a malformed URL.
+pub fn global_store(url: &str, timeout: Duration) -> Result<Box<dyn GlobalStore>, LimiterError> {
+    Ok(match is_postgres(url) {
+        true => Box::new(PgGlobal::connect(url, timeout)?),
+        false => Box::new(RedisGlobal::connect(url, timeout)?),
+    })
 }
 
-impl AnyGlobalStore {
-    /// Connects lazily (the store need not be up); a call waits up to `timeout` to connect,
-    /// and its answer up to 10 s (a late answer is still read). Fails only on a malformed URL.
-    pub fn connect(url: &str, timeout: Duration) -> Result<AnyGlobalStore, LimiterError> {
-        Ok(match is_postgres(url) {
-            true => AnyGlobalStore::Postgres(PgGlobal::connect(url, timeout)?),
-            false => AnyGlobalStore::Redis(RedisGlobal::connect(url, timeout)?),
-        })
-    }
-}
-
-impl GlobalStore for AnyGlobalStore {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        match self {
-            AnyGlobalStore::Redis(redis) => redis.prepare().await,
-            AnyGlobalStore::Postgres(pg) => pg.prepare().await,
-        }
-    }
-
-    fn take(&self, take: Take) -> OwnedCall<Taken> {
-        match self {
-            AnyGlobalStore::Redis(redis) => redis.take(take),
-            AnyGlobalStore::Postgres(pg) => pg.take(take),
-        }
-    }
-
-    fn give(&self, give: Give) -> OwnedCall<u64> {
-        match self {
-            AnyGlobalStore::Redis(redis) => redis.give(give),
-            AnyGlobalStore::Postgres(pg) => pg.give(give),
-        }
-    }
-}
-
-/// The region's store a URL names.
-pub enum AnySliceStore {
-    Redis(RedisSlices),
-    Postgres(PgSlices),
-}
-
-impl AnySliceStore {
-    /// Connects lazily; every call waits at most `timeout`. Fails only on a malformed URL.
-    pub fn connect(url: &str, timeout: Duration) -> Result<AnySliceStore, LimiterError> {
-        Ok(match is_postgres(url) {
-            true => AnySliceStore::Postgres(PgSlices::connect(url, timeout)?),
-            false => AnySliceStore::Redis(RedisSlices::connect(url, timeout)?),
-        })
-    }
-}
-
-/// Awaits `$call` on whichever store `$self` is, named `$store` in it.
-macro_rules! each {
-    ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            AnySliceStore::Redis($store) => $call.await,
-            AnySliceStore::Postgres($store) => $call.await,
-        }
-    };
-}
-
-impl SliceStore for AnySliceStore {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        each!(self, s => s.prepare())
-    }
-    async fn spend(&self, key: &str, cost: u64) -> Result<(bool, u64), LimiterError> {
-        each!(self, s => s.spend(key, cost))
-    }
-    async fn add(&self, key: &str, grant: Grant) -> Result<u64, LimiterError> {
-        each!(self, s => s.add(key, grant))
-    }
-    async fn read(&self, key: &str) -> Result<SliceRead, LimiterError> {
-        each!(self, s => s.read(key))
-    }
-    async fn drain(&self, key: &str) -> Result<u64, LimiterError> {
-        each!(self, s => s.drain(key))
-    }
-    async fn held(&self, key: &str) -> Result<u64, LimiterError> {
-        each!(self, s => s.held(key))
-    }
-    async fn claim(&self, key: &str, holder: &str, ms: u64) -> Result<bool, LimiterError> {
-        each!(self, s => s.claim(key, holder, ms))
-    }
+/// The region's store a URL names. Connects lazily; every call waits at most `timeout`. Fails
+/// only on a malformed URL.
+pub fn slice_store(url: &str, timeout: Duration) -> Result<Arc<dyn SliceStore>, LimiterError> {
+    Ok(match is_postgres(url) {
+        true => Arc::new(PgSlices::connect(url, timeout)?),
+        false => Arc::new(RedisSlices::connect(url, timeout)?),
+    })
 }

@@ -1,14 +1,31 @@
-//! What a store in another process (Redis, PostgreSQL) does for the limiter: the trait each
-//! remote backend implements (`redis.rs`, `postgres.rs`), and that the guard (`guard.rs`: the
-//! timeout, the breaker, the deny cache, `on_error`) wraps. The in-process store
-//! (`memory.rs`) needs no guard and is called directly.
+//! What a store of budgets does, for every store: the in-process one (`memory.rs`), Redis
+//! (`redis.rs`) and PostgreSQL (`postgres.rs`) implement [`Store`], the calls of the wire
+//! protocol (`wire.rs`). A store in another process is reached through the guard (`guard.rs`: the
+//! timeout, the breaker, the deny cache, `on_error`), which holds it as a `dyn Store`; the
+//! in-process store needs no guard, and the request path calls it directly (`front.rs`).
+//!
+//! What instances sharing a store keep there beside budgets (the control list, claims) is
+//! [`Shared`], a trait of its own: the memory store is one instance's and has none.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::wire::Reply;
-use super::{Ask, Decision, LeaseId, LimiterError};
+use super::batch::Late;
+use super::lease::LeaseAsk;
+use super::wire::{Call, Reply};
+use super::{Ask, Decision, LeaseId, LimiterError, Settlement};
+
+/// A store's call: boxed, so that a store is a `dyn Store` and its callers are one code path
+/// whatever the store (a remote call's round trip outweighs the allocation by far; the request
+/// path's in-process decisions do not go through it).
+pub type StoreCall<'a, T> = Pin<Box<dyn Future<Output = Result<T, LimiterError>> + Send + 'a>>;
+
+/// A call already answered: what the in-process store returns.
+pub(super) fn answered<'a, T: Send + 'a>(result: Result<T, LimiterError>) -> StoreCall<'a, T> {
+    Box::pin(std::future::ready(result))
+}
 
 /// One change of the shared control list: an entry's id, and its text (`None`: it goes).
 pub type ControlChange<'a> = (&'a str, Option<&'a str>);
@@ -37,13 +54,15 @@ impl ControlList {
     }
 }
 
-/// A store in another process: what the guard needs of Redis and of PostgreSQL.
+/// Where budgets live: the one trait of the memory store, Redis and PostgreSQL.
 ///
-/// A store implements the calls of the wire protocol (`wire.rs`): [`RemoteStore::invoke`] (a
-/// decision, on the store's clock or, for a test store, the caller's; or a peek),
-/// [`RemoteStore::settle_at`], [`RemoteStore::release`], and its own upkeep; the decisions every
-/// caller makes are provided here in terms of them, once for every store.
-pub trait RemoteStore: Send + Sync + 'static {
+/// A store implements the calls of the wire protocol: [`Store::invoke`] (a decision, on the
+/// store's clock or, for a store that [`Store::reads_callers_clock`], the caller's; or a peek),
+/// [`Store::settle_at`], [`Store::release`], [`Store::reset`], and its own upkeep; the
+/// decisions every caller makes are provided here in terms of them, once for every store.
+pub trait Store: Send + Sync + 'static {
+    /// The store's name for metric labels: `memory`, `redis` or `postgres`.
+    fn name(&self) -> &'static str;
     /// One call doing what `call` says for `asks`, all-or-nothing, in one round trip (or in a
     /// batch): a decision whose concurrency leases are named by the call's lease, that also
     /// leases, per ask, up to `wants[i].want` more requests' worth of units for this instance to
@@ -51,85 +70,102 @@ pub trait RemoteStore: Send + Sync + 'static {
     /// (`wants[i].back`); or a peek. An answer that comes after the caller gave up goes to
     /// `late`, where the store can tell (a batched decision that had left). A store that cannot
     /// lease leases nothing (and is never given anything back).
-    fn invoke(
-        &self,
-        asks: &[Ask<'_>],
-        call: super::wire::Call,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send;
+    fn invoke<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        call: Call,
+        wants: &'a [LeaseAsk],
+        late: Option<Late>,
+    ) -> StoreCall<'a, Reply>;
     /// Settles the reservations of `asks` (`settlements[i]` for `asks[i]`): refunds and
-    /// charges (`cost: {reserve, actual}`), at `now_us` on the caller's clock for a test store
-    /// (`None`: the store's clock).
-    fn settle_at(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[super::Settlement],
+    /// charges (`cost: {reserve, actual}`), at `now_us` on the caller's clock for a store that
+    /// reads it (`None`: the store's clock).
+    fn settle_at<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        settlements: &'a [Settlement],
         now_us: Option<u64>,
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// True for a store made to decide on the caller's clock (the differential tests'):
-    /// [`RemoteStore::decide_leasing_at_for_test`] is refused by any other.
+    ) -> StoreCall<'a, ()>;
+    /// Gives back the concurrency leases named `lease` in `asks`' budgets.
+    fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()>;
+    /// Forgets the state of `asks`' budgets: each is fresh (full) at its next decision
+    /// (`POST /reset`).
+    fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()>;
+    /// Whether the store answers at all: `/readyz`.
+    fn ping(&self) -> StoreCall<'_, ()>;
+    /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
+    /// would otherwise pay for that within its timeout. Pings by default.
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        self.ping()
+    }
+    /// True for a store that decides on the caller's clock when asked to (the memory store, and
+    /// the differential tests' remote stores): [`Call::DecideAt`] is refused by any other.
     fn reads_callers_clock(&self) -> bool {
+        false
+    }
+    /// What instances sharing this store keep in it beside budgets (the control list, claims);
+    /// `None` for a store that is one instance's.
+    fn shared(&self) -> Option<&dyn Shared> {
+        None
+    }
+    /// A decision failed (an error or the timeout): a store that can find its server anew
+    /// (Redis behind Sentinel asks the sentinels again) starts doing so. Does nothing by default.
+    fn after_failure(&self) {}
+    /// Turns batching (`storage.batch`) on or off for the decisions that follow; a store that
+    /// does not batch ignores it.
+    fn set_batching(&self, _on: bool) {}
+    /// Counts its round trips in `counter` itself (a store that batches); false when it does
+    /// not, and the guard counts one per decision.
+    fn count_calls(&self, counter: Counter) -> bool {
+        let _ = counter;
         false
     }
 
     /// Decides `asks` all-or-nothing in one round trip; concurrency leases are named `lease`.
     /// Returns the verdict and each limit's own decision (for the deny cache).
-    fn decide(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
-        self.invoke(asks, super::wire::Call::Decide { lease }, &[], None)
+    fn decide<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, Reply> {
+        self.invoke(asks, Call::Decide { lease }, &[], None)
     }
-    /// [`RemoteStore::decide`], also leasing and taking back as `wants` says (see
-    /// [`RemoteStore::invoke`]).
-    fn decide_leasing(
-        &self,
-        asks: &[Ask<'_>],
+    /// [`Store::decide`], also leasing and taking back as `wants` says (see [`Store::invoke`]).
+    fn decide_leasing<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
         lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-        late: Option<super::batch::Late>,
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
-        self.invoke(asks, super::wire::Call::Decide { lease }, wants, late)
+        wants: &'a [LeaseAsk],
+        late: Option<Late>,
+    ) -> StoreCall<'a, Reply> {
+        self.invoke(asks, Call::Decide { lease }, wants, late)
     }
-    /// [`RemoteStore::decide_leasing`] at `now_us` on the caller's clock, on a store that
-    /// [`RemoteStore::reads_callers_clock`]: for the differential tests.
-    fn decide_leasing_at_for_test(
-        &self,
-        asks: &[Ask<'_>],
+    /// [`Store::decide_leasing`] at `now_us` on the caller's clock, on a store that
+    /// [`Store::reads_callers_clock`]: for replay and the differential tests.
+    fn decide_leasing_at<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
         now_us: u64,
         lease: LeaseId,
-        wants: &[super::lease::LeaseAsk],
-    ) -> impl Future<Output = Result<Reply, LimiterError>> + Send {
-        let refused = !self.reads_callers_clock();
-        let call = super::wire::Call::DecideAt { lease, now_us };
-        async move {
-            if refused {
-                return Err(LimiterError::protocol(
-                    "this store reads its own clock; make it with connect_for_test",
-                ));
-            }
-            self.invoke(asks, call, wants, None).await
+        wants: &'a [LeaseAsk],
+    ) -> StoreCall<'a, Reply> {
+        if !self.reads_callers_clock() {
+            return answered(Err(LimiterError::protocol(
+                "this store reads its own clock; make it with connect_for_test",
+            )));
         }
+        self.invoke(asks, Call::DecideAt { lease, now_us }, wants, None)
     }
     /// What `asks` would decide now, per limit, spending nothing.
-    fn peek(
-        &self,
-        asks: &[Ask<'_>],
-    ) -> impl Future<Output = Result<Vec<Decision>, LimiterError>> + Send {
-        let reply = self.invoke(asks, super::wire::Call::Peek, &[], None);
-        async move { Ok(reply.await?.decisions) }
+    fn peek<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, Vec<Decision>> {
+        let reply = self.invoke(asks, Call::Peek, &[], None);
+        Box::pin(async move { Ok(reply.await?.decisions) })
     }
-    /// [`RemoteStore::settle_at`] on the store's clock.
-    fn settle(
-        &self,
-        asks: &[Ask<'_>],
-        settlements: &[super::Settlement],
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send {
+    /// [`Store::settle_at`] on the store's clock.
+    fn settle<'a>(
+        &'a self,
+        asks: &'a [Ask<'a>],
+        settlements: &'a [Settlement],
+    ) -> StoreCall<'a, ()> {
         self.settle_at(asks, settlements, None)
     }
-    /// This store with batched decisions (`storage.batch`): see [`RemoteStore::set_batching`].
+    /// This store with batched decisions (`storage.batch`): see [`Store::set_batching`].
     fn batched(self) -> Self
     where
         Self: Sized,
@@ -137,67 +173,21 @@ pub trait RemoteStore: Send + Sync + 'static {
         self.set_batching(true);
         self
     }
-    /// Gives back the concurrency leases named `lease` in `asks`' budgets.
-    fn release(
-        &self,
-        asks: &[Ask<'_>],
-        lease: LeaseId,
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// A decision failed (an error or the timeout): a store that can find its server anew
-    /// (Redis behind Sentinel asks the sentinels again) starts doing so. Does nothing by default.
-    fn after_failure(&self) {}
-    /// Forgets the state of `asks`' budgets: each is fresh (full) at its next decision
-    /// (`POST /reset`).
-    fn reset(&self, asks: &[Ask<'_>]) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// Whether the store answers at all: `/readyz`.
-    fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
-    /// The shared control list (bans, overrides, resets: `control.rs`): a version that changes with every write,
-    /// and, when it differs from `known`, every entry. `None`: the store keeps no such list.
-    fn control_read(
-        &self,
-        known: Option<String>,
-    ) -> impl Future<Output = Result<Option<ControlList>, LimiterError>> + Send {
-        let _ = known;
-        async { Ok(None) }
-    }
-    /// Writes entries of the control list, all of them or none: each change an id and its
-    /// entry (`None`: removes it). False when the store keeps no such list.
-    fn control_write(
-        &self,
-        changes: &[ControlChange<'_>],
-    ) -> impl Future<Output = Result<bool, LimiterError>> + Send {
-        let _ = changes;
-        async { Ok(false) }
-    }
-    /// Claims `key` for every instance for `ttl_us` (µs): true when this call claimed it (nobody
-    /// held it), false when another claim holds it (an alert sent once across instances:
-    /// `alerts.rs`). A store that keeps no claims grants every one.
-    fn claim(
-        &self,
-        key: &str,
-        ttl_us: u64,
-    ) -> impl Future<Output = Result<bool, LimiterError>> + Send {
-        let _ = (key, ttl_us);
-        async { Ok(true) }
-    }
-    /// Gives up the claim on `key`, whoever holds it.
-    fn unclaim(&self, key: &str) -> impl Future<Output = Result<(), LimiterError>> + Send {
-        let _ = key;
-        async { Ok(()) }
-    }
-    /// Gets ready to decide (connects, loads scripts or a schema) before the first request, which
-    /// would otherwise pay for that within its timeout. Pings by default.
-    fn prepare(&self) -> impl Future<Output = Result<(), LimiterError>> + Send {
-        self.ping()
-    }
-    /// Turns batching (`storage.batch`) on or off for the decisions that follow; a store that
-    /// does not batch ignores it.
-    fn set_batching(&self, _on: bool) {}
+}
 
-    /// Counts its round trips in `counter` itself (a store that batches); false when it does
-    /// not, and the guard counts one per decision.
-    fn count_calls(&self, counter: Counter) -> bool {
-        let _ = counter;
-        false
-    }
+/// What instances sharing a store keep in it beside budgets: the control list (bans, overrides,
+/// resets: `control.rs`) and claims (an alert sent once across instances: `alerts.rs`). Redis
+/// and PostgreSQL keep them; [`Store::shared`] finds them.
+pub trait Shared: Send + Sync {
+    /// The shared control list: a version that changes with every write, and, when it differs
+    /// from `known`, every entry.
+    fn control_read(&self, known: Option<String>) -> StoreCall<'_, Option<ControlList>>;
+    /// Writes entries of the control list, all of them or none: each change an id and its
+    /// entry (`None`: removes it).
+    fn control_write<'a>(&'a self, changes: &'a [ControlChange<'a>]) -> StoreCall<'a, ()>;
+    /// Claims `key` for every instance for `ttl_us` (µs): true when this call claimed it (nobody
+    /// held it), false when another claim holds it.
+    fn claim<'a>(&'a self, key: &'a str, ttl_us: u64) -> StoreCall<'a, bool>;
+    /// Gives up the claim on `key`, whoever holds it.
+    fn unclaim<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()>;
 }

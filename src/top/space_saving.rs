@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::limiter::memory::Prehashed;
+use crate::limiter::key::Prehashed;
 
 /// One key's counts.
 #[derive(Debug, Clone)]

@@ -3,45 +3,53 @@
 //! decision timeouts (nobody waits on them but an operator or a background task).
 
 use super::*;
+use crate::limiter::store::{ControlChange, ControlList, Shared, StoreCall};
 
-impl<S: RemoteStore, C: Clock> Guarded<S, C> {
-    /// The store's shared control list, within the decision timeout ten times over (nobody
-    /// waits on it but the control feed).
+impl<C: Clock> Guarded<C> {
+    /// `call` on what the store keeps for every instance, within the decision timeout ten
+    /// times over; `none` when it keeps nothing of the kind.
+    async fn shared<'a, T: Send + 'a>(
+        &'a self,
+        none: T,
+        call: impl FnOnce(&'a dyn Shared) -> StoreCall<'a, T>,
+    ) -> Result<T, LimiterError> {
+        let Some(shared) = self.store.shared() else {
+            return Ok(none);
+        };
+        let timeout = self.timeout() * 10;
+        tokio::time::timeout(timeout, call(shared))
+            .await
+            .map_err(|_| LimiterError::Timeout(timeout))?
+    }
+
+    /// The store's shared control list (see [`Shared::control_read`]); `None` when the store
+    /// keeps none.
     pub async fn control_read(
         &self,
         known: Option<String>,
-    ) -> Result<Option<crate::limiter::store::ControlList>, LimiterError> {
-        let timeout = self.timeout() * 10;
-        tokio::time::timeout(timeout, self.store.control_read(known))
-            .await
-            .map_err(|_| LimiterError::Timeout(timeout))?
+    ) -> Result<Option<ControlList>, LimiterError> {
+        self.shared(None, |s| s.control_read(known)).await
     }
 
-    /// Writes entries of the store's shared control list, all or none.
-    pub async fn control_write(
-        &self,
-        changes: &[crate::limiter::store::ControlChange<'_>],
-    ) -> Result<bool, LimiterError> {
-        let timeout = self.timeout() * 10;
-        tokio::time::timeout(timeout, self.store.control_write(changes))
-            .await
-            .map_err(|_| LimiterError::Timeout(timeout))?
+    /// Writes entries of the store's shared control list, all or none: false when the store
+    /// keeps none.
+    pub async fn control_write(&self, changes: &[ControlChange<'_>]) -> Result<bool, LimiterError> {
+        let written = self.shared(None, |s| {
+            let write = s.control_write(changes);
+            Box::pin(async move { write.await.map(Some) })
+        });
+        Ok(written.await?.is_some())
     }
 
-    /// Claims `key` in the store for every instance for `ttl_us` (see [`RemoteStore::claim`]).
+    /// Claims `key` in the store for every instance for `ttl_us` (see [`Shared::claim`]); a
+    /// store that keeps no claims grants every one.
     pub async fn claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
-        let timeout = self.timeout() * 10;
-        tokio::time::timeout(timeout, self.store.claim(key, ttl_us))
-            .await
-            .map_err(|_| LimiterError::Timeout(timeout))?
+        self.shared(true, |s| s.claim(key, ttl_us)).await
     }
 
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
-        let timeout = self.timeout() * 10;
-        tokio::time::timeout(timeout, self.store.unclaim(key))
-            .await
-            .map_err(|_| LimiterError::Timeout(timeout))?
+        self.shared((), |s| s.unclaim(key)).await
     }
 
     /// Resets `asks`' budgets in the store, and forgets what this instance knows of them.

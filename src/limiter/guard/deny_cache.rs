@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hash::RandomState;
 use std::sync::Mutex;
 
-use super::super::memory::Prehashed;
+use super::super::key::Prehashed;
 use super::super::{AlgorithmKind, Ask, Decision, Figures, Outcome, Verdict};
 
 /// The most budget sets the deny cache remembers at once.

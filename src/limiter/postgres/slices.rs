@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 use crate::limiter::slices::{
     Give, GlobalStore, Grant, OwnedCall, SliceRead, SliceStore, Take, Taken,
 };
-use crate::limiter::{Cause, LimiterError};
+use crate::limiter::{Cause, LimiterError, StoreCall};
 
 /// The global store's tables and functions: a budget's tokens and the instant they were counted
 /// at, and each region's slice (units as last reported, its end), as the Redis hash keeps them.
@@ -394,8 +394,8 @@ impl PgGlobal {
 type Param = Box<dyn ToSql + Send + Sync>;
 
 impl GlobalStore for Arc<PgGlobal> {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        self.0.prepare().await
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move { self.0.prepare().await })
     }
 
     fn take(&self, a: Take) -> OwnedCall<Taken> {
@@ -480,73 +480,85 @@ impl PgSlices {
 }
 
 impl SliceStore for PgSlices {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        self.0.prepare().await
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move { self.0.prepare().await })
     }
 
-    async fn spend(&self, key: &str, cost: u64) -> Result<(bool, u64), LimiterError> {
-        let row = self
-            .0
-            .one(
-                "SELECT o_paid, o_units FROM floodgate_slice_spend($1, $2)",
-                &[&key, &as_i64(cost)],
-            )
-            .await?;
-        Ok((count(&row, 0)? == 1, count(&row, 1)?))
-    }
-
-    async fn add(&self, key: &str, grant: Grant) -> Result<u64, LimiterError> {
-        let row = self
-            .0
-            .one(
-                "SELECT floodgate_slice_add($1, $2, $3, $4)",
-                &[
-                    &key,
-                    &as_i64(grant.units),
-                    &as_i64(grant.ttl_ms),
-                    &as_i64(grant.demand),
-                ],
-            )
-            .await?;
-        count(&row, 0)
-    }
-
-    async fn read(&self, key: &str) -> Result<SliceRead, LimiterError> {
-        let row = self
-            .0
-            .one(
-                "SELECT o_units, o_demand, o_idle FROM floodgate_slice_read($1)",
-                &[&key],
-            )
-            .await?;
-        Ok(SliceRead {
-            units: count(&row, 0)?,
-            demand: count(&row, 1)?,
-            idle: count(&row, 2)?,
+    fn spend<'a>(&'a self, key: &'a str, cost: u64) -> StoreCall<'a, (bool, u64)> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one(
+                    "SELECT o_paid, o_units FROM floodgate_slice_spend($1, $2)",
+                    &[&key, &as_i64(cost)],
+                )
+                .await?;
+            Ok((count(&row, 0)? == 1, count(&row, 1)?))
         })
     }
 
-    async fn drain(&self, key: &str) -> Result<u64, LimiterError> {
-        let row = self
-            .0
-            .one("SELECT floodgate_slice_drain($1)", &[&key])
-            .await?;
-        count(&row, 0)
+    fn add<'a>(&'a self, key: &'a str, grant: Grant) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one(
+                    "SELECT floodgate_slice_add($1, $2, $3, $4)",
+                    &[
+                        &key,
+                        &as_i64(grant.units),
+                        &as_i64(grant.ttl_ms),
+                        &as_i64(grant.demand),
+                    ],
+                )
+                .await?;
+            count(&row, 0)
+        })
     }
 
-    async fn held(&self, key: &str) -> Result<u64, LimiterError> {
-        let row = self
-            .0
-            .one("SELECT floodgate_slice_held($1)", &[&key])
-            .await?;
-        count(&row, 0)
+    fn read<'a>(&'a self, key: &'a str) -> StoreCall<'a, SliceRead> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one(
+                    "SELECT o_units, o_demand, o_idle FROM floodgate_slice_read($1)",
+                    &[&key],
+                )
+                .await?;
+            Ok(SliceRead {
+                units: count(&row, 0)?,
+                demand: count(&row, 1)?,
+                idle: count(&row, 2)?,
+            })
+        })
     }
 
-    async fn claim(&self, key: &str, _holder: &str, ms: u64) -> Result<bool, LimiterError> {
-        let row = self
-            .0
-            .one("SELECT floodgate_slice_claim($1, $2)", &[&key, &as_i64(ms)])
-            .await?;
-        row.try_get::<_, bool>(0).map_err(failed)
+    fn drain<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one("SELECT floodgate_slice_drain($1)", &[&key])
+                .await?;
+            count(&row, 0)
+        })
+    }
+
+    fn held<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one("SELECT floodgate_slice_held($1)", &[&key])
+                .await?;
+            count(&row, 0)
+        })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, _holder: &'a str, ms: u64) -> StoreCall<'a, bool> {
+        Box::pin(async move {
+            let row = self
+                .0
+                .one("SELECT floodgate_slice_claim($1, $2)", &[&key, &as_i64(ms)])
+                .await?;
+            row.try_get::<_, bool>(0).map_err(failed)
+        })
     }
 }

@@ -12,7 +12,7 @@ use redis::{AsyncCommands, Script};
 use crate::limiter::slices::{
     Give, GlobalStore, Grant, OwnedCall, SliceRead, SliceStore, Take, Taken,
 };
-use crate::limiter::{Cause, LimiterError};
+use crate::limiter::{Cause, LimiterError, StoreCall};
 
 /// A Redis error as a [`LimiterError`] (the store failed, or refused what it was sent).
 fn failed(e: redis::RedisError) -> LimiterError {
@@ -68,8 +68,8 @@ impl RedisGlobal {
 }
 
 impl GlobalStore for RedisGlobal {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        load(&self.connection, &[&self.take, &self.give]).await
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move { load(&self.connection, &[&self.take, &self.give]).await })
     }
 
     fn take(&self, a: Take) -> OwnedCall<Taken> {
@@ -142,79 +142,93 @@ impl RedisSlices {
 }
 
 impl SliceStore for RedisSlices {
-    async fn prepare(&self) -> Result<(), LimiterError> {
-        load(
-            &self.connection,
-            &[&self.spend, &self.add, &self.read, &self.drain],
-        )
-        .await
-    }
-
-    async fn spend(&self, key: &str, cost: u64) -> Result<(bool, u64), LimiterError> {
-        let (paid, units): (i64, i64) = self
-            .spend
-            .key(key)
-            .arg(cost)
-            .invoke_async(&mut self.connection.clone())
+    fn prepare(&self) -> StoreCall<'_, ()> {
+        Box::pin(async move {
+            load(
+                &self.connection,
+                &[&self.spend, &self.add, &self.read, &self.drain],
+            )
             .await
-            .map_err(failed)?;
-        Ok((paid == 1, units.max(0) as u64))
-    }
-
-    async fn add(&self, key: &str, grant: Grant) -> Result<u64, LimiterError> {
-        self.add
-            .key(key)
-            .arg(grant.units)
-            .arg(grant.ttl_ms)
-            .arg(grant.demand)
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(failed)
-    }
-
-    async fn read(&self, key: &str) -> Result<SliceRead, LimiterError> {
-        let (units, demand, idle): (u64, u64, u64) = self
-            .read
-            .key(key)
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(failed)?;
-        Ok(SliceRead {
-            units,
-            demand,
-            idle,
         })
     }
 
-    async fn drain(&self, key: &str) -> Result<u64, LimiterError> {
-        self.drain
-            .key(key)
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(failed)
+    fn spend<'a>(&'a self, key: &'a str, cost: u64) -> StoreCall<'a, (bool, u64)> {
+        Box::pin(async move {
+            let (paid, units): (i64, i64) = self
+                .spend
+                .key(key)
+                .arg(cost)
+                .invoke_async(&mut self.connection.clone())
+                .await
+                .map_err(failed)?;
+            Ok((paid == 1, units.max(0) as u64))
+        })
     }
 
-    async fn held(&self, key: &str) -> Result<u64, LimiterError> {
-        let held: Option<u64> = self
-            .connection
-            .clone()
-            .hget(key, "units")
-            .await
-            .map_err(failed)?;
-        Ok(held.unwrap_or(0))
+    fn add<'a>(&'a self, key: &'a str, grant: Grant) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            self.add
+                .key(key)
+                .arg(grant.units)
+                .arg(grant.ttl_ms)
+                .arg(grant.demand)
+                .invoke_async(&mut self.connection.clone())
+                .await
+                .map_err(failed)
+        })
     }
 
-    async fn claim(&self, key: &str, holder: &str, ms: u64) -> Result<bool, LimiterError> {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(holder)
-            .arg("NX")
-            .arg("PX")
-            .arg(ms.max(1))
-            .query_async::<Option<String>>(&mut self.connection.clone())
-            .await
-            .map(|set| set.is_some())
-            .map_err(failed)
+    fn read<'a>(&'a self, key: &'a str) -> StoreCall<'a, SliceRead> {
+        Box::pin(async move {
+            let (units, demand, idle): (u64, u64, u64) = self
+                .read
+                .key(key)
+                .invoke_async(&mut self.connection.clone())
+                .await
+                .map_err(failed)?;
+            Ok(SliceRead {
+                units,
+                demand,
+                idle,
+            })
+        })
+    }
+
+    fn drain<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            self.drain
+                .key(key)
+                .invoke_async(&mut self.connection.clone())
+                .await
+                .map_err(failed)
+        })
+    }
+
+    fn held<'a>(&'a self, key: &'a str) -> StoreCall<'a, u64> {
+        Box::pin(async move {
+            let held: Option<u64> = self
+                .connection
+                .clone()
+                .hget(key, "units")
+                .await
+                .map_err(failed)?;
+            Ok(held.unwrap_or(0))
+        })
+    }
+
+    fn claim<'a>(&'a self, key: &'a str, holder: &'a str, ms: u64) -> StoreCall<'a, bool> {
+        Box::pin(async move {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(holder)
+                .arg("NX")
+                .arg("PX")
+                .arg(ms.max(1))
+                .query_async::<Option<String>>(&mut self.connection.clone())
+                .await
+                .map(|set| set.is_some())
+                .map_err(failed)
+        })
     }
 }
 
