@@ -59,7 +59,8 @@ pub struct AdminState {
 pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let proxy = &state.proxy;
     if req.uri().path() == "/metrics" {
-        let mut response = Response::new(answer::full(proxy.metrics().render(proxy.limiter())));
+        let mut response =
+            Response::new(answer::full(proxy.metrics().render(proxy.core().limiter())));
         response.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -96,7 +97,7 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
     let (status, text) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if state.health.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        "/readyz" if proxy.limiter().is_ready().await => (StatusCode::OK, "ready\n"),
+        "/readyz" if proxy.core().limiter().is_ready().await => (StatusCode::OK, "ready\n"),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "limiter store unavailable\n",

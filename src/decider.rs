@@ -120,17 +120,30 @@ pub struct Decided {
     /// Which limits denied (bit `p` for the limit at position `p` of its budget), enforced and
     /// shadow.
     pub denied: [u16; 2],
-    /// Where each limit asked stands after the decision (by its position in its budget),
-    /// enforced and shadow: what a rate-limit service reports per descriptor. Kept only by a
-    /// decider asked to ([`Decider::standings`]): boxed, so that a proxy's decision, which
-    /// reports one limit's figures, does not carry (and move, future to future) 264 bytes.
-    pub standings: Option<Box<[crate::limiter::Standings; 2]>>,
+    /// What a rate-limit service reports per descriptor, kept only by a decider asked to
+    /// ([`Decider::report`]): boxed, so that a proxy's decision, which reports one limit's
+    /// figures, does not carry (and move, future to future) 264 bytes and more.
+    pub report: Option<Box<Report>>,
     /// The store round trips the decision waited on (not the answers a lease, the deny cache
     /// or the in-process store gave): when each began and how long it took, for traces.
     pub store_calls: Vec<(Instant, std::time::Duration)>,
     /// What an admitted request spent that can be given back, kept only by a decider asked to
     /// ([`Decider::undoable`]).
     pub spent: Option<Box<Spent>>,
+}
+
+/// What a decision reports of every limit asked, beyond the headline's figures.
+#[derive(Default)]
+pub struct Report {
+    /// Where each limit asked stands after the decision (by its position in its budget),
+    /// enforced and shadow.
+    pub standings: [crate::limiter::Standings; 2],
+    /// What each checked ask of a [`Question::Limits`] found, in the order asked (empty when
+    /// none was checked, or the store could not be asked).
+    pub checks: Vec<crate::limiter::Decision>,
+    /// True when the spent asks were decided: false when a check refused first, and nothing
+    /// was spent.
+    pub spent: bool,
 }
 
 /// The units an admitted request spent, kept so that they can all be given back
@@ -169,7 +182,7 @@ impl Decided {
             leases: Vec::new(),
             reservations: Vec::new(),
             denied: [0; 2],
-            standings: None,
+            report: None,
             store_calls: Vec::new(),
             spent: None,
         }
@@ -238,9 +251,9 @@ pub struct Decider<'s> {
     /// Budgets shared across regions (`global.rs`): `scope: global` limits are spent there.
     /// Without it (replay), they are decided in the store like any other.
     pub global: Option<&'s crate::global::Global>,
-    /// Keep where every limit asked stands ([`Decided::standings`]): the rate-limit service
-    /// reports it per descriptor; the proxy and replay do not.
-    pub standings: bool,
+    /// Keep where every limit asked stands and what each check found ([`Decided::report`]):
+    /// the rate-limit service reports it per descriptor; the proxy and replay do not.
+    pub report: bool,
     /// Keep what an admitted request spent, to give back should its client leave before it is
     /// forwarded ([`Decided::spent`]): the proxy asks for it where the front end can tell (an
     /// HTTP/3 stream's reset), so that no other request pays for the bookkeeping.
@@ -259,20 +272,38 @@ pub enum Question<'q, 'w, F: Facts = NoFacts> {
         /// of the first endpoint offered that has one left (`None`: they are left out).
         endpoints: Option<&'q mut (dyn Endpoints + Send)>,
     },
-    /// Limits the caller found itself, each side's asks at their costs: the rate-limit
+    /// Limits the caller found itself, each ask at its cost, side and take: the rate-limit
     /// service's descriptors, whose values the calling proxy chose. They name no route and no
     /// client, so only the store's steps apply (3 and 4 above): there is no one to exempt, ban,
     /// override, penalize or alert about (docs/service.md, "What the service does not apply").
-    Limits {
-        enforced: BudgetAsks<'q>,
-        shadow: BudgetAsks<'q>,
-    },
+    /// `decider/limits.rs` says how each take is taken.
+    Limits { asks: &'q [Taken<'q>] },
+}
+
+/// How an ask of [`Question::Limits`] is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Spent, all-or-nothing with every other spent ask.
+    Spend,
+    /// Checked, spending nothing (the service's `hits_addend: 0`): an enforced one with no room
+    /// for one more refuses the request, and then nothing is spent.
+    Check,
+    /// Its units given back (the service's `is_negative_hits`), whatever is decided.
+    GiveBack,
+}
+
+/// One ask of [`Question::Limits`]: the ask, its side and how it is taken.
+#[derive(Clone, Copy)]
+pub struct Taken<'a> {
+    pub ask: Ask<'a>,
+    pub side: Side,
+    pub take: Take,
 }
 
 impl<'q> Question<'q, 'static, NoFacts> {
     /// [`Question::Limits`], typed (it reads no facts).
-    pub fn limits(enforced: BudgetAsks<'q>, shadow: BudgetAsks<'q>) -> Self {
-        Question::Limits { enforced, shadow }
+    pub fn limits(asks: &'q [Taken<'q>]) -> Self {
+        Question::Limits { asks }
     }
 }
 
@@ -286,7 +317,7 @@ impl<'s> Decider<'s> {
                 facts,
                 endpoints,
             } => self.decide_request(route, whose, facts, endpoints).await,
-            Question::Limits { enforced, shadow } => self.decide_asks(enforced, shadow).await,
+            Question::Limits { asks } => self.decide_limits(asks).await,
         }
     }
 
@@ -310,9 +341,13 @@ impl<'s> Decider<'s> {
 mod asks;
 mod endpoints;
 mod global;
+mod limits;
+mod owned;
 mod peek;
 mod penalty;
 mod request;
+
+pub use owned::Core;
 
 #[cfg(test)]
 mod tests;

@@ -333,7 +333,7 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     server.run(shutdown).await;
     // The region's slices of global budgets go back to the global store, or they would lapse
     // unspent if this was the region's last instance (its siblings, if any, take new ones).
-    if let Some(global) = proxy.global() {
+    if let Some(global) = proxy.core().global() {
         let _ = tokio::time::timeout(Duration::from_secs(2), global.give_back_all()).await;
     }
     // The spans of the last requests are exported now rather than lost with the process (a
@@ -413,13 +413,13 @@ async fn start_background(config: &Config, proxy: &Arc<Proxy>) -> anyhow::Result
     // after a restart.
     tokio::spawn(floodgate::control::follow(
         proxy.control().clone(),
-        proxy.limiter().clone(),
+        proxy.core().limiter().clone(),
     ));
     // Quota alerts are claimed in the shared store and sent from here.
-    tokio::spawn(floodgate::alerts::run(
-        proxy.alerts().clone(),
-        proxy.limiter().clone(),
-    ));
+    if let Some(alerts) = proxy.core().alerts() {
+        let limiter = proxy.core().limiter().clone();
+        tokio::spawn(floodgate::alerts::run(alerts.clone(), limiter));
+    }
     Ok(())
 }
 

@@ -40,7 +40,7 @@ use http::{Request, Response};
 use crate::adaptive::Signal;
 pub use crate::answer::{Body, Dialect, RateLimitHeaders, Rejection};
 use crate::config::{Config, RouteConfig};
-use crate::decider::Decider;
+use crate::decider::{Core, Decider};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use body::ClientBody;
@@ -54,7 +54,9 @@ pub use snapshot::{Gates, Snapshot, Tops};
 /// The proxy: shared by every connection.
 pub struct Proxy {
     snapshot: ArcSwap<Snapshot>,
-    limiter: Limiter,
+    /// What every decision is made with (the store, bans and overrides, alerts, global
+    /// budgets): the proxy's decider, and the one the service and the admin endpoints ask.
+    core: Arc<Core>,
     metrics: Arc<Metrics>,
     gates: Gates,
     tops: Tops,
@@ -62,12 +64,9 @@ pub struct Proxy {
     pools: Arc<crate::upstream::Pools>,
     /// OpenTelemetry, when it is on (`telemetry:`): a trace per request.
     telemetry: crate::telemetry::Shared,
-    /// The bans and overrides in force (operators' and penalty boxes'): kept across reloads.
+    /// The bans and overrides in force (operators' and penalty boxes'): kept across reloads;
+    /// the core's, which the cache phase reads before any decision.
     control: crate::control::SharedControl,
-    /// Quota alerts: what was crossed is kept across reloads; the sinks are the config's.
-    alerts: Arc<crate::alerts::Alerter>,
-    /// Budgets shared across regions (`storage.global`), if configured (set once, at start).
-    global: Option<Arc<crate::global::Global>>,
     /// The response cache every cached route shares: kept across reloads.
     cache: Arc<crate::cache::Cache>,
 }
@@ -103,19 +102,20 @@ impl Proxy {
         let gates = Gates::default();
         let tops = Tops::default();
         let pools = Arc::new(crate::upstream::Pools::default());
+        // Quota alerts: what was crossed is kept across reloads; the sinks are the config's.
         let alerts = Arc::new(crate::alerts::Alerter::new(&config.alerts, metrics.clone()));
+        let control = crate::control::SharedControl::default();
+        let core = Core::live(limiter, metrics.clone(), control.clone(), alerts);
         Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::from_config(
                 config, &metrics, &gates, &tops, &pools, None,
             )),
             pools,
-            limiter,
+            core: Arc::new(core),
             gates,
             tops,
             telemetry: None,
-            control: Default::default(),
-            alerts,
-            global: None,
+            control,
             cache: Arc::new(crate::cache::Cache::new(
                 config.cache,
                 metrics.cache_gauges(),
@@ -131,13 +131,13 @@ impl Proxy {
 
     /// Spends `scope: global` limits through `global` (set once, at start).
     pub fn with_global(mut self, global: Arc<crate::global::Global>) -> Self {
-        self.global = Some(global);
+        self.core = Arc::new(Core::clone(&self.core).with_global(global));
         self
     }
 
-    /// The global budgets, if configured.
-    pub fn global(&self) -> Option<&Arc<crate::global::Global>> {
-        self.global.as_ref()
+    /// What every decision is made with: the store, bans and overrides, alerts, global budgets.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// Every route's upstream pool (discovery resolves their names; admin `/upstreams`).
@@ -148,11 +148,6 @@ impl Proxy {
     /// The bans and overrides in force, which the admin listener writes.
     pub fn control(&self) -> &crate::control::SharedControl {
         &self.control
-    }
-
-    /// Quota alerts, whose sender task `main` starts.
-    pub fn alerts(&self) -> &Arc<crate::alerts::Alerter> {
-        &self.alerts
     }
 
     /// Traces every request with `telemetry` (set once, at start).
@@ -175,11 +170,12 @@ impl Proxy {
             let old = self.snapshot.load();
             jwt.keep_fresh(old.identity.jwt.as_deref());
         }
-        self.alerts.configure(&config.alerts);
+        if let Some(alerts) = self.core.alerts() {
+            alerts.configure(&config.alerts);
+        }
         self.cache.configure(config.cache);
         let storage = &config.storage;
-        self.limiter
-            .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
+        (self.core.limiter()).reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
         self.snapshot.store(Arc::new(Snapshot::from_config(
             config,
             &self.metrics,
@@ -201,11 +197,6 @@ impl Proxy {
     /// The config snapshot new requests are served with.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
-    }
-
-    /// The limiter this proxy asks.
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
     }
 
     /// The metrics this proxy records.
@@ -435,17 +426,7 @@ impl Proxy {
 
     /// The decider on this snapshot's rules and the proxy's store.
     pub fn decider<'s>(&'s self, snapshot: &'s Snapshot) -> Decider<'s> {
-        Decider {
-            policy: snapshot.policy(),
-            limiter: &self.limiter,
-            on_error: snapshot.on_error,
-            metrics: Some(&self.metrics),
-            control: Some(&self.control),
-            alerts: Some(&self.alerts),
-            global: self.global.as_deref(),
-            standings: false,
-            undoable: false,
-        }
+        self.core.decider(snapshot.policy(), snapshot.on_error)
     }
 
     /// What the upstream is told of the request's head: an untrusted peer's user id removed,

@@ -23,7 +23,7 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use crate::config::{Budget, Config, RouteLimit};
-use crate::decider::{Decider, Facts, Question, Side};
+use crate::decider::{Core, Facts, Question, Side};
 use crate::identity::Identity;
 use crate::limiter::{HeldLeases, KeyKind, Limiter, ManualClock, MemoryStore, OnError};
 use crate::metrics::DecisionLabel;
@@ -224,8 +224,8 @@ impl Ord for PendingRelease {
 pub struct Replay {
     proposal: Arc<Proposal>,
     store: Arc<MemoryStore>,
-    /// The same store, as the decider asks it.
-    limiter: Limiter,
+    /// The same store, as the decider asks it: replay's decider's owner.
+    core: Core,
     clock: Arc<ManualClock>,
     stats: Vec<RouteStats>,
     /// Records waiting in the reorder window, in (time, arrival) order: a log in order only
@@ -285,7 +285,7 @@ impl Replay {
                 config,
             }),
             store: store.clone(),
-            limiter: Limiter::Memory(store),
+            core: Core::new(Limiter::Memory(store)),
             clock,
             stats,
             window: VecDeque::new(),
@@ -446,17 +446,7 @@ impl Replay {
         };
         // The one decider the proxy calls too (crate::decider), on replay's memory store at the
         // log's clock, which answers at once.
-        let decider = Decider {
-            policy,
-            limiter: &self.limiter,
-            on_error: OnError::Allow,
-            metrics: None,
-            control: None,
-            alerts: None,
-            global: None,
-            standings: false,
-            undoable: false,
-        };
+        let decider = self.core.decider(policy, OnError::Allow);
         let mut facts = LoggedFacts(&record);
         let Some(mut decided) = decider.decide_now(Question::Request {
             route,

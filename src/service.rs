@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::decider::{BudgetAsks, Decided, Question, Side};
+use crate::decider::{Core, Decided, Question, Side, Take, Taken};
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit, MAX_LIMITS};
 use crate::policy::{LimitRef, Refused};
 use crate::proxy::Proxy;
@@ -45,9 +45,10 @@ pub enum Failure {
     Unavailable,
 }
 
-/// The service: its rules (swapped whole on reload) and the proxy whose decider and store it
-/// shares.
+/// The service: its rules (swapped whole on reload), the decider's owner it shares with the
+/// proxy, and the proxy (whose snapshot holds the identity and `on_error` every decision reads).
 pub struct Service {
+    core: Arc<Core>,
     proxy: Arc<Proxy>,
     rules: ArcSwap<Rules>,
     paths: Vec<PathBuf>,
@@ -101,6 +102,7 @@ impl Service {
             tracing::warn!(key = %ignored, "floodgate reads this envoyproxy/ratelimit key but does not act on it");
         }
         Service {
+            core: proxy.core().clone(),
             proxy,
             rules: ArcSwap::from_pointee(rules),
             paths,
@@ -160,96 +162,64 @@ impl Service {
             .collect();
         let keys = StoreKeys::of(&descriptors);
         let (plans, costed) = plan(request, &found, &replaced)?;
-        let asks: Vec<(Side, usize, Ask<'_>)> = costed
-            .iter()
-            .filter_map(|(side, limit, i)| {
-                let rule = found[*i]?;
-                let key = BudgetKey {
-                    budget: rule.budget_id.as_str(),
-                    kind: KeyKind::Request,
-                    value: keys.get(*i),
-                };
-                Some((*side, *i, Ask { limit, key }))
-            })
-            .collect();
+        let too_many = plans.iter().any(|p| matches!(p, Plan::TooMany));
+        // Each limited descriptor's ask, taken as its plan says, and which descriptor it is; a
+        // request with a descriptor over its limit whatever is spent spends nothing (its checks
+        // and give-backs stand). Per side, which descriptor each spent ask's position is.
+        let mut asks: Vec<Taken<'_>> = Vec::with_capacity(costed.len());
+        let mut descriptors: Vec<usize> = Vec::with_capacity(costed.len());
+        let mut asked: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+        for (side, limit, i) in &costed {
+            let Some(rule) = found[*i] else { continue };
+            let take = match plans[*i] {
+                Plan::GivenBack => Take::GiveBack,
+                Plan::Checked(_) => Take::Check,
+                Plan::Asked(..) if !too_many => Take::Spend,
+                _ => continue,
+            };
+            if take == Take::Spend {
+                asked[*side as usize].push(*i);
+            }
+            let key = BudgetKey {
+                budget: rule.budget_id.as_str(),
+                kind: KeyKind::Request,
+                value: keys.get(*i),
+            };
+            let (ask, side) = (Ask { limit, key }, *side);
+            asks.push(Taken { ask, side, take });
+            descriptors.push(*i);
+        }
         let snapshot = self.proxy.snapshot();
         let decider = crate::decider::Decider {
             // Each descriptor's status says where its limit stands.
-            standings: true,
-            undoable: false,
-            ..self.proxy.decider(&snapshot)
+            report: true,
+            ..self.core.decider(snapshot.policy(), snapshot.on_error)
         };
-        // Given back first: they spend nothing and are not part of the decision.
-        for (_, i, ask) in &asks {
-            if let Plan::GivenBack = plans[*i] {
-                decider.give_back(ask).await;
-            }
-        }
-        // Checked: a descriptor with no room for one more is over the limit, and then nothing
-        // is spent (all or nothing).
-        let mut checks = Vec::new();
-        for (_, i, ask) in &asks {
-            if let Plan::Checked(_) = plans[*i] {
-                let decisions = decider
-                    .peek(std::slice::from_ref(ask))
-                    .await
-                    .map_err(|_| Failure::Unavailable)?;
-                checks.push((*i, decisions.first().copied()));
-            }
-        }
-        let checked_over = checks.iter().any(|(i, d)| {
-            matches!(plans[*i], Plan::Checked(rule) if !rule.shadow)
-                && d.is_some_and(|d| !d.allowed())
-        });
-        let too_many = plans.iter().any(|p| matches!(p, Plan::TooMany));
-        // Per side, the asks in order and (their positions) which descriptor each is.
-        let mut sides: [Vec<Ask<'_>>; 2] = [Vec::new(), Vec::new()];
-        let mut asked: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-        for (side, i, ask) in &asks {
-            if let Plan::Asked(..) = plans[*i] {
-                sides[*side as usize].push(*ask);
-                asked[*side as usize].push(*i);
-            }
-        }
-        let decided = match checked_over || too_many {
-            true => None,
-            false => Some(
-                decider
-                    .decide(Question::limits(
-                        BudgetAsks {
-                            asks: &sides[0],
-                            positions: &POSITIONS[..sides[0].len()],
-                        },
-                        BudgetAsks {
-                            asks: &sides[1],
-                            positions: &POSITIONS[..sides[1].len()],
-                        },
-                    ))
-                    .await,
-            ),
-        };
-        if let Some(Decided {
-            refused: Some(Refused::StoreUnavailable),
-            ..
-        }) = &decided
-        {
+        let decided = decider.decide(Question::limits(&asks)).await;
+        if let Some(Refused::StoreUnavailable) = decided.refused {
             return Err(Failure::Unavailable);
         }
-        Ok(answer(&plans, &checks, decided.as_ref(), &asked))
+        let report = decided.report.as_deref();
+        // What each check found, by descriptor.
+        let found_checks = report.map_or(&[][..], |r| &r.checks[..]);
+        let checks: Vec<(usize, Option<crate::limiter::Decision>)> = (asks.iter())
+            .zip(&descriptors)
+            .filter(|(taken, _)| taken.take == Take::Check)
+            .zip(
+                found_checks
+                    .iter()
+                    .copied()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            )
+            .map(|((_, &i), decision)| (i, decision))
+            .collect();
+        // Nothing was spent (a descriptor over its limit, or a check that refused): the asked
+        // descriptors report no decision.
+        let spent = !too_many && report.is_some_and(|r| r.spent);
+        Ok(answer(&plans, &checks, spent.then_some(&decided), &asked))
     }
 }
-
-/// The positions of a side's asks: the first `n` of these (the service's budgets are its
-/// asks, in order).
-const POSITIONS: [usize; MAX_LIMITS] = {
-    let mut p = [0; MAX_LIMITS];
-    let mut i = 0;
-    while i < MAX_LIMITS {
-        p[i] = i;
-        i += 1;
-    }
-    p
-};
 
 /// Each descriptor's entries, checked: a request needs a domain and descriptors, each with
 /// entries, each with a key.
@@ -532,8 +502,8 @@ fn asked_status(a: &Asked<'_>, decided: Option<&Decided>, all: &mut Overall) -> 
     // Every limited descriptor's own figures, as the store left its budget; the headline's
     // from its verdict (the deny cache's answer knows no other).
     let standing = decided
-        .and_then(|d| d.standings.as_ref())
-        .and_then(|s| s[a.side as usize].get(a.at));
+        .and_then(|d| d.report.as_ref())
+        .and_then(|r| r.standings[a.side as usize].get(a.at));
     let figures = match (a.headline, standing) {
         (Some(v), _) => Some((v.headline.remaining, v.headline.reset_after_us)),
         (_, Some(s)) => Some((u64::from(s.remaining), u64::from(s.reset_secs) * 1_000_000)),

@@ -38,9 +38,13 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     };
     let id = ban.id.clone();
     let entry = Entry::Ban(ban.clone());
-    crate::control::share(proxy.limiter(), &[(&id, Some(&entry))], &[(&id, None)])
-        .await
-        .map_err(unshared)?;
+    crate::control::share(
+        proxy.core().limiter(),
+        &[(&id, Some(&entry))],
+        &[(&id, None)],
+    )
+    .await
+    .map_err(unshared)?;
     control.ban(ban.clone());
     tracing::info!(id = %ban.id, route = ban.route.as_deref().unwrap_or("*"), identity = %label, ?duration, reason = %ban.reason, "ban added");
     Ok(json!({ "id": id }))
@@ -76,7 +80,7 @@ pub async fn delete(proxy: &Proxy, id: &str, what: &str) -> Result<Value, AdminE
     else {
         return Err(bad(404, "not_found", format!("no {what} {id:?}")));
     };
-    crate::control::share(proxy.limiter(), &[(id, None)], &[(id, Some(&entry))])
+    crate::control::share(proxy.core().limiter(), &[(id, None)], &[(id, Some(&entry))])
         .await
         .map_err(unshared)?;
     control.remove(id);

@@ -110,8 +110,8 @@ pub async fn budgets(proxy: &Proxy, query: &str) -> Result<Value, AdminError> {
         ip: ip_bytes,
         view: &view,
     };
-    let limits: Vec<Value> = proxy
-        .decider(&snapshot)
+    let decider = proxy.core().decider(snapshot.policy(), snapshot.on_error);
+    let limits: Vec<Value> = decider
         .peek_route(route, &who, true)
         .await
         .map_err(|e| bad(503, "rate_limiter_unavailable", e.to_string()))?

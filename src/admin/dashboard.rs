@@ -58,8 +58,8 @@ pub async fn state(proxy: &Proxy) -> Value {
     json!({
         "routes": routes,
         "store": {
-            "backend": proxy.limiter().backend_name(),
-            "ready": proxy.limiter().is_ready().await,
+            "backend": proxy.core().limiter().backend_name(),
+            "ready": proxy.core().limiter().is_ready().await,
         },
     })
 }

@@ -69,7 +69,7 @@ pub async fn put(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         changes.push((earlier.id(), None));
         undo.push((earlier.id(), Some(earlier)));
     }
-    crate::control::share(proxy.limiter(), &changes, &undo)
+    crate::control::share(proxy.core().limiter(), &changes, &undo)
         .await
         .map_err(unshared)?;
     tracing::info!(%id, route = %over.route, identity = %kind_label(over.kind, &over.value), limits = %over.limits, ?expires_in, "override set");

@@ -43,7 +43,7 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         .filter_map(|l| l.ask(Some((kind, &value)), ip))
         .filter(|a| a.key.kind == kind)
         .collect();
-    proxy.limiter().reset(&asks).await.map_err(|e| {
+    proxy.core().limiter().reset(&asks).await.map_err(|e| {
         bad(
             503,
             "store_unavailable",
@@ -63,7 +63,7 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     // The store's budgets are full again already; the entry tells the other instances to forget
     // what they kept of them. A reset is safe to repeat, so a failure here asks for that.
     crate::control::share(
-        proxy.limiter(),
+        proxy.core().limiter(),
         &[(&id, Some(&Entry::Reset(reset)))],
         &[(&id, None)],
     )

@@ -120,11 +120,11 @@ impl Decider<'_> {
                 if verdict.denied_by(i) && position < MAX_LIMITS {
                     decided.denied[side as usize] |= 1 << position;
                 }
-                if self.standings
+                if self.report
                     && let Some(standing) = verdict.standings.get(i)
                 {
-                    decided.standings.get_or_insert_default()[side as usize]
-                        .set(position, standing);
+                    let report = decided.report.get_or_insert_default();
+                    report.standings[side as usize].set(position, standing);
                 }
             }
         }

@@ -65,7 +65,7 @@ impl Fixture {
             control: Some(&self.control),
             alerts: None,
             global: None,
-            standings: false,
+            report: false,
             undoable: false,
         }
     }
@@ -274,77 +274,154 @@ fn decide_now(decider: &Decider<'_>, question: Question<'_, '_, NoFacts>) -> Dec
         .expect("the memory store decides at once")
 }
 
-#[test]
-fn limits_without_a_client_are_decided_all_or_nothing_and_no_ban_applies() {
-    let f = Fixture::new();
-    let decider = f.decider();
-    let hour = std::time::Duration::from_secs(3600);
-    let window = |n| Limit::of(crate::limiter::Algorithm::fixed_window(n, hour).unwrap());
-    let (one, three) = (window(1), window(3));
-    let key = |budget: &'static str, value: &'static [u8]| crate::limiter::BudgetKey {
-        budget,
-        kind: KeyKind::Request,
-        value,
-    };
-    let asks = [
-        Ask {
-            limit: &three,
-            key: key("svc.a", b"tenant"),
-        },
-        Ask {
-            limit: &one,
-            key: key("svc.b", b"tenant"),
-        },
-    ];
-    let shadow = [Ask {
-        limit: &one,
-        key: key("svc.s", b"tenant"),
-    }];
-    // A ban on the bytes the asks carry: a question that names no client is not refused by it.
-    f.ban(None, b"tenant");
-    let question = || {
-        Question::limits(
-            BudgetAsks {
-                asks: &asks,
-                positions: &[0, 1],
-            },
-            BudgetAsks {
-                asks: &shadow,
-                positions: &[0],
-            },
-        )
-    };
-    let first = decide_now(&decider, question());
-    assert!(first.refused.is_none());
-    assert_eq!(first.label, DecisionLabel::Allowed);
-    // The bucket of 1 is spent: refused by it alone, and the other's units are not spent
-    // (all or nothing), so the 3 still has 2 left.
-    let second = decide_now(&decider, question());
-    assert!(rate_limited(&second));
-    assert!(second.denied_by(Side::Enforced, 1));
-    assert!(!second.denied_by(Side::Enforced, 0));
-    let peek = std::pin::pin!(decider.peek(&asks[..1]));
+/// An ask of a [`Question::Limits`].
+fn taken<'a>(ask: Ask<'a>, side: Side, take: Take) -> Taken<'a> {
+    Taken { ask, side, take }
+}
+
+/// What is left of `ask`'s budget, peeked.
+fn left(decider: &Decider<'_>, ask: Ask<'_>) -> u64 {
+    let peek = std::pin::pin!(decider.peek(std::slice::from_ref(&ask)));
     let std::task::Poll::Ready(Ok(left)) =
         peek.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
     else {
         panic!("the memory store answers at once");
     };
-    assert_eq!(left[0].remaining_before(1), 2);
-    // The shadow limit denies from here on, and never refuses: only the enforced ones' second
+    left[0].remaining_before(1)
+}
+
+/// A fixed window of `n` an hour (none ends within a test).
+fn window(n: u32) -> Limit {
+    let hour = std::time::Duration::from_secs(3600);
+    Limit::of(crate::limiter::Algorithm::fixed_window(n, hour).unwrap())
+}
+
+/// A budget of the rate-limit service's kind: values a caller chose.
+fn key(budget: &'static str, value: &'static [u8]) -> crate::limiter::BudgetKey<'static> {
+    crate::limiter::BudgetKey {
+        budget,
+        kind: KeyKind::Request,
+        value,
+    }
+}
+
+#[test]
+fn limits_without_a_client_are_decided_all_or_nothing_and_no_ban_applies() {
+    let f = Fixture::new();
+    let decider = f.decider();
+    let (one, three) = (window(1), window(3));
+    let a = Ask {
+        limit: &three,
+        key: key("svc.a", b"tenant"),
+    };
+    let b = Ask {
+        limit: &one,
+        key: key("svc.b", b"tenant"),
+    };
+    let shadow = Ask {
+        limit: &one,
+        key: key("svc.s", b"tenant"),
+    };
+    // A ban on the bytes the asks carry: a question that names no client is not refused by it.
+    f.ban(None, b"tenant");
+    let question = [
+        taken(a, Side::Enforced, Take::Spend),
+        taken(b, Side::Enforced, Take::Spend),
+        taken(shadow, Side::Shadow, Take::Spend),
+    ];
+    let first = decide_now(&decider, Question::limits(&question));
+    assert!(first.refused.is_none());
+    assert_eq!(first.label, DecisionLabel::Allowed);
+    // The bucket of 1 is spent: refused by it alone, and the other's units are not spent
+    // (all or nothing), so the 3 still has 2 left.
+    let second = decide_now(&decider, Question::limits(&question));
+    assert!(rate_limited(&second));
+    assert!(second.denied_by(Side::Enforced, 1));
+    assert!(!second.denied_by(Side::Enforced, 0));
+    assert_eq!(left(&decider, a), 2);
+    // The shadow limit denies from here on, and never refuses: only the enforced ones' first
     // ask, alone, is asked.
-    let alone = decide_now(
-        &decider,
-        Question::limits(
-            BudgetAsks {
-                asks: &asks[..1],
-                positions: &[0],
-            },
-            BudgetAsks {
-                asks: &shadow,
-                positions: &[0],
-            },
-        ),
-    );
+    let alone = [question[0], question[2]];
+    let alone = decide_now(&decider, Question::limits(&alone));
     assert!(alone.refused.is_none());
     assert_eq!(alone.label, DecisionLabel::ShadowDenied);
+}
+
+#[test]
+fn a_check_that_refuses_spends_nothing_and_a_give_back_stands_whatever_is_decided() {
+    let f = Fixture::new();
+    let decider = Decider {
+        report: true,
+        ..f.decider()
+    };
+    let (one, three) = (window(1), window(3));
+    let spent = Ask {
+        limit: &three,
+        key: key("svc.spent", b"t"),
+    };
+    let checked = Ask {
+        limit: &one,
+        key: key("svc.checked", b"t"),
+    };
+    // A bucket: a give-back is dated by the wall clock, which a window on this fixture's
+    // manual clock would not count in its own.
+    let bucket = Limit::of(crate::limiter::Algorithm::token_bucket(3, 0.0001).unwrap());
+    let given = Ask {
+        limit: &bucket,
+        key: key("svc.given", b"t"),
+    };
+    // The checked budget has room: the spent ask is spent, the check is not.
+    let question = [
+        taken(spent, Side::Enforced, Take::Spend),
+        taken(checked, Side::Enforced, Take::Check),
+    ];
+    let first = decide_now(&decider, Question::limits(&question));
+    assert!(first.refused.is_none());
+    let report = first.report.as_deref().expect("a report");
+    assert!(report.spent);
+    assert_eq!(report.checks.len(), 1);
+    assert!(report.checks[0].allowed());
+    assert_eq!((left(&decider, spent), left(&decider, checked)), (2, 1));
+    // The checked budget is spent elsewhere: the check refuses, and the spent ask is not spent
+    // (all or nothing across a checked and a spent ask), its refusal placed after the spent.
+    let elsewhere = [taken(checked, Side::Enforced, Take::Spend)];
+    assert!(
+        decide_now(&decider, Question::limits(&elsewhere))
+            .refused
+            .is_none()
+    );
+    let over = decide_now(&decider, Question::limits(&question));
+    assert!(rate_limited(&over));
+    assert!(over.denied_by(Side::Enforced, 1));
+    assert!(!over.report.as_deref().expect("a report").spent);
+    assert_eq!(left(&decider, spent), 2, "nothing spent");
+    // A shadow check that refuses refuses nothing.
+    let shadow = [
+        taken(spent, Side::Enforced, Take::Spend),
+        taken(checked, Side::Shadow, Take::Check),
+    ];
+    assert!(
+        decide_now(&decider, Question::limits(&shadow))
+            .refused
+            .is_none()
+    );
+    assert_eq!(left(&decider, spent), 1);
+    // A give-back stands even when the rest is refused: the spent budget gets a unit back
+    // while the check refuses the request.
+    let spend_given = [taken(given, Side::Enforced, Take::Spend)];
+    assert!(
+        decide_now(&decider, Question::limits(&spend_given))
+            .refused
+            .is_none()
+    );
+    assert_eq!(left(&decider, given), 2);
+    let with_give_back = [
+        taken(given, Side::Enforced, Take::GiveBack),
+        taken(checked, Side::Enforced, Take::Check),
+    ];
+    assert!(rate_limited(&decide_now(
+        &decider,
+        Question::limits(&with_give_back)
+    )));
+    assert_eq!(left(&decider, given), 3, "given back");
 }

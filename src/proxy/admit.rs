@@ -496,7 +496,7 @@ impl Proxy {
             log.keys = Some(std::mem::take(&mut facts.logged_keys).into());
         }
         if let Some(trace) = &ctx.trace {
-            let system = match self.limiter.backend_name() {
+            let system = match self.core.limiter().backend_name() {
                 "postgres" => "postgresql",
                 other => other,
             };

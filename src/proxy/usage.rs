@@ -17,10 +17,9 @@ use super::context::Context;
 use super::{Proxy, Snapshot};
 use crate::answer::{self, Body, RateLimitHeaders, Rejection};
 use crate::config::RequestView;
-use crate::decider::Peek;
+use crate::decider::{Decider, Peek, Question, Side, Take, Taken};
 use crate::identity::ip_octets;
-use crate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, next_lease, wall_clock_us};
-use crate::policy::LimitRef;
+use crate::limiter::{Algorithm, Ask, BudgetKey, KeyKind, Limit, Limiter, wall_clock_us};
 
 /// How many usage requests an identity may make at once.
 pub const USAGE_CAPACITY: u32 = 10;
@@ -53,7 +52,8 @@ impl Proxy {
         let id = whose.identity.key_bytes(&mut id_buf);
         let ip = ip_octets(whose.ip, &mut ip_buf);
         let kind = KeyKind::from(whose.identity.kind());
-        // The endpoint's own limit, per identity, in this process.
+        // The endpoint's own limit, per identity, in this process: decided by the decider on
+        // the in-process store (a poll of one's own budgets costs no store round trip).
         if let Some(limit) = USAGE_LIMIT.as_ref() {
             let ask = Ask {
                 limit,
@@ -63,16 +63,19 @@ impl Proxy {
                     value: id,
                 },
             };
-            if let Some(verdict) = self
-                .limiter
-                .memory()
-                .decide_leased(std::slice::from_ref(&ask), next_lease())
-                && !verdict.allowed()
-            {
-                return Err(Rejection::RateLimited(
-                    verdict.ruling,
-                    LimitRef::Enforced(0),
-                ));
+            let here = Limiter::Memory(self.core.limiter().memory().clone());
+            let decider = Decider {
+                limiter: &here,
+                metrics: None,
+                ..self.decider(snapshot)
+            };
+            let own = [Taken {
+                ask,
+                side: Side::Enforced,
+                take: Take::Spend,
+            }];
+            if let Some(refused) = decider.decide(Question::limits(&own)).await.refused {
+                return Err(refused.into());
             }
         }
         let decider = self.decider(snapshot);
