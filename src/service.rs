@@ -141,9 +141,9 @@ impl Service {
     }
 
     /// The decision, in steps: the descriptors checked ([`entries_of`]), each one's rule found,
-    /// the store keys made ([`StoreKeys`]), what each comes to ([`plan`]), the give-backs and
-    /// checks, then the asks decided all-or-nothing by the decider (`Question::Limits`), and the
-    /// answer written ([`answer`]). What the proxy's decision adds for an identity (exemptions,
+    /// the store keys made ([`StoreKeys`]), what each comes to ([`plan`]), each ask taken as its
+    /// plan says (spent, checked, given back) and all decided by the decider, all-or-nothing
+    /// across checks and spends (`Question::Limits`), and the answer written ([`answer`]). What the proxy's decision adds for an identity (exemptions,
     /// bans, overrides, the penalty box, quota alerts) does not apply: a descriptor names no
     /// identity, only values a caller chose, and the caller's own proxy answers for its
     /// clients (docs/service.md, "What the service does not apply").

@@ -57,7 +57,8 @@ const ALLOWED: &[(&str, &str)] = &[
         "admin",
         "answer config control deadline decider identity limiter policy proxy top upstream",
     ),
-    // The rate-limit service: descriptors decided by the proxy's decider and store.
+    // The rate-limit service: descriptors decided by the decider whose owner it shares with
+    // the proxy (the proxy gives it the snapshot of rules).
     (
         "service",
         "answer config deadline decider files grpc identity limiter metrics policy proxy telemetry",
