@@ -296,13 +296,14 @@ fn window(n: u32) -> Limit {
     Limit::of(crate::limiter::Algorithm::fixed_window(n, hour).unwrap())
 }
 
-/// A budget of the rate-limit service's kind: values a caller chose.
-fn key(budget: &'static str, value: &'static [u8]) -> crate::limiter::BudgetKey<'static> {
-    crate::limiter::BudgetKey {
+/// An ask of `limit` from a budget of the rate-limit service's kind: values a caller chose.
+fn ask<'a>(limit: &'a Limit, budget: &'static str, value: &'static [u8]) -> Ask<'a> {
+    let key = crate::limiter::BudgetKey {
         budget,
         kind: KeyKind::Request,
         value,
-    }
+    };
+    Ask { limit, key }
 }
 
 #[test]
@@ -310,18 +311,9 @@ fn limits_without_a_client_are_decided_all_or_nothing_and_no_ban_applies() {
     let f = Fixture::new();
     let decider = f.decider();
     let (one, three) = (window(1), window(3));
-    let a = Ask {
-        limit: &three,
-        key: key("svc.a", b"tenant"),
-    };
-    let b = Ask {
-        limit: &one,
-        key: key("svc.b", b"tenant"),
-    };
-    let shadow = Ask {
-        limit: &one,
-        key: key("svc.s", b"tenant"),
-    };
+    let a = ask(&three, "svc.a", b"tenant");
+    let b = ask(&one, "svc.b", b"tenant");
+    let shadow = ask(&one, "svc.s", b"tenant");
     // A ban on the bytes the asks carry: a question that names no client is not refused by it.
     f.ban(None, b"tenant");
     let question = [
@@ -355,21 +347,12 @@ fn a_check_that_refuses_spends_nothing_and_a_give_back_stands_whatever_is_decide
         ..f.decider()
     };
     let (one, three) = (window(1), window(3));
-    let spent = Ask {
-        limit: &three,
-        key: key("svc.spent", b"t"),
-    };
-    let checked = Ask {
-        limit: &one,
-        key: key("svc.checked", b"t"),
-    };
+    let spent = ask(&three, "svc.spent", b"t");
+    let checked = ask(&one, "svc.checked", b"t");
     // A bucket: a give-back is dated by the wall clock, which a window on this fixture's
     // manual clock would not count in its own.
     let bucket = Limit::of(crate::limiter::Algorithm::token_bucket(3, 0.0001).unwrap());
-    let given = Ask {
-        limit: &bucket,
-        key: key("svc.given", b"t"),
-    };
+    let given = ask(&bucket, "svc.given", b"t");
     // The checked budget has room: the spent ask is spent, the check is not.
     let question = [
         taken(spent, Side::Enforced, Take::Spend),

@@ -24,6 +24,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::Store;
 use super::owned_key::{OwnedKey, borrowed};
+use super::wire::Call;
 
 mod breaker;
 mod control;
@@ -353,7 +354,7 @@ impl<C: Clock> Guarded<C> {
             self.stats.store_calls.inc();
         }
         let refunds = self.deny_cache.refunds();
-        let decided = self.store.decide_leasing(asks, lease, &wants, late);
+        let decided = (self.store).invoke(asks, Call::Decide { lease }, &wants, late);
         let error = match tokio::time::timeout(timeout, decided).await {
             Ok(Ok(reply)) => {
                 self.breaker.success();

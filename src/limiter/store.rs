@@ -126,16 +126,6 @@ pub trait Store: Send + Sync + 'static {
     fn decide<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, Reply> {
         self.invoke(asks, Call::Decide { lease }, &[], None)
     }
-    /// [`Store::decide`], also leasing and taking back as `wants` says (see [`Store::invoke`]).
-    fn decide_leasing<'a>(
-        &'a self,
-        asks: &'a [Ask<'a>],
-        lease: LeaseId,
-        wants: &'a [LeaseAsk],
-        late: Option<Late>,
-    ) -> StoreCall<'a, Reply> {
-        self.invoke(asks, Call::Decide { lease }, wants, late)
-    }
     /// [`Store::decide_leasing`] at `now_us` on the caller's clock, on a store that
     /// [`Store::reads_callers_clock`]: for replay and the differential tests.
     fn decide_leasing_at<'a>(
