@@ -24,6 +24,7 @@ mod reset;
 mod top;
 mod write;
 
+pub use purge::apply as apply_purge;
 pub use query::AdminError;
 
 use crate::answer;
@@ -148,7 +149,7 @@ async fn control_endpoint(
     let id = path.splitn(3, '/').nth(2).filter(|id| !id.is_empty());
     if let WriteEndpoint::Purge = endpoint {
         return match method {
-            Method::POST => purge::post(proxy, &read_body(req).await?),
+            Method::POST => purge::post(proxy, &read_body(req).await?).await,
             _ => Err(query::bad(405, "method_not_allowed", "POST /cache/purge")),
         };
     }

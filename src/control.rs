@@ -30,14 +30,14 @@ use crate::limiter::{KeyKind, Limiter, wall_clock_us};
 
 mod entry;
 
-pub use entry::{Ban, Entry, Override, OverrideFor, Reset};
+pub use entry::{Ban, Entry, Override, OverrideFor, Purge, PurgeScope, Reset};
 
 /// How often an instance reads the shared list's version.
 pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// How long a reset's entry stays in the shared list: every instance reads the list several
-/// times in it.
-pub const RESET_LIVES: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long the entry of an event (a reset, a cache purge) stays in the shared list: every
+/// instance reads the list several times in it, and applies it once.
+pub const EVENT_LIVES: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What is in force, by the identity's bytes (its kind checked on each entry). Keys and lists
 /// are shared, so copying the tables for a write copies pointers, not entries.
@@ -104,6 +104,9 @@ pub struct Found {
 pub struct Control {
     tables: ArcSwap<Tables>,
     next: AtomicU64,
+    /// The purges this instance made itself (`Control::purged_here`): its follower does not
+    /// purge again what was filled since.
+    purged_here: std::sync::Mutex<HashSet<String>>,
 }
 
 /// Shared by the proxy (its decider), the admin listener and the follower.
@@ -163,6 +166,18 @@ impl Control {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let seed = std::hash::RandomState::new().hash_one((wall_clock_us(), n));
         format!("{what}-{seed:016x}")
+    }
+
+    /// Notes that this instance made purge `id` itself: the follower skips it.
+    pub fn purged_here(&self, id: &str) {
+        let mut own = self.purged_here.lock().unwrap_or_else(|p| p.into_inner());
+        own.insert(id.to_string());
+    }
+
+    /// True (once: it is forgotten) when this instance made purge `id` itself.
+    pub fn made_here(&self, id: &str) -> bool {
+        let mut own = self.purged_here.lock().unwrap_or_else(|p| p.into_inner());
+        own.remove(id)
     }
 
     /// Adds a ban (ended entries go as it comes).
@@ -345,10 +360,11 @@ async fn sweep(limiter: &Limiter, id: &str) {
 /// Follows the store's shared list, forever (returns at once when the store keeps none): the
 /// version every [`FOLLOW_EVERY`]; when it changed, every entry: bans and overrides become the
 /// tables, each reset not seen before has this instance forget what it kept of the budgets,
-/// ended entries are removed from the list.
-pub async fn follow(control: SharedControl, limiter: Limiter) {
+/// each purge not seen before (and not made here) goes to `purge` (the cache's), ended entries
+/// are removed from the list.
+pub async fn follow(control: SharedControl, limiter: Limiter, purge: impl Fn(&Purge)) {
     let mut known: Option<String> = None;
-    // Resets this instance applied (its own included), while their entries last.
+    // Resets and purges this instance applied (its own included), while their entries last.
     let mut applied: HashSet<String> = HashSet::new();
     // The entries as last read, by their text: an entry read again is not parsed again (an
     // override's limits are built once, however many overrides the list holds).
@@ -361,6 +377,7 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                     let now = wall_clock_us();
                     let (mut bans, mut overrides, mut resets) =
                         (Vec::new(), Vec::new(), Vec::new());
+                    let mut purges = Vec::new();
                     let mut now_parsed = HashMap::with_capacity(entries.len());
                     for text in entries {
                         let entry = match parsed.remove(&text) {
@@ -379,6 +396,7 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                             Entry::Ban(ban) => bans.push(ban),
                             Entry::Override(over) => overrides.push(over),
                             Entry::Reset(reset) => resets.push(reset),
+                            Entry::Purge(p) => purges.push(p),
                         }
                     }
                     parsed = now_parsed;
@@ -388,7 +406,14 @@ pub async fn follow(control: SharedControl, limiter: Limiter) {
                             limiter.forget(&reset.keys());
                         }
                     }
-                    applied.retain(|id| resets.iter().any(|r| r.id == *id));
+                    for p in &purges {
+                        if applied.insert(p.id.clone()) && !control.made_here(&p.id) {
+                            purge(p);
+                        }
+                    }
+                    applied.retain(|id| {
+                        resets.iter().any(|r| r.id == *id) || purges.iter().any(|p| p.id == *id)
+                    });
                 }
                 known = Some(list.version);
             }

@@ -411,9 +411,15 @@ async fn start_background(config: &Config, proxy: &Arc<Proxy>) -> anyhow::Result
     tokio::spawn(floodgate::upstream::health::run(proxy.pools().clone()));
     // Bans, overrides and resets kept in the shared store reach this instance, and come back
     // after a restart.
+    // A cache purge made on another instance removes this one's entries too.
+    let purging = proxy.clone();
     tokio::spawn(floodgate::control::follow(
         proxy.control().clone(),
         proxy.core().limiter().clone(),
+        move |purge| {
+            let purged = floodgate::admin::apply_purge(&purging, purge);
+            tracing::info!(id = %purge.id, route = %purge.route, purged, "cache purged by another instance");
+        },
     ));
     // Quota alerts are claimed in the shared store and sent from here.
     if let Some(alerts) = proxy.core().alerts() {

@@ -900,6 +900,69 @@ async fn a_purge_removes_what_it_names_and_a_bad_body_removes_nothing() {
 }
 
 #[tokio::test]
+async fn a_purge_on_one_instance_reaches_every_instance_sharing_the_store() {
+    let redis = common::RedisServer::start();
+    let origin = Origin::start().await;
+    let token = common::TempFile::new("s3cret\n");
+    let config = Config::new()
+        .redis(&redis.url(), "allow")
+        .with(
+            "admin",
+            &format!("{{token_file: {}}}", token.path().display()),
+        )
+        .route(cached(&origin, "{ttl: 5m}"))
+        .yaml();
+    let (a, b) = (Floodgate::start(&config), Floodgate::start(&config));
+    let client = client();
+    for fg in [&a, &b] {
+        for path in ["/c/x", "/c/y"] {
+            get(&client, &fg.url(path), &[]).await;
+            assert!(status_of(&get(&client, &fg.url(path), &[]).await).contains("hit"));
+        }
+    }
+    assert_eq!((origin.count("/c/x"), origin.count("/c/y")), (2, 2));
+    let purged = client
+        .post(a.admin_url("/cache/purge"))
+        .header("authorization", "Bearer s3cret")
+        .body(r#"{"route": "c", "path": "/c/x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json_of(purged).await["purged"], 1);
+    // The purging instance fetches /c/x again at once and keeps that copy: its follower, which
+    // reads the purge too, does not purge it again.
+    assert!(status_of(&get(&client, &a.url("/c/x"), &[]).await).contains("stored"));
+    // The other instance reads the shared list every 300 ms (the contract says within a
+    // second): polled every 100 ms for up to 5 s, so a slow machine is not a failure, until its
+    // copy of /c/x is gone. A hit fills nothing, so the polling itself changes nothing.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = status_of(&get(&client, &b.url("/c/x"), &[]).await);
+        if status.contains("stored") {
+            break;
+        }
+        assert!(status.contains("hit"), "{status}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the purge never reached the other instance"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        origin.count("/c/x"),
+        4,
+        "each instance fetched it once more"
+    );
+    // What the purge did not name stays, on both, and so does the purging one's new copy.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for fg in [&a, &b] {
+        assert!(status_of(&get(&client, &fg.url("/c/y"), &[]).await).contains("hit"));
+        assert!(status_of(&get(&client, &fg.url("/c/x"), &[]).await).contains("hit"));
+    }
+    assert_eq!((origin.count("/c/x"), origin.count("/c/y")), (4, 2));
+}
+
+#[tokio::test]
 async fn a_fresh_hit_spends_only_what_cache_hit_cost_asks() {
     let origin = Origin::start().await;
     let fg = Floodgate::start(

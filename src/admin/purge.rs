@@ -2,19 +2,16 @@
 //! (`{"route": NAME}`), every query variant of one client path (`{"route", "path"}`), or every
 //! path under a prefix (`{"route", "prefix"}`). Authorized as every write endpoint is; a body of
 //! any other shape is a 400 naming the field, and removes nothing.
+//!
+//! The entries go here at once; on a shared store, the purge is also written to the control list
+//! (`control.rs`), whose follower on every other instance removes theirs within a second.
 
 use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
+use crate::control::{Entry, Purge, PurgeScope as Scope};
+use crate::limiter::wall_clock_us;
 use crate::proxy::Proxy;
-
-/// What a purge removes.
-#[derive(Debug, PartialEq, Eq)]
-enum Scope {
-    Route,
-    Path(String),
-    Prefix(String),
-}
 
 /// The body read: the route and the scope.
 fn parse(body: &[u8]) -> Result<(String, Scope), AdminError> {
@@ -56,7 +53,7 @@ fn parse(body: &[u8]) -> Result<(String, Scope), AdminError> {
 }
 
 /// `POST /cache/purge`.
-pub fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
+pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     let (route, scope) = parse(body)?;
     let snapshot = proxy.snapshot();
     let Some(config) = snapshot.routes.routes().iter().find(|r| *r.name == *route) else {
@@ -73,16 +70,46 @@ pub fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
             format!("route: {route:?} has no cache"),
         ));
     }
-    let purged = proxy.cache().remove_where(|place| {
-        *place.route == *route
-            && match &scope {
-                Scope::Route => true,
-                Scope::Path(path) => *place.path == **path,
-                Scope::Prefix(prefix) => place.path.starts_with(prefix.as_str()),
-            }
-    });
-    tracing::info!(route, ?scope, purged, "cache purged");
-    Ok(json!({ "purged": purged }))
+    let control = proxy.control();
+    let lives = u64::try_from(crate::control::EVENT_LIVES.as_micros()).unwrap_or(u64::MAX);
+    let purge = Purge {
+        id: control.new_id("prg"),
+        route,
+        scope,
+        until_us: wall_clock_us().saturating_add(lives),
+    };
+    let purged = apply(proxy, &purge);
+    tracing::info!(id = %purge.id, route = %purge.route, scope = ?purge.scope, purged, "cache purged");
+    // Noted before it is written, so that this instance's follower, which may read it at once,
+    // does not purge again what was filled since.
+    control.purged_here(&purge.id);
+    let text = Entry::Purge(purge.clone()).to_json();
+    let written = (proxy.core().limiter())
+        .control_write(&[(&purge.id, Some(&text))])
+        .await;
+    match written {
+        Ok(true) => Ok(json!({ "purged": purged })),
+        Ok(false) => {
+            // One instance's store: nobody else to tell.
+            control.made_here(&purge.id);
+            Ok(json!({ "purged": purged }))
+        }
+        Err(e) => {
+            control.made_here(&purge.id);
+            Err(bad(
+                503,
+                "store_unavailable",
+                format!(
+                    "the entries were purged here, but the other instances could not be told (repeat the purge): {e}"
+                ),
+            ))
+        }
+    }
+}
+
+/// Removes what `purge` names from this instance's cache: how many entries went.
+pub fn apply(proxy: &Proxy, purge: &Purge) -> usize {
+    (proxy.cache()).remove_where(|place| purge.covers(&place.route, &place.path))
 }
 
 #[cfg(test)]

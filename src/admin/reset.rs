@@ -56,7 +56,7 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
         kind,
         value: value.clone(),
         until_us: wall_clock_us()
-            + u64::try_from(crate::control::RESET_LIVES.as_micros()).unwrap_or(u64::MAX),
+            + u64::try_from(crate::control::EVENT_LIVES.as_micros()).unwrap_or(u64::MAX),
     };
     tracing::info!(id = %reset.id, route = %route.name, identity = %kind_label(kind, &value), budgets = asks.len(), "budgets reset");
     let id = reset.id.clone();

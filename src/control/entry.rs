@@ -1,5 +1,5 @@
-//! The control list's entries: a ban, an override, a reset, and how each is written in the
-//! store's shared list (a JSON object; a ban's has no `type`, as the first ones were written).
+//! The control list's entries: a ban, an override, a reset, a cache purge, and how each is
+//! written in the store's shared list (a JSON object; a ban's has no `type`, as the first ones were written).
 
 use serde_json::{Value, json};
 
@@ -105,12 +105,47 @@ impl Reset {
     }
 }
 
+/// What a cache purge removes of a route's entries (`POST /cache/purge`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeScope {
+    /// All of them.
+    Route,
+    /// Every query variant of one client path.
+    Path(String),
+    /// Every path under a prefix.
+    Prefix(String),
+}
+
+/// One cache purge: a route's entries that went on the instance that was asked. Its entry tells
+/// the other instances to remove theirs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purge {
+    pub id: String,
+    pub route: String,
+    pub scope: PurgeScope,
+    /// When its entry goes (µs since the Unix epoch).
+    pub until_us: u64,
+}
+
+impl Purge {
+    /// True for an entry of `route` at client path `path` that the purge removes.
+    pub fn covers(&self, route: &str, path: &str) -> bool {
+        self.route == route
+            && match &self.scope {
+                PurgeScope::Route => true,
+                PurgeScope::Path(p) => path == p,
+                PurgeScope::Prefix(prefix) => path.starts_with(prefix.as_str()),
+            }
+    }
+}
+
 /// An entry of the shared list.
 #[derive(Debug, Clone)]
 pub enum Entry {
     Ban(Ban),
     Override(std::sync::Arc<Override>),
     Reset(Reset),
+    Purge(Purge),
 }
 
 impl Entry {
@@ -119,6 +154,7 @@ impl Entry {
             Entry::Ban(b) => &b.id,
             Entry::Override(o) => &o.id,
             Entry::Reset(r) => &r.id,
+            Entry::Purge(p) => &p.id,
         }
     }
 
@@ -128,6 +164,7 @@ impl Entry {
             Entry::Ban(b) => b.until_us,
             Entry::Override(o) => o.until_us,
             Entry::Reset(r) => r.until_us,
+            Entry::Purge(p) => p.until_us,
         }
     }
 
@@ -160,6 +197,21 @@ impl Entry {
                 "value": hex(&r.value),
                 "until_us": r.until_us,
             }),
+            Entry::Purge(p) => {
+                let (path, prefix) = match &p.scope {
+                    PurgeScope::Route => (None, None),
+                    PurgeScope::Path(path) => (Some(path), None),
+                    PurgeScope::Prefix(prefix) => (None, Some(prefix)),
+                };
+                json!({
+                    "type": "purge",
+                    "id": p.id,
+                    "route": p.route,
+                    "path": path,
+                    "prefix": prefix,
+                    "until_us": p.until_us,
+                })
+            }
         }
         .to_string()
     }
@@ -168,6 +220,9 @@ impl Entry {
     pub fn from_json(text: &str) -> Option<Entry> {
         let v: Value = serde_json::from_str(text).ok()?;
         let id = v["id"].as_str()?.to_string();
+        if v["type"].as_str() == Some("purge") {
+            return Some(Entry::Purge(Purge::from_json(id, &v)?));
+        }
         let kind = kind_named(v["kind"].as_str()?)?;
         let value = unhex(v["value"].as_str()?)?;
         let until_us = v["until_us"].as_u64()?;
@@ -207,6 +262,25 @@ impl Entry {
                 until_us,
             }),
             Some(_) => return None,
+        })
+    }
+}
+
+impl Purge {
+    /// A purge from its entry's fields (`v`), named `id`.
+    fn from_json(id: String, v: &Value) -> Option<Purge> {
+        let text = |name: &str| v[name].as_str().map(str::to_string);
+        let scope = match (text("path"), text("prefix")) {
+            (None, None) => PurgeScope::Route,
+            (Some(path), None) => PurgeScope::Path(path),
+            (None, Some(prefix)) => PurgeScope::Prefix(prefix),
+            (Some(_), Some(_)) => return None,
+        };
+        Some(Purge {
+            id,
+            route: text("route")?,
+            scope,
+            until_us: v["until_us"].as_u64()?,
         })
     }
 }
@@ -290,6 +364,23 @@ mod tests {
             panic!("not a reset");
         };
         assert_eq!(back.keys()[0].budget, "api#0#ab");
+        for scope in [
+            PurgeScope::Route,
+            PurgeScope::Path("/c/a".into()),
+            PurgeScope::Prefix("/c/".into()),
+        ] {
+            let purge = Purge {
+                id: "prg-1".into(),
+                route: "c".into(),
+                scope,
+                until_us: 9,
+            };
+            let Some(Entry::Purge(back)) = Entry::from_json(&Entry::Purge(purge.clone()).to_json())
+            else {
+                panic!("not a purge");
+            };
+            assert_eq!(back, purge);
+        }
         assert!(
             Entry::from_json(r#"{"type":"later","id":"x","kind":"ip","value":"","until_us":1}"#)
                 .is_none()
