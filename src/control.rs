@@ -104,9 +104,9 @@ pub struct Found {
 pub struct Control {
     tables: ArcSwap<Tables>,
     next: AtomicU64,
-    /// The purges this instance made itself (`Control::purged_here`): its follower does not
+    /// The purges this instance made itself (`Control::note_own_purge`): its follower does not
     /// purge again what was filled since.
-    purged_here: std::sync::Mutex<HashSet<String>>,
+    own_purges: std::sync::Mutex<HashSet<String>>,
 }
 
 /// Shared by the proxy (its decider), the admin listener and the follower.
@@ -169,14 +169,14 @@ impl Control {
     }
 
     /// Notes that this instance made purge `id` itself: the follower skips it.
-    pub fn purged_here(&self, id: &str) {
-        let mut own = self.purged_here.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn note_own_purge(&self, id: &str) {
+        let mut own = self.own_purges.lock().unwrap_or_else(|p| p.into_inner());
         own.insert(id.to_string());
     }
 
     /// True (once: it is forgotten) when this instance made purge `id` itself.
-    pub fn made_here(&self, id: &str) -> bool {
-        let mut own = self.purged_here.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn take_own_purge(&self, id: &str) -> bool {
+        let mut own = self.own_purges.lock().unwrap_or_else(|p| p.into_inner());
         own.remove(id)
     }
 
@@ -407,7 +407,7 @@ pub async fn follow(control: SharedControl, limiter: Limiter, purge: impl Fn(&Pu
                         }
                     }
                     for p in &purges {
-                        if applied.insert(p.id.clone()) && !control.made_here(&p.id) {
+                        if applied.insert(p.id.clone()) && !control.take_own_purge(&p.id) {
                             purge(p);
                         }
                     }

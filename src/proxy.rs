@@ -175,7 +175,9 @@ impl Proxy {
         }
         self.cache.configure(config.cache);
         let storage = &config.storage;
-        (self.core.limiter()).reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
+        self.core
+            .limiter()
+            .reconfigure(storage.timeout, storage.batch, storage.lease_ttl);
         self.snapshot.store(Arc::new(Snapshot::from_config(
             config,
             &self.metrics,

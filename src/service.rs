@@ -167,7 +167,7 @@ impl Service {
         // request with a descriptor over its limit whatever is spent spends nothing (its checks
         // and give-backs stand). Per side, which descriptor each spent ask's position is.
         let mut asks: Vec<Taken<'_>> = Vec::with_capacity(costed.len());
-        let mut descriptors: Vec<usize> = Vec::with_capacity(costed.len());
+        let mut descriptor_of: Vec<usize> = Vec::with_capacity(costed.len());
         let mut asked: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
         for (side, limit, i) in &costed {
             let Some(rule) = found[*i] else { continue };
@@ -187,7 +187,7 @@ impl Service {
             };
             let (ask, side) = (Ask { limit, key }, *side);
             asks.push(Taken { ask, side, take });
-            descriptors.push(*i);
+            descriptor_of.push(*i);
         }
         let snapshot = self.proxy.snapshot();
         let decider = crate::decider::Decider {
@@ -203,7 +203,7 @@ impl Service {
         // What each check found, by descriptor.
         let found_checks = report.map_or(&[][..], |r| &r.checks[..]);
         let checks: Vec<(usize, Option<crate::limiter::Decision>)> = (asks.iter())
-            .zip(&descriptors)
+            .zip(&descriptor_of)
             .filter(|(taken, _)| taken.take == Take::Check)
             .zip(
                 found_checks

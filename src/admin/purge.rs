@@ -82,20 +82,22 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
     tracing::info!(id = %purge.id, route = %purge.route, scope = ?purge.scope, purged, "cache purged");
     // Noted before it is written, so that this instance's follower, which may read it at once,
     // does not purge again what was filled since.
-    control.purged_here(&purge.id);
+    control.note_own_purge(&purge.id);
     let text = Entry::Purge(purge.clone()).to_json();
-    let written = (proxy.core().limiter())
+    let written = proxy
+        .core()
+        .limiter()
         .control_write(&[(&purge.id, Some(&text))])
         .await;
     match written {
         Ok(true) => Ok(json!({ "purged": purged })),
         Ok(false) => {
             // One instance's store: nobody else to tell.
-            control.made_here(&purge.id);
+            control.take_own_purge(&purge.id);
             Ok(json!({ "purged": purged }))
         }
         Err(e) => {
-            control.made_here(&purge.id);
+            control.take_own_purge(&purge.id);
             Err(bad(
                 503,
                 "store_unavailable",
@@ -109,7 +111,9 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
 
 /// Removes what `purge` names from this instance's cache: how many entries went.
 pub fn apply(proxy: &Proxy, purge: &Purge) -> usize {
-    (proxy.cache()).remove_where(|place| purge.covers(&place.route, &place.path))
+    proxy
+        .cache()
+        .remove_where(|place| purge.covers(&place.route, &place.path))
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! 2. the asks to check are looked at, in one peek that spends nothing; an enforced one with no
 //!    room for one more refuses the request, and then nothing is spent (all or nothing across
 //!    checked and spent asks); a store that cannot be asked refuses it as unavailable;
-//! 3. the asks to spend are decided all-or-nothing, enforced then shadow (`asks.rs`).
+//! 3. the asks to spend are decided all-or-nothing, enforced then shadow (`asks.rs`): at most
+//!    [`MAX_LIMITS`] a side, which the caller sees to (the service refuses a request with more).
 //!
 //! Positions (the [`LimitRef`]s, [`Decided::denied_by`], the standings) are each side's: its
 //! spent asks in the order asked, then (for a check that refuses) its checked ones.

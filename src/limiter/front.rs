@@ -42,30 +42,28 @@ impl LimiterSpec {
     /// The limiter: the store connected (lazily: a remote server need not be up yet), behind
     /// its guard for a remote store. `Err` for an address that cannot be used at all.
     pub fn build(&self) -> Result<Limiter, LimiterError> {
-        let local = || MemoryStore::new(AnchoredClock::default(), self.max_keys);
-        let remote: Box<dyn FnOnce(bool) -> guard::Guarded> = match &self.store {
-            StoreSpec::Memory => return Ok(Limiter::Memory(Arc::new(local()))),
-            StoreSpec::Redis(target) => {
-                let store = redis::RedisStore::connect(target, &self.key_prefix, self.timeout)?;
-                Box::new(move |batch| self.guard(store, batch, local()))
-            }
-            StoreSpec::Postgres(url) => {
-                let store = postgres::PostgresStore::connect(url, &self.key_prefix, self.timeout)?;
-                Box::new(move |batch| self.guard(store, batch, local()))
-            }
+        let local = MemoryStore::new(AnchoredClock::default(), self.max_keys);
+        let store: Box<dyn Store> = match &self.store {
+            StoreSpec::Memory => return Ok(Limiter::Memory(Arc::new(local))),
+            StoreSpec::Redis(target) => Box::new(redis::RedisStore::connect(
+                target,
+                &self.key_prefix,
+                self.timeout,
+            )?),
+            StoreSpec::Postgres(url) => Box::new(postgres::PostgresStore::connect(
+                url,
+                &self.key_prefix,
+                self.timeout,
+            )?),
         };
-        let guarded = Arc::new(remote(self.batch));
-        guard::spawn_settle_retries(&guarded);
-        Ok(Limiter::Remote(guarded))
-    }
-
-    fn guard(&self, store: impl Store, batch: bool, local: MemoryStore) -> guard::Guarded {
-        store.set_batching(batch);
+        store.set_batching(self.batch);
         let guarded = guard::Guarded::new(store, self.timeout, Arc::new(local));
-        match self.lease_ttl {
+        let guarded = Arc::new(match self.lease_ttl {
             Some(ttl) => guarded.with_leases(ttl),
             None => guarded,
-        }
+        });
+        guard::spawn_settle_retries(&guarded);
+        Ok(Limiter::Remote(guarded))
     }
 }
 

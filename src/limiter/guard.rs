@@ -182,7 +182,7 @@ pub struct Guarded<C = MonotonicClock> {
 
 impl Guarded {
     /// Guards `store`; `local` decides when the store fails and `on_error` is `local`.
-    pub fn new(store: impl Store, timeout: Duration, local: Arc<MemoryStore>) -> Self {
+    pub fn new(store: Box<dyn Store>, timeout: Duration, local: Arc<MemoryStore>) -> Self {
         Guarded::with_clock(store, timeout, local, MonotonicClock::default())
     }
 }
@@ -190,7 +190,7 @@ impl Guarded {
 impl<C: Clock> Guarded<C> {
     /// [`Guarded::new`] on the given clock: for tests.
     pub fn with_clock(
-        store: impl Store,
+        store: Box<dyn Store>,
         timeout: Duration,
         local: Arc<MemoryStore>,
         clock: C,
@@ -198,7 +198,7 @@ impl<C: Clock> Guarded<C> {
         let stats = GuardStats::default();
         let count_calls = !store.count_calls(stats.store_calls.clone());
         Guarded {
-            store: Box::new(store),
+            store,
             timeout_us: AtomicU64::new(micros(timeout)),
             clock,
             breaker: Breaker::default(),
@@ -354,7 +354,9 @@ impl<C: Clock> Guarded<C> {
             self.stats.store_calls.inc();
         }
         let refunds = self.deny_cache.refunds();
-        let decided = (self.store).invoke(asks, Call::Decide { lease }, &wants, late);
+        let decided = self
+            .store
+            .invoke(asks, Call::Decide { lease }, &wants, late);
         let error = match tokio::time::timeout(timeout, decided).await {
             Ok(Ok(reply)) => {
                 self.breaker.success();
@@ -680,7 +682,7 @@ mod tests {
             let clock = Arc::new(ManualClock::new(1_000_000));
             let local = Arc::new(MemoryStore::new(ManualClock::new(T0), 100));
             let guard = Guarded::with_clock(
-                store.clone(),
+                Box::new(store.clone()),
                 Duration::from_millis(50),
                 local,
                 clock.clone(),

@@ -127,7 +127,7 @@ pub trait Store: Send + Sync + 'static {
         self.invoke(asks, Call::Decide { lease }, &[], None)
     }
     /// [`Store::decide_leasing`] at `now_us` on the caller's clock, on a store that
-    /// [`Store::reads_callers_clock`]: for replay and the differential tests.
+    /// [`Store::reads_callers_clock`]: for the tests that drive a store on their own clock.
     fn decide_leasing_at<'a>(
         &'a self,
         asks: &'a [Ask<'a>],
