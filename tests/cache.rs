@@ -917,7 +917,8 @@ async fn a_purge_on_one_instance_reaches_every_instance_sharing_the_store() {
     for fg in [&a, &b] {
         for path in ["/c/x", "/c/y"] {
             get(&client, &fg.url(path), &[]).await;
-            assert!(status_of(&get(&client, &fg.url(path), &[]).await).contains("hit"));
+            let status = status_of(&get(&client, &fg.url(path), &[]).await);
+            assert!(status.contains("hit"), "{status}");
         }
     }
     assert_eq!((origin.count("/c/x"), origin.count("/c/y")), (2, 2));

@@ -240,7 +240,7 @@ async fn drive<B>(
 {
     let mut ended = Some(ended);
     let mut size = 0usize;
-    let end = loop {
+    loop {
         let piece = match body.frame().await {
             None => Piece::End,
             Some(Err(_)) => Piece::Failed,
@@ -250,9 +250,14 @@ async fn drive<B>(
                 Err(_) => continue,
             },
         };
+        if matches!(piece, Piece::End) {
+            // Kept before any reader hears the end: a client that read the whole answer and
+            // asks again at once finds the entry (the fill is still there until it is kept).
+            keep(&fill, &mut ended);
+        }
         let mut state = fill.state.lock().unwrap_or_else(|p| p.into_inner());
         let State::Streaming(stream) = &mut *state else {
-            break Piece::Failed;
+            break;
         };
         stream.subscribers.retain(|s| s.send(piece.clone()).is_ok());
         match piece {
@@ -274,24 +279,32 @@ async fn drive<B>(
                 }
             }
             end => {
-                stream.end = Some(end.clone());
-                break end;
+                stream.end = Some(end);
+                break;
             }
         }
-    };
+    }
     fills.remove(&key, &fill);
-    let kept = {
-        let mut state = fill.state.lock().unwrap_or_else(|p| p.into_inner());
-        match &mut *state {
-            State::Streaming(stream) if matches!(end, Piece::End) && stream.joinable => {
-                Ok(Arc::<[Bytes]>::from(stream.chunks.clone()))
+    fill.changed.send_modify(|v| *v += 1);
+    // Not kept at its end (cut, failed, or too large to keep, which said so already).
+    if let Some(ended) = ended {
+        ended(Err(Unkept::Failed));
+    }
+}
+
+/// At a fill's end, the whole answer to `ended` (the cache's entry), if it may be kept.
+fn keep(fill: &Fill, ended: &mut Option<Ended>) {
+    let body = {
+        let state = fill.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &*state {
+            State::Streaming(stream) if stream.joinable => {
+                Arc::<[Bytes]>::from(stream.chunks.clone())
             }
-            _ => Err(Unkept::Failed),
+            _ => return,
         }
     };
-    fill.changed.send_modify(|v| *v += 1);
-    if let Some(ended) = ended {
-        ended(kept);
+    if let Some(ended) = ended.take() {
+        ended(Ok(body));
     }
 }
 
@@ -470,6 +483,37 @@ mod tests {
         // The fill is over: the next claim leads again.
         assert!(matches!(fills.claim(&key()), Claim::Lead(_)));
         assert_eq!(fills.waiting(), 0);
+    }
+
+    // Two workers: the fill's drive and its reader run side by side, as in the proxy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_answer_is_kept_before_its_reader_hears_the_end() {
+        let fills = Arc::new(Fills::default());
+        let leader = lead(&fills);
+        let (feed, body) = upstream();
+        let kept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let noted = kept.clone();
+        let mut own = leader.stream(
+            StatusCode::OK,
+            HeaderMap::new(),
+            body,
+            1 << 20,
+            Box::new(move |result| {
+                // Keeping takes a while (the cache's lock, an eviction): a reader told of the
+                // end before it would see no entry in that time.
+                std::thread::sleep(Duration::from_millis(100));
+                noted.store(result.is_ok(), Ordering::SeqCst);
+            }),
+        );
+        feed.send(Piece::Data(Bytes::from_static(b"all"))).unwrap();
+        feed.send(Piece::End).unwrap();
+        assert_eq!(next(&mut own).await, Some(Ok(Bytes::from_static(b"all"))));
+        assert_eq!(next(&mut own).await, None);
+        // The client that read the whole answer may ask again at once: the entry is there.
+        assert!(
+            kept.load(Ordering::SeqCst),
+            "kept by the time the end is heard"
+        );
     }
 
     #[tokio::test]
