@@ -954,7 +954,9 @@ async fn a_purge_on_one_instance_reaches_every_instance_sharing_the_store() {
         4,
         "each instance fetched it once more"
     );
-    // What the purge did not name stays, on both, and so does the purging one's new copy.
+    // What the purge did not name stays, on both, and so does the purging one's new copy: read
+    // after 700 ms, past two of each follower's reads of the list (every 300 ms), so the purging
+    // instance's own follower has seen its purge (and skipped it) by then.
     tokio::time::sleep(Duration::from_millis(700)).await;
     for fg in [&a, &b] {
         assert!(status_of(&get(&client, &fg.url("/c/y"), &[]).await).contains("hit"));
