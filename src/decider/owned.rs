@@ -79,11 +79,6 @@ impl Core {
         &self.limiter
     }
 
-    /// The bans and overrides in force (a live instance's).
-    pub fn control(&self) -> Option<&SharedControl> {
-        self.control.as_ref()
-    }
-
     /// The quota alerts (a live instance's).
     pub fn alerts(&self) -> Option<&Arc<Alerter>> {
         self.alerts.as_ref()
