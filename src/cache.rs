@@ -9,16 +9,18 @@
 //!   fresh;
 //! - [`store`]: the entries, bounded by `cache.memory` exactly (CLOCK eviction);
 //! - [`fill`]: one upstream fetch per key, its body streamed to every request waiting on it;
-//! - [`body`]: the bodies the cache answers with (shared with the entry, never copied).
+//! - [`body`]: the bodies the cache answers with (shared with the entry, never copied);
+//! - [`shared`]: `cache.shared`, entries and fill claims in the store every instance shares.
 //!
 //! The cache knows nothing of limits or upstreams: the proxy tells it what a request is and
-//! what the upstream answered.
+//! what the upstream answered. Of the limiter it uses only the store (`cache.shared`).
 
 pub mod body;
 pub mod fill;
 pub mod judge;
 pub mod key;
 pub mod rules;
+pub mod shared;
 pub mod store;
 
 use std::sync::{Arc, Mutex};
@@ -52,6 +54,8 @@ pub struct Cache {
     store: Mutex<store::Store>,
     fills: Arc<fill::Fills>,
     settings: Mutex<Settings>,
+    /// `cache.shared`: until when the store is left alone after it failed.
+    shared_down: Mutex<Option<Instant>>,
     gauges: CacheGauges,
 }
 
@@ -61,6 +65,7 @@ impl Cache {
             store: Mutex::new(store::Store::new(settings.memory)),
             fills: Arc::new(fill::Fills::default()),
             settings: Mutex::new(settings),
+            shared_down: Mutex::new(None),
             gauges,
         }
     }
@@ -107,6 +112,35 @@ impl Cache {
             None if store.passes(&key.bytes, now) => Found::Pass,
             None => Found::Miss,
         }
+    }
+
+    /// `cache.shared`, whether the store answers or not.
+    pub fn is_shared(&self) -> bool {
+        self.settings.lock().unwrap_or_else(|p| p.into_inner()).shared
+    }
+
+    /// True when entries and fills go through the store every instance shares: `cache.shared`,
+    /// unless the store failed within [`shared::DOWN_FOR`].
+    pub fn shares(&self) -> bool {
+        let on = self.settings.lock().unwrap_or_else(|p| p.into_inner()).shared;
+        let mut down = self.shared_down.lock().unwrap_or_else(|p| p.into_inner());
+        match *down {
+            Some(until) if until > Instant::now() => false,
+            Some(_) => {
+                *down = None;
+                on
+            }
+            None => on,
+        }
+    }
+
+    /// The store failed a shared look: this instance caches on its own for a while.
+    pub fn store_failed(&self, error: &crate::limiter::LimiterError) {
+        let mut down = self.shared_down.lock().unwrap_or_else(|p| p.into_inner());
+        if down.is_none() {
+            tracing::warn!(error = %error, "the shared cache's store failed: caching on this instance alone for a second");
+        }
+        *down = Some(Instant::now() + shared::DOWN_FOR);
     }
 
     /// Leads or follows `key`'s fill.

@@ -39,6 +39,12 @@ pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(3
 /// instance reads the list several times in it, and applies it once.
 pub const EVENT_LIVES: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// When an event written now ends (µs since the Unix epoch): [`EVENT_LIVES`] from now.
+pub fn event_ends_us() -> u64 {
+    let lives = u64::try_from(EVENT_LIVES.as_micros()).unwrap_or(u64::MAX);
+    crate::limiter::wall_clock_us().saturating_add(lives)
+}
+
 /// What is in force, by the identity's bytes (its kind checked on each entry). Keys and lists
 /// are shared, so copying the tables for a write copies pointers, not entries.
 #[derive(Debug, Default, Clone)]

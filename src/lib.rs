@@ -86,7 +86,9 @@
 //! one limit phase; it names decisions by [`metrics`]' labels) and
 //! [`route`] on config; [`access_log`] on identity, metrics and logging (its text format); [`decider`] on policy, control
 //! and alerts;
-//! [`proxy`] and [`replay`] on the decider (and replay on [`top`]'s Space-Saving table);
+//! [`cache`] on metrics and the limiter's store trait (`cache.shared` keeps entries and fill
+//! claims in the store), knowing nothing of limits;
+//! [`proxy`] and [`replay`] on the decider and the cache (and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
 //! policy, top; and [`answer`]'s bodies); [`answer`] names [`upstream`] for its one `BoxError`; [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
 //! limiter and config, [`alerts`] on control and metrics, [`global`] on the limiter and

@@ -48,4 +48,6 @@ pub use key::{Ask, BudgetKey, KeyKind, hex, push_hex};
 pub use lease_id::{LeaseId, next_lease};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};
 pub use memory::MemoryStore;
-pub use store::{ControlChange, ControlList, Shared, Store, StoreCall};
+pub use store::{
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+};

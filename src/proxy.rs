@@ -314,8 +314,14 @@ impl Proxy {
         };
         // `response_headers`: on every answer of the route, floodgate's own refusals too.
         let mut response = response;
-        if route.config.cache.is_some() {
-            self.cached_answer(&mut ctx, &route, invalidates, &mut response);
+        if route.config.cache.is_some()
+            && let Some(purge) = self.cached_answer(&mut ctx, &route, invalidates, &mut response)
+        {
+            // `cache.shared`: the other instances drop the URI's entries too; the store's go
+            // before this answer does (a client's next read finds none of them).
+            if let (_, Err(e)) = Box::pin(self.spread_purge(&purge)).await {
+                tracing::warn!(route = %route.config.name, error = %e, "an invalidation could not reach the other instances");
+            }
         }
         let edits = &route.config.response_headers;
         if !edits.is_empty() {

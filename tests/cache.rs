@@ -1035,3 +1035,151 @@ fn check_names_the_field_of_each_cache_mistake() {
         &["cache.shared"],
     );
 }
+
+/// `cache.shared` on the store `storage` configures: two instances, 150 concurrent GETs each of
+/// a cold key whose fetch takes 500 ms, make one upstream fetch between them; a key one of them
+/// fetched is then a hit on the other, without a fetch of its own.
+async fn two_instances_make_one_fetch_per_key(storage: Config) {
+    let origin = Origin::start().await;
+    let config = storage
+        .with("cache", "{shared: true}")
+        .route(cached(&origin, "{ttl: 30s}"))
+        .yaml();
+    let (a, b) = (Floodgate::start(&config), Floodgate::start(&config));
+    let client = client();
+    let (url_a, url_b) = (a.url("/c/hot?delay=500"), b.url("/c/hot?delay=500"));
+    let (on_a, on_b) = tokio::join!(
+        concurrent_gets(&client, &url_a, 150),
+        concurrent_gets(&client, &url_b, 150),
+    );
+    assert_eq!(origin.count("/c/hot"), 1, "one fetch for 2 × 150 requests");
+    let statuses: Vec<String> = on_a.iter().chain(&on_b).map(status_of).collect();
+    for reply in on_a.iter().chain(&on_b) {
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, "n=1");
+    }
+    let stored = statuses.iter().filter(|s| s.ends_with("stored")).count();
+    assert_eq!(stored, 1, "{statuses:?}");
+    // The instance that did not fetch served it from the store's copy: hits and followers.
+    for status in &statuses {
+        assert!(
+            status.ends_with("stored") || status.ends_with("collapsed") || status.contains("hit"),
+            "{status}"
+        );
+    }
+    let first = get(&client, &b.url("/c/other"), &[]).await;
+    assert!(status_of(&first).ends_with("stored"));
+    // Right after: the fetching instance writes the entry to the store before it gives up its
+    // claim, so the other finds either the entry or the claim (and waits for the entry).
+    let there = get(&client, &a.url("/c/other"), &[]).await;
+    assert!(status_of(&there).contains("hit"), "{}", status_of(&there));
+    assert_eq!(there.body, first.body);
+    assert_eq!(origin.count("/c/other"), 1);
+}
+
+#[tokio::test]
+async fn two_instances_sharing_redis_make_one_upstream_fetch_per_key() {
+    let redis = common::RedisServer::start();
+    two_instances_make_one_fetch_per_key(Config::new().redis(&redis.url(), "allow")).await;
+}
+
+#[tokio::test]
+async fn two_instances_sharing_postgres_make_one_upstream_fetch_per_key() {
+    let postgres = common::PostgresServer::start();
+    let storage = Config::new()
+        .storage("backend", "postgres")
+        .storage("url", &postgres.url())
+        .storage("timeout", "2s");
+    two_instances_make_one_fetch_per_key(storage).await;
+}
+
+/// Polls `url` every 100 ms, for up to 5 s (a slow machine is not a failure; the contract
+/// says every instance within a second, and instances read the shared list every 300 ms),
+/// until its answer is fetched afresh (`stored`); every answer before it is the old copy.
+async fn until_fetched_again(client: &reqwest::Client, url: &str) -> common::Reply {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = get(client, url, &[]).await;
+        let status = status_of(&reply);
+        if status.ends_with("stored") {
+            return reply;
+        }
+        assert!(status.contains("hit"), "{status}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the invalidation never reached {url}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn with_shared_an_unsafe_method_or_a_purge_on_one_instance_removes_the_entry_everywhere() {
+    let redis = common::RedisServer::start();
+    let origin = Origin::start().await;
+    let token = common::TempFile::new("s3cret\n");
+    let config = Config::new()
+        .redis(&redis.url(), "allow")
+        .with("cache", "{shared: true}")
+        .with(
+            "admin",
+            &format!("{{token_file: {}}}", token.path().display()),
+        )
+        .route(cached(&origin, "{ttl: 5m}"))
+        .yaml();
+    let (a, b) = (Floodgate::start(&config), Floodgate::start(&config));
+    let client = client();
+    assert!(status_of(&get(&client, &a.url("/c/x"), &[]).await).ends_with("stored"));
+    assert!(status_of(&get(&client, &b.url("/c/x"), &[]).await).contains("hit"));
+    assert_eq!(origin.count("/c/x"), 1);
+    // A POST on one instance, answered 200: the URI's entries go on both, and from the store.
+    let posted = client.post(a.url("/c/x")).send().await.unwrap();
+    assert_eq!(posted.status(), StatusCode::OK);
+    let fresh = until_fetched_again(&client, &b.url("/c/x")).await;
+    assert_eq!(fresh.body, "n=3", "fetched once more, after the POST");
+    // The instance that took the POST finds the other's new copy in the store.
+    let on_a = get(&client, &a.url("/c/x"), &[]).await;
+    assert!(status_of(&on_a).contains("hit"), "{}", status_of(&on_a));
+    assert_eq!(on_a.body, "n=3");
+    assert_eq!(origin.count("/c/x"), 3);
+    // A purge on one instance: neither the other instance nor the store keeps the copy, so the
+    // purging instance's next read is fetched afresh, not found in the store.
+    let purged = client
+        .post(b.admin_url("/cache/purge"))
+        .header("authorization", "Bearer s3cret")
+        .body(r#"{"route": "c"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(purged.status(), StatusCode::OK);
+    let again = until_fetched_again(&client, &a.url("/c/x")).await;
+    assert_eq!(again.body, "n=4");
+    assert_eq!(origin.count("/c/x"), 4);
+}
+
+#[tokio::test]
+async fn with_shared_a_failed_store_leaves_each_instance_caching_on_its_own() {
+    let mut redis = common::RedisServer::start();
+    let origin = Origin::start().await;
+    let config = Config::new()
+        .redis(&redis.url(), "allow")
+        .with("cache", "{shared: true}")
+        .route(cached(&origin, "{ttl: 30s}"))
+        .yaml();
+    let fg = Floodgate::start(&config);
+    let client = client();
+    assert!(status_of(&get(&client, &fg.url("/c/warm"), &[]).await).ends_with("stored"));
+    redis.kill();
+    // Never an error: a cold key is fetched once for 50 concurrent requests (coalesced here),
+    // and served from this instance's memory after.
+    let replies = concurrent_gets(&client, &fg.url("/c/hot?delay=300"), 50).await;
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, "n=1");
+    }
+    assert_eq!(origin.count("/c/hot"), 1);
+    let hot = get(&client, &fg.url("/c/hot?delay=300"), &[]).await;
+    assert!(status_of(&hot).contains("hit"), "{}", status_of(&hot));
+    assert!(status_of(&get(&client, &fg.url("/c/warm"), &[]).await).contains("hit"));
+    assert_eq!(origin.count("/c/warm"), 1);
+}

@@ -35,7 +35,8 @@ const ALLOWED: &[(&str, &str)] = &[
     ("global", "limiter metrics"),
     // The response cache: what may be stored, the entries, one fetch per key. It knows nothing
     // of routes' limits or upstreams: the proxy tells it what a request is and what came back.
-    ("cache", "metrics"),
+    // `cache.shared` keeps entries and fill claims in the store, through the store trait.
+    ("cache", "limiter metrics"),
     // floodgate's own answers (refusals, rate-limit headers), below every front end.
     ("answer", "config grpc limiter metrics policy upstream"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).

@@ -9,8 +9,7 @@
 use serde_json::{Value, json};
 
 use super::query::{AdminError, bad};
-use crate::control::{Entry, Purge, PurgeScope as Scope};
-use crate::limiter::wall_clock_us;
+use crate::control::{Purge, PurgeScope as Scope};
 use crate::proxy::Proxy;
 
 /// The body read: the route and the scope.
@@ -70,50 +69,30 @@ pub async fn post(proxy: &Proxy, body: &[u8]) -> Result<Value, AdminError> {
             format!("route: {route:?} has no cache"),
         ));
     }
-    let control = proxy.control();
-    let lives = u64::try_from(crate::control::EVENT_LIVES.as_micros()).unwrap_or(u64::MAX);
     let purge = Purge {
-        id: control.new_id("prg"),
+        id: proxy.control().new_id("prg"),
         route,
         scope,
-        until_us: wall_clock_us().saturating_add(lives),
+        until_us: crate::control::event_ends_us(),
     };
-    let purged = apply(proxy, &purge);
+    let (purged, told) = proxy.spread_purge(&purge).await;
     tracing::info!(id = %purge.id, route = %purge.route, scope = ?purge.scope, purged, "cache purged");
-    // Noted before it is written, so that this instance's follower, which may read it at once,
-    // does not purge again what was filled since.
-    control.note_own_purge(&purge.id);
-    let text = Entry::Purge(purge.clone()).to_json();
-    let written = proxy
-        .core()
-        .limiter()
-        .control_write(&[(&purge.id, Some(&text))])
-        .await;
-    match written {
-        Ok(true) => Ok(json!({ "purged": purged })),
-        Ok(false) => {
-            // One instance's store: nobody else to tell.
-            control.take_own_purge(&purge.id);
-            Ok(json!({ "purged": purged }))
-        }
-        Err(e) => {
-            control.take_own_purge(&purge.id);
-            Err(bad(
-                503,
-                "store_unavailable",
-                format!(
-                    "the entries were purged here, but the other instances could not be told (repeat the purge): {e}"
-                ),
-            ))
-        }
+    match told {
+        // Told, or one instance's store: nobody else to tell.
+        Ok(_) => Ok(json!({ "purged": purged })),
+        Err(e) => Err(bad(
+            503,
+            "store_unavailable",
+            format!(
+                "the entries were purged here, but the other instances could not be told (repeat the purge): {e}"
+            ),
+        )),
     }
 }
 
 /// Removes what `purge` names from this instance's cache: how many entries went.
 pub fn apply(proxy: &Proxy, purge: &Purge) -> usize {
-    proxy
-        .cache()
-        .remove_where(|place| purge.covers(&place.route, &place.path))
+    proxy.apply_purge(purge)
 }
 
 #[cfg(test)]

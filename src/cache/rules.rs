@@ -12,6 +12,8 @@ pub struct Settings {
     pub memory: usize,
     /// The largest answer stored; a larger one streams through uncached.
     pub max_entry: usize,
+    /// Entries and fill claims kept in the store every instance shares (`cache.shared`).
+    pub shared: bool,
 }
 
 impl Default for Settings {
@@ -19,6 +21,7 @@ impl Default for Settings {
         Settings {
             memory: 64 << 20,
             max_entry: 1 << 20,
+            shared: false,
         }
     }
 }

@@ -82,18 +82,18 @@ impl Validator {
                 format!("{max_entry} bytes is more than cache.memory ({memory} bytes)"),
             );
         }
-        if file.shared == Some(true) {
-            let why = match memory_store {
-                true => {
-                    "needs a store the instances share (storage.backend: redis, redis_cluster, redis_sentinel or postgres), not memory"
-                }
-                false => {
-                    "sharing entries through the store is not built yet: each instance caches and coalesces on its own (leave shared out)"
-                }
-            };
-            self.problem("cache.shared", why);
+        let shared = file.shared == Some(true);
+        if shared && memory_store {
+            self.problem(
+                "cache.shared",
+                "needs a store the instances share (storage.backend: redis, redis_cluster, redis_sentinel or postgres), not memory",
+            );
         }
-        Settings { memory, max_entry }
+        Settings {
+            memory,
+            max_entry,
+            shared,
+        }
     }
 
     /// A route's `cache:` at `path`.

@@ -114,6 +114,29 @@ pub enum PurgeScope {
     Path(String),
     /// Every path under a prefix.
     Prefix(String),
+    /// One URI's entries, every variant (an unsafe method answered 2xx or 3xx: RFC 9111 §4.4).
+    Uri {
+        host: String,
+        path: String,
+        query: Option<String>,
+    },
+}
+
+impl PurgeScope {
+    /// What it names of a route's entries, as the shared cache's store reads it.
+    pub fn as_cache_scope(&self) -> crate::limiter::CacheScope<'_> {
+        use crate::limiter::CacheScope;
+        match self {
+            PurgeScope::Route => CacheScope::Route,
+            PurgeScope::Path(p) => CacheScope::Path(p),
+            PurgeScope::Prefix(p) => CacheScope::Prefix(p),
+            PurgeScope::Uri { host, path, query } => CacheScope::Uri {
+                host,
+                path,
+                query: query.as_deref(),
+            },
+        }
+    }
 }
 
 /// One cache purge: a route's entries that went on the instance that was asked. Its entry tells
@@ -128,14 +151,10 @@ pub struct Purge {
 }
 
 impl Purge {
-    /// True for an entry of `route` at client path `path` that the purge removes.
-    pub fn covers(&self, route: &str, path: &str) -> bool {
-        self.route == route
-            && match &self.scope {
-                PurgeScope::Route => true,
-                PurgeScope::Path(p) => path == p,
-                PurgeScope::Prefix(prefix) => path.starts_with(prefix.as_str()),
-            }
+    /// True for an entry of `route` at `host`, client path `path` and `query` that the purge
+    /// removes.
+    pub fn covers(&self, route: &str, host: &str, path: &str, query: Option<&str>) -> bool {
+        self.route == route && self.scope.as_cache_scope().covers(host, path, query)
     }
 }
 
@@ -198,10 +217,15 @@ impl Entry {
                 "until_us": r.until_us,
             }),
             Entry::Purge(p) => {
-                let (path, prefix) = match &p.scope {
-                    PurgeScope::Route => (None, None),
-                    PurgeScope::Path(path) => (Some(path), None),
-                    PurgeScope::Prefix(prefix) => (None, Some(prefix)),
+                let (path, prefix, uri) = match &p.scope {
+                    PurgeScope::Route => (None, None, None),
+                    PurgeScope::Path(path) => (Some(path), None, None),
+                    PurgeScope::Prefix(prefix) => (None, Some(prefix), None),
+                    PurgeScope::Uri { host, path, query } => (
+                        None,
+                        None,
+                        Some(json!({"host": host, "path": path, "query": query})),
+                    ),
                 };
                 json!({
                     "type": "purge",
@@ -209,6 +233,7 @@ impl Entry {
                     "route": p.route,
                     "path": path,
                     "prefix": prefix,
+                    "uri": uri,
                     "until_us": p.until_us,
                 })
             }
@@ -270,11 +295,17 @@ impl Purge {
     /// A purge from its entry's fields (`v`), named `id`.
     fn from_json(id: String, v: &Value) -> Option<Purge> {
         let text = |name: &str| v[name].as_str().map(str::to_string);
-        let scope = match (text("path"), text("prefix")) {
-            (None, None) => PurgeScope::Route,
-            (Some(path), None) => PurgeScope::Path(path),
-            (None, Some(prefix)) => PurgeScope::Prefix(prefix),
-            (Some(_), Some(_)) => return None,
+        let uri = &v["uri"];
+        let scope = match (text("path"), text("prefix"), uri.is_object()) {
+            (None, None, false) => PurgeScope::Route,
+            (Some(path), None, false) => PurgeScope::Path(path),
+            (None, Some(prefix), false) => PurgeScope::Prefix(prefix),
+            (None, None, true) => PurgeScope::Uri {
+                host: uri["host"].as_str()?.to_string(),
+                path: uri["path"].as_str()?.to_string(),
+                query: uri["query"].as_str().map(str::to_string),
+            },
+            _ => return None,
         };
         Some(Purge {
             id,
@@ -368,6 +399,16 @@ mod tests {
             PurgeScope::Route,
             PurgeScope::Path("/c/a".into()),
             PurgeScope::Prefix("/c/".into()),
+            PurgeScope::Uri {
+                host: "api.example".into(),
+                path: "/c/x".into(),
+                query: Some("a=1".into()),
+            },
+            PurgeScope::Uri {
+                host: String::new(),
+                path: "/c/x".into(),
+                query: None,
+            },
         ] {
             let purge = Purge {
                 id: "prg-1".into(),

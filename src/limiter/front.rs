@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::owned_key::{OwnedKey, borrowed};
-use super::store::{ControlChange, ControlList, Store};
+use super::store::{CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Store};
 use super::{
     Admission, AlgorithmKind, AnchoredClock, Ask, Decision, LeaseId, LimiterError, MemoryStore,
     OnError, Settlement, Source, guard, next_lease, postgres, redis,
@@ -178,6 +178,43 @@ impl Limiter {
         match self.guarded() {
             None => Ok(()),
             Some(guarded) => guarded.unclaim(key).await,
+        }
+    }
+
+    /// True when the store keeps what instances share (`cache.shared` may use it).
+    pub fn is_shared(&self) -> bool {
+        self.guarded().is_some_and(|g| g.is_shared())
+    }
+
+    /// `cache.shared`: the variants of `route`'s cache entry `key`; none on the memory store.
+    pub async fn cache_read(
+        &self,
+        route: &str,
+        key: &str,
+    ) -> Result<Vec<CacheVariant>, LimiterError> {
+        match self.guarded() {
+            None => Ok(Vec::new()),
+            Some(guarded) => guarded.cache_read(route, key).await,
+        }
+    }
+
+    /// Stores a shared cache entry's variant (nothing on the memory store).
+    pub async fn cache_write(&self, write: CacheWrite<'_>) -> Result<(), LimiterError> {
+        match self.guarded() {
+            None => Ok(()),
+            Some(guarded) => guarded.cache_write(write).await,
+        }
+    }
+
+    /// Removes `route`'s shared cache entries that `scope` names.
+    pub async fn cache_remove(
+        &self,
+        route: &str,
+        scope: CacheScope<'_>,
+    ) -> Result<(), LimiterError> {
+        match self.guarded() {
+            None => Ok(()),
+            Some(guarded) => guarded.cache_remove(route, scope).await,
         }
     }
 

@@ -36,12 +36,15 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::store::{ControlChange, ControlList, Shared, Store, StoreCall};
+use super::store::{
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+};
 use super::wire::Call;
 use super::wire::{self, Reply};
 use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
 mod batch;
+mod cache;
 mod db;
 mod slices;
 pub mod url;
@@ -52,7 +55,7 @@ use db::{Db, Sql};
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// One decision's lease arguments as `decide.sql` takes them, one element per limit (0s where
 /// `wants` is shorter).
@@ -458,6 +461,19 @@ impl Shared for PostgresStore {
                 .await
                 .map(|_| ())
         })
+    }
+
+    fn cache_read<'a>(&'a self, route: &'a str, key: &'a str) -> StoreCall<'a, Vec<CacheVariant>> {
+        let _ = route;
+        Box::pin(self.read_cached(key))
+    }
+
+    fn cache_write<'a>(&'a self, write: CacheWrite<'a>) -> StoreCall<'a, ()> {
+        Box::pin(self.write_cached(write))
+    }
+
+    fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()> {
+        Box::pin(self.remove_cached(route, scope))
     }
 }
 

@@ -34,6 +34,7 @@ use redis::aio::ConnectionManager;
 use super::wire::{self, Reply};
 
 mod batch;
+mod cache;
 mod connection;
 mod script;
 mod slices;
@@ -48,7 +49,9 @@ use script::{
 };
 pub use slices::{RedisGlobal, RedisSlices};
 
-use super::store::{ControlChange, ControlList, Shared, Store, StoreCall};
+use super::store::{
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+};
 use super::wire::Call;
 use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 
@@ -506,5 +509,17 @@ impl Shared for RedisStore {
             let _: i64 = self.query(redis::cmd("DEL").arg(&name)).await?;
             Ok(())
         })
+    }
+
+    fn cache_read<'a>(&'a self, route: &'a str, key: &'a str) -> StoreCall<'a, Vec<CacheVariant>> {
+        Box::pin(self.read_cached(route, key))
+    }
+
+    fn cache_write<'a>(&'a self, write: CacheWrite<'a>) -> StoreCall<'a, ()> {
+        Box::pin(self.write_cached(write))
+    }
+
+    fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()> {
+        Box::pin(self.remove_cached(route, scope))
     }
 }

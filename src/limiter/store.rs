@@ -180,4 +180,68 @@ pub trait Shared: Send + Sync {
     fn claim<'a>(&'a self, key: &'a str, ttl_us: u64) -> StoreCall<'a, bool>;
     /// Gives up the claim on `key`, whoever holds it.
     fn unclaim<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()>;
+    /// `cache.shared`: the variants stored under the cache entry `key` of `route`, each with how
+    /// long ago the store wrote it (on the store's clock, so instances' clocks do not matter).
+    fn cache_read<'a>(&'a self, route: &'a str, key: &'a str) -> StoreCall<'a, Vec<CacheVariant>>;
+    /// Stores `bytes` as the variant `variant` of the cache entry `key`, kept `keep_us` (µs), at
+    /// `place` (what a removal matches on).
+    fn cache_write<'a>(&'a self, write: CacheWrite<'a>) -> StoreCall<'a, ()>;
+    /// Removes the cache entries of `route` that `scope` names.
+    fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()>;
+}
+
+/// One variant of a shared cache entry, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheVariant {
+    /// How long ago the store wrote it (µs, on the store's clock).
+    pub elapsed_us: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// A shared cache entry's variant to write.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheWrite<'a> {
+    pub route: &'a str,
+    pub key: &'a str,
+    pub variant: &'a str,
+    /// Where it sits: the host (without its port), the path and the query the client asked.
+    pub host: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub bytes: &'a [u8],
+    /// How long the store keeps it (µs).
+    pub keep_us: u64,
+}
+
+/// Which of a route's shared cache entries a removal names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheScope<'a> {
+    /// Every one.
+    Route,
+    /// Every host's and query's entries of one path.
+    Path(&'a str),
+    /// Every path under a prefix.
+    Prefix(&'a str),
+    /// One URI: a host, a path and a query (an unsafe method's invalidation).
+    Uri {
+        host: &'a str,
+        path: &'a str,
+        query: Option<&'a str>,
+    },
+}
+
+impl CacheScope<'_> {
+    /// True for an entry at `host`, `path` and `query` that the removal names.
+    pub fn covers(&self, host: &str, path: &str, query: Option<&str>) -> bool {
+        match *self {
+            CacheScope::Route => true,
+            CacheScope::Path(p) => path == p,
+            CacheScope::Prefix(prefix) => path.starts_with(prefix),
+            CacheScope::Uri {
+                host: h,
+                path: p,
+                query: q,
+            } => host == h && path == p && query == q,
+        }
+    }
 }

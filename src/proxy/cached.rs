@@ -20,7 +20,9 @@ use super::body::ClientBody;
 use super::context::{Admitted, Context};
 use super::{Matched, Proxy, Rejection, Snapshot, forward};
 use crate::answer::Body;
+use crate::cache::shared::{Shelf, Shelved, Through};
 use crate::cache::{self, Claim, Followed, Found, Key, Rules, status};
+use crate::control::{Purge, PurgeScope};
 use crate::metrics::{CacheResult, DecisionLabel, StaleReason};
 pub(super) use pending::{Pending, invalidate};
 use pending::{Role, from_entry};
@@ -192,6 +194,27 @@ impl Proxy {
             }
             match self.cache.claim(&pending.key) {
                 Claim::Lead(leader) => {
+                    // `cache.shared`: what another instance stored, or its fetch, first.
+                    if self.cache.shares() {
+                        let limiter = self.core().limiter();
+                        let shelf = Shelf::new(limiter, &pending.route, &pending.key);
+                        let through = shelf.lead(headers, credentialed, rules.coalesce_wait);
+                        match Box::pin(through).await {
+                            Through::Found(Shelved::Answer(entry)) => {
+                                // Its followers go round again, and find it as this one does.
+                                self.cache.insert(&pending.key, *entry);
+                                drop(leader);
+                                continue;
+                            }
+                            Through::Found(Shelved::Pass(left)) => {
+                                self.cache.pass(&pending.key, left);
+                                leader.pass();
+                                continue;
+                            }
+                            Through::Fetch(writer) => pending.writer = Some(writer),
+                            Through::Failed(e) => self.cache.store_failed(&e),
+                        }
+                    }
                     pending.role = Role::Lead(leader);
                     return Some(Looked::Forward(pending));
                 }
@@ -291,13 +314,15 @@ impl Proxy {
 
     /// A cached route's answer goes out: what the cache did is counted, logged, traced and said
     /// in `Cache-Status`; an unsafe method that succeeded removes its URI's entries.
+    ///
+    /// `cache.shared`: the invalidation to spread to every instance ([`Proxy::spread_purge`]).
     pub(super) fn cached_answer(
         &self,
         ctx: &mut Context,
         route: &Matched<'_>,
         invalidates: Option<(http::Uri, Option<String>)>,
         response: &mut Response<Body>,
-    ) {
+    ) -> Option<Purge> {
         if let Some(pending) = ctx.cache.take() {
             let result = pending.result().as_str();
             if let Some(log) = ctx.log.as_deref_mut() {
@@ -308,11 +333,57 @@ impl Proxy {
             }
             pending.finish(response);
         }
-        if let Some((uri, host)) = invalidates
-            && (200..400).contains(&response.status().as_u16())
-        {
-            invalidate(&self.cache, &route.config.name, &uri, host.as_deref());
+        let (uri, host) = invalidates?;
+        if !(200..400).contains(&response.status().as_u16()) {
+            return None;
         }
+        invalidate(&self.cache, &route.config.name, &uri, host.as_deref());
+        self.cache.shares().then(|| Purge {
+            id: self.control.new_id("inv"),
+            route: route.config.name.to_string(),
+            scope: PurgeScope::Uri {
+                host: cache::key::bare_host(host.as_deref().unwrap_or("")).into_owned(),
+                path: uri.path().to_string(),
+                query: uri.query().map(str::to_string),
+            },
+            until_us: crate::control::event_ends_us(),
+        })
+    }
+
+    /// A purge (`POST /cache/purge`, or an unsafe method's invalidation) on this instance and
+    /// every instance sharing the store: the store's shared entries go first (`cache.shared`),
+    /// then this instance's, and then the purge is written to the control list, which every
+    /// other instance follows (within a second). How many of this instance's entries went, and
+    /// whether the others were told (`Ok(false)`: there are none, the memory store).
+    pub(crate) async fn spread_purge(
+        &self,
+        purge: &Purge,
+    ) -> (usize, Result<bool, crate::limiter::LimiterError>) {
+        let limiter = self.core().limiter();
+        if self.cache.is_shared() {
+            let scope = purge.scope.as_cache_scope();
+            if let Err(e) = limiter.cache_remove(&purge.route, scope).await {
+                self.cache.store_failed(&e);
+                return (self.apply_purge(purge), Err(e));
+            }
+        }
+        let purged = self.apply_purge(purge);
+        // Noted before it is written, so that this instance's follower, which may read it at
+        // once, does not purge again what was filled since.
+        self.control.note_own_purge(&purge.id);
+        let text = crate::control::Entry::Purge(purge.clone()).to_json();
+        let written = limiter.control_write(&[(&purge.id, Some(&text))]).await;
+        if !matches!(written, Ok(true)) {
+            self.control.take_own_purge(&purge.id);
+        }
+        (purged, written)
+    }
+
+    /// Removes what `purge` names from this instance's cache: how many entries went.
+    pub fn apply_purge(&self, purge: &Purge) -> usize {
+        self.cache.remove_where(|place| {
+            purge.covers(&place.route, &place.host, &place.path, place.query.as_deref())
+        })
     }
 
     /// Answers from the cache: the limits that ask for a hit's `cache_hit_cost` are spent
@@ -385,9 +456,25 @@ impl Proxy {
         let cache = self.cache.clone();
         let (uri, mut headers) = (pending.uri.clone(), headers.clone());
         let (rules, key) = (pending.rules.clone(), pending.key.clone());
+        let limiter = self.core().limiter().clone();
         tokio::spawn(async move {
             let config = &snapshot.routes.routes()[index];
             let extras = &snapshot.extras[index];
+            // `cache.shared`: another instance's fresher copy, or its refresh, first.
+            let mut writer = None;
+            if cache.shares() {
+                let shelf = Shelf::new(&limiter, &config.name, &key);
+                match shelf.refresh(&headers, rules.coalesce_wait).await {
+                    None => return,
+                    Some(Through::Found(Shelved::Answer(entry))) => {
+                        cache.insert(&key, *entry);
+                        return;
+                    }
+                    Some(Through::Found(Shelved::Pass(_))) => return,
+                    Some(Through::Fetch(w)) => writer = Some(w),
+                    Some(Through::Failed(e)) => cache.store_failed(&e),
+                }
+            }
             forward::strip_connection_listed(&mut headers);
             let mut req = Request::new(ClientBody::Read(bytes::Bytes::new()));
             *req.uri_mut() = uri.clone();
@@ -414,6 +501,7 @@ impl Proxy {
                         extras.cache.clone(),
                     );
                     if let Some(mut refresh) = refresh {
+                        refresh.writer = writer;
                         // The refreshed answer is stored as its body arrives; no one reads it here.
                         drop(refresh.store(&cache, Some(leader), response));
                     }

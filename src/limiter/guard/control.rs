@@ -3,7 +3,9 @@
 //! decision timeouts (nobody waits on them but an operator or a background task).
 
 use super::*;
-use crate::limiter::store::{ControlChange, ControlList, Shared, StoreCall};
+use crate::limiter::store::{
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, StoreCall,
+};
 
 impl<C: Clock> Guarded<C> {
     /// `call` on what the store keeps for every instance, within the decision timeout ten
@@ -13,10 +15,19 @@ impl<C: Clock> Guarded<C> {
         none: T,
         call: impl FnOnce(&'a dyn Shared) -> StoreCall<'a, T>,
     ) -> Result<T, LimiterError> {
+        self.shared_within(self.timeout() * 10, none, call).await
+    }
+
+    /// `call` on what the store keeps for every instance, within `timeout`.
+    async fn shared_within<'a, T: Send + 'a>(
+        &'a self,
+        timeout: Duration,
+        none: T,
+        call: impl FnOnce(&'a dyn Shared) -> StoreCall<'a, T>,
+    ) -> Result<T, LimiterError> {
         let Some(shared) = self.store.shared() else {
             return Ok(none);
         };
-        let timeout = self.timeout() * 10;
         tokio::time::timeout(timeout, call(shared))
             .await
             .map_err(|_| LimiterError::Timeout(timeout))?
@@ -50,6 +61,32 @@ impl<C: Clock> Guarded<C> {
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
         self.shared((), |s| s.unclaim(key)).await
+    }
+
+    /// `cache.shared`: the variants of `route`'s cache entry `key` (see [`Shared::cache_read`]),
+    /// read on a request's path: within twice the decision timeout.
+    pub async fn cache_read(
+        &self,
+        route: &str,
+        key: &str,
+    ) -> Result<Vec<CacheVariant>, LimiterError> {
+        let timeout = self.timeout() * 2;
+        self.shared_within(timeout, Vec::new(), |s| s.cache_read(route, key))
+            .await
+    }
+
+    /// Stores a shared cache entry's variant (behind a request: within ten decision timeouts).
+    pub async fn cache_write(&self, write: CacheWrite<'_>) -> Result<(), LimiterError> {
+        self.shared((), |s| s.cache_write(write)).await
+    }
+
+    /// Removes `route`'s shared cache entries that `scope` names.
+    pub async fn cache_remove(
+        &self,
+        route: &str,
+        scope: CacheScope<'_>,
+    ) -> Result<(), LimiterError> {
+        self.shared((), |s| s.cache_remove(route, scope)).await
     }
 
     /// Resets `asks`' budgets in the store, and forgets what this instance knows of them.

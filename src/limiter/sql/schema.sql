@@ -1,4 +1,4 @@
--- floodgate's PostgreSQL schema, version 2: the tables. Run once per database, under the
+-- floodgate's PostgreSQL schema, version 3: the tables. Run once per database, under the
 -- installer's advisory lock, when floodgate_schema says an older version (or none) is installed
 -- (see src/limiter/postgres.rs). The functions are in the other files of this folder and are
 -- installed at every start with CREATE OR REPLACE.
@@ -43,3 +43,22 @@ CREATE TABLE IF NOT EXISTS floodgate_claims (
   key      text COLLATE "C" PRIMARY KEY,
   until_us bigint NOT NULL
 );
+
+-- Version 3: the shared response cache (`cache.shared`: src/cache/shared.rs), one row per entry
+-- and variant, named with the instance's key prefix: the entry's bytes, when the database wrote
+-- them and until when they are kept (µs since the epoch, on the database's clock). Purges find
+-- rows by route and path; every write deletes a few rows past their time.
+CREATE TABLE IF NOT EXISTS floodgate_cache (
+  key       text COLLATE "C" NOT NULL,
+  variant   text COLLATE "C" NOT NULL,
+  route     text COLLATE "C" NOT NULL,
+  host      text COLLATE "C" NOT NULL,
+  path      text COLLATE "C" NOT NULL,
+  query     text COLLATE "C",
+  stored_us bigint NOT NULL,
+  until_us  bigint NOT NULL,
+  value     bytea  NOT NULL,
+  PRIMARY KEY (key, variant)
+);
+CREATE INDEX IF NOT EXISTS floodgate_cache_place ON floodgate_cache (route, path);
+CREATE INDEX IF NOT EXISTS floodgate_cache_until ON floodgate_cache (until_us);

@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::answer::{Body, Rejection};
+use crate::cache::shared::Writer;
 use crate::cache::{self, Cache, Entry, Key, Leader, NewEntry, Rules, status};
 use crate::metrics::{CacheResult, RouteCacheMetrics, StaleReason};
 
@@ -32,6 +33,9 @@ pub(in crate::proxy) struct Pending {
     pub(super) result: CacheResult,
     pub(super) status: HeaderValue,
     pub(super) metrics: Arc<RouteCacheMetrics>,
+    /// `cache.shared`: where the answer goes for the other instances (and the claim on the key
+    /// it holds, given up when it is dropped unused).
+    pub(super) writer: Option<Writer>,
 }
 
 /// What a request going upstream does with the answer.
@@ -95,6 +99,7 @@ impl Pending {
             result: CacheResult::Bypass,
             status: status::BYPASS,
             metrics,
+            writer: None,
         }
     }
 
@@ -120,6 +125,7 @@ impl Pending {
             result: CacheResult::Miss,
             status: status::MISS,
             metrics: metrics?,
+            writer: None,
         })
     }
 
@@ -183,6 +189,8 @@ impl Pending {
             if let Role::Lead(leader) = std::mem::replace(&mut self.role, Role::Bypass) {
                 leader.fail();
             }
+            // Another instance may try: the claim goes, nothing is written.
+            drop(self.writer.take());
             if let Some(answer) = self.stale_for(StaleReason::Error, Instant::now()) {
                 return Ok(answer);
             }
@@ -234,6 +242,9 @@ impl Pending {
                 if let Some(leader) = leader {
                     leader.pass();
                 }
+                if let Some(writer) = self.writer.take() {
+                    writer.pass(self.rules.ttl);
+                }
                 self.result = CacheResult::Uncacheable;
                 self.status = status::MISS;
                 return response;
@@ -242,11 +253,15 @@ impl Pending {
                 if let Some(leader) = leader {
                     leader.pass();
                 }
+                let writer = self.writer.take();
                 if why == cache::judge::NotStorable::Credentialed {
                     self.result = CacheResult::Bypass;
                     self.status = status::BYPASS;
                 } else {
                     cache.pass(&self.key, self.rules.ttl);
+                    if let Some(writer) = writer {
+                        writer.pass(self.rules.ttl);
+                    }
                     self.result = CacheResult::Uncacheable;
                     self.status = if refresh {
                         status::REQUEST
@@ -286,16 +301,25 @@ impl Pending {
             Some(leader) => leader,
             None => cache.solo(),
         };
-        let (target, pass_for) = (cache.clone(), self.rules.ttl);
+        let (target, pass_for, writer) = (cache.clone(), self.rules.ttl, self.writer.take());
         let ended: cache::fill::Ended = Box::new(move |kept| match kept {
             Ok(body) => {
                 let key = entry.key.clone();
-                target.insert(&key, entry.into_entry(body));
+                let new = entry.into_entry(body);
+                if let Some(writer) = writer {
+                    writer.answer(&new, Instant::now());
+                }
+                target.insert(&key, new);
             }
             // Its key's next requests go upstream without waiting on each other, as for an
             // answer that could not be stored (a failure is not remembered: the next may do).
-            Err(cache::fill::Unkept::TooLarge) => target.pass(&entry.key, pass_for),
-            Err(cache::fill::Unkept::Failed) => {}
+            Err(cache::fill::Unkept::TooLarge) => {
+                target.pass(&entry.key, pass_for);
+                if let Some(writer) = writer {
+                    writer.pass(pass_for);
+                }
+            }
+            Err(cache::fill::Unkept::Failed) => drop(writer),
         });
         let body = leader.stream(parts.status, parts.headers.clone(), body, max_entry, ended);
         Response::from_parts(parts, body.boxed_unsync())
