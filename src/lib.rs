@@ -88,7 +88,7 @@
 //! and alerts;
 //! [`cache`] on metrics and the limiter's store trait (`cache.shared` keeps entries and fill
 //! claims in the store), knowing nothing of limits;
-//! [`proxy`] and [`replay`] on the decider and the cache (and replay on [`top`]'s Space-Saving table);
+//! [`proxy`] and [`replay`] on the decider (the proxy on the cache too, and replay on [`top`]'s Space-Saving table);
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
 //! policy, top; and [`answer`]'s bodies); [`answer`] names [`upstream`] for its one `BoxError`; [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
 //! limiter and config, [`alerts`] on control and metrics, [`global`] on the limiter and

@@ -363,3 +363,54 @@ async fn slots_migrated_under_traffic_cause_no_5xx() {
     assert!(keys_after > keys_before, "no key moved");
     assert_eq!(totals.keys().collect::<Vec<_>>(), vec![&200], "{totals:?}");
 }
+
+/// `cache.shared` on a cluster: what one instance fetched, the other serves from the store (its
+/// entries, indexes and the scripts that write them sit in one slot, the route's hash tag: no
+/// CROSSSLOT); an invalidation on one removes it from the store and from the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_cache_entries_are_served_across_instances_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let upstream = Upstream::start().await;
+    // The limit makes a warm-up answer 200 only once the store decides (`on_error: deny`).
+    let yaml = on_cluster(&cluster.urls(), "deny")
+        .storage("timeout", "1s")
+        .with("cache", "{shared: true}")
+        .route(api(&upstream, &[Limit::token_bucket(10_000, 1_000.0)]).with("cache", "{ttl: 5m}"))
+        .yaml();
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    for fg in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(&client(), &fg.url("/warm"), &[]).await.status != StatusCode::OK {
+            assert!(Instant::now() < deadline, "no decision from the cluster");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let client = client();
+    let status = |reply: &common::Reply| {
+        let value = reply.headers.get("cache-status");
+        value.map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+    };
+    let before = upstream.count();
+    for zone in 0..10 {
+        let fetched = get(&client, &a.url(&format!("/zone/{zone}")), &[]).await;
+        assert!(status(&fetched).ends_with("stored"), "{}", status(&fetched));
+    }
+    for zone in 0..10 {
+        let there = get(&client, &b.url(&format!("/zone/{zone}")), &[]).await;
+        assert_eq!(there.status, StatusCode::OK);
+        assert!(status(&there).contains("hit"), "{}", status(&there));
+    }
+    assert_eq!(upstream.count() - before, 10, "each zone fetched once");
+    let posted = client.post(b.url("/zone/3")).send().await.unwrap();
+    assert_eq!(posted.status(), StatusCode::OK);
+    // The other instance reads the control list every 300 ms: polled for up to 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = get(&client, &a.url("/zone/3"), &[]).await;
+        if status(&reply).ends_with("stored") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the invalidation never arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
