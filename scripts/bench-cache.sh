@@ -14,13 +14,16 @@
 # Per target: requests, the share and rate of 2xx answers (wrk's non-2xx count), and how many
 # requests the API served (its /__stats before and after).
 #
+# Then (PAIR=1, the default) two floodgate instances on one Redis, caching on their own and with
+# `cache.shared: true`: how many requests the API served for the same surge.
+#
 # Then one hot cached path under wrk (64 connections, DURATION): floodgate's hit against nginx's
 # proxy_cache hit (ttl 1 h: every counted request is a hit). For instructions per hit, run
 # `CACHE=1 scripts/callgrind.sh`.
 #
 # Knobs: DURATION=10s CONNECTIONS=200 FLOODGATE=target/dist/floodgate BUILD=1
-#        TARGETS="fg_refuse fg_adaptive fg_cache nginx_cache varnish"
-# Needs wrk, nginx, varnish (installed when missing). Every process started here is stopped on
+#        TARGETS="fg_refuse fg_adaptive fg_cache nginx_cache varnish" PAIR=1
+# Needs wrk, nginx, varnish, redis-server (installed when missing). Every process started here is stopped on
 # exit; all traffic goes to 127.0.0.1.
 set -euo pipefail
 
@@ -31,11 +34,13 @@ BUILD="${BUILD:-1}"
 FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
 DEMO="${DEMO:-$ROOT/target/dist/floodgate-demo-upstream}"
 TARGETS="${TARGETS:-fg_refuse fg_adaptive fg_cache nginx_cache varnish}"
+PAIR="${PAIR:-1}"
 
 missing=()
 command -v wrk >/dev/null || missing+=(wrk)
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v varnishd >/dev/null || missing+=(varnish)
+command -v redis-server >/dev/null || missing+=(redis-server)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -178,6 +183,71 @@ secs = int(f["duration_us"]) / 1e6
 print(f"{target:<12} {requests:>10} {100 * ok / max(requests, 1):>7.1f}% {ok / secs:>12.0f} {api:>14}")
 PY
 done
+
+if [ "$PAIR" = 1 ]; then
+    # Two floodgate instances on one Redis, each behind its own wrk (half the connections):
+    # caching on their own (`cache.shared: false`), each fetches every zone once a second; with
+    # `cache.shared: true`, the two together fetch it once.
+    REDIS_PORT="$(free_port)"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+        >"$WORK/redis.log" 2>&1 &
+    PIDS+=("$!")
+    for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    PORT_B="$(free_port)"
+    pair_conf() { # file port shared
+        cat >"$1" <<EOF
+listen: 127.0.0.1:$2
+identity:
+  api_key_header: X-API-Key
+storage: {backend: redis, url: "redis://127.0.0.1:$REDIS_PORT", on_error: allow}
+cache: {shared: $3}
+routes:
+  - name: surge-map
+    path_prefix: /api/surge/
+    upstream: http://127.0.0.1:$API_PORT
+    cache: {ttl: 1s, public: true}
+EOF
+    }
+    echo
+    echo "two floodgate instances on one Redis, wrk $((CONNECTIONS / 2)) connections to each for $DURATION"
+    printf '%-15s %10s %8s %12s %14s\n' target requests 2xx% "2xx/s" "API served"
+    for shared in false true; do
+        pair_conf "$WORK/a.yaml" "$PORT" "$shared"
+        pair_conf "$WORK/b.yaml" "$PORT_B" "$shared"
+        "$FLOODGATE" --config "$WORK/a.yaml" >"$WORK/pair-a.log" 2>&1 &
+        pid_a=$!
+        "$FLOODGATE" --config "$WORK/b.yaml" >"$WORK/pair-b.log" 2>&1 &
+        pid_b=$!
+        wait_port "$PORT"
+        wait_port "$PORT_B"
+        redis-cli -p "$REDIS_PORT" flushall >/dev/null
+        sleep 1
+        before=$(served)
+        loads=()
+        for port in "$PORT" "$PORT_B"; do
+            wrk -t1 -c"$((CONNECTIONS / 2))" -d"$DURATION" -s "$ROOT/bench/surge_read.lua" \
+                "http://127.0.0.1:$port" >"$WORK/wrk-$port.out" &
+            loads+=("$!")
+        done
+        wait "${loads[@]}"
+        after=$(served)
+        stop "$pid_a"
+        stop "$pid_b"
+        python3 - "fg_pair_shared=$shared" "$((after - before))" "$WORK/wrk-$PORT.out" "$WORK/wrk-$PORT_B.out" <<'PY'
+import sys
+target, api = sys.argv[1], int(sys.argv[2])
+requests = ok = 0
+secs = 0.0
+for path in sys.argv[3:]:
+    line = next(l for l in open(path) if l.startswith("BENCH"))
+    f = dict(kv.split("=") for kv in line.split()[1:])
+    requests += int(f["requests"])
+    ok += int(f["requests"]) - int(f["non2xx"])
+    secs = max(secs, int(f["duration_us"]) / 1e6)
+print(f"{target:<15} {requests:>10} {100 * ok / max(requests, 1):>7.1f}% {ok / secs:>12.0f} {api:>14}")
+PY
+    done
+fi
 
 echo
 echo "one hot cached path: wrk 64 connections for $DURATION (every request a hit)"

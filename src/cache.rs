@@ -116,13 +116,20 @@ impl Cache {
 
     /// `cache.shared`, whether the store answers or not.
     pub fn is_shared(&self) -> bool {
-        self.settings.lock().unwrap_or_else(|p| p.into_inner()).shared
+        self.settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shared
     }
 
     /// True when entries and fills go through the store every instance shares: `cache.shared`,
     /// unless the store failed within [`shared::DOWN_FOR`].
     pub fn shares(&self) -> bool {
-        let on = self.settings.lock().unwrap_or_else(|p| p.into_inner()).shared;
+        let on = self
+            .settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shared;
         let mut down = self.shared_down.lock().unwrap_or_else(|p| p.into_inner());
         match *down {
             Some(until) if until > Instant::now() => false,

@@ -388,7 +388,9 @@ async fn shared_cache_entries_are_served_across_instances_on_a_cluster() {
     let client = client();
     let status = |reply: &common::Reply| {
         let value = reply.headers.get("cache-status");
-        value.map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+        value
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
     };
     let before = upstream.count();
     for zone in 0..10 {

@@ -13,8 +13,8 @@ use common::{PostgresServer, RedisServer};
 use floodgate::limiter::postgres::PostgresStore;
 use floodgate::limiter::redis::{RedisStore, RedisTarget};
 use floodgate::limiter::{
-    Algorithm, Ask, BudgetKey, KeyKind, Limit, ManualClock, MemoryStore, Settlement, Store,
-    wall_clock_us,
+    Algorithm, Ask, BudgetKey, CacheScope, CacheWrite, KeyKind, Limit, ManualClock, MemoryStore,
+    Settlement, Shared, Store, wall_clock_us,
 };
 
 const SEC: u64 = 1_000_000;
@@ -151,6 +151,104 @@ async fn keeps_what_instances_share(store: &dyn Store, name: &str) {
     assert!(
         shared.claim("alert", 60 * SEC).await.expect("claimed"),
         "{name}: again"
+    );
+    keeps_shared_cache_entries(shared, name).await;
+}
+
+/// `cache.shared`'s entries: written, read back with their age on the store's clock, variants
+/// side by side, kept no longer than asked, and removed by every scope a purge or an
+/// invalidation names (and nothing else).
+async fn keeps_shared_cache_entries(shared: &dyn Shared, name: &str) {
+    let write = |key: &'static str, variant: &'static str, path: &'static str, query| CacheWrite {
+        route: "r",
+        key,
+        variant,
+        host: "api.example",
+        path,
+        query,
+        bytes: b"\0bytes\xff of an answer",
+        keep_us: 60 * SEC,
+    };
+    let entries = [
+        ("k1", "/zone/1", Some("a=1")),
+        ("k2", "/zone/1", None),
+        ("k3", "/zone/2", None),
+        ("k4", "/other", None),
+    ];
+    for (key, path, query) in entries {
+        shared
+            .cache_write(write(key, "v1", path, query))
+            .await
+            .expect("written");
+    }
+    shared
+        .cache_write(write("k1", "v2", "/zone/1", Some("a=1")))
+        .await
+        .expect("written");
+    let read = shared.cache_read("r", "k1").await.expect("read");
+    assert_eq!(read.len(), 2, "{name}: two variants");
+    for variant in &read {
+        assert_eq!(variant.bytes, b"\0bytes\xff of an answer", "{name}");
+        assert!(
+            variant.elapsed_us < 5 * SEC,
+            "{name}: {}",
+            variant.elapsed_us
+        );
+    }
+    assert!(
+        shared
+            .cache_read("r", "nothing")
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    let left = |keys: &'static [&'static str]| async move {
+        let mut there = Vec::new();
+        for key in ["k1", "k2", "k3", "k4"] {
+            if !shared.cache_read("r", key).await.expect("read").is_empty() {
+                there.push(key);
+            }
+        }
+        assert_eq!(there, keys, "{name}");
+    };
+    // An invalidation: one URI (its query too), every variant.
+    let uri = CacheScope::Uri {
+        host: "api.example",
+        path: "/zone/1",
+        query: Some("a=1"),
+    };
+    shared.cache_remove("r", uri).await.expect("removed");
+    left(&["k2", "k3", "k4"]).await;
+    shared
+        .cache_remove("r", CacheScope::Path("/zone/1"))
+        .await
+        .expect("removed");
+    left(&["k3", "k4"]).await;
+    shared
+        .cache_remove("r", CacheScope::Prefix("/zone/"))
+        .await
+        .expect("removed");
+    left(&["k4"]).await;
+    shared
+        .cache_remove("other-route", CacheScope::Route)
+        .await
+        .expect("removed");
+    left(&["k4"]).await;
+    shared
+        .cache_remove("r", CacheScope::Route)
+        .await
+        .expect("removed");
+    left(&[]).await;
+    // Kept no longer than asked.
+    let brief = CacheWrite {
+        keep_us: 1,
+        ..write("k5", "v1", "/brief", None)
+    };
+    shared.cache_write(brief).await.expect("written");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        shared.cache_read("r", "k5").await.expect("read").is_empty(),
+        "{name}: expired"
     );
 }
 

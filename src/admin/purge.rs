@@ -3,8 +3,9 @@
 //! path under a prefix (`{"route", "prefix"}`). Authorized as every write endpoint is; a body of
 //! any other shape is a 400 naming the field, and removes nothing.
 //!
-//! The entries go here at once; on a shared store, the purge is also written to the control list
-//! (`control.rs`), whose follower on every other instance removes theirs within a second.
+//! With `cache.shared`, the store's entries go first; then this instance's; and on a shared
+//! store, the purge is written to the control list (`control.rs`), whose follower on every other
+//! instance removes theirs within a second (`Proxy::spread_purge`).
 
 use serde_json::{Value, json};
 

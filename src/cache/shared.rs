@@ -85,7 +85,9 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 fn micros(d: Duration) -> [u8; 8] {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).to_le_bytes()
+    u64::try_from(d.as_micros())
+        .unwrap_or(u64::MAX)
+        .to_le_bytes()
 }
 
 /// The bytes of `entry`, keyed `key`, as the store keeps them at `now`.
@@ -543,7 +545,10 @@ mod tests {
         assert_eq!(&back.body[0][..], b"hello");
         assert_eq!(back.vary, original.vary);
         assert_eq!(back.place, original.place);
-        assert_eq!((back.age, back.fresh_for, back.keep_for), (original.age, original.fresh_for, original.keep_for));
+        assert_eq!(
+            (back.age, back.fresh_for, back.keep_for),
+            (original.age, original.fresh_for, original.keep_for)
+        );
         assert!(back.credentialed_ok);
         // 300 ms old when written, 1.7 s since on the store's clock.
         assert_eq!(now - back.stored, Duration::from_millis(2_000));
@@ -583,7 +588,9 @@ mod tests {
                 now,
             )
         };
-        assert!(matches!(read(400_000), Some(Shelved::Pass(left)) if left == Duration::from_millis(600)));
+        assert!(
+            matches!(read(400_000), Some(Shelved::Pass(left)) if left == Duration::from_millis(600))
+        );
         assert!(read(1_000_000).is_none());
     }
 

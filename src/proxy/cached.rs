@@ -382,7 +382,12 @@ impl Proxy {
     /// Removes what `purge` names from this instance's cache: how many entries went.
     pub fn apply_purge(&self, purge: &Purge) -> usize {
         self.cache.remove_where(|place| {
-            purge.covers(&place.route, &place.host, &place.path, place.query.as_deref())
+            purge.covers(
+                &place.route,
+                &place.host,
+                &place.path,
+                place.query.as_deref(),
+            )
         })
     }
 
