@@ -448,5 +448,7 @@ impl GateState {
     }
 }
 
+pub mod fair;
+
 #[cfg(test)]
 mod tests;
