@@ -47,6 +47,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -112,6 +113,31 @@ pub struct Bounds {
     pub min_limit: u32,
     pub max_limit: u32,
     pub queue_timeout: Duration,
+    /// Fair queues for the waiting requests (`fairness:` other than `none`); `None`: first
+    /// come, first served within a priority.
+    pub fair: Option<FairBounds>,
+}
+
+/// The fair queues' shape: flows shuffle-sharded onto `queues` queues of at most
+/// `queue_length` waiting requests each ([`fair`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairBounds {
+    pub queues: u32,
+    pub queue_length: u32,
+}
+
+/// What makes requests one flow for the fair queues (`fairness:`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Fairness {
+    /// First come, first served within a priority.
+    #[default]
+    None,
+    /// Whose the request is, as for limits.
+    Identity,
+    /// A request header's value.
+    Header(http::HeaderName),
+    /// A verified token's claim.
+    Claim(String),
 }
 
 /// What became of a request the gate let through.
@@ -297,7 +323,8 @@ pub struct Gate {
 struct GateState {
     controller: Controller,
     in_flight: u32,
-    waiting: [VecDeque<oneshot::Sender<()>>; 3],
+    /// The waiting requests of each priority.
+    waiting: [fair::FairQueues<oneshot::Sender<()>>; 3],
 }
 
 /// A slot in flight; gives it back when dropped, recording [`Permit::finish`]'s outcome.
@@ -335,7 +362,12 @@ impl Gate {
             state: Mutex::new(GateState {
                 controller: Controller::new(bounds, now),
                 in_flight: 0,
-                waiting: Default::default(),
+                waiting: std::array::from_fn(|_| match bounds.fair {
+                    Some(fair) => {
+                        fair::FairQueues::new(fair.queues as usize, fair.queue_length as usize)
+                    }
+                    None => fair::FairQueues::fifo(),
+                }),
             }),
             gauge,
         })
@@ -360,10 +392,15 @@ impl Gate {
         self.lock().controller.bounds
     }
 
-    /// A slot for a request of `priority`, waiting up to the gate's `queue_timeout`; `None` when
-    /// none freed in time (the request must not reach the upstream).
-    pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Option<Permit> {
-        let waiter = {
+    /// A slot for a request of `priority` (of `flow`, for fair queues), waiting up to the
+    /// gate's `queue_timeout`; `None` when none freed in time, or its queue is full (the
+    /// request must not reach the upstream).
+    pub async fn acquire(
+        self: &Arc<Self>,
+        priority: Priority,
+        flow: Option<u64>,
+    ) -> Option<Permit> {
+        let (queue, waiter) = {
             let mut state = self.lock();
             let queued_ahead = state.waiting[..=priority.index()]
                 .iter()
@@ -374,8 +411,9 @@ impl Gate {
             }
             state.controller.bound();
             let (tx, rx) = oneshot::channel();
-            state.waiting[priority.index()].push_back(tx);
-            rx
+            // A full queue sheds at once: its flow is the one waiting most.
+            let queue = state.waiting[priority.index()].push(flow, tx).ok()?;
+            (queue, rx)
         };
         let mut waiter = waiter;
         let timeout = self.bounds().queue_timeout;
@@ -390,7 +428,7 @@ impl Gate {
             return Some(self.permit());
         }
         let mut state = self.lock();
-        state.waiting[priority.index()].retain(|tx| !tx.is_closed());
+        state.waiting[priority.index()].retain(queue, |tx| !tx.is_closed());
         None
     }
 
@@ -431,7 +469,7 @@ impl GateState {
     fn dispatch(&mut self) {
         for priority in [Priority::High, Priority::Normal, Priority::Low] {
             while self.has_room(priority) {
-                let Some(tx) = self.waiting[priority.index()].pop_front() else {
+                let Some(tx) = self.waiting[priority.index()].pop() else {
                     break;
                 };
                 self.admit();

@@ -151,3 +151,61 @@ async fn under_a_flood_of_low_priority_requests_high_priority_ones_get_through()
         all(&high)
     );
 }
+
+/// One flooding identity (64 connections without pause) beside 4 light ones (one connection
+/// each, without pause either) at one priority, before an upstream that serves about 160
+/// requests a second: what share of each side's requests is answered 200.
+async fn light_and_flood(upstream: &DemoUpstream, adaptive: &str) -> (f64, f64, u32) {
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("api", "/", upstream.url()).with("adaptive_concurrency", adaptive))
+            .yaml(),
+    );
+    let url = [fg.url("/api")];
+    let run_for = Duration::from_secs(4);
+    let mut lights = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        let url = url.clone();
+        lights.spawn(async move { hammer(&url, &format!("light-{i}"), 1, run_for).await });
+    }
+    let (flood, lights) = tokio::join!(hammer(&url, "flood", 64, run_for), lights.join_all());
+    let ok = |t: &std::collections::HashMap<u16, u32>| t.get(&200).copied().unwrap_or(0);
+    let all = |t: &std::collections::HashMap<u16, u32>| t.values().sum::<u32>();
+    let (light_ok, light_all) = lights
+        .iter()
+        .fold((0, 0), |(o, a), t| (o + ok(t), a + all(t)));
+    eprintln!("{adaptive}: flood {flood:?}; light {lights:?}");
+    let light_503 = lights
+        .iter()
+        .map(|t| t.get(&503).copied().unwrap_or(0))
+        .sum();
+    (
+        f64::from(light_ok) / f64::from(light_all.max(1)),
+        f64::from(ok(&flood)) / f64::from(all(&flood).max(1)),
+        light_503,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fair_queues_light_clients_are_answered_beside_a_flooding_one() {
+    let upstream = DemoUpstream::start(8, "50ms", "250ms");
+    // First come, first served: the light clients' requests wait behind the flood's and are
+    // shed with them (a light request waits behind up to `queue_timeout` of the flood's).
+    let (unfair_light, _, unfair_shed) = light_and_flood(&upstream, "{queue_timeout: 100ms}").await;
+    // Fair: each light client's one request waits behind at most one request of each other
+    // busy queue (the flood's two, the other lights'), a few slots' time, far under 100 ms.
+    let (fair_light, fair_flood, fair_shed) =
+        light_and_flood(&upstream, "{queue_timeout: 100ms, fairness: identity}").await;
+    eprintln!(
+        "light clients answered: {:.1}% first come first served ({unfair_shed} shed), {:.1}% fair ({fair_shed} shed); the flood {:.1}% fair",
+        unfair_light * 100.0,
+        fair_light * 100.0,
+        fair_flood * 100.0
+    );
+    assert!(fair_light >= 0.95, "fair: {fair_light}");
+    assert!(fair_flood < 0.5, "the 503s land on the flood: {fair_flood}");
+    assert!(
+        unfair_light < 0.8,
+        "first come first served starves them: {unfair_light}"
+    );
+}

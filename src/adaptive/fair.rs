@@ -208,7 +208,11 @@ mod tests {
                 }
             }
             // One slot frees: the next request that has not given up is served.
-            let light_waiting = queues.queues.iter().flatten().any(|&(who, _)| who != u64::MAX);
+            let light_waiting = queues
+                .queues
+                .iter()
+                .flatten()
+                .any(|&(who, _)| who != u64::MAX);
             while let Some((who, arrived)) = queues.pop() {
                 if tick - arrived > patience {
                     if who != u64::MAX {
@@ -261,7 +265,11 @@ mod tests {
         // backlog until they give up.
         let (waits, share) = simulate(false, 42, 8, 20, 50);
         let served = waits.iter().filter(|w| w.is_some()).count();
-        assert!(served * 10 < waits.len(), "{served} of {} served", waits.len());
+        assert!(
+            served * 10 < waits.len(),
+            "{served} of {} served",
+            waits.len()
+        );
         assert!(share > 0.9, "{share}");
     }
 }

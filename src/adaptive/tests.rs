@@ -10,6 +10,7 @@ fn bounds(min_limit: u32, max_limit: u32) -> Bounds {
         min_limit,
         max_limit,
         queue_timeout: Duration::from_millis(50),
+        fair: None,
     }
 }
 
@@ -210,6 +211,7 @@ fn gate(limit: u32) -> Arc<Gate> {
             min_limit: limit,
             max_limit: limit,
             queue_timeout: Duration::from_millis(50),
+            fair: None,
         },
         Arc::new(crate::limiter::ManualClock::new(0)),
         Default::default(),
@@ -220,11 +222,11 @@ fn gate(limit: u32) -> Arc<Gate> {
 async fn a_request_that_finds_no_slot_in_time_is_refused() {
     let gate = gate(2);
     let held = [
-        gate.acquire(Priority::High).await.unwrap(),
-        gate.acquire(Priority::High).await.unwrap(),
+        gate.acquire(Priority::High, None).await.unwrap(),
+        gate.acquire(Priority::High, None).await.unwrap(),
     ];
     let started = tokio::time::Instant::now();
-    assert!(gate.acquire(Priority::High).await.is_none());
+    assert!(gate.acquire(Priority::High, None).await.is_none());
     assert_eq!(
         started.elapsed(),
         Duration::from_millis(50),
@@ -232,7 +234,7 @@ async fn a_request_that_finds_no_slot_in_time_is_refused() {
     );
     drop(held);
     assert_eq!(gate.in_flight(), 0);
-    assert!(gate.acquire(Priority::Normal).await.is_some());
+    assert!(gate.acquire(Priority::Normal, None).await.is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -241,14 +243,14 @@ async fn a_flood_of_low_priority_requests_never_holds_the_slots_high_priority_ne
     // Low may hold 75% of the limit: 15 slots, whatever the flood.
     let mut low = Vec::new();
     for _ in 0..15 {
-        low.push(gate.acquire(Priority::Low).await.unwrap());
+        low.push(gate.acquire(Priority::Low, None).await.unwrap());
     }
-    assert!(gate.acquire(Priority::Low).await.is_none());
+    assert!(gate.acquire(Priority::Low, None).await.is_none());
     // High finds room at once, up to the whole limit.
     let mut high = Vec::new();
     for _ in 0..5 {
         high.push(
-            gate.acquire(Priority::High)
+            gate.acquire(Priority::High, None)
                 .await
                 .expect("high gets a slot"),
         );
@@ -259,11 +261,11 @@ async fn a_flood_of_low_priority_requests_never_holds_the_slots_high_priority_ne
 #[tokio::test(start_paused = true)]
 async fn a_freed_slot_goes_to_the_highest_priority_waiting() {
     let gate = gate(1);
-    let held = gate.acquire(Priority::High).await.unwrap();
+    let held = gate.acquire(Priority::High, None).await.unwrap();
     let (g1, g2) = (gate.clone(), gate.clone());
-    let low = tokio::spawn(async move { g1.acquire(Priority::Low).await.map(|_| "low") });
+    let low = tokio::spawn(async move { g1.acquire(Priority::Low, None).await.map(|_| "low") });
     tokio::task::yield_now().await;
-    let high = tokio::spawn(async move { g2.acquire(Priority::High).await.map(|_| "high") });
+    let high = tokio::spawn(async move { g2.acquire(Priority::High, None).await.map(|_| "high") });
     tokio::task::yield_now().await;
     // The low request waited first; the freed slot still goes to the high one.
     drop(held);
@@ -287,7 +289,7 @@ async fn a_busy_gate_grows_its_limit_whatever_the_priority_of_its_traffic() {
             // limit waits, then is refused: the limit binds all the same.
             let mut permits = Vec::new();
             for _ in 0..gate.limit() {
-                if let Some(p) = gate.acquire(priority).await {
+                if let Some(p) = gate.acquire(priority, None).await {
                     permits.push(p);
                 }
             }
@@ -312,6 +314,7 @@ async fn no_slot_is_lost_when_grants_race_with_timeouts() {
             min_limit: 4,
             max_limit: 4,
             queue_timeout: Duration::from_micros(200),
+            fair: None,
         },
         Arc::new(crate::limiter::MonotonicClock::default()),
         Default::default(),
@@ -321,7 +324,7 @@ async fn no_slot_is_lost_when_grants_race_with_timeouts() {
             let gate = gate.clone();
             tokio::spawn(async move {
                 let priority = [Priority::High, Priority::Normal, Priority::Low][i % 3];
-                if let Some(mut permit) = gate.acquire(priority).await {
+                if let Some(mut permit) = gate.acquire(priority, None).await {
                     tokio::time::sleep(Duration::from_micros(100)).await;
                     permit.finish(Signal::Dropped);
                 }
@@ -340,7 +343,11 @@ async fn no_slot_is_lost_when_grants_race_with_timeouts() {
 async fn acquire_n(gate: &Arc<Gate>, n: usize) -> Vec<Permit> {
     let mut held = Vec::new();
     for _ in 0..n {
-        held.push(gate.acquire(Priority::High).await.expect("a free slot"));
+        held.push(
+            gate.acquire(Priority::High, None)
+                .await
+                .expect("a free slot"),
+        );
     }
     held
 }

@@ -527,6 +527,13 @@ pub struct AdaptiveFile {
     pub max_limit: Option<i64>,
     #[serde(default)]
     pub queue_timeout: Option<String>,
+    /// `none`, `identity`, `header:NAME` or `claim:NAME`.
+    #[serde(default)]
+    pub fairness: Option<String>,
+    #[serde(default)]
+    pub queues: Option<i64>,
+    #[serde(default)]
+    pub queue_length: Option<i64>,
 }
 
 /// One entry of a route's `limits:`. Which parameters apply depends on `algorithm`.

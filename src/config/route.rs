@@ -50,6 +50,8 @@ pub struct RouteConfig {
     /// for one (routes to the same upstream share one learned limit, and must agree on its
     /// bounds: `floodgate check` says so).
     pub adaptive: Option<crate::adaptive::Bounds>,
+    /// `adaptive_concurrency.fairness`: what makes the route's waiting requests one flow.
+    pub fairness: crate::adaptive::Fairness,
     /// The enforced limits: a request must pass every one that applies to it.
     pub enforced: Budget,
     /// Limits in shadow mode: decided and counted, never denying; budgets of their own.

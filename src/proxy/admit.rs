@@ -180,6 +180,50 @@ fn balance_key(
     }
 }
 
+/// The flow a request waits in at the upstream's gate, by the route's `fairness:` (`None`:
+/// first come, first served). Hashed with a key of this process's own, so that nobody can
+/// choose flow values that land on another client's queues.
+fn flow_of(
+    route: &Matched<'_>,
+    req: &Request<ClientBody>,
+    identity: Option<&Identity<'_>>,
+    verified: Option<&Verified>,
+) -> Option<u64> {
+    use crate::adaptive::Fairness;
+    use std::hash::{BuildHasher, Hasher};
+    static KEY: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    let hash = |kind: u8, value: &[u8]| {
+        let mut hasher = KEY.build_hasher();
+        hasher.write_u8(kind);
+        hasher.write(value);
+        hasher.finish()
+    };
+    match &route.config.fairness {
+        Fairness::None => None,
+        Fairness::Identity => Some(match identity {
+            Some(identity) => {
+                let mut buf = [0u8; 16];
+                hash(identity.kind() as u8, identity.key_bytes(&mut buf))
+            }
+            None => hash(0xff, b""),
+        }),
+        Fairness::Header(name) => {
+            let value = req.headers().get(name).map(|v| v.as_bytes());
+            Some(hash(0xfe, value.unwrap_or_default()))
+        }
+        Fairness::Claim(claim) => {
+            let value = verified.and_then(|v| v.claims.get(claim));
+            let text = match value {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            Some(hash(0xfd, text.as_bytes()))
+        }
+    }
+}
+
 impl From<Refused> for Rejection {
     fn from(refused: Refused) -> Rejection {
         match refused {
@@ -292,9 +336,10 @@ impl Proxy {
         if let (Some(trace), Some(identity)) = (&ctx.trace, &identity) {
             trace.set(|| KeyValue::new("floodgate.identity.kind", identity.kind().as_str()));
         }
+        let flow = flow_of(route, req, identity.as_ref(), verified.as_ref());
         let admitted = match admitted {
             Ok(mut admitted) => self
-                .gate(route, ctx, &mut admitted)
+                .gate(route, ctx, &mut admitted, flow)
                 .await
                 .map(|()| admitted),
             Err(rejection) => Err(rejection),
@@ -313,11 +358,13 @@ impl Proxy {
     /// request goes to, if the route's upstream has learned limits. The endpoint is the one its
     /// limits `per: endpoint` chose, or the balancer's pick now: the first attempt goes there.
     /// (A pool with no endpoint has no gate to wait at: the forward answers 503 `no_upstream`.)
+    /// It waits in its `flow`'s queue when the route is fair (`fairness:`).
     pub(super) async fn gate(
         &self,
         route: &Matched<'_>,
         ctx: &mut Context,
         admitted: &mut Admitted,
+        flow: Option<u64>,
     ) -> Result<(), Rejection> {
         let Some(gates) = &route.extras.gate else {
             return Ok(());
@@ -327,7 +374,7 @@ impl Proxy {
         }
         if let Some(endpoint) = &admitted.endpoint {
             let gate = gates.of(&endpoint.name, || endpoint.target.origin());
-            let permit = gate.acquire(route.config.priority).await;
+            let permit = gate.acquire(route.config.priority, flow).await;
             ctx.permit = Some(permit.ok_or(Rejection::UpstreamOverloaded)?);
         }
         Ok(())

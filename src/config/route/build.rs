@@ -89,9 +89,13 @@ impl Validator {
             .cache
             .take()
             .map(|c| std::sync::Arc::new(self.route_cache(&format!("{path}.cache"), c)));
-        let adaptive = r
-            .adaptive_concurrency
-            .map(|a| self.adaptive(&format!("{path}.adaptive_concurrency"), a));
+        let (adaptive, fairness) = match r.adaptive_concurrency {
+            Some(a) => {
+                let (bounds, fairness) = self.adaptive(&format!("{path}.adaptive_concurrency"), a);
+                (Some(bounds), fairness)
+            }
+            None => (None, Default::default()),
+        };
         let reads_body = enforced.limits.iter().chain(&shadow.limits).any(|l| {
             l.parts.iter().any(|p| matches!(p, Part::Json(_)))
                 || l.settled.as_ref().is_some_and(|s| s.reserve.reads_body())
@@ -119,6 +123,7 @@ impl Validator {
             response_headers,
             priority,
             adaptive,
+            fairness,
             enforced,
             shadow,
             exempt: crate::config::Exempt::default(),
@@ -346,12 +351,13 @@ impl Validator {
     }
 
     /// `adaptive_concurrency:` at `path`: `min_limit` (default 4) ≥ 1, `max_limit` (default
-    /// 1000) ≥ it, `queue_timeout` (default 50ms).
+    /// 1000) ≥ it, `queue_timeout` (default 50ms); `fairness` (default none) with `queues`
+    /// (default 64) and `queue_length` (default 50).
     fn adaptive(
         &mut self,
         path: &str,
         a: crate::config::file::AdaptiveFile,
-    ) -> crate::adaptive::Bounds {
+    ) -> (crate::adaptive::Bounds, crate::adaptive::Fairness) {
         let mut count = |field: &str, value: Option<i64>, default: u32| match value {
             None => default,
             Some(n) if (1..=1_000_000).contains(&n) => n as u32,
@@ -365,6 +371,8 @@ impl Validator {
         };
         let min_limit = count("min_limit", a.min_limit, 4);
         let max_limit = count("max_limit", a.max_limit, 1000);
+        let queues = count("queues", a.queues, 64);
+        let queue_length = count("queue_length", a.queue_length, 50);
         if max_limit < min_limit {
             self.problem(
                 format!("{path}.max_limit"),
@@ -376,10 +384,60 @@ impl Validator {
             a.queue_timeout.as_deref(),
             std::time::Duration::from_millis(50),
         );
-        crate::adaptive::Bounds {
+        let fairness = self.fairness(&format!("{path}.fairness"), a.fairness.as_deref());
+        if fairness == crate::adaptive::Fairness::None {
+            for (field, given) in [("queues", a.queues), ("queue_length", a.queue_length)] {
+                if given.is_some() {
+                    self.problem(
+                        format!("{path}.{field}"),
+                        "applies only with fairness (identity, header:NAME or claim:NAME)",
+                    );
+                }
+            }
+        }
+        let fair =
+            (fairness != crate::adaptive::Fairness::None).then_some(crate::adaptive::FairBounds {
+                queues,
+                queue_length,
+            });
+        let bounds = crate::adaptive::Bounds {
             min_limit,
             max_limit: max_limit.max(min_limit),
             queue_timeout,
+            fair,
+        };
+        (bounds, fairness)
+    }
+
+    /// `fairness:` at `path`: `none` (the default), `identity`, `header:NAME`, `claim:NAME`.
+    fn fairness(&mut self, path: &str, text: Option<&str>) -> crate::adaptive::Fairness {
+        use crate::adaptive::Fairness;
+        let Some(text) = text else {
+            return Fairness::None;
+        };
+        let named = |prefix: &str| text.strip_prefix(prefix).filter(|n| !n.is_empty());
+        if let Some(name) = named("header:") {
+            return match http::HeaderName::from_bytes(name.as_bytes()) {
+                Ok(name) => Fairness::Header(name),
+                Err(_) => {
+                    self.problem(path, format!("{name:?} is not a header name"));
+                    Fairness::None
+                }
+            };
+        }
+        if let Some(claim) = named("claim:") {
+            return Fairness::Claim(claim.to_string());
+        }
+        match text {
+            "none" => Fairness::None,
+            "identity" => Fairness::Identity,
+            other => {
+                self.problem(
+                    path,
+                    format!("{other:?} is not one of none, identity, header:NAME, claim:NAME"),
+                );
+                Fairness::None
+            }
         }
     }
 
