@@ -201,7 +201,7 @@ mod tests {
                 let _ = queues.push(Some(flood_flow), (u64::MAX, tick));
             }
             for i in 0..lights {
-                if (tick + i * every / lights) % every == 0
+                if (tick + i * every / lights).is_multiple_of(every)
                     && queues.push(Some(light_flow(i)), (i, tick)).is_err()
                 {
                     waits.push(None);
