@@ -44,6 +44,10 @@
 //! high-priority requests always find room. A request that finds no slot within
 //! `queue_timeout` is refused ([`Gate::acquire`] returns `None`): the proxy answers 503
 //! `upstream_overloaded` without touching the upstream.
+//!
+//! Within a priority, waiting requests are served first come, first served, or with
+//! `fairness:` by flow ([`fair`]): fair queues dealt in turn, a full queue shedding at once, so
+//! one flooding client cannot starve the others at its priority.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
