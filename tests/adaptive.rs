@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::config::{Config, Route};
-use common::{DemoUpstream, Floodgate, hammer, metric};
+use common::{DemoUpstream, Floodgate, check_names, hammer, metric};
 
 /// One route to `upstream`, with `adaptive_concurrency: {adaptive}` (or none).
 fn config(upstream: &DemoUpstream, adaptive: Option<&str>) -> String {
@@ -208,4 +208,21 @@ async fn with_fair_queues_light_clients_are_answered_beside_a_flooding_one() {
         unfair_light < 0.8,
         "first come first served starves them: {unfair_light}"
     );
+}
+
+#[test]
+fn check_names_the_field_of_each_fairness_mistake() {
+    let route = |adaptive: &str| {
+        format!("listen: 127.0.0.1:0\nroutes:\n  - {{name: api, path_prefix: /, upstream: \"http://127.0.0.1:9\", adaptive_concurrency: {adaptive}}}\n")
+    };
+    for (adaptive, field) in [
+        ("{fairness: loudest}", "routes[0].adaptive_concurrency.fairness"),
+        ("{fairness: \"header:\"}", "routes[0].adaptive_concurrency.fairness"),
+        ("{fairness: \"header:bad name\"}", "routes[0].adaptive_concurrency.fairness"),
+        ("{fairness: identity, queues: 0}", "routes[0].adaptive_concurrency.queues"),
+        ("{fairness: identity, queue_length: -1}", "routes[0].adaptive_concurrency.queue_length"),
+        ("{queues: 8}", "routes[0].adaptive_concurrency.queues"),
+    ] {
+        check_names(&route(adaptive), &[field]);
+    }
 }
