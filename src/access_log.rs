@@ -82,6 +82,9 @@ pub struct AccessRecord<'a> {
     /// `uncacheable` (replay counts what reached the upstream by it).
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<Cow<'a, str>>,
+    /// How long the request was held for its limits (`wait:`) before they admitted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// Whether lines are written as JSON (`log_format: json`, set once at start by `main`); text
@@ -121,6 +124,7 @@ impl AccessRecord<'static> {
             cost: None,
             keys: None,
             cache: None,
+            wait_ms: None,
         }))
     }
 }
@@ -197,6 +201,9 @@ impl AccessRecord<'_> {
         }
         text_opt(out, "cost", self.cost.as_deref());
         text_opt(out, "cache", self.cache.as_deref());
+        if let Some(ms) = self.wait_ms {
+            let _ = write!(out, " wait_ms={ms}");
+        }
         out.push_str("}: floodgate::access: request done");
         text_opt(
             out,
@@ -388,6 +395,7 @@ mod tests {
         pub const COST: &str = "cost";
         pub const KEYS: &str = "keys";
         pub const CACHE: &str = "cache";
+        pub const WAIT_MS: &str = "wait_ms";
     }
 
     /// The span the proxy opened per request until the access log was written directly: the
@@ -413,6 +421,7 @@ mod tests {
             cost = Empty,
             keys = Empty,
             cache = Empty,
+            wait_ms = Empty,
         )
     }
 
@@ -472,6 +481,9 @@ mod tests {
             if let Some(cache) = &line.cache {
                 span.record(field::CACHE, cache.as_ref());
             }
+            if let Some(ms) = line.wait_ms {
+                span.record(field::WAIT_MS, ms);
+            }
             let _entered = span.enter();
             tracing::info!(
                 target: TARGET,
@@ -510,6 +522,7 @@ mod tests {
             cost: Some("0=1000/187".into()),
             keys: Some(format!("0={}", "07".repeat(16)).into()),
             cache: Some("collapsed".into()),
+            wait_ms: Some(120),
         });
         let bare = AccessRecord {
             method: "GET".into(),
@@ -528,6 +541,7 @@ mod tests {
             cost: None,
             keys: None,
             cache: None,
+            wait_ms: None,
         };
         let mut odd = full.clone();
         odd.method = "PURGE".into();

@@ -213,14 +213,31 @@ async fn with_fair_queues_light_clients_are_answered_beside_a_flooding_one() {
 #[test]
 fn check_names_the_field_of_each_fairness_mistake() {
     let route = |adaptive: &str| {
-        format!("listen: 127.0.0.1:0\nroutes:\n  - {{name: api, path_prefix: /, upstream: \"http://127.0.0.1:9\", adaptive_concurrency: {adaptive}}}\n")
+        format!(
+            "listen: 127.0.0.1:0\nroutes:\n  - {{name: api, path_prefix: /, upstream: \"http://127.0.0.1:9\", adaptive_concurrency: {adaptive}}}\n"
+        )
     };
     for (adaptive, field) in [
-        ("{fairness: loudest}", "routes[0].adaptive_concurrency.fairness"),
-        ("{fairness: \"header:\"}", "routes[0].adaptive_concurrency.fairness"),
-        ("{fairness: \"header:bad name\"}", "routes[0].adaptive_concurrency.fairness"),
-        ("{fairness: identity, queues: 0}", "routes[0].adaptive_concurrency.queues"),
-        ("{fairness: identity, queue_length: -1}", "routes[0].adaptive_concurrency.queue_length"),
+        (
+            "{fairness: loudest}",
+            "routes[0].adaptive_concurrency.fairness",
+        ),
+        (
+            "{fairness: \"header:\"}",
+            "routes[0].adaptive_concurrency.fairness",
+        ),
+        (
+            "{fairness: \"header:bad name\"}",
+            "routes[0].adaptive_concurrency.fairness",
+        ),
+        (
+            "{fairness: identity, queues: 0}",
+            "routes[0].adaptive_concurrency.queues",
+        ),
+        (
+            "{fairness: identity, queue_length: -1}",
+            "routes[0].adaptive_concurrency.queue_length",
+        ),
         ("{queues: 8}", "routes[0].adaptive_concurrency.queues"),
     ] {
         check_names(&route(adaptive), &[field]);

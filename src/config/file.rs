@@ -548,6 +548,12 @@ pub struct LimitFile {
     /// Units a fresh cache hit spends on this limit (default 0: hits spend nothing).
     #[serde(default)]
     pub cache_hit_cost: Option<i64>,
+    /// How long a request it would refuse may be held for it instead (default 0: none).
+    #[serde(default)]
+    pub wait: Option<String>,
+    /// Requests held for it at once, per instance (default 1000).
+    #[serde(default)]
+    pub max_waiting: Option<i64>,
     #[serde(default)]
     pub capacity: Option<i64>,
     #[serde(default)]

@@ -206,6 +206,13 @@ pub struct RouteLimit {
     pub penalty: Option<Penalty>,
     /// `cache_hit_cost`: units a fresh cache hit spends on it (0: none).
     pub cache_hit_cost: u32,
+    /// `wait`: a request it refuses with a retry within this long is held and decided again
+    /// then (0: refused at once).
+    pub wait: std::time::Duration,
+    /// `max_waiting`: requests held for it at once on this instance; past it, refused.
+    pub max_waiting: u32,
+    /// Requests held for it now (this config's: a reload starts a new count).
+    pub held: std::sync::Arc<std::sync::atomic::AtomicU32>,
     /// Derived from the route and the limit when the config is loaded (private, so that they
     /// cannot drift from what they are derived from): see the accessors.
     budget_id: String,

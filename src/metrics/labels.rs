@@ -27,10 +27,12 @@ pub enum DecisionLabel {
     Banned,
     /// Answered by the response cache: a fresh hit, or another request's fetch; not forwarded.
     Cached,
+    /// Held for its limits (`wait:`) and admitted when they had room: forwarded.
+    Delayed,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 10] = [
+    pub const ALL: [DecisionLabel; 11] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -41,6 +43,7 @@ impl DecisionLabel {
         DecisionLabel::Overloaded,
         DecisionLabel::Banned,
         DecisionLabel::Cached,
+        DecisionLabel::Delayed,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -54,7 +57,9 @@ impl DecisionLabel {
     /// what `floodgate replay` compares its own decision with.
     pub fn admitted_by_limits(self) -> Option<bool> {
         match self {
-            DecisionLabel::Allowed | DecisionLabel::ShadowDenied => Some(true),
+            DecisionLabel::Allowed | DecisionLabel::ShadowDenied | DecisionLabel::Delayed => {
+                Some(true)
+            }
             DecisionLabel::Denied => Some(false),
             DecisionLabel::StoreError
             | DecisionLabel::Unlimited
@@ -79,6 +84,7 @@ impl DecisionLabel {
             DecisionLabel::Overloaded => "overloaded",
             DecisionLabel::Banned => "banned",
             DecisionLabel::Cached => "cached",
+            DecisionLabel::Delayed => "delayed",
         }
     }
 }

@@ -224,6 +224,28 @@ fn flow_of(
     }
 }
 
+/// A held request's place among those its limit holds on this instance (`max_waiting`),
+/// given back when it is dropped (admitted, refused, or its client gone).
+struct Held(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl Held {
+    fn take(limit: &RouteLimit) -> Option<Held> {
+        use std::sync::atomic::Ordering;
+        let taken = limit
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit.max_waiting).then_some(n + 1)
+            });
+        taken.ok().map(|_| Held(limit.held.clone()))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 impl From<Refused> for Rejection {
     fn from(refused: Refused) -> Rejection {
         match refused {
@@ -313,7 +335,7 @@ impl Proxy {
                     ctx.vars = vars_of(snapshot, route, req, Some(&whose), ctx.peer);
                     (
                         Some(whose.identity),
-                        self.limit(
+                        self.limit_or_hold(
                             snapshot,
                             route,
                             req,
@@ -496,6 +518,62 @@ impl Proxy {
     /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
     /// request says (its headers, query, path, token claims and JSON body: [`HttpFacts`]). A
     /// store failure follows `on_error`: never a 429 or a 500.
+    /// The limit phase, holding a request that the limit refusing it would admit within its
+    /// `wait`: a timer for the retry the refusal named (never a polling loop), then decided
+    /// again, spending only when admitted (`delayed`); held at most `wait` in all, and by at
+    /// most `max_waiting` requests of that limit at once on this instance (past it, refused at
+    /// once). A client that leaves while held drops its request, and its timer with it.
+    async fn limit_or_hold(
+        &self,
+        snapshot: &Snapshot,
+        route: &Matched<'_>,
+        req: &Request<ClientBody>,
+        whose: &Whose<'_>,
+        read: Read<'_>,
+        ctx: &mut Context,
+    ) -> Result<Admitted, Rejection> {
+        let arrived = std::time::Instant::now();
+        let mut place: Option<Held> = None;
+        loop {
+            let decided = self.limit(snapshot, route, req, whose, read, ctx).await;
+            let limit = match &decided {
+                Err(Rejection::RateLimited(verdict, crate::policy::LimitRef::Enforced(at))) => {
+                    (route.config.enforced.limits.get(*at))
+                        .filter(|l| !l.wait.is_zero())
+                        .map(|l| (l, verdict.outcome.retry_after_us()))
+                }
+                _ => None,
+            };
+            let Some((limit, retry_us)) = limit else {
+                return match (decided, place) {
+                    (Ok(mut admitted), Some(_)) => {
+                        if admitted.label == crate::metrics::DecisionLabel::Allowed {
+                            admitted.label = crate::metrics::DecisionLabel::Delayed;
+                        }
+                        if let Some(log) = ctx.log.as_deref_mut() {
+                            log.wait_ms = Some(arrived.elapsed().as_millis() as u64);
+                        }
+                        Ok(admitted)
+                    }
+                    (decided, _) => decided,
+                };
+            };
+            // The retry the refusal named, at least a millisecond: held only if it comes
+            // within what is left of the limit's `wait`.
+            let pause = std::time::Duration::from_micros(retry_us.max(1_000));
+            if arrived.elapsed() + pause > limit.wait {
+                return decided;
+            }
+            if place.is_none() {
+                match Held::take(limit) {
+                    Some(held) => place = Some(held),
+                    None => return decided,
+                }
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
     pub(super) async fn limit(
         &self,
         snapshot: &Snapshot,

@@ -292,6 +292,7 @@ impl<'a> Fields<'a> {
             cost: self.cost.map(|c| text(c, "cost")).transpose()?,
             keys: self.keys.map(|k| text(k, "keys")).transpose()?,
             cache: None,
+            wait_ms: None,
         })
     }
 }

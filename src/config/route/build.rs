@@ -258,7 +258,26 @@ impl Validator {
             let (per, parts) = self.per(&format!("{limit_path}.per"), l.per.as_ref());
             let penalty =
                 (l.penalty.as_ref()).and_then(|p| self.penalty(&limit_path, p, per, store_name, n));
+            let wait = self.duration(
+                &format!("{limit_path}.wait"),
+                l.wait.as_deref(),
+                std::time::Duration::ZERO,
+            );
+            let max_waiting = match l.max_waiting {
+                None => 1000,
+                Some(n) if (1..=1_000_000).contains(&n) => n as u32,
+                Some(n) => {
+                    self.problem(
+                        format!("{limit_path}.max_waiting"),
+                        format!("{n} must be between 1 and 1000000"),
+                    );
+                    1000
+                }
+            };
             let route_limit = RouteLimit {
+                wait,
+                max_waiting,
+                held: Default::default(),
                 cache_hit_cost: self.cache_hit_cost(
                     &format!("{limit_path}.cache_hit_cost"),
                     l.cache_hit_cost,
