@@ -33,6 +33,11 @@
 #                    (N-1 for other API keys, the last for the measured key, with the same
 #                    limit): what a request costs with that many in the table (both runs load
 #                    them, so their cost cancels out of the difference)
+#   ADAPTIVE=none|identity  the route also has `adaptive_concurrency` (a fixed limit of 100, so
+#                    no request waits) with that `fairness`: what the gate, and its flow, cost
+#   WAIT=1           the route's bucket holds one request and refills every 5 ms, with `wait:
+#                    50ms`: every counted request is held once for the next token (a timer, a
+#                    second decision) and admitted (`delayed`)
 #   CACHE=1          the cache-hit path instead: floodgate's route has `cache: {ttl: 1h, public:
 #                    true}` and no limit; nginx has `proxy_cache` (a keys zone, `proxy_cache_valid
 #                    200 1h`); the start-up probe fills each cache, so every counted request is a
@@ -128,6 +133,13 @@ CAPACITY=1000000000 REFILL=1000000
 ROUTE_TAIL="limits:
       - {algorithm: token_bucket, capacity: $CAPACITY, refill_rate: $REFILL}"
 [ -n "${CACHE:-}" ] && ROUTE_TAIL="cache: {ttl: 1h, public: true}"
+# ADAPTIVE: the upstream's gate on the route too, with room for every request (none waits).
+[ -n "${ADAPTIVE:-}" ] && ROUTE_TAIL="$ROUTE_TAIL
+    adaptive_concurrency: {min_limit: 100, max_limit: 100, fairness: $ADAPTIVE}"
+# WAIT: a bucket of one that refills every 5 ms, with a wait: each request, sent as the last is
+# answered (well within 5 ms), is held for the next token and decided again.
+[ -n "${WAIT:-}" ] && ROUTE_TAIL="limits:
+      - {algorithm: token_bucket, capacity: 1, refill_rate: 200, wait: 50ms}"
 cat >"$WORK/floodgate.yaml" <<EOF
 listen: 127.0.0.1:$PORT
 identity:

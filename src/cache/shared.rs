@@ -333,7 +333,7 @@ impl Shelf {
                 Ok(None) if claimed => return Through::Fetch(Writer::claimed(self)),
                 Ok(None) => {}
             }
-            match self.limiter.claim(&self.claim_name(), claim_us).await {
+            match self.limiter.cache_claim(&self.claim_name(), claim_us).await {
                 Err(e) => return self.failed(false, e),
                 // Look once more: an instance that wrote it gave its claim up after.
                 Ok(true) => claimed = true,
@@ -359,7 +359,7 @@ impl Shelf {
         let claim_us = u64::try_from(coalesce_wait.as_micros())
             .unwrap_or(u64::MAX)
             .max(1);
-        match self.limiter.claim(&self.claim_name(), claim_us).await {
+        match self.limiter.cache_claim(&self.claim_name(), claim_us).await {
             Err(e) => Some(Through::Failed(e)),
             Ok(true) => Some(Through::Fetch(Writer::claimed(self))),
             Ok(false) => None,

@@ -173,6 +173,15 @@ impl Limiter {
         }
     }
 
+    /// [`Limiter::claim`] on a request's path (`cache.shared`'s fill claim), within twice the
+    /// store's decision timeout.
+    pub async fn cache_claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        match self.guarded() {
+            None => Ok(true),
+            Some(guarded) => guarded.cache_claim(key, ttl_us).await,
+        }
+    }
+
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
         match self.guarded() {

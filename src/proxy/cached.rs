@@ -195,26 +195,15 @@ impl Proxy {
             match self.cache.claim(&pending.key) {
                 Claim::Lead(leader) => {
                     // `cache.shared`: what another instance stored, or its fetch, first.
-                    if self.cache.shares() {
-                        let limiter = self.core().limiter();
-                        let shelf = Shelf::new(limiter, &pending.route, &pending.key);
-                        let through = shelf.lead(headers, credentialed, rules.coalesce_wait);
-                        match Box::pin(through).await {
-                            Through::Found(Shelved::Answer(entry)) => {
-                                // Its followers go round again, and find it as this one does.
-                                self.cache.insert(&pending.key, *entry);
-                                drop(leader);
-                                continue;
-                            }
-                            Through::Found(Shelved::Pass(left)) => {
-                                self.cache.pass(&pending.key, left);
-                                leader.pass();
-                                continue;
-                            }
-                            Through::Fetch(writer) => pending.writer = Some(writer),
-                            Through::Failed(e) => self.cache.store_failed(&e),
+                    let leader = match self.cache.shares() {
+                        true => {
+                            Box::pin(self.lead_through_store(&mut pending, headers, leader)).await
                         }
-                    }
+                        false => Some(leader),
+                    };
+                    let Some(leader) = leader else {
+                        continue;
+                    };
                     pending.role = Role::Lead(leader);
                     return Some(Looked::Forward(pending));
                 }
@@ -235,6 +224,44 @@ impl Proxy {
         }
         pending.role = Role::Alone;
         Some(Looked::Forward(pending))
+    }
+
+    /// `cache.shared`: a request that leads its key's fill here asks the store first. What
+    /// another instance stored is copied into this instance's memory (or its pass remembered),
+    /// and the fill given up so that its followers look again and find it (`None`: look again);
+    /// else the leader goes upstream, writing the answer to the store for the others
+    /// ([`Pending::writer`]), or, the store failing, caching on this instance alone.
+    async fn lead_through_store(
+        &self,
+        pending: &mut Pending,
+        headers: &HeaderMap,
+        leader: cache::Leader,
+    ) -> Option<cache::Leader> {
+        let shelf = Shelf::new(self.core().limiter(), &pending.route, &pending.key);
+        let coalesce_wait = pending.rules.coalesce_wait;
+        match shelf
+            .lead(headers, pending.credentialed, coalesce_wait)
+            .await
+        {
+            Through::Found(Shelved::Answer(entry)) => {
+                self.cache.insert(&pending.key, *entry);
+                drop(leader);
+                None
+            }
+            Through::Found(Shelved::Pass(left)) => {
+                self.cache.pass(&pending.key, left);
+                leader.pass();
+                None
+            }
+            Through::Fetch(writer) => {
+                pending.writer = Some(writer);
+                Some(leader)
+            }
+            Through::Failed(e) => {
+                self.cache.store_failed(&e);
+                Some(leader)
+            }
+        }
     }
 
     /// Whose the request is, for the cache phase: worked out only when the key holds it, a ban

@@ -58,6 +58,14 @@ impl<C: Clock> Guarded<C> {
         self.shared(true, |s| s.claim(key, ttl_us)).await
     }
 
+    /// [`Guarded::claim`] on a request's path (`cache.shared`'s fill claim): within twice the
+    /// decision timeout.
+    pub async fn cache_claim(&self, key: &str, ttl_us: u64) -> Result<bool, LimiterError> {
+        let timeout = self.timeout() * 2;
+        self.shared_within(timeout, true, |s| s.claim(key, ttl_us))
+            .await
+    }
+
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
         self.shared((), |s| s.unclaim(key)).await
