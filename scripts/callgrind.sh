@@ -35,9 +35,9 @@
 #                    them, so their cost cancels out of the difference)
 #   ADAPTIVE=none|identity  the route also has `adaptive_concurrency` (a fixed limit of 100, so
 #                    no request waits) with that `fairness`: what the gate, and its flow, cost
-#   WAIT=1           the route's bucket holds one request and refills every 5 ms, with `wait:
-#                    50ms`: every counted request is held once for the next token (a timer, a
-#                    second decision) and admitted (`delayed`)
+#   WAIT=1           the route's bucket holds one request and refills every 20 ms, with `wait:
+#                    100ms`: every counted request is held once for the next token (a timer, a
+#                    second decision) and admitted (`delayed`); the run prints how many were
 #   CACHE=1          the cache-hit path instead: floodgate's route has `cache: {ttl: 1h, public:
 #                    true}` and no limit; nginx has `proxy_cache` (a keys zone, `proxy_cache_valid
 #                    200 1h`); the start-up probe fills each cache, so every counted request is a
@@ -136,10 +136,10 @@ ROUTE_TAIL="limits:
 # ADAPTIVE: the upstream's gate on the route too, with room for every request (none waits).
 [ -n "${ADAPTIVE:-}" ] && ROUTE_TAIL="$ROUTE_TAIL
     adaptive_concurrency: {min_limit: 100, max_limit: 100, fairness: $ADAPTIVE}"
-# WAIT: a bucket of one that refills every 5 ms, with a wait: each request, sent as the last is
-# answered (well within 5 ms), is held for the next token and decided again.
+# WAIT: a bucket of one that refills every 20 ms, with a wait: each request, sent as the last is
+# answered (within 20 ms even under callgrind), is held for the next token and decided again.
 [ -n "${WAIT:-}" ] && ROUTE_TAIL="limits:
-      - {algorithm: token_bucket, capacity: 1, refill_rate: 200, wait: 50ms}"
+      - {algorithm: token_bucket, capacity: 1, refill_rate: 50, wait: 100ms}"
 cat >"$WORK/floodgate.yaml" <<EOF
 listen: 127.0.0.1:$PORT
 identity:
@@ -177,6 +177,10 @@ if [ -n "${OVERRIDES:-}" ]; then
     echo bench-token >"$WORK/token"
     printf 'admin_listen: 127.0.0.1:%s\nadmin:\n  token_file: %s\n' "$ADMIN_PORT" "$WORK/token" \
         >>"$WORK/floodgate.yaml"
+fi
+if [ -n "${WAIT:-}" ]; then
+    ADMIN_PORT="$(free_port)"
+    echo "admin_listen: 127.0.0.1:$ADMIN_PORT" >>"$WORK/floodgate.yaml"
 fi
 if [ -n "${TELEMETRY:-}" ]; then
     echo "telemetry: {otlp_endpoint: \"http://127.0.0.1:$UP_PORT\", sample_ratio: $TELEMETRY, metrics_interval: 0s}" \
@@ -236,6 +240,10 @@ PY
     else
         [ "$ok" = "$n" ] || { echo "$name: only $ok of $n requests were answered 2xx" >&2; exit 1; }
     fi
+    if [ -n "${WAIT:-}" ] && [ "$name" = floodgate ]; then
+        curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" |
+            sed -n 's/^floodgate_requests_total{route="bench",decision="delayed"} //p' >"$WORK/delayed.$n"
+    fi
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
     if [ -n "${KEEP:-}" ] && [ "$name" = floodgate ]; then mkdir -p "$KEEP" && cp "$out" "$KEEP/"; fi
@@ -270,6 +278,9 @@ if [ -n "${CACHE:-}" ]; then
     exit 0
 fi
 hp=$(per_request hyper_proxy "$STACK_FLOOR" proxy "127.0.0.1:$PORT" "127.0.0.1:$UP_PORT")
+if [ -n "${WAIT:-}" ]; then
+    echo "held, then admitted (delayed): $(cat "$WORK/delayed.$N1") of $N1, $(cat "$WORK/delayed.$N2") of $N2 requests (each run's first one, and the probe's, are allowed at once)"
+fi
 echo "floodgate (memory store, one token bucket): $fg instructions per proxied request"
 echo "nginx reverse proxy:                        $ng instructions per proxied request"
 echo "hyper_proxy (the stack's floor):            $hp instructions per proxied request"
