@@ -190,11 +190,6 @@ impl Limiter {
         }
     }
 
-    /// True when the store keeps what instances share (`cache.shared` may use it).
-    pub fn is_shared(&self) -> bool {
-        self.guarded().is_some_and(|g| g.is_shared())
-    }
-
     /// `cache.shared`: the variants of `route`'s cache entry `key`; none on the memory store.
     pub async fn cache_read(
         &self,

@@ -247,12 +247,6 @@ impl<C: Clock> Guarded<C> {
         Duration::from_micros(self.timeout_us.load(Ordering::Relaxed))
     }
 
-    /// True when the store keeps what instances share (the control list, claims, the shared
-    /// cache).
-    pub fn is_shared(&self) -> bool {
-        self.store.shared().is_some()
-    }
-
     /// The store's name for metric labels: `redis` or `postgres`.
     pub fn store_name(&self) -> &'static str {
         self.store.name()

@@ -515,9 +515,6 @@ impl Proxy {
         }
     }
 
-    /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
-    /// request says (its headers, query, path, token claims and JSON body: [`HttpFacts`]). A
-    /// store failure follows `on_error`: never a 429 or a 500.
     /// The limit phase, holding a request that the limit refusing it would admit within its
     /// `wait`: a timer for the retry the refusal named (never a polling loop), then decided
     /// again, spending only when admitted (`delayed`); held at most `wait` in all, and by at
@@ -574,6 +571,9 @@ impl Proxy {
         }
     }
 
+    /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
+    /// request says (its headers, query, path, token claims and JSON body: [`HttpFacts`]). A
+    /// store failure follows `on_error`: never a 429 or a 500.
     pub(super) async fn limit(
         &self,
         snapshot: &Snapshot,
