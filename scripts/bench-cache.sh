@@ -49,34 +49,9 @@ if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --profile dist --bin floodgate --bin floodgate-demo-upstream)
 fi
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-bench-cache.XXXXXX")"
-chmod 755 "$WORK"
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_port() {
-    for _ in $(seq 300); do
-        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
-        sleep 0.1
-    done
-    echo "nothing answers on $1" >&2
-    exit 1
-}
-
-API_PORT="$(free_port)"
-"$DEMO" --listen "127.0.0.1:$API_PORT" --workers 8 --service-time 50ms --queue-timeout 250ms \
-    >"$WORK/api.log" 2>&1 &
-PIDS+=("$!")
-wait_port "$API_PORT"
-served() { curl -s "http://127.0.0.1:$API_PORT/__stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["served"])'; }
+source "$ROOT/scripts/bench-lib.sh"
+bench_work bench-cache
+start_api
 
 PORT="$(free_port)"
 floodgate_conf() { # extra route keys
