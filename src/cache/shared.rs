@@ -402,9 +402,15 @@ impl Writer {
         let Some(shelf) = self.shelf.take() else {
             return;
         };
+        // Kept while fresh: another instance takes only a fresh copy (its stale windows count
+        // from its own).
         let keep = entry
-            .keep_for
+            .fresh_for
             .saturating_sub(now.saturating_duration_since(entry.stored));
+        if keep.is_zero() {
+            self.spawn(shelf, None);
+            return;
+        }
         let write = Owned {
             variant: variant_name(&entry.vary),
             bytes: encode(&shelf.key, entry, now),
