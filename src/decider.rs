@@ -258,6 +258,9 @@ pub struct Decider<'s> {
     /// forwarded ([`Decided::spent`]): the proxy asks for it where the front end can tell (an
     /// HTTP/3 stream's reset), so that no other request pays for the bookkeeping.
     pub undoable: bool,
+    /// Count a refusal toward its limit's penalty box (`penalty:`); off for a refusal that may
+    /// be held for the limit (`wait:`), which counts only if it is refused in the end.
+    pub penalizes: bool,
 }
 
 /// What a decision is about: a client's request on a route, or limits a caller found itself.

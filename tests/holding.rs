@@ -199,3 +199,35 @@ fn check_names_a_negative_wait_and_a_bad_max_waiting() {
         &["routes[0].limits[0].max_waiting"],
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_that_is_then_held_does_not_count_toward_the_penalty_box() {
+    let upstream = Upstream::start().await;
+    // One at once, then one every 100 ms, held up to 1 s; two denials within a minute ban.
+    let limit = Limit::token_bucket(1, 10.0)
+        .with("wait", "1s")
+        .with("penalty", "{denials: 2, within: 1m, ban: 1m}");
+    let fg = Floodgate::start(&Config::new().route(route(&upstream, limit)).yaml());
+    // Four at once: one admitted, three held (each refused at least once on the way) and
+    // admitted: nothing was denied in the end, so nobody is banned.
+    let replies = at_once(&[fg.url("/ride")], "rider", 4).await;
+    assert!(replies.iter().all(|(s, _)| *s == StatusCode::OK), "{replies:?}");
+    let reply = get(&client(), &fg.url("/ride"), &[("x-api-key", "rider")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "banned for waiting: {}", reply.body);
+    // Refusals that are final still count: a bucket whose retry is beyond `wait` refuses at
+    // once, and the second such denial bans.
+    let limit = Limit::token_bucket(1, 0.01)
+        .with("wait", "1s")
+        .with("penalty", "{denials: 2, within: 1m, ban: 1m}");
+    let fg = Floodgate::start(&Config::new().route(route(&upstream, limit)).yaml());
+    let url = fg.url("/ride");
+    let statuses = [
+        get(&client(), &url, &[("x-api-key", "k")]).await,
+        get(&client(), &url, &[("x-api-key", "k")]).await,
+        get(&client(), &url, &[("x-api-key", "k")]).await,
+        get(&client(), &url, &[("x-api-key", "k")]).await,
+    ];
+    let codes: Vec<_> = statuses.iter().map(|r| r.status.as_u16()).collect();
+    assert_eq!(codes, [200, 429, 429, 429]);
+    assert!(statuses[3].body.contains("banned"), "{}", statuses[3].body);
+}

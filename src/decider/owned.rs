@@ -71,6 +71,7 @@ impl Core {
             global: self.global.as_deref(),
             report: false,
             undoable: false,
+            penalizes: true,
         }
     }
 

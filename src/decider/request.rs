@@ -67,6 +67,7 @@ impl Decider<'_> {
         // Boxed, and only where a limit has a penalty box: its store calls would otherwise
         // size every decision's future (and every refusal would allocate).
         if let Some(Refused::RateLimited(..)) = decided.refused
+            && self.penalizes
             && self.control.is_some()
             && budget.limits.iter().any(|l| l.penalty.is_some())
         {

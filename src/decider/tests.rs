@@ -67,6 +67,7 @@ impl Fixture {
             global: None,
             report: false,
             undoable: false,
+            penalizes: true,
         }
     }
 

@@ -62,12 +62,14 @@ thread_local! {
     )> = std::cell::RefCell::new(Default::default());
 }
 
-/// What the phases before the limit phase read from the request for its keys and reserves:
-/// the verified token, and the JSON body (on a route that reads it).
+/// What the phases before the limit phase read from the request for its keys and reserves
+/// (the verified token, and the JSON body on a route that reads it), and whether a refusal
+/// counts toward a penalty box now (not while it may yet be held: `wait:`).
 #[derive(Clone, Copy)]
 pub(super) struct Read<'a> {
     verified: Option<&'a Verified>,
     json: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    penalizes: bool,
 }
 
 impl Read<'_> {
@@ -76,6 +78,7 @@ impl Read<'_> {
         Read {
             verified: None,
             json: None,
+            penalizes: true,
         }
     }
 }
@@ -343,6 +346,7 @@ impl Proxy {
                             Read {
                                 verified: verified.as_ref(),
                                 json: json.as_ref(),
+                                penalizes: true,
                             },
                             ctx,
                         )
@@ -531,44 +535,72 @@ impl Proxy {
     ) -> Result<Admitted, Rejection> {
         let arrived = std::time::Instant::now();
         let mut place: Option<Held> = None;
+        // A refusal that is then held is not a denial for the penalty box: on a route with
+        // both, refusals are decided without it, and one that is final is decided again with
+        // it (a second decision, on such routes only).
+        let limits = &route.config.enforced.limits;
+        let deferred =
+            limits.iter().any(|l| !l.wait.is_zero()) && limits.iter().any(|l| l.penalty.is_some());
         loop {
-            let decided = self.limit(snapshot, route, req, whose, read, ctx).await;
-            let limit = match &decided {
+            let first = Read {
+                penalizes: !deferred,
+                ..read
+            };
+            let decided = self.limit(snapshot, route, req, whose, first, ctx).await;
+            // The retry the refusal named (at least a millisecond), if its limit has a `wait`
+            // and the retry comes within what is left of it, and a place is free.
+            let hold = match &decided {
                 Err(Rejection::RateLimited(verdict, crate::policy::LimitRef::Enforced(at))) => {
                     (route.config.enforced.limits.get(*at))
                         .filter(|l| !l.wait.is_zero())
-                        .map(|l| (l, verdict.outcome.retry_after_us()))
+                        .map(|l| {
+                            let pause = verdict.outcome.retry_after_us().max(1_000);
+                            (l, std::time::Duration::from_micros(pause))
+                        })
+                        .filter(|(l, pause)| arrived.elapsed() + *pause <= l.wait)
                 }
                 _ => None,
             };
-            let Some((limit, retry_us)) = limit else {
-                return match (decided, place) {
-                    (Ok(mut admitted), Some(_)) => {
-                        if admitted.label == crate::metrics::DecisionLabel::Allowed {
-                            admitted.label = crate::metrics::DecisionLabel::Delayed;
-                        }
-                        if let Some(log) = ctx.log.as_deref_mut() {
-                            log.wait_ms = Some(arrived.elapsed().as_millis() as u64);
-                        }
-                        Ok(admitted)
-                    }
-                    (decided, _) => decided,
-                };
-            };
-            // The retry the refusal named, at least a millisecond: held only if it comes
-            // within what is left of the limit's `wait`.
-            let pause = std::time::Duration::from_micros(retry_us.max(1_000));
-            if arrived.elapsed() + pause > limit.wait {
-                return decided;
+            if let Some((limit, _)) = hold
+                && place.is_none()
+            {
+                place = Held::take(limit);
             }
-            if place.is_none() {
-                match Held::take(limit) {
-                    Some(held) => place = Some(held),
-                    None => return decided,
+            match hold {
+                Some((_, pause)) if place.is_some() => tokio::time::sleep(pause).await,
+                _ => {
+                    // The end: a final refusal on a route that deferred its penalty is decided
+                    // again with it (and may be admitted, as any decision).
+                    let decided =
+                        match deferred && matches!(decided, Err(Rejection::RateLimited(..))) {
+                            true => self.limit(snapshot, route, req, whose, read, ctx).await,
+                            false => decided,
+                        };
+                    return self.after_hold(decided, place.is_some(), arrived, ctx);
                 }
             }
-            tokio::time::sleep(pause).await;
         }
+    }
+
+    /// A request's admission after `held` (or not): admitted after a hold, it is `delayed`,
+    /// and the access log says how long it waited.
+    fn after_hold(
+        &self,
+        decided: Result<Admitted, Rejection>,
+        held: bool,
+        arrived: std::time::Instant,
+        ctx: &mut Context,
+    ) -> Result<Admitted, Rejection> {
+        let mut admitted = decided?;
+        if held {
+            if admitted.label == crate::metrics::DecisionLabel::Allowed {
+                admitted.label = crate::metrics::DecisionLabel::Delayed;
+            }
+            if let Some(log) = ctx.log.as_deref_mut() {
+                log.wait_ms = Some(arrived.elapsed().as_millis() as u64);
+            }
+        }
+        Ok(admitted)
     }
 
     /// Phase 3: the route's limits, decided by the one decider ([`Decider`]) on what this
@@ -607,6 +639,7 @@ impl Proxy {
         };
         let mut decider = self.decider(snapshot);
         decider.undoable = ctx.left.is_some();
+        decider.penalizes = read.penalizes;
         let decided = decider
             .decide(Question::Request {
                 route: config,
