@@ -79,6 +79,9 @@ pub enum Rejection {
     /// The rate-limit service could not decide within the gRPC call's own deadline
     /// (`grpc-timeout`): 504, `DEADLINE_EXCEEDED`.
     DeadlineExceeded,
+    /// A waiting room's line: 503 `waiting_room` with the client's `position` and the estimated
+    /// wait (`eta_seconds`: its position over the room's admission rate), never forwarded.
+    WaitingRoom { position: u64, eta_secs: u64 },
 }
 
 /// How a route's rate-limit headers are written: built once per config load.
@@ -276,6 +279,19 @@ impl Rejection {
                 )),
                 Some(*secs),
             ),
+            Rejection::WaitingRoom { position, eta_secs } => {
+                let retry = waiting_room_retry(*eta_secs);
+                let mut body: serde_json::Value = serde_json::from_str(&problem_json(
+                    answer.status,
+                    answer.error,
+                    &http_detail(answer.message, Some(retry)),
+                    None,
+                ))
+                .unwrap_or_default();
+                body["position"] = (*position).into();
+                body["eta_seconds"] = (*eta_secs).into();
+                (Bytes::from(body.to_string()), Some(retry))
+            }
             Rejection::BadRequest(_) | Rejection::BadGateway(_) | Rejection::InvalidArgument(_) => {
                 (
                     Bytes::from(problem_json(
@@ -324,6 +340,47 @@ impl Rejection {
         h.insert(CONTENT_TYPE, PROBLEM_JSON);
         response
     }
+}
+
+impl Rejection {
+    /// For a browser (`Accept: text/html`) in a waiting room's line: a small page that says its
+    /// place and refreshes itself when it may ask again (503, with `Retry-After`). `None` for
+    /// any other refusal.
+    pub fn page(&self) -> Option<Response<Body>> {
+        let Rejection::WaitingRoom { position, eta_secs } = self else {
+            return None;
+        };
+        let retry = waiting_room_retry(*eta_secs);
+        let html = format!(
+            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta http-equiv=\"refresh\" content=\"{retry}\">\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+             <title>You are in line</title></head>\
+             <body><main><h1>You are in line</h1>\
+             <p>Many are asking at once. You will be let in in turn: this page asks again by itself.</p>\
+             <p>Your place: <strong id=\"position\">{position}</strong>. \
+             Estimated wait: <strong id=\"eta\">{eta_secs}</strong> s.</p></main></body></html>\n"
+        );
+        let mut response = Response::new(full(Bytes::from(html)));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, int_value(retry));
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        headers.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        );
+        Some(response)
+    }
+}
+
+/// A waiting client's `Retry-After`: its estimated wait, at least 1 s and at most 5 s (so a
+/// client keeps its place, and is told soon when its turn comes).
+pub fn waiting_room_retry(eta_secs: u64) -> u64 {
+    eta_secs.clamp(1, 5)
 }
 
 /// A problem's `detail` for HTTP: the message, and where a retry delay is known, where to find

@@ -21,6 +21,7 @@ mod error;
 mod exempt;
 mod limit;
 pub mod reload;
+mod room;
 mod route;
 mod service;
 mod storage;
@@ -33,6 +34,7 @@ use validate::Validator;
 pub use alerts::AlertSink;
 pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
+pub use room::{Activate, RoomConfig, RoomFile};
 pub use route::{
     Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
     RouteLimit, Upstream, UpstreamProtocol, Vars, invalid_host, override_budget, request_host,
@@ -126,6 +128,8 @@ pub struct Config {
     pub telemetry: Option<TelemetryConfig>,
     /// `alerts:`: webhooks told when an identity's budget is spent past a share of it.
     pub alerts: Vec<AlertSink>,
+    /// `waiting_room:`: admission by turn to some routes.
+    pub rooms: Vec<RoomConfig>,
     /// `usage_path:`: the path on the proxy listener where a client reads its own budgets.
     pub usage_path: Option<String>,
     /// `admin.token_file`'s token (surrounding whitespace trimmed): without one, the admin
@@ -384,6 +388,7 @@ impl Config {
         let telemetry = v.telemetry(file.telemetry, &overrides.env);
         let admin_token = v.admin_token(file.admin, overrides.base_dir.as_deref());
         let alerts = v.alerts(file.alerts);
+        let rooms = v.rooms(file.waiting_room, &routes, storage.as_ref());
         let usage_path = v.usage_path(file.usage_path);
         let max_connections = v.max_connections(file.max_connections);
         match (
@@ -427,6 +432,7 @@ impl Config {
                 service,
                 telemetry,
                 alerts,
+                rooms,
                 usage_path,
                 admin_token,
             }),

@@ -119,6 +119,7 @@ pub mod path;
 pub mod policy;
 pub mod proxy;
 pub mod replay;
+pub mod room;
 pub mod route;
 pub mod server;
 pub mod service;

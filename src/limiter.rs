@@ -49,5 +49,6 @@ pub use lease_id::{LeaseId, next_lease};
 pub use limit::{Algorithm, AlgorithmKind, Limit, LimitError, LimitField, MAX_LIMITS, Parameters};
 pub use memory::MemoryStore;
 pub use store::{
-    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, RoomBounds, RoomEntered,
+    Shared, Store, StoreCall,
 };

@@ -49,6 +49,23 @@ pub struct Metrics {
     global_held: Gauge,
     upstream: UpstreamFamilies,
     cache: CacheFamilies,
+    rooms: RoomFamilies,
+}
+
+/// The waiting rooms' families (`src/room.rs`), by room.
+struct RoomFamilies {
+    active: Family<labels::RoomLabel, Gauge>,
+    waiting: Family<labels::RoomLabel, Gauge>,
+    admitted: Family<labels::RoomLabel, Counter>,
+}
+
+/// One waiting room's metrics: the room's figures, every instance together where the store is
+/// shared (each instance reports what the store said last).
+#[derive(Clone, Default)]
+pub struct RoomMetrics {
+    pub active: Gauge,
+    pub waiting: Gauge,
+    pub admitted: Counter,
 }
 
 /// The response cache's families and gauges.
@@ -391,9 +408,27 @@ impl Metrics {
         let connections_closed = connections_closed(&mut registry);
         let upstream = UpstreamFamilies::registered(&mut registry);
         let cache = cache_families(&mut registry);
+        let rooms = RoomFamilies {
+            active: register(
+                &mut registry,
+                "waiting_room_active",
+                "Clients a waiting room admits now (every instance together where the store is shared)",
+            ),
+            waiting: register(
+                &mut registry,
+                "waiting_room_waiting",
+                "Clients waiting in a waiting room's line",
+            ),
+            admitted: register(
+                &mut registry,
+                "waiting_room_admitted",
+                "Clients a waiting room has admitted",
+            ),
+        };
         Metrics {
             upstream,
             cache,
+            rooms,
             alerts: register(
                 &mut registry,
                 "alerts",
@@ -510,6 +545,18 @@ impl Metrics {
             panics: self.upstream.panics.get_or_create_owned(&RouteLabel {
                 route: route.to_string(),
             }),
+        }
+    }
+
+    /// Waiting room `room`'s metrics.
+    pub fn room(&self, room: &str) -> RoomMetrics {
+        let label = labels::RoomLabel {
+            room: room.to_string(),
+        };
+        RoomMetrics {
+            active: self.rooms.active.get_or_create_owned(&label),
+            waiting: self.rooms.waiting.get_or_create_owned(&label),
+            admitted: self.rooms.admitted.get_or_create_owned(&label),
         }
     }
 

@@ -69,6 +69,17 @@ pub struct Proxy {
     control: crate::control::SharedControl,
     /// The response cache every cached route shares: kept across reloads.
     cache: Arc<crate::cache::Cache>,
+    /// The waiting rooms, by name: kept across reloads (with their lines, on the memory store).
+    rooms: crate::room::Rooms,
+}
+
+/// True when the request's `Accept` names HTML (a browser navigating).
+fn accepts_html(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/html"))
 }
 
 /// The variables of a request whose route's header values hold none, or whose identity was
@@ -102,15 +113,17 @@ impl Proxy {
         let gates = Gates::default();
         let tops = Tops::default();
         let pools = Arc::new(crate::upstream::Pools::default());
+        let rooms = crate::room::Rooms::default();
         // Quota alerts: what was crossed is kept across reloads; the sinks are the config's.
         let alerts = Arc::new(crate::alerts::Alerter::new(&config.alerts, metrics.clone()));
         let control = crate::control::SharedControl::default();
         let core = Core::live(limiter, metrics.clone(), control.clone(), alerts);
         Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::from_config(
-                config, &metrics, &gates, &tops, &pools, None,
+                config, &metrics, &gates, &tops, &pools, &rooms, None,
             )),
             pools,
+            rooms,
             core: Arc::new(core),
             gates,
             tops,
@@ -184,6 +197,7 @@ impl Proxy {
             &self.gates,
             &self.tops,
             &self.pools,
+            &self.rooms,
             Some(&self.snapshot.load()),
         )));
     }
@@ -292,6 +306,13 @@ impl Proxy {
             Ok(None) => self.forward(&snapshot, &route, req, &mut ctx).await,
             Err(rejection) => {
                 ctx.refuse(rejection.label());
+                // A browser in a waiting room's line gets a page that asks again by itself.
+                let page = match rejection {
+                    Rejection::WaitingRoom { .. } if accepts_html(req.headers()) => {
+                        rejection.page()
+                    }
+                    _ => None,
+                };
                 if let (Some(trace), Rejection::RateLimited(verdict, limit)) =
                     (&ctx.trace, &rejection)
                 {
@@ -306,9 +327,10 @@ impl Proxy {
                 // where the route allows it.
                 let stale = (ctx.cache.as_deref_mut())
                     .and_then(|pending| pending.instead_of(&rejection, &route.extras.headers));
-                match stale {
-                    Some(stale) => stale,
-                    None => rejection.respond(&route.extras.headers, ctx.dialect),
+                match (stale, page) {
+                    (Some(stale), _) => stale,
+                    (None, Some(page)) => page,
+                    (None, None) => rejection.respond(&route.extras.headers, ctx.dialect),
                 }
             }
         };

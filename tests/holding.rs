@@ -211,9 +211,17 @@ async fn a_refusal_that_is_then_held_does_not_count_toward_the_penalty_box() {
     // Four at once: one admitted, three held (each refused at least once on the way) and
     // admitted: nothing was denied in the end, so nobody is banned.
     let replies = at_once(&[fg.url("/ride")], "rider", 4).await;
-    assert!(replies.iter().all(|(s, _)| *s == StatusCode::OK), "{replies:?}");
+    assert!(
+        replies.iter().all(|(s, _)| *s == StatusCode::OK),
+        "{replies:?}"
+    );
     let reply = get(&client(), &fg.url("/ride"), &[("x-api-key", "rider")]).await;
-    assert_eq!(reply.status, StatusCode::OK, "banned for waiting: {}", reply.body);
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "banned for waiting: {}",
+        reply.body
+    );
     // Refusals that are final still count: a bucket whose retry is beyond `wait` refuses at
     // once, and the second such denial bans.
     let limit = Limit::token_bucket(1, 0.01)

@@ -37,6 +37,8 @@ const ALLOWED: &[(&str, &str)] = &[
     // of routes' limits or upstreams: the proxy tells it what a request is and what came back.
     // `cache.shared` keeps entries and fill claims in the store, through the store trait.
     ("cache", "limiter metrics"),
+    // Waiting rooms: their rules, and their line in the store (or in memory).
+    ("room", "config limiter metrics"),
     // floodgate's own answers (refusals, rate-limit headers), below every front end.
     ("answer", "config grpc limiter metrics policy upstream"),
     // The one decider every front end calls (the proxy, replay, /budgets, the service).
@@ -48,7 +50,7 @@ const ALLOWED: &[(&str, &str)] = &[
     // the proxy knows nothing of the admin listener or the server that calls it).
     (
         "proxy",
-        "access_log adaptive alerts answer cache config control deadline decider global grpc identity limiter metrics path policy route telemetry tls top upstream",
+        "access_log adaptive alerts answer cache config control deadline decider global grpc identity limiter metrics path policy room route telemetry tls top upstream",
     ),
     (
         "replay",

@@ -165,6 +165,15 @@ static UPSTREAM_OVERLOADED: Row = row(
     Some(DecisionLabel::Overloaded),
 );
 
+static WAITING_ROOM: Row = row(
+    StatusCode::SERVICE_UNAVAILABLE,
+    "waiting_room",
+    Code::Unavailable,
+    "many are asking at once: you are in line, and will be let in in turn",
+    None,
+    Some(DecisionLabel::Waiting),
+);
+
 static NO_UPSTREAM: Row = row(
     StatusCode::SERVICE_UNAVAILABLE,
     "no_upstream",
@@ -212,6 +221,7 @@ impl Rejection {
             Rejection::NoUpstream => &NO_UPSTREAM,
             Rejection::LoopDetected => &LOOP_DETECTED,
             Rejection::DeadlineExceeded => &DEADLINE_EXCEEDED,
+            Rejection::WaitingRoom { .. } => &WAITING_ROOM,
         }
     }
 

@@ -76,6 +76,9 @@ pub struct FileConfig {
     /// Webhooks told when a budget is spent past a share of it.
     #[serde(default)]
     pub alerts: Option<Vec<super::alerts::AlertFile>>,
+    /// `waiting_room:`: admission by turn.
+    #[serde(default)]
+    pub waiting_room: Option<Vec<super::RoomFile>>,
     /// On the proxy listener: a client's own budgets (`GET {usage_path}`).
     #[serde(default)]
     pub usage_path: Option<String>,

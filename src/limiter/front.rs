@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::owned_key::{OwnedKey, borrowed};
-use super::store::{CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Store};
+use super::store::{
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, RoomBounds, RoomEntered,
+    Store,
+};
 use super::{
     Admission, AlgorithmKind, AnchoredClock, Ask, Decision, LeaseId, LimiterError, MemoryStore,
     OnError, Settlement, Source, guard, next_lease, postgres, redis,
@@ -179,6 +182,20 @@ impl Limiter {
         match self.guarded() {
             None => Ok(true),
             Some(guarded) => guarded.cache_claim(key, ttl_us).await,
+        }
+    }
+
+    /// A waiting room's answer to `client`, from the store every instance shares; `None` on
+    /// the memory store (the room keeps its line itself).
+    pub async fn room_enter(
+        &self,
+        room: &str,
+        client: &str,
+        bounds: RoomBounds,
+    ) -> Result<Option<RoomEntered>, LimiterError> {
+        match self.guarded() {
+            None => Ok(None),
+            Some(guarded) => guarded.room_enter(room, client, bounds).await,
         }
     }
 

@@ -37,7 +37,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::store::{
-    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, RoomBounds, RoomEntered,
+    Shared, Store, StoreCall,
 };
 use super::wire::Call;
 use super::wire::{self, Reply};
@@ -474,6 +475,20 @@ impl Shared for PostgresStore {
 
     fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()> {
         Box::pin(self.remove_cached(route, scope))
+    }
+
+    fn room_enter<'a>(
+        &'a self,
+        _room: &'a str,
+        _client: &'a str,
+        _bounds: RoomBounds,
+    ) -> StoreCall<'a, RoomEntered> {
+        // `floodgate check` refuses a waiting room on PostgreSQL until its line is kept here.
+        Box::pin(async {
+            Err(LimiterError::unavailable(
+                "waiting rooms are not kept in PostgreSQL yet",
+            ))
+        })
     }
 }
 

@@ -36,6 +36,7 @@ use super::wire::{self, Reply};
 mod batch;
 mod cache;
 mod connection;
+mod room;
 mod script;
 mod slices;
 
@@ -50,7 +51,8 @@ use script::{
 pub use slices::{RedisGlobal, RedisSlices};
 
 use super::store::{
-    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, Store, StoreCall,
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, RoomBounds, RoomEntered,
+    Shared, Store, StoreCall,
 };
 use super::wire::Call;
 use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
@@ -521,5 +523,14 @@ impl Shared for RedisStore {
 
     fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()> {
         Box::pin(self.remove_cached(route, scope))
+    }
+
+    fn room_enter<'a>(
+        &'a self,
+        room: &'a str,
+        client: &'a str,
+        bounds: RoomBounds,
+    ) -> StoreCall<'a, RoomEntered> {
+        Box::pin(self.enter_room(room, client, bounds))
     }
 }

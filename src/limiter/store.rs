@@ -188,6 +188,39 @@ pub trait Shared: Send + Sync {
     fn cache_write<'a>(&'a self, write: CacheWrite<'a>) -> StoreCall<'a, ()>;
     /// Removes the cache entries of `route` that `scope` names.
     fn cache_remove<'a>(&'a self, route: &'a str, scope: CacheScope<'a>) -> StoreCall<'a, ()>;
+    /// A waiting room: `client` (a digest) asks to enter `room`, on the store's clock (see
+    /// `room/line.rs`, whose rules the store applies in one atomic step).
+    fn room_enter<'a>(
+        &'a self,
+        room: &'a str,
+        client: &'a str,
+        bounds: RoomBounds,
+    ) -> StoreCall<'a, RoomEntered>;
+}
+
+/// A waiting room's bounds, as the store applies them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoomBounds {
+    pub active: u64,
+    /// Admissions a second.
+    pub admit_rate: f64,
+    pub session_ms: u64,
+    /// How long a waiting client may go without asking before it leaves the line.
+    pub linger_ms: u64,
+    /// The most clients in line.
+    pub max_line: u64,
+}
+
+/// What a waiting room's store said to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomEntered {
+    pub admitted: bool,
+    /// Its place in line (1: next); 0 when admitted.
+    pub position: u64,
+    pub active: u64,
+    pub waiting: u64,
+    /// Admissions since the room began, every instance together.
+    pub admitted_total: u64,
 }
 
 /// One variant of a shared cache entry, as read back.

@@ -29,10 +29,12 @@ pub enum DecisionLabel {
     Cached,
     /// Held for its limits (`wait:`) and admitted when they had room: forwarded.
     Delayed,
+    /// Told to wait its turn by a waiting room (`waiting_room:`): 503, not forwarded.
+    Waiting,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 11] = [
+    pub const ALL: [DecisionLabel; 12] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -44,6 +46,7 @@ impl DecisionLabel {
         DecisionLabel::Banned,
         DecisionLabel::Cached,
         DecisionLabel::Delayed,
+        DecisionLabel::Waiting,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -67,7 +70,8 @@ impl DecisionLabel {
             | DecisionLabel::InvalidKey
             | DecisionLabel::Overloaded
             | DecisionLabel::Banned
-            | DecisionLabel::Cached => None,
+            | DecisionLabel::Cached
+            | DecisionLabel::Waiting => None,
         }
     }
 
@@ -85,6 +89,7 @@ impl DecisionLabel {
             DecisionLabel::Banned => "banned",
             DecisionLabel::Cached => "cached",
             DecisionLabel::Delayed => "delayed",
+            DecisionLabel::Waiting => "waiting",
         }
     }
 }
@@ -158,6 +163,11 @@ pub(super) struct CostLabels {
     pub(super) route: String,
     pub(super) limit: String,
     pub(super) outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RoomLabel {
+    pub(super) room: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -227,6 +227,22 @@ fn flow_of(
     }
 }
 
+/// True for a refusal that says the route is at its capacity (what opens a waiting room under
+/// `activate: overloaded`): its gate shed the request, or a `per: route` or `per: endpoint`
+/// limit refused it.
+fn refused_for_capacity(route: &crate::config::RouteConfig, rejection: &Rejection) -> bool {
+    use crate::config::Per;
+    match rejection {
+        Rejection::UpstreamOverloaded => true,
+        Rejection::RateLimited(_, crate::policy::LimitRef::Enforced(at)) => route
+            .enforced
+            .limits
+            .get(*at)
+            .is_some_and(|l| matches!(l.per, Per::Route | Per::Endpoint)),
+        _ => false,
+    }
+}
+
 /// A held request's place among those its limit holds on this instance (`max_waiting`),
 /// given back when it is dropped (admitted, refused, or its client gone).
 struct Held(std::sync::Arc<std::sync::atomic::AtomicU32>);
@@ -288,6 +304,7 @@ impl Proxy {
                 crate::upstream::Balance::Hash(crate::upstream::HashOn::Identity)
             );
             let whose = (route.extras.gate.is_some()
+                || route.extras.room.is_some()
                 || !self.control.is_empty()
                 || hashes_identity
                 || route.config.request_headers.uses_vars()
@@ -318,9 +335,13 @@ impl Proxy {
                 }
                 _ => None,
             };
-            let admitted = match refused {
-                Some(refused) => Err(Rejection::from(refused)),
-                None => Ok(Admitted::unlimited()),
+            let admitted = match (refused, &whose) {
+                (Some(refused), _) => Err(Rejection::from(refused)),
+                (None, Some(whose)) => self
+                    .wait_turn(route, whose)
+                    .await
+                    .map(|()| Admitted::unlimited()),
+                (None, None) => Ok(Admitted::unlimited()),
             };
             ctx.vars = vars_of(snapshot, route, req, whose.as_ref(), ctx.peer);
             (whose.map(|w| w.identity), admitted)
@@ -336,6 +357,9 @@ impl Proxy {
                     // Known before the limits: those `per: endpoint` follow the balancer.
                     ctx.balance_key = balance_key(route, req, Some(&whose.identity));
                     ctx.vars = vars_of(snapshot, route, req, Some(&whose), ctx.peer);
+                    if let Err(waiting) = self.wait_turn(route, &whose).await {
+                        return self.refused_in_line(route, whose, waiting);
+                    }
                     (
                         Some(whose.identity),
                         self.limit_or_hold(
@@ -376,8 +400,49 @@ impl Proxy {
                 .top
                 .record(&identity, admitted.is_ok(), uptime_us());
         }
+        if let (Some(room), Err(rejection)) = (&route.extras.room, &admitted)
+            && refused_for_capacity(route.config, rejection)
+        {
+            room.overloaded();
+        }
         ctx.admitted = Some(admitted?);
         Ok(())
+    }
+
+    /// A waiting room's turn (`waiting_room:`), before the limits (waiting spends no budget):
+    /// the request goes on when its client is admitted, the room is closed or its tier passes;
+    /// else it is told its place in line. A store that fails lets it in.
+    async fn wait_turn(&self, route: &Matched<'_>, whose: &Whose<'_>) -> Result<(), Rejection> {
+        let Some(room) = &route.extras.room else {
+            return Ok(());
+        };
+        if !room.is_open() || room.bypasses(whose.tier) {
+            return Ok(());
+        }
+        let mut buf = [0u8; 16];
+        let mut client = vec![whose.identity.kind() as u8];
+        client.extend_from_slice(whose.identity.key_bytes(&mut buf));
+        match room.enter(self.core.limiter(), &client).await {
+            Ok(crate::room::Turn::Enter) => Ok(()),
+            Ok(crate::room::Turn::Wait { position, eta_secs }) => {
+                Err(Rejection::WaitingRoom { position, eta_secs })
+            }
+            Err(e) => {
+                tracing::debug!(room = %room.name(), error = %e, "a waiting room's store failed: let in");
+                Ok(())
+            }
+        }
+    }
+
+    /// A request told to wait its turn: counted in the route's `/top` as refused.
+    fn refused_in_line(
+        &self,
+        route: &Matched<'_>,
+        whose: Whose<'_>,
+        waiting: Rejection,
+    ) -> Result<(), Rejection> {
+        route.extras.top.record(&whose.identity, false, uptime_us());
+        Err(waiting)
     }
 
     /// Phase 4: a slot under the learned limit (`adaptive_concurrency`) of the endpoint the

@@ -83,6 +83,8 @@ pub(super) struct RouteExtras {
     /// A cached route whose limits ask a hit's `cache_hit_cost`: the route with only those
     /// limits, each costing that.
     pub hit_route: Option<crate::config::RouteConfig>,
+    /// The waiting room the route is in, if any (`waiting_room:`).
+    pub room: Option<Arc<crate::room::Room>>,
 }
 
 /// A cached route whose limits name a `cache_hit_cost`: the route with only those limits, each
@@ -169,8 +171,13 @@ impl Snapshot {
         gates: &Gates,
         tops: &Tops,
         pools: &crate::upstream::Pools,
+        rooms: &crate::room::Rooms,
         previous: Option<&Snapshot>,
     ) -> Self {
+        let names: Vec<Arc<str>> = config.routes.iter().map(|r| r.name.clone()).collect();
+        let mut rooms = rooms
+            .for_routes(&config.rooms, &names, |room| metrics.room(room))
+            .into_iter();
         Snapshot {
             extras: config
                 .routes
@@ -196,6 +203,7 @@ impl Snapshot {
                     costs: cost_counters(r, metrics),
                     cache: (r.cache.as_ref()).map(|_| Arc::new(metrics.route_cache(&r.name))),
                     hit_route: hit_route(r),
+                    room: rooms.next().flatten(),
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
@@ -237,6 +245,7 @@ impl Snapshot {
             &Gates::default(),
             &Tops::default(),
             &pools,
+            &crate::room::Rooms::default(),
             None,
         )
     }

@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::limiter::store::{
-    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, Shared, StoreCall,
+    CacheScope, CacheVariant, CacheWrite, ControlChange, ControlList, RoomBounds, RoomEntered,
+    Shared, StoreCall,
 };
 
 impl<C: Clock> Guarded<C> {
@@ -64,6 +65,22 @@ impl<C: Clock> Guarded<C> {
         let timeout = self.timeout() * 2;
         self.shared_within(timeout, true, |s| s.claim(key, ttl_us))
             .await
+    }
+
+    /// A waiting room's answer to `client` (see [`Shared::room_enter`]), on a request's path:
+    /// within twice the decision timeout. `None` when the store keeps no rooms.
+    pub async fn room_enter(
+        &self,
+        room: &str,
+        client: &str,
+        bounds: RoomBounds,
+    ) -> Result<Option<RoomEntered>, LimiterError> {
+        let timeout = self.timeout() * 2;
+        self.shared_within(timeout, None, |s| {
+            let entered = s.room_enter(room, client, bounds);
+            Box::pin(async move { entered.await.map(Some) })
+        })
+        .await
     }
 
     /// Gives up the claim on `key`.

@@ -1,0 +1,234 @@
+//! Waiting rooms (`waiting_room:`): at most `active` clients admitted at once, every instance
+//! together on a shared store; the others told their place in line (first come, first served),
+//! an estimated wait and `Retry-After`, or a page that asks again by itself. Real floodgate
+//! processes, a real upstream (and Redis), port 0.
+
+mod common;
+
+use std::time::Duration;
+
+use common::config::{Config, Limit, Route};
+use common::{Floodgate, Upstream, check_names, client, get, metric};
+use http::StatusCode;
+
+/// The route `rides` → `upstream` (with `limits`), in the room `concert` of `room` (a YAML flow
+/// mapping's keys beyond name and routes).
+fn in_room(config: Config, upstream: &Upstream, limits: &[Limit], room: &str) -> String {
+    config
+        .with(
+            "waiting_room",
+            &format!("[{{name: concert, routes: [rides], {room}}}]"),
+        )
+        .route(Route::new("rides", "/", &upstream.url()).limits(limits.iter().cloned()))
+        .yaml()
+}
+
+async fn ask(url: &str, key: &str) -> common::Reply {
+    get(&client(), url, &[("x-api-key", key)]).await
+}
+
+fn body(reply: &common::Reply) -> serde_json::Value {
+    serde_json::from_str(&reply.body).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_active_clients_are_admitted_and_the_rest_wait_their_turn() {
+    let upstream = Upstream::start().await;
+    let yaml = in_room(
+        Config::new(),
+        &upstream,
+        &[],
+        "active: 2, admit_rate: 100, session: 1s, activate: always",
+    );
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    assert_eq!(ask(&url, "k0").await.status, StatusCode::OK);
+    assert_eq!(ask(&url, "k1").await.status, StatusCode::OK);
+    // Full: the next two wait, in the order they came, told when to ask again.
+    for (key, position) in [("k2", 1), ("k3", 2)] {
+        let reply = ask(&url, key).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{key}");
+        let problem = body(&reply);
+        assert_eq!(problem["error"], "waiting_room");
+        assert_eq!(problem["position"], position);
+        assert_eq!(
+            problem["eta_seconds"], 1,
+            "{position} over 100 a second, rounded up"
+        );
+        assert_eq!(reply.headers["retry-after"], "1");
+    }
+    // Asking again keeps one's place; an admitted client stays admitted.
+    assert_eq!(body(&ask(&url, "k3").await)["position"], 2);
+    assert_eq!(ask(&url, "k0").await.status, StatusCode::OK);
+    // A browser gets a page that asks again by itself.
+    let page = get(
+        &client(),
+        &url,
+        &[("x-api-key", "k3"), ("accept", "text/html")],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        page.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(
+        page.body.contains("http-equiv=\"refresh\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("<strong id=\"position\">2</strong>"),
+        "{}",
+        page.body
+    );
+    // k1 goes quiet while k0 keeps asking: past k1's session (1 s; 1.3 s allows for a slow
+    // machine) its place goes to the first in line, k2, and k3 moves up.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(ask(&url, "k0").await.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(ask(&url, "k2").await.status, StatusCode::OK);
+    assert_eq!(body(&ask(&url, "k3").await)["position"], 1);
+    // A client back after its session starts again at the back.
+    assert_eq!(body(&ask(&url, "k1").await)["position"], 2);
+    let metrics = |name: &str| format!("floodgate_waiting_room_{name}{{room=\"concert\"}}");
+    assert_eq!(metric(&fg, &metrics("active")).await, 2);
+    assert_eq!(metric(&fg, &metrics("waiting")).await, 2);
+    assert_eq!(metric(&fg, &metrics("admitted_total")).await, 3);
+    let waiting = metric(
+        &fg,
+        r#"floodgate_requests_total{route="rides",decision="waiting"}"#,
+    );
+    assert!(waiting.await >= 5);
+    assert_eq!(
+        upstream.count(),
+        5,
+        "waiting requests never reach the upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_share_one_line_and_one_count() {
+    let redis = common::RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = in_room(
+        Config::new().redis(&redis.url(), "allow"),
+        &upstream,
+        &[],
+        "active: 3, admit_rate: 100, session: 1m, activate: always",
+    );
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    // Ten clients, one after another, each to one instance then the other.
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        let fg = if i % 2 == 0 { &a } else { &b };
+        let reply = ask(&fg.url("/ride"), &format!("rider-{i}")).await;
+        statuses.push((reply.status.as_u16(), body(&reply)["position"].as_u64()));
+    }
+    let admitted = statuses.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(admitted, 3, "{statuses:?}");
+    let positions: Vec<_> = statuses.iter().filter_map(|(_, p)| *p).collect();
+    assert_eq!(
+        positions,
+        (1..=7).collect::<Vec<_>>(),
+        "first come, first served across both"
+    );
+    // Each instance says the room's figures, every instance together.
+    for fg in [&a, &b] {
+        let active = metric(fg, r#"floodgate_waiting_room_active{room="concert"}"#).await;
+        assert_eq!(active, 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_room_opens_only_once_its_route_refuses_for_capacity() {
+    let upstream = Upstream::start().await;
+    // Everyone together may spend 2 (then one in 1,000 s): past it the route refuses for
+    // capacity, and the room (`activate: overloaded`, the default) opens.
+    let limit = Limit::token_bucket(2, 0.001).per("route");
+    let yaml = in_room(
+        Config::new(),
+        &upstream,
+        &[limit],
+        "active: 1, admit_rate: 100, session: 1m",
+    );
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    // Closed: nobody waits.
+    assert_eq!(ask(&url, "a").await.status, StatusCode::OK);
+    assert_eq!(ask(&url, "b").await.status, StatusCode::OK);
+    assert_eq!(ask(&url, "c").await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Open now: the first to ask is admitted (and meets the spent budget), the next waits.
+    assert_eq!(ask(&url, "d").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let e = ask(&url, "e").await;
+    assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(&e)["error"], "waiting_room");
+    assert_eq!(body(&e)["position"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bypass_tier_passes_a_full_room() {
+    let upstream = Upstream::start().await;
+    // The test consumers: the key "test" is acme's (tier pro), "bar" the hobbyist's; any
+    // other key is ignored (the client is its address).
+    let yaml = in_room(
+        Config::new().consumers("anonymous"),
+        &upstream,
+        &[],
+        "active: 1, admit_rate: 100, session: 1m, activate: always, bypass_tiers: [pro]",
+    );
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    assert_eq!(ask(&url, "bar").await.status, StatusCode::OK);
+    assert_eq!(
+        ask(&url, "unknown").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        ask(&url, "test").await.status,
+        StatusCode::OK,
+        "pro passes the line"
+    );
+    assert_eq!(upstream.count(), 2);
+}
+
+#[test]
+fn check_names_the_field_of_each_room_mistake() {
+    let yaml = |room: &str, storage: &str| {
+        format!(
+            "listen: 127.0.0.1:0\n{storage}waiting_room: [{room}]\nroutes:\n  - {{name: rides, path_prefix: /, upstream: \"http://127.0.0.1:9\"}}\n"
+        )
+    };
+    let ok = "name: concert, routes: [rides], admit_rate: 10";
+    check_names(
+        &yaml(
+            "{name: concert, routes: [fares], active: 5, admit_rate: 10}",
+            "",
+        ),
+        &["waiting_room[0].routes[0]"],
+    );
+    check_names(
+        &yaml(&format!("{{{ok}, active: 0}}"), ""),
+        &["waiting_room[0].active"],
+    );
+    check_names(
+        &yaml(
+            "{name: concert, routes: [rides], active: 5, admit_rate: 0}",
+            "",
+        ),
+        &["waiting_room[0].admit_rate"],
+    );
+    check_names(
+        &yaml(&format!("{{{ok}, active: 5, activate: sometimes}}"), ""),
+        &["waiting_room[0].activate"],
+    );
+    check_names(
+        &yaml(
+            &format!("{{{ok}, active: 5}}"),
+            "storage: {backend: postgres, url: \"postgres://x@127.0.0.1/x\"}\n",
+        ),
+        &["waiting_room"],
+    );
+}
