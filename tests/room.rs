@@ -232,3 +232,85 @@ fn check_names_the_field_of_each_room_mistake() {
         &["waiting_room"],
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_in_line_sees_its_place_and_the_page_asks_again_by_itself() {
+    let upstream = Upstream::start().await;
+    let yaml = in_room(
+        Config::new(),
+        &upstream,
+        &[],
+        "active: 1, admit_rate: 100, session: 2s, activate: always",
+    );
+    let fg = Floodgate::start(&yaml);
+    // Someone holds the one place for 2 s; Chromium (no API key: its address is its identity)
+    // waits, its page asking again every second, until the place is handed on.
+    assert_eq!(ask(&fg.url("/ride"), "holder").await.status, StatusCode::OK);
+    // The holder keeps its place until Chromium has been told to wait once (however long
+    // Chromium takes to start), then goes quiet: its place lapses 2 s later, within which the
+    // page asks again at least once (every second).
+    let holding = {
+        let (url, metrics) = (fg.url("/ride"), fg.admin_url("/metrics"));
+        tokio::spawn(async move {
+            let waited = r#"floodgate_requests_total{route="rides",decision="waiting"} "#;
+            loop {
+                let _ = ask(&url, "holder").await;
+                let text = client()
+                    .get(&metrics)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                if text
+                    .lines()
+                    .any(|l| l.starts_with(waited) && !l.ends_with(" 0"))
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let profile = common::TempDir::new("chromium");
+    let out = tokio::task::spawn_blocking({
+        let (url, chromium) = (fg.url("/ride"), common::chromium());
+        let profile = profile.path().to_path_buf();
+        move || {
+            std::process::Command::new(chromium)
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                ])
+                .arg(format!("--user-data-dir={}", profile.display()))
+                // The budget lets the page's timers run: its refresh every second, then the
+                // upstream's answer once the holder's admission has lapsed.
+                .args(["--virtual-time-budget=10000", "--dump-dom"])
+                .arg(url)
+                .output()
+                .expect("run chromium")
+        }
+    })
+    .await
+    .unwrap();
+    holding.abort();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("hello from upstream"),
+        "let in at last: {dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waiting = metric(
+        &fg,
+        r#"floodgate_requests_total{route="rides",decision="waiting"}"#,
+    );
+    let asked = waiting.await;
+    assert!(
+        asked >= 2,
+        "the page asked again by itself: {asked} requests in line"
+    );
+    assert!(upstream.count() >= 2, "the holder, then Chromium");
+}

@@ -343,18 +343,6 @@ async fn spans_still_queued_at_sigterm_are_exported_as_floodgate_stops() {
     }
 }
 
-/// Chromium's binary, if Debian's package is installed.
-fn chromium() -> std::path::PathBuf {
-    for name in ["chromium", "chromium-browser"] {
-        if let Ok(out) = Command::new("which").arg(name).output()
-            && out.status.success()
-        {
-            return std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        }
-    }
-    panic!("chromium is missing: scripts/test.sh installs Debian's chromium");
-}
-
 #[tokio::test]
 async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
     let upstream = Upstream::start().await;

@@ -296,3 +296,15 @@ pub fn replay_own_log(fg: &Floodgate) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("json")
 }
+
+/// Chromium's binary, if Debian's package is installed.
+pub fn chromium() -> std::path::PathBuf {
+    for name in ["chromium", "chromium-browser"] {
+        if let Ok(out) = Command::new("which").arg(name).output()
+            && out.status.success()
+        {
+            return std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        }
+    }
+    panic!("chromium is missing: scripts/test.sh installs Debian's chromium");
+}
