@@ -388,7 +388,7 @@ impl Config {
         let telemetry = v.telemetry(file.telemetry, &overrides.env);
         let admin_token = v.admin_token(file.admin, overrides.base_dir.as_deref());
         let alerts = v.alerts(file.alerts);
-        let rooms = v.rooms(file.waiting_room, &routes, storage.as_ref());
+        let rooms = v.rooms(file.waiting_room, &routes);
         let usage_path = v.usage_path(file.usage_path);
         let max_connections = v.max_connections(file.max_connections);
         match (

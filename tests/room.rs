@@ -109,12 +109,12 @@ async fn at_most_active_clients_are_admitted_and_the_rest_wait_their_turn() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_on_one_redis_share_one_line_and_one_count() {
-    let redis = common::RedisServer::start();
+/// Two instances on the store `storage` configures share one line and one count: ten
+/// clients, one after another, each to one instance then the other, `active: 3`.
+async fn two_instances_share_one_line(storage: Config) {
     let upstream = Upstream::start().await;
     let yaml = in_room(
-        Config::new().redis(&redis.url(), "allow"),
+        storage,
         &upstream,
         &[],
         "active: 3, admit_rate: 100, session: 1m, activate: always",
@@ -140,6 +140,22 @@ async fn two_instances_on_one_redis_share_one_line_and_one_count() {
         let active = metric(fg, r#"floodgate_waiting_room_active{room="concert"}"#).await;
         assert_eq!(active, 3);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_share_one_line_and_one_count() {
+    let redis = common::RedisServer::start();
+    two_instances_share_one_line(Config::new().redis(&redis.url(), "allow")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_postgres_share_one_line_and_one_count() {
+    let postgres = common::PostgresServer::start();
+    let storage = Config::new()
+        .storage("backend", "postgres")
+        .storage("url", &postgres.url())
+        .storage("timeout", "2s");
+    two_instances_share_one_line(storage).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,11 +241,8 @@ fn check_names_the_field_of_each_room_mistake() {
         &["waiting_room[0].activate"],
     );
     check_names(
-        &yaml(
-            &format!("{{{ok}, active: 5}}"),
-            "storage: {backend: postgres, url: \"postgres://x@127.0.0.1/x\"}\n",
-        ),
-        &["waiting_room"],
+        &yaml(&format!("{{{ok}, active: 5, session: 0s}}"), ""),
+        &["waiting_room[0].session"],
     );
 }
 

@@ -52,12 +52,11 @@ pub struct RoomConfig {
 
 impl Validator {
     /// `waiting_room:`: names unique, each naming routes that exist (and no route in two rooms),
-    /// `active` at least 1, `admit_rate` above 0, `session` above 0; not on PostgreSQL yet.
+    /// `active` at least 1, `admit_rate` above 0, `session` above 0.
     pub(super) fn rooms(
         &mut self,
         file: Option<Vec<RoomFile>>,
         routes: &[RouteConfig],
-        storage: Option<&super::StorageConfig>,
     ) -> Vec<RoomConfig> {
         let mut rooms: Vec<RoomConfig> = Vec::new();
         for (n, room) in file.unwrap_or_default().into_iter().enumerate() {
@@ -155,14 +154,6 @@ impl Validator {
                 activate,
                 bypass_tiers: room.bypass_tiers,
             });
-        }
-        if !rooms.is_empty()
-            && storage.is_some_and(|s| matches!(s.backend, super::Backend::Postgres { .. }))
-        {
-            self.problem(
-                "waiting_room",
-                "a waiting room's line is kept in Redis (or, for one instance, in memory), not yet in PostgreSQL",
-            );
         }
         rooms
     }

@@ -47,6 +47,7 @@ use super::{AlgorithmKind, Ask, LeaseId, LimiterError};
 mod batch;
 mod cache;
 mod db;
+mod room;
 mod slices;
 pub mod url;
 
@@ -56,7 +57,7 @@ use db::{Db, Sql};
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// One decision's lease arguments as `decide.sql` takes them, one element per limit (0s where
 /// `wants` is shorter).
@@ -479,16 +480,11 @@ impl Shared for PostgresStore {
 
     fn room_enter<'a>(
         &'a self,
-        _room: &'a str,
-        _client: &'a str,
-        _bounds: RoomBounds,
+        room: &'a str,
+        client: &'a str,
+        bounds: RoomBounds,
     ) -> StoreCall<'a, RoomEntered> {
-        // `floodgate check` refuses a waiting room on PostgreSQL until its line is kept here.
-        Box::pin(async {
-            Err(LimiterError::unavailable(
-                "waiting rooms are not kept in PostgreSQL yet",
-            ))
-        })
+        Box::pin(self.enter_room(room, client, bounds))
     }
 }
 

@@ -16,7 +16,7 @@ use crate::limiter::LimiterError;
 pub(super) const SCHEMA: &str = include_str!("../sql/schema.sql");
 
 /// The functions, in the order they must be created (the decision calls the algorithms).
-pub(super) const FUNCTIONS: [&str; 10] = [
+pub(super) const FUNCTIONS: [&str; 11] = [
     include_str!("../sql/gcra.sql"),
     include_str!("../sql/fixed_window.sql"),
     include_str!("../sql/sliding_window_log.sql"),
@@ -27,6 +27,7 @@ pub(super) const FUNCTIONS: [&str; 10] = [
     include_str!("../sql/release.sql"),
     include_str!("../sql/settle.sql"),
     include_str!("../sql/sweep.sql"),
+    include_str!("../sql/room.sql"),
 ];
 
 /// The token the SQL files end their function names with, replaced by the hash.
@@ -53,6 +54,7 @@ pub(super) struct Sql {
     pub(super) release: String,
     pub(super) settle: String,
     pub(super) sweep: String,
+    pub(super) room_enter: String,
 }
 
 impl Sql {
@@ -84,6 +86,7 @@ impl Sql {
                 "SELECT last_key, deleted FROM {}($1, $2, $3)",
                 name("sweep")
             ),
+            room_enter: format!("SELECT {}($1, $2, $3, $4, $5, $6, $7)", name("room_enter")),
         }
     }
 }

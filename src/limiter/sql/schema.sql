@@ -1,4 +1,4 @@
--- floodgate's PostgreSQL schema, version 3: the tables. Run once per database, under the
+-- floodgate's PostgreSQL schema, version 4: the tables. Run once per database, under the
 -- installer's advisory lock, when floodgate_schema says an older version (or none) is installed
 -- (see src/limiter/postgres.rs). The functions are in the other files of this folder and are
 -- installed at every start with CREATE OR REPLACE.
@@ -62,3 +62,24 @@ CREATE TABLE IF NOT EXISTS floodgate_cache (
 );
 CREATE INDEX IF NOT EXISTS floodgate_cache_place ON floodgate_cache (route, path);
 CREATE INDEX IF NOT EXISTS floodgate_cache_until ON floodgate_cache (until_us);
+
+-- Version 4: waiting rooms (`waiting_room:`: src/room.rs, room.sql), named with the instance's
+-- key prefix: each room's state (the next ticket, the admission bucket, admissions so far) and
+-- its members, admitted or waiting with a ticket, each with its last request (ms since the
+-- epoch, on the database's clock).
+CREATE TABLE IF NOT EXISTS floodgate_room_state (
+  room     text COLLATE "C" PRIMARY KEY,
+  seq      bigint NOT NULL DEFAULT 0,
+  tokens   double precision,
+  at_ms    bigint,
+  admitted bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS floodgate_room_members (
+  room    text COLLATE "C" NOT NULL,
+  client  text COLLATE "C" NOT NULL,
+  waiting boolean NOT NULL,
+  ticket  bigint NOT NULL,
+  last_ms bigint NOT NULL,
+  PRIMARY KEY (room, client)
+);
+CREATE INDEX IF NOT EXISTS floodgate_room_line ON floodgate_room_members (room, waiting, ticket);
