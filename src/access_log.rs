@@ -85,6 +85,9 @@ pub struct AccessRecord<'a> {
     /// How long the request was held for its limits (`wait:`) before they admitted it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// A waiting room's line: the client's place in it (1: next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
 }
 
 /// Whether lines are written as JSON (`log_format: json`, set once at start by `main`); text
@@ -125,6 +128,7 @@ impl AccessRecord<'static> {
             keys: None,
             cache: None,
             wait_ms: None,
+            position: None,
         }))
     }
 }
@@ -203,6 +207,9 @@ impl AccessRecord<'_> {
         text_opt(out, "cache", self.cache.as_deref());
         if let Some(ms) = self.wait_ms {
             let _ = write!(out, " wait_ms={ms}");
+        }
+        if let Some(position) = self.position {
+            let _ = write!(out, " position={position}");
         }
         out.push_str("}: floodgate::access: request done");
         text_opt(
@@ -396,6 +403,7 @@ mod tests {
         pub const KEYS: &str = "keys";
         pub const CACHE: &str = "cache";
         pub const WAIT_MS: &str = "wait_ms";
+        pub const POSITION: &str = "position";
     }
 
     /// The span the proxy opened per request until the access log was written directly: the
@@ -422,6 +430,7 @@ mod tests {
             keys = Empty,
             cache = Empty,
             wait_ms = Empty,
+            position = Empty,
         )
     }
 
@@ -484,6 +493,9 @@ mod tests {
             if let Some(ms) = line.wait_ms {
                 span.record(field::WAIT_MS, ms);
             }
+            if let Some(position) = line.position {
+                span.record(field::POSITION, position);
+            }
             let _entered = span.enter();
             tracing::info!(
                 target: TARGET,
@@ -523,6 +535,7 @@ mod tests {
             keys: Some(format!("0={}", "07".repeat(16)).into()),
             cache: Some("collapsed".into()),
             wait_ms: Some(120),
+            position: Some(3),
         });
         let bare = AccessRecord {
             method: "GET".into(),
@@ -542,6 +555,7 @@ mod tests {
             keys: None,
             cache: None,
             wait_ms: None,
+            position: None,
         };
         let mut odd = full.clone();
         odd.method = "PURGE".into();

@@ -306,6 +306,11 @@ impl Proxy {
             Ok(None) => self.forward(&snapshot, &route, req, &mut ctx).await,
             Err(rejection) => {
                 ctx.refuse(rejection.label());
+                if let (Rejection::WaitingRoom { position, .. }, Some(log)) =
+                    (&rejection, ctx.log.as_deref_mut())
+                {
+                    log.position = Some(*position);
+                }
                 // A browser in a waiting room's line gets a page that asks again by itself.
                 let page = match rejection {
                     Rejection::WaitingRoom { .. } if accepts_html(req.headers()) => {

@@ -40,7 +40,7 @@ async fn at_most_active_clients_are_admitted_and_the_rest_wait_their_turn() {
         &[],
         "active: 2, admit_rate: 100, session: 1s, activate: always",
     );
-    let fg = Floodgate::start(&yaml);
+    let fg = Floodgate::start_with_env(&yaml, &[("RUST_LOG", "warn,floodgate::access=info")]);
     let url = fg.url("/ride");
     assert_eq!(ask(&url, "k0").await.status, StatusCode::OK);
     assert_eq!(ask(&url, "k1").await.status, StatusCode::OK);
@@ -107,6 +107,17 @@ async fn at_most_active_clients_are_admitted_and_the_rest_wait_their_turn() {
         5,
         "waiting requests never reach the upstream"
     );
+    // The access log says each waiting request's place.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let logged = "decision=\"waiting\" status=503";
+    while !fg
+        .stderr()
+        .lines()
+        .any(|l| l.contains(logged) && l.contains(" position=2"))
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", fg.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Two instances on the store `storage` configures share one line and one count: ten

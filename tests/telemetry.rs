@@ -347,7 +347,7 @@ async fn spans_still_queued_at_sigterm_are_exported_as_floodgate_stops() {
 async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
     let upstream = Upstream::start().await;
     let fg = Floodgate::start(&format!(
-        "admin_listen: 127.0.0.1:0\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {u}\n    limits:\n      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1}}\n  - name: search\n    path_prefix: /search\n    upstream: {u}\n    cache: {{ttl: 30s}}\n",
+        "admin_listen: 127.0.0.1:0\nwaiting_room: [{{name: concert, routes: [orders], active: 1000, admit_rate: 1000, activate: always}}]\nroutes:\n  - name: orders\n    path_prefix: /orders\n    upstream: {u}\n    limits:\n      - {{algorithm: token_bucket, capacity: 5, refill_rate: 1}}\n  - name: search\n    path_prefix: /search\n    upstream: {u}\n    cache: {{ttl: 30s}}\n",
         u = upstream.url()
     ));
     // Traffic while the page is open, back to back (the page samples /metrics on its own
@@ -398,6 +398,15 @@ async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(dom.contains("<b>search</b>"));
+    // The waiting room's row: one client (the traffic's one key) admitted, nobody waiting.
+    let room = dom
+        .split("<tr data-room=\"concert\">")
+        .nth(1)
+        .expect("a row for the room");
+    assert!(
+        room.starts_with("<td><b>concert</b></td><td class=\"num\">1</td><td class=\"num\">0</td>"),
+        "{room}"
+    );
     assert!(dom.contains("token_bucket 5"), "{dom}");
     // A live figure: the page computed a rate from two /metrics samples.
     let allowed = dom

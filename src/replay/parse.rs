@@ -293,6 +293,7 @@ impl<'a> Fields<'a> {
             keys: self.keys.map(|k| text(k, "keys")).transpose()?,
             cache: None,
             wait_ms: None,
+            position: None,
         })
     }
 }
