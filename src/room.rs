@@ -2,7 +2,10 @@
 //! are admitted at once, every instance together, the others waiting their turn in line (first
 //! come, first served), told their place and an estimated wait.
 //!
-//! - [`line`]: the line itself, pure (the memory store's; Redis keeps the same in a script).
+//! - [`line`]: the line itself, pure: the memory store's (Redis keeps the same in a script,
+//!   `limiter/redis/room.rs`, and PostgreSQL in a function, `limiter/sql/room.sql`);
+//! - [`Room`]: a room's rules, whether it is open, a request's turn, its metrics; [`Rooms`]: the
+//!   rooms by name, kept across reloads.
 
 pub mod line;
 
@@ -31,7 +34,7 @@ pub enum Turn {
 pub struct Room {
     config: Mutex<RoomConfig>,
     line: Mutex<line::Line>,
-    /// Milliseconds since [`epoch`] of the last refusal for capacity on one of its routes (0:
+    /// Milliseconds since [`epoch_ms`]'s start of the last refusal for capacity on one of its routes (0:
     /// none).
     overloaded_at: AtomicU64,
     metrics: RoomMetrics,

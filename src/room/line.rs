@@ -1,5 +1,6 @@
 //! A waiting room's line, as one instance keeps it on the memory store (Redis keeps the same
-//! thing in a script: `limiter/redis/room.rs`). Pure: time comes in as an argument (ms).
+//! thing in a script, `limiter/redis/room.rs`, and PostgreSQL in a function, `sql/room.sql`).
+//! Pure: time comes in as an argument (ms).
 //!
 //! - **Active** clients (at most `active`) are admitted; an admission lasts `session` after the
 //!   client's last request.
