@@ -163,11 +163,7 @@ if [ "$PAIR" = 1 ]; then
     # Two floodgate instances on one Redis, each behind its own wrk (half the connections):
     # caching on their own (`cache.shared: false`), each fetches every zone once a second; with
     # `cache.shared: true`, the two together fetch it once.
-    REDIS_PORT="$(free_port)"
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-        >"$WORK/redis.log" 2>&1 &
-    PIDS+=("$!")
-    for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    start_redis
     PORT_B="$(free_port)"
     pair_conf() { # file port shared
         cat >"$1" <<EOF

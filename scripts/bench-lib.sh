@@ -40,3 +40,12 @@ start_api() {
 served() {
     curl -s "http://127.0.0.1:$API_PORT/__stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["served"])'
 }
+
+# start_redis: a redis-server of its own on $REDIS_PORT (no persistence), once it answers.
+start_redis() {
+    REDIS_PORT="$(free_port)"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+        >"$WORK/redis.log" 2>&1 &
+    PIDS+=("$!")
+    for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}

@@ -36,11 +36,7 @@ API_PORT="$(free_port)"
     >"$WORK/api.log" 2>&1 &
 PIDS+=("$!")
 wait_port "$API_PORT"
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    >"$WORK/redis.log" 2>&1 &
-PIDS+=("$!")
-for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis
 
 PORT="$(free_port)"
 info() { redis-cli -p "$REDIS_PORT" info all; }

@@ -297,35 +297,13 @@ async fn a_browser_in_line_sees_its_place_and_the_page_asks_again_by_itself() {
             }
         })
     };
-    let profile = common::TempDir::new("chromium");
-    let out = tokio::task::spawn_blocking({
-        let (url, chromium) = (fg.url("/ride"), common::chromium());
-        let profile = profile.path().to_path_buf();
-        move || {
-            std::process::Command::new(chromium)
-                .args([
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--no-first-run",
-                ])
-                .arg(format!("--user-data-dir={}", profile.display()))
-                // The budget lets the page's timers run: its refresh every second, then the
-                // upstream's answer once the holder's admission has lapsed.
-                .args(["--virtual-time-budget=10000", "--dump-dom"])
-                .arg(url)
-                .output()
-                .expect("run chromium")
-        }
-    })
-    .await
-    .unwrap();
+    // The budget lets the page's timers run: its refresh every second, then the upstream's
+    // answer once the holder's admission has lapsed.
+    let (dom, stderr) = common::chromium_dom(&fg.url("/ride"), 10_000).await;
     holding.abort();
-    let dom = String::from_utf8_lossy(&out.stdout);
     assert!(
         dom.contains("hello from upstream"),
-        "let in at last: {dom}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        "let in at last: {dom}\n{stderr}"
     );
     let waiting = metric(
         &fg,

@@ -363,40 +363,10 @@ async fn the_dashboard_renders_routes_and_live_figures_in_chromium() {
     });
     // Some requests first, so the first samples already differ.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let profile = TempDir::new("chromium");
-    let out = tokio::task::spawn_blocking({
-        let admin = fg.admin_url("/");
-        let chromium = chromium();
-        let profile = profile.path().to_path_buf();
-        move || {
-            Command::new(chromium)
-                .args([
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--no-first-run",
-                ])
-                .arg(format!("--user-data-dir={}", profile.display()))
-                // Let the page's timers run: about five one-second samples of /metrics.
-                .args([
-                    "--virtual-time-budget=6000",
-                    "--run-all-compositor-stages-before-draw",
-                    "--dump-dom",
-                ])
-                .arg(admin)
-                .output()
-                .expect("run chromium")
-        }
-    })
-    .await
-    .unwrap();
+    // Let the page's timers run: about five one-second samples of /metrics.
+    let (dom, stderr) = chromium_dom(&fg.admin_url("/"), 6_000).await;
     traffic.abort();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        dom.contains("<b>orders</b>"),
-        "{dom}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(dom.contains("<b>orders</b>"), "{dom}\n{stderr}");
     assert!(dom.contains("<b>search</b>"));
     // The waiting room's row: one client (the traffic's one key) admitted, nobody waiting.
     let room = dom

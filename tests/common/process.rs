@@ -308,3 +308,33 @@ pub fn chromium() -> std::path::PathBuf {
     }
     panic!("chromium is missing: scripts/test.sh installs Debian's chromium");
 }
+
+/// The DOM headless Chromium (a profile of its own) dumps for `url` after `budget_ms` of
+/// virtual time (the page's timers run within it), and Chromium's stderr.
+pub async fn chromium_dom(url: &str, budget_ms: u64) -> (String, String) {
+    let profile = TempDir::new("chromium");
+    let (url, chromium) = (url.to_string(), chromium());
+    let dir = profile.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .arg(format!("--user-data-dir={}", dir.display()))
+            .arg(format!("--virtual-time-budget={budget_ms}"))
+            .args(["--run-all-compositor-stages-before-draw", "--dump-dom"])
+            .arg(url)
+            .output()
+            .expect("run chromium")
+    })
+    .await
+    .expect("chromium's task");
+    drop(profile);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
