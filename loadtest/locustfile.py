@@ -34,6 +34,9 @@ from locust.runners import WorkerRunner
 
 #: Suffix appended to a request name for its 429 rows.
 REJECTED_SUFFIX = " (429)"
+#: Suffix appended to a request name for its rows told to wait by a waiting room (a 503 whose
+#: problem is ``waiting_room``, with ``Retry-After``).
+WAITING_SUFFIX = " (waiting)"
 
 RIDES = "/api/rides/request"
 FARES = "/api/fares/estimate"
@@ -85,7 +88,8 @@ class SurgeRider(FastHttpUser):
 
     @staticmethod
     def classify(response, path: str) -> None:
-        """2xx: success; 429 with Retry-After: its own row; anything else: a failure."""
+        """2xx: success; 429, or a waiting room's 503, with Retry-After: its own row; anything else: a
+        failure."""
         status = response.status_code
         if 200 <= status < 300:
             response.success()
@@ -96,6 +100,12 @@ class SurgeRider(FastHttpUser):
                 response.success()
             else:
                 response.failure("429 without Retry-After")
+        elif status == 503 and b'"waiting_room"' in (response.content or b""):
+            response.request_meta["name"] = path + WAITING_SUFFIX
+            if response.headers.get("Retry-After"):
+                response.success()
+            else:
+                response.failure("waiting room without Retry-After")
         elif status == 0:
             response.failure(f"connection error: {response.error}")
         else:

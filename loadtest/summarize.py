@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REJECTED_SUFFIX = " (429)"  # must match locustfile.REJECTED_SUFFIX
+WAITING_SUFFIX = " (waiting)"  # must match locustfile.WAITING_SUFFIX
 
 
 @dataclass
@@ -76,15 +77,20 @@ def load_run(results: Path, name: str) -> dict:
     duration = max(end - start, 1e-9)
 
     endpoints: dict[str, dict[str, Histogram]] = {}
-    everything, admitted, rejected = Histogram(), Histogram(), Histogram()
+    everything, admitted, rejected, waiting = Histogram(), Histogram(), Histogram(), Histogram()
     for entry in entries:
-        base = entry["name"].removesuffix(REJECTED_SUFFIX)
-        kind = "rejected" if entry["name"].endswith(REJECTED_SUFFIX) else "admitted"
-        rows = endpoints.setdefault(base, {"all": Histogram(), "rejected": Histogram()})
+        entry_name = entry["name"]
+        base = entry_name.removesuffix(REJECTED_SUFFIX).removesuffix(WAITING_SUFFIX)
+        rows = endpoints.setdefault(
+            base, {"all": Histogram(), "rejected": Histogram(), "waiting": Histogram()}
+        )
         rows["all"].add(entry)
-        if kind == "rejected":
+        if entry_name.endswith(REJECTED_SUFFIX):
             rows["rejected"].add(entry)
             rejected.add(entry)
+        elif entry_name.endswith(WAITING_SUFFIX):
+            rows["waiting"].add(entry)
+            waiting.add(entry)
         else:
             admitted.add(entry)
         everything.add(entry)
@@ -108,6 +114,7 @@ def load_run(results: Path, name: str) -> dict:
         if everything.num_requests
         else 0.0,
         "rejected_429": rejected.num_requests,
+        "waiting_503": waiting.num_requests,
         "upstream_requests": upstream_requests,
         # Extras, for the comparison table.
         "admitted_requests": admitted.num_requests,
@@ -158,16 +165,19 @@ def markdown(runs: list[dict], context: str) -> str:
             lines.append(table_row(endpoint, rows["all"], run["duration"], False))
             if rows["rejected"].num_requests:
                 lines.append(table_row("(of which 429s)", rows["rejected"], run["duration"], True))
+            if rows["waiting"].num_requests:
+                lines.append(table_row("(of which waiting)", rows["waiting"], run["duration"], True))
         lines.append(table_row("Aggregated", run["everything"], run["duration"], False))
         lines.append("")
 
     lines += [
         "## Side by side",
         "",
-        "Latencies here are for requests that were not rejected with 429 (what admitted riders saw).",
+        "Latencies here are for requests that were neither rejected with 429 nor told to wait by a",
+        "waiting room (what admitted riders saw).",
         "",
-        "| Run | requests | RPS | 429s | admitted | upstream served | upstream 503s | p50 | p95 | p99 | Fail% |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Run | requests | RPS | 429s | waiting | admitted | upstream served | upstream 503s | p50 | p95 | p99 | Fail% |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         s = run["summary"]
@@ -180,6 +190,7 @@ def markdown(runs: list[dict], context: str) -> str:
                     str(s["requests"]),
                     f"{s['rps']:.1f}",
                     str(s["rejected_429"]),
+                    str(s["waiting_503"]),
                     str(s["admitted_requests"]),
                     na if s["upstream_requests"] is None else str(s["upstream_requests"]),
                     na if s["upstream_rejected_503"] is None else str(s["upstream_rejected_503"]),

@@ -10,6 +10,9 @@
 #   adaptive          no limits, only `adaptive_concurrency: {}` on every route: no number configured
 #   adaptive_degrade  the same, and the upstream gets sick a third of the way in (its service time × 3,
 #                     through its /__capacity knob) and heals two thirds of the way in
+#   waiting_room      (asked for in RUNS) adaptive, and a waiting room before rides and fares that opens
+#                     when the gate sheds and admits half the identities (API_KEYS) at once: the tables
+#                     count the riders told to wait ("(of which waiting)") apart from the ones admitted
 #   replica_kill      (asked for in RUNS) the with_limit config in front of three replicas of the demo
 #                     upstream on 127.0.0.2-4 (one port, as compose's replicas behind one name):
 #                     `upstreams:` of three; the first replica is killed (SIGKILL) a third of the way in
@@ -302,6 +305,14 @@ kill_replica_midrun() {
   start_replica 0
 }
 cp "$RESULTS_DIR/adaptive_floodgate.yaml" "$RESULTS_DIR/adaptive_degrade_floodgate.yaml"
+# waiting_room: the adaptive config, and a room before rides and fares that opens when the gate
+# sheds (`activate: overloaded`) and admits about half the identities at once.
+ROOM_ACTIVE=$(((API_KEYS + 1) / 2))
+{
+  cat "$RESULTS_DIR/adaptive_floodgate.yaml"
+  echo "waiting_room:"
+  echo "  - {name: surge, routes: [rides, fares], active: $ROOM_ACTIVE, admit_rate: 10, session: 5s}"
+} >"$RESULTS_DIR/waiting_room_floodgate.yaml"
 
 cat >"$RESULTS_DIR/context.md" <<EOF
 Run on $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs$([[ "$PIN_CPUS" == 1 ]] && echo " (Locust pinned to CPU 1; floodgate, upstream and Redis on CPU 0)").
