@@ -316,3 +316,99 @@ async fn a_browser_in_line_sees_its_place_and_the_page_asks_again_by_itself() {
     );
     assert!(upstream.count() >= 2, "the holder, then Chromium");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_clients_polling_two_instances_never_hold_more_than_active_at_once() {
+    let redis = common::RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = in_room(
+        Config::new().redis(&redis.url(), "allow"),
+        &upstream,
+        &[],
+        "active: 10, admit_rate: 20, session: 1s, activate: always",
+    );
+    let (a, b) = (Floodgate::start(&yaml), Floodgate::start(&yaml));
+    // Each client asks through one instance or the other, honouring Retry-After while it waits;
+    // once admitted it asks for 500 ms more, then leaves (its place lapses a second later).
+    let started = std::time::Instant::now();
+    let clients: Vec<_> = (0..40)
+        .map(|i| {
+            let url = [a.url("/ride"), b.url("/ride")][i % 2].clone();
+            tokio::spawn(async move {
+                let key = format!("rider-{i}");
+                loop {
+                    let reply = ask(&url, &key).await;
+                    if reply.status == StatusCode::OK {
+                        let admitted = std::time::Instant::now();
+                        while admitted.elapsed() < Duration::from_millis(500) {
+                            assert_eq!(ask(&url, &key).await.status, StatusCode::OK);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        return admitted;
+                    }
+                    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+                    let retry: u64 = reply.headers["retry-after"]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    assert!((1..=5).contains(&retry), "{retry}");
+                    tokio::time::sleep(Duration::from_secs(retry)).await;
+                }
+            })
+        })
+        .collect();
+    // Meanwhile the room's own count, as each instance hears it from Redis, never passes 10.
+    let mut most = 0;
+    while clients.iter().any(|c| !c.is_finished()) {
+        for fg in [&a, &b] {
+            let active = metric(fg, r#"floodgate_waiting_room_active{room="concert"}"#).await;
+            most = most.max(active);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not everyone got in"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert_eq!(most, 10, "the room filled, and never held more than active");
+    // The instance that ran the last admission heard the store's total last.
+    let admitted = r#"floodgate_waiting_room_admitted_total{room="concert"}"#;
+    let heard = metric(&a, admitted).await.max(metric(&b, admitted).await);
+    assert_eq!(heard, 40, "every client got in, once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_room_follows_the_upstream_slowing_and_healing() {
+    let upstream = common::DemoUpstream::start(4, "20ms", "250ms");
+    let yaml = Config::new()
+        .with(
+            "waiting_room",
+            "[{name: concert, routes: [rides], active: 1, admit_rate: 100, session: 1s}]",
+        )
+        .route(
+            Route::new("rides", "/", upstream.url())
+                .with("adaptive_concurrency", "{queue_timeout: 20ms}"),
+        )
+        .yaml();
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    // Healthy and lightly used: the room stays closed, everyone is let in.
+    for key in ["a", "b", "c"] {
+        assert_eq!(ask(&url, key).await.status, StatusCode::OK);
+    }
+    // The upstream slows to a tenth and a flood arrives: the gate sheds, and the room opens.
+    upstream.set_capacity("service_time=200ms").await;
+    common::hammer(&[url.clone()], "flood", 32, Duration::from_secs(2)).await;
+    let told = ask(&url, "newcomer").await;
+    assert_eq!(told.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(&told)["error"], "waiting_room");
+    // It heals and the flood is gone: a session (1 s) without a refusal for capacity closes the
+    // room (1.5 s: half a second of slack for a slow machine), and a new client is let in.
+    upstream.set_capacity("service_time=20ms").await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(ask(&url, "latecomer").await.status, StatusCode::OK);
+}
