@@ -402,7 +402,13 @@ async fn an_overloaded_room_follows_the_upstream_slowing_and_healing() {
     }
     // The upstream slows to a tenth and a flood arrives: the gate sheds, and the room opens.
     upstream.set_capacity("service_time=200ms").await;
-    common::hammer(&[url.clone()], "flood", 32, Duration::from_secs(2)).await;
+    common::hammer(
+        std::slice::from_ref(&url),
+        "flood",
+        32,
+        Duration::from_secs(2),
+    )
+    .await;
     let told = ask(&url, "newcomer").await;
     assert_eq!(told.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body(&told)["error"], "waiting_room");
