@@ -418,3 +418,31 @@ async fn an_overloaded_room_follows_the_upstream_slowing_and_healing() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(ask(&url, "latecomer").await.status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_spends_no_budget() {
+    let upstream = Upstream::start().await;
+    // Two requests per identity, then one in 1,000 s; one client admitted at a time.
+    let yaml = in_room(
+        Config::new(),
+        &upstream,
+        &[Limit::token_bucket(2, 0.001)],
+        "active: 1, admit_rate: 100, session: 500ms, activate: always",
+    );
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    assert_eq!(ask(&url, "holder").await.status, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(ask(&url, "k").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // The holder's place lapses (500 ms; 800 allows for a slow machine): k is let in with its
+    // whole budget, the five waits having spent none of it.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let statuses = [
+        ask(&url, "k").await,
+        ask(&url, "k").await,
+        ask(&url, "k").await,
+    ];
+    let codes: Vec<_> = statuses.iter().map(|r| r.status.as_u16()).collect();
+    assert_eq!(codes, [200, 200, 429]);
+}
