@@ -446,3 +446,34 @@ async fn waiting_spends_no_budget() {
     let codes: Vec<_> = statuses.iter().map(|r| r.status.as_u16()).collect();
     assert_eq!(codes, [200, 200, 429]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_client_takes_no_place_in_line() {
+    let upstream = Upstream::start().await;
+    let token = common::TempFile::new("t0ken\n");
+    let config = Config::new().with(
+        "admin",
+        &format!("{{token_file: {}}}", token.path().display()),
+    );
+    let yaml = in_room(
+        config,
+        &upstream,
+        &[Limit::token_bucket(100, 100.0)],
+        "active: 1, admit_rate: 100, session: 1m, activate: always",
+    );
+    let fg = Floodgate::start(&yaml);
+    let url = fg.url("/ride");
+    let banned = client()
+        .put(fg.admin_url("/bans"))
+        .bearer_auth("t0ken")
+        .body(r#"{"route": "rides", "api_key": "rogue", "duration": "1h"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(banned.status(), StatusCode::OK);
+    // Refused as banned, and the one place is still free for the next client.
+    let rogue = ask(&url, "rogue").await;
+    assert_eq!(rogue.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body(&rogue)["error"], "banned");
+    assert_eq!(ask(&url, "rider").await.status, StatusCode::OK);
+}

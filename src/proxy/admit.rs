@@ -420,8 +420,14 @@ impl Proxy {
             return Ok(());
         }
         let mut buf = [0u8; 16];
+        let id = whose.identity.key_bytes(&mut buf);
+        // A banned client takes no place in line: its limits refuse it at once.
+        let kind = KeyKind::from(whose.identity.kind());
+        if self.control.banned(&route.config.name, kind, id).is_some() {
+            return Ok(());
+        }
         let mut client = vec![whose.identity.kind() as u8];
-        client.extend_from_slice(whose.identity.key_bytes(&mut buf));
+        client.extend_from_slice(id);
         match room.enter(self.core.limiter(), &client).await {
             Ok(crate::room::Turn::Enter) => Ok(()),
             Ok(crate::room::Turn::Wait { position, eta_secs }) => {
