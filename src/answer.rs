@@ -281,13 +281,8 @@ impl Rejection {
             ),
             Rejection::WaitingRoom { position, eta_secs } => {
                 let retry = waiting_room_retry(*eta_secs);
-                let mut body: serde_json::Value = serde_json::from_str(&problem_json(
-                    answer.status,
-                    answer.error,
-                    &http_detail(answer.message, Some(retry)),
-                    None,
-                ))
-                .unwrap_or_default();
+                let detail = http_detail(answer.message, Some(retry));
+                let mut body = problem(answer.status, answer.error, &detail, None);
                 body["position"] = (*position).into();
                 body["eta_seconds"] = (*eta_secs).into();
                 (Bytes::from(body.to_string()), Some(retry))
@@ -394,6 +389,16 @@ fn http_detail(message: &str, retry: Option<u64>) -> std::borrow::Cow<'_, str> {
 
 /// A problem+json body (RFC 9457) with floodgate's `error` code and, for a 429, `retry_after`.
 fn problem_json(status: StatusCode, error: &str, detail: &str, retry_after: Option<u64>) -> String {
+    problem(status, error, detail, retry_after).to_string()
+}
+
+/// [`problem_json`]'s document, for a refusal that adds fields of its own.
+fn problem(
+    status: StatusCode,
+    error: &str,
+    detail: &str,
+    retry_after: Option<u64>,
+) -> serde_json::Value {
     let title = status.canonical_reason().unwrap_or("Error");
     let mut body = serde_json::json!({
         "type": format!("urn:floodgate:problem:{error}"),
@@ -405,7 +410,7 @@ fn problem_json(status: StatusCode, error: &str, detail: &str, retry_after: Opti
     if let Some(retry_after) = retry_after {
         body["retry_after"] = retry_after.into();
     }
-    body.to_string()
+    body
 }
 
 /// A rate-limited request's message (the table's, `table.rs`).

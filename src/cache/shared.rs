@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::key::{Key, Place};
 use super::store::NewEntry;
-use crate::limiter::{CacheVariant, CacheWrite, Limiter, LimiterError};
+use crate::limiter::{CacheVariant, CacheWrite, Limiter, LimiterError, hex};
 
 /// How long an instance caches on its own after the store failed it.
 pub const DOWN_FOR: Duration = Duration::from_secs(1);
@@ -72,10 +72,6 @@ fn variant_name(vary: &[(HeaderName, Option<HeaderValue>)]) -> String {
         hash.update([0xff]);
     }
     hex(&hash.finalize()[..16])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes `bytes` with a `u32` length before them.
@@ -192,7 +188,9 @@ fn decode(variant: &CacheVariant, key: &Key, route: &Arc<str>, now: Instant) -> 
         let keep = r.duration()?;
         return (since_written < keep).then(|| Shelved::Pass(keep - since_written));
     }
-    let old = r.duration()? + since_written;
+    // Figures from the store, summed checked; an age older than this clock can tell (bytes
+    // gone bad) leaves no instant to store it at, and the entry is unreadable.
+    let old = r.duration()?.checked_add(since_written)?;
     let (age, fresh_for, keep_for) = (r.duration()?, r.duration()?, r.duration()?);
     if old >= fresh_for {
         return None;
@@ -446,6 +444,9 @@ impl Writer {
     /// write, so that an instance that claims next finds what was written).
     fn spawn(&self, shelf: Shelf, write: Option<Owned>) {
         let claimed = self.claimed;
+        if write.is_none() && !claimed {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -566,6 +567,11 @@ mod tests {
             ..variant.clone()
         };
         assert!(decode(&late, &key("k"), &Arc::from("r"), now).is_none());
+        // An age older than any instant (a store's bytes gone bad) is unreadable, not a panic.
+        let mut huge = variant.clone();
+        let at = 2 + 4 + b"k".len();
+        huge.bytes[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&huge, &key("k"), &Arc::from("r"), now).is_none());
         // Cut short anywhere, it is unreadable, never half an answer.
         for cut in [1, 10, 60, variant.bytes.len() - 6] {
             let short = CacheVariant {

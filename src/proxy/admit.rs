@@ -604,14 +604,17 @@ impl Proxy {
         read: Read<'_>,
         ctx: &mut Context,
     ) -> Result<Admitted, Rejection> {
+        let limits = &route.config.enforced.limits;
+        if !limits.iter().any(|l| !l.wait.is_zero()) {
+            // Nothing to hold for: the limit phase as it is (no clock read, no loop).
+            return self.limit(snapshot, route, req, whose, read, ctx).await;
+        }
         let arrived = std::time::Instant::now();
         let mut place: Option<Held> = None;
         // A refusal that is then held is not a denial for the penalty box: on a route with
         // both, refusals are decided without it, and one that is final is decided again with
         // it (a second decision, on such routes only).
-        let limits = &route.config.enforced.limits;
-        let deferred =
-            limits.iter().any(|l| !l.wait.is_zero()) && limits.iter().any(|l| l.penalty.is_some());
+        let deferred = limits.iter().any(|l| l.penalty.is_some());
         loop {
             let first = Read {
                 penalizes: !deferred,

@@ -9,8 +9,8 @@
 use sha2::{Digest, Sha256};
 
 use super::RedisStore;
-use crate::limiter::LimiterError;
 use crate::limiter::store::{CacheScope, CacheVariant, CacheWrite};
+use crate::limiter::{LimiterError, hex};
 
 /// The variants of an entry, each with how long ago (µs, on Redis's clock) it was written.
 const READ: &str = "local t = redis.call('TIME') \
@@ -167,8 +167,4 @@ impl RedisStore {
         let _: i64 = self.query(&cmd).await?;
         Ok(())
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
