@@ -419,20 +419,28 @@ impl Gate {
             let queue = state.waiting[priority.index()].push(flow, tx).ok()?;
             (queue, rx)
         };
-        let mut waiter = waiter;
+        // From here the place is given up however the wait ends, the request's future dropped
+        // (its client gone) included: see [`Queued`].
+        let mut queued = Queued {
+            gate: self,
+            priority,
+            queue,
+            rx: waiter,
+            armed: true,
+        };
         let timeout = self.bounds().queue_timeout;
-        if let Ok(Ok(())) = tokio::time::timeout(timeout, &mut waiter).await {
+        if let Ok(Ok(())) = tokio::time::timeout(timeout, &mut queued.rx).await {
             // Granted: `dispatch` counted the slot in flight already.
+            queued.armed = false;
             return Some(self.permit());
         }
         // Timed out. Closing the receiver makes any later grant fail (dispatch then frees the
         // slot); a grant that came in between is taken, or its slot would be lost.
-        waiter.close();
-        if waiter.try_recv().is_ok() {
+        queued.rx.close();
+        if queued.rx.try_recv().is_ok() {
+            queued.armed = false;
             return Some(self.permit());
         }
-        let mut state = self.lock();
-        state.waiting[priority.index()].retain(queue, |tx| !tx.is_closed());
         None
     }
 
@@ -452,6 +460,33 @@ impl Gate {
             tracing::debug!(upstream = %self.name, limit, "adaptive concurrency limit changed");
         }
         state.dispatch();
+    }
+}
+
+/// A request waiting at a gate: when the wait ends without a grant taken (a timeout, or the
+/// request's future dropped while it waits), its place leaves the queue at once (a bounded fair
+/// queue must not fill with requests nobody waits for), and a grant that came as it gave up is
+/// handed back (its slot would be lost otherwise).
+struct Queued<'a> {
+    gate: &'a Arc<Gate>,
+    priority: Priority,
+    queue: usize,
+    rx: oneshot::Receiver<()>,
+    armed: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.rx.close();
+        if self.rx.try_recv().is_ok() {
+            // Granted as it gave up: the slot goes back through a permit's release.
+            drop(self.gate.permit());
+        }
+        let mut state = self.gate.lock();
+        state.waiting[self.priority.index()].retain(self.queue, |tx| !tx.is_closed());
     }
 }
 

@@ -351,3 +351,48 @@ async fn acquire_n(gate: &Arc<Gate>, n: usize) -> Vec<Permit> {
     }
     held
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_request_is_dropped_leaves_its_fair_queue_at_once() {
+    // One slot, one fair queue of two places.
+    let gate = Gate::new(
+        "fair".into(),
+        Bounds {
+            min_limit: 1,
+            max_limit: 1,
+            queue_timeout: Duration::from_secs(10),
+            fair: Some(FairBounds {
+                queues: 1,
+                queue_length: 2,
+            }),
+        },
+        Arc::new(crate::limiter::ManualClock::new(0)),
+        Default::default(),
+    );
+    let held = gate.acquire(Priority::Normal, Some(1)).await.unwrap();
+    // Two requests queue, and their clients leave (their futures dropped, well before the
+    // queue's timeout).
+    let gone: Vec<_> = (0..2)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.acquire(Priority::Normal, Some(1)).await.map(|_| ()) })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    for task in &gone {
+        task.abort();
+    }
+    for task in gone {
+        assert!(task.await.is_err(), "aborted");
+    }
+    // Their places went with them: a third request queues instead of being shed as if the
+    // queue were full, and gets the slot when it frees.
+    let third = {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.acquire(Priority::Normal, Some(1)).await.is_some() })
+    };
+    tokio::task::yield_now().await;
+    drop(held);
+    assert!(third.await.unwrap());
+    assert_eq!(gate.in_flight(), 0, "nothing lost in flight");
+}
