@@ -53,6 +53,8 @@ impl Readiness {
 pub struct AdminState {
     pub proxy: Arc<Proxy>,
     pub health: Arc<Readiness>,
+    /// What `providers.docker` found (empty without it).
+    pub discovery: Arc<crate::provider::Status>,
 }
 
 /// The answer to one request on the admin port (served by `server/listener.rs`, as every
@@ -88,6 +90,9 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
     }
     if req.uri().path() == "/top" {
         return json_answer(top::top(proxy, req.uri().query().unwrap_or("")));
+    }
+    if req.uri().path() == "/discovered" {
+        return json_answer(Ok(state.discovery.to_json()));
     }
     if req.uri().path() == "/upstreams" {
         // Every route's pool: its endpoints, their state and counters.

@@ -20,6 +20,7 @@ pub mod cost;
 mod error;
 mod exempt;
 mod limit;
+mod providers;
 pub mod reload;
 mod room;
 mod route;
@@ -34,6 +35,7 @@ use validate::Validator;
 pub use alerts::AlertSink;
 pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
+pub use providers::{DockerProvider, EngineEndpoint, ProvidersFile};
 pub use room::{Activate, RoomConfig, RoomFile};
 pub use route::{
     Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
@@ -130,6 +132,8 @@ pub struct Config {
     pub alerts: Vec<AlertSink>,
     /// `waiting_room:`: admission by turn to some routes.
     pub rooms: Vec<RoomConfig>,
+    /// `providers.docker`: routes from containers' labels (restart-only).
+    pub docker: Option<DockerProvider>,
     /// `usage_path:`: the path on the proxy listener where a client reads its own budgets.
     pub usage_path: Option<String>,
     /// `admin.token_file`'s token (surrounding whitespace trimmed): without one, the admin
@@ -263,6 +267,25 @@ impl Config {
     /// Reads and validates a config file. Blocking: call it from a blocking thread on a runtime.
     /// Relative paths in it (`consumers.file`) are read from the file's folder.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Source::load(path, overrides)?.config(&[])
+    }
+}
+
+/// A config file read and parsed, not yet validated: what a reload keeps to validate again with
+/// the routes a provider discovered ([`Source::config`]).
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file as a generic value (its `${NAME}`s replaced).
+    value: serde_json::Value,
+    overrides: Overrides,
+    /// How many routes the file has.
+    file_routes: usize,
+}
+
+impl Source {
+    /// Reads a config file. Blocking: call it from a blocking thread on a runtime. Relative
+    /// paths in it (`consumers.file`) are read from the file's folder.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Source, ConfigError> {
         // A config is kilobytes; a huge file, a device or a FIFO is a mistake, and would stall
         // whoever parses it (`files` reads regular files only, up to a limit).
         let text = crate::files::read_text(path).map_err(|e| {
@@ -282,16 +305,11 @@ impl Config {
             base_dir: path.parent().map(Path::to_path_buf),
             ..overrides.clone()
         };
-        Config::from_yaml_with(&text, &overrides)
+        Source::parse(&text, &overrides)
     }
 
-    /// Parses and validates YAML text, with no overrides.
-    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        Config::from_yaml_with(text, &Overrides::default())
-    }
-
-    /// Parses and validates YAML text, applying `overrides`.
-    pub fn from_yaml_with(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+    /// Parses YAML text, with `overrides`.
+    pub fn parse(text: &str, overrides: &Overrides) -> Result<Source, ConfigError> {
         let text = env::expand(text, &overrides.env).map_err(|problems| ConfigError {
             problems: problems
                 .into_iter()
@@ -309,14 +327,68 @@ impl Config {
         options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::AsString;
         let value: serde_json::Value = serde_saphyr::from_str_with_options(text, options)
             .map_err(|e| ConfigError::one("", format!("invalid YAML: {e}")))?;
-        let file: FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+        let file_routes = value
+            .get("routes")
+            .and_then(|r| r.as_array())
+            .map_or(0, Vec::len);
+        Ok(Source {
+            value,
+            overrides: overrides.clone(),
+            file_routes,
+        })
+    }
+
+    /// How many routes the file itself has: a problem at `routes[N]` with N at least this is
+    /// one of the discovered routes'.
+    pub fn file_routes(&self) -> usize {
+        self.file_routes
+    }
+
+    /// The validated config: the file's routes, then `discovered` (routes as written, each with
+    /// its hold, in that order).
+    pub fn config(
+        &self,
+        discovered: &[(serde_json::Value, Duration)],
+    ) -> Result<Config, ConfigError> {
+        let mut value = self.value.clone();
+        if !discovered.is_empty() {
+            if let serde_json::Value::Object(map) = &mut value {
+                let routes = map
+                    .entry("routes")
+                    .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+                if let serde_json::Value::Array(list) = routes {
+                    list.extend(discovered.iter().map(|(route, _)| route.clone()));
+                }
+            }
+        }
+        let mut file: FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::one(
                 if path == "." { String::new() } else { path },
                 e.into_inner().to_string(),
             )
         })?;
-        Config::from_file(file, overrides)
+        for (route, (_, grace)) in file
+            .routes
+            .iter_mut()
+            .skip(self.file_routes)
+            .zip(discovered)
+        {
+            route.discovered = Some(*grace);
+        }
+        Config::from_file(file, &self.overrides)
+    }
+}
+
+impl Config {
+    /// Parses and validates YAML text, with no overrides.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml_with(text, &Overrides::default())
+    }
+
+    /// Parses and validates YAML text, applying `overrides`.
+    pub fn from_yaml_with(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Source::parse(text, overrides)?.config(&[])
     }
 
     /// Validates the file structs.
@@ -389,6 +461,7 @@ impl Config {
         let admin_token = v.admin_token(file.admin, overrides.base_dir.as_deref());
         let alerts = v.alerts(file.alerts);
         let rooms = v.rooms(file.waiting_room, &routes);
+        let docker = v.providers(file.providers);
         let usage_path = v.usage_path(file.usage_path);
         let max_connections = v.max_connections(file.max_connections);
         match (
@@ -433,6 +506,7 @@ impl Config {
                 telemetry,
                 alerts,
                 rooms,
+                docker,
                 usage_path,
                 admin_token,
             }),

@@ -92,8 +92,10 @@
 //! [`admin`] on proxy (and what `/budgets` and `/top` read: config, decider, identity, limiter,
 //! policy, top; and [`answer`]'s bodies); [`answer`] names [`upstream`] for its one `BoxError`; [`service`] on proxy and the decider (and grpc, metrics); [`control`] on the
 //! limiter and config, [`alerts`] on control and metrics, [`global`] on the limiter and
-//! metrics (and the decider and proxy on it), [`telemetry`] on config and tls; [`server`] on admin and
-//! proxy; `main` on server.
+//! metrics (and the decider and proxy on it), [`telemetry`] on config and tls; [`provider`]
+//! (routes from containers' labels) on config and metrics, applying its routes through an
+//! interface the server's reloader implements; [`server`] on admin, provider and proxy; `main`
+//! on server.
 //! `tests/layering.rs` fails, naming the file and line, when code breaks this.
 
 #![forbid(unsafe_code)]
@@ -117,6 +119,7 @@ pub mod logging;
 pub mod metrics;
 pub mod path;
 pub mod policy;
+pub mod provider;
 pub mod proxy;
 pub mod replay;
 pub mod room;

@@ -319,6 +319,17 @@ async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::R
     if let Some(service) = service {
         reloader = reloader.with_service(service);
     }
+    let reloader = Arc::new(reloader);
+    if let Some(docker) = config.docker.clone() {
+        let status = server.discovery();
+        let metrics = proxy.metrics().clone();
+        tokio::spawn(floodgate::provider::run(
+            docker,
+            reloader.clone(),
+            status,
+            metrics,
+        ));
+    }
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             reloader.reload().await;

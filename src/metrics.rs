@@ -50,6 +50,15 @@ pub struct Metrics {
     upstream: UpstreamFamilies,
     cache: CacheFamilies,
     rooms: RoomFamilies,
+    discovery: DiscoveryFamilies,
+}
+
+/// Routes from the containers (`src/provider.rs`).
+struct DiscoveryFamilies {
+    events: Family<labels::ActionLabel, Counter>,
+    errors: Counter,
+    connected: Gauge,
+    held: Family<OutcomeLabel, Counter>,
 }
 
 /// The waiting rooms' families (`src/room.rs`), by room.
@@ -425,10 +434,33 @@ impl Metrics {
                 "Clients a waiting room has admitted",
             ),
         };
+        let discovery = DiscoveryFamilies {
+            events: register(
+                &mut registry,
+                "discovery_events",
+                "Container events from the engine (providers.docker) by action (podman's died counted as die)",
+            ),
+            errors: register(
+                &mut registry,
+                "discovery_errors",
+                "Discovery errors: the engine unreachable or failing a call, a container's labels invalid, a route name claimed twice",
+            ),
+            connected: register(
+                &mut registry,
+                "discovery_connected",
+                "1 while the engine's event stream is open (0 without providers.docker)",
+            ),
+            held: register(
+                &mut registry,
+                "discovery_held_requests",
+                "Requests to a discovered route with no endpoint, held for recreate_grace, by outcome: served (an endpoint came), expired (the grace ended), overflow (too many held)",
+            ),
+        };
         Metrics {
             upstream,
             cache,
             rooms,
+            discovery,
             alerts: register(
                 &mut registry,
                 "alerts",
@@ -546,6 +578,32 @@ impl Metrics {
                 route: route.to_string(),
             }),
         }
+    }
+
+    /// An engine event, by its action.
+    pub fn discovery_event(&self, action: &str) {
+        let label = labels::ActionLabel {
+            action: action.to_string(),
+        };
+        self.discovery.events.get_or_create(&label).inc();
+    }
+
+    /// A discovery error.
+    pub fn discovery_error(&self) {
+        self.discovery.errors.inc();
+    }
+
+    /// Whether the engine's event stream is open.
+    pub fn discovery_connected(&self, connected: bool) {
+        self.discovery.connected.set(i64::from(connected));
+    }
+
+    /// A request held for a discovered route's endpoints: `served`, `expired` or `overflow`.
+    pub fn discovery_held(&self, outcome: &'static str) {
+        self.discovery
+            .held
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     /// Waiting room `room`'s metrics.

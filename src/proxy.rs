@@ -277,6 +277,14 @@ impl Proxy {
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
         }
+        // A discovered route whose containers are all gone or starting (compose recreating its
+        // only one): held until one serves, within `recreate_grace`, rather than answered 503.
+        if let Some(grace) = route.config.recreate_grace
+            && route.extras.pool.is_empty()
+        {
+            let held = Box::pin(route.extras.pool.wait_for_endpoint(grace)).await;
+            self.metrics.discovery_held(held.as_str());
+        }
         // An unsafe method on a cached route: its URI's entries go once it succeeds.
         let invalidates = cached::invalidation(route.config, &req);
         // The cache phase, on a cached route (`cached.rs`): a hit is answered here.

@@ -48,6 +48,8 @@ pub struct Server {
     max_connections: usize,
     /// How connections are served; a reload swaps it for new connections ([`Server::settings`]).
     settings: Arc<ArcSwap<Serving>>,
+    /// What `providers.docker` found, for the admin listener's `GET /discovered`.
+    discovery: Arc<crate::provider::Status>,
 }
 
 /// How new connections are served, as the config says: what a reload changes in the server
@@ -176,6 +178,7 @@ impl Server {
             http3,
             max_connections: config.max_connections,
             settings: Arc::new(ArcSwap::from_pointee(serving)),
+            discovery: Arc::default(),
         })
     }
 
@@ -188,6 +191,11 @@ impl Server {
     /// certificates, timeouts and HTTP/2 limits; connections already open keep theirs).
     pub fn settings(&self) -> Arc<ArcSwap<Serving>> {
         self.settings.clone()
+    }
+
+    /// What the container provider writes and `GET /discovered` reads.
+    pub fn discovery(&self) -> Arc<crate::provider::Status> {
+        self.discovery.clone()
     }
 
     /// The proxy listener's address (with the real port when the config said port 0).
@@ -210,6 +218,7 @@ impl Server {
             let admin = AdminState {
                 proxy: self.proxy.clone(),
                 health: self.health.clone(),
+                discovery: self.discovery.clone(),
             };
             let port = side_port(listener, "admin", admin, Tls::Plain, max, &metrics);
             tokio::spawn(port.run(self.settings.clone(), async move {

@@ -29,5 +29,5 @@ pub mod spec;
 pub use attempt::Failed;
 pub use endpoint::{Endpoint, InFlight};
 pub use origin::{Origin, UpstreamProtocol};
-pub use pool::{Attempted, Fallback, MAX_ADDRESSES_PER_NAME, Pools, RoutePool};
+pub use pool::{Attempted, Fallback, Held, MAX_ADDRESSES_PER_NAME, MAX_HELD, Pools, RoutePool};
 pub use spec::{Balance, HashOn, HealthSpec, OutlierSpec, PoolSpec, RetryOn, RetrySpec};

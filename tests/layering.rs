@@ -56,9 +56,12 @@ const ALLOWED: &[(&str, &str)] = &[
         "replay",
         "access_log config decider identity limiter metrics path policy route top",
     ),
+    // Routes from containers' labels: the engine's events into routes, applied through a
+    // trait the server's reloader implements.
+    ("provider", "config metrics"),
     (
         "admin",
-        "answer config control deadline decider identity limiter policy proxy top upstream",
+        "answer config control deadline decider identity limiter policy provider proxy top upstream",
     ),
     // The rate-limit service: descriptors decided by the decider whose owner it shares with
     // the proxy (the proxy gives it the snapshot of rules).

@@ -79,6 +79,9 @@ pub struct FileConfig {
     /// `waiting_room:`: admission by turn.
     #[serde(default)]
     pub waiting_room: Option<Vec<super::RoomFile>>,
+    /// `providers:`: routes from the containers' labels.
+    #[serde(default)]
+    pub providers: Option<super::ProvidersFile>,
     /// On the proxy listener: a client's own budgets (`GET {usage_path}`).
     #[serde(default)]
     pub usage_path: Option<String>,
@@ -427,6 +430,10 @@ pub struct RouteFile {
     pub cache: Option<super::RouteCacheFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
+    /// Set for a route a provider discovered (never from the file): its `recreate_grace`. Its
+    /// pool may then be empty (its containers all gone or starting), holding requests that long.
+    #[serde(skip)]
+    pub discovered: Option<std::time::Duration>,
 }
 
 /// An entry of `upstreams:`: a URL, or a URL with its weight.

@@ -69,6 +69,9 @@ pub struct RouteConfig {
     pub trailers_denied: std::sync::Arc<[http::HeaderName]>,
     /// `cache:`: its GET (and HEAD) answers are cached by these rules.
     pub cache: Option<std::sync::Arc<crate::cache::Rules>>,
+    /// A route a provider discovered: how long its requests are held while its pool is empty
+    /// (`providers.docker.recreate_grace`). `None` for the file's routes.
+    pub recreate_grace: Option<std::time::Duration>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).

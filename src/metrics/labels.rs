@@ -204,3 +204,8 @@ pub(super) struct RouteOutcomeLabels {
     pub(super) route: String,
     pub(super) outcome: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ActionLabel {
+    pub(super) action: String,
+}

@@ -52,6 +52,47 @@ pub struct RoutePool {
     /// only when an ejection may be in force.
     ejected_until_ms: AtomicU64,
     pub(super) metrics: UpstreamMetrics,
+    /// Woken when the set goes from empty to not (requests held for a discovered route's
+    /// endpoints wait on it).
+    filled: tokio::sync::Notify,
+    /// Since when the set has been empty (`None`: it has endpoints).
+    emptied_at: Mutex<Option<Instant>>,
+    /// Requests waiting for an endpoint now.
+    held: AtomicUsize,
+}
+
+/// The most requests one pool holds at once while it has no endpoint: past it a request is
+/// answered at once (as a pool without endpoints answers, 503), not held.
+pub const MAX_HELD: usize = 1024;
+
+/// How a wait for an endpoint ended ([`RoutePool::wait_for_endpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// An endpoint came within the grace.
+    Served,
+    /// The grace ended first.
+    Expired,
+    /// Too many were held already ([`MAX_HELD`]).
+    Overflow,
+}
+
+impl Held {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Held::Served => "served",
+            Held::Expired => "expired",
+            Held::Overflow => "overflow",
+        }
+    }
+}
+
+/// Gives a held request's place back.
+struct HeldPlace<'a>(&'a AtomicUsize);
+
+impl Drop for HeldPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a pick may fall back to when no endpoint health leaves in is left to choose.
@@ -114,6 +155,9 @@ impl RoutePool {
             epoch: Instant::now(),
             ejected_until_ms: AtomicU64::new(0),
             metrics,
+            filled: tokio::sync::Notify::new(),
+            emptied_at: Mutex::new(None),
+            held: AtomicUsize::new(0),
         });
         pool.rebuild();
         pool
@@ -254,7 +298,48 @@ impl RoutePool {
             draining.extend(by_key.into_values().filter(|e| e.in_flight() > 0));
         }
         self.many.store(endpoints.len() > 1, Ordering::Relaxed);
+        let filled = !endpoints.is_empty();
         self.set.store(Arc::new(EndpointSet { endpoints, order }));
+        {
+            let mut emptied = self.emptied_at.lock().unwrap_or_else(|p| p.into_inner());
+            match (filled, *emptied) {
+                (true, _) => *emptied = None,
+                (false, None) => *emptied = Some(Instant::now()),
+                (false, Some(_)) => {}
+            }
+        }
+        if filled {
+            self.filled.notify_waiters();
+        }
+    }
+
+    /// Waits, while the pool has no endpoint, until one comes or `grace` has passed since it
+    /// lost its last (a discovered route whose only container is being recreated), holding at
+    /// most [`MAX_HELD`] requests at once.
+    pub async fn wait_for_endpoint(&self, grace: std::time::Duration) -> Held {
+        if self.held.fetch_add(1, Ordering::Relaxed) >= MAX_HELD {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+            return Held::Overflow;
+        }
+        let _place = HeldPlace(&self.held);
+        let since = (*self.emptied_at.lock().unwrap_or_else(|p| p.into_inner()))
+            .unwrap_or_else(Instant::now);
+        let deadline = tokio::time::Instant::from_std(since + grace);
+        loop {
+            let filled = self.filled.notified();
+            tokio::pin!(filled);
+            filled.as_mut().enable();
+            if !self.is_empty() {
+                return Held::Served;
+            }
+            if tokio::time::timeout_at(deadline, filled).await.is_err() {
+                return if self.is_empty() {
+                    Held::Expired
+                } else {
+                    Held::Served
+                };
+            }
+        }
     }
 
     /// True when the pool has no endpoint (a name that never resolved).

@@ -114,7 +114,13 @@ impl Validator {
             hosts,
             headers,
             path_match,
-            upstream: pool.origins.first()?.0.clone(),
+            upstream: match pool.origins.first() {
+                Some((first, _)) => first.clone(),
+                // A discovered route with no container yet: never dialled (its pool is empty),
+                // only named.
+                None => self.upstream(path, "http://discovered.invalid")?,
+            },
+            recreate_grace: r.discovered,
             pool,
             grpc_rate_limited,
             rewrite_redirects: r.rewrite_redirects.unwrap_or(true),

@@ -31,7 +31,10 @@ impl Validator {
         let health = self.health_check(path, r);
         let outlier = self.outlier(path, r);
         let retries = self.retries(path, r);
-        (self.problems.len() == before && !origins.is_empty()).then_some(PoolSpec {
+        // A discovered route's pool may be empty: its containers are gone or still starting,
+        // and its requests are held for `recreate_grace` (`proxy::held`).
+        let filled = !origins.is_empty() || r.discovered.is_some();
+        (self.problems.len() == before && filled).then_some(PoolSpec {
             origins,
             balance,
             outlier,
@@ -69,6 +72,7 @@ impl Validator {
                     }
                 })
                 .collect(),
+            (None, Some(_)) if r.discovered.is_some() => Vec::new(),
             (None, Some(_)) => {
                 self.problem(format!("{path}.upstreams"), "must name at least one origin");
                 Vec::new()
