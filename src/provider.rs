@@ -97,6 +97,23 @@ struct Watcher {
     /// What was applied last, and listed last (for the log lines of a change).
     applied: Vec<Route>,
     listed: Vec<Listed>,
+    /// Containers ready by the engine's word whose port does not accept connections yet (a
+    /// process still binding it): `starting` until it does, tried every `PROBE_EVERY`.
+    unopened: std::collections::BTreeMap<String, Inspected>,
+}
+
+/// How often a container's port is tried again until it accepts a connection.
+const PROBE_EVERY: Duration = Duration::from_millis(25);
+
+/// How long one try of a container's port may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// True when `addr` accepts a TCP connection now.
+async fn open(addr: std::net::SocketAddr) -> bool {
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Follows the engine forever (see the module's docs).
@@ -115,6 +132,7 @@ pub async fn run(
         checked: HashMap::new(),
         applied: Vec::new(),
         listed: Vec::new(),
+        unopened: Default::default(),
     };
     let mut failures = 0u32;
     loop {
@@ -171,6 +189,9 @@ impl Watcher {
                     resync_at = tokio::time::Instant::now() + self.spec.resync;
                 }
                 () = sleep_until_some(expiry) => self.remake().await,
+                () = tokio::time::sleep(PROBE_EVERY), if !self.unopened.is_empty() => {
+                    self.probe().await;
+                }
             }
         }
     }
@@ -179,14 +200,15 @@ impl Watcher {
     async fn resync(&mut self, engine: &Engine) -> Result<(), String> {
         let running = engine.running().await?;
         self.model.listed(&running);
+        self.unopened.retain(|id, _| running.contains(id));
         for id in &running {
             match engine.inspect(id, &self.spec).await? {
                 Some(seen) => {
                     let seen = self.checked_reading(seen).await;
-                    self.model.inspected(seen);
+                    self.join(seen).await;
                 }
                 None => {
-                    self.model.gone(id);
+                    self.gone(id);
                 }
             }
         }
@@ -200,17 +222,67 @@ impl Watcher {
             Event::Look(id) => match engine.inspect(&id, &self.spec).await? {
                 Some(seen) => {
                     let seen = self.checked_reading(seen).await;
-                    self.model.inspected(seen)
+                    self.join(seen).await
                 }
-                None => self.model.gone(&id),
+                None => self.gone(&id),
             },
-            Event::Drain(id) => self.model.killed(&id),
-            Event::Gone(id) => self.model.gone(&id),
+            Event::Drain(id) => {
+                self.unopened.remove(&id);
+                self.model.killed(&id)
+            }
+            Event::Gone(id) => self.gone(&id),
         };
         if changed {
             self.remake().await;
         }
         Ok(())
+    }
+
+    /// A container the engine says is running (and healthy): into the model, once its port
+    /// accepts connections (a container joined at its `start` event, before its process has
+    /// bound the port, would have its first requests refused). Until then it is `starting`.
+    async fn join(&mut self, seen: Inspected) -> bool {
+        let id = seen.facts.id.clone();
+        let ready = seen.running && seen.health.as_deref().is_none_or(|h| h == "healthy");
+        let endpoint = match &seen.reading {
+            Reading::Claim(claim) if ready && !self.model.joined(&id) => Some(claim.endpoint),
+            _ => None,
+        };
+        if let Some(endpoint) = endpoint
+            && !open(endpoint).await
+        {
+            let mut starting = seen.clone();
+            starting.health = Some("starting".into());
+            self.unopened.insert(id, seen);
+            return self.model.inspected(starting);
+        }
+        self.unopened.remove(&id);
+        self.model.inspected(seen)
+    }
+
+    fn gone(&mut self, id: &str) -> bool {
+        self.unopened.remove(id);
+        self.model.gone(id)
+    }
+
+    /// The containers whose port was closed, tried again; those that accept join.
+    async fn probe(&mut self) {
+        let mut changed = false;
+        let waiting: Vec<(String, Inspected)> = (self.unopened.iter())
+            .map(|(id, seen)| (id.clone(), seen.clone()))
+            .collect();
+        for (id, seen) in waiting {
+            let Reading::Claim(claim) = &seen.reading else {
+                continue;
+            };
+            if open(claim.endpoint).await {
+                self.unopened.remove(&id);
+                changed |= self.model.inspected(seen);
+            }
+        }
+        if changed {
+            self.remake().await;
+        }
     }
 
     /// `seen` with its claim checked by the config (once per route as written): a route the

@@ -158,9 +158,9 @@ impl Model {
         before != self.containers.len()
     }
 
-    /// True when `id` is known (a listing inspects only the new ones... and every one again).
-    pub fn knows(&self, id: &str) -> bool {
-        self.containers.contains_key(id)
+    /// True when `id` is known, running and healthy (its port was found open when it joined).
+    pub fn joined(&self, id: &str) -> bool {
+        self.containers.get(id).is_some_and(|c| c.healthy)
     }
 
     /// The config refused `written` with `problems`: its containers are reported invalid.

@@ -274,6 +274,15 @@ impl Forwarder {
                     attempt = next;
                     continue;
                 }
+                // A discovered route's container gone before the engine said so: a request
+                // that never reached it waits for the next one (`recreate_grace`).
+                if let Some(grace) = to.route.recreate_grace
+                    && !failed.reached()
+                    && let Some(next) = Box::pin(pool.wait_for_another(tried.ids(), grace)).await
+                {
+                    attempt = next;
+                    continue;
+                }
                 return failed.into_result().map(|response| (*response, endpoint));
             }
         };

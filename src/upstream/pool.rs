@@ -313,6 +313,35 @@ impl RoutePool {
         }
     }
 
+    /// A discovered route's attempt that never reached its endpoint (a container whose
+    /// process has exited before the engine's event said so: podman sends no `kill`) waits for
+    /// an endpoint not yet `tried`, for up to `grace`, and starts an attempt on it; `None` when
+    /// none came (or too many wait already).
+    pub async fn wait_for_another(
+        &self,
+        tried: &[u64],
+        grace: std::time::Duration,
+    ) -> Option<super::InFlight> {
+        if self.held.fetch_add(1, Ordering::Relaxed) >= MAX_HELD {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let _place = HeldPlace(&self.held);
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let filled = self.filled.notified();
+            tokio::pin!(filled);
+            filled.as_mut().enable();
+            let fresh = (self.set.load().endpoints.iter()).any(|e| !tried.contains(&e.id));
+            if fresh {
+                return self
+                    .pick(None, tried, Fallback::Unwell)
+                    .map(|e| self.start(&e));
+            }
+            tokio::time::timeout_at(deadline, filled).await.ok()?;
+        }
+    }
+
     /// Waits, while the pool has no endpoint, until one comes or `grace` has passed since it
     /// lost its last (a discovered route whose only container is being recreated), holding at
     /// most [`MAX_HELD`] requests at once.

@@ -13,7 +13,7 @@ pub struct DemoUpstream {
 
 /// The demo upstream's binary, next to floodgate's; built first if a run of this test crate
 /// alone left it out.
-fn binary() -> PathBuf {
+pub fn binary() -> PathBuf {
     let path = std::path::Path::new(env!("CARGO_BIN_EXE_floodgate"))
         .with_file_name("floodgate-demo-upstream");
     if !path.exists() {

@@ -41,7 +41,7 @@ pub const SLOW: Duration = Duration::from_millis(1500);
 
 mod client;
 pub mod config;
-mod demo;
+pub mod demo;
 mod envoy;
 mod grpc;
 mod h3client;
