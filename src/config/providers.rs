@@ -125,3 +125,47 @@ impl Validator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, EngineEndpoint};
+
+    fn docker(section: &str) -> Result<Config, String> {
+        Config::from_yaml(&format!(
+            "listen: 127.0.0.1:8080\nproviders:\n  docker:\n{section}"
+        ))
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_docker_provider_is_read_with_its_defaults() {
+        let c = docker("    endpoint: unix:///run/podman/podman.sock\n").unwrap();
+        let d = c.docker.unwrap();
+        assert_eq!(
+            d.endpoint,
+            EngineEndpoint::Unix("/run/podman/podman.sock".into())
+        );
+        assert!(!d.exposed_by_default);
+        assert_eq!(d.resync.as_secs(), 30);
+        assert_eq!(d.recreate_grace.as_secs(), 10);
+        let c =
+            docker("    endpoint: tcp://socket-proxy:2375\n    network: app\n    project: shop\n")
+                .unwrap();
+        let d = c.docker.unwrap();
+        assert_eq!(d.endpoint, EngineEndpoint::Tcp("socket-proxy:2375".into()));
+        assert_eq!(d.network.as_deref(), Some("app"));
+        assert_eq!(d.project.as_deref(), Some("shop"));
+    }
+
+    #[test]
+    fn each_mistake_names_its_field() {
+        let e = docker("    endpoint: /var/run/docker.sock\n").unwrap_err();
+        assert!(e.contains("providers.docker.endpoint"), "{e}");
+        let e = docker("    endpoint: tcp://h:2375\n    resync: 0s\n    recreate_grace: 10m\n")
+            .unwrap_err();
+        assert!(e.contains("providers.docker.resync"), "{e}");
+        assert!(e.contains("providers.docker.recreate_grace"), "{e}");
+        let e = docker("    endpoint: tcp://h:2375\n    exposed: true\n").unwrap_err();
+        assert!(e.contains("providers.docker"), "{e}");
+    }
+}

@@ -87,6 +87,8 @@ pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     }),
     // The exporter and its sampler are built once.
     ("telemetry", |c| format!("{:?}", c.telemetry)),
+    // The engine's watcher is started once; the routes it finds follow the containers.
+    ("providers.docker", |c| format!("{:?}", c.docker)),
 ];
 
 fn backend_kind(backend: &Backend) -> &'static str {

@@ -57,14 +57,14 @@ fn route_problem(path: &str) -> Option<(usize, &str)> {
 fn compose(
     file: &Source,
     discovered: &[(Value, Duration)],
-) -> Result<(Config, Vec<(usize, Vec<crate::provider::Problem>)>), ConfigError> {
+) -> Result<(Config, crate::provider::Refused), ConfigError> {
     let all_problems = match file.config(discovered) {
         Ok(config) => return Ok((config, Vec::new())),
         Err(e) => e.problems,
     };
     let alone = file.config(&[])?;
     let first = file.file_routes();
-    let mut refused: Vec<(usize, Vec<crate::provider::Problem>)> = Vec::new();
+    let mut refused: crate::provider::Refused = Vec::new();
     for problem in &all_problems {
         if let Some((n, rest)) = route_problem(&problem.path)
             && n >= first
@@ -252,7 +252,7 @@ impl crate::provider::Apply for Reloader {
         }
     }
 
-    fn apply(&self, routes: &[(Value, Duration)]) -> Vec<(usize, Vec<crate::provider::Problem>)> {
+    fn apply(&self, routes: &[(Value, Duration)]) -> crate::provider::Refused {
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         sources.discovered = routes.to_vec();
         let Some(file) = &sources.file else {
