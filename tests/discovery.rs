@@ -375,6 +375,18 @@ async fn invalid_labels_and_colliding_names_are_reported_and_the_others_serve() 
         stderr.contains("shop-billing-bad") && stderr.contains("capacity"),
         "{stderr}"
     );
+    // The dashboard's table of discovered containers, in headless Chromium.
+    let (dom, stderr) = common::chromium_dom(&fg.admin_url("/"), 3_000).await;
+    assert!(
+        dom.contains("data-container=\"shop-rides-a\">serving<"),
+        "{dom}\n{stderr}"
+    );
+    assert!(
+        dom.contains("data-container=\"shop-billing-bad\">invalid<"),
+        "{dom}"
+    );
+    assert!(dom.contains("floodgate.route.limits[0].capacity"), "{dom}");
+    assert!(dom.contains("engine connected"), "{dom}");
 }
 
 #[tokio::test]
