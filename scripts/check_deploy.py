@@ -11,6 +11,8 @@
    passes `floodgate check` too (skipped as 3).
 5. The compose file's `telemetry` profile: the floodgate-otel service's config with its OTEL_*
    variables passes `floodgate check` (skipped as 3).
+6. The compose file's `labels` profile: config/floodgate.labels.yaml passes `floodgate check`
+   (skipped as 3).
 
 Exits 0 when every check that ran passed, 1 otherwise. A skip prints why and does not fail.
 Run it with the load test's virtualenv to cover check 1: loadtest/.venv/bin/python scripts/check_deploy.py
@@ -173,6 +175,23 @@ def check_telemetry_profile(floodgate: Path | None) -> bool | None:
     return True
 
 
+def check_labels_profile(floodgate: Path | None) -> bool | None:
+    """config/floodgate.labels.yaml passes `floodgate check`. None = skipped."""
+    binary = find_binary(floodgate)
+    if binary is None:
+        print("SKIP labels profile: no floodgate binary (cargo build, or pass --floodgate PATH)")
+        return None
+    compose = (ROOT / "docker-compose.yml").read_text()
+    if "/etc/floodgate/floodgate.labels.yaml" not in compose or "floodgate.route.path_prefix" not in compose:
+        print("FAIL labels profile: no floodgate-labels service or no labelled service in docker-compose.yml")
+        return False
+    config = ROOT / "config" / "floodgate.labels.yaml"
+    if not floodgate_check(binary, config, "labels profile (config/floodgate.labels.yaml)", {}):
+        return False
+    print("ok   labels profile: config/floodgate.labels.yaml passes floodgate check")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--floodgate", type=Path, help="floodgate binary for check 3 (default: target/*/floodgate)")
@@ -183,6 +202,7 @@ def main() -> int:
         check_floodgate_config(args.floodgate),
         check_postgres_profile(args.floodgate),
         check_telemetry_profile(args.floodgate),
+        check_labels_profile(args.floodgate),
     ]
     return 1 if any(result is False for result in results) else 0
 

@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -318,6 +318,19 @@ async fn labelled_podman_containers_are_routed_balanced_stopped_and_recreated_wi
     podman_ok(&["rm", "-f", "-t", "1", &names[2]]);
     let starting = Instant::now();
     let again = podman.run("again");
+    // The new container's first request, against its `start` event's time (both this host's
+    // wall clock): how soon a container gets traffic.
+    let ip_again = podman.ip(&again);
+    let first_served = loop {
+        if stats_served_or_gone(&ip_again).await.is_some_and(|n| n > 0) {
+            break unix_nanos();
+        }
+        assert!(
+            starting.elapsed() < SETTLE,
+            "the new container never served"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     let joined = until_serving(&fg, &[again.as_str()]).await + starting.elapsed();
     let before = ok.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -325,8 +338,10 @@ async fn labelled_podman_containers_are_routed_balanced_stopped_and_recreated_wi
     for t in tasks {
         t.await.unwrap();
     }
+    let started_at = event_nanos(&again, "start");
     eprintln!(
-        "recreated: the new container serving {joined:?} after `podman run` began; {} answered, {} failed",
+        "recreated: the new container's first request {:.1} ms after its start event (serving {joined:?} after `podman run` began); {} answered, {} failed",
+        (first_served as f64 - started_at as f64) / 1e6,
         ok.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed)
     );
@@ -353,5 +368,31 @@ async fn stats_served_or_gone(ip: &str) -> Option<u64> {
     serde_json::from_str::<serde_json::Value>(&r.text().await.ok()?).ok()?["served"].as_u64()
 }
 
-#[allow(dead_code)]
-fn _unused(_: &Path) {}
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// When podman says `event` happened to container `name` (ns since the epoch).
+fn event_nanos(name: &str, event: &str) -> u128 {
+    let until = (unix_nanos() / 1_000_000_000 + 1).to_string();
+    let out = podman_ok(&[
+        "events",
+        "--since",
+        "10m",
+        "--until",
+        &until,
+        "--filter",
+        &format!("container={name}"),
+        "--filter",
+        &format!("event={event}"),
+        "--format",
+        "{{.Time.UnixNano}}",
+    ]);
+    out.lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {event} event for {name}: {out:?}"))
+}
