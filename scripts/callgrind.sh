@@ -42,6 +42,10 @@
 #                    true}` and no limit; nginx has `proxy_cache` (a keys zone, `proxy_cache_valid
 #                    200 1h`); the start-up probe fills each cache, so every counted request is a
 #                    hit (answered without the upstream)
+#   DISCOVERED=1     floodgate's route comes from a container's labels instead of its file
+#                    (providers.docker on a fake engine, bench/fake_engine.rs, whose one container
+#                    is the upstream with the same route and bucket): compare with it unset for
+#                    what a discovered route costs a request
 # With KEEP, `scripts/callgrind-phases.py KEEP/floodgate.N1.out KEEP/floodgate.N2.out N1 N2`
 # splits floodgate's figure phase by phase.
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
@@ -64,7 +68,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --profile dist --bin floodgate --example stack_floor)
+    (cd "$ROOT" && cargo build --profile dist --bin floodgate --example stack_floor --example fake_engine)
 fi
 STACK_FLOOR="${STACK_FLOOR:-$ROOT/target/dist/examples/stack_floor}"
 
@@ -150,6 +154,21 @@ routes:
     $UPSTREAM
     $ROUTE_TAIL
 EOF
+# DISCOVERED: the same route from a container's labels, the file has none.
+if [ -n "${DISCOVERED:-}" ]; then
+    mkdir -p "$WORK/engine"
+    "${FAKE_ENGINE:-$ROOT/target/dist/examples/fake_engine}" "$WORK/engine" "$UP_PORT" "$CAPACITY" "$REFILL" >"$WORK/engine.out" &
+    PIDS+=("$!")
+    for _ in $(seq 100); do [ -s "$WORK/engine.out" ] && break; sleep 0.05; done
+    cat >"$WORK/floodgate.yaml" <<EOF
+listen: 127.0.0.1:$PORT
+identity:
+  api_key_header: X-API-Key
+providers:
+  docker: {endpoint: "$(head -1 "$WORK/engine.out")"}
+routes: []
+EOF
+fi
 # ROUTES: the requests' path and host (`:authority`, which h2load writes as Host).
 REQ_PATH=/
 REQ_HOST=()
@@ -211,6 +230,13 @@ run_one() {
         curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
         sleep 0.1
     done
+    # A discovered route exists once the engine has been listed: until then, a 404.
+    if [ -n "${DISCOVERED:-}" ] && [ "$name" = floodgate ]; then
+        for _ in $(seq 300); do
+            [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'x-api-key: probe' "http://127.0.0.1:$PORT/")" = 200 ] && break
+            sleep 0.1
+        done
+    fi
     if [ -n "${OVERRIDES:-}" ] && [ "$name" = floodgate ]; then
         python3 - "$ADMIN_PORT" "$OVERRIDES" <<'PY'
 import http.client, json, sys

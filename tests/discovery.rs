@@ -512,3 +512,89 @@ fn tempfile_dir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[tokio::test]
+async fn a_redeploy_refills_nobody_and_a_sighup_keeps_the_discovered_routes() {
+    let dir = tempfile_dir("budget");
+    let engine = Engine::start(&dir, Dialect::Docker).await;
+    let (old, new, file) = (
+        Upstream::start().await,
+        Upstream::start().await,
+        Upstream::start().await,
+    );
+    // Three requests, then one every 1,000 s.
+    let limited = |id: &str, upstream: &Upstream| {
+        Container::new(
+            id,
+            "rides",
+            "127.0.0.1",
+            upstream.addr().port(),
+            &[
+                ("floodgate.enable", "true"),
+                ("floodgate.route.path_prefix", "/rides/"),
+                (
+                    "floodgate.route.limits",
+                    "[{algorithm: token_bucket, capacity: 3, refill_rate: 0.001}]",
+                ),
+            ],
+        )
+    };
+    engine.put(limited("old", &old));
+    let fg = start(&engine, &file, "");
+    until(
+        &fg,
+        "old serving",
+        has_states(&[("shop-rides-old", "serving")]),
+    )
+    .await;
+    let keyed = |key: &'static str| {
+        let url = fg.url("/rides/x");
+        async move {
+            client()
+                .get(url)
+                .header("x-api-key", key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(keyed("rider").await, 200);
+    }
+    assert_eq!(keyed("rider").await, 429);
+    // The container replaced by another with the same labels: the same route, the same budget.
+    engine.put(limited("new", &new));
+    engine.event("start", "new");
+    engine.event("kill", "old");
+    engine.update("old", |c| c.running = false);
+    engine.event("die", "old");
+    until(
+        &fg,
+        "new serving",
+        has_states(&[("shop-rides-new", "serving")]),
+    )
+    .await;
+    assert_eq!(
+        keyed("rider").await,
+        429,
+        "the redeploy refilled the budget"
+    );
+    assert_eq!(keyed("another").await, 200);
+    // SIGHUP re-reads the file; the discovered route stays, with its budget.
+    let reloads = metric(&fg, "floodgate_config_reloads_total{result=\"success\"}").await;
+    fg.signal("HUP");
+    let started = Instant::now();
+    while metric(&fg, "floodgate_config_reloads_total{result=\"success\"}").await == reloads {
+        assert!(started.elapsed() < SETTLE, "no reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(keyed("rider").await, 429);
+    assert_eq!(get(&fg, "/file/x").await, 200);
+    assert_eq!(
+        new.count(),
+        1,
+        "only `another`'s request reached the new container"
+    );
+}
