@@ -52,8 +52,8 @@ pub struct RoutePool {
     /// only when an ejection may be in force.
     ejected_until_ms: AtomicU64,
     pub(super) metrics: UpstreamMetrics,
-    /// Woken when the set goes from empty to not (requests held for a discovered route's
-    /// endpoints wait on it).
+    /// Woken whenever the set is rebuilt with endpoints (requests held for a discovered route's
+    /// next endpoint wait on it).
     filled: tokio::sync::Notify,
     /// Since when the set has been empty (`None`: it has endpoints).
     emptied_at: Mutex<Option<Instant>>,
