@@ -39,6 +39,9 @@ pub struct RoutePool {
     /// The set has more than one endpoint (a retry is possible): read on every first attempt,
     /// without loading the set again.
     many: std::sync::atomic::AtomicBool,
+    /// The set has no endpoint: read on every request to a discovered route (whose requests
+    /// are held while it is so), without loading the set.
+    empty: std::sync::atomic::AtomicBool,
     /// Per origin (by position in the spec), the addresses its name last resolved to; `None`
     /// for a name not resolved yet (an address or an `https://` origin needs none).
     resolved: Mutex<Vec<Option<Vec<SocketAddr>>>>,
@@ -149,6 +152,7 @@ impl RoutePool {
             spec: ArcSwap::from_pointee(spec),
             set: ArcSwap::from_pointee(EndpointSet::default()),
             many: std::sync::atomic::AtomicBool::new(false),
+            empty: std::sync::atomic::AtomicBool::new(true),
             draining: Mutex::new(Vec::new()),
             cursor: AtomicUsize::new(0),
             budget: RetryBudget::default(),
@@ -300,6 +304,7 @@ impl RoutePool {
         self.many.store(endpoints.len() > 1, Ordering::Relaxed);
         let filled = !endpoints.is_empty();
         self.set.store(Arc::new(EndpointSet { endpoints, order }));
+        self.empty.store(!filled, Ordering::Release);
         {
             let mut emptied = self.emptied_at.lock().unwrap_or_else(|p| p.into_inner());
             match (filled, *emptied) {
@@ -373,7 +378,7 @@ impl RoutePool {
 
     /// True when the pool has no endpoint (a name that never resolved).
     pub fn is_empty(&self) -> bool {
-        self.set.load().endpoints.is_empty()
+        self.empty.load(Ordering::Acquire)
     }
 
     fn now_ms(&self) -> u64 {
