@@ -48,6 +48,10 @@ pub trait Apply: Send + Sync + 'static {
     /// applied before. A route only the whole config refuses is left out: its index and
     /// problems are returned. Blocking.
     fn apply(&self, routes: &[(Value, Duration)]) -> Refused;
+
+    /// Which reading of the file `check` validates against: it changes when a SIGHUP reads a
+    /// new one, so that what was checked before is checked again.
+    fn generation(&self) -> u64;
 }
 
 /// What `GET /discovered` reads.
@@ -103,6 +107,8 @@ struct Watcher {
     /// Containers ready by the engine's word whose port does not accept connections yet (a
     /// process still binding it): `starting` until it does, tried every `PROBE_EVERY`.
     unopened: std::collections::BTreeMap<String, Inspected>,
+    /// The file's reading `checked` and the model's refusals were made against.
+    generation: u64,
 }
 
 /// How often a container's port is tried again until it accepts a connection.
@@ -136,6 +142,7 @@ pub async fn run(
         applied: Vec::new(),
         listed: Vec::new(),
         unopened: Default::default(),
+        generation: 0,
     };
     let mut failures = 0u32;
     loop {
@@ -199,8 +206,16 @@ impl Watcher {
         }
     }
 
-    /// Every running container listed and inspected again; any other forgotten.
+    /// Every running container listed and inspected again; any other forgotten. After a SIGHUP
+    /// read a new file, every route as written is checked again (a label the old file refused
+    /// may be valid now, or the reverse).
     async fn resync(&mut self, engine: &Engine) -> Result<(), String> {
+        let generation = self.apply.generation();
+        if generation != self.generation {
+            self.generation = generation;
+            self.checked.clear();
+            self.model.forget_refusals();
+        }
         let running = engine.running().await?;
         self.model.listed(&running);
         self.unopened.retain(|id, _| running.contains(id));

@@ -598,3 +598,51 @@ async fn a_redeploy_refills_nobody_and_a_sighup_keeps_the_discovered_routes() {
         "only `another`'s request reached the new container"
     );
 }
+
+#[tokio::test]
+async fn labels_the_file_refused_are_checked_again_after_a_sighup_fixes_the_file() {
+    let dir = tempfile_dir("sighup");
+    let engine = Engine::start(&dir, Dialect::Docker).await;
+    let (a, file) = (Upstream::start().await, Upstream::start().await);
+    // A limit for tier `pro`: no consumer has it until the file gets one.
+    engine.put(Container::new(
+        "a",
+        "rides",
+        "127.0.0.1",
+        a.addr().port(),
+        &[
+            ("floodgate.enable", "true"),
+            ("floodgate.route.path_prefix", "/rides/"),
+            (
+                "floodgate.route.limits",
+                "[{algorithm: token_bucket, capacity: 5, refill_rate: 1, tiers: [pro]}]",
+            ),
+        ],
+    ));
+    let fg = start(&engine, &file, "    resync: 1s\n");
+    let seen = until(&fg, "a invalid", has_states(&[("shop-rides-a", "invalid")])).await;
+    let error = seen["containers"][0]["error"].as_str().unwrap().to_string();
+    assert!(
+        error.contains("floodgate.route.limits[0].tiers[0]"),
+        "{error}"
+    );
+    let config = std::fs::read_to_string(fg.config_path()).unwrap();
+    std::fs::write(
+        fg.config_path(),
+        format!(
+            "{config}consumers:\n  unknown_key: reject\n  entries:\n    - name: acme\n      tier: pro\n      keys_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]\n"
+        ),
+    )
+    .unwrap();
+    fg.signal("HUP");
+    // The next listing (within 1 s) checks the labels again, against the new file.
+    until(&fg, "a serving", has_states(&[("shop-rides-a", "serving")])).await;
+    let status = client()
+        .get(fg.url("/rides/x"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200, "{}", fg.stderr());
+}

@@ -163,6 +163,11 @@ impl Model {
         self.containers.get(id).is_some_and(|c| c.healthy)
     }
 
+    /// The file changed: what the config refused is asked again.
+    pub fn forget_refusals(&mut self) {
+        self.refused.clear();
+    }
+
     /// The config refused `written` with `problems`: its containers are reported invalid.
     pub fn refuse(&mut self, written: &Value, problems: Vec<String>) {
         self.refused.insert(written.to_string(), problems);

@@ -36,6 +36,8 @@ pub struct Reloader {
     /// is made from them and applied, so a SIGHUP and a container's event apply one after the
     /// other.
     sources: Mutex<Sources>,
+    /// Files read valid since the start ([`crate::provider::Apply::generation`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 struct Sources {
@@ -143,6 +145,7 @@ impl Reloader {
                 file,
                 discovered: Vec::new(),
             }),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -202,6 +205,8 @@ impl Reloader {
         }
         self.apply(&config);
         sources.file = Some(file);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(config.routes.len())
     }
 
@@ -250,6 +255,10 @@ impl crate::provider::Apply for Reloader {
                 })
                 .collect(),
         }
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn apply(&self, routes: &[(Value, Duration)]) -> crate::provider::Refused {
