@@ -428,12 +428,13 @@ impl Watcher {
             match &c.error {
                 Some(error) => {
                     self.metrics.discovery_error();
+                    // In the contract's words: `container rides-2: floodgate.route.limits[0]
+                    // .capacity: must be > 0` (the log's formatter escapes the label's text).
                     tracing::warn!(
-                        container = c.name,
                         route,
                         state = c.state.as_str(),
-                        error,
-                        "discovered container has a problem"
+                        "container {}: {error}",
+                        c.name
                     );
                 }
                 None => tracing::info!(

@@ -372,7 +372,7 @@ async fn invalid_labels_and_colliding_names_are_reported_and_the_others_serve() 
     assert!(metric(&fg, "floodgate_discovery_errors_total").await >= 3);
     let stderr = fg.stderr();
     assert!(
-        stderr.contains("shop-billing-bad") && stderr.contains("capacity"),
+        stderr.contains("container shop-billing-bad: floodgate.route.limits[0].capacity: "),
         "{stderr}"
     );
     // The dashboard's table of discovered containers, in headless Chromium.
