@@ -24,9 +24,13 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// name for it everywhere, declared beside the connections that carry bodies.
 pub use crate::upstream::conn::BoxError;
 
+mod cors;
 mod grpc;
 mod table;
+mod template;
+pub use cors::{Cors, DEFAULT_EXPOSE};
 pub use grpc::Dialect;
+pub use template::{NAMES as REFUSAL_NAMES, Template, Templates};
 
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -94,6 +98,8 @@ pub struct RateLimitHeaders {
     names: Vec<String>,
     /// How many of the route's limits are enforced (the shadow ones' names follow).
     enforced: usize,
+    /// The route's own bodies for its refusals (`refusals:`), if it has any.
+    templates: Option<std::sync::Arc<Templates>>,
 }
 
 impl RateLimitHeaders {
@@ -123,6 +129,7 @@ impl RateLimitHeaders {
             policy,
             names,
             enforced: route.enforced.limits.len(),
+            templates: route.refusals.clone(),
         }
     }
 
@@ -133,6 +140,7 @@ impl RateLimitHeaders {
             policy: None,
             names: Vec::new(),
             enforced: 0,
+            templates: None,
         }
     }
 
@@ -306,12 +314,37 @@ impl Rejection {
                 (Bytes::from_static(body.as_bytes()), answer.retry_secs)
             }
         };
+        // The route's own template for this refusal, if it has one: its body (and status and
+        // type) instead of the problem+json; every header below is written all the same.
+        let template =
+            (headers.templates.as_deref()).and_then(|t| Some((t.for_rejection(&self)?, &t.route)));
+        let (body, status) = match template {
+            None => (body, answer.status),
+            Some((template, route)) => {
+                let (limit, remaining) = match &self {
+                    Rejection::RateLimited(v, _) => (v.headline.limit, v.headline.remaining),
+                    _ => (0, 0),
+                };
+                let figures = template::Figures {
+                    retry_after: retry_after.unwrap_or(0),
+                    limit,
+                    remaining,
+                    route,
+                };
+                (template.body(&figures), template.status(answer.status))
+            }
+        };
         let mut response = Response::new(full(body));
-        *response.status_mut() = answer.status;
+        *response.status_mut() = status;
         if let Rejection::RateLimited(v, _) = &self
             && let Some(map) = headers.refusal(v)
         {
             *response.headers_mut() = map;
+            if let Some((template, _)) = template {
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, template.content_type());
+            }
             return response;
         }
         // Sized once for what a refusal carries (Retry-After, three or two rate-limit fields,
@@ -332,7 +365,10 @@ impl Rejection {
             }
             _ => {}
         }
-        h.insert(CONTENT_TYPE, PROBLEM_JSON);
+        match template {
+            Some((template, _)) => h.insert(CONTENT_TYPE, template.content_type()),
+            None => h.insert(CONTENT_TYPE, PROBLEM_JSON),
+        };
         response
     }
 }

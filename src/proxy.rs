@@ -251,7 +251,7 @@ impl Proxy {
             linger(req);
             return Self::respond(ctx, None, response);
         }
-        let route = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
+        let (route, preflight) = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
             Ok(route) => route,
             Err(rejection) => {
                 if rejection == Rejection::NoRoute {
@@ -276,6 +276,17 @@ impl Proxy {
             trace.rename(|| [req.method().as_str(), " ", &route.config.name].concat());
             trace.set(|| KeyValue::new("http.route", route.config.path_prefix.clone()));
             trace.set(|| KeyValue::new("floodgate.route", route.config.name.clone()));
+        }
+        // `cors:`: the request's origin, for the CORS headers of whatever answers it; a
+        // preflight is answered here, before anything is held, decided or spent.
+        let origin = (route.config.cors.as_ref())
+            .and_then(|_| req.headers().get(http::header::ORIGIN).cloned());
+        if preflight && let Some(cors) = &route.config.cors {
+            ctx.refuse(Some(crate::metrics::DecisionLabel::Preflight));
+            let response = cors.preflight(req.headers());
+            linger(req);
+            let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
+            return Self::respond(ctx, Some(&route), response);
         }
         // A discovered route whose containers are all gone or starting (compose recreating its
         // only one): held until one serves, within `recreate_grace`, rather than answered 503.
@@ -358,6 +369,21 @@ impl Proxy {
                 tracing::warn!(route = %route.config.name, error = %e, "an invalidation could not reach the other instances");
             }
         }
+        let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
+        Self::respond(ctx, Some(&route), response)
+    }
+
+    /// What every answer of a route carries, floodgate's own refusals too: its CORS headers
+    /// for an allowed `origin`, then its `response_headers`.
+    fn dressed(
+        route: &Matched<'_>,
+        ctx: &Context,
+        origin: Option<&http::HeaderValue>,
+        mut response: Response<Body>,
+    ) -> Response<Body> {
+        if let Some(cors) = &route.config.cors {
+            cors.write(origin, response.headers_mut());
+        }
         let edits = &route.config.response_headers;
         if !edits.is_empty() {
             edits.apply(
@@ -365,7 +391,7 @@ impl Proxy {
                 ctx.vars.as_deref().unwrap_or(&NO_VARS),
             );
         }
-        Self::respond(ctx, Some(&route), response)
+        response
     }
 
     /// Phase 6: the response goes out. Counts the decision, records the outcome on the
@@ -443,28 +469,38 @@ impl Proxy {
         Ok(())
     }
 
-    /// Phase 1: the first route that matches the method and path.
+    /// Phase 1: the first route that matches the method and path; and whether the request is
+    /// a CORS preflight for it. A preflight (`OPTIONS` asking about a method) is matched by
+    /// the method it asks about, so that a route with `cors` answers it whatever its `methods`;
+    /// on a route without `cors` it is an `OPTIONS` like any other.
     fn route<'r>(
         snapshot: &'r Snapshot,
         req: &Request<ClientBody>,
-    ) -> Result<Matched<'r>, Rejection> {
+    ) -> Result<(Matched<'r>, bool), Rejection> {
         let host = match snapshot.routes.by_host() {
             true => crate::config::request_host(req.uri(), req.headers()),
             false => None,
         };
-        let i = snapshot
-            .routes
-            .find(&crate::route::Request {
-                method: req.method(),
+        let find = |method: &http::Method| {
+            snapshot.routes.find(&crate::route::Request {
+                method,
                 host: host.as_deref(),
                 headers: req.headers(),
                 path: req.uri().path(),
             })
-            .ok_or(Rejection::NoRoute)?;
-        Ok(Matched {
+        };
+        let matched = |i: usize| Matched {
             config: &snapshot.routes.routes()[i],
             extras: &snapshot.extras[i],
-        })
+        };
+        if let Some(asked) = crate::answer::Cors::preflight_method(req.method(), req.headers())
+            && let Some(i) = find(&asked)
+            && snapshot.routes.routes()[i].cors.is_some()
+        {
+            return Ok((matched(i), true));
+        }
+        let i = find(req.method()).ok_or(Rejection::NoRoute)?;
+        Ok((matched(i), false))
     }
 
     /// The decider on this snapshot's rules and the proxy's store.

@@ -355,6 +355,34 @@ pub struct TimeoutsFile {
     pub idle: Option<String>,
 }
 
+/// A route's `cors:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorsFile {
+    pub origins: Vec<String>,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub headers: Option<Vec<String>>,
+    #[serde(default)]
+    pub expose: Option<Vec<String>>,
+    #[serde(default)]
+    pub credentials: Option<bool>,
+    #[serde(default)]
+    pub max_age: Option<String>,
+}
+
+/// One template of a route's `refusals:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusalFile {
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub content_type: Option<String>,
+    pub body: String,
+}
+
 /// One entry of `routes:`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -430,6 +458,19 @@ pub struct RouteFile {
     pub cache: Option<super::RouteCacheFile>,
     #[serde(default)]
     pub limits: Vec<LimitFile>,
+    /// CORS for browser clients: preflights answered by floodgate, the allowed origin on every
+    /// answer of the route.
+    #[serde(default)]
+    pub cors: Option<CorsFile>,
+    /// This route's own bodies for floodgate's refusals, by refusal name.
+    #[serde(default)]
+    pub refusals: Option<std::collections::BTreeMap<String, RefusalFile>>,
+    /// This route's own `timeouts.*` (those after routing).
+    #[serde(default)]
+    pub timeouts: Option<TimeoutsFile>,
+    /// This route's own `max_body_size`.
+    #[serde(default)]
+    pub max_body_size: Option<SizeText>,
     /// Set for a route a provider discovered (never from the file): its `recreate_grace`. Its
     /// pool may then be empty (its containers all gone or starting), holding requests that long.
     #[serde(skip)]

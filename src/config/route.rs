@@ -7,11 +7,13 @@ use http::uri::Scheme;
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
+mod edge;
 mod edits;
 mod matching;
 mod pool;
 
 pub use build::override_budget;
+pub use edge::RouteTimeouts;
 pub use edits::{HeaderEdits, Vars};
 pub use matching::{HeaderMatch, HostPattern, invalid_host, request_host};
 
@@ -72,6 +74,14 @@ pub struct RouteConfig {
     /// A route a provider discovered: how long its requests are held while its pool is empty
     /// (`providers.docker.recreate_grace`). `None` for the file's routes.
     pub recreate_grace: Option<std::time::Duration>,
+    /// `cors:`: preflights answered by floodgate, the allowed origin on every answer.
+    pub cors: Option<std::sync::Arc<crate::answer::Cors>>,
+    /// `refusals:`: this route's own bodies for floodgate's refusals.
+    pub refusals: Option<std::sync::Arc<crate::answer::Templates>>,
+    /// `timeouts:`: this route's own, where it sets them.
+    pub timeouts: RouteTimeouts,
+    /// `max_body_size:`: this route's own (`Some(None)`: no limit), where it sets one.
+    pub max_body_size: Option<Option<std::num::NonZeroU64>>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).

@@ -31,10 +31,13 @@ pub enum DecisionLabel {
     Delayed,
     /// Told to wait its turn by a waiting room (`waiting_room:`): 503, not forwarded.
     Waiting,
+    /// A CORS preflight on a route with `cors`: answered 204 by floodgate, never forwarded,
+    /// never spending.
+    Preflight,
 }
 
 impl DecisionLabel {
-    pub const ALL: [DecisionLabel; 12] = [
+    pub const ALL: [DecisionLabel; 13] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,
         DecisionLabel::StoreError,
@@ -47,6 +50,7 @@ impl DecisionLabel {
         DecisionLabel::Cached,
         DecisionLabel::Delayed,
         DecisionLabel::Waiting,
+        DecisionLabel::Preflight,
     ];
 
     /// The label named `label` ([`DecisionLabel::as_str`]).
@@ -71,7 +75,8 @@ impl DecisionLabel {
             | DecisionLabel::Overloaded
             | DecisionLabel::Banned
             | DecisionLabel::Cached
-            | DecisionLabel::Waiting => None,
+            | DecisionLabel::Waiting
+            | DecisionLabel::Preflight => None,
         }
     }
 
@@ -90,6 +95,7 @@ impl DecisionLabel {
             DecisionLabel::Cached => "cached",
             DecisionLabel::Delayed => "delayed",
             DecisionLabel::Waiting => "waiting",
+            DecisionLabel::Preflight => "preflight",
         }
     }
 }

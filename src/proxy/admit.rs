@@ -11,7 +11,7 @@ use super::body::{self, ClientBody};
 use super::context::{Admitted, Context};
 use super::{Matched, Proxy, Rejection, Snapshot, cost, uptime_us};
 use crate::access_log;
-use crate::config::{Budget, RequestView, RouteLimit};
+use crate::config::{Budget, RequestView, RouteConfig, RouteLimit};
 use crate::decider::{Facts, Question, Side};
 use crate::identity::jwt::{Verified, WhenMissing};
 use crate::identity::{Identity, IdentityError, IdentityKind};
@@ -290,7 +290,7 @@ impl Proxy {
         // never reaches the upstream.
         let verified = Self::verify_token(snapshot, req).await?;
         let json = match route.config.reads_body {
-            true => Self::read_body(snapshot, req).await?,
+            true => Self::read_body(snapshot, route.config, req).await?,
             false => None,
         };
         let req = &*req;
@@ -549,6 +549,7 @@ impl Proxy {
     /// then spend the identity's budget).
     pub(super) async fn read_body(
         snapshot: &Snapshot,
+        route: &RouteConfig,
         req: &mut Request<ClientBody>,
     ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Rejection> {
         const UNLIMITED_READ: std::num::NonZeroU64 = std::num::NonZeroU64::new(16 << 20).unwrap();
@@ -557,7 +558,7 @@ impl Proxy {
         let bytes = match body {
             ClientBody::Read(bytes) => bytes,
             ClientBody::Streaming(body) => {
-                let limits = snapshot.forwarder.body_limits();
+                let limits = snapshot.forwarder.body_limits(route);
                 let limit = limits.max_request_bytes.unwrap_or(UNLIMITED_READ);
                 body::read_whole(body, limit, limits.client_idle, http1)
                     .await

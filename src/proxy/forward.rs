@@ -214,9 +214,24 @@ impl Forwarder {
         }
     }
 
-    /// The bounds on a client's body.
-    pub fn body_limits(&self) -> &BodyLimits {
-        &self.limits
+    /// The bounds on bodies of a request on `route`: its own `max_body_size` and
+    /// `timeouts.client_body` / `upstream_body` where it sets them, else the top level's.
+    pub fn body_limits(&self, route: &RouteConfig) -> BodyLimits {
+        let own = &route.timeouts;
+        BodyLimits {
+            max_request_bytes: route.max_body_size.unwrap_or(self.limits.max_request_bytes),
+            client_idle: own.client_body.unwrap_or(self.limits.client_idle),
+            upstream_idle: own.upstream_body.unwrap_or(self.limits.upstream_idle),
+        }
+    }
+
+    /// How long a request on `route` waits for its response head: its own
+    /// `timeouts.upstream_response`, else the top level's.
+    fn response_timeout(&self, route: &RouteConfig) -> Duration {
+        route
+            .timeouts
+            .upstream_response
+            .unwrap_or(self.response_timeout)
     }
 
     /// Forwards `req` to an endpoint of `to.route`'s pool and returns its response, or the
@@ -247,7 +262,8 @@ impl Forwarder {
             return Err(ForwardError::NoUpstream);
         };
         let retries = pool.retries();
-        let wait = (to.deadline).map_or(self.response_timeout, |d| d.min(self.response_timeout));
+        let response_timeout = self.response_timeout(route);
+        let wait = (to.deadline).map_or(response_timeout, |d| d.min(response_timeout));
         // The endpoint of the attempt under way, for a timeout to be counted against.
         let mut current: Option<u64> = None;
         let sent = async {
@@ -294,7 +310,7 @@ impl Forwarder {
                 // endpoint, for outlier detection as Envoy counts it (an endpoint that accepts
                 // and never answers is ejected like one that refuses). A client's own shorter
                 // `grpc-timeout` says nothing of the endpoint.
-                if wait == self.response_timeout
+                if wait == response_timeout
                     && let Some(id) = current
                     && let Some(endpoint) = pool.endpoints().into_iter().find(|e| e.id == id)
                 {
@@ -321,7 +337,8 @@ impl Forwarder {
         upgrade: bool,
         fault: Arc<BodyFault>,
     ) -> Result<Attempts<'a>, ForwardError> {
-        let limit = self.limits.max_request_bytes;
+        let limits = self.body_limits(to.route);
+        let limit = limits.max_request_bytes;
         let announced = parts
             .headers
             .get(http::header::CONTENT_LENGTH)
@@ -336,8 +353,7 @@ impl Forwarder {
             return Err(ForwardError::Client(ClientFault::TooLarge));
         }
         let linger = parts.version <= Version::HTTP_11;
-        let mut body =
-            RequestBody::new(body, limit, self.limits.client_idle, fault.clone(), linger);
+        let mut body = RequestBody::new(body, limit, limits.client_idle, fault.clone(), linger);
         if !hyper::body::Body::is_end_stream(&body) {
             body = body.deny_trailers(to.route.trailers_denied.clone());
         }
@@ -384,7 +400,8 @@ impl Forwarder {
             Err(failed) => return Err(failed),
         };
         let status = sent.status().as_u16();
-        let response = sent.map(|b| b.relay(self.limits.upstream_idle, a.route, held));
+        let upstream_idle = (a.route.timeouts.upstream_body).unwrap_or(self.limits.upstream_idle);
+        let response = sent.map(|b| b.relay(upstream_idle, a.route, held));
         match status {
             502..=504 => Err(Failed::Answered(Box::new(response), status)),
             _ => Ok(response),

@@ -69,6 +69,18 @@ impl Validator {
             Default::default(),
         );
         let (enforced, shadow) = self.budgets(path, &r.name, &r.name, &r.limits);
+        let name: std::sync::Arc<str> = r.name.as_str().into();
+        let cors =
+            (r.cors.take()).and_then(|c| self.cors(&format!("{path}.cors"), c, methods.as_deref()));
+        let refusals =
+            (r.refusals.take()).and_then(|t| self.refusals(&format!("{path}.refusals"), &name, t));
+        let timeouts = (r.timeouts.take())
+            .map(|t| self.route_timeouts(&format!("{path}.timeouts"), t))
+            .unwrap_or_default();
+        let max_body_size = self.route_body_size(
+            &format!("{path}.max_body_size"),
+            r.max_body_size.as_ref().map(|s| s.0.as_str()),
+        );
         let pool = pool?;
         if self.problems.len() > before {
             return None;
@@ -108,7 +120,11 @@ impl Validator {
             trailers_denied,
             reads_body,
             cache,
-            name: r.name.into(),
+            cors,
+            refusals,
+            timeouts,
+            max_body_size,
+            name,
             path_prefix: r.path_prefix,
             methods,
             hosts,
