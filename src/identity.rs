@@ -253,6 +253,12 @@ pub struct IdentityConfig {
     pub strip_untrusted_user_id: bool,
     /// `identity.jwt`: verified bearer tokens, with their keys.
     pub jwt: Option<std::sync::Arc<jwt::JwtConfig>>,
+    /// `identity.client_ip_header`: a one-value header naming the client (`CF-Connecting-IP`),
+    /// believed from trusted proxies instead of walking `X-Forwarded-For`.
+    pub client_ip_header: Option<HeaderName>,
+    /// `identity.forwarded`: RFC 7239 `Forwarded: for=` walked (where the request has one)
+    /// instead of `X-Forwarded-For`.
+    pub forwarded: bool,
 }
 
 /// How many `X-Forwarded-For` entries the walk looks at before giving up on the header.
@@ -337,7 +343,22 @@ impl IdentityConfig {
     /// itself a trusted proxy. When every entry is trusted, the leftmost (the origin as far as the
     /// trusted chain knows, as nginx's `real_ip_recursive` does). A malformed entry met on the walk,
     /// or a header too long to walk, means the header cannot be believed: the peer is used.
+    ///
+    /// With `client_ip_header`, that header's one address where the request has it (one
+    /// malformed or repeated with different values: the peer); with `forwarded`, RFC 7239's
+    /// `Forwarded` walked the same way where the request has one.
     pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        if let Some(name) = &self.client_ip_header
+            && headers.contains_key(name)
+        {
+            return match single_value(headers, name) {
+                Ok(Some(value)) => parse_ip(value).unwrap_or(peer),
+                _ => peer,
+            };
+        }
+        if self.forwarded && headers.contains_key(http::header::FORWARDED) {
+            return self.forwarded_ip(headers, peer);
+        }
         let mut hops = 0;
         let mut leftmost_trusted = None;
         // Several X-Forwarded-For lines form one list, in order; walk them last to first.
@@ -358,6 +379,54 @@ impl IdentityConfig {
         }
         leftmost_trusted.unwrap_or(peer)
     }
+}
+
+impl IdentityConfig {
+    /// [`IdentityConfig::client_ip`]'s walk over RFC 7239 `Forwarded` elements, right to left:
+    /// each element's `for=` (a quoted `"[v6]:port"`, `v4:port`, or a bare address). An element
+    /// without `for=`, or one naming no address (`unknown`, an obfuscated `_hidden`), ends the
+    /// walk with nothing to believe: the peer.
+    fn forwarded_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        let mut hops = 0;
+        let mut leftmost_trusted = None;
+        for line in headers.get_all(http::header::FORWARDED).iter().rev() {
+            for element in line.as_bytes().rsplit(|&b| b == b',') {
+                hops += 1;
+                if hops > MAX_FORWARDED_HOPS {
+                    return peer;
+                }
+                let Some(ip) = forwarded_for(element) else {
+                    return peer;
+                };
+                if !self.is_trusted(ip) {
+                    return ip;
+                }
+                leftmost_trusted = Some(ip);
+            }
+        }
+        leftmost_trusted.unwrap_or(peer)
+    }
+}
+
+/// The address of one `Forwarded` element's `for=` parameter (RFC 7239 §4, §6), if it names one.
+fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
+    let element = std::str::from_utf8(element).ok()?;
+    let value = element.split(';').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then_some(value.trim())
+    })?;
+    let value = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value);
+    // `[2001:db8::1]:4711` or `[2001:db8::1]`; `192.0.2.1:4711` or `192.0.2.1`.
+    let host = match value.strip_prefix('[') {
+        Some(rest) => rest.split_once(']')?.0,
+        None => value.split(':').next()?,
+    };
+    host.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
 }
 
 /// The `X-Forwarded-For` header name.

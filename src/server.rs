@@ -7,6 +7,7 @@
 mod head;
 mod http3;
 mod listener;
+mod proxy_protocol;
 mod reload;
 mod watch;
 
@@ -67,6 +68,8 @@ pub struct Serving {
     drain_timeout: Duration,
     /// What each connection is held to.
     per_connection: PerConnection,
+    /// `proxy_protocol.from`, on the proxy's port.
+    proxy_protocol: Option<Arc<[ipnet::IpNet]>>,
 }
 
 impl Serving {
@@ -110,6 +113,7 @@ impl Serving {
             },
             advertise: config.http3.as_ref().is_some_and(|h| h.advertise),
             drain_timeout: timeouts.drain,
+            proxy_protocol: config.proxy_protocol.clone(),
             per_connection: PerConnection {
                 resets: config.http2_resets,
                 streams: config.http2_streams,
@@ -271,6 +275,7 @@ impl Server {
             open: Some(metrics.open_connections().clone()),
             metrics,
             name: "proxy",
+            proxy_protocol: true,
         };
         proxy
             .accept(self.settings.clone(), draining, shutdown)
@@ -322,6 +327,7 @@ fn side_port<H: listener::Handler>(
         metrics: metrics.clone(),
         open: None,
         name,
+        proxy_protocol: false,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct FileConfig {
     /// HTTP/3 over QUIC beside the TCP listener (needs `tls`).
     #[serde(default)]
     pub http3: Option<Http3File>,
+    /// The PROXY protocol (v1 and v2) on `listen`, from these peers.
+    #[serde(default)]
+    pub proxy_protocol: Option<ProxyProtocolFile>,
     /// A PEM bundle of CA certificates for verifying HTTPS upstreams (default: the system's).
     #[serde(default)]
     pub upstream_ca: Option<String>,
@@ -266,6 +269,12 @@ pub struct IdentityFile {
     /// Bearer tokens, verified: their subject is the identity after the API key.
     #[serde(default)]
     pub jwt: Option<JwtFile>,
+    /// A one-value header naming the client, believed from trusted proxies.
+    #[serde(default)]
+    pub client_ip_header: Option<String>,
+    /// Walk RFC 7239 `Forwarded: for=` (default false).
+    #[serde(default)]
+    pub forwarded: Option<bool>,
 }
 
 /// `identity.jwt:` — verified bearer tokens.
@@ -353,6 +362,13 @@ pub struct TimeoutsFile {
     pub upstream_body: Option<String>,
     #[serde(default)]
     pub idle: Option<String>,
+}
+
+/// `proxy_protocol:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyProtocolFile {
+    pub from: Vec<String>,
 }
 
 /// A route's `cors:`.

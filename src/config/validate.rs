@@ -191,7 +191,13 @@ impl Validator {
                 64
             }
         };
+        let client_ip_header = match i.client_ip_header.as_deref() {
+            None => None,
+            Some(name) => Some(self.header_name("identity.client_ip_header", Some(name), "")?),
+        };
         Some(IdentityConfig {
+            client_ip_header,
+            forwarded: i.forwarded.unwrap_or(false),
             api_key_header: api_key_header?,
             user_id_header: user_id_header?,
             trusted_proxies,

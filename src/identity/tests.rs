@@ -29,6 +29,8 @@ fn trusting(nets: &[&str]) -> IdentityConfig {
         ipv6_prefix: 128,
         strip_untrusted_user_id: true,
         jwt: None,
+        client_ip_header: None,
+        forwarded: false,
     }
 }
 
@@ -284,6 +286,8 @@ fn custom_header_names_are_used() {
         ipv6_prefix: 128,
         strip_untrusted_user_id: true,
         jwt: None,
+        client_ip_header: None,
+        forwarded: false,
     };
     let map = headers(&[("x-api-key", "ignored"), ("x-account", "acct-1")]);
     assert_eq!(config.identify(&map, PEER), Ok(Identity::UserId(b"acct-1")));
@@ -389,4 +393,67 @@ fn ipv6_clients_share_a_budget_per_prefix() {
         config.client_addr(&HeaderMap::new(), ip("::ffff:203.0.113.7")),
         ip("203.0.113.7")
     );
+}
+
+#[test]
+fn a_client_ip_header_is_believed_from_a_trusted_peer_only_and_wins_over_forwarded() {
+    let mut config = trusting(&["10.0.0.0/8"]);
+    config.client_ip_header = Some(HeaderName::from_static("cf-connecting-ip"));
+    config.forwarded = true;
+    let trusted = ip("10.0.0.2");
+    let map = headers(&[
+        ("cf-connecting-ip", "198.51.100.4"),
+        ("forwarded", "for=192.0.2.60"),
+        ("x-forwarded-for", "192.0.2.99"),
+    ]);
+    assert_eq!(config.client_addr(&map, trusted), ip("198.51.100.4"));
+    // From an untrusted peer, nothing it says is believed.
+    assert_eq!(
+        config.client_addr(&map, ip("203.0.113.9")),
+        ip("203.0.113.9")
+    );
+    // Malformed, or two different values: the peer.
+    let bad = headers(&[("cf-connecting-ip", "not-an-ip")]);
+    assert_eq!(config.client_addr(&bad, trusted), trusted);
+    let two = headers(&[
+        ("cf-connecting-ip", "198.51.100.4"),
+        ("cf-connecting-ip", "198.51.100.5"),
+    ]);
+    assert_eq!(config.client_addr(&two, trusted), trusted);
+    // Without it, `Forwarded` is walked.
+    let forwarded = headers(&[
+        ("forwarded", "for=192.0.2.60"),
+        ("x-forwarded-for", "192.0.2.99"),
+    ]);
+    assert_eq!(config.client_addr(&forwarded, trusted), ip("192.0.2.60"));
+}
+
+#[test]
+fn forwarded_is_walked_right_to_left_past_trusted_proxies() {
+    let mut config = trusting(&["10.0.0.0/8", "2001:db8:cafe::/48"]);
+    config.forwarded = true;
+    let trusted = ip("10.0.0.2");
+    let map = headers(&[(
+        "forwarded",
+        "for=192.0.2.43;proto=https, For=\"[2001:db8:cafe::17]:4711\";by=10.0.0.1",
+    )]);
+    assert_eq!(config.client_addr(&map, trusted), ip("192.0.2.43"));
+    let with_port = headers(&[("forwarded", "for=\"198.51.100.17:8080\", for=10.0.0.7")]);
+    assert_eq!(config.client_addr(&with_port, trusted), ip("198.51.100.17"));
+    // Two lines are one list, in order.
+    let lines = headers(&[
+        ("forwarded", "for=198.51.100.1"),
+        ("forwarded", "for=10.0.0.9"),
+    ]);
+    assert_eq!(config.client_addr(&lines, trusted), ip("198.51.100.1"));
+    // An element naming no address cannot be believed: the peer.
+    let hidden = headers(&[("forwarded", "for=198.51.100.1, for=_hidden")]);
+    assert_eq!(config.client_addr(&hidden, trusted), trusted);
+    let unknown = headers(&[("forwarded", "for=unknown")]);
+    assert_eq!(config.client_addr(&unknown, trusted), trusted);
+    let no_for = headers(&[("forwarded", "proto=https")]);
+    assert_eq!(config.client_addr(&no_for, trusted), trusted);
+    // Off (the default), `Forwarded` is not read.
+    config.forwarded = false;
+    assert_eq!(config.client_addr(&map, trusted), trusted);
 }

@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::watch::{ConnWatch, StreamGuard};
-use super::{Advertised, PerConnection, Serving, advertised, head};
+use super::{Advertised, PerConnection, Serving, advertised, head, proxy_protocol};
 use crate::answer::Body;
 use crate::deadline::FirstByteDeadline;
 use crate::metrics::{CloseReason, Metrics};
@@ -64,6 +64,8 @@ pub(super) struct Port<H> {
     pub open: Option<Gauge>,
     /// Its name in the log.
     pub name: &'static str,
+    /// Whether `proxy_protocol:` applies to it (the proxy's port only).
+    pub proxy_protocol: bool,
 }
 
 impl<H: Handler> Port<H> {
@@ -119,7 +121,10 @@ impl<H: Handler> Port<H> {
                 Tls::Serving => serving.tls.clone(),
                 Tls::Fixed(acceptor) => Some(acceptor.clone()),
             };
-            let connection = Connection {
+            let proxy_from = (self.proxy_protocol)
+                .then(|| serving.proxy_protocol.clone())
+                .flatten();
+            let mut connection = Connection {
                 builder: serving.builder.clone(),
                 draining: draining.clone(),
                 handler: self.handler.clone(),
@@ -134,29 +139,25 @@ impl<H: Handler> Port<H> {
             }
             tokio::spawn(async move {
                 let _permit = permit;
-                // Bounds the TLS handshake, and then the connection's opening bytes.
+                // Bounds the PROXY header, the TLS handshake, and then the connection's opening
+                // bytes.
                 let header_read = connection.limits.header_read;
-                match tls {
-                    None => {
-                        let stream = FirstByteDeadline::new(stream, header_read);
-                        connection.serve(stream, None).await
+                let mut stream = stream;
+                let client = match &proxy_from {
+                    None => Ok(peer),
+                    Some(from) => {
+                        proxy_protocol::client(&mut stream, peer, from, header_read).await
                     }
-                    // The handshake runs here, not in the accept loop, so a slow client cannot
-                    // hold up others; the header-read timeout bounds it like a slow request head.
-                    Some(acceptor) => {
-                        // The address the client dialled: what it names when it sends no SNI.
-                        let local = stream.local_addr().ok();
-                        match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => {
-                                let advertise = advertised(&serving, alt_svc, &stream, local);
-                                let stream = FirstByteDeadline::new(stream, header_read);
-                                connection.serve(stream, advertise).await
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(error = %e, %peer, "TLS handshake failed")
-                            }
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                        }
+                };
+                match (client, tls) {
+                    (Err(why), _) => {
+                        tracing::debug!(%peer, reason = %why, "connection closed unanswered");
+                    }
+                    (Ok(client), tls) => {
+                        connection.peer = client;
+                        connection
+                            .serve_maybe_tls(stream, tls, serving, alt_svc)
+                            .await;
                     }
                 }
                 if let Some(open) = open {
@@ -165,7 +166,47 @@ impl<H: Handler> Port<H> {
             });
         }
     }
+}
 
+impl<H: Handler> Connection<H> {
+    /// Serves `stream`, through a TLS handshake first when the port has `tls`.
+    async fn serve_maybe_tls(
+        self,
+        stream: tokio::net::TcpStream,
+        tls: Option<TlsAcceptor>,
+        serving: Arc<Serving>,
+        alt_svc: Option<HeaderValue>,
+    ) {
+        let connection = self;
+        let peer = connection.peer;
+        let header_read = connection.limits.header_read;
+        match tls {
+            None => {
+                let stream = FirstByteDeadline::new(stream, header_read);
+                connection.serve(stream, None).await
+            }
+            // The handshake runs here, not in the accept loop, so a slow client cannot
+            // hold up others; the header-read timeout bounds it like a slow request head.
+            Some(acceptor) => {
+                // The address the client dialled: what it names when it sends no SNI.
+                let local = stream.local_addr().ok();
+                match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let advertise = advertised(&serving, alt_svc, &stream, local);
+                        let stream = FirstByteDeadline::new(stream, header_read);
+                        connection.serve(stream, advertise).await
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, %peer, "TLS handshake failed")
+                    }
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            }
+        }
+    }
+}
+
+impl<H: Handler> Port<H> {
     /// A port that drains on its own: [`Port::accept`] until `shutdown`, then its open
     /// connections are told to finish and given the drain timeout to.
     pub async fn run(self, settings: Arc<ArcSwap<Serving>>, shutdown: impl Future<Output = ()>) {

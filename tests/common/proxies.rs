@@ -1,5 +1,6 @@
-//! Real nginx and Caddy (Debian's `nginx-light` and `caddy`, installed by `scripts/test.sh`),
-//! started as child processes on a free port from a config the test writes. Killed on drop.
+//! Real nginx, Caddy and HAProxy (Debian's `nginx-light`, `caddy` and `haproxy`, installed by
+//! `scripts/test.sh`), started as child processes on a free port from a config the test
+//! writes. Killed on drop.
 
 use super::*;
 
@@ -75,6 +76,34 @@ impl FrontProxy {
             .spawn()
             .expect("start caddy (Debian's caddy: scripts/test.sh installs it)");
         FrontProxy::ready(child, port, dir, "caddy.log")
+    }
+
+    /// HAProxy (Debian's `haproxy`) with `config` after a `global`/`defaults` preamble (`{PORT}`
+    /// and `{DIR}` replaced with its port, its first `bind`, and a directory of its own).
+    pub fn haproxy(config: &str) -> FrontProxy {
+        let dir = TempDir::new("haproxy");
+        let port = free_port();
+        let d = dir.path().display().to_string();
+        let file = format!(
+            "global\n  maxconn 256\n\ndefaults\n  timeout connect 2s\n  timeout client 20s\n  \
+             timeout server 20s\n\n{}\n",
+            config
+                .replace("{PORT}", &port.to_string())
+                .replace("{DIR}", &d)
+        );
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, file).expect("write haproxy.cfg");
+        let log = std::fs::File::create(dir.path().join("haproxy.log")).expect("log file");
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start haproxy (Debian's haproxy: scripts/test.sh installs it)");
+        FrontProxy::ready(child, port, dir, "haproxy.log")
     }
 
     /// Waits until the port accepts (20 s: both start in well under a second here).
