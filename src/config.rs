@@ -39,7 +39,8 @@ pub use providers::{DockerProvider, EngineEndpoint, ProvidersFile};
 pub use room::{Activate, RoomConfig, RoomFile};
 pub use route::{
     Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
-    RouteLimit, Upstream, UpstreamProtocol, Vars, invalid_host, override_budget, request_host,
+    RouteLimit, RouteTimeouts, Upstream, UpstreamProtocol, Vars, WEBSOCKET_LEASE, WebSocketLimits,
+    invalid_host, override_budget, request_host,
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};

@@ -51,6 +51,7 @@ pub struct Metrics {
     cache: CacheFamilies,
     rooms: RoomFamilies,
     discovery: DiscoveryFamilies,
+    websocket: WebSocketFamilies,
 }
 
 /// Routes from the containers (`src/provider.rs`).
@@ -59,6 +60,54 @@ struct DiscoveryFamilies {
     errors: Counter,
     connected: Gauge,
     held: Family<OutcomeLabel, Counter>,
+}
+
+/// Upgraded WebSocket connections on routes with `websocket:` (`src/proxy/websocket.rs`).
+struct WebSocketFamilies {
+    open: Family<labels::RouteLabel, Gauge>,
+    messages: Family<labels::RouteLabel, Counter>,
+    closed: Family<labels::CacheReasonLabels, Counter>,
+}
+
+/// One route's WebSocket metrics.
+#[derive(Clone)]
+pub struct WebSocketMetrics {
+    open: Gauge,
+    messages: Counter,
+    closed: Family<labels::CacheReasonLabels, Counter>,
+    route: String,
+}
+
+impl WebSocketMetrics {
+    /// A connection opened; the returned guard counts it until dropped.
+    pub fn opened(&self) -> OpenSocket {
+        self.open.inc();
+        OpenSocket(self.open.clone())
+    }
+
+    /// A client message passed.
+    pub fn message(&self) {
+        self.messages.inc();
+    }
+
+    /// A connection ended, why: `client`, `upstream`, `rate` (1008), `size` (1009), `idle`.
+    pub fn closed(&self, reason: &'static str) {
+        self.closed
+            .get_or_create(&labels::CacheReasonLabels {
+                route: self.route.clone(),
+                reason,
+            })
+            .inc();
+    }
+}
+
+/// Counts one open WebSocket until dropped.
+pub struct OpenSocket(Gauge);
+
+impl Drop for OpenSocket {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// The waiting rooms' families (`src/room.rs`), by room.
@@ -456,11 +505,29 @@ impl Metrics {
                 "Requests to a discovered route with no endpoint, held for recreate_grace, by outcome: served (an endpoint came), expired (the grace ended), overflow (too many held)",
             ),
         };
+        let websocket = WebSocketFamilies {
+            open: register(
+                &mut registry,
+                "websocket_connections",
+                "Upgraded WebSocket connections open on routes with websocket: limits",
+            ),
+            messages: register(
+                &mut registry,
+                "websocket_messages",
+                "Client messages passed on routes with websocket: limits",
+            ),
+            closed: register(
+                &mut registry,
+                "websocket_closed",
+                "WebSocket connections ended, by reason: client or upstream (either side closed), rate (too many messages: close 1008), size (a message past max_message: close 1009), idle (idle_timeout)",
+            ),
+        };
         Metrics {
             upstream,
             cache,
             rooms,
             discovery,
+            websocket,
             alerts: register(
                 &mut registry,
                 "alerts",
@@ -604,6 +671,19 @@ impl Metrics {
             .held
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
+    }
+
+    /// Route `route`'s WebSocket metrics.
+    pub fn websocket(&self, route: &str) -> WebSocketMetrics {
+        let label = labels::RouteLabel {
+            route: route.to_string(),
+        };
+        WebSocketMetrics {
+            open: self.websocket.open.get_or_create(&label).clone(),
+            messages: self.websocket.messages.get_or_create(&label).clone(),
+            closed: self.websocket.closed.clone(),
+            route: route.to_string(),
+        }
     }
 
     /// Waiting room `room`'s metrics.

@@ -28,6 +28,7 @@ pub mod cost;
 pub mod forward;
 mod snapshot;
 mod usage;
+mod websocket;
 mod well_formed;
 
 use std::net::SocketAddr;
@@ -261,6 +262,15 @@ impl Proxy {
                 linger(req);
                 return Self::respond(ctx, None, response);
             }
+        };
+        // An upgrade on a route with `websocket.max_connections` is decided by the route's
+        // upgrade budget: its limits and the connections per identity.
+        let route = match (route.config.websocket.as_deref()).and_then(|w| w.upgrade.as_deref()) {
+            Some(upgrade) if forward::is_websocket_upgrade(&req) => Matched {
+                config: upgrade,
+                extras: route.extras,
+            },
+            _ => route,
         };
         // A gRPC call's refusals take the route's status for a rate-limited call.
         if let Dialect::Grpc(_) = ctx.dialect {
@@ -517,6 +527,12 @@ impl Proxy {
         ctx: &Context,
     ) {
         let identity = &snapshot.identity;
+        // On a route with `websocket:` limits no extension is negotiated: a frame's length is
+        // then its message's size (`websocket.rs`).
+        if route.config.websocket.is_some() {
+            req.headers_mut()
+                .remove(http::header::SEC_WEBSOCKET_EXTENSIONS);
+        }
         // floodgate ignored an untrusted peer's user id; the upstream must not see it.
         if identity.strip_untrusted_user_id && !identity.is_trusted(ctx.peer.ip().to_canonical()) {
             req.headers_mut().remove(&identity.user_id_header);
@@ -572,6 +588,19 @@ impl Proxy {
         req: Request<ClientBody>,
         ctx: &mut Context,
     ) -> Response<Body> {
+        // A WebSocket on a route with `websocket:` takes its concurrency slots into its life.
+        let socket = match (&route.config.websocket, &route.extras.websocket) {
+            (Some(limits), Some(metrics)) if forward::is_websocket_upgrade(&req) => {
+                Some(websocket::Socket {
+                    limits: limits.clone(),
+                    held: (ctx.admitted.as_mut())
+                        .map(|a| std::mem::take(&mut a.leases))
+                        .unwrap_or_default(),
+                    metrics: metrics.clone(),
+                })
+            }
+            _ => None,
+        };
         let mut req = req;
         Self::told_upstream(snapshot, route, &mut req, ctx);
         // An HTTP/2 stream the client reset while it was being decided (a rapid-reset
@@ -624,6 +653,7 @@ impl Proxy {
             client_ip: ctx.peer.ip(),
             client_tls: snapshot.tls,
             deadline,
+            socket,
         };
         let forwarded = Box::pin(snapshot.forwarder.forward(req, to, &mut used))
             .await

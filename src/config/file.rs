@@ -371,6 +371,28 @@ pub struct ProxyProtocolFile {
     pub from: Vec<String>,
 }
 
+/// A route's `websocket:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebSocketFile {
+    #[serde(default)]
+    pub max_connections: Option<i64>,
+    #[serde(default)]
+    pub messages: Option<MessagesFile>,
+    #[serde(default)]
+    pub max_message: Option<SizeText>,
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
+}
+
+/// `websocket.messages:`: a token bucket per connection.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesFile {
+    pub capacity: i64,
+    pub refill_rate: f64,
+}
+
 /// A route's `cors:`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -487,6 +509,9 @@ pub struct RouteFile {
     /// This route's own `max_body_size`.
     #[serde(default)]
     pub max_body_size: Option<SizeText>,
+    /// Limits on its upgraded (WebSocket) connections.
+    #[serde(default)]
+    pub websocket: Option<WebSocketFile>,
     /// Set for a route a provider discovered (never from the file): its `recreate_grace`. Its
     /// pool may then be empty (its containers all gone or starting), holding requests that long.
     #[serde(skip)]

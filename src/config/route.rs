@@ -13,7 +13,7 @@ mod matching;
 mod pool;
 
 pub use build::override_budget;
-pub use edge::RouteTimeouts;
+pub use edge::{RouteTimeouts, WEBSOCKET_LEASE, WebSocketLimits};
 pub use edits::{HeaderEdits, Vars};
 pub use matching::{HeaderMatch, HostPattern, invalid_host, request_host};
 
@@ -82,6 +82,8 @@ pub struct RouteConfig {
     pub timeouts: RouteTimeouts,
     /// `max_body_size:`: this route's own (`Some(None)`: no limit), where it sets one.
     pub max_body_size: Option<Option<std::num::NonZeroU64>>,
+    /// `websocket:`: limits on its upgraded connections.
+    pub websocket: Option<std::sync::Arc<WebSocketLimits>>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).

@@ -199,6 +199,20 @@ impl State {
         }
     }
 
+    /// Moves the end of the concurrency leases named `lease` to `until` (a no-op for other
+    /// algorithms, and for a lease that already ended): a connection that holds its slot for
+    /// its life renews it before it ends.
+    pub fn renew(&mut self, lease: u64, until: u64) {
+        if let State::Leases { leases } = self {
+            let before = leases.len();
+            leases.retain(|&(_, token)| token != lease);
+            for _ in leases.len()..before {
+                let at = leases.partition_point(|&(end, _)| end <= until);
+                leases.insert(at, (until, lease));
+            }
+        }
+    }
+
     /// The instant (µs) after which this state says nothing a fresh state would not: the key
     /// can then be forgotten. This is the TTL the Redis scripts set too.
     pub fn expires_at(&self, limit: &Limit) -> u64 {

@@ -138,6 +138,16 @@ impl Limiter {
         }
     }
 
+    /// Extends the concurrency leases `lease` holds in `asks` to a whole lease from now, in the
+    /// store that granted them: a connection holding its slot for its life (a WebSocket's
+    /// `max_connections`) renews it well before it ends. Never fails.
+    pub async fn renew(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
+        match self {
+            Limiter::Memory(store) => store.renew(asks, lease),
+            Limiter::Remote(guarded) => guarded.renew(asks, lease, source).await,
+        }
+    }
+
     /// What `asks` would decide now, per limit (in the order asked), spending nothing.
     pub async fn peek(&self, asks: &[Ask<'_>]) -> Result<Vec<Decision>, LimiterError> {
         match self {
@@ -456,6 +466,15 @@ impl Reservation {
                 });
             }
         }
+    }
+}
+
+impl HeldLeases {
+    /// Extends these leases to a whole lease from now (a WebSocket holds its slot for its life).
+    pub async fn renew(&self) {
+        self.limiter
+            .renew(&borrowed(&self.keys), self.lease, self.source)
+            .await;
     }
 }
 

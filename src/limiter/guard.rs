@@ -411,6 +411,24 @@ impl<C: Clock> Guarded<C> {
         }
     }
 
+    /// Extends the concurrency leases named `lease`, in the store that granted them. A failure
+    /// is logged at debug level: the next renewal tries again, and a lease never renewed ends
+    /// on its own.
+    pub async fn renew(&self, asks: &[Ask<'_>], lease: LeaseId, source: Source) {
+        match source {
+            Source::Fallback => self.local.renew(asks, lease),
+            Source::Store => {
+                let timeout = self.timeout();
+                let renewed = tokio::time::timeout(timeout, self.store.renew(asks, lease));
+                if let Ok(Err(e)) | Err(e) =
+                    renewed.await.map_err(|_| LimiterError::Timeout(timeout))
+                {
+                    tracing::debug!(error = %e, "lease renewal failed; the next one tries again");
+                }
+            }
+        }
+    }
+
     /// Queues settlements that could not be made, to be tried again (see
     /// [`spawn_settle_retries`]).
     pub(crate) fn retry_settlement(
@@ -599,6 +617,13 @@ mod tests {
         fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
             Box::pin(async move {
                 self.state.release(asks, lease);
+                Ok(())
+            })
+        }
+
+        fn renew<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+            Box::pin(async move {
+                self.state.renew(asks, lease);
                 Ok(())
             })
         }

@@ -323,6 +323,32 @@ impl MemoryStore {
         }
     }
 
+    /// Extends the concurrency leases named `lease` in `asks`' budgets to a lease span from now.
+    pub fn renew(&self, asks: &[Ask<'_>], lease: LeaseId) {
+        let now = self.clock.now_us();
+        for ask in asks {
+            if ask.limit.algorithm().kind() != AlgorithmKind::Concurrency {
+                continue;
+            }
+            let until = now + ask.limit.algorithm().span_us();
+            let overflow = BudgetKey {
+                value: OVERFLOW,
+                ..ask.key
+            };
+            for key in [ask.key, overflow] {
+                let hash = self.hash(&key);
+                let mut map = self.shards[shard_of(hash)]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if let Some(entry) = map.get_mut(&hash) {
+                    entry.state.renew(lease, until);
+                    entry.expires_at = entry.state.expires_at(ask.limit);
+                    break;
+                }
+            }
+        }
+    }
+
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
     pub fn release(&self, asks: &[Ask<'_>], lease: LeaseId) {
         for ask in asks {
@@ -438,6 +464,10 @@ impl Store for MemoryStore {
     }
     fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
         MemoryStore::release(self, asks, lease);
+        answered(Ok(()))
+    }
+    fn renew<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        MemoryStore::renew(self, asks, lease);
         answered(Ok(()))
     }
     fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()> {

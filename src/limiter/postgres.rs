@@ -335,6 +335,28 @@ impl Store for PostgresStore {
         })
     }
 
+    /// Extends the concurrency leases named `lease` in `asks`' budgets, in one round trip.
+    fn renew<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let (keys, spans): (Vec<String>, Vec<i64>) = asks
+                .iter()
+                .filter(|a| a.limit.algorithm().kind() == AlgorithmKind::Concurrency)
+                .map(|a| {
+                    let span = i64::try_from(a.limit.algorithm().span_us()).unwrap_or(i64::MAX);
+                    (wire::key_name(&self.prefix, a), span)
+                })
+                .unzip();
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let lease = lease as i64; // the same bits as the decision stored
+            self.db
+                .query::<i32>(&self.db.sql.renew, &[&keys, &lease, &spans])
+                .await
+                .map(|_| ())
+        })
+    }
+
     /// Asks PostgreSQL whether it answers (and the schema is in place): `/readyz`.
     fn ping(&self) -> StoreCall<'_, ()> {
         Box::pin(async move { self.db.ping().await })

@@ -45,8 +45,8 @@ use connection::{Connection, MasterFollower, manager_config};
 pub use script::SCRIPT_SOURCE;
 use script::{
     BATCH_SCRIPT_SOURCE, Caller, FUNCTIONS_UNKNOWN, FUNCTIONS_UNSUPPORTED, FunctionLibrary,
-    LIBRARY, RELEASE_SOURCE, SETTLE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE, TEST_SETTLE_SOURCE,
-    push_limits, read_reply,
+    LIBRARY, RELEASE_SOURCE, RENEW_SOURCE, SETTLE_SOURCE, TEST_LIBRARY, TEST_SCRIPT_SOURCE,
+    TEST_SETTLE_SOURCE, push_limits, read_reply,
 };
 pub use slices::{RedisGlobal, RedisSlices};
 
@@ -77,6 +77,7 @@ pub struct RedisStore {
     /// For Redis behind Sentinel: how to find the master again.
     sentinel: Option<Arc<MasterFollower>>,
     release: Script,
+    renew: Script,
     settle: Script,
     /// True when `script` reads the time from `ARGV[1]` (tests only).
     test_clock: bool,
@@ -188,6 +189,7 @@ impl RedisStore {
             batching: Default::default(),
             sentinel,
             release: Script::new(RELEASE_SOURCE),
+            renew: Script::new(RENEW_SOURCE),
             settle: Script::new(if test_clock {
                 TEST_SETTLE_SOURCE
             } else {
@@ -375,6 +377,28 @@ impl Store for RedisStore {
             for ask in asks {
                 if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
                     invocation.key(self.key_name(ask)).arg(ask.limit.cost());
+                    any = true;
+                }
+            }
+            if !any {
+                return Ok(());
+            }
+            self.run_for_effect(&invocation).await
+        })
+    }
+
+    /// Extends the concurrency leases named `lease` in `asks`' budgets, in one round trip.
+    fn renew<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let mut invocation = self.renew.prepare_invoke();
+            invocation.arg(lease);
+            let mut any = false;
+            for ask in asks {
+                if ask.limit.algorithm().kind() == AlgorithmKind::Concurrency {
+                    invocation
+                        .key(self.key_name(ask))
+                        .arg(ask.limit.cost())
+                        .arg(ask.limit.algorithm().span_us());
                     any = true;
                 }
             }

@@ -88,6 +88,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreCall<'a, ()>;
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
     fn release<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()>;
+    /// Extends the concurrency leases named `lease` in `asks`' budgets to a whole lease span
+    /// from now, on the store's clock (a lease that already ended stays ended).
+    fn renew<'a>(&'a self, asks: &'a [Ask<'a>], lease: LeaseId) -> StoreCall<'a, ()>;
     /// Forgets the state of `asks`' budgets: each is fresh (full) at its next decision
     /// (`POST /reset`).
     fn reset<'a>(&'a self, asks: &'a [Ask<'a>]) -> StoreCall<'a, ()>;

@@ -519,6 +519,7 @@ impl Proxy {
                 client_ip,
                 client_tls: snapshot.tls,
                 deadline: None,
+                socket: None,
             };
             let mut used = None;
             let forwarded = snapshot.forwarder.forward(req, to, &mut used).await;

@@ -39,12 +39,13 @@ use crate::upstream::{Attempted, Endpoint, Failed, InFlight, RoutePool};
 mod failure;
 mod headers;
 pub(super) use headers::X_FORWARDED_HOST;
+pub(super) use headers::is_websocket_upgrade;
 pub(super) use headers::push_ip;
 
 use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_config};
 use headers::{
-    X_FORWARDED_PROTO, append_forwarded_for, header_has_token, is_websocket_upgrade, join_cookies,
-    prefix_redirects, replace_prefix, rewrite_redirects,
+    X_FORWARDED_PROTO, append_forwarded_for, header_has_token, join_cookies, prefix_redirects,
+    replace_prefix, rewrite_redirects,
 };
 pub use headers::{strip_connection_listed, strip_hop_by_hop};
 
@@ -323,7 +324,13 @@ impl Forwarder {
             version: Version::HTTP_11,
             origin: None,
         });
-        Self::response_head(response, &endpoint.origin, route, client, client_upgrade)
+        Self::response_head(
+            response,
+            &endpoint.origin,
+            route,
+            client,
+            client_upgrade.map(|on| (on, to.socket)),
+        )
     }
 
     /// What every attempt of a request starts from: its head, its body (refused before
@@ -692,10 +699,10 @@ impl Forwarder {
         upstream: &Upstream,
         route: &RouteConfig,
         client: ClientSide,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        client_upgrade: Option<(hyper::upgrade::OnUpgrade, Option<super::websocket::Socket>)>,
     ) -> Result<Response<Body>, ForwardError> {
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let Some(client_upgrade) = client_upgrade else {
+            let Some((client_upgrade, socket)) = client_upgrade else {
                 // The client asked for no upgrade: a 101 cannot be relayed.
                 return Err(ForwardError::Upstream(UpstreamFault::Unreachable(
                     "unexpected 101 from the upstream".to_string(),
@@ -707,7 +714,15 @@ impl Forwarder {
                     Ok((client, upstream)) => {
                         let mut client = TokioIo::new(client);
                         let mut upstream = TokioIo::new(upstream);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        match socket {
+                            Some(socket) => {
+                                super::websocket::relay(client, upstream, socket).await;
+                            }
+                            None => {
+                                let _ =
+                                    tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                            }
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "upgrade failed"),
                 }
@@ -781,6 +796,8 @@ pub struct Outbound<'a> {
     pub client_tls: bool,
     /// A gRPC client's `grpc-timeout`.
     pub deadline: Option<Duration>,
+    /// A WebSocket upgrade on a route with `websocket:` limits: what its connection is held to.
+    pub socket: Option<super::websocket::Socket>,
 }
 
 /// A request's state across its attempts.

@@ -85,6 +85,8 @@ pub(super) struct RouteExtras {
     pub hit_route: Option<crate::config::RouteConfig>,
     /// The waiting room the route is in, if any (`waiting_room:`).
     pub room: Option<Arc<crate::room::Room>>,
+    /// A route with `websocket:` limits: its `floodgate_websocket_*` handles.
+    pub websocket: Option<crate::metrics::WebSocketMetrics>,
 }
 
 /// A cached route whose limits name a `cache_hit_cost`: the route with only those limits, each
@@ -204,6 +206,7 @@ impl Snapshot {
                     cache: (r.cache.as_ref()).map(|_| Arc::new(metrics.route_cache(&r.name))),
                     hit_route: hit_route(r),
                     room: rooms.next().flatten(),
+                    websocket: (r.websocket.as_ref()).map(|_| metrics.websocket(&r.name)),
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),

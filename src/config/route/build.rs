@@ -81,6 +81,28 @@ impl Validator {
             &format!("{path}.max_body_size"),
             r.max_body_size.as_ref().map(|s| s.0.as_str()),
         );
+        let websocket =
+            (r.websocket.take()).map(|w| self.websocket(&format!("{path}.websocket"), w));
+        // `websocket.max_connections`: an upgrade request is decided by the route's limits and
+        // a concurrency limit of that many per identity, all or nothing.
+        let upgrade_budget = match websocket.as_ref().and_then(|w| w.max_connections) {
+            // The route's own limits are checked once, above.
+            Some(_) if self.problems.len() > before => None,
+            None => None,
+            Some(n) => {
+                let connections: crate::config::file::LimitFile =
+                    serde_json::from_value(serde_json::json!({
+                        "algorithm": "concurrency",
+                        "limit": n,
+                        "lease": format!("{}s", WEBSOCKET_LEASE.as_secs()),
+                    }))
+                    .ok()?;
+                r.limits.push(connections);
+                let (enforced, _) = self.budgets(path, &r.name, &r.name, &r.limits);
+                r.limits.pop();
+                Some(enforced)
+            }
+        };
         let pool = pool?;
         if self.problems.len() > before {
             return None;
@@ -116,7 +138,7 @@ impl Validator {
             .chain(&request_headers.remove)
             .cloned()
             .collect();
-        Some(RouteConfig {
+        let mut route = RouteConfig {
             trailers_denied,
             reads_body,
             cache,
@@ -149,7 +171,22 @@ impl Validator {
             enforced,
             shadow,
             exempt: crate::config::Exempt::default(),
-        })
+            websocket: None,
+        };
+        if let Some(mut limits) = websocket {
+            if let Some(enforced) = upgrade_budget {
+                // The upgrade route has the same limits on its connections (and no upgrade
+                // route of its own).
+                let upgrade = RouteConfig {
+                    enforced,
+                    websocket: Some(std::sync::Arc::new(limits.clone())),
+                    ..route.clone()
+                };
+                limits.upgrade = Some(std::sync::Arc::new(upgrade));
+            }
+            route.websocket = Some(std::sync::Arc::new(limits));
+        }
+        Some(route)
     }
 
     /// What a route matches beyond its path: `hosts` (exact or `*.` wildcards) and `headers`

@@ -8,7 +8,7 @@ use http::{HeaderName, Method};
 
 use crate::answer::{Cors, DEFAULT_EXPOSE, REFUSAL_NAMES, Template, Templates};
 use crate::config::Validator;
-use crate::config::file::{CorsFile, RefusalFile, TimeoutsFile};
+use crate::config::file::{CorsFile, RefusalFile, TimeoutsFile, WebSocketFile};
 
 /// A route's own timeouts: each `None` takes the top-level one. Only those that start after the
 /// route is known; a connection's (`header_read`, `idle`, `drain`) and the shared upstream
@@ -19,6 +19,26 @@ pub struct RouteTimeouts {
     pub client_body: Option<Duration>,
     pub upstream_body: Option<Duration>,
 }
+
+/// A route's `websocket:` limits on its upgraded connections.
+#[derive(Debug, Clone)]
+pub struct WebSocketLimits {
+    /// `messages:`: client messages per connection, a token bucket (capacity, refill a second).
+    pub messages: Option<(u32, f64)>,
+    /// `max_message`: the largest client message, in bytes.
+    pub max_message: Option<u64>,
+    /// `idle_timeout`: no frame either way for this long closes the connection.
+    pub idle_timeout: Option<Duration>,
+    /// `max_connections`: the route as an upgrade request sees it, its limits and a concurrency
+    /// limit of this many connections per identity (held for the connection's life).
+    pub upgrade: Option<Arc<super::RouteConfig>>,
+    /// `max_connections`, as written.
+    pub max_connections: Option<u32>,
+}
+
+/// How long a connection's slot under `max_connections` lasts unless renewed (every third of
+/// it, while the connection is open): a crashed instance's connections are released within it.
+pub const WEBSOCKET_LEASE: Duration = Duration::from_secs(30);
 
 /// The methods a `cors:` without `methods:` allows when the route names none.
 const CORS_METHODS: [Method; 6] = [
@@ -191,6 +211,57 @@ impl Validator {
             upstream_response: one("upstream_response", t.upstream_response),
             client_body: one("client_body", t.client_body),
             upstream_body: one("upstream_body", t.upstream_body),
+        }
+    }
+
+    /// `websocket:` at `path` (the upgrade route, which needs the whole route, is made by the
+    /// caller).
+    pub(super) fn websocket(&mut self, path: &str, w: WebSocketFile) -> WebSocketLimits {
+        let max_connections = w.max_connections.and_then(|n| match u32::try_from(n) {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                self.problem(
+                    format!("{path}.max_connections"),
+                    format!("{n} must be a whole number from 1"),
+                );
+                None
+            }
+        });
+        let messages = w.messages.and_then(|m| {
+            let capacity = u32::try_from(m.capacity).ok().filter(|c| *c >= 1);
+            if capacity.is_none() {
+                self.problem(
+                    format!("{path}.messages.capacity"),
+                    format!("{} must be a whole number from 1", m.capacity),
+                );
+            }
+            if !(m.refill_rate.is_finite() && m.refill_rate > 0.0) {
+                self.problem(
+                    format!("{path}.messages.refill_rate"),
+                    format!("{} must be more than 0 (messages a second)", m.refill_rate),
+                );
+                return None;
+            }
+            Some((capacity?, m.refill_rate))
+        });
+        let max_message = w.max_message.and_then(|size| {
+            let before = self.problems.len();
+            let n = self.size(&format!("{path}.max_message"), Some(&size.0), 0);
+            (self.problems.len() == before && n > 0).then_some(n)
+        });
+        let idle_timeout = w.idle_timeout.map(|t| {
+            self.duration(
+                &format!("{path}.idle_timeout"),
+                Some(&t),
+                Duration::from_secs(300),
+            )
+        });
+        WebSocketLimits {
+            messages,
+            max_message,
+            idle_timeout,
+            upgrade: None,
+            max_connections,
         }
     }
 

@@ -570,3 +570,26 @@ fn expires(limit: &crate::limiter::Limit, now: u64) -> u64 {
         _ => start + span,
     }
 }
+
+#[test]
+fn a_renewed_lease_outlives_its_first_end_and_an_ended_one_stays_ended() {
+    let l = concurrency(2, 10 * SEC);
+    let mut s = State::new(AlgorithmKind::Concurrency);
+    for lease in [1, 2] {
+        assert!(s.check(&l, T0).allowed());
+        s.commit(&l, T0, lease);
+    }
+    // Lease 1 renewed at 8 s: it ends at 18 s; lease 2 ends at 10 s as granted.
+    s.renew(1, T0 + 18 * SEC);
+    let d = s.check(&l, T0 + 12 * SEC);
+    assert_eq!(d.remaining, 0, "lease 1 counts, lease 2 has ended");
+    assert!(s.check(&l, T0 + 12 * SEC).allowed());
+    assert!(s.check(&l, T0 + 18 * SEC).allowed());
+    // A lease that ended is not brought back by a late renewal.
+    let mut s = State::new(AlgorithmKind::Concurrency);
+    assert!(s.check(&l, T0).allowed());
+    s.commit(&l, T0, 7);
+    let _ = s.check(&l, T0 + 11 * SEC); // the ended lease is dropped as time passes
+    s.renew(7, T0 + 21 * SEC);
+    assert_eq!(s.check(&l, T0 + 11 * SEC).remaining, 1);
+}

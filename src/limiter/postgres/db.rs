@@ -16,7 +16,7 @@ use crate::limiter::LimiterError;
 pub(super) const SCHEMA: &str = include_str!("../sql/schema.sql");
 
 /// The functions, in the order they must be created (the decision calls the algorithms).
-pub(super) const FUNCTIONS: [&str; 11] = [
+pub(super) const FUNCTIONS: [&str; 12] = [
     include_str!("../sql/gcra.sql"),
     include_str!("../sql/fixed_window.sql"),
     include_str!("../sql/sliding_window_log.sql"),
@@ -25,6 +25,7 @@ pub(super) const FUNCTIONS: [&str; 11] = [
     include_str!("../sql/decide.sql"),
     include_str!("../sql/batch.sql"),
     include_str!("../sql/release.sql"),
+    include_str!("../sql/renew.sql"),
     include_str!("../sql/settle.sql"),
     include_str!("../sql/sweep.sql"),
     include_str!("../sql/room.sql"),
@@ -52,6 +53,7 @@ pub(super) struct Sql {
     pub(super) decide_at: String,
     pub(super) decide_batch: String,
     pub(super) release: String,
+    pub(super) renew: String,
     pub(super) settle: String,
     pub(super) sweep: String,
     pub(super) room_enter: String,
@@ -78,6 +80,7 @@ impl Sql {
                 name("decide_batch")
             ),
             release: format!("SELECT {}($1, $2)", name("release")),
+            renew: format!("SELECT {}($1, $2, $3)", name("renew")),
             settle: format!(
                 "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 name("settle")

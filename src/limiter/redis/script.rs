@@ -101,6 +101,7 @@ pub(super) const TEST_SETTLE_SOURCE: &str = concat!(
 
 /// Gives back one request's concurrency leases.
 pub(super) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
+pub(super) const RENEW_SOURCE: &str = include_str!("../lua/renew.lua");
 
 /// The two scripts' entry points.
 #[derive(Clone, Copy)]

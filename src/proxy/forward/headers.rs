@@ -159,7 +159,7 @@ fn strip_origin<'v>(value: &'v str, upstream: &Upstream) -> Option<&'v str> {
 }
 
 /// True for an HTTP/1.1 `Connection: upgrade` + `Upgrade: websocket` request.
-pub(super) fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
+pub(in crate::proxy) fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
         && header_has_token(req.headers(), &CONNECTION, "upgrade")
         && header_has_token(req.headers(), &UPGRADE, "websocket")
