@@ -24,13 +24,11 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// name for it everywhere, declared beside the connections that carry bodies.
 pub use crate::upstream::conn::BoxError;
 
-mod cors;
 mod grpc;
+mod refusals;
 mod table;
-mod template;
-pub use cors::{Cors, DEFAULT_EXPOSE};
 pub use grpc::Dialect;
-pub use template::{NAMES as REFUSAL_NAMES, Template, Templates};
+pub use refusals::preflight;
 
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -99,7 +97,7 @@ pub struct RateLimitHeaders {
     /// How many of the route's limits are enforced (the shadow ones' names follow).
     enforced: usize,
     /// The route's own bodies for its refusals (`refusals:`), if it has any.
-    templates: Option<std::sync::Arc<Templates>>,
+    templates: Option<std::sync::Arc<crate::config::Templates>>,
 }
 
 impl RateLimitHeaders {
@@ -316,8 +314,8 @@ impl Rejection {
         };
         // The route's own template for this refusal, if it has one: its body (and status and
         // type) instead of the problem+json; every header below is written all the same.
-        let template =
-            (headers.templates.as_deref()).and_then(|t| Some((t.for_rejection(&self)?, &t.route)));
+        let template = (headers.templates.as_deref())
+            .and_then(|t| Some((t.get(self.refusal_name()?)?, &t.route)));
         let (body, status) = match template {
             None => (body, answer.status),
             Some((template, route)) => {
@@ -325,7 +323,7 @@ impl Rejection {
                     Rejection::RateLimited(v, _) => (v.headline.limit, v.headline.remaining),
                     _ => (0, 0),
                 };
-                let figures = template::Figures {
+                let figures = crate::config::Figures {
                     retry_after: retry_after.unwrap_or(0),
                     limit,
                     remaining,

@@ -38,9 +38,10 @@ pub use exempt::Exempt;
 pub use providers::{DockerProvider, EngineEndpoint, ProvidersFile};
 pub use room::{Activate, RoomConfig, RoomFile};
 pub use route::{
-    Budget, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per, RequestView, RouteConfig,
-    RouteLimit, RouteTimeouts, Upstream, UpstreamProtocol, Vars, WEBSOCKET_LEASE, WebSocketLimits,
-    invalid_host, override_budget, request_host,
+    Budget, Cors, Figures, HeaderEdits, HeaderMatch, HostPattern, Part, PathMatch, Per,
+    REFUSAL_NAMES, RequestView, RouteConfig, RouteLimit, RouteTimeouts, Templates, Upstream,
+    UpstreamProtocol, Vars, WEBSOCKET_LEASE, WebSocketLimits, invalid_host, override_budget,
+    request_host,
 };
 pub use service::{EntrySource, ForwardAuthConfig, ServiceConfig, ServiceFile, ServiceTls};
 pub use storage::{Backend, StorageConfig};

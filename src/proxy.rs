@@ -293,7 +293,7 @@ impl Proxy {
             .and_then(|_| req.headers().get(http::header::ORIGIN).cloned());
         if preflight && let Some(cors) = &route.config.cors {
             ctx.refuse(Some(crate::metrics::DecisionLabel::Preflight));
-            let response = cors.preflight(req.headers());
+            let response = crate::answer::preflight(cors, req.headers());
             linger(req);
             let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
             return Self::respond(ctx, Some(&route), response);
@@ -503,7 +503,7 @@ impl Proxy {
             config: &snapshot.routes.routes()[i],
             extras: &snapshot.extras[i],
         };
-        if let Some(asked) = crate::answer::Cors::preflight_method(req.method(), req.headers())
+        if let Some(asked) = crate::config::Cors::preflight_method(req.method(), req.headers())
             && let Some(i) = find(&asked)
             && snapshot.routes.routes()[i].cors.is_some()
         {

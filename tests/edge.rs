@@ -303,6 +303,26 @@ fn bad_edge_keys_are_named_by_floodgate_check() {
         &route("    max_body_size: 12 parsecs\n"),
         &["routes[0].max_body_size"],
     );
+    check_names(
+        &route(
+            "    websocket: {max_connections: 0, messages: {capacity: 0, refill_rate: -1}, max_message: big, idle_timeout: soon}\n",
+        ),
+        &[
+            "routes[0].websocket.max_connections",
+            "routes[0].websocket.messages.capacity",
+            "routes[0].websocket.messages.refill_rate",
+            "routes[0].websocket.max_message",
+            "routes[0].websocket.idle_timeout",
+        ],
+    );
+    check_names(
+        &format!("proxy_protocol: {{from: [10.0.0.0/33]}}\n{}", route("")),
+        &["proxy_protocol.from[0]"],
+    );
+    check_names(
+        &format!("identity: {{client_ip_header: \"bad header\"}}\n{}", route("")),
+        &["identity.client_ip_header"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,7 +202,10 @@ fn on_postgresql_a_socket_keeps_its_slot_past_its_first_lease() {
     let one = Floodgate::start(&yaml);
     let two = Floodgate::start(&yaml);
     let mut client = Client::start();
-    assert_eq!(client.ask(&format!("open a {} rider", ws(&one, "/"))), "open a ok");
+    assert_eq!(
+        client.ask(&format!("open a {} rider", ws(&one, "/"))),
+        "open a ok"
+    );
     assert_eq!(
         client.ask(&format!("open b {} rider", ws(&two, "/"))),
         "open b refused 429"

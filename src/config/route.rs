@@ -7,15 +7,19 @@ use http::uri::Scheme;
 use crate::limiter::{Ask, BudgetKey, KeyKind, Limit};
 
 mod build;
+mod cors;
 mod edge;
 mod edits;
 mod matching;
 mod pool;
+mod template;
 
 pub use build::override_budget;
+pub use cors::Cors;
 pub use edge::{RouteTimeouts, WEBSOCKET_LEASE, WebSocketLimits};
 pub use edits::{HeaderEdits, Vars};
 pub use matching::{HeaderMatch, HostPattern, invalid_host, request_host};
+pub use template::{Figures, NAMES as REFUSAL_NAMES, Templates};
 
 /// One route: which requests it matches, where they go, and what limits them.
 #[derive(Debug, Clone)]
@@ -75,9 +79,9 @@ pub struct RouteConfig {
     /// (`providers.docker.recreate_grace`). `None` for the file's routes.
     pub recreate_grace: Option<std::time::Duration>,
     /// `cors:`: preflights answered by floodgate, the allowed origin on every answer.
-    pub cors: Option<std::sync::Arc<crate::answer::Cors>>,
+    pub cors: Option<std::sync::Arc<Cors>>,
     /// `refusals:`: this route's own bodies for floodgate's refusals.
-    pub refusals: Option<std::sync::Arc<crate::answer::Templates>>,
+    pub refusals: Option<std::sync::Arc<Templates>>,
     /// `timeouts:`: this route's own, where it sets them.
     pub timeouts: RouteTimeouts,
     /// `max_body_size:`: this route's own (`Some(None)`: no limit), where it sets one.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 
-use crate::answer::{Cors, DEFAULT_EXPOSE, REFUSAL_NAMES, Template, Templates};
+use super::cors::{Cors, DEFAULT_EXPOSE};
+use super::template::{NAMES as REFUSAL_NAMES, Template, Templates};
 use crate::config::Validator;
 use crate::config::file::{CorsFile, RefusalFile, TimeoutsFile, WebSocketFile};
 

@@ -1,5 +1,5 @@
-//! CORS (the Fetch standard's "CORS protocol") on a route with `cors:`: floodgate answers a
-//! preflight itself (204, never forwarded, never spending a budget), and writes the allowed
+//! CORS (the Fetch standard's "CORS protocol") on a route with `cors:`, as loaded: floodgate
+//! answers a preflight itself (204, never forwarded, never spending a budget), and writes the allowed
 //! origin, `Vary: Origin` and the exposed headers on every answer of the route, its own 429,
 //! 503 and 401 included, so that a browser's `fetch()` can read a refusal's status,
 //! `Retry-After` and `X-RateLimit-Remaining` instead of failing as a network error. An origin
@@ -10,9 +10,7 @@ use http::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
     ACCESS_CONTROL_REQUEST_HEADERS, ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, VARY,
 };
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
-
-use super::Body;
+use http::{HeaderMap, HeaderValue, Method};
 
 /// The headers a refusal carries that a browser hides from a page unless they are exposed:
 /// what `expose:` is when it is not written.
@@ -88,16 +86,14 @@ impl Cors {
         }
     }
 
-    /// The answer to a preflight (`req`, the preflight's headers): 204, with what the route
-    /// allows when the origin is allowed, and no CORS header when it is not (the browser then
-    /// blocks the request it was asking about).
-    pub fn preflight(&self, req: &HeaderMap) -> Response<Body> {
-        let mut response = Response::new(super::full(bytes::Bytes::new()));
-        *response.status_mut() = StatusCode::NO_CONTENT;
+    /// The headers of the answer to a preflight (`req`, the preflight's headers): what the
+    /// route allows when the origin is allowed; none when it is not (the browser then blocks
+    /// the request it was asking about). The answer itself (204) is `answer`'s.
+    pub fn preflight_headers(&self, req: &HeaderMap) -> HeaderMap {
+        let mut h = HeaderMap::new();
         let Some(origin) = self.allow_origin(req.get(ORIGIN)) else {
-            return response;
+            return h;
         };
-        let h = response.headers_mut();
         if origin != "*" {
             h.insert(VARY, HeaderValue::from_static("Origin"));
         }
@@ -120,7 +116,7 @@ impl Cors {
             );
         }
         h.insert(ACCESS_CONTROL_MAX_AGE, self.max_age.clone());
-        response
+        h
     }
 
     /// Writes the CORS headers of an answer (any answer of the route: the upstream's, a cache
@@ -197,9 +193,7 @@ mod tests {
     #[test]
     fn an_allowed_origin_is_echoed_with_vary_and_a_disallowed_one_gets_nothing() {
         let c = cors(Some(&["https://App.example.com"]), false);
-        let answer = c.preflight(&request("https://app.example.com"));
-        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
-        let h = answer.headers();
+        let h = &c.preflight_headers(&request("https://app.example.com"));
         assert_eq!(h[ACCESS_CONTROL_ALLOW_ORIGIN], "https://app.example.com");
         assert_eq!(h[VARY], "Origin");
         assert_eq!(h[ACCESS_CONTROL_ALLOW_METHODS], "GET, POST");
@@ -207,9 +201,8 @@ mod tests {
         assert_eq!(h[ACCESS_CONTROL_MAX_AGE], "600");
         assert!(!h.contains_key(ACCESS_CONTROL_ALLOW_CREDENTIALS));
 
-        let refused = c.preflight(&request("https://evil.example"));
-        assert_eq!(refused.status(), StatusCode::NO_CONTENT);
-        assert!(refused.headers().is_empty(), "{:?}", refused.headers());
+        let refused = c.preflight_headers(&request("https://evil.example"));
+        assert!(refused.is_empty(), "{refused:?}");
 
         let mut answer = HeaderMap::new();
         c.write(

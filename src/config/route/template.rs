@@ -7,13 +7,11 @@
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
-use super::Rejection;
-
 /// The placeholders a template body may hold.
 pub const PLACEHOLDERS: [&str; 4] = ["retry_after", "limit", "remaining", "route"];
 
-/// Every refusal name `refusals:` may use, the answer table's (`table.rs`) for refusals that
-/// happen on a route: a request with no route, or refused before routing, has no template.
+/// Every refusal name `refusals:` may use, the answer table's (`answer/table.rs`) for refusals
+/// that happen on a route: a request with no route, or refused before routing, has no template.
 pub const NAMES: [&str; 13] = [
     "rate_limited",
     "banned",
@@ -29,32 +27,6 @@ pub const NAMES: [&str; 13] = [
     "request_body_timeout",
     "bad_request",
 ];
-
-impl Rejection {
-    /// This refusal's name in `refusals:`, if a route's template may replace its body.
-    pub fn refusal_name(&self) -> Option<&'static str> {
-        Some(match self {
-            Rejection::RateLimited(..) => "rate_limited",
-            Rejection::Banned(_) => "banned",
-            Rejection::UpstreamOverloaded => "overloaded",
-            Rejection::WaitingRoom { .. } => "waiting_room",
-            Rejection::InvalidApiKey => "invalid_key",
-            Rejection::InvalidToken => "invalid_token",
-            Rejection::LimiterUnavailable => "store_unavailable",
-            Rejection::NoUpstream => "no_upstream",
-            Rejection::BadGateway(_) => "upstream_unreachable",
-            Rejection::GatewayTimeout => "upstream_timeout",
-            Rejection::PayloadTooLarge => "payload_too_large",
-            Rejection::RequestTimeout => "request_body_timeout",
-            Rejection::BadRequest(_) => "bad_request",
-            Rejection::NoRoute
-            | Rejection::InvalidArgument(_)
-            | Rejection::TooManyStreams
-            | Rejection::LoopDetected
-            | Rejection::DeadlineExceeded => return None,
-        })
-    }
-}
 
 /// A piece of a template's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +47,7 @@ pub struct Template {
 }
 
 /// What a template's placeholders are filled with.
-pub(super) struct Figures<'a> {
+pub struct Figures<'a> {
     /// `Retry-After`'s number (0 for a refusal without one).
     pub retry_after: u64,
     /// The headline limit's figures (0 for a refusal that no limit spoke for).
@@ -103,16 +75,16 @@ impl Template {
     }
 
     /// The status, or the refusal's own.
-    pub(super) fn status(&self, own: StatusCode) -> StatusCode {
+    pub fn status(&self, own: StatusCode) -> StatusCode {
         self.status.unwrap_or(own)
     }
 
-    pub(super) fn content_type(&self) -> HeaderValue {
+    pub fn content_type(&self) -> HeaderValue {
         self.content_type.clone()
     }
 
     /// The body with `figures` filled in.
-    pub(super) fn body(&self, figures: &Figures<'_>) -> Bytes {
+    pub fn body(&self, figures: &Figures<'_>) -> Bytes {
         use std::fmt::Write as _;
         let mut out = String::with_capacity(64);
         for piece in &self.body {
@@ -179,9 +151,8 @@ pub struct Templates {
 }
 
 impl Templates {
-    /// The template for `rejection`, if the route has one.
-    pub(super) fn for_rejection(&self, rejection: &Rejection) -> Option<&Template> {
-        let name = rejection.refusal_name()?;
+    /// The template for the refusal named `name`, if the route has one.
+    pub fn get(&self, name: &str) -> Option<&Template> {
         self.by_name
             .iter()
             .find(|(n, _)| *n == name)
@@ -230,33 +201,5 @@ mod tests {
         let e = Template::parse(Some(99), "text/plain", "x").unwrap_err();
         assert!(e.contains("99"), "{e}");
         assert!(Template::parse(None, "text/plain\n", "x").is_err());
-    }
-
-    #[test]
-    fn every_name_is_some_refusals_name() {
-        let named: Vec<_> = [
-            Rejection::Banned(1),
-            Rejection::UpstreamOverloaded,
-            Rejection::WaitingRoom {
-                position: 1,
-                eta_secs: 1,
-            },
-            Rejection::InvalidApiKey,
-            Rejection::InvalidToken,
-            Rejection::LimiterUnavailable,
-            Rejection::NoUpstream,
-            Rejection::BadGateway(String::new()),
-            Rejection::GatewayTimeout,
-            Rejection::PayloadTooLarge,
-            Rejection::RequestTimeout,
-            Rejection::BadRequest(String::new()),
-        ]
-        .iter()
-        .filter_map(Rejection::refusal_name)
-        .chain(["rate_limited"])
-        .collect();
-        for name in NAMES {
-            assert!(named.contains(&name), "{name}");
-        }
     }
 }
