@@ -46,6 +46,16 @@
 #                    (providers.docker on a fake engine, bench/fake_engine.rs, whose one container
 #                    is the upstream with the same route and bucket): compare with it unset for
 #                    what a discovered route costs a request
+#   CORS=allowed|preflight  the route has `cors` (one allowed origin, X-API-Key allowed) and
+#                    every request carries that Origin: `allowed`, a GET answered with the CORS
+#                    headers; `preflight`, an OPTIONS preflight floodgate answers 204 itself.
+#                    nginx does the same work: the origin checked by a `map`, the same headers
+#                    added (`always`), and a preflight answered `return 204` in an `if`
+#   CONNECTIONS=1    every request on a connection of its own (a Python client, not measured:
+#                    connect, one GET with `Connection: close`, read to the end): what a
+#                    connection costs; with PROXY_PROTOCOL=1 each opens with a PROXY v1 header,
+#                    floodgate has `proxy_protocol: {from: [127.0.0.1/32]}` and nginx `listen
+#                    ... proxy_protocol`: compare with PROXY_PROTOCOL unset for the header's cost
 # With KEEP, `scripts/callgrind-phases.py KEEP/floodgate.N1.out KEEP/floodgate.N2.out N1 N2`
 # splits floodgate's figure phase by phase.
 # Prints one line per proxy. Needs valgrind, nginx and h2load (installed when missing).
@@ -144,6 +154,9 @@ ROUTE_TAIL="limits:
 # answered (within 20 ms even under callgrind), is held for the next token and decided again.
 [ -n "${WAIT:-}" ] && ROUTE_TAIL="limits:
       - {algorithm: token_bucket, capacity: 1, refill_rate: 50, wait: 100ms}"
+# CORS: the route answers browsers on one origin.
+[ -n "${CORS:-}" ] && ROUTE_TAIL="$ROUTE_TAIL
+    cors: {origins: [\"https://app.example\"], headers: [X-API-Key]}"
 cat >"$WORK/floodgate.yaml" <<EOF
 listen: 127.0.0.1:$PORT
 identity:
@@ -201,6 +214,9 @@ if [ -n "${WAIT:-}" ]; then
     ADMIN_PORT="$(free_port)"
     echo "admin_listen: 127.0.0.1:$ADMIN_PORT" >>"$WORK/floodgate.yaml"
 fi
+if [ -n "${PROXY_PROTOCOL:-}" ]; then
+    echo "proxy_protocol: {from: [127.0.0.1/32]}" >>"$WORK/floodgate.yaml"
+fi
 if [ -n "${TELEMETRY:-}" ]; then
     echo "telemetry: {otlp_endpoint: \"http://127.0.0.1:$UP_PORT\", sample_ratio: $TELEMETRY, metrics_interval: 0s}" \
         >>"$WORK/floodgate.yaml"
@@ -214,10 +230,24 @@ PROXY_CACHE=""
 if [ -n "${CACHE:-}" ]; then
     PROXY_CACHE="proxy_cache hits; proxy_cache_valid 200 1h;"
 fi
+# CORS: nginx checks the origin as floodgate does (a map) and adds the same headers to every
+# answer; a preflight is answered 204 in an `if` with what floodgate sends.
+CORS_MAP="" CORS_NGINX=""
+if [ -n "${CORS:-}" ]; then
+    CORS_MAP="map \$http_origin \$cors_origin { \"https://app.example\" \$http_origin; default \"\"; }"
+    CORS_NGINX="add_header Access-Control-Allow-Origin \$cors_origin always; add_header Vary Origin always;
+        add_header Access-Control-Expose-Headers \"Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset\" always;
+        if (\$request_method = OPTIONS) { add_header Access-Control-Allow-Origin \$cors_origin;
+            add_header Vary Origin; add_header Access-Control-Allow-Methods \"GET, HEAD, POST, PUT, PATCH, DELETE\";
+            add_header Access-Control-Allow-Headers X-API-Key; add_header Access-Control-Max-Age 600; return 204; }"
+fi
+NGINX_LISTEN="listen 127.0.0.1:$PORT;"
+[ -n "${PROXY_PROTOCOL:-}" ] && NGINX_LISTEN="listen 127.0.0.1:$PORT proxy_protocol;"
 nginx_conf "$WORK/proxy" "$PORT" "    upstream backend { server 127.0.0.1:$UP_PORT; keepalive 16; }
     limit_req_zone \$http_x_api_key zone=bench:1m rate=1r/m;
     proxy_cache_path $WORK/proxy/cache keys_zone=hits:10m;
-    server { listen 127.0.0.1:$PORT; location / { $LIMIT_REQ $PROXY_CACHE proxy_pass http://backend;
+    $CORS_MAP
+    server { $NGINX_LISTEN location / { $LIMIT_REQ $PROXY_CACHE $CORS_NGINX proxy_pass http://backend;
         proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 
 # total instructions of one proxy process serving $2 requests: run_one NAME N COMMAND...
@@ -226,8 +256,10 @@ run_one() {
     shift 2
     RUST_LOG="$RUST_LOG_FG" valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 &
     local pid=$!
+    local probe=()
+    [ -n "${PROXY_PROTOCOL:-}" ] && [[ "$name" != hyper_* ]] && probe=(--haproxy-protocol)
     for _ in $(seq 300); do
-        curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
+        curl -s "${probe[@]}" -o /dev/null "http://127.0.0.1:$PORT/" && break
         sleep 0.1
     done
     # A discovered route exists once the engine has been listed: until then, a 404.
@@ -255,7 +287,34 @@ PY
     fi
     local path=/ host=()
     [ "$name" = floodgate ] && path=$REQ_PATH host=("${REQ_HOST[@]}")
-    h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "${host[@]}" "http://127.0.0.1:$PORT$path" >"$WORK/$name.$n.h2load" 2>&1
+    case "${CORS:-}" in
+        allowed) host+=(-H 'origin: https://app.example') ;;
+        preflight) host+=(-H ':method: OPTIONS' -H 'origin: https://app.example'
+            -H 'access-control-request-method: POST' -H 'access-control-request-headers: x-api-key') ;;
+    esac
+    if [ -n "${CONNECTIONS:-}" ]; then
+        # One connection a request, written as h2load's summary so that the checks below read it.
+        python3 - "$PORT" "$n" "$([ -n "${PROXY_PROTOCOL:-}" ] && [[ "$name" != hyper_* ]] && echo 1)" \
+            >"$WORK/$name.$n.h2load" <<'PY'
+import socket, sys
+port, n, proxy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+ok = 0
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    local = s.getsockname()
+    head = f"PROXY TCP4 192.0.2.{i % 250 + 1} 127.0.0.1 {local[1]} {port}\r\n" if proxy else ""
+    s.sendall((head + "GET / HTTP/1.1\r\nHost: bench\r\nX-API-Key: callgrind\r\nConnection: close\r\n\r\n").encode())
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    ok += data.startswith(b"HTTP/1.1 200")
+print(f"requests: {n} total, {n} started, {n} done, {ok} succeeded")
+print(f"status codes: {ok} 2xx, 0 3xx, {n - ok} 4xx, 0 5xx")
+PY
+    else
+        h2load --h1 -n "$n" -c 1 -H 'x-api-key: callgrind' "${host[@]}" "http://127.0.0.1:$PORT$path" >"$WORK/$name.$n.h2load" 2>&1
+    fi
     # Every request was answered (h2load counts a 4xx as done, not succeeded), and each took the
     # path being measured: all 2xx, or (DENY) all but the first 4xx.
     grep -q "$n done" "$WORK/$name.$n.h2load" || { echo "$name: not every request was answered" >&2; exit 1; }

@@ -320,7 +320,10 @@ fn bad_edge_keys_are_named_by_floodgate_check() {
         &["proxy_protocol.from[0]"],
     );
     check_names(
-        &format!("identity: {{client_ip_header: \"bad header\"}}\n{}", route("")),
+        &format!(
+            "identity: {{client_ip_header: \"bad header\"}}\n{}",
+            route("")
+        ),
         &["identity.client_ip_header"],
     );
 }

@@ -240,7 +240,8 @@ where
     let mut frames = Frames::new(&socket.limits);
     let (mut from_client, mut from_upstream) = (vec![0u8; 16 << 10], vec![0u8; 16 << 10]);
     let mut passing = Vec::with_capacity(16 << 10);
-    let idle_timeout = socket.limits.idle_timeout.unwrap_or(Duration::MAX / 4);
+    // Without `idle_timeout`, a year: never, in effect, and far from overflowing an instant.
+    let idle_timeout = (socket.limits.idle_timeout).unwrap_or(Duration::from_secs(365 * 86_400));
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     let mut renew = tokio::time::interval_at(started + WEBSOCKET_LEASE / 3, WEBSOCKET_LEASE / 3);

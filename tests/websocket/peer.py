@@ -11,6 +11,7 @@ apart from floodgate's framing).
         close NAME              -> "closed NAME"
         rate NAME SECS          -> "rate NAME MESSAGES_PER_SECOND" (64-byte messages, pipelined
                                    in windows of 100, for SECS seconds)
+        messages NAME COUNT     -> "messages NAME COUNT" (COUNT 64-byte messages, as rate sends)
 """
 
 import asyncio
@@ -106,6 +107,17 @@ async def run_client():
                     await ws.recv()
                 count += 100
             print(f"rate {name} {count / float(args[0]):.0f}", flush=True)
+        elif op == "messages":
+            ws = conns[name]
+            payload, left = b"m" * 64, int(args[0])
+            while left > 0:
+                window = min(100, left)
+                for _ in range(window):
+                    await ws.send(payload)
+                for _ in range(window):
+                    await ws.recv()
+                left -= window
+            print(f"messages {name} {args[0]}", flush=True)
 
 
 if __name__ == "__main__":
