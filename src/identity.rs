@@ -359,16 +359,28 @@ impl IdentityConfig {
         if self.forwarded && headers.contains_key(http::header::FORWARDED) {
             return self.forwarded_ip(headers, peer);
         }
+        // Several X-Forwarded-For lines form one list, in order; walk them last to first.
+        self.walk(headers.get_all(X_FORWARDED_FOR), parse_ip, peer)
+    }
+
+    /// The walk of a list header's entries (`X-Forwarded-For`'s, `Forwarded`'s), right to left:
+    /// the first entry that is not a trusted proxy, or when all are, the leftmost; the peer
+    /// when an entry cannot be read (`parse` says `None`) or there are too many to walk.
+    fn walk(
+        &self,
+        lines: http::header::GetAll<'_, http::HeaderValue>,
+        parse: impl Fn(&[u8]) -> Option<IpAddr>,
+        peer: IpAddr,
+    ) -> IpAddr {
         let mut hops = 0;
         let mut leftmost_trusted = None;
-        // Several X-Forwarded-For lines form one list, in order; walk them last to first.
-        for line in headers.get_all(X_FORWARDED_FOR).iter().rev() {
+        for line in lines.iter().rev() {
             for entry in line.as_bytes().rsplit(|&b| b == b',') {
                 hops += 1;
                 if hops > MAX_FORWARDED_HOPS {
                     return peer;
                 }
-                let Some(ip) = parse_ip(entry) else {
+                let Some(ip) = parse(entry) else {
                     return peer;
                 };
                 if !self.is_trusted(ip) {
@@ -387,24 +399,11 @@ impl IdentityConfig {
     /// without `for=`, or one naming no address (`unknown`, an obfuscated `_hidden`), ends the
     /// walk with nothing to believe: the peer.
     fn forwarded_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
-        let mut hops = 0;
-        let mut leftmost_trusted = None;
-        for line in headers.get_all(http::header::FORWARDED).iter().rev() {
-            for element in line.as_bytes().rsplit(|&b| b == b',') {
-                hops += 1;
-                if hops > MAX_FORWARDED_HOPS {
-                    return peer;
-                }
-                let Some(ip) = forwarded_for(element) else {
-                    return peer;
-                };
-                if !self.is_trusted(ip) {
-                    return ip;
-                }
-                leftmost_trusted = Some(ip);
-            }
-        }
-        leftmost_trusted.unwrap_or(peer)
+        self.walk(
+            headers.get_all(http::header::FORWARDED),
+            forwarded_for,
+            peer,
+        )
     }
 }
 

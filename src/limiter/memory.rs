@@ -33,8 +33,8 @@ use super::lease::LeaseAsk;
 use super::store::{Store, StoreCall, answered};
 use super::wire::{Call, Reply};
 use super::{
-    AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, LimiterError, MAX_LIMITS, Settlement,
-    Verdict,
+    AlgorithmKind, Ask, BudgetKey, Clock, Decision, LeaseId, Limit, LimiterError, MAX_LIMITS,
+    Settlement, Verdict,
 };
 
 const SHARDS: usize = 64;
@@ -326,37 +326,24 @@ impl MemoryStore {
     /// Extends the concurrency leases named `lease` in `asks`' budgets to a lease span from now.
     pub fn renew(&self, asks: &[Ask<'_>], lease: LeaseId) {
         let now = self.clock.now_us();
-        for ask in asks {
-            if ask.limit.algorithm().kind() != AlgorithmKind::Concurrency {
-                continue;
-            }
-            let until = now + ask.limit.algorithm().span_us();
-            let overflow = BudgetKey {
-                value: OVERFLOW,
-                ..ask.key
-            };
-            for key in [ask.key, overflow] {
-                let hash = self.hash(&key);
-                let mut map = self.shards[shard_of(hash)]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if let Some(entry) = map.get_mut(&hash) {
-                    entry.state.renew(lease, until);
-                    entry.expires_at = entry.state.expires_at(ask.limit);
-                    break;
-                }
-            }
-        }
+        self.each_lease_budget(asks, |state, limit| {
+            state.renew(lease, now + limit.algorithm().span_us());
+        });
     }
 
     /// Gives back the concurrency leases named `lease` in `asks`' budgets.
     pub fn release(&self, asks: &[Ask<'_>], lease: LeaseId) {
+        self.each_lease_budget(asks, |state, _| state.release(lease));
+    }
+
+    /// Runs `change` on the state of each concurrency budget of `asks` where a request's leases
+    /// are: the budget itself, or (when the table was full at admission) its limit's overflow
+    /// budget. The lease token is the request's own, so nothing else is changed.
+    fn each_lease_budget(&self, asks: &[Ask<'_>], mut change: impl FnMut(&mut State, &Limit)) {
         for ask in asks {
             if ask.limit.algorithm().kind() != AlgorithmKind::Concurrency {
                 continue;
             }
-            // The budget itself, or (when the table was full at admission) its limit's overflow
-            // budget; the lease token is the request's own, so nothing else is released.
             let overflow = BudgetKey {
                 value: OVERFLOW,
                 ..ask.key
@@ -367,7 +354,7 @@ impl MemoryStore {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
                 if let Some(entry) = map.get_mut(&hash) {
-                    entry.state.release(lease);
+                    change(&mut entry.state, ask.limit);
                     entry.expires_at = entry.state.expires_at(ask.limit);
                     break;
                 }

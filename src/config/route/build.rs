@@ -26,22 +26,7 @@ impl Validator {
                 format!("{:?} must start with /", r.path_prefix),
             );
         }
-        let methods = r.methods.take().map(|methods| {
-            methods
-                .iter()
-                .enumerate()
-                .filter_map(|(n, m)| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| {
-                            self.problem(
-                                format!("{path}.methods[{n}]"),
-                                format!("{m:?} is not an HTTP method"),
-                            )
-                        })
-                        .ok()
-                })
-                .collect::<Vec<_>>()
-        });
+        let methods = (r.methods.take()).map(|m| self.methods(&format!("{path}.methods"), &m));
         if let Some(rewrite) = &r.rewrite_prefix
             && !rewrite.starts_with('/')
         {
@@ -187,6 +172,24 @@ impl Validator {
             route.websocket = Some(std::sync::Arc::new(limits));
         }
         Some(route)
+    }
+
+    /// A list of HTTP methods at `path` (any case), each bad one named by its index.
+    pub(super) fn methods(&mut self, path: &str, methods: &[String]) -> Vec<Method> {
+        methods
+            .iter()
+            .enumerate()
+            .filter_map(|(n, m)| {
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| {
+                        self.problem(
+                            format!("{path}[{n}]"),
+                            format!("{m:?} is not an HTTP method"),
+                        )
+                    })
+                    .ok()
+            })
+            .collect()
     }
 
     /// What a route matches beyond its path: `hosts` (exact or `*.` wildcards) and `headers`

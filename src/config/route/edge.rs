@@ -88,20 +88,7 @@ impl Validator {
         }
         let methods: Vec<Method> = match &c.methods {
             None => route_methods.map_or_else(|| CORS_METHODS.to_vec(), <[Method]>::to_vec),
-            Some(methods) => methods
-                .iter()
-                .enumerate()
-                .filter_map(|(n, m)| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| {
-                            self.problem(
-                                format!("{path}.methods[{n}]"),
-                                format!("{m:?} is not an HTTP method"),
-                            )
-                        })
-                        .ok()
-                })
-                .collect(),
+            Some(methods) => self.methods(&format!("{path}.methods"), methods),
         };
         let mut names = |key: &str, list: Option<Vec<String>>, default: &[&str]| -> Vec<String> {
             let list = list.unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect());
