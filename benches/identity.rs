@@ -24,6 +24,7 @@ fn config() -> IdentityConfig {
         jwt: None,
         client_ip_header: None,
         forwarded: false,
+        client_cert: false,
     }
 }
 

@@ -15,6 +15,7 @@ pub use cache::{CacheFile, RouteCacheFile};
 mod admin;
 mod alerts;
 mod cache;
+mod certificates;
 mod consumers;
 pub mod cost;
 mod error;
@@ -33,6 +34,7 @@ mod validate;
 use validate::Validator;
 
 pub use alerts::AlertSink;
+pub use certificates::{AcmeChallenge, AcmeConfig, ClientAuth, TlsConfig, acme_domain};
 pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
 pub use providers::{DockerProvider, EngineEndpoint, ProvidersFile};
@@ -92,6 +94,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: Option<SocketAddr>,
     pub tls: Option<TlsConfig>,
+    /// `http_listen:`: plain HTTP for ACME's HTTP-01 answers and a 308 to https for the rest.
+    pub http_listen: Option<SocketAddr>,
     /// `http3:`: the QUIC listener, if any (always with `tls`).
     pub http3: Option<Http3Config>,
     /// `proxy_protocol.from`: the peers whose connections to `listen` begin with a PROXY
@@ -165,39 +169,6 @@ pub enum HeaderProfile {
 pub enum LogFormat {
     Human,
     Json,
-}
-
-/// Certificate and key files for TLS termination, read and checked at load. Built only by the
-/// config's validation, so the rustls config is always the one the two files make.
-#[derive(Debug, Clone)]
-pub struct TlsConfig {
-    cert: PathBuf,
-    key: PathBuf,
-    server_config: Arc<rustls::ServerConfig>,
-    /// The certificate the chain starts with: the names it serves.
-    leaf: rustls::pki_types::CertificateDer<'static>,
-}
-
-impl TlsConfig {
-    /// The certificate and key files, as the config names them.
-    pub fn files(&self) -> (&Path, &Path) {
-        (&self.cert, &self.key)
-    }
-
-    /// The listener's rustls config built from the two files, with ALPN `h2`, `http/1.1`.
-    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
-        self.server_config.clone()
-    }
-
-    /// True when the certificate is valid for `name`, a DNS name or an IP address (its subject
-    /// alternative names, wildcards as TLS matches them, IP addresses as IP SANs).
-    pub fn serves(&self, name: &str) -> bool {
-        let Ok(name) = rustls::pki_types::ServerName::try_from(name) else {
-            return false;
-        };
-        webpki::EndEntityCert::try_from(&self.leaf)
-            .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
-    }
 }
 
 /// `http3:`: where and how HTTP/3 is served.
@@ -407,6 +378,33 @@ impl Config {
             .and_then(|a| v.socket_addr("admin_listen", a));
         let tls_set = file.tls.is_some();
         let tls = file.tls.and_then(|t| v.tls(t));
+        let http_listen = file
+            .http_listen
+            .as_deref()
+            .and_then(|a| v.socket_addr("http_listen", a));
+        if http_listen.is_some() && !tls_set {
+            v.problem(
+                "http_listen",
+                "needs `tls:`: it answers ACME's HTTP-01 and sends everything else to https",
+            );
+        }
+        if file.identity.client_cert == Some(true)
+            && tls.as_ref().is_some_and(|t| t.client_auth().is_none())
+        {
+            v.problem(
+                "identity.client_cert",
+                "needs `tls.client_auth` (the CA client certificates are verified against)",
+            );
+        }
+        if let Some(acme) = tls.as_ref().and_then(|t| t.acme.as_ref())
+            && acme.challenge == AcmeChallenge::Http01
+            && http_listen.is_none()
+        {
+            v.problem(
+                "tls.acme.challenge",
+                "http-01 is answered on `http_listen` (port 80 as the CA sees it): set it, or use tls-alpn-01",
+            );
+        }
         let http3 = file.http3.and_then(|h| v.http3(h, tls_set));
         let proxy_protocol = file.proxy_protocol.map(|p| {
             if p.from.is_empty() {
@@ -497,6 +495,7 @@ impl Config {
                 listen,
                 admin_listen,
                 tls,
+                http_listen,
                 http3,
                 proxy_protocol,
                 upstream_ca,

@@ -30,15 +30,18 @@ pub enum IdentityKind {
     Jwt,
     UserId,
     Ip,
+    /// A verified client certificate's name (`identity.client_cert`).
+    ClientCert,
 }
 
 impl IdentityKind {
-    pub const ALL: [IdentityKind; 5] = [
+    pub const ALL: [IdentityKind; 6] = [
         IdentityKind::ApiKey,
         IdentityKind::Consumer,
         IdentityKind::Jwt,
         IdentityKind::UserId,
         IdentityKind::Ip,
+        IdentityKind::ClientCert,
     ];
 
     /// The kind named `label` ([`IdentityKind::as_str`]).
@@ -56,6 +59,7 @@ impl IdentityKind {
             IdentityKind::Jwt => "jwt",
             IdentityKind::UserId => "user_id",
             IdentityKind::Ip => "ip",
+            IdentityKind::ClientCert => "client_cert",
         }
     }
 
@@ -75,6 +79,7 @@ impl From<IdentityKind> for KeyKind {
             IdentityKind::Jwt => KeyKind::Jwt,
             IdentityKind::UserId => KeyKind::UserId,
             IdentityKind::Ip => KeyKind::Ip,
+            IdentityKind::ClientCert => KeyKind::ClientCert,
         }
     }
 }
@@ -90,6 +95,8 @@ pub enum Identity<'a> {
     Jwt(&'a [u8]),
     UserId(&'a [u8]),
     Ip(IpAddr),
+    /// A verified client certificate's first DNS or URI name, else its subject's CN.
+    ClientCert(&'a [u8]),
 }
 
 impl Identity<'_> {
@@ -100,13 +107,17 @@ impl Identity<'_> {
             Identity::Jwt(_) => IdentityKind::Jwt,
             Identity::UserId(_) => IdentityKind::UserId,
             Identity::Ip(_) => IdentityKind::Ip,
+            Identity::ClientCert(_) => IdentityKind::ClientCert,
         }
     }
 
     /// The identity's bytes for a store key; `buf` holds an IP's octets.
     pub fn key_bytes<'b>(&'b self, buf: &'b mut [u8; 16]) -> &'b [u8] {
         match self {
-            Identity::ApiKey(v) | Identity::Jwt(v) | Identity::UserId(v) => v,
+            Identity::ApiKey(v)
+            | Identity::Jwt(v)
+            | Identity::UserId(v)
+            | Identity::ClientCert(v) => v,
             Identity::Consumer(c) => c.name.as_bytes(),
             Identity::Ip(ip) => ip_octets(*ip, buf),
         }
@@ -259,6 +270,8 @@ pub struct IdentityConfig {
     /// `identity.forwarded`: RFC 7239 `Forwarded: for=` walked (where the request has one)
     /// instead of `X-Forwarded-For`.
     pub forwarded: bool,
+    /// `identity.client_cert`: a verified client certificate names the client first.
+    pub client_cert: bool,
 }
 
 /// How many `X-Forwarded-For` entries the walk looks at before giving up on the header.

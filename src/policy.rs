@@ -39,6 +39,9 @@ pub enum Claim<'a> {
     Consumer(&'a str),
     /// No API key: a user id (from a trusted proxy) or the client address.
     Keyless(Identity<'a>),
+    /// A verified client certificate's name (`identity.client_cert`): the consumer of that name
+    /// when `consumers:` has one (its tier), else the certificate itself.
+    Certificate(&'a str),
 }
 
 /// Why a claim cannot be limited.
@@ -126,6 +129,12 @@ impl<'c> Policy<'c> {
                     .ok_or_else(|| ResolveError::UnknownConsumer(name.to_string()))?,
             )),
             (Claim::Keyless(identity), _) => Some(identity),
+            (Claim::Certificate(name), consumers) => {
+                Some(match consumers.and_then(|c| c.named(name)) {
+                    Some(consumer) => Identity::Consumer(consumer),
+                    None => Identity::ClientCert(name.as_bytes()),
+                })
+            }
         };
         let identity = match identity {
             Some(identity) => identity,

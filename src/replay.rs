@@ -258,7 +258,7 @@ struct Proposal {
 fn label(identity: &Identity<'_>) -> String {
     match identity {
         Identity::Consumer(c) => format!("consumer:{}", c.name),
-        Identity::ApiKey(d) | Identity::Jwt(d) | Identity::UserId(d) => {
+        Identity::ApiKey(d) | Identity::Jwt(d) | Identity::UserId(d) | Identity::ClientCert(d) => {
             identity.kind().short_label(d)
         }
         Identity::Ip(ip) => format!("ip:{ip}"),
@@ -424,6 +424,9 @@ impl Replay {
         let claim = match &record.identity {
             RecordedIdentity::ApiKey(digest) => Claim::ApiKeyDigest(digest),
             RecordedIdentity::UserId(digest) => Claim::Keyless(Identity::UserId(&digest[..])),
+            RecordedIdentity::ClientCert(digest) => {
+                Claim::Keyless(Identity::ClientCert(&digest[..]))
+            }
             // A subject's budget kept under its digest: replay's own store, consistent with
             // itself (the log never holds a token or a raw subject).
             RecordedIdentity::Jwt(digest, _) => Claim::Keyless(Identity::Jwt(&digest[..])),

@@ -32,6 +32,7 @@ use crate::proxy::Proxy;
 use crate::proxy::body::Incoming;
 use crate::service::Service;
 use crate::service::server::ServiceState;
+use crate::tls::certs::Issued;
 use listener::Tls;
 use tokio::sync::Semaphore;
 
@@ -59,8 +60,10 @@ pub struct Serving {
     builder: Arc<auto::Builder<TokioExecutor>>,
     /// Set when the proxy listener terminates TLS (certificates read when the config was).
     tls: Option<TlsAcceptor>,
-    /// The certificate's names: `Alt-Svc` is said only to a client that asked for one.
+    /// The certificates' names: `Alt-Svc` is said only to a client that asked for one.
     names: Option<crate::config::TlsConfig>,
+    /// The certificates ACME issued, shared by every config loaded after (`src/acme.rs`).
+    issued: Issued,
     /// New HTTP/3 connections' QUIC config (`http3:`), with the same certificate.
     quic: Option<Arc<quinn::ServerConfig>>,
     /// `http3.advertise`.
@@ -73,8 +76,9 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// The settings `config` gives connections.
-    pub fn from_config(config: &Config) -> Serving {
+    /// The settings `config` gives connections, with the certificates in `issued` beside the
+    /// config's own.
+    pub fn from_config(config: &Config, issued: Issued) -> Serving {
         let timeouts = &config.timeouts;
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
@@ -99,18 +103,21 @@ impl Serving {
             tls: config
                 .tls
                 .as_ref()
-                .map(|tls| TlsAcceptor::from(tls.server_config())),
+                .map(|tls| TlsAcceptor::from(tls.server_config(&issued))),
             names: config.tls.clone(),
             quic: match (&config.tls, &config.http3) {
-                (Some(tls), Some(http3)) => match http3::quic_config(&tls.server_config(), http3) {
-                    Ok(quic) => Some(quic),
-                    Err(e) => {
-                        tracing::error!(error = %e, "HTTP/3 cannot be served");
-                        None
+                (Some(tls), Some(http3)) => {
+                    match http3::quic_config(&tls.server_config(&issued), http3) {
+                        Ok(quic) => Some(quic),
+                        Err(e) => {
+                            tracing::error!(error = %e, "HTTP/3 cannot be served");
+                            None
+                        }
                     }
-                },
+                }
                 _ => None,
             },
+            issued,
             advertise: config.http3.as_ref().is_some_and(|h| h.advertise),
             drain_timeout: timeouts.drain,
             proxy_protocol: config.proxy_protocol.clone(),
@@ -162,7 +169,7 @@ impl Server {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let serving = Serving::from_config(config);
+        let serving = Serving::from_config(config, Issued::default());
         let http3 = match (&config.http3, &serving.quic) {
             (Some(http3), Some(quic)) => {
                 let listener = http3::Http3Listener::bind(http3.listen, quic.clone())?;
@@ -195,6 +202,11 @@ impl Server {
     /// certificates, timeouts and HTTP/2 limits; connections already open keep theirs).
     pub fn settings(&self) -> Arc<ArcSwap<Serving>> {
         self.settings.clone()
+    }
+
+    /// The certificates ACME issues into, served beside the config's.
+    pub fn issued(&self) -> Issued {
+        self.settings.load().issued.clone()
     }
 
     /// What the container provider writes and `GET /discovered` reads.
@@ -439,6 +451,6 @@ fn advertised<S>(
     serving
         .names
         .as_ref()
-        .is_some_and(|tls| tls.serves(&name))
+        .is_some_and(|tls| tls.serves(&name, &serving.issued))
         .then_some(Advertised { value, name })
 }

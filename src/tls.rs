@@ -13,7 +13,13 @@ use std::sync::Arc;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ResolvesServerCert;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::{RootCertStore, ServerConfig};
+
+pub mod certs;
+
+use certs::{Certificate, CertificateError};
 
 /// ALPN protocols the proxy listener offers, in order of preference.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -71,6 +77,45 @@ pub fn system_roots(peer: &str) -> RootCertStore {
     roots
 }
 
+/// The name a verified client certificate gives its client (`identity.client_cert`): its first
+/// DNS or URI subject alternative name, else its subject's common name. Carried in each of the
+/// connection's requests' extensions. It is the client's own text: logs show it escaped
+/// (`{:?}`), the access log only its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerName(Arc<str>);
+
+impl PeerName {
+    /// The name of the certificate `leaf` (already verified by the handshake); none when it
+    /// names nothing usable (no SAN of those kinds, no UTF-8 common name, or longer than 255
+    /// bytes).
+    pub fn of(leaf: &CertificateDer<'_>) -> Option<PeerName> {
+        use x509_parser::prelude::*;
+        let (_, cert) = X509Certificate::from_der(leaf).ok()?;
+        let san = cert
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .and_then(|san| {
+                san.value.general_names.iter().find_map(|name| match name {
+                    GeneralName::DNSName(n) | GeneralName::URI(n) => Some(n.to_string()),
+                    _ => None,
+                })
+            });
+        let name = san.or_else(|| {
+            cert.subject()
+                .iter_common_name()
+                .next()
+                .and_then(|cn| cn.as_str().ok())
+                .map(str::to_owned)
+        })?;
+        (!name.is_empty() && name.len() <= 255).then(|| PeerName(name.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// One problem with a TLS file: which field (`cert`, `key`) and what is wrong.
 #[derive(Debug)]
 pub(super) struct TlsProblem {
@@ -84,37 +129,9 @@ impl TlsProblem {
     }
 }
 
-/// Reads the certificate chain and private key and builds the listener's rustls config
-/// (ALPN `h2`, `http/1.1`). Reports every problem found, each with its field.
-pub(super) fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
-    service_config(cert, key, None)
-}
-
-/// [`server_config`], and when `client_ca` is given, clients must present a certificate that
-/// chains to one of its CAs (mutual TLS: the rate-limit service's `service.tls.client_ca`).
-pub(crate) fn service_config(
-    cert: &Path,
-    key: &Path,
-    client_ca: Option<&Path>,
-) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
-    let verifier = match client_ca {
-        None => None,
-        Some(path) => {
-            let roots = root_store(path).map_err(|m| vec![TlsProblem::new("client_ca", m)])?;
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                crypto_provider(),
-            )
-            .build()
-            .map_err(|e| {
-                vec![TlsProblem::new(
-                    "client_ca",
-                    format!("{}: no usable CA: {e}", path.display()),
-                )]
-            })?;
-            Some(verifier)
-        }
-    };
+/// Reads a certificate chain and its private key, checked to belong together. Reports every
+/// problem found, each with its field (`cert`, `key`).
+pub(crate) fn file_certificate(cert: &Path, key: &Path) -> Result<Certificate, Vec<TlsProblem>> {
     let certs = certificates(cert).map_err(|m| TlsProblem::new("cert", m));
     let key_der = private_key(key).map_err(|m| TlsProblem::new("key", m));
     let (certs, key_der) = match (certs, key_der) {
@@ -123,21 +140,9 @@ pub(crate) fn service_config(
             return Err([certs.err(), key_der.err()].into_iter().flatten().collect());
         }
     };
-    let builder = ServerConfig::builder_with_provider(crypto_provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| {
-            vec![TlsProblem::new(
-                "cert",
-                format!("no usable TLS version: {e}"),
-            )]
-        })?;
-    let builder = match verifier {
-        Some(verifier) => builder.with_client_cert_verifier(verifier),
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_single_cert(certs, key_der).map_err(|e| {
+    Certificate::new(certs, key_der, &crypto_provider()).map_err(|e| {
         vec![match e {
-            rustls::Error::InconsistentKeys(_) => TlsProblem::new(
+            CertificateError::KeyMismatch => TlsProblem::new(
                 "key",
                 format!(
                     "{} does not match the certificate in {}",
@@ -145,18 +150,69 @@ pub(crate) fn service_config(
                     cert.display()
                 ),
             ),
-            rustls::Error::InvalidCertificate(e) => TlsProblem::new(
-                "cert",
-                format!("{}: invalid certificate: {e}", cert.display()),
-            ),
-            e => TlsProblem::new(
+            CertificateError::Key(e) => TlsProblem::new(
                 "key",
                 format!("{}: unusable private key: {e}", key.display()),
             ),
+            e => TlsProblem::new("cert", format!("{}: {e}", cert.display())),
         }]
-    })?;
+    })
+}
+
+/// A verifier of client certificates chaining to the CAs in `ca`; `required: false` lets a
+/// client without one through (and still refuses one that does not verify).
+pub(crate) fn client_verifier(
+    ca: &Path,
+    required: bool,
+) -> Result<Arc<dyn ClientCertVerifier>, String> {
+    let roots = root_store(ca)?;
+    let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        crypto_provider(),
+    );
+    let builder = match required {
+        true => builder,
+        false => builder.allow_unauthenticated(),
+    };
+    builder
+        .build()
+        .map_err(|e| format!("{}: no usable CA: {e}", ca.display()))
+}
+
+/// A listener's rustls config: certificates from `resolver`, client certificates verified by
+/// `verifier` when given, ALPN `h2`, `http/1.1`.
+pub fn listener_config(
+    resolver: Arc<dyn ResolvesServerCert>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+) -> Arc<ServerConfig> {
+    let builder = ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .expect("the aws-lc-rs provider supports the default TLS versions");
+    let builder = match verifier {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
-    Ok(Arc::new(config))
+    Arc::new(config)
+}
+
+/// One certificate and key, and when `client_ca` is given, clients must present a certificate
+/// that chains to one of its CAs (mutual TLS: the rate-limit service's `service.tls.client_ca`).
+pub(crate) fn service_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, Vec<TlsProblem>> {
+    let verifier = match client_ca {
+        None => None,
+        Some(path) => {
+            Some(client_verifier(path, true).map_err(|m| vec![TlsProblem::new("client_ca", m)])?)
+        }
+    };
+    let certificate = file_certificate(cert, key)?;
+    let resolver = rustls::sign::SingleCertAndKey::from(certificate.certified_key().clone());
+    Ok(listener_config(Arc::new(resolver), verifier))
 }
 
 /// Reads a PEM bundle of CA certificates into a root store for verifying upstreams.

@@ -76,7 +76,10 @@ impl TopTable {
     pub fn record(&self, identity: &Identity<'_>, allowed: bool, now_us: u64) {
         let mut buf = [0u8; 16];
         let value = match identity {
-            Identity::ApiKey(v) | Identity::Jwt(v) | Identity::UserId(v) => *v,
+            Identity::ApiKey(v)
+            | Identity::Jwt(v)
+            | Identity::UserId(v)
+            | Identity::ClientCert(v) => *v,
             Identity::Consumer(c) => c.name.as_bytes(),
             Identity::Ip(ip) => ip_octets(*ip, &mut buf),
         };
@@ -150,7 +153,11 @@ fn row(c: &Counted<Key>) -> Row {
                     "ip:?".to_string()
                 }
             }
-            IdentityKind::ApiKey | IdentityKind::Jwt | IdentityKind::UserId => {
+            // A certificate's name is no secret, but it is the client's word in a log.
+            IdentityKind::ApiKey
+            | IdentityKind::Jwt
+            | IdentityKind::UserId
+            | IdentityKind::ClientCert => {
                 use sha2::Digest;
                 kind.short_label(&sha2::Sha256::digest(value))
             }

@@ -45,6 +45,9 @@ pub struct FileConfig {
     pub admin_listen: Option<String>,
     #[serde(default)]
     pub tls: Option<TlsFile>,
+    /// Plain HTTP beside `listen`: ACME's HTTP-01 answers, and a 308 to https for the rest.
+    #[serde(default)]
+    pub http_listen: Option<String>,
     /// HTTP/3 over QUIC beside the TCP listener (needs `tls`).
     #[serde(default)]
     pub http3: Option<Http3File>,
@@ -159,8 +162,79 @@ pub struct HeaderEditsFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFile {
+    /// One certificate chain and its key (the same as one entry of `certificates`).
+    #[serde(default)]
+    pub cert: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Several, chosen by the name the client asks for (SNI).
+    #[serde(default)]
+    pub certificates: Vec<CertificateFile>,
+    /// Certificates ordered and renewed from an ACME CA.
+    #[serde(default)]
+    pub acme: Option<AcmeFile>,
+    /// Client certificates asked for on `listen`.
+    #[serde(default)]
+    pub client_auth: Option<ClientAuthFile>,
+}
+
+/// `tls.certificates[]`: a chain (leaf first) and its key, PEM files.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFile {
     pub cert: String,
     pub key: String,
+}
+
+/// `tls.acme:` — certificates from an ACME CA (RFC 8555).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeFile {
+    pub directory: String,
+    #[serde(default)]
+    pub email: Option<String>,
+    /// Default: every exact name in the routes' hosts.
+    #[serde(default)]
+    pub domains: Option<Vec<String>>,
+    /// `http-01` (default) or `tls-alpn-01`.
+    #[serde(default)]
+    pub challenge: Option<String>,
+    /// The CA certificate that signs the directory's own HTTPS certificate.
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// Where the account and certificates are kept on the memory store.
+    #[serde(default)]
+    pub dir: Option<String>,
+}
+
+/// `tls.client_auth:` — client certificates verified against `ca`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientAuthFile {
+    pub ca: String,
+    /// A handshake without a valid certificate fails (default false: one is asked for, not
+    /// required).
+    #[serde(default)]
+    pub required: Option<bool>,
+}
+
+/// `upstream_tls:` on a route — how its upstreams are reached over TLS.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    /// The CA bundle the upstream's certificate must chain to (default: `upstream_ca`, else
+    /// the system's roots).
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// A client certificate presented to the upstream (with `key`).
+    #[serde(default)]
+    pub cert: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The name sent as SNI and verified in the upstream's certificate (default: the upstream
+    /// URL's host).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// `http3:` — a QUIC listener (UDP) serving HTTP/3 with the proxy's routes and limits.
@@ -275,6 +349,9 @@ pub struct IdentityFile {
     /// Walk RFC 7239 `Forwarded: for=` (default false).
     #[serde(default)]
     pub forwarded: Option<bool>,
+    /// A verified client certificate names the client first (default false).
+    #[serde(default)]
+    pub client_cert: Option<bool>,
 }
 
 /// `identity.jwt:` — verified bearer tokens.

@@ -53,35 +53,6 @@ impl Validator {
             .ok()
     }
 
-    pub(super) fn tls(&mut self, t: file::TlsFile) -> Option<TlsConfig> {
-        let (cert, key) = (PathBuf::from(t.cert), PathBuf::from(t.key));
-        match tls::server_config(&cert, &key) {
-            Ok(server_config) => {
-                // Read again for its names (the file was just read whole, so this succeeds
-                // unless it changed in between; then the config is refused, not half-built).
-                let Some(leaf) = tls::certificates(&cert)
-                    .ok()
-                    .and_then(|certs| certs.into_iter().next())
-                else {
-                    self.problem("tls.cert", format!("{} changed while read", cert.display()));
-                    return None;
-                };
-                Some(TlsConfig {
-                    cert,
-                    key,
-                    server_config,
-                    leaf,
-                })
-            }
-            Err(problems) => {
-                for p in problems {
-                    self.problem(format!("tls.{}", p.field), p.message);
-                }
-                None
-            }
-        }
-    }
-
     /// `http3:`; `tls` says whether the file has `tls:` (QUIC is always encrypted).
     pub(super) fn http3(&mut self, h: file::Http3File, tls: bool) -> Option<Http3Config> {
         if !tls {
@@ -198,6 +169,7 @@ impl Validator {
         Some(IdentityConfig {
             client_ip_header,
             forwarded: i.forwarded.unwrap_or(false),
+            client_cert: i.client_cert.unwrap_or(false),
             api_key_header: api_key_header?,
             user_id_header: user_id_header?,
             trusted_proxies,

@@ -31,6 +31,7 @@ fn trusting(nets: &[&str]) -> IdentityConfig {
         jwt: None,
         client_ip_header: None,
         forwarded: false,
+        client_cert: false,
     }
 }
 
@@ -288,6 +289,7 @@ fn custom_header_names_are_used() {
         jwt: None,
         client_ip_header: None,
         forwarded: false,
+        client_cert: false,
     };
     let map = headers(&[("x-api-key", "ignored"), ("x-account", "acct-1")]);
     assert_eq!(config.identify(&map, PEER), Ok(Identity::UserId(b"acct-1")));

@@ -34,6 +34,8 @@ pub enum KeyKind {
     UserId,
     /// A client IP address (its octets).
     Ip,
+    /// A verified client certificate's name.
+    ClientCert,
     /// The whole route: one budget for every client (the value is empty).
     Route,
     /// A combination of values read from the request (`per:` with `header:`, `query:`,
@@ -52,6 +54,7 @@ impl KeyKind {
             KeyKind::Jwt => "jwt",
             KeyKind::UserId => "user_id",
             KeyKind::Ip => "ip",
+            KeyKind::ClientCert => "client_cert",
             KeyKind::Route => "route",
             KeyKind::Request => "request",
             KeyKind::Endpoint => "endpoint",

@@ -504,12 +504,20 @@ impl Proxy {
                 None => config.identify_without_key(headers, peer.ip()),
             }
         };
-        let claim = match config
-            .identify(headers, peer.ip())
-            .map_err(|e| rejection(e.into()))?
-        {
-            Identity::ApiKey(key) => Claim::ApiKey(key),
-            _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
+        // A verified client certificate comes first (`identity.client_cert`).
+        let certified = match config.client_cert {
+            true => req.extensions().get::<crate::tls::PeerName>(),
+            false => None,
+        };
+        let claim = match certified {
+            Some(name) => Claim::Certificate(name.as_str()),
+            None => match config
+                .identify(headers, peer.ip())
+                .map_err(|e| rejection(e.into()))?
+            {
+                Identity::ApiKey(key) => Claim::ApiKey(key),
+                _ => Claim::Keyless(keyless().map_err(|e| rejection(e.into()))?),
+            },
         };
         let resolved = snapshot.policy().resolve(
             claim,
@@ -533,7 +541,10 @@ impl Proxy {
                 log.tier = Some(whose.tier.to_string().into());
             }
             let hashed = match (claim, resolved.as_ref().map(|w| w.identity)) {
-                (_, Ok(Identity::UserId(user) | Identity::Jwt(user))) => Some(user),
+                (
+                    _,
+                    Ok(Identity::UserId(user) | Identity::Jwt(user) | Identity::ClientCert(user)),
+                ) => Some(user),
                 (_, Ok(Identity::Ip(_))) => None,
                 (Claim::ApiKey(key), _) => Some(key),
                 _ => None,

@@ -49,6 +49,8 @@ pub enum RecordedIdentity {
     Jwt([u8; 32], Option<Tier>),
     /// The SHA-256 of its user id (set by a trusted proxy).
     UserId([u8; 32]),
+    /// The SHA-256 of its verified client certificate's name.
+    ClientCert([u8; 32]),
     /// Nothing but the client IP.
     Ip,
 }
@@ -352,6 +354,7 @@ fn record_from(timestamp: &[u8], span: AccessRecord<'_>) -> Result<Record, Strin
             RecordedIdentity::Jwt(h, span.tier.as_deref().and_then(Tier::new))
         }
         (Some(IdentityKind::UserId), Some(h)) => RecordedIdentity::UserId(h),
+        (Some(IdentityKind::ClientCert), Some(h)) => RecordedIdentity::ClientCert(h),
         _ => RecordedIdentity::Ip,
     };
     // The line is written when the request has finished; the proxy decided `latency` earlier.

@@ -26,6 +26,7 @@ use super::{Advertised, PerConnection, Serving, advertised, head, proxy_protocol
 use crate::answer::Body;
 use crate::deadline::FirstByteDeadline;
 use crate::metrics::{CloseReason, Metrics};
+use crate::tls::PeerName;
 
 /// What a port answers.
 pub(super) trait Handler: Clone + Send + Sync + 'static {
@@ -183,7 +184,7 @@ impl<H: Handler> Connection<H> {
         match tls {
             None => {
                 let stream = FirstByteDeadline::new(stream, header_read);
-                connection.serve(stream, None).await
+                connection.serve(stream, None, None).await
             }
             // The handshake runs here, not in the accept loop, so a slow client cannot
             // hold up others; the header-read timeout bounds it like a slow request head.
@@ -193,8 +194,12 @@ impl<H: Handler> Connection<H> {
                 match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let advertise = advertised(&serving, alt_svc, &stream, local);
+                        // A certificate the handshake verified (`tls.client_auth`).
+                        let peer_name = (stream.get_ref().1.peer_certificates())
+                            .and_then(|chain| chain.first())
+                            .and_then(PeerName::of);
                         let stream = FirstByteDeadline::new(stream, header_read);
-                        connection.serve(stream, advertise).await
+                        connection.serve(stream, advertise, peer_name).await
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, %peer, "TLS handshake failed")
@@ -242,7 +247,7 @@ impl<H: Handler> Connection<H> {
     /// it closes, a drain ends it, or its [`ConnWatch`] says to close it. Each HTTP/1.1 request
     /// head is bounded by `limits.header_read` (`head.rs`: the connection's timer below wakes it
     /// at a pending head's deadline).
-    async fn serve<S>(self, stream: S, alt_svc: Option<Advertised>)
+    async fn serve<S>(self, stream: S, alt_svc: Option<Advertised>, peer_name: Option<PeerName>)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -256,8 +261,11 @@ impl<H: Handler> Connection<H> {
         } = self;
         let watch = ConnWatch::new(limits.resets, limits.streams, metrics.clone());
         let streams = watch.clone();
-        let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let service = service_fn(move |mut req: Request<hyper::body::Incoming>| {
             let handler = handler.clone();
+            if let Some(name) = &peer_name {
+                req.extensions_mut().insert(name.clone());
+            }
             let stream = if req.version() == http::Version::HTTP_2 {
                 Some(StreamGuard::open(&streams))
             } else {

@@ -74,3 +74,87 @@ impl SelfSigned {
 pub fn yaml_path(file: &TempFile) -> String {
     format!("{:?}", file.path().display().to_string())
 }
+
+/// A test certificate authority (rcgen) that signs server and client certificates.
+pub struct TestCa {
+    pub cert_pem: String,
+    pub cert_file: TempFile,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+/// A certificate signed by a [`TestCa`], with its key; PEM files on disk.
+pub struct Leaf {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub cert_file: TempFile,
+    pub key_file: TempFile,
+    pub cert_der: CertificateDer<'static>,
+}
+
+impl Leaf {
+    /// The chain (leaf, then its CA) and key as reqwest's client identity.
+    pub fn identity(&self, ca: &TestCa) -> reqwest::Identity {
+        let pem = format!("{}{}{}", self.key_pem, self.cert_pem, ca.cert_pem);
+        reqwest::Identity::from_pem(pem.as_bytes()).expect("client identity")
+    }
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        let cert_pem = cert.pem();
+        TestCa {
+            cert_file: TempFile::new(&cert_pem),
+            cert_pem,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A server certificate for `names` (DNS names; an address becomes an IP SAN).
+    pub fn server(&self, names: &[&str]) -> Leaf {
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("server params");
+        self.sign(params, rcgen::ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate whose subject's CN is `common_name` and whose SANs are `sans`.
+    pub fn client(&self, common_name: &str, sans: Vec<rcgen::SanType>) -> Leaf {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.subject_alt_names = sans;
+        self.sign(params, rcgen::ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn sign(
+        &self,
+        mut params: rcgen::CertificateParams,
+        usage: rcgen::ExtendedKeyUsagePurpose,
+    ) -> Leaf {
+        params.extended_key_usages = vec![usage];
+        params.use_authority_key_identifier_extension = true;
+        let key = rcgen::KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
+        Leaf {
+            cert_file: TempFile::new(&cert_pem),
+            key_file: TempFile::new(&key_pem),
+            cert_der: cert.der().clone(),
+            cert_pem,
+            key_pem,
+        }
+    }
+}
