@@ -34,7 +34,9 @@ mod validate;
 use validate::Validator;
 
 pub use alerts::AlertSink;
-pub use certificates::{AcmeChallenge, AcmeConfig, ClientAuth, TlsConfig, acme_domain};
+pub use certificates::{
+    AcmeChallenge, AcmeConfig, ClientAuth, TlsConfig, UpstreamTls, acme_domain,
+};
 pub use error::{ConfigError, FieldProblem};
 pub use exempt::Exempt;
 pub use providers::{DockerProvider, EngineEndpoint, ProvidersFile};

@@ -297,3 +297,55 @@ fn check_names_each_certificate_mistake() {
         assert!(stderr.contains(field), "{field} not named:\n{stderr}");
     }
 }
+
+#[tokio::test]
+async fn an_upstream_requiring_a_client_certificate_is_reached_only_with_the_routes_own() {
+    let (upstream_ca, clients) = (TestCa::new("upstream CA"), TestCa::new("client CA"));
+    // nginx's certificate names `api.internal`, dialled at 127.0.0.1: the route's server_name
+    // is what SNI sends and the handshake verifies.
+    let nginx_cert = upstream_ca.server(&["api.internal"]);
+    let floodgate_cert = clients.client("floodgate", vec![]);
+    let nginx = common::FrontProxy::nginx(&format!(
+        "server {{\n  listen 127.0.0.1:{{PORT}} ssl;\n  ssl_certificate {};\n  ssl_certificate_key {};\n  \
+         ssl_client_certificate {};\n  ssl_verify_client on;\n  \
+         location / {{ return 200 \"verified $ssl_client_s_dn\"; }}\n}}",
+        nginx_cert.cert_file.path().display(),
+        nginx_cert.key_file.path().display(),
+        clients.cert_file.path().display(),
+    ));
+    let https = nginx.url("/").replace("http://", "https://");
+    let upstream_tls = |cert: bool| {
+        let mut tls = format!(
+            "{{ca: {}, server_name: api.internal",
+            yaml_path(&upstream_ca.cert_file)
+        );
+        if cert {
+            tls += &format!(
+                ", cert: {}, key: {}",
+                yaml_path(&floodgate_cert.cert_file),
+                yaml_path(&floodgate_cert.key_file)
+            );
+        }
+        tls + "}"
+    };
+    let fg = Floodgate::start(
+        &Config::new()
+            .route(Route::new("mtls", "/mtls", &https).with("upstream_tls", &upstream_tls(true)))
+            .route(Route::new("plain", "/plain", &https).with("upstream_tls", &upstream_tls(false)))
+            // upstream_ca alone does not verify `api.internal` at 127.0.0.1, nor present a
+            // certificate.
+            .route(Route::new("global", "/", &https))
+            .with("upstream_ca", &yaml_path(&upstream_ca.cert_file))
+            .yaml(),
+    );
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let reply = c.get(fg.url("/mtls")).send().await.unwrap();
+    assert_eq!(reply.status().as_u16(), 200);
+    assert_eq!(reply.text().await.unwrap(), "verified CN=floodgate");
+    // Verified, but without a certificate nginx answers 400 ("No required SSL certificate").
+    let reply = c.get(fg.url("/plain")).send().await.unwrap();
+    assert_eq!(reply.status().as_u16(), 400);
+    // The URL's own host (127.0.0.1) is not in nginx's certificate: 502.
+    let reply = c.get(fg.url("/other")).send().await.unwrap();
+    assert_eq!(reply.status().as_u16(), 502);
+}

@@ -131,7 +131,91 @@ impl AcmeChallenge {
     }
 }
 
+/// `upstream_tls:` on a route: how its `https://` upstreams are reached. Files read at load.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// The roots the upstream's certificate must chain to; none: `upstream_ca`, else the
+    /// system's.
+    pub roots: Option<Arc<rustls::RootCertStore>>,
+    /// The certificate chain and key presented to the upstream.
+    pub client: Option<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        Arc<rustls::pki_types::PrivateKeyDer<'static>>,
+    )>,
+    /// Sent as SNI and verified in the upstream's certificate instead of the URL's host.
+    pub server_name: Option<rustls::pki_types::ServerName<'static>>,
+    /// The files, as the config names them (for the reload's comparison and `Debug`).
+    files: [Option<PathBuf>; 3],
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("files", &self.files)
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
 impl Validator {
+    /// A route's `upstream_tls` at `path`.
+    pub(super) fn upstream_tls(
+        &mut self,
+        path: &str,
+        t: super::file::UpstreamTlsFile,
+    ) -> Option<UpstreamTls> {
+        let before = self.problems.len();
+        let roots = t.ca.as_ref().and_then(|ca| {
+            tls::root_store(std::path::Path::new(ca))
+                .map_err(|m| self.problem(format!("{path}.ca"), m))
+                .ok()
+                .map(Arc::new)
+        });
+        let client = match (&t.cert, &t.key) {
+            (Some(cert), Some(key)) => {
+                match tls::file_certificate(std::path::Path::new(cert), std::path::Path::new(key)) {
+                    Ok(_) => {
+                        // Checked to match; kept as rustls' client side takes them.
+                        let chain = tls::certificates(std::path::Path::new(cert)).ok();
+                        let key = tls::private_key(std::path::Path::new(key)).ok();
+                        chain.zip(key).map(|(c, k)| (c, Arc::new(k)))
+                    }
+                    Err(problems) => {
+                        for p in problems {
+                            self.problem(format!("{path}.{}", p.field), p.message);
+                        }
+                        None
+                    }
+                }
+            }
+            (None, None) => None,
+            (Some(_), None) => {
+                self.problem(format!("{path}.key"), "`cert` needs its `key`");
+                None
+            }
+            (None, Some(_)) => {
+                self.problem(format!("{path}.cert"), "`key` needs its `cert`");
+                None
+            }
+        };
+        let server_name = t.server_name.as_ref().and_then(|name| {
+            rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|_| {
+                    self.problem(
+                        format!("{path}.server_name"),
+                        format!("{name:?} is not a DNS name or an address"),
+                    )
+                })
+                .ok()
+        });
+        (self.problems.len() == before).then(|| UpstreamTls {
+            roots,
+            client,
+            server_name,
+            files: [t.ca, t.cert, t.key].map(|f| f.map(PathBuf::from)),
+        })
+    }
+
     /// `tls:`.
     pub(super) fn tls(&mut self, t: TlsFile) -> Option<TlsConfig> {
         let before = self.problems.len();

@@ -589,6 +589,9 @@ pub struct RouteFile {
     /// Limits on its upgraded (WebSocket) connections.
     #[serde(default)]
     pub websocket: Option<WebSocketFile>,
+    /// How its `https://` upstreams are reached: trust, client certificate, server name.
+    #[serde(default)]
+    pub upstream_tls: Option<UpstreamTlsFile>,
     /// Set for a route a provider discovered (never from the file): its `recreate_grace`. Its
     /// pool may then be empty (its containers all gone or starting), holding requests that long.
     #[serde(skip)]

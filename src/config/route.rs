@@ -88,6 +88,8 @@ pub struct RouteConfig {
     pub max_body_size: Option<Option<std::num::NonZeroU64>>,
     /// `websocket:`: limits on its upgraded connections.
     pub websocket: Option<std::sync::Arc<WebSocketLimits>>,
+    /// `upstream_tls:`: how its `https://` upstreams are reached, where it says.
+    pub upstream_tls: Option<std::sync::Arc<crate::config::UpstreamTls>>,
 }
 
 /// How a route's `path_prefix` matches (`path_match:`).

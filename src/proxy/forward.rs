@@ -42,7 +42,9 @@ pub(super) use headers::X_FORWARDED_HOST;
 pub(super) use headers::is_websocket_upgrade;
 pub(super) use headers::push_ip;
 
-use failure::{is_idempotent, is_stale_connection, is_tls_error, upstream_tls_config};
+use failure::{
+    is_idempotent, is_stale_connection, is_tls_error, route_tls_config, upstream_tls_config,
+};
 use headers::{
     X_FORWARDED_PROTO, append_forwarded_for, header_has_token, join_cookies, prefix_redirects,
     replace_prefix, rewrite_redirects,
@@ -51,6 +53,20 @@ pub use headers::{strip_connection_listed, strip_hop_by_hop};
 
 /// Sends requests to upstreams over pooled connections.
 pub struct Forwarder {
+    /// Connections made with `upstream_ca` (else the system's roots) and no client certificate.
+    connections: Connections,
+    /// Routes with `upstream_tls`: connections of their own, by route name (none: every route
+    /// uses `connections`, and no lookup is made).
+    by_route: HashMap<Arc<str>, Connections>,
+    response_timeout: Duration,
+    limits: BodyLimits,
+    /// What its connections were made with: a reload with the same keeps them.
+    made_with: Option<Duration>,
+}
+
+/// The connections made with one TLS client config (or none, for `http://`).
+#[derive(Clone)]
+struct Connections {
     /// HTTP/1.1 connections (ALPN `http/1.1` on `https://`).
     pool: Arc<Pool<RequestBody>>,
     /// HTTP/2 connections (ALPN `h2`, or h2c by prior knowledge).
@@ -59,10 +75,47 @@ pub struct Forwarder {
     negotiating: HttpsConnector<HttpConnector>,
     /// What ALPN chose for each `auto` upstream so far.
     negotiated: Arc<Mutex<HashMap<Key, Version>>>,
-    response_timeout: Duration,
-    limits: BodyLimits,
-    /// What its connections were made with: a reload with the same keeps them.
-    made_with: Option<Duration>,
+}
+
+impl Connections {
+    /// Connections with `tls`, sending `server_name` as SNI (and verifying it) where given,
+    /// else each upstream's host.
+    fn new(
+        connect_timeout: Duration,
+        tls: rustls::ClientConfig,
+        server_name: Option<rustls::pki_types::ServerName<'static>>,
+    ) -> Connections {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+        let builder = || {
+            let b = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http();
+            match &server_name {
+                Some(name) => b.with_server_name_resolver(
+                    hyper_rustls::FixedServerNameResolver::new(name.clone()),
+                ),
+                None => b,
+            }
+        };
+        // An idle timeout below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so
+        // floodgate usually closes an idle connection first; with shorter ones (Node's 5 s) the
+        // pool's check before reuse and the retry of idempotent requests cover the race.
+        let idle = Duration::from_secs(30);
+        Connections {
+            pool: Pool::new(
+                builder().enable_http1().wrap_connector(http.clone()),
+                1024,
+                idle,
+            ),
+            multiplex: Multiplex::new(builder().enable_http2().wrap_connector(http.clone()), idle),
+            negotiating: builder().enable_all_versions().wrap_connector(http),
+            negotiated: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
 }
 
 /// The limits on bodies in flight (see [`super::body`]).
@@ -156,7 +209,14 @@ impl Forwarder {
         limits: BodyLimits,
         upstream_ca: Option<&UpstreamCa>,
     ) -> Self {
-        Self::new_after(None, connect_timeout, response_timeout, limits, upstream_ca)
+        Self::new_after(
+            None,
+            connect_timeout,
+            response_timeout,
+            limits,
+            upstream_ca,
+            &[],
+        )
     }
 
     /// A forwarder for a reload: it keeps `previous`'s connections (so every endpoint that
@@ -169,49 +229,45 @@ impl Forwarder {
         response_timeout: Duration,
         limits: BodyLimits,
         upstream_ca: Option<&UpstreamCa>,
+        routes: &[RouteConfig],
     ) -> Self {
         let made_with = upstream_ca.is_none().then_some(connect_timeout);
+        let by_route = routes
+            .iter()
+            .filter_map(|route| {
+                let own = route.upstream_tls.as_ref()?;
+                let tls = route_tls_config(own, upstream_ca);
+                let connections = Connections::new(connect_timeout, tls, own.server_name.clone());
+                Some((route.name.clone(), connections))
+            })
+            .collect();
         if let Some(previous) = previous
             && made_with.is_some()
             && previous.made_with == made_with
         {
             return Forwarder {
-                pool: previous.pool.clone(),
-                multiplex: previous.multiplex.clone(),
-                negotiating: previous.negotiating.clone(),
-                negotiated: previous.negotiated.clone(),
+                connections: previous.connections.clone(),
+                by_route,
                 response_timeout,
                 limits,
                 made_with,
             };
         }
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_keepalive(Some(Duration::from_secs(60)));
         let tls = upstream_tls_config(upstream_ca);
-        let builder = || {
-            hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(tls.clone())
-                .https_or_http()
-        };
-        // An idle timeout below common upstream keep-alive timeouts (nginx 75 s, Go 90 s), so
-        // floodgate usually closes an idle connection first; with shorter ones (Node's 5 s) the
-        // pool's check before reuse and the retry of idempotent requests cover the race.
-        let idle = Duration::from_secs(30);
         Forwarder {
-            pool: Pool::new(
-                builder().enable_http1().wrap_connector(http.clone()),
-                1024,
-                idle,
-            ),
-            multiplex: Multiplex::new(builder().enable_http2().wrap_connector(http.clone()), idle),
-            negotiating: builder().enable_all_versions().wrap_connector(http),
-            negotiated: Arc::new(Mutex::new(HashMap::new())),
+            connections: Connections::new(connect_timeout, tls, None),
+            by_route,
             response_timeout,
             limits,
             made_with,
+        }
+    }
+
+    /// The connections `route`'s upstreams are reached on: its own with `upstream_tls`.
+    fn connections(&self, route: &RouteConfig) -> &Connections {
+        match self.by_route.is_empty() {
+            true => &self.connections,
+            false => self.by_route.get(&route.name).unwrap_or(&self.connections),
         }
     }
 
@@ -421,10 +477,11 @@ impl Forwarder {
         a: &mut Attempts<'_>,
         endpoint: &Endpoint,
     ) -> Result<Response<Upstreamed>, Failed<Box<Response<Body>>, PoolError>> {
+        let c = self.connections(a.route);
         // WebSocket upgrades are HTTP/1.1 only.
         let hop = match a.upgrade {
             true => Hop::Http1(None),
-            false => self.hop(&endpoint.target).await.map_err(Failed::Connect)?,
+            false => (Self::hop(c, &endpoint.target).await).map_err(Failed::Connect)?,
         };
         match &a.client {
             None => {
@@ -447,25 +504,22 @@ impl Forwarder {
                 let b = a.body.take().ok_or_else(unsendable)?;
                 let request = Request::from_parts(head(&mut a.parts, false), b);
                 // Boxed: rare, and large (see `Pool::send`).
-                match Box::pin(self.pool.send_upgrade(scheme, authority, request)).await {
+                match Box::pin(c.pool.send_upgrade(scheme, authority, request)).await {
                     Ok(r) => Ok(r.map(Upstreamed::Upgrade)),
                     Err(e) => Err(Failed::Final(e)),
                 }
             }
             Hop::Http1(fresh) => {
                 // The connection first: a failure to get one leaves the request here.
-                let connection = (self.pool.connection(scheme, authority, fresh).await)
-                    .map_err(Failed::Connect)?;
+                let connection =
+                    (c.pool.connection(scheme, authority, fresh).await).map_err(Failed::Connect)?;
                 let b = match (a.body.take(), a.resendable) {
                     (Some(b), _) => b,
                     (None, true) => RequestBody::empty(),
                     (None, false) => return Err(unsendable()),
                 };
                 let request = Request::from_parts(head(&mut a.parts, a.again_http1), b);
-                match self
-                    .send_http1(connection, request, scheme, authority)
-                    .await
-                {
+                match Self::send_http1(c, connection, request, scheme, authority).await {
                     Ok(r) => Ok(r.map(Upstreamed::Http1)),
                     // A stale connection whose second try found no connection: neither sent
                     // the request to be processed, and its head comes back for another endpoint.
@@ -488,7 +542,7 @@ impl Forwarder {
                 a.resend = Some(b.handle());
                 let request = Request::from_parts(head(&mut a.parts, a.again_http2), b);
                 let key = (scheme.clone(), authority.clone());
-                match Box::pin(self.multiplex.send(&key, request, fresh)).await {
+                match Box::pin(c.multiplex.send(&key, request, fresh)).await {
                     Ok(r) => Ok(r.map(Upstreamed::Http2)),
                     Err(e @ PoolError::Connect(_)) => Err(Failed::Connect(e)),
                     Err(e @ PoolError::Unprocessed(_)) => Err(Failed::Unprocessed(e)),
@@ -517,7 +571,7 @@ impl Forwarder {
 
     /// The HTTP version to speak to `upstream`: its `upstream_protocol`, and for `auto` on
     /// `https://` what ALPN chose (learned at the first connection, which is then used).
-    async fn hop(&self, upstream: &Upstream) -> Result<Hop, PoolError> {
+    async fn hop(c: &Connections, upstream: &Upstream) -> Result<Hop, PoolError> {
         match upstream.protocol {
             UpstreamProtocol::Http1 => return Ok(Hop::Http1(None)),
             UpstreamProtocol::Http2 => return Ok(Hop::Http2(None)),
@@ -527,25 +581,21 @@ impl Forwarder {
             UpstreamProtocol::Auto => {}
         }
         let key = (upstream.scheme.clone(), upstream.authority.clone());
-        let known = self
-            .negotiated
-            .lock()
-            .ok()
-            .and_then(|n| n.get(&key).copied());
+        let known = c.negotiated.lock().ok().and_then(|n| n.get(&key).copied());
         match known {
             Some(Version::HTTP_2) => Ok(Hop::Http2(None)),
             Some(_) => Ok(Hop::Http1(None)),
             None => {
                 // Boxed, as the HTTP/2 send below: rare paths must not grow every request's
                 // future (hyper moves it into place once per request).
-                let io = Box::new(Box::pin(dial(&self.negotiating, &key.0, &key.1)).await?);
+                let io = Box::new(Box::pin(dial(&c.negotiating, &key.0, &key.1)).await?);
                 let h2 = io.connected().is_negotiated_h2();
                 let version = if h2 {
                     Version::HTTP_2
                 } else {
                     Version::HTTP_11
                 };
-                if let Ok(mut negotiated) = self.negotiated.lock() {
+                if let Ok(mut negotiated) = c.negotiated.lock() {
                     negotiated.insert(key, version);
                 }
                 Ok(if h2 {
@@ -660,7 +710,7 @@ impl Forwarder {
     /// upstream provably did not process it: an idempotent request without a body whose reused
     /// connection the upstream had just closed (nginx: `proxy_next_upstream error`).
     async fn send_http1(
-        &self,
+        c: &Connections,
         connection: Connection<RequestBody>,
         request: Request<RequestBody>,
         scheme: &Scheme,
@@ -671,14 +721,14 @@ impl Forwarder {
             && is_idempotent(request.method())
             && hyper::body::Body::is_end_stream(request.body()))
         .then(|| copy_head(&request));
-        match self.pool.send_on(connection, request).await {
+        match c.pool.send_on(connection, request).await {
             Err(e) if retry.is_some() && is_stale_connection(&e) => {
                 tracing::debug!(error = %e, "the upstream closed a reused connection; retrying once");
                 let Some(head) = retry else {
                     return Err((e, None));
                 };
                 let again = copy_head(&head).map(|()| RequestBody::empty());
-                match Box::pin(self.pool.send(scheme, authority, again, None)).await {
+                match Box::pin(c.pool.send(scheme, authority, again, None)).await {
                     Ok(response) => Ok(response),
                     // Not even a new connection: the request never left, and its head goes back
                     // for another endpoint.

@@ -231,6 +231,7 @@ impl Snapshot {
                     upstream_idle: config.timeouts.upstream_body,
                 },
                 config.upstream_ca.as_ref(),
+                &config.routes,
             ),
             tls: config.tls.is_some(),
         }

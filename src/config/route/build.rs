@@ -88,6 +88,9 @@ impl Validator {
                 Some(enforced)
             }
         };
+        let upstream_tls = (r.upstream_tls.take())
+            .and_then(|t| self.upstream_tls(&format!("{path}.upstream_tls"), t))
+            .map(std::sync::Arc::new);
         let pool = pool?;
         if self.problems.len() > before {
             return None;
@@ -131,6 +134,7 @@ impl Validator {
             refusals,
             timeouts,
             max_body_size,
+            upstream_tls,
             name,
             path_prefix: r.path_prefix,
             methods,

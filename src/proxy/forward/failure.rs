@@ -1,6 +1,8 @@
 //! Why an upstream request failed, and whether it may be sent again: stale pooled connections,
 //! TLS handshakes, idempotent methods; and the TLS trust for `https://` upstreams.
 
+use std::sync::Arc;
+
 use crate::config::UpstreamCa;
 use crate::tls;
 use crate::upstream::conn::PoolError;
@@ -56,6 +58,32 @@ pub(super) fn upstream_tls_config(upstream_ca: Option<&UpstreamCa>) -> rustls::C
     match upstream_ca {
         Some(ca) => tls::client_config(ca.roots()),
         None => tls::client_config(tls::system_roots("https:// upstreams without upstream_ca")),
+    }
+}
+
+/// The rustls client config for a route with `upstream_tls`: its own roots (else
+/// `upstream_ca`'s, else the system's), and its client certificate if it has one.
+pub(super) fn route_tls_config(
+    own: &crate::config::UpstreamTls,
+    upstream_ca: Option<&UpstreamCa>,
+) -> rustls::ClientConfig {
+    let roots = match (&own.roots, upstream_ca) {
+        (Some(roots), _) => roots.clone(),
+        (None, Some(ca)) => ca.roots(),
+        (None, None) => Arc::new(tls::system_roots("a route's upstream_tls without ca")),
+    };
+    let builder = tls::client_builder().with_root_certificates(roots);
+    match &own.client {
+        Some((chain, key)) => match builder.with_client_auth_cert(chain.clone(), key.clone_key()) {
+            Ok(config) => config,
+            Err(e) => {
+                // Checked at load (the key matches the certificate): not expected. Trusting
+                // nothing, every request of the route then fails closed (502).
+                tracing::error!(error = %e, "upstream_tls: the client certificate cannot be used");
+                tls::client_config(rustls::RootCertStore::empty())
+            }
+        },
+        None => builder.with_no_client_auth(),
     }
 }
 
