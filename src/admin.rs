@@ -55,13 +55,37 @@ pub struct AdminState {
     pub health: Arc<Readiness>,
     /// What `providers.docker` found (empty without it).
     pub discovery: Arc<crate::provider::Status>,
+    /// The names served with a certificate now, each with its certificate's expiry (seconds
+    /// since the epoch): the expiry gauge's and `GET /certificates`' source.
+    pub certificates: Arc<dyn Fn() -> Vec<(String, i64)> + Send + Sync>,
 }
 
 /// The answer to one request on the admin port (served by `server/listener.rs`, as every
 /// port is).
 pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let proxy = &state.proxy;
+    if req.uri().path() == "/certificates" {
+        let now = crate::tls::certs::unix_now();
+        let list: Vec<serde_json::Value> = (state.certificates)()
+            .into_iter()
+            .map(|(name, not_after)| {
+                serde_json::json!({"name": name, "not_after": not_after, "expires_in_seconds": not_after - now})
+            })
+            .collect();
+        let mut response = Response::new(answer::full(
+            serde_json::json!({ "certificates": list }).to_string(),
+        ));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
+    }
     if req.uri().path() == "/metrics" {
+        proxy.metrics().certificates(
+            (state.certificates)()
+                .iter()
+                .map(|(name, not_after)| (name.as_str(), *not_after)),
+        );
         let mut response =
             Response::new(answer::full(proxy.metrics().render(proxy.core().limiter())));
         response.headers_mut().insert(

@@ -420,6 +420,17 @@ impl Config {
         let upstream_ca = file.upstream_ca.and_then(|path| v.upstream_ca(path));
         let resolver = v.resolver(file.resolver);
         let storage = v.storage(file.storage);
+        if let Some(acme) = tls.as_ref().and_then(|t| t.acme.as_ref())
+            && acme.dir.is_none()
+            && storage
+                .as_ref()
+                .is_some_and(|s| matches!(s.backend, Backend::Memory))
+        {
+            v.problem(
+                "tls.acme.dir",
+                "on the memory store, name the directory the ACME account and certificates are kept in (a shared store keeps them for every instance)",
+            );
+        }
         let cache = v.cache(file.cache, storage.as_ref());
         let identity = v.identity(file.identity, overrides.base_dir.as_deref());
         let consumers = file

@@ -101,6 +101,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod acme;
 pub mod adaptive;
 pub mod admin;
 pub mod alerts;

@@ -300,9 +300,27 @@ const STORE_START_WAIT: Duration = Duration::from_secs(2);
 async fn serve(path: PathBuf, config: Config, overrides: Overrides) -> anyhow::Result<()> {
     let proxy = Arc::new(build_proxy(&config).await?);
     start_background(&config, &proxy).await?;
-    let mut server = Server::bind(&config, proxy.clone())
+    let acme_keep = acme_keep(&config, &proxy)?;
+    let challenges = acme_keep.as_ref().map(|(keep, prefix)| {
+        let shared = matches!(keep, floodgate::acme::Keep::Store(_)).then(|| keep.clone());
+        Arc::new(floodgate::acme::Challenges::new(shared, prefix.clone()))
+    });
+    let mut server = Server::bind(&config, proxy.clone(), challenges.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
+    if let (Some((keep, _)), Some(challenges)) = (acme_keep, challenges) {
+        let acme = floodgate::acme::Acme::new(
+            &config,
+            keep,
+            server.issued(),
+            challenges,
+            proxy.metrics().clone(),
+        );
+        if let Some(acme) = acme {
+            tracing::info!(domains = ?acme.domains(), "acme: looking after certificates");
+            tokio::spawn(Arc::new(acme).run());
+        }
+    }
     let service = bind_service(&config, &proxy, &mut server).await?;
     announce(&config, &server)?;
 
@@ -465,6 +483,38 @@ async fn bind_service(
     Ok(Some(service))
 }
 
+/// Where ACME keeps its state (`tls.acme`): the shared store, else `tls.acme.dir` (made if
+/// missing, readable by floodgate alone), and the prefix of its keys.
+fn acme_keep(
+    config: &Config,
+    proxy: &Arc<Proxy>,
+) -> anyhow::Result<Option<(floodgate::acme::Keep, String)>> {
+    let Some(acme) = config.tls.as_ref().and_then(|t| t.acme.as_ref()) else {
+        return Ok(None);
+    };
+    let prefix = floodgate::acme::prefix_of(acme);
+    let limiter = proxy.core().limiter();
+    if limiter.is_shared() {
+        return Ok(Some((
+            floodgate::acme::Keep::Store(limiter.clone()),
+            prefix,
+        )));
+    }
+    let dir = acme
+        .dir
+        .clone()
+        .context("tls.acme.dir: the memory store keeps no ACME state")?;
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("tls.acme.dir: cannot make {}", dir.display()))?;
+    }
+    Ok(Some((floodgate::acme::Keep::Dir(dir), prefix)))
+}
+
 /// Prints the listeners' addresses: scripts and tests that ask for port 0 read the real
 /// address from these lines (HTTP/3's comes before the proxy's, which tests wait for).
 fn announce(config: &Config, server: &Server) -> anyhow::Result<()> {
@@ -480,6 +530,9 @@ fn announce(config: &Config, server: &Server) -> anyhow::Result<()> {
     println!("floodgate listening on {scheme}://{addr}");
     if let Some(admin) = server.admin_addr() {
         println!("floodgate admin listening on http://{admin}");
+    }
+    if let Some(addr) = server.http_addr() {
+        println!("floodgate http listening on http://{addr}");
     }
     if let Some(addr) = server.service_addr() {
         let scheme = match config.service.as_ref().is_some_and(|s| s.tls.is_some()) {

@@ -52,6 +52,8 @@ pub struct Metrics {
     rooms: RoomFamilies,
     discovery: DiscoveryFamilies,
     websocket: WebSocketFamilies,
+    certificate_expiry: Family<labels::NameLabel, Gauge>,
+    acme_orders: Family<OutcomeLabel, Counter>,
 }
 
 /// Routes from the containers (`src/provider.rs`).
@@ -523,6 +525,16 @@ impl Metrics {
             ),
         };
         Metrics {
+            certificate_expiry: register(
+                &mut registry,
+                "tls_certificate_expiry_seconds",
+                "Seconds until the certificate served for a name expires (file and ACME certificates; a wildcard's name is *.example.com)",
+            ),
+            acme_orders: register(
+                &mut registry,
+                "acme_orders",
+                "ACME orders by outcome: issued, failed",
+            ),
             upstream,
             cache,
             rooms,
@@ -766,6 +778,32 @@ impl Metrics {
     /// `floodgate_telemetry_dropped_total`, for the span exporter.
     pub fn telemetry_dropped(&self) -> Counter {
         self.telemetry_dropped.clone()
+    }
+
+    /// Counts one ACME order: issued or failed.
+    pub fn acme_order(&self, issued: bool) {
+        let outcome = if issued { "issued" } else { "failed" };
+        self.acme_orders
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Sets the expiry gauge from the certificates served now: each name, the seconds until
+    /// the first certificate serving it expires (what a handshake for it is given). Names no
+    /// longer served are dropped.
+    pub fn certificates<'a>(&self, served: impl IntoIterator<Item = (&'a str, i64)>) {
+        let now = crate::tls::certs::unix_now();
+        self.certificate_expiry.clear();
+        for (name, not_after) in served {
+            let label = labels::NameLabel {
+                name: name.to_owned(),
+            };
+            if self.certificate_expiry.get(&label).is_none() {
+                self.certificate_expiry
+                    .get_or_create(&label)
+                    .set(not_after - now);
+            }
+        }
     }
 
     /// Counts one alert's fate: `sent`, `failed` or `dropped`.

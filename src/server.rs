@@ -25,6 +25,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::acme::Challenges;
 use crate::admin::{self, AdminState, Readiness};
 use crate::config::{Config, ServiceConfig};
 use crate::limiter::Limit;
@@ -43,6 +44,8 @@ pub struct Server {
     /// The proxy listener, bound (registered with the runtime that runs the server).
     listener: std::net::TcpListener,
     admin: Option<TcpListener>,
+    /// `http_listen`: ACME's HTTP-01 answers, and a 308 to https for the rest.
+    http_listen: Option<TcpListener>,
     /// The rate-limit service's listener and what it serves (`service:`).
     service: Option<(TcpListener, ServiceState)>,
     /// The HTTP/3 listener (`http3:`), and the `Alt-Svc` value that advertises it.
@@ -64,6 +67,13 @@ pub struct Serving {
     names: Option<crate::config::TlsConfig>,
     /// The certificates ACME issued, shared by every config loaded after (`src/acme.rs`).
     issued: Issued,
+    /// ACME's challenges under way, carried to every config loaded after.
+    challenges: Option<Arc<Challenges>>,
+    /// `tls.acme.challenge: tls-alpn-01`: each handshake's hello is read first, and one that
+    /// offers only `acme-tls/1` is answered from `challenges`.
+    alpn_challenges: bool,
+    /// The listener's rustls config (what `tls` accepts with), for the hello read first.
+    server_config: Option<Arc<rustls::ServerConfig>>,
     /// New HTTP/3 connections' QUIC config (`http3:`), with the same certificate.
     quic: Option<Arc<quinn::ServerConfig>>,
     /// `http3.advertise`.
@@ -76,9 +86,38 @@ pub struct Serving {
 }
 
 impl Serving {
+    /// What a reload carries over from this to the next: ACME's issued certificates and
+    /// challenges.
+    pub(super) fn carried(&self) -> (Issued, Option<Arc<Challenges>>) {
+        (self.issued.clone(), self.challenges.clone())
+    }
+
+    /// Every name served with a certificate now and when that certificate expires (seconds
+    /// since the epoch), files first: what the expiry gauge shows.
+    pub fn certificates(&self) -> Vec<(String, i64)> {
+        let Some(tls) = &self.names else {
+            return Vec::new();
+        };
+        let issued = self.issued.load();
+        (tls.file_certificates().iter())
+            .chain(issued.certificates())
+            .flat_map(|c| {
+                let names: Vec<String> = match c.names().is_empty() {
+                    true => vec![c.label().to_owned()],
+                    false => c.names().to_vec(),
+                };
+                names.into_iter().map(|n| (n, c.not_after()))
+            })
+            .collect()
+    }
+
     /// The settings `config` gives connections, with the certificates in `issued` beside the
     /// config's own.
-    pub fn from_config(config: &Config, issued: Issued) -> Serving {
+    pub fn from_config(
+        config: &Config,
+        issued: Issued,
+        challenges: Option<Arc<Challenges>>,
+    ) -> Serving {
         let timeouts = &config.timeouts;
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
@@ -98,12 +137,16 @@ impl Serving {
             // Resets the server answers for a misbehaving client count towards its limit too.
             .max_local_error_reset_streams(Some(1024))
             .max_pending_accept_reset_streams(Some(64));
+        let server_config = config.tls.as_ref().map(|tls| tls.server_config(&issued));
+        let alpn_challenges = (config.tls.as_ref())
+            .and_then(|t| t.acme.as_ref())
+            .is_some_and(|a| a.challenge == crate::config::AcmeChallenge::TlsAlpn01);
         Serving {
             builder: Arc::new(builder),
-            tls: config
-                .tls
-                .as_ref()
-                .map(|tls| TlsAcceptor::from(tls.server_config(&issued))),
+            tls: server_config.clone().map(TlsAcceptor::from),
+            server_config,
+            alpn_challenges,
+            challenges,
             names: config.tls.clone(),
             quic: match (&config.tls, &config.http3) {
                 (Some(tls), Some(http3)) => {
@@ -162,14 +205,23 @@ impl Server {
         self.service.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
-    /// Binds the proxy listener and, if configured, the admin and HTTP/3 listeners.
-    pub async fn bind(config: &Config, proxy: Arc<Proxy>) -> std::io::Result<Server> {
+    /// Binds the proxy listener and, if configured, the admin, HTTP/3 and plain HTTP
+    /// (`http_listen`, answering ACME's `challenges`) listeners.
+    pub async fn bind(
+        config: &Config,
+        proxy: Arc<Proxy>,
+        challenges: Option<Arc<Challenges>>,
+    ) -> std::io::Result<Server> {
         let listener = bind(config.listen)?;
+        let http_listen = match config.http_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
         let admin = match config.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
         };
-        let serving = Serving::from_config(config, Issued::default());
+        let serving = Serving::from_config(config, Issued::default(), challenges);
         let http3 = match (&config.http3, &serving.quic) {
             (Some(http3), Some(quic)) => {
                 let listener = http3::Http3Listener::bind(http3.listen, quic.clone())?;
@@ -184,6 +236,7 @@ impl Server {
             proxy,
             health: Arc::new(Readiness::default()),
             listener,
+            http_listen,
             admin,
             service: None,
             http3,
@@ -209,6 +262,11 @@ impl Server {
         self.settings.load().issued.clone()
     }
 
+    /// The plain HTTP listener's address (`http_listen`), if there is one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listen.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// What the container provider writes and `GET /discovered` reads.
     pub fn discovery(&self) -> Arc<crate::provider::Status> {
         self.discovery.clone()
@@ -231,7 +289,9 @@ impl Server {
         let (metrics, max) = (self.proxy.metrics().clone(), self.max_connections);
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = self.admin.map(|listener| {
+            let settings = self.settings.clone();
             let admin = AdminState {
+                certificates: Arc::new(move || settings.load().certificates()),
                 proxy: self.proxy.clone(),
                 health: self.health.clone(),
                 discovery: self.discovery.clone(),
@@ -239,6 +299,17 @@ impl Server {
             let port = side_port(listener, "admin", admin, Tls::Plain, max, &metrics);
             tokio::spawn(port.run(self.settings.clone(), async move {
                 let _ = admin_stopped.await;
+            }))
+        });
+        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        let http_task = self.http_listen.map(|listener| {
+            let plain = PlainHttp {
+                challenges: self.settings.load().challenges.clone(),
+                https_port: self.listener.local_addr().map_or(443, |a| a.port()),
+            };
+            let port = side_port(listener, "http", plain, Tls::Plain, max, &metrics);
+            tokio::spawn(port.run(self.settings.clone(), async move {
+                let _ = http_stopped.await;
             }))
         });
         let (service_stop, service_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -307,7 +378,11 @@ impl Server {
         if let Some(endpoint) = endpoint {
             http3::close(endpoint, Duration::from_secs(1)).await;
         }
-        // The service drains with the proxy.
+        // The service and the plain HTTP port drain with the proxy.
+        let _ = http_stop.send(());
+        if let Some(task) = http_task {
+            let _ = task.await;
+        }
         let _ = service_stop.send(());
         if let Some(task) = service_task {
             let _ = task.await;
@@ -380,6 +455,47 @@ impl listener::Handler for AdminState {
         req: &http::Request<hyper::body::Incoming>,
     ) -> http::Response<crate::answer::Body> {
         self.proxy.refuse_stream(req)
+    }
+}
+
+/// `http_listen`: ACME's HTTP-01 answers; a 308 to https for everything else.
+#[derive(Clone)]
+struct PlainHttp {
+    challenges: Option<Arc<Challenges>>,
+    https_port: u16,
+}
+
+impl listener::Handler for PlainHttp {
+    async fn handle(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        _peer: SocketAddr,
+    ) -> http::Response<crate::answer::Body> {
+        let host = (req.headers().get(http::header::HOST))
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().host());
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        match &self.challenges {
+            Some(challenges) => {
+                challenges
+                    .http_listen_answer(host, path, self.https_port)
+                    .await
+            }
+            None => {
+                Challenges::new(None, String::new())
+                    .http_listen_answer(host, path, self.https_port)
+                    .await
+            }
+        }
+    }
+
+    fn refuse_stream(
+        &self,
+        _req: &http::Request<hyper::body::Incoming>,
+    ) -> http::Response<crate::answer::Body> {
+        let mut response = http::Response::new(crate::answer::full(bytes::Bytes::new()));
+        *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+        response
     }
 }
 

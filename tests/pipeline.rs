@@ -35,7 +35,9 @@ impl InProcess {
         let limiter = Limiter::Memory(Arc::new(MemoryStore::new(clock.clone(), 1000)));
         let metrics = Arc::new(Metrics::with_limiter(&limiter));
         let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
-        let server = Server::bind(&config, proxy.clone()).await.expect("bind");
+        let server = Server::bind(&config, proxy.clone(), None)
+            .await
+            .expect("bind");
         let addr = server.local_addr().expect("addr");
         let admin = server.admin_addr();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -105,7 +105,7 @@ async fn the_schema_is_installed_before_floodgate_listens() {
     // to 2 s at start, four times the lock's hold).
     assert_eq!(
         postgres.try_psql("SELECT version FROM floodgate_schema"),
-        Some("4".to_string()),
+        Some("5".to_string()),
         "floodgate listened before its schema was installed"
     );
     assert_eq!(keyed_statuses(&fg.url("/x"), "A", 1).await, vec![200]);
@@ -225,7 +225,7 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
     let b = Floodgate::start(&yaml);
     until_ready(&a).await;
     until_ready(&b).await;
-    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "4");
+    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "5");
     assert_eq!(keyed_statuses(&a.url("/x"), "K", 1).await, vec![200]);
     // The database loses everything floodgate made (restored from an old dump, say).
     postgres.psql(
@@ -242,15 +242,16 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
         keyed_statuses(&a.url("/x"), "K", 3).await,
         vec![200, 200, 429]
     );
-    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "4");
+    assert_eq!(postgres.psql("SELECT version FROM floodgate_schema"), "5");
     // The other instance shares the reinstalled budget.
     assert_eq!(keyed_statuses(&b.url("/x"), "K", 1).await, vec![429]);
     // A database of version 1 (before the control list, the shared cache and waiting rooms)
-    // is brought to version 4 by the next instance that starts, its budgets kept.
+    // is brought to version 5 by the next instance that starts, its budgets kept.
     drop((a, b));
     postgres.psql(
         "DROP TABLE floodgate_control; DROP TABLE floodgate_claims; DROP TABLE floodgate_cache;
          DROP TABLE floodgate_room_state; DROP TABLE floodgate_room_members;
+         DROP TABLE floodgate_blobs;
          DROP SEQUENCE floodgate_control_version;
          DELETE FROM floodgate_schema; INSERT INTO floodgate_schema (version) VALUES (1);",
     );
@@ -258,9 +259,10 @@ async fn the_schema_is_versioned_and_reinstalled_when_it_disappears() {
     until_ready(&c).await;
     assert_eq!(
         postgres.psql("SELECT max(version) FROM floodgate_schema"),
-        "4"
+        "5"
     );
     assert_eq!(postgres.psql("SELECT count(*) FROM floodgate_control"), "0");
+    assert_eq!(postgres.psql("SELECT count(*) FROM floodgate_blobs"), "0");
     assert_eq!(postgres.psql("SELECT count(*) FROM floodgate_cache"), "0");
     assert_eq!(keyed_statuses(&c.url("/x"), "K", 1).await, vec![429]);
 }

@@ -209,6 +209,38 @@ impl Limiter {
         }
     }
 
+    /// True when the store keeps what instances share (Redis, PostgreSQL), false for the
+    /// memory store.
+    pub fn is_shared(&self) -> bool {
+        self.guarded().is_some()
+    }
+
+    /// The bytes kept under `key` for every instance sharing the store; none on the memory
+    /// store.
+    pub async fn blob_read(&self, key: &str) -> Result<Option<Vec<u8>>, LimiterError> {
+        match self.guarded() {
+            None => Ok(None),
+            Some(guarded) => guarded.blob_read(key).await,
+        }
+    }
+
+    /// Keeps `bytes` under `key` for every instance sharing the store (nothing on the memory
+    /// store).
+    pub async fn blob_write(&self, key: &str, bytes: &[u8]) -> Result<(), LimiterError> {
+        match self.guarded() {
+            None => Ok(()),
+            Some(guarded) => guarded.blob_write(key, bytes).await,
+        }
+    }
+
+    /// Forgets what is kept under `key`.
+    pub async fn blob_remove(&self, key: &str) -> Result<(), LimiterError> {
+        match self.guarded() {
+            None => Ok(()),
+            Some(guarded) => guarded.blob_remove(key).await,
+        }
+    }
+
     /// Gives up the claim on `key`.
     pub async fn unclaim(&self, key: &str) -> Result<(), LimiterError> {
         match self.guarded() {

@@ -57,7 +57,7 @@ use db::{Db, Sql};
 
 /// The table layout's version (`schema.sql`), recorded in `floodgate_schema`. Raise it with a
 /// migration when the table changes; the functions need no version (their names carry a hash).
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// One decision's lease arguments as `decide.sql` takes them, one element per limit (0s where
 /// `wants` is shorter).
@@ -479,6 +479,47 @@ impl Shared for PostgresStore {
             self.db
                 .query::<i64>(
                     "WITH gone AS (DELETE FROM floodgate_claims WHERE key = $1 RETURNING 1) \
+                     SELECT count(*) FROM gone",
+                    &[&key],
+                )
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn blob_read<'a>(&'a self, key: &'a str) -> StoreCall<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let key = format!("{}{key}", self.prefix);
+            self.db
+                .query(
+                    "SELECT (SELECT value FROM floodgate_blobs WHERE key = $1)",
+                    &[&key],
+                )
+                .await
+        })
+    }
+
+    fn blob_write<'a>(&'a self, key: &'a str, bytes: &'a [u8]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let key = format!("{}{key}", self.prefix);
+            self.db
+                .query::<i64>(
+                    "WITH w AS (INSERT INTO floodgate_blobs (key, value) VALUES ($1, $2) \
+                       ON CONFLICT (key) DO UPDATE SET value = excluded.value RETURNING 1) \
+                     SELECT count(*) FROM w",
+                    &[&key, &bytes],
+                )
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn blob_remove<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let key = format!("{}{key}", self.prefix);
+            self.db
+                .query::<i64>(
+                    "WITH gone AS (DELETE FROM floodgate_blobs WHERE key = $1 RETURNING 1) \
                      SELECT count(*) FROM gone",
                     &[&key],
                 )

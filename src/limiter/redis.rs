@@ -537,6 +537,29 @@ impl Shared for RedisStore {
         })
     }
 
+    fn blob_read<'a>(&'a self, key: &'a str) -> StoreCall<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let name = format!("{}{{control}}:blob:{key}", self.prefix);
+            self.query(redis::cmd("GET").arg(&name)).await
+        })
+    }
+
+    fn blob_write<'a>(&'a self, key: &'a str, bytes: &'a [u8]) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let name = format!("{}{{control}}:blob:{key}", self.prefix);
+            let _: () = self.query(redis::cmd("SET").arg(&name).arg(bytes)).await?;
+            Ok(())
+        })
+    }
+
+    fn blob_remove<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()> {
+        Box::pin(async move {
+            let name = format!("{}{{control}}:blob:{key}", self.prefix);
+            let _: i64 = self.query(redis::cmd("DEL").arg(&name)).await?;
+            Ok(())
+        })
+    }
+
     fn cache_read<'a>(&'a self, route: &'a str, key: &'a str) -> StoreCall<'a, Vec<CacheVariant>> {
         Box::pin(self.read_cached(route, key))
     }

@@ -183,6 +183,13 @@ pub trait Shared: Send + Sync {
     fn claim<'a>(&'a self, key: &'a str, ttl_us: u64) -> StoreCall<'a, bool>;
     /// Gives up the claim on `key`, whoever holds it.
     fn unclaim<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()>;
+    /// The bytes kept under `key` for every instance (ACME's account, certificates and
+    /// challenge answers: `src/acme.rs`), if any.
+    fn blob_read<'a>(&'a self, key: &'a str) -> StoreCall<'a, Option<Vec<u8>>>;
+    /// Keeps `bytes` under `key` for every instance, replacing what was there.
+    fn blob_write<'a>(&'a self, key: &'a str, bytes: &'a [u8]) -> StoreCall<'a, ()>;
+    /// Forgets what is kept under `key`.
+    fn blob_remove<'a>(&'a self, key: &'a str) -> StoreCall<'a, ()>;
     /// `cache.shared`: the variants stored under the cache entry `key` of `route`, each with how
     /// long ago the store wrote it (on the store's clock, so instances' clocks do not matter).
     fn cache_read<'a>(&'a self, route: &'a str, key: &'a str) -> StoreCall<'a, Vec<CacheVariant>>;

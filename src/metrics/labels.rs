@@ -123,6 +123,11 @@ pub(super) struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NameLabel {
+    pub(super) name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct OutcomeLabel {
     pub(super) outcome: &'static str,
 }

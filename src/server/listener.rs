@@ -191,8 +191,12 @@ impl<H: Handler> Connection<H> {
             Some(acceptor) => {
                 // The address the client dialled: what it names when it sends no SNI.
                 let local = stream.local_addr().ok();
-                match tokio::time::timeout(header_read, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
+                let handshake = handshake(stream, acceptor, &serving);
+                match tokio::time::timeout(header_read, handshake).await {
+                    Ok(Ok(None)) => {
+                        tracing::debug!(%peer, "answered an ACME TLS-ALPN-01 challenge");
+                    }
+                    Ok(Ok(Some(stream))) => {
                         let advertise = advertised(&serving, alt_svc, &stream, local);
                         // A certificate the handshake verified (`tls.client_auth`).
                         let peer_name = (stream.get_ref().1.peer_certificates())
@@ -209,6 +213,43 @@ impl<H: Handler> Connection<H> {
             }
         }
     }
+}
+
+/// The TLS handshake on `stream`. With ACME's TLS-ALPN-01 (`serving.alpn_challenges`), the
+/// hello is read first: one that offers only `acme-tls/1` gets the challenge's certificate and
+/// nothing else (`None`: the connection is done), any other the listener's config.
+async fn handshake(
+    stream: tokio::net::TcpStream,
+    acceptor: TlsAcceptor,
+    serving: &Serving,
+) -> std::io::Result<Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    let (Some(challenges), Some(config), true) = (
+        &serving.challenges,
+        &serving.server_config,
+        serving.alpn_challenges,
+    ) else {
+        return acceptor.accept(stream).await.map(Some);
+    };
+    let start =
+        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+    let hello = start.client_hello();
+    let only_acme = hello.alpn().is_some_and(|mut protocols| {
+        protocols.next() == Some(crate::acme::challenge::ACME_TLS_ALPN)
+            && protocols.next().is_none()
+    });
+    if !only_acme {
+        return start.into_stream(config.clone()).await.map(Some);
+    }
+    let name = hello.server_name().map(str::to_owned);
+    let answer = match name {
+        Some(name) => challenges.alpn_config(&name).await,
+        None => None,
+    };
+    if let Some(answer) = answer {
+        // The handshake is the answer: the CA reads the certificate and closes.
+        let _ = start.into_stream(answer).await?;
+    }
+    Ok(None)
 }
 
 impl<H: Handler> Port<H> {

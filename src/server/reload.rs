@@ -213,9 +213,9 @@ impl Reloader {
     /// Applies a valid `new` config to every front end.
     fn apply(&self, new: &Config) {
         self.proxy.reload(new);
-        let issued = self.serving.load().issued.clone();
+        let (issued, challenges) = self.serving.load().carried();
         self.serving
-            .store(Arc::new(Serving::from_config(new, issued)));
+            .store(Arc::new(Serving::from_config(new, issued, challenges)));
         if let Some(ceiling) = crate::config::reload::storage_timeout_ceiling(&self.running)
             && new.storage.timeout > ceiling
         {

@@ -45,6 +45,7 @@ pub mod demo;
 mod envoy;
 mod grpc;
 mod h3client;
+mod pebble;
 pub mod policy;
 mod postgres;
 mod process;
@@ -57,6 +58,6 @@ mod upstream;
 // Each test crate uses some of these; the rest are unused there.
 #[allow(unused_imports)]
 pub use {
-    client::*, demo::*, envoy::*, grpc::*, h3client::*, postgres::*, process::*, proxies::*,
-    redis::*, relay::*, tls::*, upstream::*,
+    client::*, demo::*, envoy::*, grpc::*, h3client::*, pebble::*, postgres::*, process::*,
+    proxies::*, redis::*, relay::*, tls::*, upstream::*,
 };

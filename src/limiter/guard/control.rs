@@ -88,6 +88,21 @@ impl<C: Clock> Guarded<C> {
         self.shared((), |s| s.unclaim(key)).await
     }
 
+    /// The bytes kept under `key` for every instance (see [`Shared::blob_read`]).
+    pub async fn blob_read(&self, key: &str) -> Result<Option<Vec<u8>>, LimiterError> {
+        self.shared(None, |s| s.blob_read(key)).await
+    }
+
+    /// Keeps `bytes` under `key` for every instance.
+    pub async fn blob_write(&self, key: &str, bytes: &[u8]) -> Result<(), LimiterError> {
+        self.shared((), |s| s.blob_write(key, bytes)).await
+    }
+
+    /// Forgets what is kept under `key`.
+    pub async fn blob_remove(&self, key: &str) -> Result<(), LimiterError> {
+        self.shared((), |s| s.blob_remove(key)).await
+    }
+
     /// `cache.shared`: the variants of `route`'s cache entry `key` (see [`Shared::cache_read`]),
     /// read on a request's path: within twice the decision timeout.
     pub async fn cache_read(

@@ -1,4 +1,4 @@
--- floodgate's PostgreSQL schema, version 4: the tables. Run once per database, under the
+-- floodgate's PostgreSQL schema, version 5: the tables. Run once per database, under the
 -- installer's advisory lock, when floodgate_schema says an older version (or none) is installed
 -- (see src/limiter/postgres.rs). The functions are in the other files of this folder and are
 -- installed at every start with CREATE OR REPLACE.
@@ -83,3 +83,10 @@ CREATE TABLE IF NOT EXISTS floodgate_room_members (
   PRIMARY KEY (room, client)
 );
 CREATE INDEX IF NOT EXISTS floodgate_room_line ON floodgate_room_members (room, waiting, ticket);
+
+-- Version 5: bytes kept for every instance (ACME's account key, certificates and challenge
+-- answers: src/acme.rs), named with the instance's key prefix.
+CREATE TABLE IF NOT EXISTS floodgate_blobs (
+  key   text COLLATE "C" PRIMARY KEY,
+  value bytea NOT NULL
+);
