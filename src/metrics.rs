@@ -792,7 +792,9 @@ impl Metrics {
     /// the first certificate serving it expires (what a handshake for it is given). Names no
     /// longer served are dropped.
     pub fn certificates<'a>(&self, served: impl IntoIterator<Item = (&'a str, i64)>) {
-        let now = crate::tls::certs::unix_now();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
         self.certificate_expiry.clear();
         for (name, not_after) in served {
             let label = labels::NameLabel {
