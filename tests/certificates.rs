@@ -349,3 +349,44 @@ async fn an_upstream_requiring_a_client_certificate_is_reached_only_with_the_rou
     let reply = c.get(fg.url("/other")).send().await.unwrap();
     assert_eq!(reply.status().as_u16(), 502);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http3_a_client_certificate_is_required_and_names_the_client_as_on_tcp() {
+    let (server_ca, clients) = (TestCa::new("server CA"), TestCa::new("client CA"));
+    let server = server_ca.server(&["localhost"]);
+    let upstream = Upstream::start().await;
+    let yaml = mtls_config(&server, &clients, true, &upstream);
+    let fg = Floodgate::start(&format!("{yaml}http3: {{listen: 127.0.0.1:0}}\n"));
+    let h3 = |leaf: Option<&Leaf>| {
+        let identity = leaf.map(|l| l.chain_and_key(&clients));
+        common::H3Client::connect_as(
+            fg.http3_addr(),
+            "localhost",
+            server_ca.cert_der.clone(),
+            identity,
+        )
+    };
+    let (billing, reports) = (
+        clients.client("billing", vec![]),
+        clients.client("reports", vec![]),
+    );
+    for leaf in [&billing, &reports] {
+        let client = h3(Some(leaf))
+            .await
+            .expect("an HTTP/3 session with a certificate");
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(client.get("/", &[]).await.expect("an answer"));
+        }
+        // Each certificate's own budget of 2, as over TCP: the QUIC handshake's certificate
+        // names the client.
+        assert_eq!(seen, [200, 200, 429], "{}", fg.stderr());
+    }
+    // Without a certificate the QUIC handshake (or its first request) fails.
+    let refused = match h3(None).await {
+        Ok(client) => client.get("/", &[]).await.err().map(|e| e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    assert!(refused.is_some(), "served without a certificate");
+    assert_eq!(upstream.seen().len(), 4, "2 forwarded per certificate");
+}

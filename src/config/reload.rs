@@ -39,6 +39,12 @@ pub const RESTART_ONLY: &[(&str, ValueOf)] = &[
     ("http3.listen", |c| {
         format!("{:?}", c.http3.as_ref().map(|h| h.listen))
     }),
+    ("http_listen", |c| format!("{:?}", c.http_listen)),
+    // The ordering task is started once, with its directory, domains and challenge; the
+    // certificates it has issued keep serving through reloads of the file certificates.
+    ("tls.acme", |c| {
+        format!("{:?}", c.tls.as_ref().and_then(|t| t.acme.as_ref()))
+    }),
     ("max_connections", |c| c.max_connections.to_string()),
     ("log_format", |c| format!("{:?}", c.log_format)),
     ("storage.backend", |c| {
@@ -144,6 +150,26 @@ mod tests {
             |extra: &str| restart_only_changes(&running, &config(&format!("{base}{extra}")));
         assert_eq!(changed("admin_listen: 127.0.0.1:9090\n"), ["admin_listen"]);
         assert_eq!(changed("max_connections: 5\n"), ["max_connections"]);
+        let acme = |dir: &str| {
+            format!(
+                "tls: {{acme: {{directory: \"https://127.0.0.1:14000/dir\", domains: [a.test], challenge: tls-alpn-01, dir: {dir}}}}}\n"
+            )
+        };
+        let with_acme = config(&format!("{base}{}", acme("/tmp/a")));
+        assert_eq!(
+            restart_only_changes(&with_acme, &config(&format!("{base}{}", acme("/tmp/b")))),
+            ["tls.acme"]
+        );
+        assert_eq!(
+            restart_only_changes(
+                &with_acme,
+                &config(&format!(
+                    "{base}{}http_listen: 127.0.0.1:8081\n",
+                    acme("/tmp/a")
+                ))
+            ),
+            ["http_listen"]
+        );
         assert_eq!(
             changed("telemetry: {otlp_endpoint: \"http://127.0.0.1:4318\"}\n"),
             ["telemetry"]

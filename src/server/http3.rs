@@ -265,6 +265,13 @@ async fn serve_connection(
     (header_read, resets): (std::time::Duration, crate::limiter::Limit),
 ) {
     let peer = connection.remote_address();
+    // A certificate the handshake verified (`tls.client_auth`), as on TCP.
+    let peer_name = (connection.peer_identity())
+        .and_then(|any| {
+            any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        })
+        .and_then(|chain| chain.first().and_then(crate::tls::PeerName::of));
     // Streams the client abandons before their answer, as an HTTP/2 connection's are counted
     // (`http2_max_resets_per_second`): past the budget the connection is closed.
     let watch = super::watch::ConnWatch::new(resets, None, proxy.metrics().clone());
@@ -291,7 +298,7 @@ async fn serve_connection(
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
                     let stream = super::watch::StreamGuard::open(&watch);
-                    requests.spawn(serve_request(resolver, proxy.clone(), peer, header_read, stream));
+                    requests.spawn(serve_request(resolver, proxy.clone(), (peer, peer_name.clone()), header_read, stream));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -355,7 +362,7 @@ type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 async fn serve_request(
     resolver: H3Resolver,
     proxy: Arc<Proxy>,
-    peer: SocketAddr,
+    (peer, peer_name): (SocketAddr, Option<crate::tls::PeerName>),
     header_read: std::time::Duration,
     abandoned: super::watch::StreamGuard,
 ) {
@@ -391,6 +398,9 @@ async fn serve_request(
     let probe = body.shared.clone();
     let mut req = req.map(|()| Incoming::Other(Box::pin(body)));
     (req.extensions_mut()).insert(ClientLeft::new(move || lock(&probe).look()));
+    if let Some(name) = peer_name {
+        req.extensions_mut().insert(name);
+    }
     let response = proxy.handle(req, peer).await;
     if response.extensions().get::<Abandoned>().is_some() {
         send.stop_stream(h3::error::Code::from(H3_REQUEST_CANCELLED));

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -29,13 +29,27 @@ impl H3Client {
         server_name: &str,
         ca: CertificateDer<'static>,
     ) -> Result<H3Client, BoxError> {
+        H3Client::connect_as(addr, server_name, ca, None).await
+    }
+
+    /// As [`H3Client::connect`], presenting `identity` (a chain and its key) when the server
+    /// asks for a client certificate.
+    pub async fn connect_as(
+        addr: SocketAddr,
+        server_name: &str,
+        ca: CertificateDer<'static>,
+        identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    ) -> Result<H3Client, BoxError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca)?;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let mut tls = match identity {
+            Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
+            None => builder.with_no_client_auth(),
+        };
         tls.alpn_protocols = vec![b"h3".to_vec()];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
         let bind: SocketAddr = match addr {

@@ -78,6 +78,7 @@ pub fn yaml_path(file: &TempFile) -> String {
 /// A test certificate authority (rcgen) that signs server and client certificates.
 pub struct TestCa {
     pub cert_pem: String,
+    pub cert_der: CertificateDer<'static>,
     pub cert_file: TempFile,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
@@ -89,9 +90,19 @@ pub struct Leaf {
     pub cert_file: TempFile,
     pub key_file: TempFile,
     pub cert_der: CertificateDer<'static>,
+    pub key_der: PrivatePkcs8KeyDer<'static>,
 }
 
 impl Leaf {
+    /// The chain (leaf, then its CA) and key as rustls takes them (the quinn client's identity).
+    pub fn chain_and_key(
+        &self,
+        ca: &TestCa,
+    ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let chain = vec![self.cert_der.clone(), ca.cert_der.clone()];
+        (chain, PrivateKeyDer::Pkcs8(self.key_der.clone_key()))
+    }
+
     /// The chain (leaf, then its CA) and key as reqwest's client identity.
     pub fn identity(&self, ca: &TestCa) -> reqwest::Identity {
         let pem = format!("{}{}{}", self.key_pem, self.cert_pem, ca.cert_pem);
@@ -116,6 +127,7 @@ impl TestCa {
         let cert_pem = cert.pem();
         TestCa {
             cert_file: TempFile::new(&cert_pem),
+            cert_der: cert.der().clone(),
             cert_pem,
             issuer: rcgen::Issuer::new(params, key),
         }
@@ -153,6 +165,7 @@ impl TestCa {
             cert_file: TempFile::new(&cert_pem),
             key_file: TempFile::new(&key_pem),
             cert_der: cert.der().clone(),
+            key_der: PrivatePkcs8KeyDer::from(key.serialize_der()),
             cert_pem,
             key_pem,
         }
