@@ -33,7 +33,9 @@
 #   fg_redis_deny     floodgate, Redis store, every request denied (capacity 1, refill 0.001/s)
 #   fg_memory_deny    the same on the memory store (if asked for in TARGETS)
 #   nginx_limit_deny  nginx `limit_req` keyed on X-API-Key, one request a minute: every request
-#                     refused (429) after the first of each key (if asked for in TARGETS)
+#                     refused (429) after the first of each key (if asked for in TARGETS), with
+#                     `limit_req_log_level info` so that a refusal writes no error-log line (as
+#                     floodgate writes none)
 #   haproxy_deny      HAProxy's stick table keyed on X-API-Key, refusing (429) past one request
 #                     in 10 s: every request refused after the first of each key
 #   fg_redis_lease_allow, fg_redis_relay_lease_allow (and _nolease: leases: disabled)  the allow
@@ -297,6 +299,9 @@ http {
         location / {
             limit_req zone=keys nodelay;
             limit_req_status 429;
+            # No error-log line per refusal (the default level, error, passes error_log warn):
+            # floodgate writes none either (its access log is off in every target).
+            limit_req_log_level info;
             $(nginx_proxy_pass)
         }
     }

@@ -20,7 +20,9 @@
 #   DENY=1           the refusal path instead: floodgate's bucket holds one request and refills
 #                    once in 1,000 s, so every counted request is answered 429 (the first,
 #                    before counting, is allowed); nginx refuses with `limit_req` (one request a
-#                    minute per X-API-Key, `limit_req_status 429`) and answers nothing upstream.
+#                    minute per X-API-Key, `limit_req_status 429`, `limit_req_log_level info`:
+#                    no error-log line per refusal, as floodgate writes none) and answers nothing
+#                    upstream.
 #                    hyper_serve stands for the floor (bench/stack_floor.rs `serve`: hyper
 #                    answering every request itself, with nothing else)
 #   ACCESS_LOG=1     each proxy writes an access log line per request (off: the default of both)
@@ -224,7 +226,9 @@ fi
 mkdir -p "$WORK/proxy"
 LIMIT_REQ=""
 if [ -n "${DENY:-}" ]; then
-    LIMIT_REQ="limit_req zone=bench nodelay; limit_req_status 429;"
+    # limit_req_log_level info: no error-log line per refusal (nginx's default level, error,
+    # passes `error_log warn`), as floodgate writes none; with ACCESS_LOG both write their line.
+    LIMIT_REQ="limit_req zone=bench nodelay; limit_req_status 429; limit_req_log_level info;"
 fi
 PROXY_CACHE=""
 if [ -n "${CACHE:-}" ]; then

@@ -115,6 +115,14 @@ async fn sni_chooses_among_three_certificates_and_a_reload_swaps_them_for_new_co
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The dashboard lists every name served and how long its certificate has left (rcgen's
+    // certificates run to 4096: "ok"), in headless Chromium.
+    let (dom, stderr) = common::chromium_dom(&fg.admin_url("/"), 3_000).await;
+    for name in ["default.test", "*.example.test", "api.example.test"] {
+        let pill = format!("class=\"pill ok\" data-certificate=\"{name}\">");
+        assert!(dom.contains(&pill), "{name} not listed: {dom}\n{stderr}");
+    }
 }
 
 /// floodgate on `tls` (server certificate for localhost, `client_auth` as given) with one route
