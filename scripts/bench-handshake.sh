@@ -22,8 +22,8 @@
 #                 a kept-alive TLS connection after it (h2load --h1 -c 1): R1 then R2 requests
 #
 # Knobs (environment): CERTS=50 ROUNDS=3 DURATION=8 CONCURRENCY=4 H1=100 H2=400 R1=1000 R2=3000
-#   FLOODGATE=target/dist/floodgate  BUILD=1 (cargo build --profile dist first)  KEEP=1 keeps
-#   the raw output; RESULTS=bench/results/handshake/bench.md (the one summary kept in git)
+#   FLOODGATE=target/dist/floodgate  BUILD=1 (cargo build --profile dist first)
+#   RESULTS=bench/results/handshake/bench.md (the one summary kept in git)
 # Needs nginx, valgrind, h2load (installed when missing). All traffic goes to 127.0.0.1; every
 # process started here is stopped on exit.
 
@@ -36,7 +36,6 @@ DURATION="${DURATION:-8}"
 CONCURRENCY="${CONCURRENCY:-4}"
 H1="${H1:-100}" H2="${H2:-400}" R1="${R1:-1000}" R2="${R2:-3000}"
 BUILD="${BUILD:-1}"
-KEEP="${KEEP:-0}"
 FLOODGATE="${FLOODGATE:-$ROOT/target/dist/floodgate}"
 CLIENT="${CLIENT:-$ROOT/target/dist/examples/handshakes}"
 RESULTS="${RESULTS:-$ROOT/bench/results/handshake/bench.md}"
@@ -60,22 +59,10 @@ fi
 [ -x "$FLOODGATE" ] || die "no floodgate binary at $FLOODGATE"
 [ -x "$CLIENT" ] || die "no $CLIENT (cargo build --profile dist --example handshakes)"
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/floodgate-bench-handshake.XXXXXX")"
-chmod 755 "$WORK"
-PIDS=()
-cleanup() {
-    local status=$?
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [ "$KEEP" = 1 ]; then log "raw output kept in $WORK"; else rm -rf "$WORK"; fi
-    exit $status
-}
-trap cleanup EXIT
+# shellcheck source=scripts/bench-lib.sh
+. "$ROOT/scripts/bench-lib.sh"
+bench_work bench-handshake
 trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 "$CLIENT" gen "$WORK/certs" "$CERTS"
 LAST=$((CERTS - 1))

@@ -168,16 +168,49 @@ async fn statuses(c: &reqwest::Client, fg: &Floodgate, n: usize) -> Vec<Option<u
     out
 }
 
+/// A floodgate asking for client certificates of `clients` (`required` or not), in front of
+/// `upstream`; `strangers` is another CA, whose certificates it must refuse.
+struct Mtls {
+    server_ca: TestCa,
+    clients: TestCa,
+    strangers: TestCa,
+    upstream: Upstream,
+    fg: Floodgate,
+    /// Its certificate's files, kept while it runs.
+    _server: Leaf,
+}
+
+impl Mtls {
+    async fn start(required: bool) -> Mtls {
+        let (server_ca, clients, strangers) = (
+            TestCa::new("server CA"),
+            TestCa::new("client CA"),
+            TestCa::new("another CA"),
+        );
+        let server = server_ca.server(&["localhost"]);
+        let upstream = Upstream::start().await;
+        let fg = Floodgate::start(&mtls_config(&server, &clients, required, &upstream));
+        Mtls {
+            server_ca,
+            clients,
+            strangers,
+            upstream,
+            fg,
+            _server: server,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_required_client_certificate_names_the_client_and_each_spends_its_own_budget() {
-    let (server_ca, clients, strangers) = (
-        TestCa::new("server CA"),
-        TestCa::new("client CA"),
-        TestCa::new("another CA"),
-    );
-    let server = server_ca.server(&["localhost"]);
-    let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&mtls_config(&server, &clients, true, &upstream));
+    let Mtls {
+        server_ca,
+        clients,
+        strangers,
+        upstream,
+        fg,
+        ..
+    } = Mtls::start(true).await;
 
     let uri = rcgen::SanType::URI("spiffe://example.test/billing".try_into().unwrap());
     let billing = clients.client("billing", vec![uri]);
@@ -206,14 +239,14 @@ async fn a_required_client_certificate_names_the_client_and_each_spends_its_own_
 
 #[tokio::test]
 async fn an_optional_client_certificate_lets_others_in_by_address_and_still_refuses_a_stranger() {
-    let (server_ca, clients, strangers) = (
-        TestCa::new("server CA"),
-        TestCa::new("client CA"),
-        TestCa::new("another CA"),
-    );
-    let server = server_ca.server(&["localhost"]);
-    let upstream = Upstream::start().await;
-    let fg = Floodgate::start(&mtls_config(&server, &clients, false, &upstream));
+    let Mtls {
+        server_ca,
+        clients,
+        strangers,
+        upstream,
+        fg,
+        ..
+    } = Mtls::start(false).await;
 
     // No certificate: identified by address, one budget of 2.
     let none = mtls_client(&fg, &server_ca, None);
