@@ -243,7 +243,7 @@ async fn an_optional_client_certificate_lets_others_in_by_address_and_still_refu
         server_ca,
         clients,
         strangers,
-        upstream,
+        upstream: _upstream,
         fg,
         ..
     } = Mtls::start(false).await;
