@@ -204,9 +204,13 @@ async fn with_fair_queues_light_clients_are_answered_beside_a_flooding_one() {
     );
     assert!(fair_light >= 0.95, "fair: {fair_light}");
     assert!(fair_flood < 0.5, "the 503s land on the flood: {fair_flood}");
+    // The control: without fairness the same flood costs the light clients requests, with it
+    // they lose fewer. How many moves with the machine's load: over 20% of theirs when nothing
+    // else runs, 7.6% and 8.5% in two CI runs with builds beside them (a busy machine fills the
+    // queue less), so a fixed share here failed on busy runs.
     assert!(
-        unfair_light < 0.8,
-        "first come first served starves them: {unfair_light}"
+        unfair_shed > fair_shed && unfair_light < fair_light,
+        "first come first served sheds light requests ({unfair_shed}, {unfair_light}), fair fewer ({fair_shed}, {fair_light})"
     );
 }
 
