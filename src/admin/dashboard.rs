@@ -2,8 +2,9 @@
 //! and JS built into the binary, nothing fetched from elsewhere, so it works offline), and
 //! `GET /dashboard.json` the little it needs that no other endpoint says: the routes with their
 //! limits, and the store. Everything live (requests per second by decision, the breaker, leases,
-//! each route's upstream endpoints and their state) the page reads from `/metrics`, `/top`,
-//! `/upstreams` and `/budgets` itself. Read-only.
+//! each route's upstream endpoints and their state, discovered containers, the certificates
+//! served and their time left) the page reads from `/metrics`, `/top`, `/upstreams`,
+//! `/discovered`, `/certificates` and `/budgets` itself. Read-only.
 
 use serde_json::{Value, json};
 
