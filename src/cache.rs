@@ -229,7 +229,9 @@ pub fn answer(
 
 /// `Cache-Status` values (RFC 9211), floodgate's words for what the cache did.
 pub mod status {
+    use std::cell::RefCell;
     use std::sync::OnceLock;
+    use std::thread::LocalKey;
 
     use http::HeaderValue;
 
@@ -237,28 +239,49 @@ pub mod status {
     /// and for a micro-cache they are small numbers.
     const MEMO: u64 = 300;
 
-    /// `make(n)`, from `table` when `n` is small.
+    /// The last large value a thread made, with its number.
+    type Last = RefCell<Option<(u64, HeaderValue)>>;
+
+    /// `make(n)`, from `table` when `n` is small; past it, the value this thread made last
+    /// when that was for the same `n` (an entry kept for an hour has a ttl above the table's,
+    /// and its hits within one second share it), else made and kept in its place.
     fn memo(
         table: &'static OnceLock<Vec<HeaderValue>>,
+        last: &'static LocalKey<Last>,
         n: u64,
         make: fn(u64) -> HeaderValue,
     ) -> HeaderValue {
-        if n > MEMO {
-            return make(n);
+        if n <= MEMO {
+            return table.get_or_init(|| (0..=MEMO).map(make).collect())[n as usize].clone();
         }
-        table.get_or_init(|| (0..=MEMO).map(make).collect())[n as usize].clone()
+        last.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            match &*slot {
+                Some((made_for, value)) if *made_for == n => value.clone(),
+                _ => {
+                    let value = make(n);
+                    *slot = Some((n, value.clone()));
+                    value
+                }
+            }
+        })
+    }
+
+    thread_local! {
+        static LAST_AGE: Last = const { RefCell::new(None) };
+        static LAST_HIT: Last = const { RefCell::new(None) };
     }
 
     /// `Age: n`.
     pub fn age(n: u64) -> HeaderValue {
         static AGES: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-        memo(&AGES, n, HeaderValue::from)
+        memo(&AGES, &LAST_AGE, n, HeaderValue::from)
     }
 
     /// A fresh hit with `ttl` seconds of freshness left.
     pub fn hit(ttl: u64) -> HeaderValue {
         static HITS: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-        memo(&HITS, ttl, write_hit)
+        memo(&HITS, &LAST_HIT, ttl, write_hit)
     }
 
     /// `floodgate; hit; ttl=N`, written without `format!`.
@@ -297,4 +320,21 @@ pub mod status {
     pub const REQUEST_STORED: HeaderValue =
         HeaderValue::from_static("floodgate; fwd=request; stored");
     pub const REQUEST: HeaderValue = HeaderValue::from_static("floodgate; fwd=request");
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn every_value_reads_as_its_number_whether_made_once_kept_last_or_made_anew() {
+            for n in [0, 1, 299, 300, 301, 3600, 3600, 3599, 3600, u64::MAX] {
+                assert_eq!(hit(n), format!("floodgate; hit; ttl={n}").as_str(), "{n}");
+                assert_eq!(age(n), n.to_string().as_str(), "{n}");
+            }
+            // The kept value is for one number: the next asks for another and gets its own.
+            assert_eq!(hit(5000), "floodgate; hit; ttl=5000");
+            assert_eq!(hit(5001), "floodgate; hit; ttl=5001");
+            assert_eq!(hit(5000), "floodgate; hit; ttl=5000");
+        }
+    }
 }
