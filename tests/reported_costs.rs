@@ -193,7 +193,14 @@ async fn a_settlement_that_fails_is_tried_again_until_it_lands() {
         ];
         get(&client(), &url, &headers).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Redis stalls once the request has been decided and forwarded (the upstream holds it for
+    // 600 ms, then the settlement is due inside the 1.5 s stall). A fixed 100 ms here let a
+    // loaded CI machine stall the decision itself, which then failed open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while upstream.count() == 0 {
+        assert!(std::time::Instant::now() < deadline, "never forwarded");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let _: String = redis.cmd(&["CLIENT", "PAUSE", "1500", "ALL"]);
     let reply = call.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
