@@ -60,18 +60,25 @@ pub struct AdminState {
     pub certificates: Arc<dyn Fn() -> Vec<(String, i64)> + Send + Sync>,
 }
 
+/// The certificates served now: each name, when its certificate expires (Unix seconds) and
+/// the seconds left until then.
+fn certificates(state: &AdminState) -> Vec<(String, i64, i64)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let served = (state.certificates)().into_iter();
+    served.map(|(name, at)| (name, at, at - now)).collect()
+}
+
 /// The answer to one request on the admin port (served by `server/listener.rs`, as every
 /// port is).
 pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
     let proxy = &state.proxy;
     if req.uri().path() == "/certificates" {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        let list: Vec<serde_json::Value> = (state.certificates)()
+        let list: Vec<serde_json::Value> = certificates(state)
             .into_iter()
-            .map(|(name, not_after)| {
-                serde_json::json!({"name": name, "not_after": not_after, "expires_in_seconds": not_after - now})
+            .map(|(name, not_after, left)| {
+                serde_json::json!({"name": name, "not_after": not_after, "expires_in_seconds": left})
             })
             .collect();
         let mut response = Response::new(answer::full(
@@ -83,11 +90,8 @@ pub async fn handle(req: Request<Incoming>, state: &AdminState) -> Response<Body
         return response;
     }
     if req.uri().path() == "/metrics" {
-        proxy.metrics().certificates(
-            (state.certificates)()
-                .iter()
-                .map(|(name, not_after)| (name.as_str(), *not_after)),
-        );
+        let served = certificates(state);
+        (proxy.metrics()).certificates(served.iter().map(|(name, _, left)| (name.as_str(), *left)));
         let mut response =
             Response::new(answer::full(proxy.metrics().render(proxy.core().limiter())));
         response.headers_mut().insert(

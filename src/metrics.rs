@@ -788,22 +788,17 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the expiry gauge from the certificates served now: each name, the seconds until
-    /// the first certificate serving it expires (what a handshake for it is given). Names no
-    /// longer served are dropped.
+    /// Sets the expiry gauge from the certificates served now: each name and the seconds
+    /// until the first certificate serving it expires (what a handshake for it is given).
+    /// Names no longer served are dropped.
     pub fn certificates<'a>(&self, served: impl IntoIterator<Item = (&'a str, i64)>) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
         self.certificate_expiry.clear();
-        for (name, not_after) in served {
+        for (name, left) in served {
             let label = labels::NameLabel {
                 name: name.to_owned(),
             };
             if self.certificate_expiry.get(&label).is_none() {
-                self.certificate_expiry
-                    .get_or_create(&label)
-                    .set(not_after - now);
+                self.certificate_expiry.get_or_create(&label).set(left);
             }
         }
     }
