@@ -18,7 +18,16 @@
 //!
 //! Phases 2 to 4 run as `Proxy::admit` (`proxy/admit.rs`: identify, verify the token, read the
 //! body a limit reads, limit through the decider, gate). An early exit is a typed [`Rejection`], turned into a
-//! response in `response.rs`: the one place where a status is chosen.
+//! response in `answer.rs`: the one place where a status is chosen.
+//!
+//! The phases run in two steps. [`Proxy::begin`] runs them as far as they go without waiting:
+//! routing, then the decision (the cache phase and admission, one future polled once where it
+//! is made: on this stack when it cannot wait after doing something, else in a box), so that
+//! what floodgate answers itself (a refusal, a cache hit, a preflight, a 404) is answered
+//! before any future of the pipeline's exists for hyper to hold and move. A request that
+//! waits (forwarded, or its decision waiting on a store) goes on in [`Proxy::go_on`] from the
+//! phase it stopped at. One set of phases, one decider, one answer table; `tests/fast_path.rs`
+//! compares the answers with those of the decision first polled inside the future.
 
 mod admit;
 pub mod body;
@@ -104,6 +113,86 @@ fn linger(req: Request<ClientBody>) {
 struct Matched<'r> {
     config: &'r RouteConfig,
     extras: &'r RouteExtras,
+}
+
+/// Which route a request matched: its place in the snapshot, and whether it is a WebSocket
+/// upgrade, decided by the route's upgrade budget (`websocket.max_connections`).
+#[derive(Clone, Copy)]
+struct RouteAt {
+    index: usize,
+    upgrade: bool,
+}
+
+impl RouteAt {
+    fn of(self, snapshot: &Snapshot) -> Matched<'_> {
+        let config = &snapshot.routes.routes()[self.index];
+        let upgrade = (config.websocket.as_deref()).and_then(|w| w.upgrade.as_deref());
+        Matched {
+            config: match (self.upgrade, upgrade) {
+                (true, Some(upgrade)) => upgrade,
+                _ => config,
+            },
+            extras: &snapshot.extras[self.index],
+        }
+    }
+}
+
+/// A routed request's state between the phases that may wait (its decision, its forward),
+/// the request itself aside.
+struct Routed {
+    snapshot: Arc<Snapshot>,
+    ctx: Context,
+    at: RouteAt,
+    /// The request's `Origin`, on a route with `cors`.
+    origin: Option<http::HeaderValue>,
+    /// An unsafe method on a cached route: the URI whose entries go once it succeeds.
+    invalidates: Option<(http::Uri, Option<String>)>,
+}
+
+/// What routing made of a request.
+enum Arrived {
+    /// Answered by routing itself (a 400, a 404, a preflight).
+    Answered(Response<Body>),
+    /// Routed: on to the decision.
+    Routed(Routed, Request<ClientBody>),
+    /// The usage endpoint, which waits on the store.
+    Waits(Waits<'static>),
+}
+
+/// The decision's outcome: `Ok(None)` to forward, `Ok(Some)` a cache hit, `Err` a refusal.
+struct Decided {
+    routed: Routed,
+    req: Request<ClientBody>,
+    decided: Result<Option<Response<Body>>, Rejection>,
+}
+
+/// What [`Proxy::begin`] made of a request. (Not boxed: a step is made once and taken apart at
+/// once, and a request that waits goes on into the box of [`Proxy::go_on`]'s future.)
+#[allow(clippy::large_enum_variant)]
+pub enum Step<'p> {
+    /// Answered without waiting (floodgate's own answer).
+    Answered(Response<Body>),
+    /// Waiting on a phase: [`Proxy::go_on`] answers it.
+    Going(Going<'p>),
+}
+
+/// A request waiting on a phase of the pipeline.
+pub struct Going<'p>(Waits<'p>);
+
+/// The phase a request waits on.
+enum Waits<'p> {
+    /// The usage endpoint's peek.
+    Usage {
+        snapshot: Arc<Snapshot>,
+        req: Request<ClientBody>,
+        ctx: Context,
+    },
+    /// The decision, already polled once.
+    Deciding(std::pin::Pin<Box<dyn Future<Output = Decided> + Send + 'p>>),
+    /// Admitted: the forward to the upstream.
+    Forward(Routed, Request<ClientBody>),
+    /// Answered: the other instances told of an invalidation first.
+    Purge(Routed, Response<Body>, crate::control::Purge),
 }
 
 impl Proxy {
@@ -222,8 +311,137 @@ impl Proxy {
     }
 
     /// Runs the pipeline for one request: its phases, in order, over one `Context`. An early
-    /// exit is a typed [`Rejection`], answered in `response.rs`.
+    /// exit is a typed [`Rejection`], answered in `answer.rs`.
     pub async fn handle(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Response<Body> {
+        match self.begin(req, peer) {
+            Step::Answered(response) => response,
+            Step::Going(going) => self.go_on(going).await,
+        }
+    }
+
+    /// The pipeline as far as it goes without waiting: routing, then the decision (the cache
+    /// phase and the limits), whose future is polled once where it is made. A request that
+    /// floodgate answers itself without waiting (a refusal on the memory store or from a remote
+    /// store's deny cache, a cache hit in memory, a preflight, a 404) is [`Step::Answered`]
+    /// here, before any future of the pipeline's exists for hyper to hold and move; the rest
+    /// go on in [`Proxy::go_on`], from where they stopped. Both are the same phases, in the
+    /// same order, run by the same code (`tests/fast_path.rs` compares their answers).
+    pub fn begin(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Step<'_> {
+        self.start(req, peer, true)
+    }
+
+    /// The pipeline with nothing answered in [`Proxy::begin`]: the decision, made in the same
+    /// box, is first polled by `go_on`, as every phase was before the fast path. What the fast
+    /// path is compared with (`tests/fast_path.rs`).
+    pub async fn handle_unhurried(
+        &self,
+        req: Request<body::Incoming>,
+        peer: SocketAddr,
+    ) -> Response<Body> {
+        match self.start(req, peer, false) {
+            Step::Answered(response) => response,
+            Step::Going(going) => self.go_on(going).await,
+        }
+    }
+
+    /// [`Proxy::begin`], which polls the decision where it is made when `poll_now`.
+    fn start(&self, req: Request<body::Incoming>, peer: SocketAddr, poll_now: bool) -> Step<'_> {
+        let (mut routed, mut req) = match self.arrive(req, peer) {
+            Arrived::Answered(response) => return Step::Answered(response),
+            Arrived::Waits(waits) => return Step::Going(Going(waits)),
+            Arrived::Routed(routed, req) => (routed, req),
+        };
+        // A decision that can wait only before it has done anything (see `decides_now`) is
+        // made where it is, on this stack, borrowing the request: no box, nothing moved.
+        if poll_now && self.decides_now(&routed) {
+            let polled = {
+                let deciding = std::pin::pin!(self.decide_in_place(&mut routed, &mut req));
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                deciding.poll(&mut cx)
+            };
+            match polled {
+                std::task::Poll::Ready(decided) => return self.decided(routed, req, decided),
+                // A cache follower's wait for another request's fill: given up untouched
+                // (nothing was spent), and waited for again in the box below.
+                std::task::Poll::Pending => {}
+            }
+        }
+        // Boxed: the decision's state (the cache's, the decider's, the store's) is most of a
+        // request's; in a box it is made in place and never moved, and when it has to wait
+        // the box is handed on as it is.
+        let mut deciding = Box::pin(self.decide(routed, req));
+        if !poll_now {
+            return Step::Going(Going(Waits::Deciding(deciding)));
+        }
+        // A waker that does nothing: a future that waits is polled again at once, in
+        // `go_on`, with the task's own (a future registers the waker of its latest poll).
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match deciding.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Decided {
+                routed,
+                req,
+                decided,
+            }) => self.decided(routed, req, decided),
+            std::task::Poll::Pending => Step::Going(Going(Waits::Deciding(deciding))),
+        }
+    }
+
+    /// The pipeline's answer to a request that [`Proxy::begin`] left waiting.
+    pub async fn go_on(&self, going: Going<'_>) -> Response<Body> {
+        let mut waits = going.0;
+        loop {
+            let step = match waits {
+                Waits::Usage {
+                    snapshot,
+                    req,
+                    mut ctx,
+                } => {
+                    // Boxed: the usage endpoint is rare, and its peek's state (every route's
+                    // budgets, a global slice's store call) would otherwise size every
+                    // request's future.
+                    let response = match Box::pin(self.usage(&snapshot, &req, &mut ctx)).await {
+                        Ok(response) => response,
+                        Err(rejection) => rejection.respond(&usage::headers(), ctx.dialect),
+                    };
+                    linger(req);
+                    return Self::respond(ctx, None, response);
+                }
+                Waits::Deciding(deciding) => {
+                    let Decided {
+                        routed,
+                        req,
+                        decided,
+                    } = deciding.await;
+                    self.decided(routed, req, decided)
+                }
+                Waits::Forward(mut routed, req) => {
+                    let route = routed.at.of(&routed.snapshot);
+                    let response = self
+                        .forward(&routed.snapshot, &route, req, &mut routed.ctx)
+                        .await;
+                    self.answered(routed, response)
+                }
+                Waits::Purge(routed, response, purge) => {
+                    // `cache.shared`: the other instances drop the URI's entries too; the
+                    // store's go before this answer does (a client's next read finds none).
+                    if let (_, Err(e)) = Box::pin(self.spread_purge(&purge)).await {
+                        let route = routed.at.of(&routed.snapshot);
+                        tracing::warn!(route = %route.config.name, error = %e, "an invalidation could not reach the other instances");
+                    }
+                    return Self::finish(routed, response);
+                }
+            };
+            match step {
+                Step::Answered(response) => return response,
+                Step::Going(going) => waits = going.0,
+            }
+        }
+    }
+
+    /// Phases 1 and 1a, and what routing decides by itself: the request's context, its path
+    /// normalised, its route found (or its 400, 404), the usage endpoint, and a CORS preflight
+    /// answered before anything is held, decided or spent.
+    fn arrive(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Arrived {
         let mut req = req.map(ClientBody::Streaming);
         let snapshot = self.snapshot.load_full();
         let mut ctx = Context::new(&req, peer);
@@ -236,42 +454,33 @@ impl Proxy {
                 || snapshot.identity.client_addr(req.headers(), peer.ip()),
             ));
         }
-        // `GET {usage_path}`: the caller's own budgets, answered here (`usage.rs`).
+        // `GET {usage_path}`: the caller's own budgets, answered in `usage.rs`.
         let normalized = Self::normalize(&snapshot, &mut req, peer);
         if let Some(path) = &snapshot.usage_path
             && normalized.is_ok()
             && req.method() == http::Method::GET
             && req.uri().path() == path
         {
-            // Boxed: the usage endpoint is rare, and its peek's state (every route's budgets, a
-            // global slice's store call) would otherwise size every request's future.
-            let response = match Box::pin(self.usage(&snapshot, &req, &mut ctx)).await {
-                Ok(response) => response,
-                Err(rejection) => rejection.respond(&usage::headers(), ctx.dialect),
-            };
-            linger(req);
-            return Self::respond(ctx, None, response);
+            return Arrived::Waits(Waits::Usage { snapshot, req, ctx });
         }
-        let (route, preflight) = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
-            Ok(route) => route,
+        let (index, preflight) = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
+            Ok(found) => found,
             Err(rejection) => {
                 if rejection == Rejection::NoRoute {
                     self.metrics.no_route();
                 }
                 let response = rejection.respond(&snapshot.no_limit_headers, ctx.dialect);
                 linger(req);
-                return Self::respond(ctx, None, response);
+                return Arrived::Answered(Self::respond(ctx, None, response));
             }
         };
         // An upgrade on a route with `websocket.max_connections` is decided by the route's
         // upgrade budget: its limits and the connections per identity.
-        let route = match (route.config.websocket.as_deref()).and_then(|w| w.upgrade.as_deref()) {
-            Some(upgrade) if forward::is_websocket_upgrade(&req) => Matched {
-                config: upgrade,
-                extras: route.extras,
-            },
-            _ => route,
-        };
+        let config = &snapshot.routes.routes()[index];
+        let upgrade = (config.websocket.as_deref()).is_some_and(|w| w.upgrade.is_some())
+            && forward::is_websocket_upgrade(&req);
+        let at = RouteAt { index, upgrade };
+        let route = at.of(&snapshot);
         // A gRPC call's refusals take the route's status for a rate-limited call.
         if let Dialect::Grpc(_) = ctx.dialect {
             ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
@@ -296,89 +505,172 @@ impl Proxy {
             let response = crate::answer::preflight(cors, req.headers());
             linger(req);
             let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
-            return Self::respond(ctx, Some(&route), response);
+            return Arrived::Answered(Self::respond(ctx, Some(&route), response));
         }
+        // An unsafe method on a cached route: its URI's entries go once it succeeds.
+        let invalidates = cached::invalidation(route.config, &req);
+        let routed = Routed {
+            snapshot,
+            ctx,
+            at,
+            origin,
+            invalidates,
+        };
+        Arrived::Routed(routed, req)
+    }
+
+    /// True when the request's decision waits, if ever, only before it has done anything, so
+    /// that [`Proxy::begin`] may make it in place and give it up if it waits: on the memory
+    /// store, without global budgets, bearer tokens or a shared cache, on a route whose every
+    /// wait comes after an effect excluded (`RouteExtras::decides_now`). What may still wait is
+    /// a cache follower's wait for a fill, before it spends anything.
+    fn decides_now(&self, routed: &Routed) -> bool {
+        let snapshot = &routed.snapshot;
+        matches!(self.core.limiter(), crate::limiter::Limiter::Memory(_))
+            && self.core.global().is_none()
+            && snapshot.identity.jwt.is_none()
+            && !self.cache.is_shared()
+            && !routed.at.upgrade
+            && snapshot.extras[routed.at.index].decides_now
+    }
+
+    /// [`Proxy::decide_in_place`], owning what it reads: the decision's future, boxed, which
+    /// may wait.
+    async fn decide(&self, mut routed: Routed, mut req: Request<ClientBody>) -> Decided {
+        let decided = self.decide_in_place(&mut routed, &mut req).await;
+        Decided {
+            routed,
+            req,
+            decided,
+        }
+    }
+
+    /// The decision: a discovered route's wait for a container, the cache phase (a hit is
+    /// answered here) and the limit phases (`admit.rs`): `Ok(None)` to forward.
+    async fn decide_in_place(
+        &self,
+        routed: &mut Routed,
+        req: &mut Request<ClientBody>,
+    ) -> Result<Option<Response<Body>>, Rejection> {
+        let Routed {
+            snapshot, ctx, at, ..
+        } = routed;
+        let snapshot: &Arc<Snapshot> = snapshot;
+        let route = at.of(snapshot);
         // A discovered route whose containers are all gone or starting (compose recreating its
         // only one): held until one serves, within `recreate_grace`, rather than answered 503.
         if let Some(grace) = route.config.recreate_grace
             && route.extras.pool.is_empty()
         {
-            let held = Box::pin(route.extras.pool.wait_for_endpoint(grace)).await;
+            let held = route.extras.pool.wait_for_endpoint(grace).await;
             self.metrics.discovery_held(held.as_str());
         }
-        // An unsafe method on a cached route: its URI's entries go once it succeeds.
-        let invalidates = cached::invalidation(route.config, &req);
         // The cache phase, on a cached route (`cached.rs`): a hit is answered here.
         let looked = match &route.config.cache {
-            Some(rules) => Box::pin(self.look_up(&snapshot, &route, rules, &req, &mut ctx)).await,
+            Some(rules) => self.look_up(snapshot, &route, rules, req, ctx).await,
             None => None,
         };
-        // Boxed, as the forward below: the limit phase's state (the decider's, the store's) is
-        // a large part of a request's future, which hyper builds in place and moves several
-        // times; one allocation costs less than copying it at every move.
-        let decided = match looked {
+        match looked {
             Some(cached::Looked::Answer(answer)) => Ok(Some(answer)),
             Some(cached::Looked::Refuse(rejection)) => Err(rejection),
             looked => {
                 if let Some(cached::Looked::Forward(pending)) = looked {
                     ctx.cache = Some(pending);
                 }
-                let admitted = Box::pin(self.admit(&snapshot, &route, &mut req, &mut ctx)).await;
+                let admitted = self.admit(snapshot, &route, req, ctx).await;
                 admitted.map(|()| None)
             }
-        };
+        }
+    }
+
+    /// What follows the decision: a request admitted goes on to the upstream; floodgate's
+    /// own answer (a cache hit, a refusal) is made now.
+    fn decided(
+        &self,
+        mut routed: Routed,
+        req: Request<ClientBody>,
+        decided: Result<Option<Response<Body>>, Rejection>,
+    ) -> Step<'_> {
         let response = match decided {
+            Ok(None) => return Step::Going(Going(Waits::Forward(routed, req))),
             Ok(Some(answer)) => {
                 linger(req);
                 answer
             }
-            Ok(None) => self.forward(&snapshot, &route, req, &mut ctx).await,
-            Err(rejection) => {
-                ctx.refuse(rejection.label());
-                if let (Rejection::WaitingRoom { position, .. }, Some(log)) =
-                    (&rejection, ctx.log.as_deref_mut())
-                {
-                    log.position = Some(*position);
-                }
-                // A browser in a waiting room's line gets a page that asks again by itself.
-                let page = match rejection {
-                    Rejection::WaitingRoom { .. } if accepts_html(req.headers()) => {
-                        rejection.page()
-                    }
-                    _ => None,
-                };
-                if let (Some(trace), Rejection::RateLimited(verdict, limit)) =
-                    (&ctx.trace, &rejection)
-                {
-                    let index = limit.index(route.config.enforced.limits.len());
-                    trace.set(|| KeyValue::new("floodgate.limit", index as i64));
-                    trace.set(|| {
-                        KeyValue::new("floodgate.remaining", verdict.headline.remaining as i64)
-                    });
-                }
-                linger(req);
-                // "Degrade, don't deny": a stale copy instead of a 429 or an overload's 503,
-                // where the route allows it.
-                let stale = (ctx.cache.as_deref_mut())
-                    .and_then(|pending| pending.instead_of(&rejection, &route.extras.headers));
-                match (stale, page) {
-                    (Some(stale), _) => stale,
-                    (None, Some(page)) => page,
-                    (None, None) => rejection.respond(&route.extras.headers, ctx.dialect),
-                }
-            }
+            Err(rejection) => self.refused(&mut routed, req, rejection),
         };
-        // `response_headers`: on every answer of the route, floodgate's own refusals too.
-        let mut response = response;
-        if route.config.cache.is_some()
-            && let Some(purge) = self.cached_answer(&mut ctx, &route, invalidates, &mut response)
+        self.answered(routed, response)
+    }
+
+    /// The answer to a request the decision refused: its rejection's answer, or a waiting
+    /// room's page for a browser, or (where the route allows it) a stale copy.
+    fn refused(
+        &self,
+        routed: &mut Routed,
+        req: Request<ClientBody>,
+        rejection: Rejection,
+    ) -> Response<Body> {
+        let Routed {
+            snapshot, ctx, at, ..
+        } = routed;
+        let route = at.of(snapshot);
+        ctx.refuse(rejection.label());
+        if let (Rejection::WaitingRoom { position, .. }, Some(log)) =
+            (&rejection, ctx.log.as_deref_mut())
         {
-            // `cache.shared`: the other instances drop the URI's entries too; the store's go
-            // before this answer does (a client's next read finds none of them).
-            if let (_, Err(e)) = Box::pin(self.spread_purge(&purge)).await {
-                tracing::warn!(route = %route.config.name, error = %e, "an invalidation could not reach the other instances");
-            }
+            log.position = Some(*position);
         }
+        // A browser in a waiting room's line gets a page that asks again by itself.
+        let page = match rejection {
+            Rejection::WaitingRoom { .. } if accepts_html(req.headers()) => rejection.page(),
+            _ => None,
+        };
+        if let (Some(trace), Rejection::RateLimited(verdict, limit)) = (&ctx.trace, &rejection) {
+            let index = limit.index(route.config.enforced.limits.len());
+            trace.set(|| KeyValue::new("floodgate.limit", index as i64));
+            trace.set(|| KeyValue::new("floodgate.remaining", verdict.headline.remaining as i64));
+        }
+        linger(req);
+        // "Degrade, don't deny": a stale copy instead of a 429 or an overload's 503, where
+        // the route allows it.
+        let stale = (ctx.cache.as_deref_mut())
+            .and_then(|pending| pending.instead_of(&rejection, &route.extras.headers));
+        match (stale, page) {
+            (Some(stale), _) => stale,
+            (None, Some(page)) => page,
+            (None, None) => rejection.respond(&route.extras.headers, ctx.dialect),
+        }
+    }
+
+    /// A routed request's answer, on its way out: the cache phase's part (the entry filled,
+    /// the URI's entries invalidated); the other instances told of an invalidation before it
+    /// goes (`cache.shared`: [`Waits::Purge`]).
+    fn answered(&self, mut routed: Routed, mut response: Response<Body>) -> Step<'_> {
+        let route = routed.at.of(&routed.snapshot);
+        if route.config.cache.is_some()
+            && let Some(purge) = self.cached_answer(
+                &mut routed.ctx,
+                &route,
+                routed.invalidates.take(),
+                &mut response,
+            )
+        {
+            return Step::Going(Going(Waits::Purge(routed, response, purge)));
+        }
+        Step::Answered(Self::finish(routed, response))
+    }
+
+    /// `response_headers` and CORS on every answer of the route, floodgate's own refusals
+    /// too; then the response goes out (phase 6).
+    fn finish(routed: Routed, response: Response<Body>) -> Response<Body> {
+        let Routed {
+            snapshot,
+            ctx,
+            at,
+            origin,
+            ..
+        } = routed;
+        let route = at.of(&snapshot);
         let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
         Self::respond(ctx, Some(&route), response)
     }
@@ -483,10 +775,7 @@ impl Proxy {
     /// a CORS preflight for it. A preflight (`OPTIONS` asking about a method) is matched by
     /// the method it asks about, so that a route with `cors` answers it whatever its `methods`;
     /// on a route without `cors` it is an `OPTIONS` like any other.
-    fn route<'r>(
-        snapshot: &'r Snapshot,
-        req: &Request<ClientBody>,
-    ) -> Result<(Matched<'r>, bool), Rejection> {
+    fn route(snapshot: &Snapshot, req: &Request<ClientBody>) -> Result<(usize, bool), Rejection> {
         let host = match snapshot.routes.by_host() {
             true => crate::config::request_host(req.uri(), req.headers()),
             false => None,
@@ -499,18 +788,14 @@ impl Proxy {
                 path: req.uri().path(),
             })
         };
-        let matched = |i: usize| Matched {
-            config: &snapshot.routes.routes()[i],
-            extras: &snapshot.extras[i],
-        };
         if let Some(asked) = crate::config::Cors::preflight_method(req.method(), req.headers())
             && let Some(i) = find(&asked)
             && snapshot.routes.routes()[i].cors.is_some()
         {
-            return Ok((matched(i), true));
+            return Ok((i, true));
         }
         let i = find(req.method()).ok_or(Rejection::NoRoute)?;
-        Ok((matched(i), false))
+        Ok((i, false))
     }
 
     /// The decider on this snapshot's rules and the proxy's store.

@@ -423,14 +423,25 @@ fn side_port<H: listener::Handler>(
 struct ProxyPort(Arc<Proxy>);
 
 impl listener::Handler for ProxyPort {
-    /// The proxy's own future, not wrapped in another: a request's future is large, and each
-    /// layer of `async` around it would copy it once more before its first poll.
+    /// A request floodgate answers without waiting (`Proxy::begin`: a refusal, a cache hit)
+    /// is answered here; the rest go on in a box of their own, so that the future hyper holds
+    /// and moves is small whatever the request waits on.
     fn handle(
         &self,
         req: http::Request<hyper::body::Incoming>,
         peer: SocketAddr,
     ) -> impl Future<Output = http::Response<crate::answer::Body>> + Send {
-        self.0.handle(req.map(Incoming::Hyper), peer)
+        let proxy = &*self.0;
+        async move {
+            match proxy.begin(req.map(Incoming::Hyper), peer) {
+                crate::proxy::Step::Answered(response) => response,
+                // Written into its box (not made here and copied in: the future is as
+                // large as a forward's state).
+                crate::proxy::Step::Going(going) => {
+                    Box::into_pin(Box::write(Box::new_uninit(), proxy.go_on(going))).await
+                }
+            }
+        }
     }
 
     fn refuse_stream(

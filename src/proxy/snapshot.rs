@@ -87,6 +87,25 @@ pub(super) struct RouteExtras {
     pub room: Option<Arc<crate::room::Room>>,
     /// A route with `websocket:` limits: its `floodgate_websocket_*` handles.
     pub websocket: Option<crate::metrics::WebSocketMetrics>,
+    /// True when nothing of the route makes its decision wait after it has done something
+    /// (a body read, a gate's or a waiting room's queue, a held request's timer, a penalty
+    /// box's or a global budget's store call, a discovered route's wait for a container):
+    /// the proxy may then decide it in place ([`super::Proxy::begin`]).
+    pub decides_now: bool,
+}
+
+/// [`RouteExtras::decides_now`] for `route`, with its `gate` and `room`.
+fn decides_now(route: &crate::config::RouteConfig, gate: bool, room: bool) -> bool {
+    let limits = route.enforced.limits.iter().chain(&route.shadow.limits);
+    let waits_after = |l: &crate::config::RouteLimit| {
+        !l.wait.is_zero() || l.penalty.is_some() || l.limit.is_global()
+    };
+    !gate
+        && !room
+        && !route.reads_body
+        && route.recreate_grace.is_none()
+        && route.websocket.is_none()
+        && !limits.clone().any(waits_after)
 }
 
 /// A cached route whose limits name a `cache_hit_cost`: the route with only those limits, each
@@ -196,17 +215,21 @@ impl Snapshot {
                         metrics,
                     ),
                 )
-                .map(|(((r, gate), top), pool)| RouteExtras {
-                    pool,
-                    metrics: metrics.route(&r.name),
-                    headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
-                    gate,
-                    top,
-                    costs: cost_counters(r, metrics),
-                    cache: (r.cache.as_ref()).map(|_| Arc::new(metrics.route_cache(&r.name))),
-                    hit_route: hit_route(r),
-                    room: rooms.next().flatten(),
-                    websocket: (r.websocket.as_ref()).map(|_| metrics.websocket(&r.name)),
+                .map(|(((r, gate), top), pool)| {
+                    let room = rooms.next().flatten();
+                    RouteExtras {
+                        decides_now: decides_now(r, gate.is_some(), room.is_some()),
+                        pool,
+                        metrics: metrics.route(&r.name),
+                        headers: RateLimitHeaders::for_route(config.rate_limit_headers, r),
+                        gate,
+                        top,
+                        costs: cost_counters(r, metrics),
+                        cache: (r.cache.as_ref()).map(|_| Arc::new(metrics.route_cache(&r.name))),
+                        hit_route: hit_route(r),
+                        room,
+                        websocket: (r.websocket.as_ref()).map(|_| metrics.websocket(&r.name)),
+                    }
                 })
                 .collect(),
             routes: RouteTable::new(config.routes.clone()),
