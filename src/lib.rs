@@ -17,7 +17,9 @@
 //!    [`deadline`]'s first deadline), watches HTTP/2 abuse and idleness, hands each request to
 //!    the proxy, drains on shutdown;
 //! 2. [`proxy`]: `Proxy::handle`, the pipeline's phases in order over one per-request context:
-//!    route, identify, limit, gate, forward, respond, and after the response;
+//!    route, identify, limit, gate, forward, respond, and after the response (as far as they
+//!    go without waiting in `Proxy::begin`, where floodgate's own answers are made; the rest in
+//!    `Proxy::go_on`);
 //! 3. [`route`]: the first route whose prefix and methods match (after [`path`] normalisation);
 //! 4. [`policy`]: whose allowance the request spends, by the rules of [`identity`] (API key or
 //!    consumer, user id, client IP) and the limits that apply to its tier, and the one limit
