@@ -95,7 +95,15 @@ struct Keys {
 pub struct Global {
     spec: GlobalSpec,
     global: Box<dyn GlobalStore>,
+    /// The region's store for calls a request waits on (a spend, the keeper's claim and read):
+    /// each answers within [`REGION_TIMEOUT`] or follows `on_error`.
     region: Arc<dyn SliceStore>,
+    /// The region's store for calls that carry units into or out of a slice (a grant put in
+    /// it, units given back to it, a slice drained to be given back): they wait up to
+    /// [`LANDING_TIMEOUT`] for the answer, because one given up on at the near timeout may or
+    /// may not have landed, and units that did not are lost (seen under a loaded machine's
+    /// stalls: "units granted for the slice are lost ... timed out").
+    landing: Arc<dyn SliceStore>,
     budgets: Mutex<HashMap<String, Local>>,
     /// The global store failed: requests needing it follow `on_error` at once until then,
     /// not each after its own timeout.
@@ -113,6 +121,10 @@ pub struct Global {
 
 /// One call to the region's store (near: a round trip is a fraction of a millisecond).
 const REGION_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// One call to the region's store that carries units and that no request waits on past
+/// [`REGION_TIMEOUT`] (see [`Global`]'s `landing`).
+const LANDING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the global store is left alone after it failed.
 const DOWN_FOR: Duration = Duration::from_secs(1);
@@ -136,6 +148,7 @@ impl Global {
         let global = Arc::new(Global {
             global: slices::global_store(&spec.url, spec.timeout)?,
             region: slices::slice_store(&spec.region_url, REGION_TIMEOUT)?,
+            landing: slices::slice_store(&spec.region_url, LANDING_TIMEOUT)?,
             budgets: Mutex::new(HashMap::new()),
             down_until: Mutex::new(None),
             passes: tokio::sync::Mutex::new(false),
@@ -346,10 +359,12 @@ impl Global {
 
     /// Puts `extra` units the global store granted a request beyond its `cost` in the slice
     /// (which held `held`), for a slice that ends at `ends` (a window's); returns what it holds
-    /// after. The request's own units are the slice's until it returns with them: dropped
-    /// while the extra goes to the slice, it gives them back. The extra's call is spawned, so
-    /// it lands once whatever becomes of the request (given back as well, a call that did land
-    /// would count it twice).
+    /// after (as the region's store said, or `held + extra` when it did not say within
+    /// [`REGION_TIMEOUT`]). The request's own units are the slice's until it returns with them:
+    /// dropped while the extra goes to the slice, it gives them back. The extra's call is
+    /// spawned on the landing connection, so it lands once whatever becomes of the request
+    /// (given back as well, a call that did land would count it twice) and however long the
+    /// region's store takes.
     async fn keep_extra(
         &self,
         slice_key: &str,
@@ -366,28 +381,40 @@ impl Global {
             self.metrics.global_units("lapsed", extra);
         }
         if extra > 0 && ttl_ms > 0 {
-            let region = self.region.clone();
-            let key = slice_key.to_string();
             let grant = Grant {
                 units: extra,
                 demand: cost,
                 ttl_ms,
             };
-            let added = tokio::spawn(async move { region.add(&key, grant).await });
-            held_now = match added.await {
-                Ok(Ok(held)) => held,
-                Ok(Err(e)) => {
-                    tracing::warn!(units = extra, error = %e, "units granted for the slice are lost: the region's store failed");
-                    held
-                }
-                Err(e) => {
-                    tracing::warn!(units = extra, error = %e, "units granted for the slice are lost: the call ended");
-                    held
-                }
+            let added = self.land(slice_key, grant, "units granted for the slice");
+            held_now = match tokio::time::timeout(REGION_TIMEOUT, added).await {
+                Ok(Ok(Some(held))) => held,
+                // Lost (and said so by the call), or not landed yet: the call goes on.
+                Ok(Ok(None)) => held,
+                Ok(Err(_)) | Err(_) => held + extra,
             };
         }
         owed.units = 0;
         held_now
+    }
+
+    /// Puts `grant` in the slice at `slice_key` on the landing connection, in a task of its own
+    /// (it lands whatever becomes of its caller); a failure loses the units, which is counted
+    /// (`lapsed`) and logged as `what`. The task answers what the slice holds after, `None` when
+    /// the units were lost.
+    fn land(
+        &self,
+        slice_key: &str,
+        grant: Grant,
+        what: &'static str,
+    ) -> tokio::task::JoinHandle<Option<u64>> {
+        land(
+            self.landing.clone(),
+            self.metrics.clone(),
+            slice_key.to_string(),
+            grant,
+            what,
+        )
     }
 
     /// A slice's life from now: `lease_ttl`, and for a windowed budget no later than its
@@ -416,7 +443,8 @@ impl Global {
             Instant::now() + std::time::Duration::from_micros(left_us)
         });
         Refund {
-            region: self.region.clone(),
+            region: self.landing.clone(),
+            metrics: self.metrics.clone(),
             slice_key: slice,
             grant: Grant {
                 units: u64::from(ask.limit.cost()),
@@ -487,7 +515,7 @@ impl Global {
         // goes to the slice when it comes.
         let mut pending = Pending {
             call: Some(call),
-            region: self.region.clone(),
+            region: self.landing.clone(),
             slice_key: slice_key.to_string(),
             lease_ttl: self.spec.lease_ttl,
             window_end: window.map(|w| w.1),
@@ -535,30 +563,11 @@ impl Global {
     /// `units` of the slice at `slice_key` that a request holds ([`Owed`]).
     fn owed(&self, slice_key: &str, units: u64) -> Owed {
         Owed {
-            region: self.region.clone(),
+            region: self.landing.clone(),
+            metrics: self.metrics.clone(),
             slice_key: slice_key.to_string(),
             units,
         }
-    }
-
-    /// Adds `units` to the region's slice (renewing it for `ttl_ms`), with `demand` units
-    /// of demand seen; returns what it holds now.
-    async fn add(
-        &self,
-        slice_key: &str,
-        units: u64,
-        demand: u64,
-        ttl_ms: u64,
-    ) -> Result<u64, GlobalError> {
-        let grant = Grant {
-            units,
-            demand,
-            ttl_ms,
-        };
-        self.region
-            .add(slice_key, grant)
-            .await
-            .map_err(GlobalError::Region)
     }
 
     /// The global store failed with `error`: left alone for [`DOWN_FOR`] (logged when it
@@ -643,7 +652,7 @@ impl Global {
             }
             Plan::GiveBack => {
                 let units = self
-                    .region
+                    .landing
                     .drain(&slice_key)
                     .await
                     .map_err(GlobalError::Region)?;
@@ -671,7 +680,15 @@ impl Global {
             self.count_lapsed(granted);
             return Ok(0);
         }
-        let held_now = self.add(&slice_key, granted, 0, ttl_ms).await?;
+        let grant = Grant {
+            units: granted,
+            demand: 0,
+            ttl_ms,
+        };
+        let renewed = self.land(&slice_key, grant, "units granted to renew the slice");
+        let Ok(Some(held_now)) = renewed.await else {
+            return Ok(0); // lost: counted and logged
+        };
         self.update(id, held_now, target.max(1), Some(left));
         Ok(held_now)
     }
@@ -704,23 +721,26 @@ impl Global {
             region: self.spec.region.clone(),
             window,
         });
-        match tokio::time::timeout(self.spec.timeout, call).await {
+        let error = match tokio::time::timeout(self.spec.timeout, call).await {
             Ok(Ok(_)) => {
                 self.metrics.global_call("ok");
                 self.metrics.global_units("returned", units);
-                Ok(())
+                return Ok(());
             }
             Ok(Err(e)) => {
                 self.metrics.global_call("error");
-                Err(GlobalError::Global(e))
+                e
             }
             Err(_) => {
                 self.metrics.global_call("timeout");
-                Err(GlobalError::Global(LimiterError::Timeout(
-                    self.spec.timeout,
-                )))
+                LimiterError::Timeout(self.spec.timeout)
             }
-        }
+        };
+        // Out of the slice and not back in the budget: lost, never spent twice (a call that
+        // timed out may still land, and then they were returned after all).
+        self.metrics.global_units("lapsed", units);
+        tracing::warn!(units, error = %error, "units of a slice given back are lost: the global store failed");
+        Err(GlobalError::Global(error))
     }
 
     /// Gives every slice this instance's region holds of the budgets it spent back to the
@@ -738,7 +758,7 @@ impl Global {
         for (id, local) in ids {
             let slice_key = format!("{prefix}gs:{{{id}}}");
             let global_key = format!("{prefix}gb:{{{id}}}");
-            let Ok(units) = self.region.drain(&slice_key).await else {
+            let Ok(units) = self.landing.drain(&slice_key).await else {
                 continue;
             };
             if units > 0 {
@@ -759,7 +779,9 @@ type TakeAnswer = Result<Taken, LimiterError>;
 /// slice if the request is dropped holding them (its decision outlived `storage.timeout`, or its
 /// client left), so that no unit the stores spent is one nobody was admitted with.
 struct Owed {
+    /// The landing connection ([`Global`]'s `landing`).
     region: Arc<dyn SliceStore>,
+    metrics: Arc<Metrics>,
     slice_key: String,
     units: u64,
 }
@@ -769,24 +791,22 @@ impl Drop for Owed {
         if self.units == 0 {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
-        let region = self.region.clone();
-        let slice_key = std::mem::take(&mut self.slice_key);
+        }
         // Back into the slice as it is, its end kept (a window's slice never outlives it).
         let grant = Grant {
             units: self.units,
             demand: 0,
             ttl_ms: 0,
         };
-        runtime.spawn(async move {
-            let units = grant.units;
-            match region.add(&slice_key, grant).await {
-                Ok(_) => tracing::debug!(units, "an abandoned request's units went back to the slice"),
-                Err(e) => tracing::warn!(units, error = %e, "an abandoned request's units are lost: the region's store failed"),
-            }
-        });
+        land(
+            self.region.clone(),
+            self.metrics.clone(),
+            std::mem::take(&mut self.slice_key),
+            grant,
+            "an abandoned request's units",
+        );
     }
 }
 
@@ -794,33 +814,37 @@ impl Drop for Owed {
 /// slice (made if need be, living no longer than a slice does: a window's never outlives it);
 /// dropped, they stay spent.
 pub struct Refund {
+    /// The landing connection ([`Global`]'s `landing`).
     region: Arc<dyn SliceStore>,
+    metrics: Arc<Metrics>,
     slice_key: String,
     grant: Grant,
 }
 
 impl Refund {
     /// Puts the units back in the slice (a spawned call; a store that fails loses them, as an
-    /// abandoned request's are: an under-grant, never an over-grant).
+    /// abandoned request's are: an under-grant, never an over-grant, counted `lapsed`).
     pub fn give(self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         let Refund {
             region,
+            metrics,
             slice_key,
             grant,
         } = self;
         if grant.ttl_ms == 0 {
+            metrics.global_units("lapsed", grant.units);
             return; // the window has ended: so has its slice
         }
-        runtime.spawn(async move {
-            let units = grant.units;
-            match region.add(&slice_key, grant).await {
-                Ok(_) => tracing::debug!(units, "an abandoned request's units went back to the slice"),
-                Err(e) => tracing::warn!(units, error = %e, "an abandoned request's units are lost: the region's store failed"),
-            }
-        });
+        land(
+            region,
+            metrics,
+            slice_key,
+            grant,
+            "an abandoned request's units",
+        );
     }
 }
 
@@ -842,6 +866,7 @@ impl Drop for SpendPending {
         };
         let owed = Owed {
             region: self.owed.region.clone(),
+            metrics: self.owed.metrics.clone(),
             slice_key: std::mem::take(&mut self.owed.slice_key),
             units: 0,
         };
@@ -910,9 +935,9 @@ impl Drop for Pending {
                 demand: 0,
                 ttl_ms,
             };
-            match region.add(&slice_key, grant).await {
-                Ok(_) => tracing::debug!(granted, "a late answer's units went to the slice"),
-                Err(e) => tracing::warn!(granted, error = %e, "a late answer's units are lost: the region's store failed"),
+            let landed = land(region, metrics, slice_key, grant, "a late answer's units");
+            if let Ok(Some(_)) = landed.await {
+                tracing::debug!(granted, "a late answer's units went to the slice");
             }
         });
     }
@@ -973,6 +998,36 @@ enum Spent {
     Outside {
         now_us: u64,
     },
+}
+
+/// [`Global::land`], for the guards that outlive their request and hold no [`Global`]: puts
+/// `grant` in the slice at `slice_key` in a task of its own. Units that do not land (the store
+/// failed, or units given back found their slice lapsed) are counted `lapsed`; a failure is
+/// logged as `what`. The task answers what the slice holds after, `None` when they were lost.
+fn land(
+    store: Arc<dyn SliceStore>,
+    metrics: Arc<Metrics>,
+    slice_key: String,
+    grant: Grant,
+    what: &'static str,
+) -> tokio::task::JoinHandle<Option<u64>> {
+    tokio::spawn(async move {
+        let units = grant.units;
+        match store.add(&slice_key, grant).await {
+            // Given back (ttl 0) to a slice that has lapsed: they lapsed with it.
+            Ok(0) if grant.ttl_ms == 0 && units > 0 => {
+                metrics.global_units("lapsed", units);
+                tracing::debug!(units, "{what}: the slice had lapsed, and they with it");
+                None
+            }
+            Ok(held) => Some(held),
+            Err(e) => {
+                metrics.global_units("lapsed", units);
+                tracing::warn!(units, error = %e, "{what} are lost: the region's store failed");
+                None
+            }
+        }
+    })
 }
 
 /// This instance's clock, in µs since the epoch.

@@ -221,6 +221,60 @@ impl World {
     }
 
     /// The sum of `series` over every instance still running.
+    /// What the stores hold now, for a failure's message: the global store's budgets (units
+    /// left) and each region's slices (units held), as each store keeps them.
+    fn stores_hold(&self) -> String {
+        let global = match &self._global {
+            GlobalStore::Redis(redis) => {
+                let keys: Vec<String> = redis.cmd(&["KEYS", "*gb:*"]);
+                let left: Vec<String> = keys
+                    .iter()
+                    .map(|k| {
+                        let tokens: Option<String> = redis.cmd(&["HGET", k, "tokens"]);
+                        format!("{k}={}", tokens.unwrap_or_default())
+                    })
+                    .collect();
+                left.join(", ")
+            }
+            GlobalStore::Postgres(pg) => pg
+                .try_psql("SELECT key || '=' || tokens FROM floodgate_global_budgets")
+                .unwrap_or_default(),
+        };
+        let slices = match &self.regions {
+            Regions::Redis(servers) => servers
+                .iter()
+                .map(|redis| {
+                    let keys: Vec<String> = redis.cmd(&["KEYS", "*gs:*"]);
+                    let held: Vec<String> = keys
+                        .iter()
+                        .map(|k| {
+                            let units: Option<String> = redis.cmd(&["HGET", k, "units"]);
+                            format!("{k}={}", units.unwrap_or_default())
+                        })
+                        .collect();
+                    held.join(", ")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            Regions::Postgres(pg) => ["region_eu", "region_us"]
+                .iter()
+                .map(|db| {
+                    pg.try_psql_in(
+                        db,
+                        "SELECT key || '=' || units FROM floodgate_global_region_slices",
+                    )
+                    .unwrap_or_default()
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        format!(
+            "global store [{}], slices [{}]",
+            global.trim(),
+            slices.trim()
+        )
+    }
+
     async fn metric_sum(&self, series: &str) -> u64 {
         let mut sum = 0;
         for fg in self.instances.iter().flatten() {
@@ -395,12 +449,19 @@ async fn exactly(global: GlobalStore, regions: Regions, limit: &str) {
     let calls = world
         .metric_sum("floodgate_global_calls_total{outcome=\"ok\"}")
         .await;
+    let mut units = Vec::new();
+    for outcome in ["granted", "returned", "lapsed"] {
+        let series = format!("floodgate_global_units_total{{outcome=\"{outcome}\"}}");
+        units.push((outcome, world.metric_sum(&series).await));
+    }
     eprintln!(
-        "admitted {admitted}, refused {}, other {}, global calls {calls} in {took:?}",
+        "admitted {admitted}, refused {}, other {}, global calls {calls} in {took:?}; \
+         units {units:?}; at the end {}",
         tally.refused.load(Ordering::SeqCst),
-        tally.other.load(Ordering::SeqCst)
+        tally.other.load(Ordering::SeqCst),
+        world.stores_hold()
     );
-    if tally.other.load(Ordering::SeqCst) > 0 {
+    if tally.other.load(Ordering::SeqCst) > 0 || admitted != 3000 {
         for fg in world.instances.iter().flatten() {
             eprintln!("{}", fg.stderr());
         }

@@ -241,22 +241,20 @@ impl PostgresServer {
         format!("postgres://floodgate@127.0.0.1:{}/postgres", self.port)
     }
 
-    /// psql running `sql` (unaligned, tuples only, stopping at the first error).
+    /// psql running `sql` in the database `postgres` (unaligned, tuples only, stopping at the
+    /// first error).
     fn psql_command(&self, sql: &str) -> Command {
+        self.psql_command_in("postgres", sql)
+    }
+
+    /// psql running `sql` in the database `db`.
+    fn psql_command_in(&self, db: &str, sql: &str) -> Command {
         let mut command = Command::new(self.bin.join("psql"));
         command
             // Plain: a server that wants client certificates over TLS still trusts psql.
             .env("PGSSLMODE", "disable")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args([
-                "-U",
-                "floodgate",
-                "-d",
-                "postgres",
-                "-AtX",
-                "-v",
-                "ON_ERROR_STOP=1",
-            ])
+            .args(["-U", "floodgate", "-d", db, "-AtX", "-v", "ON_ERROR_STOP=1"])
             .args(["-c", sql]);
         command
     }
@@ -272,6 +270,14 @@ impl PostgresServer {
     /// What psql printed for `sql`, or `None` when it failed.
     pub fn try_psql(&self, sql: &str) -> Option<String> {
         let out = self.psql_command(sql).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// What psql printed for `sql` in the database `db`, or `None` when it failed.
+    pub fn try_psql_in(&self, db: &str, sql: &str) -> Option<String> {
+        let out = self.psql_command_in(db, sql).output().ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
