@@ -43,6 +43,13 @@ fn bucket_10_per_sec() -> Limit {
     Limit::token_bucket(10, 10.0)
 }
 
+/// A token bucket of 10 that refills one unit per 100 s: 10 requests admitted and the 11th
+/// refused, however slowly a loaded machine sends them (with 10 a second, 11 requests that
+/// take over 100 ms find a unit refilled, and the 11th is admitted).
+fn ten_then_refused() -> Limit {
+    Limit::token_bucket(10, 0.01)
+}
+
 /// Sends `n` requests one after another with `key`; returns the statuses and the slowest latency.
 async fn sequential(url: &str, key: &str, n: usize) -> (Vec<u16>, Duration) {
     let client = client();
@@ -430,7 +437,7 @@ async fn rediss_connects_over_verified_tls_and_nothing_else() {
     let redis = RedisServer::start_with_tls(&cert_pem, &certified.signing_key.serialize_pem());
     let upstream = Upstream::start().await;
     let yaml = on_redis(&redis.tls_url(), "deny", "1s")
-        .route(api(&upstream, &[bucket_10_per_sec()]))
+        .route(api(&upstream, &[ten_then_refused()]))
         .yaml();
     // Trusting the server's certificate (SSL_CERT_FILE replaces the system's roots): the
     // decisions run on the server, through its TLS port.
@@ -486,7 +493,7 @@ async fn a_redis_without_functions_decides_with_evalsha_loaded_before_the_first_
         &redis,
         &upstream,
         "deny",
-        &[bucket_10_per_sec()],
+        &[ten_then_refused()],
     ));
     // Before any request: the script is loaded (SCRIPT LOAD at start, not by a first decision
     // that would spend its 50 ms budget on it).
