@@ -149,14 +149,16 @@ struct Routed {
     invalidates: Option<(http::Uri, Option<String>)>,
 }
 
-/// What routing made of a request.
+/// What routing made of a request (its state is in the [`Routed`] it filled in).
 enum Arrived {
-    /// Answered by routing itself (a 400, a 404, a preflight).
-    Answered(Response<Body>),
     /// Routed: on to the decision.
-    Routed(Routed, Request<ClientBody>),
+    Routed,
+    /// Answered before a route was found (a 400, a 404).
+    Unrouted(Response<Body>),
+    /// A CORS preflight, answered by its route.
+    Preflight(Response<Body>),
     /// The usage endpoint, which waits on the store.
-    Waits(Waits<'static>),
+    Usage,
 }
 
 /// The decision's outcome: `Ok(None)` to forward, `Ok(Some)` a cache hit, `Err` a refusal.
@@ -346,11 +348,33 @@ impl Proxy {
 
     /// [`Proxy::begin`], which polls the decision where it is made when `poll_now`.
     fn start(&self, req: Request<body::Incoming>, peer: SocketAddr, poll_now: bool) -> Step<'_> {
-        let (mut routed, mut req) = match self.arrive(req, peer) {
-            Arrived::Answered(response) => return Step::Answered(response),
-            Arrived::Waits(waits) => return Step::Going(Going(waits)),
-            Arrived::Routed(routed, req) => (routed, req),
+        // Made here and filled in by routing, so that nothing routing learns is moved again.
+        let mut req = req.map(ClientBody::Streaming);
+        let mut routed = Routed {
+            snapshot: self.snapshot.load_full(),
+            ctx: Context::new(&req, peer),
+            at: RouteAt {
+                index: 0,
+                upgrade: false,
+            },
+            origin: None,
+            invalidates: None,
         };
+        match self.arrive(&mut routed, &mut req) {
+            Arrived::Routed => {}
+            Arrived::Unrouted(response) => {
+                linger(req);
+                return Step::Answered(Self::respond(routed.ctx, None, response));
+            }
+            Arrived::Preflight(response) => {
+                linger(req);
+                return Step::Answered(Self::finish(routed, response));
+            }
+            Arrived::Usage => {
+                let Routed { snapshot, ctx, .. } = routed;
+                return Step::Going(Going(Waits::Usage { snapshot, req, ctx }));
+            }
+        }
         // A decision that can wait only before it has done anything (see `decides_now`) is
         // made where it is, on this stack, borrowing the request: no box, nothing moved.
         if poll_now && self.decides_now(&routed) {
@@ -438,13 +462,18 @@ impl Proxy {
         }
     }
 
-    /// Phases 1 and 1a, and what routing decides by itself: the request's context, its path
-    /// normalised, its route found (or its 400, 404), the usage endpoint, and a CORS preflight
-    /// answered before anything is held, decided or spent.
-    fn arrive(&self, req: Request<body::Incoming>, peer: SocketAddr) -> Arrived {
-        let mut req = req.map(ClientBody::Streaming);
-        let snapshot = self.snapshot.load_full();
-        let mut ctx = Context::new(&req, peer);
+    /// Phases 1 and 1a, and what routing decides by itself, written into `routed`: the
+    /// request's path normalised, its route found (or its 400, 404), the usage endpoint, and a
+    /// CORS preflight answered before anything is held, decided or spent.
+    fn arrive(&self, routed: &mut Routed, req: &mut Request<ClientBody>) -> Arrived {
+        let Routed {
+            snapshot,
+            ctx,
+            at,
+            origin,
+            invalidates,
+        } = routed;
+        let peer = ctx.peer;
         if let Some(telemetry) = &self.telemetry {
             ctx.trace = Some(telemetry.server_span(
                 req.method(),
@@ -455,32 +484,32 @@ impl Proxy {
             ));
         }
         // `GET {usage_path}`: the caller's own budgets, answered in `usage.rs`.
-        let normalized = Self::normalize(&snapshot, &mut req, peer);
+        let normalized = Self::normalize(snapshot, req, peer);
         if let Some(path) = &snapshot.usage_path
             && normalized.is_ok()
             && req.method() == http::Method::GET
             && req.uri().path() == path
         {
-            return Arrived::Waits(Waits::Usage { snapshot, req, ctx });
+            return Arrived::Usage;
         }
-        let (index, preflight) = match normalized.and_then(|()| Self::route(&snapshot, &req)) {
+        let (index, preflight) = match normalized.and_then(|()| Self::route(snapshot, req)) {
             Ok(found) => found,
             Err(rejection) => {
                 if rejection == Rejection::NoRoute {
                     self.metrics.no_route();
                 }
-                let response = rejection.respond(&snapshot.no_limit_headers, ctx.dialect);
-                linger(req);
-                return Arrived::Answered(Self::respond(ctx, None, response));
+                return Arrived::Unrouted(
+                    rejection.respond(&snapshot.no_limit_headers, ctx.dialect),
+                );
             }
         };
         // An upgrade on a route with `websocket.max_connections` is decided by the route's
         // upgrade budget: its limits and the connections per identity.
         let config = &snapshot.routes.routes()[index];
         let upgrade = (config.websocket.as_deref()).is_some_and(|w| w.upgrade.is_some())
-            && forward::is_websocket_upgrade(&req);
-        let at = RouteAt { index, upgrade };
-        let route = at.of(&snapshot);
+            && forward::is_websocket_upgrade(req);
+        *at = RouteAt { index, upgrade };
+        let route = at.of(snapshot);
         // A gRPC call's refusals take the route's status for a rate-limited call.
         if let Dialect::Grpc(_) = ctx.dialect {
             ctx.dialect = Dialect::Grpc(route.config.grpc_rate_limited);
@@ -498,25 +527,15 @@ impl Proxy {
         }
         // `cors:`: the request's origin, for the CORS headers of whatever answers it; a
         // preflight is answered here, before anything is held, decided or spent.
-        let origin = (route.config.cors.as_ref())
+        *origin = (route.config.cors.as_ref())
             .and_then(|_| req.headers().get(http::header::ORIGIN).cloned());
         if preflight && let Some(cors) = &route.config.cors {
             ctx.refuse(Some(crate::metrics::DecisionLabel::Preflight));
-            let response = crate::answer::preflight(cors, req.headers());
-            linger(req);
-            let response = Self::dressed(&route, &ctx, origin.as_ref(), response);
-            return Arrived::Answered(Self::respond(ctx, Some(&route), response));
+            return Arrived::Preflight(crate::answer::preflight(cors, req.headers()));
         }
         // An unsafe method on a cached route: its URI's entries go once it succeeds.
-        let invalidates = cached::invalidation(route.config, &req);
-        let routed = Routed {
-            snapshot,
-            ctx,
-            at,
-            origin,
-            invalidates,
-        };
-        Arrived::Routed(routed, req)
+        *invalidates = cached::invalidation(route.config, req);
+        Arrived::Routed
     }
 
     /// True when the request's decision waits, if ever, only before it has done anything, so
