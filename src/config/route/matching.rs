@@ -220,6 +220,26 @@ mod tests {
         headers.insert(http::header::HOST, HeaderValue::from_static("[::1]:8080"));
         assert_eq!(request_host(&origin_form, &headers).as_deref(), Some("::1"));
         assert_eq!(request_host(&origin_form, &HeaderMap::new()), None);
+        for (host, want) in [
+            ("a.example", Some("a.example")),
+            ("a.example.:80", Some("a.example")),
+            ("127.0.0.1:8080", Some("127.0.0.1")),
+            ("A.B.example", Some("a.b.example")),
+            ("localhost:", Some("localhost")),
+        ] {
+            headers.insert(http::header::HOST, HeaderValue::from_static(host));
+            assert_eq!(
+                request_host(&origin_form, &headers).as_deref(),
+                want,
+                "{host:?}"
+            );
+        }
+        // Not text (`HeaderValue::to_str` refuses it): no host.
+        headers.insert(
+            http::header::HOST,
+            HeaderValue::from_bytes(b"caf\xc3\xa9.example").unwrap(),
+        );
+        assert_eq!(request_host(&origin_form, &headers), None);
     }
 
     #[test]
