@@ -1021,6 +1021,11 @@ fn land(
                 None
             }
             Ok(held) => Some(held),
+            // Only the slice's end was to be renewed: nothing is lost.
+            Err(e) if units == 0 => {
+                tracing::debug!(error = %e, "{what}: the region's store failed");
+                None
+            }
             Err(e) => {
                 metrics.global_units("lapsed", units);
                 tracing::warn!(units, error = %e, "{what} are lost: the region's store failed");
