@@ -220,42 +220,20 @@ impl World {
             .count() as u64
     }
 
-    /// The sum of `series` over every instance still running.
     /// What the stores hold now, for a failure's message: the global store's budgets (units
     /// left) and each region's slices (units held), as each store keeps them.
     fn stores_hold(&self) -> String {
         let global = match &self._global {
-            GlobalStore::Redis(redis) => {
-                let keys: Vec<String> = redis.cmd(&["KEYS", "*gb:*"]);
-                let left: Vec<String> = keys
-                    .iter()
-                    .map(|k| {
-                        let tokens: Option<String> = redis.cmd(&["HGET", k, "tokens"]);
-                        format!("{k}={}", tokens.unwrap_or_default())
-                    })
-                    .collect();
-                left.join(", ")
-            }
+            GlobalStore::Redis(redis) => hash_fields(redis, "*gb:*", "tokens"),
             GlobalStore::Postgres(pg) => pg
                 .try_psql("SELECT key || '=' || tokens FROM floodgate_global_budgets")
                 .unwrap_or_default(),
         };
-        let slices = match &self.regions {
+        let slices: Vec<String> = match &self.regions {
             Regions::Redis(servers) => servers
                 .iter()
-                .map(|redis| {
-                    let keys: Vec<String> = redis.cmd(&["KEYS", "*gs:*"]);
-                    let held: Vec<String> = keys
-                        .iter()
-                        .map(|k| {
-                            let units: Option<String> = redis.cmd(&["HGET", k, "units"]);
-                            format!("{k}={}", units.unwrap_or_default())
-                        })
-                        .collect();
-                    held.join(", ")
-                })
-                .collect::<Vec<_>>()
-                .join("; "),
+                .map(|redis| hash_fields(redis, "*gs:*", "units"))
+                .collect(),
             Regions::Postgres(pg) => ["region_eu", "region_us"]
                 .iter()
                 .map(|db| {
@@ -265,16 +243,16 @@ impl World {
                     )
                     .unwrap_or_default()
                 })
-                .collect::<Vec<_>>()
-                .join("; "),
+                .collect(),
         };
         format!(
             "global store [{}], slices [{}]",
             global.trim(),
-            slices.trim()
+            slices.join("; ").trim()
         )
     }
 
+    /// The sum of `series` over every instance still running.
     async fn metric_sum(&self, series: &str) -> u64 {
         let mut sum = 0;
         for fg in self.instances.iter().flatten() {
@@ -287,6 +265,19 @@ impl World {
         }
         sum
     }
+}
+
+/// `key=value` of `field` in each hash of `redis` whose key matches `pattern`.
+fn hash_fields(redis: &RedisServer, pattern: &str, field: &str) -> String {
+    let keys: Vec<String> = redis.cmd(&["KEYS", pattern]);
+    let values: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            let value: Option<String> = redis.cmd(&["HGET", k, field]);
+            format!("{k}={}", value.unwrap_or_default())
+        })
+        .collect();
+    values.join(", ")
 }
 
 /// Admitted and refused counts, shared by a run's clients.
