@@ -269,10 +269,7 @@ impl PostgresServer {
 
     /// What psql printed for `sql`, or `None` when it failed.
     pub fn try_psql(&self, sql: &str) -> Option<String> {
-        let out = self.psql_command(sql).output().ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        self.try_psql_in("postgres", sql)
     }
 
     /// What psql printed for `sql` in the database `db`, or `None` when it failed.
